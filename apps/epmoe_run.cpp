@@ -1,0 +1,765 @@
+// epmoe_run: the main job. Builds one MoE layer of a named shape, runs forward + backward on every
+// rank for a few iterations, prints the memory plan, wall times, a per-stage breakdown and the
+// error of every output against the float64 whole-layer reference. Exits nonzero when an error
+// exceeds its bound, so a run is a check as well as a measurement.
+//
+//   epmoe_run [--shape NAME] [--ranks R] [--routing balanced|skew|one-expert|empty-rank]
+//             [--tokens T|train|decode] [--iters N] [--device auto|cpu|cuda]
+//             [--activation swiglu|swiglu_clamped] [--seed S] [--capacity F]
+//             [--check auto|always|never] [--force]
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "epmoe/config.h"
+#include "epmoe/context.h"
+#include "epmoe/error.h"
+#include "epmoe/memory_plan.h"
+#include "epmoe/tensor.h"
+#include "epmoe/transport.h"
+#include "moe_reference.h"
+
+namespace {
+
+using epmoe::DType;
+using epmoe::TensorRef;
+
+// ---- CUDA hook ------------------------------------------------------------------------------
+// TODO(cuda): becomes `return epmoe::cuda_device_count() > 0;` (epmoe/cuda.h) once run() has its
+// CUDA path (device buffers, one transport per GPU; see the TODO there). Until then
+// `--device auto` always picks the CPU backend with thread ranks, and `--device cuda` is refused.
+bool cuda_available() { return false; }
+
+// ---- shapes (MEASURE.md) ----------------------------------------------------------------------
+struct Shape {
+  const char* name;
+  int64_t D, F;
+  int E;  // global experts
+  int K;
+  int64_t T_train, T_decode;
+};
+constexpr Shape kShapes[] = {
+    {"qwen3-30b-a3b", 2048, 768, 128, 8, 8192, 128},
+    {"deepseek-v3", 7168, 2048, 256, 8, 4096, 128},
+    {"gpt-oss-120b", 2880, 2880, 128, 4, 8192, 128},
+    {"mixtral-8x7b", 4096, 14336, 8, 2, 8192, 128},
+    {"ci-tiny", 128, 96, 8, 2, 64, 8},
+};
+
+// Bound on the relative L2 error of every output against the float64 reference.
+constexpr double kMaxRelL2 = 2e-2;
+// A run on the CPU that would take longer than this per forward + backward is refused.
+constexpr double kCpuBudgetSeconds = 60.0;
+// CPU cost model of one rank's forward + backward, for the refusal estimate only: GEMM FLOPs at
+// this rate plus a fixed time per weight element (the weight passes dominate when experts get few
+// rows). Measured on the CPU backend, rounded towards slower.
+constexpr double kCpuFlopsPerRank = 3e9;
+constexpr double kCpuSecondsPerWeight = 20e-9;
+// Throughput of the float64 reference (one thread), for the --check auto policy only.
+constexpr double kReferenceFlops = 1e9;
+
+enum class Routing { balanced, skew, one_expert, empty_rank };
+enum class CheckPolicy { auto_, always, never };
+
+struct Options {
+  std::string shape = "ci-tiny";
+  int ranks = 2;
+  Routing routing = Routing::balanced;
+  std::string tokens;  // empty: the shape's training T
+  int iters = 5;
+  std::string device = "auto";
+  epmoe::Activation activation = epmoe::Activation::swiglu();
+  uint64_t seed = 1;
+  double capacity = 0;  // 0: R (no overflow for any routing)
+  CheckPolicy check = CheckPolicy::auto_;
+  bool force = false;
+};
+
+const char* routing_name(Routing r) {
+  switch (r) {
+    case Routing::balanced:
+      return "balanced";
+    case Routing::skew:
+      return "skew";
+    case Routing::one_expert:
+      return "one-expert";
+    case Routing::empty_rank:
+      return "empty-rank";
+  }
+  return "?";
+}
+
+constexpr const char* kUsage =
+    "usage: epmoe_run [options]\n"
+    "  --shape NAME          qwen3-30b-a3b | deepseek-v3 | gpt-oss-120b | mixtral-8x7b |\n"
+    "                        ci-tiny (default ci-tiny)\n"
+    "  --ranks R             EP ranks (default 2)\n"
+    "  --routing KIND        balanced | skew | one-expert | empty-rank (default balanced)\n"
+    "  --tokens T            tokens per rank: a number, train or decode (default train)\n"
+    "  --iters N             timed iterations of forward + backward (default 5)\n"
+    "  --device KIND         auto | cpu | cuda (default auto: cuda when available, else cpu)\n"
+    "  --activation KIND     swiglu | swiglu_clamped (default swiglu)\n"
+    "  --seed S              input seed (default 1)\n"
+    "  --capacity F          receive capacity factor (default R: no routing can overflow)\n"
+    "  --check POLICY        auto | always | never: float64 reference check (default auto:\n"
+    "                        skipped when the reference would take over a minute)\n"
+    "  --force               run on the CPU even when one step would take over a minute\n";
+
+[[noreturn]] void usage_error(const std::string& message) {
+  std::fprintf(stderr, "epmoe_run: %s\n%s", message.c_str(), kUsage);
+  std::exit(2);
+}
+
+long long parse_int(std::string_view flag, const std::string& v, long long lo) {
+  char* end = nullptr;
+  long long x = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || x < lo) {
+    usage_error(std::string(flag) + " expects an integer >= " + std::to_string(lo) + ", got '" + v +
+                "'");
+  }
+  return x;
+}
+
+Options parse_options(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    }
+    if (flag == "--force") {
+      o.force = true;
+      continue;
+    }
+    if (i + 1 >= argc) usage_error(std::string(flag) + " needs a value");
+    const std::string v = argv[++i];
+    if (flag == "--shape") {
+      o.shape = v;
+    } else if (flag == "--ranks") {
+      o.ranks = static_cast<int>(parse_int(flag, v, 1));
+    } else if (flag == "--routing") {
+      if (v == "balanced")
+        o.routing = Routing::balanced;
+      else if (v == "skew")
+        o.routing = Routing::skew;
+      else if (v == "one-expert")
+        o.routing = Routing::one_expert;
+      else if (v == "empty-rank")
+        o.routing = Routing::empty_rank;
+      else
+        usage_error("unknown routing '" + v + "'");
+    } else if (flag == "--tokens") {
+      o.tokens = v;
+    } else if (flag == "--iters") {
+      o.iters = static_cast<int>(parse_int(flag, v, 1));
+    } else if (flag == "--device") {
+      if (v != "auto" && v != "cpu" && v != "cuda") usage_error("unknown device '" + v + "'");
+      o.device = v;
+    } else if (flag == "--activation") {
+      if (v == "swiglu")
+        o.activation = epmoe::Activation::swiglu();
+      else if (v == "swiglu_clamped")
+        o.activation = epmoe::Activation::swiglu_clamped();
+      else
+        usage_error("unknown activation '" + v + "'");
+    } else if (flag == "--seed") {
+      o.seed = static_cast<uint64_t>(parse_int(flag, v, 0));
+    } else if (flag == "--capacity") {
+      char* end = nullptr;
+      o.capacity = std::strtod(v.c_str(), &end);
+      if (*end != '\0' || !(o.capacity > 0)) usage_error("--capacity expects a number > 0");
+    } else if (flag == "--check") {
+      if (v == "auto")
+        o.check = CheckPolicy::auto_;
+      else if (v == "always")
+        o.check = CheckPolicy::always;
+      else if (v == "never")
+        o.check = CheckPolicy::never;
+      else
+        usage_error("unknown check policy '" + v + "'");
+    } else {
+      usage_error("unknown option '" + std::string(flag) + "'");
+    }
+  }
+  return o;
+}
+
+// ---- random inputs ----------------------------------------------------------------------------
+// Counter-based generator: element i of stream (seed, tensor, rank) is a pure function of its
+// coordinates, so fills are reproducible and independent of thread count.
+uint64_t mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+uint64_t stream_key(uint64_t seed, uint64_t tensor, uint64_t rank) {
+  return mix64(mix64(mix64(seed) ^ tensor) ^ rank);
+}
+// Uniform in (0, 1).
+double uniform01(uint64_t key, uint64_t i) {
+  return (static_cast<double>(mix64(key ^ mix64(i)) >> 11) + 0.5) * 0x1.0p-53;
+}
+
+uint16_t to_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0) {
+    return static_cast<uint16_t>((bits >> 16) | 0x0040u);
+  }
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+// Runs fn(begin, end) over [0, n) on up to hardware_concurrency threads.
+void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+  const int64_t workers =
+      std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, std::max<int64_t>(1, n / 65536));
+  std::vector<std::thread> pool;
+  for (int64_t w = 0; w < workers; ++w) {
+    pool.emplace_back([&, w] { fn(n * w / workers, n * (w + 1) / workers); });
+  }
+  for (auto& t : pool) t.join();
+}
+
+// bf16 values uniform with standard deviation `sigma` (never an all-zero tensor).
+void fill_bf16(std::vector<uint16_t>& v, double sigma, uint64_t key) {
+  const double half_width = sigma * std::sqrt(3.0);
+  parallel_for(static_cast<int64_t>(v.size()), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const double u = uniform01(key, static_cast<uint64_t>(i));
+      v[i] = to_bf16(static_cast<float>((2 * u - 1) * half_width));
+    }
+  });
+}
+
+// ---- the problem ------------------------------------------------------------------------------
+struct Problem {
+  int R = 0;
+  int64_t T = 0, D = 0, F = 0;
+  int K = 0;
+  int E = 0;  // local experts
+  int E_global = 0;
+};
+
+// One rank's inputs and outputs, host memory, row-major as the contract names them.
+struct RankData {
+  std::vector<uint16_t> x_TD, w13_EFD, w2_EDF, grad_y_TD;
+  std::vector<int32_t> ids_TK;
+  std::vector<float> scores_TK;
+  std::vector<uint16_t> y_TD, grad_x_TD, grad_w13_EFD, grad_w2_EDF;
+  std::vector<float> grad_scores_TK;
+};
+
+enum TensorId : uint64_t { kX = 1, kW13, kW2, kGradY, kRoute, kScores };
+
+// Routes of global token g (= rank * T + t) per MEASURE.md; scores are a softmax over the chosen
+// logits (skew) or uniform in (0, 1).
+void make_routes(const Problem& p, Routing routing, uint64_t seed, int64_t g, int32_t* ids_K,
+                 float* scores_K, std::vector<double>& logits, std::vector<int32_t>& order) {
+  const uint64_t key = stream_key(seed, kRoute, static_cast<uint64_t>(g));
+  const uint64_t score_key = stream_key(seed, kScores, static_cast<uint64_t>(g));
+  const int K = p.K;
+  for (int k = 0; k < K; ++k) scores_K[k] = static_cast<float>(uniform01(score_key, k));
+  switch (routing) {
+    case Routing::one_expert:
+      std::fill(ids_K, ids_K + K, 0);
+      return;
+    case Routing::balanced:
+    case Routing::empty_rank: {
+      // K distinct experts, uniform; empty-rank leaves out the last rank's experts.
+      const int pool = routing == Routing::balanced ? p.E_global : p.E_global - p.E;
+      order.resize(pool);
+      for (int e = 0; e < pool; ++e) order[e] = e;
+      for (int k = 0; k < K; ++k) {
+        const int j = k + static_cast<int>(uniform01(key, k) * (pool - k));
+        std::swap(order[k], order[j]);
+        ids_K[k] = order[k];
+      }
+      return;
+    }
+    case Routing::skew: {
+      // logits = uniform[0, 1) + s * linspace(1, 0, E), s = 4; top-k of the logits.
+      constexpr double s = 4.0;
+      const int E = p.E_global;
+      logits.resize(E);
+      order.resize(E);
+      for (int e = 0; e < E; ++e) {
+        const double ramp = E > 1 ? 1.0 - static_cast<double>(e) / (E - 1) : 1.0;
+        logits[e] = uniform01(key, static_cast<uint64_t>(e)) + s * ramp;
+        order[e] = e;
+      }
+      std::partial_sort(order.begin(), order.begin() + K, order.end(),
+                        [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+      double top = logits[order[0]], sum = 0;
+      for (int k = 0; k < K; ++k) sum += std::exp(logits[order[k]] - top);
+      for (int k = 0; k < K; ++k) {
+        ids_K[k] = order[k];
+        scores_K[k] = static_cast<float>(std::exp(logits[ids_K[k]] - top) / sum);
+      }
+      return;
+    }
+  }
+}
+
+std::vector<RankData> make_inputs(const Problem& p, Routing routing, uint64_t seed) {
+  std::vector<RankData> ranks(p.R);
+  for (int r = 0; r < p.R; ++r) {
+    RankData& d = ranks[r];
+    const auto ru = static_cast<uint64_t>(r);
+    // Magnitudes keep every stage O(1): x, grad_y ~ 1; weights ~ 1/sqrt(fan-in).
+    d.x_TD.resize(p.T * p.D);
+    fill_bf16(d.x_TD, 1.0, stream_key(seed, kX, ru));
+    d.w13_EFD.resize(p.E * 2 * p.F * p.D);
+    fill_bf16(d.w13_EFD, 1.0 / std::sqrt(static_cast<double>(p.D)), stream_key(seed, kW13, ru));
+    d.w2_EDF.resize(p.E * p.D * p.F);
+    fill_bf16(d.w2_EDF, 1.0 / std::sqrt(static_cast<double>(p.F)), stream_key(seed, kW2, ru));
+    d.grad_y_TD.resize(p.T * p.D);
+    fill_bf16(d.grad_y_TD, 1.0, stream_key(seed, kGradY, ru));
+    d.ids_TK.resize(p.T * p.K);
+    d.scores_TK.resize(p.T * p.K);
+    std::vector<double> logits;
+    std::vector<int32_t> order;
+    for (int64_t t = 0; t < p.T; ++t) {
+      make_routes(p, routing, seed, r * p.T + t, &d.ids_TK[t * p.K], &d.scores_TK[t * p.K], logits,
+                  order);
+    }
+    d.y_TD.resize(p.T * p.D);
+    d.grad_x_TD.resize(p.T * p.D);
+    d.grad_scores_TK.resize(p.T * p.K);
+    d.grad_w13_EFD.resize(d.w13_EFD.size());
+    d.grad_w2_EDF.resize(d.w2_EDF.size());
+  }
+  return ranks;
+}
+
+// Rows each rank receives (routes to its experts): the imbalance of the routing.
+std::vector<int64_t> received_rows(const Problem& p, const std::vector<RankData>& ranks) {
+  std::vector<int64_t> rows(p.R, 0);
+  for (const RankData& d : ranks) {
+    for (int32_t id : d.ids_TK) {
+      if (id >= 0) ++rows[id / p.E];
+    }
+  }
+  return rows;
+}
+
+// ---- running the ranks ------------------------------------------------------------------------
+struct Timings {
+  std::vector<double> forward_ms, step_ms;  // per iteration, max over ranks
+  // Stage breakdown of one timed iteration on rank 0: name, forward ms, backward ms.
+  struct Stage {
+    std::string name;
+    double forward_ms = 0, backward_ms = 0;
+  };
+  std::vector<Stage> stages;
+};
+
+void add_stage(std::vector<Timings::Stage>& table, const char* name, double ms, bool forward) {
+  auto it = std::find_if(table.begin(), table.end(),
+                         [&](const Timings::Stage& s) { return s.name == name; });
+  if (it == table.end()) it = table.insert(table.end(), Timings::Stage{name, 0, 0});
+  (forward ? it->forward_ms : it->backward_ms) += ms;
+}
+
+// One rank: create the context, one warm-up step, `iters` timed steps, one step with stage timing.
+void run_rank(const epmoe::Config& config, const std::shared_ptr<epmoe::Transport>& transport,
+              const Problem& p, RankData& d, int iters, std::vector<double>& fwd_ms,
+              std::vector<double>& step_ms, std::vector<Timings::Stage>* stages) {
+  using clock = std::chrono::steady_clock;
+  const epmoe::Device dev = transport->device();
+  auto context = epmoe::Context::create(config, transport);
+
+  epmoe::ForwardArgs fa;
+  fa.x_TD = TensorRef::contiguous(d.x_TD.data(), DType::bf16, {p.T, p.D}, dev);
+  fa.num_tokens_1 = TensorRef::contiguous(nullptr, DType::i32, {1}, dev);  // every token is live
+  fa.topk_ids_TK = TensorRef::contiguous(d.ids_TK.data(), DType::i32, {p.T, p.K}, dev);
+  fa.topk_scores_TK = TensorRef::contiguous(d.scores_TK.data(), DType::f32, {p.T, p.K}, dev);
+  fa.w13_EFD = TensorRef::contiguous(d.w13_EFD.data(), DType::bf16, {p.E, 2 * p.F, p.D}, dev);
+  fa.w2_EDF = TensorRef::contiguous(d.w2_EDF.data(), DType::bf16, {p.E, p.D, p.F}, dev);
+  fa.y_TD = TensorRef::contiguous(d.y_TD.data(), DType::bf16, {p.T, p.D}, dev);
+
+  epmoe::BackwardArgs ba;
+  ba.grad_y_TD = TensorRef::contiguous(d.grad_y_TD.data(), DType::bf16, {p.T, p.D}, dev);
+  ba.num_tokens_1 = fa.num_tokens_1;
+  ba.topk_ids_TK = fa.topk_ids_TK;
+  ba.topk_scores_TK = fa.topk_scores_TK;
+  ba.w13_EFD = fa.w13_EFD;
+  ba.w2_EDF = fa.w2_EDF;
+  ba.grad_x_TD = TensorRef::contiguous(d.grad_x_TD.data(), DType::bf16, {p.T, p.D}, dev);
+  ba.grad_scores_TK = TensorRef::contiguous(d.grad_scores_TK.data(), DType::f32, {p.T, p.K}, dev);
+  ba.grad_w13_EFD =
+      TensorRef::contiguous(d.grad_w13_EFD.data(), DType::bf16, {p.E, 2 * p.F, p.D}, dev);
+  ba.grad_w2_EDF = TensorRef::contiguous(d.grad_w2_EDF.data(), DType::bf16, {p.E, p.D, p.F}, dev);
+
+  const std::chrono::milliseconds budget(config.fields().barrier_timeout_ms);
+  auto step = [&](double* forward, double* total) {
+    transport->barrier("epmoe_run.iteration", budget);
+    const auto t0 = clock::now();
+    ba.saved = context->forward(fa);
+    context->check();
+    const auto t1 = clock::now();
+    context->backward(ba);
+    context->check();
+    const auto t2 = clock::now();
+    *forward = std::chrono::duration<double, std::milli>(t1 - t0).count();
+    *total = std::chrono::duration<double, std::milli>(t2 - t0).count();
+  };
+
+  double f = 0, t = 0;
+  step(&f, &t);  // warm-up
+  for (int i = 0; i < iters; ++i) {
+    step(&f, &t);
+    fwd_ms.push_back(f);
+    step_ms.push_back(t);
+  }
+  // One more step with per-stage timing (serialises the stages; not part of the wall times).
+  context->set_stage_timing(true);
+  transport->barrier("epmoe_run.stages", budget);
+  ba.saved = context->forward(fa);
+  const size_t num_forward = context->stage_times().size();
+  context->backward(ba);
+  context->check();
+  if (stages != nullptr) {
+    const auto& times = context->stage_times();
+    for (size_t i = 0; i < times.size(); ++i)
+      add_stage(*stages, times[i].stage, times[i].ms, i < num_forward);
+  }
+  context->close();
+}
+
+Timings run_cpu(const epmoe::Config& config, const Problem& p, std::vector<RankData>& ranks,
+                int iters) {
+  epmoe::ThreadTransportGroup group(p.R);
+  std::vector<std::vector<double>> fwd(p.R), step(p.R);
+  std::vector<std::exception_ptr> errors(p.R);
+  Timings timings;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < p.R; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        run_rank(config, group.transport(r), p, ranks[r], iters, fwd[r], step[r],
+                 r == 0 ? &timings.stages : nullptr);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+  for (int i = 0; i < iters; ++i) {
+    double f = 0, s = 0;
+    for (int r = 0; r < p.R; ++r) {
+      f = std::max(f, fwd[r][i]);
+      s = std::max(s, step[r][i]);
+    }
+    timings.forward_ms.push_back(f);
+    timings.step_ms.push_back(s);
+  }
+  return timings;
+}
+
+// ---- reporting --------------------------------------------------------------------------------
+struct Summary {
+  double median, min, max;
+};
+Summary summarize(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  const double median = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  return {median, v.front(), v.back()};
+}
+
+struct ErrorStat {
+  const char* name;
+  double max_abs = 0, rel_l2 = 0;
+};
+
+// Error of one output over all ranks (the tensors of every rank taken as one).
+class ErrorAccumulator {
+ public:
+  explicit ErrorAccumulator(const char* name) : name_(name) {}
+  template <class T>
+  void add(const std::vector<T>& got, const std::vector<double>& want) {
+    for (size_t i = 0; i < want.size(); ++i) {
+      double g;
+      if constexpr (std::is_same_v<T, uint16_t>) {
+        g = epmoe::reference::bf16_to_double(got[i]);
+      } else {
+        g = static_cast<double>(got[i]);
+      }
+      const double d = g - want[i];
+      max_abs_ = std::isnan(d) ? NAN : std::max(max_abs_, std::abs(d));
+      diff2_ += d * d;
+      ref2_ += want[i] * want[i];
+    }
+  }
+  ErrorStat result() const {
+    const double rel = ref2_ > 0 ? std::sqrt(diff2_ / ref2_) : (diff2_ > 0 ? INFINITY : diff2_);
+    return {name_, max_abs_, rel};
+  }
+
+ private:
+  const char* name_;
+  double max_abs_ = 0, diff2_ = 0, ref2_ = 0;
+};
+
+std::vector<ErrorStat> check_against_reference(const Problem& p, const epmoe::Activation& act,
+                                               const std::vector<RankData>& ranks) {
+  namespace ref = epmoe::reference;
+  const ref::LayerShape shape{p.R, p.E, p.T, p.D, p.F, p.K};
+  const ref::ActivationSpec spec{act.kind == epmoe::ActivationKind::swiglu_clamped, act.alpha,
+                                 act.limit};
+  std::vector<ref::RankInputs> inputs(p.R);
+  for (size_t r = 0; r < inputs.size(); ++r) {
+    const RankData& d = ranks[r];
+    ref::RankInputs& in = inputs[r];
+    in.x_TD = ref::widen_bf16(d.x_TD.data(), d.x_TD.size());
+    in.topk_ids_TK.assign(d.ids_TK.begin(), d.ids_TK.end());
+    in.topk_scores_TK.assign(d.scores_TK.begin(), d.scores_TK.end());
+    in.w13_EFD = ref::widen_bf16(d.w13_EFD.data(), d.w13_EFD.size());
+    in.w2_EDF = ref::widen_bf16(d.w2_EDF.data(), d.w2_EDF.size());
+    in.grad_y_TD = ref::widen_bf16(d.grad_y_TD.data(), d.grad_y_TD.size());
+  }
+  const std::vector<ref::RankOutputs> want = ref::routed_experts(shape, spec, inputs);
+  ErrorAccumulator y("y"), grad_x("grad_x"), grad_scores("grad_scores"), grad_w13("grad_w13"),
+      grad_w2("grad_w2");
+  for (size_t r = 0; r < inputs.size(); ++r) {
+    y.add(ranks[r].y_TD, want[r].y_TD);
+    grad_x.add(ranks[r].grad_x_TD, want[r].grad_x_TD);
+    grad_scores.add(ranks[r].grad_scores_TK, want[r].grad_scores_TK);
+    grad_w13.add(ranks[r].grad_w13_EFD, want[r].grad_w13_EFD);
+    grad_w2.add(ranks[r].grad_w2_EDF, want[r].grad_w2_EDF);
+  }
+  return {y.result(), grad_x.result(), grad_scores.result(), grad_w13.result(), grad_w2.result()};
+}
+
+// Wall times of forward and of forward + backward, with useful throughput per rank (MEASURE.md:
+// forward 6*N*D*F, forward + backward 18*N*D*F FLOPs, N = live routes of the rank's tokens).
+void print_timings(const Timings& timings, const Problem& p, int iters) {
+  const double nDF = static_cast<double>(p.T * p.K) * static_cast<double>(p.D * p.F);
+  const Summary fwd = summarize(timings.forward_ms), step = summarize(timings.step_ms);
+  std::printf("wall time over %d iterations (max over ranks; ms)\n", iters);
+  std::printf("  %-18s %10s %10s %10s %16s\n", "phase", "median", "min", "max", "useful GFLOP/s");
+  std::printf("  %-18s %10.3f %10.3f %10.3f %16.2f\n", "forward", fwd.median, fwd.min, fwd.max,
+              6 * nDF / (fwd.median * 1e6));
+  std::printf("  %-18s %10.3f %10.3f %10.3f %16.2f\n\n", "forward+backward", step.median, step.min,
+              step.max, 18 * nDF / (step.median * 1e6));
+
+  std::printf("stages of one timed iteration on rank 0 (serialised; ms)\n");
+  std::printf("  %-20s %10s %10s %10s\n", "stage", "forward", "backward", "total");
+  double sum_f = 0, sum_b = 0;
+  for (const Timings::Stage& s : timings.stages) {
+    std::printf("  %-20s %10.3f %10.3f %10.3f\n", s.name.c_str(), s.forward_ms, s.backward_ms,
+                s.forward_ms + s.backward_ms);
+    sum_f += s.forward_ms;
+    sum_b += s.backward_ms;
+  }
+  std::printf("  %-20s %10.3f %10.3f %10.3f\n\n", "sum", sum_f, sum_b, sum_f + sum_b);
+}
+
+// Prints the error table; true when every output is within its bound.
+bool report_errors(const std::vector<ErrorStat>& errors) {
+  std::printf("error against the float64 reference (bound: rel-L2 <= %.0e)\n", kMaxRelL2);
+  std::printf("  %-12s %12s %12s\n", "output", "max abs", "rel-L2");
+  bool ok = true;
+  for (const ErrorStat& e : errors) {
+    const bool pass = e.rel_l2 <= kMaxRelL2;  // false for NaN
+    ok = ok && pass;
+    std::printf("  %-12s %12.3e %12.3e%s\n", e.name, e.max_abs, e.rel_l2, pass ? "" : "  FAIL");
+  }
+  std::printf("\n%s\n", ok ? "PASS" : "FAIL: an error exceeds its bound");
+  return ok;
+}
+
+const Shape* find_shape(const std::string& name) {
+  for (const Shape& s : kShapes) {
+    if (name == s.name) return &s;
+  }
+  return nullptr;
+}
+
+// The problem of one run; refuses (usage error) what the shape and rank count cannot express.
+Problem make_problem(const Options& o, const Shape& shape) {
+  Problem p;
+  p.R = o.ranks;
+  p.D = shape.D;
+  p.F = shape.F;
+  p.K = shape.K;
+  p.E_global = shape.E;
+  if (o.tokens.empty() || o.tokens == "train")
+    p.T = shape.T_train;
+  else if (o.tokens == "decode")
+    p.T = shape.T_decode;
+  else
+    p.T = parse_int("--tokens", o.tokens, 1);
+  if (p.E_global % p.R != 0) {
+    usage_error(std::string(shape.name) + " has " + std::to_string(p.E_global) +
+                " experts, which " + std::to_string(p.R) + " ranks do not divide");
+  }
+  p.E = p.E_global / p.R;
+  if (o.routing == Routing::empty_rank && (p.R < 2 || p.E_global - p.E < p.K)) {
+    usage_error("empty-rank routing needs R >= 2 and at least K experts outside the last rank");
+  }
+  return p;
+}
+
+// What a run costs on this host, for refusing runs that would not finish or fit.
+struct Cost {
+  double step_flops = 0;    // useful FLOPs of one forward + backward, all ranks (18*N*D*F each)
+  double step_seconds = 0;  // CPU estimate of one forward + backward
+  double ref_seconds = 0;   // float64 reference estimate
+  double run_bytes = 0;     // host memory of inputs, outputs and the contexts
+  double ref_bytes = 0;     // extra host memory of the reference check
+  double host_bytes = 0;    // physical memory of this host
+};
+
+Cost estimate_cost(const Problem& p, const epmoe::MemoryPlan& plan) {
+  const double R = p.R, T = static_cast<double>(p.T), D = static_cast<double>(p.D);
+  const double TK = T * p.K;
+  const double weights = static_cast<double>(p.E) * 3 * static_cast<double>(p.F) * D;  // per rank
+  Cost c;
+  c.step_flops = 18 * TK * D * static_cast<double>(p.F) * R;
+  const double cores = std::max(1u, std::thread::hardware_concurrency());
+  c.step_seconds = (c.step_flops / R / kCpuFlopsPerRank + weights * kCpuSecondsPerWeight) * R /
+                   std::min(R, cores);
+  c.ref_seconds = c.step_flops / kReferenceFlops;
+  // bf16 x, grad_y, y, grad_x; weights and their gradients; ids, scores, grad_scores; the arena.
+  c.run_bytes =
+      R * (4 * T * D * 2 + 2 * weights * 2 + 3 * TK * 4 + static_cast<double>(plan.total_bytes));
+  // float64 inputs and outputs of the reference (route outputs [T, K, D] included).
+  c.ref_bytes = R * 8 * (4 * T * D + TK * D + 2 * weights + 3 * TK);
+  c.host_bytes =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  return c;
+}
+
+int run(const Options& o) {
+  const Shape* shape = find_shape(o.shape);
+  if (shape == nullptr) {
+    std::string names;
+    for (const Shape& s : kShapes) names += std::string(names.empty() ? "" : ", ") + s.name;
+    usage_error("unknown shape '" + o.shape + "' (known: " + names + ")");
+  }
+  const Problem p = make_problem(o, *shape);
+
+  bool use_cuda = false;
+  if (o.device == "cuda") {
+    if (!cuda_available()) {
+      std::fprintf(stderr,
+                   "epmoe_run: --device cuda: this build of epmoe_run has no CUDA path or no "
+                   "GPU is visible; use --device cpu\n");
+      return 2;
+    }
+    use_cuda = true;
+  } else if (o.device == "auto") {
+    use_cuda = cuda_available();
+  }
+
+  epmoe::ConfigFields f;
+  f.max_tokens_per_rank = p.T;
+  f.hidden_dim = p.D;
+  f.intermediate_dim = p.F;
+  f.top_k = p.K;
+  f.num_experts = p.E_global;
+  f.activation = o.activation;
+  f.capacity_factor = o.capacity > 0 ? o.capacity : p.R;
+  const epmoe::Config config(f);
+  const epmoe::MemoryPlan plan = epmoe::plan_memory(config, p.R);
+
+  const Cost cost = estimate_cost(p, plan);
+  constexpr double GiB = 1024.0 * 1024 * 1024;
+  if (!use_cuda && !o.force) {
+    std::string why;
+    if (cost.step_seconds > kCpuBudgetSeconds) {
+      why = "one forward + backward would take about " + std::to_string(int(cost.step_seconds)) +
+            " s on the CPU";
+    } else if (cost.run_bytes > 0.8 * cost.host_bytes) {
+      why = "it needs about " + std::to_string(int(cost.run_bytes / GiB)) + " GiB of the " +
+            std::to_string(int(cost.host_bytes / GiB)) + " GiB of memory";
+    }
+    if (!why.empty()) {
+      std::fprintf(stderr,
+                   "epmoe_run: %s with T=%lld on %d CPU ranks: %s; refusing. Use fewer --tokens "
+                   "(e.g. --tokens decode), a smaller shape, a GPU, or --force.\n",
+                   shape->name, static_cast<long long>(p.T), p.R, why.c_str());
+      return 2;
+    }
+  }
+
+  std::printf(
+      "epmoe_run: shape %s  T=%lld K=%d D=%lld F=%lld experts=%d (E=%d per rank)  R=%d  "
+      "routing %s  activation %s  capacity %g  device %s  iters %d  seed %llu\n\n",
+      shape->name, static_cast<long long>(p.T), p.K, static_cast<long long>(p.D),
+      static_cast<long long>(p.F), p.E_global, p.E, p.R, routing_name(o.routing),
+      o.activation.kind == epmoe::ActivationKind::swiglu ? "swiglu" : "swiglu_clamped",
+      f.capacity_factor, use_cuda ? "cuda" : "cpu (thread ranks)", o.iters,
+      static_cast<unsigned long long>(o.seed));
+  std::printf("%s\n", plan.explain().c_str());
+
+  std::vector<RankData> ranks = make_inputs(p, o.routing, o.seed);
+  const std::vector<int64_t> rows = received_rows(p, ranks);
+  std::printf("received rows per rank (balanced T*K = %lld):", static_cast<long long>(p.T * p.K));
+  for (int64_t n : rows) std::printf(" %lld", static_cast<long long>(n));
+  std::printf("\n\n");
+
+  if (use_cuda) {
+    // TODO(cuda): device buffers + a CUDA transport per rank; the timing and check code below is
+    // device-neutral once the outputs are copied back into `ranks`.
+    std::fprintf(stderr, "epmoe_run: the CUDA path is not wired into epmoe_run yet\n");
+    return 2;
+  }
+  print_timings(run_cpu(config, p, ranks, o.iters), p, o.iters);
+
+  std::string skip;
+  if (o.check == CheckPolicy::never) {
+    skip = "--check never";
+  } else if (o.check == CheckPolicy::auto_ && cost.ref_seconds > kCpuBudgetSeconds) {
+    skip = "the float64 reference would take about " + std::to_string(int(cost.ref_seconds)) +
+           " s; --check always runs it";
+  } else if (o.check == CheckPolicy::auto_ &&
+             cost.run_bytes + cost.ref_bytes > 0.8 * cost.host_bytes) {
+    skip = "the float64 reference would need about " +
+           std::to_string(int((cost.run_bytes + cost.ref_bytes) / GiB)) +
+           " GiB in all; --check always runs it";
+  }
+  if (!skip.empty()) {
+    std::printf("reference check: skipped (%s)\n", skip.c_str());
+    return 0;
+  }
+  if (cost.ref_seconds > 5) {
+    std::printf("checking against the float64 reference (about %.0f s)\n", cost.ref_seconds);
+    std::fflush(stdout);
+  }
+  return report_errors(check_against_reference(p, o.activation, ranks)) ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options options = parse_options(argc, argv);
+  try {
+    return run(options);
+  } catch (const epmoe::Error& e) {
+    std::fprintf(stderr, "epmoe_run: epmoe error (%s): %s\n", epmoe::to_string(e.kind()), e.what());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "epmoe_run: %s\n", e.what());
+  }
+  return 1;
+}

@@ -1,0 +1,245 @@
+"""Benchmark of the routed experts at EP = 1 on one GPU (MEASURE.md): epmoe against the torch-native
+recipe in the same process on the same inputs, the dense-matmul ceiling and the HBM copy ceiling
+measured in the same run, per-stage breakdown, grouped GEMM alone, decode against the roofline.
+
+    python3 bench/bench_moe.py --out results.json [--shapes a,b] [--routings balanced,skew]
+"""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import epmoe_ctypes  # noqa: E402
+import shapes as S  # noqa: E402
+import torch_recipe  # noqa: E402
+
+
+def timed(fn, iters=10, warmup=3):
+    """Median, min, max milliseconds of fn() with CUDA events around each call."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times), min(times), max(times)
+
+
+def ceilings():
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms, _, _ = timed(lambda: a @ b)
+    bf16 = 2 * 8192 ** 3 / ms / 1e9
+    src = torch.empty(1 << 31, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    ms_copy, _, _ = timed(lambda: dst.copy_(src))
+    copy_GBps = 2 * src.numel() / ms_copy / 1e6
+    del a, b, src, dst
+    return {"bf16_matmul_tflops": bf16, "fp8_matmul_tflops": None, "peer_store_GBps": None,
+            "hbm_copy_GBps": copy_GBps}
+
+
+def rel_l2(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+class Layer:
+    """Inputs, outputs and an epmoe context for one shape and routing at EP = 1."""
+
+    def __init__(self, lib, shape, routing, T, seed=0):
+        D, F, E, K, _, _ = S.SHAPES[shape]
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        self.D, self.F, self.E, self.K, self.T = D, F, E, K, T
+        self.x = (torch.randn(T, D, device="cuda", generator=g)).to(torch.bfloat16)
+        self.w13 = (torch.randn(E, 2 * F, D, device="cuda", generator=g) / D ** 0.5).to(torch.bfloat16)
+        self.w2 = (torch.randn(E, D, F, device="cuda", generator=g) / F ** 0.5).to(torch.bfloat16)
+        self.ids, self.scores = S.route(routing, T, E, K, generator=g)
+        self.grad_y = torch.randn(T, D, device="cuda", generator=g).to(torch.bfloat16)
+        self.y = torch.empty_like(self.x)
+        self.grad_x = torch.empty_like(self.x)
+        self.grad_scores = torch.empty(T, K, device="cuda")
+        self.grad_w13 = torch.empty_like(self.w13)
+        self.grad_w2 = torch.empty_like(self.w2)
+        cfg = lib.epmoe_config_default(T, D, F, K, E)
+        self.ctx = epmoe_ctypes.Context(lib, cfg)
+        self.routes = S.useful_routes(self.ids)
+
+    def forward(self, save=True):
+        return self.ctx.forward(self.x, self.ids, self.scores, self.w13, self.w2, self.y, save=save)
+
+    def step(self):
+        saved = self.forward(True)
+        self.ctx.backward(saved, self.grad_y, self.ids, self.scores, self.w13, self.w2, self.grad_x,
+                          self.grad_scores, self.grad_w13, self.grad_w2)
+
+    def close(self):
+        self.ctx.close()
+
+
+def recipe_step(layer, backward):
+    x = layer.x.detach().requires_grad_(backward)
+    w13 = layer.w13.detach().requires_grad_(backward)
+    w2 = layer.w2.detach().requires_grad_(backward)
+    scores = layer.scores.detach().requires_grad_(backward)
+    with torch.set_grad_enabled(backward):
+        y = torch_recipe.moe_forward(x, layer.ids, scores, w13, w2)
+        if backward:
+            y.backward(layer.grad_y)
+    return y, x, scores, w13, w2
+
+
+def row(impl, shape, routing, phase, T, ms, flops=None, GBps=None, **extra):
+    med, lo, hi = ms
+    r = {"impl": impl, "shape": shape, "ep": 1, "routing": routing, "precision": "bf16",
+         "phase": phase, "tokens_per_rank": T, "median_ms": med, "min_ms": lo, "max_ms": hi,
+         "useful_tflops": (flops / med / 1e9) if flops else None, "GBps": GBps,
+         "busiest_rank_rows": None, "balanced_rows": None, "peak_mem_bytes": None}
+    r.update(extra)
+    return r
+
+
+def bench_shape(lib, shape, routing, ceil, rows, iters):
+    D, F, E, K, T_train, T_decode = S.SHAPES[shape]
+    L = Layer(lib, shape, routing, T_train)
+    N = L.routes
+    L.rows = N
+    fwd_flops, step_flops = 6 * N * D * F, 18 * N * D * F
+    # correctness against the recipe on these inputs
+    L.step()
+    L.ctx.check()
+    y_ref, x_ref, s_ref, w13_ref, w2_ref = recipe_step(L, True)
+    err = {"y": rel_l2(L.y, y_ref), "grad_x": rel_l2(L.grad_x, x_ref.grad),
+           "grad_scores": rel_l2(L.grad_scores, s_ref.grad), "grad_w13": rel_l2(L.grad_w13, w13_ref.grad),
+           "grad_w2": rel_l2(L.grad_w2, w2_ref.grad)}
+    del y_ref, x_ref, s_ref, w13_ref, w2_ref
+    torch.cuda.empty_cache()
+
+    t_fwd = timed(lambda: L.forward(False), iters)
+    t_step = timed(L.step, iters)
+    torch.cuda.reset_peak_memory_stats()
+    r_fwd = timed(lambda: recipe_step(L, False), iters)
+    r_step = timed(lambda: recipe_step(L, True), iters)
+    recipe_peak = torch.cuda.max_memory_allocated()
+    ext = {"rel_l2_vs_recipe": err}
+    rows.append(row("epmoe", shape, routing, "fwd", T_train, t_fwd, fwd_flops,
+                    ratio_to_ceiling=fwd_flops / t_fwd[0] / 1e9 / ceil["bf16_matmul_tflops"],
+                    ratio_to_recipe=r_fwd[0] / t_fwd[0], **ext))
+    rows.append(row("epmoe", shape, routing, "fwd+bwd", T_train, t_step, step_flops,
+                    ratio_to_ceiling=step_flops / t_step[0] / 1e9 / ceil["bf16_matmul_tflops"],
+                    ratio_to_recipe=r_step[0] / t_step[0]))
+    rows.append(row("torch-native", shape, routing, "fwd", T_train, r_fwd, fwd_flops))
+    rows.append(row("torch-native", shape, routing, "fwd+bwd", T_train, r_step, step_flops,
+                    peak_mem_bytes_recipe=recipe_peak))
+
+    # per-stage breakdown (stages serialised by device syncs)
+    L.ctx.stage_timing(True)
+    stage_ms = {}
+    for _ in range(3):
+        L.step()
+        for name, ms in L.ctx.stage_times():
+            stage_ms.setdefault(name, []).append(ms)
+    L.ctx.stage_timing(False)
+    breakdown = {k: statistics.median(v) for k, v in stage_ms.items()}
+    rows.append({"impl": "epmoe", "shape": shape, "ep": 1, "routing": routing, "precision": "bf16",
+                 "phase": "stage-breakdown", "tokens_per_rank": T_train, "stages_ms": breakdown})
+
+    # grouped GEMM alone: torch._grouped_mm on the same grouped rows vs our GEMM stages
+    order, dst, offs, padded = torch_recipe.permute(L.ids, E)
+    xp = torch.randn(padded, D, device="cuda").to(torch.bfloat16)
+    hp = torch.randn(padded, F, device="cuda").to(torch.bfloat16)
+    g13 = timed(lambda: torch._grouped_mm(xp, L.w13.transpose(-2, -1), offs=offs), iters)
+    g2 = timed(lambda: torch._grouped_mm(hp, L.w2.transpose(-2, -1), offs=offs), iters)
+    gemm_flops_13, gemm_flops_2 = 4 * N * D * F, 2 * N * D * F
+    rows.append(row("torch._grouped_mm", shape, routing, "grouped-gemm-w13", T_train, g13, gemm_flops_13))
+    rows.append(row("torch._grouped_mm", shape, routing, "grouped-gemm-w2", T_train, g2, gemm_flops_2))
+    for name, flops, ref in (("w13_swiglu", gemm_flops_13, g13), ("w2_scatter", gemm_flops_2, g2)):
+        if name in stage_ms:
+            v = stage_ms[name]
+            ms = (statistics.median(v), min(v), max(v))
+            rows.append(row("epmoe", shape, routing, "grouped-gemm-" + name.split("_")[0], T_train, ms,
+                            flops, ratio_to_grouped_mm=ref[0] / ms[0], includes_epilogue=name))
+    del xp, hp
+    L.close()
+    del L
+    torch.cuda.empty_cache()
+
+    # decode forward at T_decode: against the HBM roofline of the expert weights it reads
+    Ld = Layer(lib, shape, routing, T_decode, seed=1)
+    t_dec = timed(lambda: Ld.forward(False), max(iters, 20))
+    graph = torch.cuda.CUDAGraph()
+    Ld.forward(False)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        Ld.forward(False)
+    t_dec_graph = timed(graph.replay, max(iters, 20))
+    active = int(torch.unique(Ld.ids[Ld.ids >= 0]).numel())
+    weight_bytes = active * 3 * D * F * 2
+    roofline_ms = weight_bytes / (ceil["hbm_copy_GBps"] * 1e6)
+    for impl, t in (("epmoe", t_dec), ("epmoe-graph", t_dec_graph)):
+        rows.append(row(impl, shape, routing, "decode-fwd", T_decode, t,
+                        6 * Ld.routes * D * F, GBps=weight_bytes / t[0] / 1e6,
+                        roofline_fraction=roofline_ms / t[0], weight_bytes=weight_bytes))
+    r_dec = timed(lambda: recipe_step(Ld, False), max(iters, 20))
+    rows.append(row("torch-native", shape, routing, "decode-fwd", T_decode, r_dec,
+                    6 * Ld.routes * D * F, GBps=weight_bytes / r_dec[0] / 1e6,
+                    roofline_fraction=roofline_ms / r_dec[0]))
+    Ld.close()
+    del Ld, graph
+    torch.cuda.empty_cache()
+    return err
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", default="qwen3-30b-a3b,deepseek-v3,gpt-oss-120b,mixtral-8x7b")
+    ap.add_argument("--routings", default="balanced,skew")
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--lib", default=None)
+    args = ap.parse_args()
+    lib = epmoe_ctypes.load(args.lib)
+    ceil = ceilings()
+    print(f"ceilings: {ceil}", flush=True)
+    rows = []
+    for shape in args.shapes.split(","):
+        for routing in args.routings.split(","):
+            err = bench_shape(lib, shape, routing, ceil, rows, args.iters)
+            for r in rows:
+                if r["shape"] == shape and r["routing"] == routing and r.get("median_ms") is not None:
+                    tf = r["useful_tflops"]
+                    extra = ""
+                    if "ratio_to_recipe" in r:
+                        extra = f" x{r['ratio_to_recipe']:.2f} vs recipe"
+                    if "roofline_fraction" in r:
+                        extra = f" {100 * r['roofline_fraction']:.0f}% of HBM roofline"
+                    if "ratio_to_grouped_mm" in r:
+                        extra = f" x{r['ratio_to_grouped_mm']:.2f} vs _grouped_mm"
+                    print(f"{shape:14s} {routing:9s} {r['impl']:18s} {r['phase']:18s} "
+                          f"{r['median_ms']:9.3f} ms {tf if tf is None else round(tf, 1)} TFLOP/s{extra}",
+                          flush=True)
+            print(f"{shape} {routing} rel-L2 vs recipe: {err}", flush=True)
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    out = {"sha": sha or os.environ.get("EPMOE_SHA", "unknown"),
+           "date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
+           "num_gpus": torch.cuda.device_count(),
+           "versions": {"torch": torch.__version__, "cuda": torch.version.cuda,
+                        "nccl": ".".join(map(str, torch.cuda.nccl.version())), "cutlass": "4.2.0.0"},
+           "ceilings": ceil, "rows": rows}
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: build from source, GPU tests, compute-sanitizer memcheck on a small
+# case, then the benchmarks. Logs and JSON go under $OUT (the device tool brings them back).
+#   bash bench/device.sh [all|test|bench] [bench args...]
+# CUTLASS headers and GoogleTest sources travel in third_party/ (git-ignored; name it in carry).
+set -uo pipefail
+mode=${1:-all}
+shift || true
+OUT=${OUT:-/tmp/epmoe-out}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+cd "$(dirname "$0")/.."
+build=build-gpu
+
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv | tee "$OUT/gpu.txt"
+t0=$(date +%s)
+if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEPMOE_CUDA=ON \
+    -DEPMOE_GEMM_CONFIGS=ALL > "$OUT/configure.log" 2>&1; then
+  tail -40 "$OUT/configure.log"; exit 1
+fi
+if ! cmake --build "$build" -j "$(nproc)" > "$OUT/build.log" 2>&1; then
+  grep -E "error|Error" -A4 "$OUT/build.log" | head -100; exit 1
+fi
+echo "build: $(( $(date +%s) - t0 )) s"
+
+status=0
+if [[ $mode == all || $mode == test ]]; then
+  t0=$(date +%s)
+  ctest --test-dir "$build" --output-on-failure -j 4 --timeout 600 > "$OUT/ctest.log" 2>&1 || status=1
+  grep -E "tests passed|tests failed|\(Failed\)|\(SEGFAULT\)|\(Timeout\)|Skipped" "$OUT/ctest.log" | tail -40
+  # Tolerance evidence: measured errors of the GPU layer tests.
+  EPMOE_REPORT_ERRORS=1 "$build/tests/gpu/test_gpu_context" > "$OUT/gpu_context.log" 2>&1 || status=1
+  grep -E "gpu vs|FAILED|PASSED" "$OUT/gpu_context.log" | head -40
+  compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/gpu/test_gpu_context" \
+      --gtest_filter='GpuContext.RepeatRunsAreBitwiseEqual:GpuContext.OverflowIsReported*' \
+      > "$OUT/memcheck.log" 2>&1 || status=1
+  tail -5 "$OUT/memcheck.log"
+  echo "tests: $(( $(date +%s) - t0 )) s, status $status"
+fi
+if [[ $mode == all || $mode == bench ]]; then
+  PYTHONUNBUFFERED=1 python3 bench/bench_moe.py --out "$OUT/bench.json" \
+      --lib "$build/src/libepmoe.so" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "^ceilings" | tail -80
+fi
+exit $status

@@ -1,0 +1,89 @@
+// Config: the static description of one EP group's MoE layers. Validated at construction; every
+// error names the field and gives the expected and the actual value.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "epmoe/tensor.h"
+
+namespace epmoe {
+
+enum class ActivationKind : int { swiglu, swiglu_clamped };
+
+// SwiGLU over h13 = [gate | up]:
+//   swiglu:          h = silu(gate) * up
+//   swiglu_clamped:  g = min(gate, limit); u = clamp(up, -limit, limit);
+//                    h = g * sigmoid(alpha * g) * (u + 1)            (GPT-OSS: alpha 1.702, limit 7)
+struct Activation {
+  ActivationKind kind = ActivationKind::swiglu;
+  float alpha = 1.702f;
+  float limit = 7.0f;
+  static Activation swiglu() { return {}; }
+  static Activation swiglu_clamped(float alpha = 1.702f, float limit = 7.0f) {
+    return {ActivationKind::swiglu_clamped, alpha, limit};
+  }
+};
+
+// Operand precision of the expert GEMMs. Only bf16 runs today; the others are reserved so the
+// config, planner and prepared-weight APIs keep their shape when they land.
+enum class Precision : int { bf16, fp8_block, mxfp8, nvfp4 };
+const char* to_string(Precision precision);
+
+// What happens when a rank receives more rows than its planned capacity.
+//   report: no out-of-bounds access; the status word records (rank, required, available), every
+//           rank skips the step consistently, Context::check() throws; the context stays usable.
+//   trap:   additionally trap on the device (CUDA) / abort the step with an exception (CPU).
+enum class OverflowPolicy : int { report, trap };
+
+// Activation slots hold what forward saves for backward (DESIGN.md §4). A slot is LIFO over the
+// layers that share it; N slots serve N pipeline micro-batches in flight.
+struct ActivationSlots {
+  int num_slots = 1;                           // N
+  int max_layers_per_slot = 1;                 // L
+  std::optional<int64_t> slot_bytes;           // exact budget per slot
+  std::optional<double> slot_capacity_factor;  // minimum + f * (balanced full save - minimum)
+  // Neither set: the maximum useful size (every layer saves everything, no recompute).
+};
+
+struct ConfigFields {
+  int64_t max_tokens_per_rank = 0;  // T: physical rows of x_TD per call (a call may pass fewer)
+  int64_t hidden_dim = 0;           // D
+  int64_t intermediate_dim = 0;     // F
+  int top_k = 0;                    // K
+  int num_experts = 0;              // global experts = E * R (rank r owns [r*E, (r+1)*E))
+  Activation activation = Activation::swiglu();
+  Precision precision = Precision::bf16;
+  // Receive-row capacity per rank in units of the balanced load T*K; clamped to the topology
+  // bound T*R*min(K, E) (a factor of R always suffices).
+  double capacity_factor = 1.0;
+  ActivationSlots slots{};
+  OverflowPolicy overflow = OverflowPolicy::report;
+  DType wgrad_dtype = DType::bf16;  // dtype of grad_w13 / grad_w2: bf16 or f32
+  bool inference = false;           // no slots, no backward
+  bool check_inputs = true;         // expert ids in range and finite x / scores, checked on device
+  int barrier_timeout_ms = 30000;   // budget of every cross-rank wait
+  bool fuse_epilogues = true;       // false: run the unfused chain (GEMM, then SwiGLU / scatter)
+};
+
+class Config {
+ public:
+  explicit Config(const ConfigFields& fields);
+
+  const ConfigFields& fields() const { return f_; }
+  int64_t T() const { return f_.max_tokens_per_rank; }
+  int64_t D() const { return f_.hidden_dim; }
+  int64_t F() const { return f_.intermediate_dim; }
+  int K() const { return f_.top_k; }
+  int num_experts() const { return f_.num_experts; }
+  // Local experts per rank; throws naming Config.num_experts when E*R does not divide.
+  int local_experts(int ep_size) const;
+
+  std::string to_string() const;
+
+ private:
+  ConfigFields f_;
+};
+
+}  // namespace epmoe

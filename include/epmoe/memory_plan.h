@@ -1,0 +1,85 @@
+// plan_memory: pure (no device, no communication) byte plan of one context. Every number here is
+// what Context::create allocates, to the byte; explain() prints each term.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "epmoe/config.h"
+
+namespace epmoe {
+
+// A(n) = ceil(n / 128) * 128: every sub-allocation is 128-byte aligned.
+constexpr int64_t kAlignment = 128;
+constexpr int64_t align_bytes(int64_t n) { return (n + kAlignment - 1) / kAlignment * kAlignment; }
+
+// How the slot size was chosen (Config.slots).
+enum class SlotSizing : int {
+  none,            // inference: no slots
+  maximum_useful,  // neither control set: every layer saves everything
+  exact,           // slot_bytes, aligned up to kAlignment
+  factor,          // slot_capacity_factor between the minimum and the balanced full save
+};
+
+struct MemoryPlan {
+  // Problem (echoed).
+  int ep_size = 0;                  // R
+  int64_t tokens = 0;               // T
+  int64_t hidden = 0;               // D
+  int64_t intermediate = 0;         // F
+  int top_k = 0;                    // K
+  int experts_global = 0;           // E * R
+  int experts_local = 0;            // E
+
+  // Receive rows per rank.
+  int64_t balanced_recv_rows = 0;   // T*K
+  int64_t max_recv_rows = 0;        // topology bound T*R*min(K, E)
+  double requested_capacity_factor = 0;  // Config.capacity_factor as given
+  double capacity_factor = 0;       // effective: min(requested, R)
+  int64_t recv_capacity_rows = 0;   // min(ceil(T*K*f), max_recv_rows): sizes every [M, *] buffer
+
+  // Symmetric buffers (one per rank, peers address each other's; allocated through the Transport).
+  int64_t routing_buffer_bytes = 0;   // header + ids [T,K] i32 + scores [T,K] f32
+  int64_t dispatch_buffer_bytes = 0;  // [T, D] bf16: x (forward), grad_y (backward)
+  int64_t combine_buffer_bytes = 0;   // [T, K, D] bf16: route outputs (fwd), route input grads (bwd)
+  int64_t symmetric_bytes = 0;
+
+  // Per-layer saved state.
+  int64_t routing_metadata_bytes = 0;       // layout of one layer at capacity rows
+  int64_t saved_input_bytes_per_layer = 0;  // recompute mode: x [T, D]
+  int64_t saved_full_bytes_balanced = 0;    // metadata + x_gathered + h13 + h3 at T*K rows
+  int64_t saved_full_bytes_capacity = 0;    // same at recv_capacity_rows
+
+  // Activation slots.
+  int num_slots = 0;                        // N (0 for inference)
+  int layers_per_slot = 0;                  // L
+  int64_t minimum_slot_bytes = 0;           // L * saved input: every layer recomputes
+  int64_t balanced_full_save_slot_bytes = 0;
+  int64_t maximum_useful_slot_bytes = 0;    // L * full save at capacity rows: never recomputes
+  SlotSizing slot_sizing = SlotSizing::none;
+  double slot_capacity_factor = 0;          // the factor when slot_sizing == factor
+  int64_t slot_bytes = 0;                   // chosen
+  int64_t activation_bytes = 0;             // N * slot_bytes
+
+  // Scratch (reused within one call), sized at capacity rows.
+  int64_t route_scratch_bytes = 0;     // global routing layout computation
+  int64_t forward_scratch_bytes = 0;   // worst forward (recompute mode)
+  int64_t backward_scratch_bytes = 0;  // worst backward (recompute mode)
+  int64_t scratch_bytes = 0;           // route + backward (backward's region holds forward's)
+
+  int64_t status_bytes = 0;            // device status word
+  int64_t peer_table_bytes = 0;        // 3 peer-pointer tables [R] (routing, dispatch, combine)
+  int64_t arena_bytes = 0;             // activation_bytes + scratch_bytes
+  int64_t total_bytes = 0;             // arena + symmetric + status + peer tables
+
+  bool inference = false;
+
+  // Multi-line, human-readable account of every term above.
+  std::string explain() const;
+};
+
+// Pure. Throws Error naming the Config field for impossible configurations (E*R not divisible by
+// ep_size, slot budget below the minimum, ...).
+MemoryPlan plan_memory(const Config& config, int ep_size);
+
+}  // namespace epmoe

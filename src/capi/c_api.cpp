@@ -1,0 +1,178 @@
+// The C ABI: converts plain structs into the C++ API's types, catches every exception at the
+// boundary and keeps its message for epmoe_last_error().
+#include "epmoe/c_api.h"
+
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <string>
+
+#include "epmoe/context.h"
+#include "epmoe/cuda.h"
+#include "epmoe/memory_plan.h"
+
+struct epmoe_context {
+  std::unique_ptr<epmoe::Context> ctx;
+  epmoe::Device device;
+};
+
+namespace {
+
+thread_local std::string g_last_error;
+
+template <class Fn>
+int guarded(Fn&& fn) {
+  try {
+    fn();
+    g_last_error.clear();
+    return 0;
+  } catch (const std::exception& e) {
+    g_last_error = e.what();
+  } catch (...) {
+    g_last_error = "epmoe: unknown exception";
+  }
+  return 1;
+}
+
+epmoe::Config to_config(const epmoe_config& c) {
+  epmoe::ConfigFields f;
+  f.max_tokens_per_rank = c.max_tokens_per_rank;
+  f.hidden_dim = c.hidden_dim;
+  f.intermediate_dim = c.intermediate_dim;
+  f.top_k = c.top_k;
+  f.num_experts = c.num_experts;
+  f.activation = c.activation == 1 ? epmoe::Activation::swiglu_clamped(c.alpha, c.limit)
+                                   : epmoe::Activation::swiglu();
+  f.capacity_factor = c.capacity_factor;
+  f.slots.num_slots = c.num_slots;
+  f.slots.max_layers_per_slot = c.layers_per_slot;
+  f.fuse_epilogues = c.fuse_epilogues != 0;
+  f.check_inputs = c.check_inputs != 0;
+  f.wgrad_dtype = c.wgrad_f32 ? epmoe::DType::f32 : epmoe::DType::bf16;
+  f.barrier_timeout_ms = c.barrier_timeout_ms;
+  return epmoe::Config(f);
+}
+
+epmoe::TensorRef ref(const void* p, epmoe::DType dtype, std::initializer_list<int64_t> shape,
+                     const epmoe::Device& device) {
+  return epmoe::TensorRef::contiguous(const_cast<void*>(p), dtype, shape, device);
+}
+
+}  // namespace
+
+extern "C" {
+
+epmoe_config epmoe_config_default(int64_t T, int64_t D, int64_t F, int32_t K, int32_t num_experts) {
+  const epmoe::ConfigFields d;
+  epmoe_config c{};
+  c.max_tokens_per_rank = T;
+  c.hidden_dim = D;
+  c.intermediate_dim = F;
+  c.top_k = K;
+  c.num_experts = num_experts;
+  c.activation = 0;
+  c.alpha = d.activation.alpha;
+  c.limit = d.activation.limit;
+  c.capacity_factor = d.capacity_factor;
+  c.num_slots = d.slots.num_slots;
+  c.layers_per_slot = d.slots.max_layers_per_slot;
+  c.fuse_epilogues = d.fuse_epilogues ? 1 : 0;
+  c.check_inputs = d.check_inputs ? 1 : 0;
+  c.wgrad_f32 = 0;
+  c.barrier_timeout_ms = d.barrier_timeout_ms;
+  return c;
+}
+
+const char* epmoe_last_error(void) { return g_last_error.c_str(); }
+
+int epmoe_cuda_device_count(void) { return epmoe::cuda_device_count(); }
+
+int epmoe_context_create_single_gpu(const epmoe_config* config, int device, epmoe_context** out) {
+  return guarded([&] {
+    auto h = std::make_unique<epmoe_context>();
+    h->ctx = epmoe::Context::create(to_config(*config), epmoe::make_single_gpu_transport(device));
+    h->device = epmoe::Device::cuda(device);
+    *out = h.release();
+  });
+}
+
+void epmoe_context_destroy(epmoe_context* ctx) {
+  guarded([&] { delete ctx; });
+}
+
+int epmoe_forward(epmoe_context* h, const epmoe_forward_args* a, epmoe_saved* saved) {
+  return guarded([&] {
+    const epmoe::Config& c = h->ctx->config();
+    const int64_t T = a->tokens, K = c.K();
+    const int E = c.local_experts(h->ctx->ep_size());
+    epmoe::ForwardArgs f;
+    f.x_TD = ref(a->x_TD, epmoe::DType::bf16, {T, c.D()}, h->device);
+    if (a->num_tokens_1) f.num_tokens_1 = ref(a->num_tokens_1, epmoe::DType::i32, {1}, h->device);
+    f.topk_ids_TK = ref(a->topk_ids_TK, a->ids_int64 ? epmoe::DType::i64 : epmoe::DType::i32, {T, K}, h->device);
+    f.topk_scores_TK = ref(a->topk_scores_TK, a->scores_bf16 ? epmoe::DType::bf16 : epmoe::DType::f32, {T, K}, h->device);
+    f.w13_EFD = ref(a->w13_EFD, epmoe::DType::bf16, {E, 2 * c.F(), c.D()}, h->device);
+    f.w2_EDF = ref(a->w2_EDF, epmoe::DType::bf16, {E, c.D(), c.F()}, h->device);
+    f.y_TD = ref(a->y_TD, epmoe::DType::bf16, {T, c.D()}, h->device);
+    f.save_for_backward = a->save_for_backward != 0;
+    f.slot = a->slot;
+    f.stream = a->stream;
+    const epmoe::SavedLayer s = h->ctx->forward(f);
+    if (saved) *saved = epmoe_saved{s.slot, s.layer, s.step, s.tokens};
+  });
+}
+
+int epmoe_backward(epmoe_context* h, const epmoe_backward_args* a) {
+  return guarded([&] {
+    const epmoe::Config& c = h->ctx->config();
+    const int64_t T = a->saved.tokens, K = c.K();
+    const int E = c.local_experts(h->ctx->ep_size());
+    const epmoe::DType wg = c.fields().wgrad_dtype;
+    epmoe::BackwardArgs b;
+    b.saved = epmoe::SavedLayer{a->saved.slot, a->saved.layer, a->saved.step, a->saved.tokens};
+    b.grad_y_TD = ref(a->grad_y_TD, epmoe::DType::bf16, {T, c.D()}, h->device);
+    if (a->num_tokens_1) b.num_tokens_1 = ref(a->num_tokens_1, epmoe::DType::i32, {1}, h->device);
+    b.topk_ids_TK = ref(a->topk_ids_TK, a->ids_int64 ? epmoe::DType::i64 : epmoe::DType::i32, {T, K}, h->device);
+    b.topk_scores_TK = ref(a->topk_scores_TK, a->scores_bf16 ? epmoe::DType::bf16 : epmoe::DType::f32, {T, K}, h->device);
+    b.w13_EFD = ref(a->w13_EFD, epmoe::DType::bf16, {E, 2 * c.F(), c.D()}, h->device);
+    b.w2_EDF = ref(a->w2_EDF, epmoe::DType::bf16, {E, c.D(), c.F()}, h->device);
+    b.grad_x_TD = ref(a->grad_x_TD, epmoe::DType::bf16, {T, c.D()}, h->device);
+    b.grad_scores_TK = ref(a->grad_scores_TK, epmoe::DType::f32, {T, K}, h->device);
+    b.grad_w13_EFD = ref(a->grad_w13_EFD, wg, {E, 2 * c.F(), c.D()}, h->device);
+    b.grad_w2_EDF = ref(a->grad_w2_EDF, wg, {E, c.D(), c.F()}, h->device);
+    b.accumulate_wgrad = a->accumulate_wgrad != 0;
+    b.stream = a->stream;
+    h->ctx->backward(b);
+  });
+}
+
+int epmoe_check(epmoe_context* h) {
+  return guarded([&] { h->ctx->check(); });
+}
+
+int epmoe_set_stage_timing(epmoe_context* h, int on) {
+  return guarded([&] { h->ctx->set_stage_timing(on != 0); });
+}
+
+int epmoe_stage_times(epmoe_context* h, const char** names, double* ms, int capacity, int* count) {
+  return guarded([&] {
+    const auto& times = h->ctx->stage_times();
+    const int n = static_cast<int>(times.size());
+    *count = n;
+    for (int i = 0; i < n && i < capacity; ++i) {
+      names[i] = times[i].stage;
+      ms[i] = times[i].ms;
+    }
+  });
+}
+
+int epmoe_explain_plan(const epmoe_config* config, int ep_size, char* buf, size_t len) {
+  return guarded([&] {
+    const std::string s = epmoe::plan_memory(to_config(*config), ep_size).explain();
+    if (len == 0) return;
+    const size_t n = s.size() < len - 1 ? s.size() : len - 1;
+    std::memcpy(buf, s.data(), n);
+    buf[n] = '\0';
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,85 @@
+// Backend: the stages of DESIGN.md §3 behind one interface, implemented by the CPU reference
+// (src/cpu) and by CUDA (src/cuda). The Context runs the same sequence on either; each stage reads
+// its row counts from the layout (never from the host on CUDA) and does nothing when
+// layout.header[kLayoutSkip] is set.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "core/step.h"
+#include "epmoe/config.h"
+#include "epmoe/tensor.h"
+
+namespace epmoe {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual const char* name() const = 0;
+  // Backend-specific limits of a config (e.g. 16-byte rows on CUDA); throws Error naming the field.
+  virtual void validate(const Config& /*config*/, int /*ep_size*/) const {}
+
+  // ---- memory of the compute device ----
+  virtual void* allocate(std::size_t bytes) = 0;  // zero-filled
+  virtual void release(void* ptr) = 0;
+  virtual void copy_to_device(void* dst, const void* src, std::size_t bytes) = 0;  // blocking
+  virtual void copy_to_host(void* dst, const void* src, std::size_t bytes) = 0;    // blocking
+  virtual void synchronize(void* stream) = 0;
+
+  // ---- forward ----
+  // Own ids (int32; -1 for inactive routes and rows past the live count), scores (f32), header
+  // (tokens, live, input-check result) into routing_R[rank]; x into dispatch_R[rank].
+  virtual void publish_forward(const Step& s) = 0;
+  // After the publish barrier: the layout from every rank's ids (core/layout.h), the step's
+  // skip flag and the status word (input errors of any rank, capacity overflow of any rank).
+  virtual void route(const Step& s) = 0;
+  // x_gathered[m] = dispatch_R[src rank][t] for every received row m.
+  virtual void dispatch(const Step& s) = 0;
+  // h13 = x_gathered @ w13[e]^T per expert (unfused).
+  virtual void w13_gemm(const Step& s) = 0;
+  // h = act(h13) (unfused).
+  virtual void swiglu_forward(const Step& s) = 0;
+  // Fused: h13 and h from one GEMM (h is computed from the bf16-rounded h13, as unfused).
+  virtual void w13_swiglu(const Step& s) = 0;
+  // rows_MD = h @ w2[e]^T (unfused).
+  virtual void w2_gemm(const Step& s) = 0;
+  // combine_R[src rank][t*K + k] = rows_MD[m] (unfused scatter; also the W13-DGRAD scatter).
+  virtual void scatter_rows(const Step& s) = 0;
+  // Fused: W2 GEMM whose epilogue stores each row into its owner's combine slot.
+  virtual void w2_scatter(const Step& s) = 0;
+  // After the combine barrier: y[t] = sum_k score[t,k] * combine[t,k] (fp32, one rounding);
+  // rows past the live count are zero; h3_TKD (if set) = copy of this rank's combine slots.
+  virtual void reduce_forward(const Step& s) = 0;
+
+  // ---- backward ----
+  // grad_y into dispatch_R[rank]; scores (f32) and ids into routing_R[rank] (as forward).
+  virtual void publish_backward(const Step& s) = 0;
+  // grad_scores[t,k] = <grad_y[t], h3[t,k]> in fp32 (0 for inactive routes and padding rows).
+  virtual void grad_scores(const Step& s) = 0;
+  // After the publish barrier: grad_h3[m] = bf16(score[t,k] * grad_y[t]) pulled from the owner.
+  virtual void gather_grad(const Step& s) = 0;
+  // grad_h = grad_h3 @ w2[e] (unfused).
+  virtual void w2_dgrad(const Step& s) = 0;
+  // grad_h13 = act'(h13) * grad_h; h = act(h13) for the W2 weight gradient (unfused).
+  virtual void swiglu_backward(const Step& s) = 0;
+  // Fused W2 DGRAD with SwiGLU backward in its epilogue (grad_h rounded to bf16 first, as unfused).
+  virtual void w2_dgrad_swiglu(const Step& s) = 0;
+  // grad_w2[e] (+)= grad_h3[e]^T @ h[e]; experts with no rows get zero (or keep, accumulating).
+  virtual void w2_wgrad(const Step& s) = 0;
+  // rows_MD = grad_h13 @ w13[e] (unfused; scatter_rows sends the rows home).
+  virtual void w13_dgrad(const Step& s) = 0;
+  // Fused W13 DGRAD whose epilogue stores each row into its owner's combine slot.
+  virtual void w13_dgrad_scatter(const Step& s) = 0;
+  // grad_w13[e] (+)= grad_h13[e]^T @ x_gathered[e].
+  virtual void w13_wgrad(const Step& s) = 0;
+  // After the combine barrier: grad_x[t] = sum over active k of combine[t,k] (fp32, one rounding).
+  virtual void reduce_backward(const Step& s) = 0;
+};
+
+// Factories; make_cuda_backend throws Error(backend) when epmoe was built without CUDA.
+std::unique_ptr<Backend> make_cpu_backend();
+std::unique_ptr<Backend> make_cuda_backend(int device_ordinal);
+
+}  // namespace epmoe

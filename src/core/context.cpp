@@ -1,0 +1,397 @@
+// Context: owns the plan, the symmetric buffers, the arena and the slot stacks, and runs the
+// fixed stage sequence of DESIGN.md §3 on its backend. Backend-neutral.
+#include "epmoe/context.h"
+
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/plan_terms.h"
+#include "core/validate.h"
+#include "epmoe/error.h"
+
+namespace epmoe {
+
+namespace {
+
+// Fields every rank must agree on; gathered at create().
+struct ConfigFingerprint {
+  int64_t T, D, F;
+  int32_t K, experts, activation, precision;
+  float alpha, limit;
+  double capacity_factor;
+  int32_t num_slots, layers_per_slot, inference, fuse_epilogues;
+  int64_t slot_bytes;
+};
+
+ConfigFingerprint fingerprint(const Config& c, int64_t slot_bytes) {
+  ConfigFingerprint f{};
+  const ConfigFields& x = c.fields();
+  f.T = x.max_tokens_per_rank;
+  f.D = x.hidden_dim;
+  f.F = x.intermediate_dim;
+  f.K = x.top_k;
+  f.experts = x.num_experts;
+  f.activation = static_cast<int32_t>(x.activation.kind);
+  f.precision = static_cast<int32_t>(x.precision);
+  f.alpha = x.activation.alpha;
+  f.limit = x.activation.limit;
+  f.capacity_factor = x.capacity_factor;
+  f.num_slots = x.slots.num_slots;
+  f.layers_per_slot = x.slots.max_layers_per_slot;
+  f.inference = x.inference;
+  f.fuse_epilogues = x.fuse_epilogues;
+  f.slot_bytes = slot_bytes;
+  return f;
+}
+
+}  // namespace
+
+struct Context::Impl {
+  Config config;
+  MemoryPlan plan;
+  std::shared_ptr<Transport> transport;
+  std::unique_ptr<Backend> backend;
+  Dims dims;
+  std::chrono::milliseconds budget{0};
+
+  SymmetricBuffer routing, dispatch, combine;
+  // Peer tables as the backend reads them (device memory on CUDA).
+  char** routing_R = nullptr;
+  bf16_t** dispatch_R = nullptr;
+  bf16_t** combine_R = nullptr;
+
+  char* arena = nullptr;
+  Status* status = nullptr;
+  int64_t sequence = 0;
+  void* last_stream = nullptr;
+  std::vector<std::vector<int64_t>> slot_stack;  // per slot: sequence numbers of saved layers
+  bool closed = false;
+  bool stage_timing = false;
+  std::vector<Context::StageTime> stage_times;  // last forward's, then last backward's
+  std::size_t forward_stage_count = 0;
+
+  template <class Fn>
+  void stage(const char* name, void* stream, Fn&& fn) {
+    if (!stage_timing) {
+      fn();
+      return;
+    }
+    backend->synchronize(stream);
+    auto t0 = std::chrono::steady_clock::now();
+    fn();
+    backend->synchronize(stream);
+    std::chrono::duration<double, std::milli> dt = std::chrono::steady_clock::now() - t0;
+    stage_times.push_back({name, dt.count()});
+  }
+
+  explicit Impl(const Config& c) : config(c) {}
+
+  // One [R] pointer table, allocated at A(R * 8) bytes as MemoryPlan::peer_table_bytes counts it.
+  template <class T>
+  T** peer_table(const SymmetricBuffer& b) {
+    std::vector<void*> table(b.peers.begin(), b.peers.end());
+    const int64_t bytes = static_cast<int64_t>(table.size() * sizeof(void*));
+    void* dev = backend->allocate(static_cast<std::size_t>(align_bytes(bytes)));
+    backend->copy_to_device(dev, table.data(), table.size() * sizeof(void*));
+    return static_cast<T**>(dev);
+  }
+
+  char* slot_layer_base(int slot, int layer) const {
+    const int64_t per_layer = saved_full_layout(dims, plan.recv_capacity_rows).total;
+    return arena + static_cast<int64_t>(slot) * plan.slot_bytes + layer * per_layer;
+  }
+  char* scratch_base() const { return arena + plan.activation_bytes; }
+
+  Step base_step(int64_t tokens, void* stream) const {
+    Step s;
+    s.dims = dims;
+    s.tokens = tokens;
+    s.rank = transport->rank();
+    s.capacity_rows = plan.recv_capacity_rows;
+    s.act = activation_params(config.fields().activation);
+    s.sequence = sequence;
+    s.check_inputs = config.fields().check_inputs;
+    s.trap_on_overflow = config.fields().overflow == OverflowPolicy::trap;
+    s.stream = stream;
+    s.routing_R = routing_R;
+    s.dispatch_R = dispatch_R;
+    s.combine_R = combine_R;
+    s.status = status;
+    char* scratch = scratch_base();
+    const bool unfused = !config.fields().fuse_epilogues;
+    const RouteScratchLayout rl = route_scratch_layout(dims);
+    s.route_scratch = scratch;
+    char* call = scratch + rl.total;
+    const CallScratchLayout cl = call_scratch_layout(dims, plan.recv_capacity_rows, unfused);
+    s.h_MF = reinterpret_cast<bf16_t*>(call + cl.h);
+    s.grad_h3_MD = reinterpret_cast<bf16_t*>(call + cl.grad_h3);
+    s.grad_h13_M2F = reinterpret_cast<bf16_t*>(call + cl.grad_h13);
+    s.rows_MD = unfused ? reinterpret_cast<bf16_t*>(call + cl.rows_MD) : nullptr;
+    s.grad_h_MF = unfused ? reinterpret_cast<bf16_t*>(call + cl.grad_h) : nullptr;
+    return s;
+  }
+
+  // Saved layer state (slot) or, when nothing is saved, the recompute area of the scratch.
+  void bind_layer_state(Step& s, char* saved_base) const {
+    const int64_t M = plan.recv_capacity_rows;
+    if (saved_base != nullptr) {
+      const SavedFullLayout l = saved_full_layout(dims, M);
+      s.layout = carve_layout(saved_base + l.layout, M, dims.T, dims.K, dims.E, dims.R);
+      s.x_gathered_MD = reinterpret_cast<bf16_t*>(saved_base + l.x_gathered);
+      s.h13_M2F = reinterpret_cast<bf16_t*>(saved_base + l.h13);
+      s.h3_TKD = reinterpret_cast<bf16_t*>(saved_base + l.h3);
+      return;
+    }
+    char* call = scratch_base() + route_scratch_layout(dims).total;
+    const CallScratchLayout cl = call_scratch_layout(dims, M, !config.fields().fuse_epilogues);
+    s.layout = carve_layout(call + cl.layout, M, dims.T, dims.K, dims.E, dims.R);
+    s.x_gathered_MD = reinterpret_cast<bf16_t*>(call + cl.x_gathered);
+    s.h13_M2F = reinterpret_cast<bf16_t*>(call + cl.h13);
+    s.h3_TKD = nullptr;
+  }
+
+  void barrier(void* stream, int channel) {
+    stage("barrier", stream, [&] { transport->barrier_on_stream(stream, channel, budget); });
+  }
+
+  // On the CPU every stage has finished when the call returns: report errors right away.
+  void check_if_synchronous() {
+    if (backend->device().type != DeviceType::cpu) return;
+    Status st = take_status();
+    if (!st.ok()) throw_status(st);
+  }
+
+  Status take_status() {
+    Status st;
+    backend->synchronize(last_stream);
+    backend->copy_to_host(&st, status, sizeof(Status));
+    Status clear;
+    backend->copy_to_device(status, &clear, sizeof(Status));
+    return st;
+  }
+
+  [[noreturn]] static void throw_status(const Status& st) {
+    ErrorKind kind = ErrorKind::internal;
+    switch (static_cast<StatusCode>(st.code)) {
+      case StatusCode::capacity_overflow: kind = ErrorKind::capacity_overflow; break;
+      case StatusCode::expert_id_out_of_range:
+      case StatusCode::token_count_mismatch: kind = ErrorKind::invalid_routing; break;
+      case StatusCode::non_finite_input: kind = ErrorKind::non_finite_input; break;
+      case StatusCode::slot_overflow: kind = ErrorKind::slot_overflow; break;
+      case StatusCode::ok: break;
+    }
+    detail::throw_error(kind, to_string(static_cast<StatusArg>(st.arg)), st.to_string(), __FILE__,
+                        __LINE__);
+  }
+};
+
+std::unique_ptr<Context> Context::create(const Config& config, std::shared_ptr<Transport> transport) {
+  EPMOE_CHECK_ARG(transport != nullptr, "transport", "a transport", "nullptr");
+  auto impl = std::make_unique<Impl>(config);
+  Impl& m = *impl;
+  const int R = transport->size();
+  m.plan = plan_memory(config, R);
+  m.transport = std::move(transport);
+  m.budget = std::chrono::milliseconds(config.fields().barrier_timeout_ms);
+  m.dims = Dims{config.T(), config.D(), config.F(), config.K(), config.local_experts(R), R};
+
+  // Every rank must hold the same config.
+  ConfigFingerprint mine = fingerprint(config, m.plan.slot_bytes);
+  std::vector<ConfigFingerprint> all(R);
+  m.transport->all_gather(&mine, all.data(), sizeof(mine), m.budget);
+  for (int r = 0; r < R; ++r) {
+    EPMOE_CHECK_ARG(std::memcmp(&all[r], &mine, sizeof(mine)) == 0, "Config",
+                    "the same config on every rank (rank " + std::to_string(m.transport->rank()) +
+                        ")", "a different config on rank " + std::to_string(r));
+  }
+  // Until slot packing with recompute lands, every layer saves everything at capacity rows.
+  const int64_t full = saved_full_layout(m.dims, m.plan.recv_capacity_rows).total;
+  EPMOE_CHECK_ARG(m.plan.inference || m.plan.slot_bytes >= m.plan.layers_per_slot * full,
+                  "Config.slots.slot_bytes",
+                  ">= " + std::to_string(m.plan.layers_per_slot * full) +
+                      " (full save of every layer; smaller budgets need recompute)",
+                  m.plan.slot_bytes);
+
+  const Device device = m.transport->device();
+  m.backend = device.type == DeviceType::cpu ? make_cpu_backend() : make_cuda_backend(device.index);
+  m.backend->validate(config, R);
+
+  m.routing = m.transport->allocate_symmetric(m.plan.routing_buffer_bytes, "routing");
+  m.dispatch = m.transport->allocate_symmetric(m.plan.dispatch_buffer_bytes, "dispatch");
+  m.combine = m.transport->allocate_symmetric(m.plan.combine_buffer_bytes, "combine");
+  m.routing_R = m.peer_table<char>(m.routing);
+  m.dispatch_R = m.peer_table<bf16_t>(m.dispatch);
+  m.combine_R = m.peer_table<bf16_t>(m.combine);
+  m.arena = static_cast<char*>(m.backend->allocate(m.plan.arena_bytes));
+  m.status = static_cast<Status*>(m.backend->allocate(m.plan.status_bytes));
+  m.slot_stack.resize(m.plan.num_slots);
+  m.transport->barrier("context.create", m.budget);
+  return std::unique_ptr<Context>(new Context(std::move(impl)));
+}
+
+Context::Context(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Context::~Context() {
+  try {
+    close();
+  } catch (...) {
+    // A destructor cannot report; close() explicitly to see errors.
+  }
+}
+
+SavedLayer Context::forward(const ForwardArgs& a) {
+  Impl& m = *impl_;
+  EPMOE_CHECK_ARG(!m.closed, "Context", "an open context", "a closed one");
+  const int64_t tokens = validate_forward(a, m.config, m.plan.ep_size, m.backend->device());
+  ++m.sequence;
+  m.last_stream = a.stream;
+
+  SavedLayer saved;
+  char* saved_base = nullptr;
+  if (a.save_for_backward) {
+    std::vector<int64_t>& stack = m.slot_stack[a.slot];
+    EPMOE_CHECK_ARG(static_cast<int>(stack.size()) < m.plan.layers_per_slot, "ForwardArgs.slot",
+                    "a slot with room (Config.slots.max_layers_per_slot = " +
+                        std::to_string(m.plan.layers_per_slot) + " layers)",
+                    "slot " + std::to_string(a.slot) + " holding " + std::to_string(stack.size()));
+    saved = SavedLayer{a.slot, static_cast<int>(stack.size()), m.sequence, tokens};
+    saved_base = m.slot_layer_base(a.slot, saved.layer);
+    stack.push_back(m.sequence);
+  }
+
+  Step s = m.base_step(tokens, a.stream);
+  m.bind_layer_state(s, saved_base);
+  s.x_TD = a.x_TD.as<bf16_t>();
+  s.num_tokens_1 = a.num_tokens_1.as<int32_t>();
+  s.ids_TK = a.topk_ids_TK.data;
+  s.ids_dtype = a.topk_ids_TK.dtype;
+  s.scores_TK = a.topk_scores_TK.data;
+  s.scores_dtype = a.topk_scores_TK.dtype;
+  s.w13_EFD = a.w13_EFD.as<bf16_t>();
+  s.w2_EDF = a.w2_EDF.as<bf16_t>();
+  s.y_TD = a.y_TD.as<bf16_t>();
+
+  Backend& b = *m.backend;
+  const bool fused = m.config.fields().fuse_epilogues;
+  m.stage_times.clear();
+  try {
+    m.stage("publish_forward", s.stream, [&] { b.publish_forward(s); });
+    m.barrier(a.stream, 0);
+    m.stage("route", s.stream, [&] { b.route(s); });
+    m.stage("dispatch", s.stream, [&] { b.dispatch(s); });
+    if (fused) {
+      m.stage("w13_swiglu", s.stream, [&] { b.w13_swiglu(s); });
+      m.stage("w2_scatter", s.stream, [&] { b.w2_scatter(s); });
+    } else {
+      m.stage("w13_gemm", s.stream, [&] { b.w13_gemm(s); });
+      m.stage("swiglu_forward", s.stream, [&] { b.swiglu_forward(s); });
+      m.stage("w2_gemm", s.stream, [&] { b.w2_gemm(s); });
+      m.stage("scatter_rows", s.stream, [&] { b.scatter_rows(s); });
+    }
+    m.barrier(a.stream, 1);
+    m.stage("reduce_forward", s.stream, [&] { b.reduce_forward(s); });
+    m.forward_stage_count = m.stage_times.size();
+    m.check_if_synchronous();
+  } catch (...) {
+    if (a.save_for_backward) m.slot_stack[a.slot].pop_back();
+    throw;
+  }
+  return saved;
+}
+
+void Context::backward(const BackwardArgs& a) {
+  Impl& m = *impl_;
+  EPMOE_CHECK_ARG(!m.closed, "Context", "an open context", "a closed one");
+  validate_backward(a, m.config, m.plan.ep_size, m.backend->device());
+  const SavedLayer& sv = a.saved;
+  EPMOE_CHECK_ARG(sv.slot >= 0 && sv.slot < m.plan.num_slots, "BackwardArgs.saved.slot",
+                  "a slot in [0, " + std::to_string(m.plan.num_slots) + ")", sv.slot);
+  std::vector<int64_t>& stack = m.slot_stack[sv.slot];
+  EPMOE_CHECK_ARG(!stack.empty() && sv.layer == static_cast<int>(stack.size()) - 1 &&
+                      stack.back() == sv.step,
+                  "BackwardArgs.saved",
+                  "the most recent unfinished forward of slot " + std::to_string(sv.slot) +
+                      " (backward runs layers in reverse)",
+                  "layer " + std::to_string(sv.layer) + " of step " + std::to_string(sv.step));
+  ++m.sequence;
+  m.last_stream = a.stream;
+
+  Step s = m.base_step(sv.tokens, a.stream);
+  m.bind_layer_state(s, m.slot_layer_base(sv.slot, sv.layer));
+  s.num_tokens_1 = a.num_tokens_1.as<int32_t>();
+  s.ids_TK = a.topk_ids_TK.data;
+  s.ids_dtype = a.topk_ids_TK.dtype;
+  s.scores_TK = a.topk_scores_TK.data;
+  s.scores_dtype = a.topk_scores_TK.dtype;
+  s.w13_EFD = a.w13_EFD.as<bf16_t>();
+  s.w2_EDF = a.w2_EDF.as<bf16_t>();
+  s.grad_y_TD = a.grad_y_TD.as<bf16_t>();
+  s.grad_x_TD = a.grad_x_TD.as<bf16_t>();
+  s.grad_scores_TK = a.grad_scores_TK.as<float>();
+  s.grad_w13_EFD = a.grad_w13_EFD.data;
+  s.grad_w2_EDF = a.grad_w2_EDF.data;
+  s.wgrad_dtype = m.config.fields().wgrad_dtype;
+  s.accumulate_wgrad = a.accumulate_wgrad;
+
+  Backend& b = *m.backend;
+  const bool fused = m.config.fields().fuse_epilogues;
+  stack.pop_back();  // the layer is consumed whether or not the step was skipped
+  m.stage_times.resize(m.forward_stage_count);
+  m.stage("publish_backward", s.stream, [&] { b.publish_backward(s); });
+  m.stage("grad_scores", s.stream, [&] { b.grad_scores(s); });
+  m.barrier(a.stream, 2);
+  m.stage("gather_grad", s.stream, [&] { b.gather_grad(s); });
+  if (fused) {
+    m.stage("w2_dgrad_swiglu", s.stream, [&] { b.w2_dgrad_swiglu(s); });
+  } else {
+    m.stage("w2_dgrad", s.stream, [&] { b.w2_dgrad(s); });
+    m.stage("swiglu_backward", s.stream, [&] { b.swiglu_backward(s); });
+  }
+  m.stage("w2_wgrad", s.stream, [&] { b.w2_wgrad(s); });
+  if (fused) {
+    m.stage("w13_dgrad_scatter", s.stream, [&] { b.w13_dgrad_scatter(s); });
+  } else {
+    m.stage("w13_dgrad", s.stream, [&] { b.w13_dgrad(s); });
+    m.stage("scatter_rows", s.stream, [&] { b.scatter_rows(s); });
+  }
+  m.stage("w13_wgrad", s.stream, [&] { b.w13_wgrad(s); });
+  m.barrier(a.stream, 3);
+  m.stage("reduce_backward", s.stream, [&] { b.reduce_backward(s); });
+  m.check_if_synchronous();
+}
+
+void Context::check() {
+  Status st = impl_->take_status();
+  if (!st.ok()) Impl::throw_status(st);
+}
+
+Status Context::take_status() { return impl_->take_status(); }
+
+const Config& Context::config() const { return impl_->config; }
+const MemoryPlan& Context::plan() const { return impl_->plan; }
+int Context::rank() const { return impl_->transport->rank(); }
+int Context::ep_size() const { return impl_->transport->size(); }
+Backend& Context::backend() { return *impl_->backend; }
+void Context::set_stage_timing(bool on) { impl_->stage_timing = on; }
+const std::vector<Context::StageTime>& Context::stage_times() const { return impl_->stage_times; }
+
+void Context::close() {
+  if (!impl_ || impl_->closed) return;
+  Impl& m = *impl_;
+  m.closed = true;
+  m.backend->synchronize(m.last_stream);
+  m.transport->barrier("context.close", m.budget);
+  m.backend->release(m.routing_R);
+  m.backend->release(m.dispatch_R);
+  m.backend->release(m.combine_R);
+  m.backend->release(m.arena);
+  m.backend->release(m.status);
+  m.transport->release_symmetric(m.combine);
+  m.transport->release_symmetric(m.dispatch);
+  m.transport->release_symmetric(m.routing);
+}
+
+}  // namespace epmoe

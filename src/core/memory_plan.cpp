@@ -1,0 +1,265 @@
+// plan_memory(): the byte plan of one context, built only from the terms of core/plan_terms.h and
+// core/layout.h, which are also what Context carves the arena with, so plan == allocation.
+// docs/memory.md gives the formulas term by term.
+#include "epmoe/memory_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <string>
+
+#include "core/layout.h"
+#include "core/plan_terms.h"
+#include "epmoe/error.h"
+#include "epmoe/status.h"
+
+namespace epmoe {
+
+namespace {
+
+// Every single term stays below 2^56 bytes so that the ~20 terms of a plan sum without overflow;
+// the multiplications by L and N are checked separately. Real models are many orders below.
+constexpr int64_t kMaxTermBytes = int64_t{1} << 56;
+
+// Factors such as 1.1 are not exact in binary (10 * 1.1 == 11.000000000000002): a product within
+// 1e-12 (relative) of an integer is that integer, so the ceil does not add a spurious row.
+int64_t ceil_tolerant(double x) {
+  const double nearest = std::nearbyint(x);
+  if (std::fabs(x - nearest) <= 1e-12 * std::max(1.0, std::fabs(x))) {
+    return static_cast<int64_t>(nearest);
+  }
+  return static_cast<int64_t>(std::ceil(x));
+}
+
+int64_t checked_mul(int64_t a, int64_t b, const char* field, const char* what) {
+  int64_t r = 0;
+  const bool overflow = __builtin_mul_overflow(a, b, &r);
+  EPMOE_CHECK_ARG(!overflow && r <= kMaxTermBytes, field,
+                  std::string(what) + " below 2^56 bytes",
+                  overflow ? std::string("an int64 overflow") : std::to_string(r));
+  return r;
+}
+
+// A dimension may be at most kMaxTermBytes / per_unit, so that its widest buffer stays below 2^56.
+void check_dim(int64_t value, int64_t per_unit, const char* field, const char* why) {
+  const int64_t bound = kMaxTermBytes / per_unit;
+  EPMOE_CHECK_ARG(value <= bound, field, "<= " + std::to_string(bound) + " (" + why + ")", value);
+}
+
+std::string thousands(int64_t n) {
+  std::string digits = std::to_string(n < 0 ? -n : n);
+  std::string out;
+  const int lead = static_cast<int>(digits.size() % 3);
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i != 0 && static_cast<int>(i % 3) == lead) out += ',';
+    out += digits[i];
+  }
+  return n < 0 ? "-" + out : out;
+}
+
+// "1.094 GiB (1,174,405,120 bytes)"
+std::string bytes_text(int64_t n) {
+  char gib[32];
+  std::snprintf(gib, sizeof(gib), "%.3f", static_cast<double>(n) / (1024.0 * 1024.0 * 1024.0));
+  return std::string(gib) + " GiB (" + thousands(n) + " bytes)";
+}
+
+std::string factor_text(double f) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.6g", f);
+  return buf;
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const Config& config, int ep_size) {
+  const ConfigFields& c = config.fields();
+  MemoryPlan p;
+  const int R = ep_size;
+  const int E = config.local_experts(R);  // checks R >= 1 and divisibility
+  const int64_t T = config.T(), D = config.D(), F = config.F();
+  const int K = config.K();
+
+  // Received rows carry their source as int32 rank*T*K + t*K + k (core/layout.h encode_src).
+  const int64_t int32_max = std::numeric_limits<int32_t>::max();
+  const int64_t RK = static_cast<int64_t>(R) * K;
+  EPMOE_CHECK_ARG(T <= int32_max / RK, "Config.max_tokens_per_rank",
+                  "<= " + std::to_string(int32_max / RK) + " so that R*T*K < 2^31 (int32 row ids, R = " +
+                      std::to_string(R) + ", K = " + std::to_string(K) + ")",
+                  T);
+  // Every byte term is at most (R*T*K) rows times 4 * max(D, F, experts) bytes.
+  const int64_t routes = RK * T;
+  check_dim(D, 4 * routes, "Config.hidden_dim", "byte terms below 2^56 at R*T*K routes");
+  check_dim(F, 4 * routes, "Config.intermediate_dim", "byte terms below 2^56 at R*T*K routes");
+  check_dim(c.num_experts, 4 * routes, "Config.num_experts",
+            "route scratch below 2^56 bytes at R*T*K routes");
+
+  p.ep_size = R;
+  p.tokens = T;
+  p.hidden = D;
+  p.intermediate = F;
+  p.top_k = K;
+  p.experts_global = c.num_experts;
+  p.experts_local = E;
+  p.inference = c.inference;
+
+  // ---- rows ----
+  // A factor above R buys nothing: R*T*K rows already hold every route that can arrive.
+  p.requested_capacity_factor = c.capacity_factor;
+  p.capacity_factor = std::min(c.capacity_factor, static_cast<double>(R));
+  p.balanced_recv_rows = T * K;
+  p.max_recv_rows = T * R * std::min(K, E);
+  const int64_t wanted = ceil_tolerant(static_cast<double>(T * K) * p.capacity_factor);
+  p.recv_capacity_rows = std::max<int64_t>(1, std::min(wanted, p.max_recv_rows));
+  const int64_t M = p.recv_capacity_rows;
+
+  const Dims d{T, D, F, K, E, R};
+
+  // ---- symmetric buffers ----
+  p.routing_buffer_bytes = routing_buffer_layout(T, K).bytes;
+  p.dispatch_buffer_bytes = align_bytes(T * D * 2);
+  p.combine_buffer_bytes = align_bytes(T * K * D * 2);
+  p.symmetric_bytes = p.routing_buffer_bytes + p.dispatch_buffer_bytes + p.combine_buffer_bytes;
+
+  // ---- per-layer saved state ----
+  p.routing_metadata_bytes = layout_bytes(M, T, K, E, R).total;
+  p.saved_input_bytes_per_layer = saved_input_bytes(d);
+  p.saved_full_bytes_balanced = saved_full_layout(d, T * K).total;
+  p.saved_full_bytes_capacity = saved_full_layout(d, M).total;
+
+  // ---- activation slots ----
+  if (c.inference) {
+    p.slot_sizing = SlotSizing::none;  // every slot term stays 0
+  } else {
+    const ActivationSlots& s = c.slots;
+    p.num_slots = s.num_slots;
+    p.layers_per_slot = s.max_layers_per_slot;
+    const int64_t L = s.max_layers_per_slot;
+    const char* slots_field = "Config.slots.max_layers_per_slot";
+    p.minimum_slot_bytes = checked_mul(L, p.saved_input_bytes_per_layer, slots_field, "L * input");
+    p.balanced_full_save_slot_bytes =
+        checked_mul(L, p.saved_full_bytes_balanced, slots_field, "L * balanced full save");
+    p.maximum_useful_slot_bytes =
+        checked_mul(L, p.saved_full_bytes_capacity, slots_field, "L * capacity full save");
+    if (s.slot_bytes) {
+      EPMOE_CHECK_ARG(*s.slot_bytes <= kMaxTermBytes, "Config.slots.slot_bytes",
+                      "a slot below 2^56 bytes", *s.slot_bytes);
+      p.slot_sizing = SlotSizing::exact;
+      p.slot_bytes = align_bytes(*s.slot_bytes);
+      // The minimum is what the look-ahead rule needs to always fall back to saving inputs.
+      EPMOE_CHECK_ARG(p.slot_bytes >= p.minimum_slot_bytes, "Config.slots.slot_bytes",
+                      ">= " + std::to_string(p.minimum_slot_bytes) + " (minimum: " +
+                          std::to_string(L) + " layers x input " +
+                          std::to_string(p.saved_input_bytes_per_layer) + " bytes)",
+                      std::to_string(*s.slot_bytes) + " (aligned " + std::to_string(p.slot_bytes) +
+                          ")");
+    } else if (s.slot_capacity_factor) {
+      p.slot_sizing = SlotSizing::factor;
+      p.slot_capacity_factor = *s.slot_capacity_factor;
+      const double extra = p.slot_capacity_factor *
+                           static_cast<double>(p.balanced_full_save_slot_bytes - p.minimum_slot_bytes);
+      EPMOE_CHECK_ARG(extra <= static_cast<double>(kMaxTermBytes), "Config.slots.slot_capacity_factor",
+                      "a slot below 2^56 bytes", factor_text(p.slot_capacity_factor));
+      p.slot_bytes = align_bytes(p.minimum_slot_bytes + ceil_tolerant(extra));
+    } else {
+      p.slot_sizing = SlotSizing::maximum_useful;
+      p.slot_bytes = p.maximum_useful_slot_bytes;
+    }
+    p.activation_bytes = checked_mul(p.num_slots, p.slot_bytes, "Config.slots.num_slots",
+                                     "N * slot bytes");
+  }
+
+  // ---- scratch (Context: route scratch, then the call scratch) ----
+  const bool unfused = !c.fuse_epilogues;
+  const CallScratchLayout call = call_scratch_layout(d, M, unfused);
+  p.route_scratch_bytes = route_scratch_layout(d).total;
+  // The forward touches layout..h (recompute mode) and, unfused, rows_MD; the backward all of it.
+  p.forward_scratch_bytes = call.grad_h3 + (unfused ? align_bytes(M * D * 2) : 0);
+  p.backward_scratch_bytes = call.total;
+  p.scratch_bytes = p.route_scratch_bytes + p.backward_scratch_bytes;
+
+  // ---- the rest ----
+  p.status_bytes = align_bytes(static_cast<int64_t>(sizeof(Status)));
+  p.peer_table_bytes = 3 * align_bytes(static_cast<int64_t>(R) * 8);
+  p.arena_bytes = p.activation_bytes + p.scratch_bytes;
+  p.total_bytes = p.arena_bytes + p.symmetric_bytes + p.status_bytes + p.peer_table_bytes;
+  return p;
+}
+
+std::string MemoryPlan::explain() const {
+  std::string o;
+  auto line = [&o](const std::string& text) { o += text + "\n"; };
+  const int min_KE = std::min(top_k, experts_local);
+
+  line("epmoe memory plan: R=" + std::to_string(ep_size) + " ranks, T=" + std::to_string(tokens) +
+       ", D=" + std::to_string(hidden) + ", F=" + std::to_string(intermediate) +
+       ", K=" + std::to_string(top_k) + ", " + std::to_string(experts_global) + " experts (" +
+       std::to_string(experts_local) + " per rank), " + (inference ? "inference" : "training"));
+  line("  receive rows per rank: balanced " + thousands(balanced_recv_rows) + " (T*K) / capacity " +
+       thousands(recv_capacity_rows) + " / topology max " + thousands(max_recv_rows) +
+       " (T*R*min(K,E) = T*R*" + std::to_string(min_KE) + ")");
+  if (requested_capacity_factor > capacity_factor) {
+    line("  capacity factor: " + factor_text(capacity_factor) + " (requested " +
+         factor_text(requested_capacity_factor) + ", clamped to R: a factor of R holds every route)");
+  } else {
+    line("  capacity factor: " + factor_text(capacity_factor));
+  }
+
+  line("  symmetric buffers per rank: " + bytes_text(symmetric_bytes));
+  line("    routing (header + ids + scores [T,K]): " + bytes_text(routing_buffer_bytes));
+  line("    dispatch x / grad_y [T,D] bf16: " + bytes_text(dispatch_buffer_bytes));
+  line("    combine [T,K,D] bf16: " + bytes_text(combine_buffer_bytes));
+
+  line("  saved per layer:");
+  line("    routing metadata (layout at capacity rows): " + bytes_text(routing_metadata_bytes));
+  line("    input only (recompute) x [T,D]: " + bytes_text(saved_input_bytes_per_layer));
+  line("    full save at balanced rows: " + bytes_text(saved_full_bytes_balanced));
+  line("    full save at capacity rows: " + bytes_text(saved_full_bytes_capacity));
+
+  if (inference) {
+    line("  activation slots: 0 slots (inference)");
+  } else {
+    std::string how;
+    switch (slot_sizing) {
+      case SlotSizing::exact: how = "Config.slots.slot_bytes, aligned to 128"; break;
+      case SlotSizing::factor: how = "slot capacity factor " + factor_text(slot_capacity_factor); break;
+      case SlotSizing::maximum_useful: how = "maximum useful (default)"; break;
+      case SlotSizing::none: how = "none"; break;
+    }
+    line("  activation slots: " + std::to_string(num_slots) + " x " + bytes_text(slot_bytes) + " = " +
+         bytes_text(activation_bytes) + "; " + std::to_string(layers_per_slot) +
+         " layer(s) per slot; size from " + how);
+    line("  activation slot minimum/balanced full-save/maximum useful: " +
+         bytes_text(minimum_slot_bytes) + " / " + bytes_text(balanced_full_save_slot_bytes) + " / " +
+         bytes_text(maximum_useful_slot_bytes));
+    if (slot_bytes > maximum_useful_slot_bytes) {
+      line("  note: the slot is " + thousands(slot_bytes - maximum_useful_slot_bytes) +
+           " bytes above the maximum useful size; they are never used");
+    }
+  }
+
+  line("  scratch: " + bytes_text(scratch_bytes) + " = route " + bytes_text(route_scratch_bytes) +
+       " + call " + bytes_text(backward_scratch_bytes));
+  line("    forward (recompute mode): " + bytes_text(forward_scratch_bytes) +
+       "; backward: " + bytes_text(backward_scratch_bytes));
+  line("  status word: " + bytes_text(status_bytes));
+  line("  peer tables (3 x [R] pointers): " + bytes_text(peer_table_bytes));
+  line("  arena (slots + scratch): " + bytes_text(arena_bytes));
+  line("  total (arena + symmetric + status + peer tables): " + bytes_text(total_bytes));
+
+  if (inference) {
+    line("  scratch-only inference; no saved activations");
+  } else if (slot_bytes >= maximum_useful_slot_bytes) {
+    line("  every layer saves everything (no recompute)");
+  } else if (slot_bytes >= balanced_full_save_slot_bytes) {
+    line("  balanced routing fits without recompute; heavier routing may recompute");
+  } else if (slot_bytes > minimum_slot_bytes) {
+    line("  some layers recompute at balanced routing");
+  } else {
+    line("  all layers recompute (minimum budget)");
+  }
+  return o;
+}
+
+}  // namespace epmoe

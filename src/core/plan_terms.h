@@ -1,0 +1,73 @@
+// Byte terms shared by plan_memory() and by the code that carves the arena, so the plan is what
+// is allocated, to the byte. A(n) = align_bytes(n). M = received rows, T = Config T.
+#pragma once
+
+#include <cstdint>
+
+#include "core/layout.h"
+#include "epmoe/memory_plan.h"
+
+namespace epmoe {
+
+struct Dims {
+  int64_t T = 0, D = 0, F = 0;
+  int K = 0, E = 0, R = 0;  // E = local experts
+};
+
+// What one layer keeps in its slot when it saves everything (no recompute):
+//   layout(M) | x_gathered [M, D] | h13 [M, 2F] | h3 [T, K, D]      (bf16)
+struct SavedFullLayout {
+  int64_t layout, x_gathered, h13, h3, total;  // offsets from the layer's start; total = bytes
+};
+inline SavedFullLayout saved_full_layout(const Dims& d, int64_t M) {
+  SavedFullLayout l;
+  l.layout = 0;
+  l.x_gathered = l.layout + layout_bytes(M, d.T, d.K, d.E, d.R).total;
+  l.h13 = l.x_gathered + align_bytes(M * d.D * 2);
+  l.h3 = l.h13 + align_bytes(M * 2 * d.F * 2);
+  l.total = l.h3 + align_bytes(d.T * d.K * d.D * 2);
+  return l;
+}
+
+// What one layer keeps when it will recompute: its input x [T, D].
+inline int64_t saved_input_bytes(const Dims& d) { return align_bytes(d.T * d.D * 2); }
+
+// Route scratch: all ranks' ids gathered [R, T*K] i32, counts [R, E*R] i32, per-chunk histograms
+// [R, C, E*R] i32 with C = ceil(T*K / kRouteChunkRoutes).
+constexpr int64_t kRouteChunkRoutes = 2048;
+struct RouteScratchLayout {
+  int64_t ids_all, counts, chunk_counts, total;
+};
+inline RouteScratchLayout route_scratch_layout(const Dims& d) {
+  const int64_t Eg = static_cast<int64_t>(d.E) * d.R;
+  const int64_t chunks = (d.T * d.K + kRouteChunkRoutes - 1) / kRouteChunkRoutes;
+  RouteScratchLayout l;
+  l.ids_all = 0;
+  l.counts = l.ids_all + align_bytes(d.R * d.T * d.K * 4);
+  l.chunk_counts = l.counts + align_bytes(d.R * Eg * 4);
+  l.total = l.chunk_counts + align_bytes(d.R * chunks * Eg * 4);
+  return l;
+}
+
+// Call scratch at M rows (after the route scratch). Forward and backward share the region; the
+// recompute tensors (layout, x_gathered, h13) come first so backward can rebuild them in place.
+//   layout(M) | x_gathered [M,D] | h13 [M,2F] | h [M,F] | grad_h3 [M,D] | grad_h13 [M,2F]
+//   | unfused only: rows_MD [M,D] (W2 / W13-DGRAD output before its scatter) | grad_h [M,F]
+struct CallScratchLayout {
+  int64_t layout, x_gathered, h13, h, grad_h3, grad_h13, rows_MD, grad_h, total;
+};
+inline CallScratchLayout call_scratch_layout(const Dims& d, int64_t M, bool unfused) {
+  CallScratchLayout l;
+  l.layout = 0;
+  l.x_gathered = l.layout + layout_bytes(M, d.T, d.K, d.E, d.R).total;
+  l.h13 = l.x_gathered + align_bytes(M * d.D * 2);
+  l.h = l.h13 + align_bytes(M * 2 * d.F * 2);
+  l.grad_h3 = l.h + align_bytes(M * d.F * 2);
+  l.grad_h13 = l.grad_h3 + align_bytes(M * d.D * 2);
+  l.rows_MD = l.grad_h13 + align_bytes(M * 2 * d.F * 2);
+  l.grad_h = l.rows_MD + (unfused ? align_bytes(M * d.D * 2) : 0);
+  l.total = l.grad_h + (unfused ? align_bytes(M * d.F * 2) : 0);
+  return l;
+}
+
+}  // namespace epmoe

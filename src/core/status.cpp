@@ -1,0 +1,58 @@
+#include "epmoe/status.h"
+
+#include <sstream>
+
+namespace epmoe {
+
+const char* to_string(StatusCode code) {
+  switch (code) {
+    case StatusCode::ok: return "ok";
+    case StatusCode::capacity_overflow: return "capacity overflow";
+    case StatusCode::expert_id_out_of_range: return "expert id out of range";
+    case StatusCode::non_finite_input: return "non-finite input";
+    case StatusCode::token_count_mismatch: return "token count mismatch";
+    case StatusCode::slot_overflow: return "activation slot overflow";
+  }
+  return "unknown status";
+}
+
+const char* to_string(StatusArg arg) {
+  switch (arg) {
+    case StatusArg::none: return "step";
+    case StatusArg::x_TD: return "x_TD";
+    case StatusArg::num_tokens_1: return "num_tokens_1";
+    case StatusArg::topk_ids_TK: return "topk_ids_TK";
+    case StatusArg::topk_scores_TK: return "topk_scores_TK";
+    case StatusArg::slot: return "activation slot";
+  }
+  return "?";
+}
+
+std::string Status::to_string() const {
+  std::ostringstream os;
+  const auto c = static_cast<StatusCode>(code);
+  os << epmoe::to_string(c) << " on rank " << rank;
+  switch (c) {
+    case StatusCode::ok: return "ok";
+    case StatusCode::capacity_overflow:
+      os << ": expected at most " << available << " received rows (recv_capacity_rows), got "
+         << required << "; raise Config.capacity_factor";
+      break;
+    case StatusCode::expert_id_out_of_range:
+      os << ": expected ids in [-1, " << available << "), got " << required << " at flat index "
+         << index;
+      break;
+    case StatusCode::non_finite_input:
+      os << ": expected finite values, got a NaN/Inf at flat index " << index;
+      break;
+    case StatusCode::token_count_mismatch:
+      os << ": expected " << available << " tokens, got " << required;
+      break;
+    case StatusCode::slot_overflow:
+      os << ": expected at most " << available << " bytes in the slot, needed " << required;
+      break;
+  }
+  return os.str();
+}
+
+}  // namespace epmoe

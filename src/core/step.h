@@ -1,0 +1,70 @@
+// Step: everything one stage of one call needs, as raw pointers and sizes. The same struct feeds
+// the CPU reference stages and the CUDA launchers; pointers are host memory for the CPU backend
+// and device memory for the CUDA backend (peer tables included).
+#pragma once
+
+#include <cstdint>
+
+#include "core/activation.h"
+#include "core/layout.h"
+#include "core/numeric.h"
+#include "core/plan_terms.h"
+#include "epmoe/status.h"
+#include "epmoe/tensor.h"
+
+namespace epmoe {
+
+struct Step {
+  Dims dims;                  // T here is Config T (physical stride of all [T, *] buffers)
+  int64_t tokens = 0;         // T' of this call (<= dims.T)
+  int rank = 0;
+  int64_t capacity_rows = 0;  // recv_capacity_rows
+  ActivationParams act;
+  int64_t sequence = 0;       // call number (same on every rank)
+  bool check_inputs = true;
+  bool trap_on_overflow = false;
+  void* stream = nullptr;     // cudaStream_t (CUDA)
+
+  // ---- inputs of this rank ----
+  const bf16_t* x_TD = nullptr;
+  const int32_t* num_tokens_1 = nullptr;  // nullable: all tokens live
+  const void* ids_TK = nullptr;
+  DType ids_dtype = DType::i32;           // i32 or i64
+  const void* scores_TK = nullptr;
+  DType scores_dtype = DType::f32;        // f32 or bf16
+  const bf16_t* w13_EFD = nullptr;        // [E, 2F, D]
+  const bf16_t* w2_EDF = nullptr;         // [E, D, F]
+  const bf16_t* grad_y_TD = nullptr;      // backward
+
+  // ---- outputs ----
+  bf16_t* y_TD = nullptr;
+  bf16_t* grad_x_TD = nullptr;
+  float* grad_scores_TK = nullptr;
+  void* grad_w13_EFD = nullptr;  // wgrad_dtype
+  void* grad_w2_EDF = nullptr;
+  DType wgrad_dtype = DType::bf16;
+  bool accumulate_wgrad = false;
+
+  // ---- symmetric buffers: tables of R pointers, [r] = rank r's copy ----
+  char* const* routing_R = nullptr;     // RoutingHeader + ids + scores
+  bf16_t* const* dispatch_R = nullptr;  // [T, D]
+  bf16_t* const* combine_R = nullptr;   // [T, K, D]
+
+  // ---- this layer's state (saved slot or scratch) ----
+  LayoutView layout;
+  bf16_t* x_gathered_MD = nullptr;  // [capacity, D]
+  bf16_t* h13_M2F = nullptr;        // [capacity, 2F]
+  bf16_t* h3_TKD = nullptr;         // saved copy of this rank's combine slots (nullable)
+
+  // ---- scratch ----
+  char* route_scratch = nullptr;    // route_scratch_layout()
+  bf16_t* h_MF = nullptr;           // [capacity, F]
+  bf16_t* grad_h3_MD = nullptr;     // [capacity, D]
+  bf16_t* grad_h13_M2F = nullptr;   // [capacity, 2F]
+  bf16_t* rows_MD = nullptr;        // unfused only
+  bf16_t* grad_h_MF = nullptr;      // unfused only
+
+  Status* status = nullptr;
+};
+
+}  // namespace epmoe

@@ -1,0 +1,104 @@
+// CPU reference backend: every stage of core/backend.h as plain loops on the calling thread.
+// The CUDA backend mirrors these numerics (see gemm_reference.h for the accumulation rules).
+#pragma once
+
+#include <cstdint>
+
+#include "core/backend.h"
+#include "core/layout.h"
+#include "core/step.h"
+
+namespace epmoe::cpu {
+
+class CpuBackend final : public Backend {
+ public:
+  Device device() const override { return Device::cpu(); }
+  const char* name() const override { return "cpu"; }
+
+  void* allocate(std::size_t bytes) override;
+  void release(void* ptr) override;
+  void copy_to_device(void* dst, const void* src, std::size_t bytes) override;
+  void copy_to_host(void* dst, const void* src, std::size_t bytes) override;
+  void synchronize(void* stream) override;
+
+  void publish_forward(const Step& s) override;
+  void route(const Step& s) override;
+  void dispatch(const Step& s) override;
+  void w13_gemm(const Step& s) override;
+  void swiglu_forward(const Step& s) override;
+  void w13_swiglu(const Step& s) override;
+  void w2_gemm(const Step& s) override;
+  void scatter_rows(const Step& s) override;
+  void w2_scatter(const Step& s) override;
+  void reduce_forward(const Step& s) override;
+
+  void publish_backward(const Step& s) override;
+  void grad_scores(const Step& s) override;
+  void gather_grad(const Step& s) override;
+  void w2_dgrad(const Step& s) override;
+  void swiglu_backward(const Step& s) override;
+  void w2_dgrad_swiglu(const Step& s) override;
+  void w2_wgrad(const Step& s) override;
+  void w13_dgrad(const Step& s) override;
+  void w13_dgrad_scatter(const Step& s) override;
+  void w13_wgrad(const Step& s) override;
+  void reduce_backward(const Step& s) override;
+};
+
+// ---- helpers shared by the stage files ----
+
+// One rank's routing buffer: header, ids [T, K] i32, scores [T, K] f32 (T = Config T).
+struct RoutingView {
+  RoutingHeader* header;
+  int32_t* ids_TK;
+  float* scores_TK;
+};
+inline RoutingView routing_view(const Step& s, int rank) {
+  const RoutingBufferLayout l = routing_buffer_layout(s.dims.T, s.dims.K);
+  char* base = s.routing_R[rank];
+  return {reinterpret_cast<RoutingHeader*>(base), reinterpret_cast<int32_t*>(base + l.ids_offset),
+          reinterpret_cast<float*>(base + l.scores_offset)};
+}
+
+inline bool skipped(const Step& s) { return s.layout.header[kLayoutSkip] != 0; }
+inline int64_t received_rows(const Step& s) { return s.layout.header[kLayoutRows]; }
+inline int64_t live_rows(const Step& s) { return s.layout.header[kLayoutLive]; }
+
+// Where received row m came from, and the owner's combine slot it returns to.
+struct RowSource {
+  int rank;
+  int64_t token;
+  int64_t slot;  // t*K + k
+};
+inline RowSource row_source(const Step& s, int64_t m) {
+  const int32_t src = s.layout.recv_src_M[m];
+  const int64_t slot = src_slot(src, s.dims.T, s.dims.K);
+  return {src_rank(src, s.dims.T, s.dims.K), slot / s.dims.K, slot};
+}
+inline bf16_t* combine_slot(const Step& s, const RowSource& src) {
+  return s.combine_R[src.rank] + src.slot * s.dims.D;
+}
+
+// Rows [first, last) of local expert e.
+inline int64_t expert_first_row(const Step& s, int e) { return s.layout.expert_offsets_E1[e]; }
+inline int64_t expert_last_row(const Step& s, int e) { return s.layout.expert_offsets_E1[e + 1]; }
+
+inline const bf16_t* w13_of(const Step& s, int e) {
+  return s.w13_EFD + e * 2 * s.dims.F * s.dims.D;
+}
+inline const bf16_t* w2_of(const Step& s, int e) { return s.w2_EDF + e * s.dims.D * s.dims.F; }
+
+// Records an input error in this rank's header unless an earlier one is there.
+void record_input_error(RoutingHeader& h, StatusCode code, StatusArg arg, int64_t value,
+                        int64_t bound, int64_t index);
+// Publishes this rank's ids (int32; -1 for inactive routes, out-of-range ids and every row past
+// the live count up to Config T) and scores (f32; 0 past the live count) into its routing buffer.
+// errors != nullptr: the first out-of-range id is recorded there.
+void publish_routing(const Step& s, int64_t live, RoutingHeader* errors);
+
+// Writes the status word unless an earlier error of this step is already there.
+inline void report(const Step& s, const Status& st) {
+  if (s.status->code == 0) *s.status = st;
+}
+
+}  // namespace epmoe::cpu

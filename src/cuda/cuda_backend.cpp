@@ -1,0 +1,142 @@
+#include "cuda/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <climits>
+#include <string>
+
+#include "cuda/check.h"
+#include "cuda/dispatch.h"
+#include "cuda/gemm/expert_gemm.h"
+#include "cuda/publish.h"
+#include "cuda/reduce.h"
+#include "cuda/route.h"
+#include "cuda/scatter.h"
+#include "cuda/swiglu.h"
+#include "epmoe/cuda.h"
+#include "epmoe/error.h"
+
+namespace epmoe {
+namespace cuda {
+namespace {
+
+// Makes the backend's device current for the scope (the caller's thread may use another one).
+class DeviceScope {
+ public:
+  explicit DeviceScope(int ordinal) {
+    EPMOE_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != ordinal) EPMOE_CUDA_CHECK(cudaSetDevice(ordinal));
+    ordinal_ = ordinal;
+  }
+  ~DeviceScope() {
+    if (previous_ != ordinal_) cudaSetDevice(previous_);  // best effort: a destructor cannot throw
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+  int ordinal_ = 0;
+};
+
+}  // namespace
+
+CudaBackend::CudaBackend(int device_ordinal) : ordinal_(device_ordinal) {
+  const int count = cuda_device_count();
+  EPMOE_EXPECT(device_ordinal >= 0 && device_ordinal < count, backend, "Device",
+               "a CUDA ordinal in [0, " + std::to_string(count) + ")",
+               "cuda:" + std::to_string(device_ordinal));
+}
+
+void CudaBackend::validate(const Config& config, int ep_size) const {
+  EPMOE_CHECK_ARG(config.D() % 8 == 0, "Config.hidden_dim",
+                  "a multiple of 8 on CUDA (16-byte bf16 rows for TMA and vector loads)", config.D());
+  EPMOE_CHECK_ARG(config.F() % 8 == 0, "Config.intermediate_dim",
+                  "a multiple of 8 on CUDA (16-byte bf16 rows for TMA and vector loads)", config.F());
+  EPMOE_CHECK_ARG(config.num_experts() <= kMaxGlobalExperts, "Config.num_experts",
+                  "at most " + std::to_string(kMaxGlobalExperts) + " global experts on CUDA",
+                  config.num_experts());
+  const long long routes = static_cast<long long>(ep_size) * config.T() * config.K();
+  EPMOE_CHECK_ARG(routes <= INT_MAX, "Config.max_tokens_per_rank",
+                  "R * T * K <= " + std::to_string(INT_MAX) + " (int32 route ids)",
+                  std::to_string(ep_size) + " * " + std::to_string(config.T()) + " * " +
+                      std::to_string(config.K()) + " = " + std::to_string(routes));
+}
+
+void* CudaBackend::allocate(std::size_t bytes) {
+  DeviceScope scope(ordinal_);
+  void* ptr = nullptr;
+  EPMOE_CUDA_CHECK(cudaMalloc(&ptr, bytes));
+  EPMOE_CUDA_CHECK(cudaMemset(ptr, 0, bytes));
+  return ptr;
+}
+
+void CudaBackend::release(void* ptr) {
+  if (ptr == nullptr) return;
+  DeviceScope scope(ordinal_);
+  EPMOE_CUDA_CHECK(cudaFree(ptr));
+}
+
+void CudaBackend::copy_to_device(void* dst, const void* src, std::size_t bytes) {
+  DeviceScope scope(ordinal_);
+  EPMOE_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+}
+
+void CudaBackend::copy_to_host(void* dst, const void* src, std::size_t bytes) {
+  DeviceScope scope(ordinal_);
+  EPMOE_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+
+void CudaBackend::synchronize(void* stream) {
+  DeviceScope scope(ordinal_);
+  EPMOE_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+}
+
+// ---- stages: each makes the device current and enqueues its launches ----
+#define EPMOE_STAGE(name, ...)                   \
+  void CudaBackend::name(const Step& s) {        \
+    DeviceScope scope(ordinal_);                 \
+    __VA_ARGS__;                                 \
+  }
+
+EPMOE_STAGE(publish_forward, cuda::publish_forward(s))
+EPMOE_STAGE(route, cuda::route(s))
+EPMOE_STAGE(dispatch, cuda::dispatch(s))
+EPMOE_STAGE(w13_gemm, cuda::w13_fprop(s, false))
+EPMOE_STAGE(swiglu_forward, cuda::swiglu_forward(s))
+EPMOE_STAGE(w13_swiglu, cuda::w13_fprop(s, true))
+EPMOE_STAGE(w2_gemm, cuda::w2_fprop(s, false))
+EPMOE_STAGE(scatter_rows, cuda::scatter_rows(s))
+EPMOE_STAGE(w2_scatter, cuda::w2_fprop(s, true))
+EPMOE_STAGE(reduce_forward, cuda::reduce_forward(s))
+
+EPMOE_STAGE(publish_backward, cuda::publish_backward(s))
+EPMOE_STAGE(grad_scores, cuda::grad_scores(s))
+EPMOE_STAGE(gather_grad, cuda::gather_grad(s))
+EPMOE_STAGE(w2_dgrad, cuda::w2_dgrad(s, false))
+EPMOE_STAGE(swiglu_backward, cuda::swiglu_backward(s))
+EPMOE_STAGE(w2_dgrad_swiglu, cuda::w2_dgrad(s, true))
+EPMOE_STAGE(w2_wgrad, cuda::w2_wgrad(s))
+EPMOE_STAGE(w13_dgrad, cuda::w13_dgrad(s, false))
+EPMOE_STAGE(w13_dgrad_scatter, cuda::w13_dgrad(s, true))
+EPMOE_STAGE(w13_wgrad, cuda::w13_wgrad(s))
+EPMOE_STAGE(reduce_backward, cuda::reduce_backward(s))
+
+#undef EPMOE_STAGE
+
+}  // namespace cuda
+
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();  // no driver / no device: clear the error, report none
+    return 0;
+  }
+  return count;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int device_ordinal) {
+  return std::make_unique<cuda::CudaBackend>(device_ordinal);
+}
+
+}  // namespace epmoe

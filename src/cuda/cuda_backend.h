@@ -1,0 +1,55 @@
+// The CUDA backend: every stage enqueues one or two kernel launches on (cudaStream_t)Step::stream,
+// with no host synchronisation and no allocation (CUDA-graph capturable). Memory functions are
+// blocking. No CUDA types in this header.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "core/backend.h"
+
+namespace epmoe::cuda {
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device_ordinal);
+
+  Device device() const override { return Device::cuda(ordinal_); }
+  const char* name() const override { return "cuda"; }
+  // 16-byte rows (D % 8, F % 8), E*R within the route kernels' limit, encode_src in int32.
+  void validate(const Config& config, int ep_size) const override;
+
+  void* allocate(std::size_t bytes) override;
+  void release(void* ptr) override;
+  void copy_to_device(void* dst, const void* src, std::size_t bytes) override;
+  void copy_to_host(void* dst, const void* src, std::size_t bytes) override;
+  void synchronize(void* stream) override;
+
+  void publish_forward(const Step& s) override;
+  void route(const Step& s) override;
+  void dispatch(const Step& s) override;
+  void w13_gemm(const Step& s) override;
+  void swiglu_forward(const Step& s) override;
+  void w13_swiglu(const Step& s) override;
+  void w2_gemm(const Step& s) override;
+  void scatter_rows(const Step& s) override;
+  void w2_scatter(const Step& s) override;
+  void reduce_forward(const Step& s) override;
+
+  void publish_backward(const Step& s) override;
+  void grad_scores(const Step& s) override;
+  void gather_grad(const Step& s) override;
+  void w2_dgrad(const Step& s) override;
+  void swiglu_backward(const Step& s) override;
+  void w2_dgrad_swiglu(const Step& s) override;
+  void w2_wgrad(const Step& s) override;
+  void w13_dgrad(const Step& s) override;
+  void w13_dgrad_scatter(const Step& s) override;
+  void w13_wgrad(const Step& s) override;
+  void reduce_backward(const Step& s) override;
+
+ private:
+  int ordinal_;
+};
+
+}  // namespace epmoe::cuda

@@ -1,0 +1,15 @@
+// dispatch / gather_grad: pull the rows of received routes from their owners' dispatch buffers
+// into this rank's expert-grouped [M, D] buffer. Launchers only (no CUDA types).
+#pragma once
+
+#include "core/step.h"
+
+namespace epmoe::cuda {
+
+// x_gathered[m] = dispatch_R[src rank][t] for m < M.
+void dispatch(const Step& s);
+// grad_h3[m] = bf16(score[t,k] * grad_y[t]) for m < M, score from the owner's routing buffer
+// (f32) and grad_y from its dispatch buffer.
+void gather_grad(const Step& s);
+
+}  // namespace epmoe::cuda

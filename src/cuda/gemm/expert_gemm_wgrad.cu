@@ -1,0 +1,47 @@
+// Weight-gradient GEMMs: a reduction over each expert's rows (variable K, empty experts give 0).
+#include "cuda/gemm/expert_gemm.h"
+#include "cuda/gemm/expert_gemm_common.h"
+#include "cuda/gemm/launch.cuh"
+
+namespace epmoe::cuda {
+
+using namespace gemm;
+
+namespace {
+
+using WgradTraits = GemmTraits<128, 256, 4, Grouping::reduction, Major::MN, Major::MN, 1>;
+
+// grad_w[e] [m_out, n_out] (+)= a[rows of e]^T b[rows of e], a: [M, m_out], b: [M, n_out].
+void wgrad(const Step& s, const bf16_t* a_rows, int64_t m_out, const bf16_t* b_rows, int64_t n_out,
+           void* out) {
+  check_groups(s);
+  const int64_t M = s.capacity_rows;
+  const Operand a{a_rows, m_out, M, 1, m_out};
+  const Operand b{b_rows, n_out, M, 1, n_out};
+  const GroupArgs g = step_groups(s, n_out, 0, m_out);
+  using T = WgradTraits;
+  if (s.wgrad_dtype == DType::f32) {
+    const typename WgradEpilogue<T, float>::Params epi{static_cast<float*>(out), m_out, n_out,
+                                                      s.accumulate_wgrad ? 1 : 0};
+    launch_grouped_gemm<T, Major::MN, Major::MN, WgradEpilogue<T, float>>(a, b, g, epi, stream_of(s));
+  } else {
+    const typename WgradEpilogue<T, cutlass::bfloat16_t>::Params epi{
+        static_cast<cutlass::bfloat16_t*>(out), m_out, n_out, s.accumulate_wgrad ? 1 : 0};
+    launch_grouped_gemm<T, Major::MN, Major::MN, WgradEpilogue<T, cutlass::bfloat16_t>>(
+        a, b, g, epi, stream_of(s));
+  }
+}
+
+}  // namespace
+
+// grad_w2[e] [D, F] = grad_h3[e]^T [D, rows] . h[e] [rows, F]
+void w2_wgrad(const Step& s) {
+  wgrad(s, s.grad_h3_MD, s.dims.D, s.h_MF, s.dims.F, s.grad_w2_EDF);
+}
+
+// grad_w13[e] [2F, D] = grad_h13[e]^T [2F, rows] . x_gathered[e] [rows, D]
+void w13_wgrad(const Step& s) {
+  wgrad(s, s.grad_h13_M2F, 2 * s.dims.F, s.x_gathered_MD, s.dims.D, s.grad_w13_EFD);
+}
+
+}  // namespace epmoe::cuda

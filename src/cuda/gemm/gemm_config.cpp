@@ -1,0 +1,65 @@
+#include "cuda/gemm/gemm_config.h"
+
+#include <cuda_runtime.h>
+
+#include <mutex>
+#include <sstream>
+#include <vector>
+
+#include "cuda/check.h"
+#include "core/step.h"
+#include "epmoe/error.h"
+
+namespace epmoe::cuda {
+
+std::string GemmConfig::to_string() const {
+  std::ostringstream os;
+  os << "tile " << block_m << "x" << block_n << "x" << block_k << ", " << stages
+     << " stages, persistent grid " << num_sms;
+  return os.str();
+}
+
+std::string to_string(const GemmProblem& p) {
+  std::ostringstream os;
+  os << p.name << ": " << (p.grouping == Grouping::rows ? "rows" : "reduction") << " grouping, A "
+     << (p.a_major == Major::K ? "K" : "MN") << "-major, B " << (p.b_major == Major::K ? "K" : "MN")
+     << "-major x" << p.num_b << ", m " << p.m << ", n " << p.n << ", k " << p.k << ", groups "
+     << p.groups << " (~" << p.expected_rows_per_group << " rows each)";
+  return os.str();
+}
+
+// One instantiated tile per problem kind today: 128 rows (two consumer warpgroups), 256 columns
+// (two 128-column halves for the SwiGLU pair), 64-deep k-blocks, 4 stages (192 KiB of operands).
+GemmConfig select_config(const GemmProblem& p, int num_sms) {
+  GemmConfig c;
+  c.block_m = 128;
+  c.block_n = p.num_b == 2 ? 128 : 256;
+  c.block_k = 64;
+  c.stages = 4;
+  c.num_sms = num_sms;
+  return c;
+}
+
+namespace gemm {
+
+int device_sm_count() {
+  static std::mutex mu;
+  static std::vector<int> counts;
+  int device = 0;
+  EPMOE_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mu);
+  if (static_cast<int>(counts.size()) <= device) counts.resize(device + 1, 0);
+  if (counts[device] == 0) {
+    EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&counts[device], cudaDevAttrMultiProcessorCount, device));
+  }
+  return counts[device];
+}
+
+void check_groups(const Step& s) {
+  EPMOE_CHECK_ARG(s.dims.E <= kMaxGroups, "Config.num_experts",
+                  "at most " + std::to_string(kMaxGroups) + " local experts per rank (CUDA GEMM)",
+                  s.dims.E);
+}
+
+}  // namespace gemm
+}  // namespace epmoe::cuda

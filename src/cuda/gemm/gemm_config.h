@@ -1,0 +1,47 @@
+// Grouped GEMM problem descriptor and kernel config, apart from each other: the problem says what
+// to compute, the config how; select_config() is the printable heuristic between them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace epmoe::cuda {
+
+constexpr int kMaxGroups = 512;  // local experts per rank the grouped GEMM schedules
+
+// Which operand dimension the expert groups split.
+//   rows:      C[m, n] = sum_k A[m, k] * B_e[n, k] for the rows m of expert e (forward, DGRAD)
+//   reduction: C_e[m, n] = sum over rows r of expert e of A[r, m] * B[r, n] (WGRAD)
+enum class Grouping : int { rows, reduction };
+
+// Where an operand's consecutive elements run: along K (row-major activations, weights as
+// [N, K]) or along M/N (weights read transposed in DGRAD, activations in WGRAD).
+enum class Major : int { K, MN };
+
+struct GemmProblem {
+  const char* name = "";   // "w13_fprop", ...
+  Grouping grouping = Grouping::rows;
+  Major a_major = Major::K;
+  Major b_major = Major::K;
+  int num_b = 1;           // 2: gate and up halves of W13 as two B operands (SwiGLU pairs)
+  int64_t m = 0;           // rows: capacity rows; reduction: output rows
+  int64_t n = 0;           // output columns (per B operand when num_b == 2)
+  int64_t k = 0;           // rows: reduction length; reduction: capacity rows
+  int groups = 0;          // local experts E
+  int64_t expected_rows_per_group = 0;  // host estimate (capacity / E), for tile choice only
+};
+
+struct GemmConfig {
+  int block_m = 128;       // 64 per consumer warpgroup
+  int block_n = 256;       // per B operand
+  int block_k = 64;
+  int stages = 4;
+  int num_sms = 0;         // persistent grid size
+  std::string to_string() const;
+};
+
+// Printable heuristic: a small table of configs that exist as instantiations.
+GemmConfig select_config(const GemmProblem& p, int num_sms);
+std::string to_string(const GemmProblem& p);
+
+}  // namespace epmoe::cuda

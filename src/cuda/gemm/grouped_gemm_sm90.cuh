@@ -1,0 +1,358 @@
+// Persistent, warp-specialized grouped GEMM for sm_90a: TMA loads into a multi-stage shared-memory
+// pipeline, wgmma (bf16 in, fp32 accumulators), one producer warpgroup and BLOCK_M/64 consumer
+// warpgroups working on one BLOCK_M x BLOCK_N tile. Group sizes are read from device memory at
+// kernel start (no host copy of counts): the grid is sized by the SM count, never by row counts.
+//
+//   Grouping::rows       C[m, :] = A[m, :] . B_e^T for the rows m of expert e; rows of A past the
+//                        group end are loaded but their outputs are masked in the epilogue.
+//   Grouping::reduction  C_e = A_e^T . B_e over the rows of expert e (WGRAD); the k-block that
+//                        crosses the group end is zeroed in shared memory before the MMA.
+//
+// With NumB == 2 the tile has two B operands (W13's gate and up rows) and two accumulators that
+// hold the same (row, column) in the same thread, so SwiGLU is thread-local in the epilogue.
+#pragma once
+
+#include <cute/arch/mma_sm90.hpp>
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "cuda/gemm/gemm_config.h"
+
+namespace epmoe::cuda::gemm {
+
+using namespace cute;
+
+template <int BLOCK_M_, int BLOCK_N_, int STAGES_, Grouping GROUPING_, Major A_MAJOR_,
+          Major B_MAJOR_, int NUM_B_>
+struct GemmTraits {
+  static constexpr int BLOCK_M = BLOCK_M_;
+  static constexpr int BLOCK_N = BLOCK_N_;  // per B operand
+  static constexpr int BLOCK_K = 64;        // 128 bytes of bf16: one 128B-swizzle row
+  static constexpr int kStages = STAGES_;
+  static constexpr Grouping kGrouping = GROUPING_;
+  static constexpr int kNumB = NUM_B_;
+  static constexpr int kConsumerWarpgroups = BLOCK_M / 64;
+  static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
+  static_assert(BLOCK_M == 64 || BLOCK_M == 128, "one or two consumer warpgroups of 64 rows");
+  static_assert(kNumB == 1 || kNumB == 2, "one B operand, or W13's gate and up halves");
+
+  using Element = cutlass::bfloat16_t;
+  static constexpr GMMA::Major kMajorA = A_MAJOR_ == Major::K ? GMMA::Major::K : GMMA::Major::MN;
+  static constexpr GMMA::Major kMajorB = B_MAJOR_ == Major::K ? GMMA::Major::K : GMMA::Major::MN;
+  using AtomA = std::conditional_t<A_MAJOR_ == Major::K, GMMA::Layout_K_SW128_Atom<Element>,
+                                   GMMA::Layout_MN_SW128_Atom<Element>>;
+  using AtomB = std::conditional_t<B_MAJOR_ == Major::K, GMMA::Layout_K_SW128_Atom<Element>,
+                                   GMMA::Layout_MN_SW128_Atom<Element>>;
+  using SmemLayoutA = decltype(tile_to_shape(
+      AtomA{}, make_shape(Int<BLOCK_M>{}, Int<BLOCK_K>{}, Int<kStages>{})));  // (BM, BK, PIPE)
+  using SmemLayoutB = decltype(tile_to_shape(
+      AtomB{}, make_shape(Int<BLOCK_N>{}, Int<BLOCK_K>{}, Int<kStages>{})));  // (BN, BK, PIPE)
+  using MmaAtom = decltype(SM90::GMMA::ss_op_selector<Element, Element, float,
+                                                       Shape<_64, Int<BLOCK_N>, Int<BLOCK_K>>,
+                                                       kMajorA, kMajorB>());
+  using TiledMma = decltype(make_tiled_mma(
+      MmaAtom{}, Layout<Shape<Int<kConsumerWarpgroups>, _1, _1>>{}));
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  static constexpr uint32_t kTxBytes =
+      static_cast<uint32_t>((BLOCK_M * BLOCK_K + kNumB * BLOCK_N * BLOCK_K) * sizeof(Element));
+
+  // Epilogue staging: per consumer warpgroup, 64 rows of 128 bytes (+16 to spread banks).
+  static constexpr int kStageRowBytes = 128;
+  static constexpr int kStagePitch = kStageRowBytes + 16;
+  static constexpr int kStageBytesPerWarpgroup = 64 * kStagePitch;
+};
+
+template <class Traits>
+struct alignas(1024) SharedStorage {
+  cute::array_aligned<typename Traits::Element, cosize_v<typename Traits::SmemLayoutA>, 1024> a;
+  cute::array_aligned<typename Traits::Element, cosize_v<typename Traits::SmemLayoutB>, 1024>
+      b[Traits::kNumB];
+  alignas(16) char epilogue[Traits::kConsumerWarpgroups][Traits::kStageBytesPerWarpgroup];
+  typename Traits::Pipeline::SharedStorage pipeline;
+  int group_offsets[kMaxGroups + 1];  // row offset of each group
+  int tile_prefix[kMaxGroups + 1];    // rows grouping: first tile of each group
+};
+
+// Device view of the groups: row offsets [groups + 1] on the device, and an optional skip flag.
+struct GroupArgs {
+  const int32_t* offsets = nullptr;
+  const int32_t* skip = nullptr;  // non-zero: the step is skipped, every group is empty
+  int groups = 0;
+  int64_t n = 0;                  // output columns (per B operand)
+  int64_t m_out = 0;              // reduction: output rows
+  int64_t k = 0;                  // rows: reduction length
+  int64_t b_second_offset = 0;    // NumB == 2: first N row of the second B operand (F)
+};
+
+// The tile a CTA works on.
+struct TileCoord {
+  int group;
+  int m_tile;
+  int n_tile;
+  int row0;        // rows: first row of the tile; reduction: first row of the group
+  int rows_valid;  // rows: rows of the group inside the tile; reduction: rows of the group
+  int k_tiles;
+};
+
+template <class Traits>
+struct TileScheduler {
+  static constexpr int BM = Traits::BLOCK_M, BN = Traits::BLOCK_N, BK = Traits::BLOCK_K;
+  const int* offsets;  // shared memory
+  const int* prefix;   // shared memory
+  int groups, n_tiles, m_tiles_out, total;
+  int k_tiles_rows;
+
+  __device__ TileCoord at(int tile) const {
+    TileCoord t;
+    if constexpr (Traits::kGrouping == Grouping::rows) {
+      int lo = 0, hi = groups;  // largest g with prefix[g] <= tile
+      while (hi - lo > 1) {
+        int mid = (lo + hi) / 2;
+        if (prefix[mid] <= tile) lo = mid; else hi = mid;
+      }
+      // Skip empty groups that share the same prefix.
+      while (lo + 1 < groups && prefix[lo + 1] <= tile) ++lo;
+      const int local = tile - prefix[lo];
+      t.group = lo;
+      t.m_tile = local / n_tiles;
+      t.n_tile = local % n_tiles;
+      t.row0 = offsets[lo] + t.m_tile * BM;
+      t.rows_valid = min(BM, offsets[lo + 1] - t.row0);
+      t.k_tiles = k_tiles_rows;
+    } else {
+      const int per_group = m_tiles_out * n_tiles;
+      t.group = tile / per_group;
+      const int local = tile % per_group;
+      t.m_tile = local / n_tiles;
+      t.n_tile = local % n_tiles;
+      t.row0 = offsets[t.group];
+      t.rows_valid = offsets[t.group + 1] - t.row0;
+      t.k_tiles = (t.rows_valid + BK - 1) / BK;
+    }
+    return t;
+  }
+};
+
+// Loads the group offsets (zero-sized groups when skipped) and the per-group tile prefix.
+template <class Traits>
+__device__ TileScheduler<Traits> make_scheduler(SharedStorage<Traits>& smem, const GroupArgs& g) {
+  constexpr int BM = Traits::BLOCK_M, BN = Traits::BLOCK_N, BK = Traits::BLOCK_K;
+  const bool skip = g.skip != nullptr && *g.skip != 0;
+  for (int i = threadIdx.x; i <= g.groups; i += blockDim.x) {
+    smem.group_offsets[i] = skip ? 0 : g.offsets[i];
+  }
+  __syncthreads();
+  const int n_tiles = static_cast<int>((g.n + BN - 1) / BN);
+  if constexpr (Traits::kGrouping == Grouping::rows) {
+    if (threadIdx.x < 32) {  // one warp scans the groups in chunks of 32
+      const int lane = threadIdx.x;
+      int carry = 0;
+      for (int base = 0; base < g.groups; base += 32) {
+        const int grp = base + lane;
+        int tiles = 0;
+        if (grp < g.groups) {
+          const int rows = smem.group_offsets[grp + 1] - smem.group_offsets[grp];
+          tiles = (rows + BM - 1) / BM * n_tiles;
+        }
+        int incl = tiles;
+        for (int d = 1; d < 32; d *= 2) {
+          int v = __shfl_up_sync(0xffffffffu, incl, d);
+          if (lane >= d) incl += v;
+        }
+        if (grp < g.groups) smem.tile_prefix[grp] = carry + incl - tiles;
+        carry += __shfl_sync(0xffffffffu, incl, 31);
+      }
+      if (lane == 0) smem.tile_prefix[g.groups] = carry;
+    }
+    __syncthreads();
+  }
+  TileScheduler<Traits> s;
+  s.offsets = smem.group_offsets;
+  s.prefix = smem.tile_prefix;
+  s.groups = g.groups;
+  s.n_tiles = n_tiles;
+  s.m_tiles_out = static_cast<int>((g.m_out + BM - 1) / BM);
+  s.k_tiles_rows = static_cast<int>((g.k + BK - 1) / BK);
+  s.total = Traits::kGrouping == Grouping::rows ? smem.tile_prefix[g.groups]
+                                                : g.groups * s.m_tiles_out * n_tiles;
+  return s;
+}
+
+// Named barriers (ids above CUTLASS's reserved ones).
+enum class GemmBarrier : uint32_t { consumers = 1, epilogue_wg0 = 2 };
+
+template <class Traits, class Epilogue, class TmaA, class TmaB>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    grouped_gemm_kernel(CUTE_GRID_CONSTANT const TmaA tma_a, CUTE_GRID_CONSTANT const TmaB tma_b,
+                        const GroupArgs group_args, const typename Epilogue::Params epi_params,
+                        int64_t a_rows, int64_t a_cols, int64_t b_rows, int64_t b_cols) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int BM = Traits::BLOCK_M, BN = Traits::BLOCK_N, BK = Traits::BLOCK_K;
+  using Pipeline = typename Traits::Pipeline;
+  using PipelineState = typename Pipeline::PipelineState;
+
+  extern __shared__ __align__(1024) char smem_raw[];
+  auto& smem = *reinterpret_cast<SharedStorage<Traits>*>(smem_raw);
+
+  const int warpgroup = cutlass::canonical_warp_group_idx();
+  const int warp_in_group = cutlass::canonical_warp_idx_sync() % 4;
+  const int lane_predicate = cute::elect_one_sync();
+
+  typename Pipeline::Params pipe_params;
+  pipe_params.transaction_bytes = Traits::kTxBytes;
+  pipe_params.role = warpgroup == 0 ? Pipeline::ThreadCategory::Producer
+                                    : Pipeline::ThreadCategory::Consumer;
+  pipe_params.is_leader = warpgroup == 0 && warp_in_group == 0 && lane_predicate;
+  pipe_params.num_consumers = 128 * Traits::kConsumerWarpgroups;
+  Pipeline pipeline(smem.pipeline, pipe_params, Shape<_1, _1, _1>{});
+
+  if (threadIdx.x == 0) {
+    cute::prefetch_tma_descriptor(tma_a.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(tma_b.get_tma_descriptor());
+  }
+  const TileScheduler<Traits> sched = make_scheduler<Traits>(smem, group_args);  // syncs the CTA
+
+  // Coordinate tensors of the whole operands (TMA coordinates, absolute).
+  Tensor mA = tma_a.get_tma_tensor(make_shape(a_rows, a_cols));  // rows: (M, K); reduction: (M_out, rows)
+  Tensor mB = [&] {
+    if constexpr (Traits::kGrouping == Grouping::rows) {
+      return tma_b.get_tma_tensor(make_shape(b_rows, b_cols, group_args.groups));  // (N, K, G)
+    } else {
+      return tma_b.get_tma_tensor(make_shape(b_rows, b_cols));  // (N_out, rows)
+    }
+  }();
+  Tensor sA = make_tensor(make_smem_ptr(smem.a.data()), typename Traits::SmemLayoutA{});
+
+  if (warpgroup == 0) {
+    // ---------------- producer: one thread issues every TMA load ----------------
+    cutlass::arch::warpgroup_reg_dealloc<40>();
+    if (warp_in_group == 0 && lane_predicate) {
+      PipelineState write_state = cutlass::make_producer_start_state<Pipeline>();
+      for (int tile = blockIdx.x; tile < sched.total; tile += gridDim.x) {
+        const TileCoord t = sched.at(tile);
+        if (t.k_tiles == 0) continue;
+        // (BM, BK, k) views of A and (BN, BK, k) views of each B operand for this tile.
+        Tensor gA = [&] {
+          if constexpr (Traits::kGrouping == Grouping::rows) {
+            return local_tile(domain_offset(make_coord(t.row0, 0), mA), Shape<Int<BM>, Int<BK>>{},
+                              make_coord(0, _));
+          } else {  // A is (M_out, rows): output rows along mode 0, group rows along K
+            return local_tile(domain_offset(make_coord(t.m_tile * BM, t.row0), mA),
+                              Shape<Int<BM>, Int<BK>>{}, make_coord(0, _));
+          }
+        }();
+        auto [tAgA, tAsA] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA),
+                                          group_modes<0, 2>(gA));
+        for (int kt = 0; kt < t.k_tiles; ++kt) {
+          pipeline.producer_acquire(write_state);
+          auto* barrier = pipeline.producer_get_barrier(write_state);
+          const int stage = write_state.index();
+          copy(tma_a.with(*barrier), tAgA(_, kt), tAsA(_, stage));
+          CUTE_UNROLL
+          for (int b = 0; b < Traits::kNumB; ++b) {
+            Tensor sB = make_tensor(make_smem_ptr(smem.b[b].data()), typename Traits::SmemLayoutB{});
+            Tensor gB = [&] {
+              if constexpr (Traits::kGrouping == Grouping::rows) {
+                const int64_t n0 = (b == 0 ? 0 : group_args.b_second_offset) +
+                                   static_cast<int64_t>(t.n_tile) * BN;
+                return local_tile(domain_offset(make_coord(n0, 0, t.group), mB)(_, _, 0),
+                                  Shape<Int<BN>, Int<BK>>{}, make_coord(0, _));
+              } else {  // B is (N_out, rows)
+                return local_tile(domain_offset(make_coord(t.n_tile * BN, t.row0), mB),
+                                  Shape<Int<BN>, Int<BK>>{}, make_coord(0, _));
+              }
+            }();
+            auto [tBgB, tBsB] = tma_partition(tma_b, Int<0>{}, Layout<_1>{},
+                                              group_modes<0, 2>(sB), group_modes<0, 2>(gB));
+            copy(tma_b.with(*barrier), tBgB(_, kt), tBsB(_, stage));
+          }
+          ++write_state;
+        }
+      }
+    }
+  } else {
+    // ---------------- consumers: wgmma on the tile, then the epilogue ----------------
+    cutlass::arch::warpgroup_reg_alloc<232>();
+    const int consumer_tid = threadIdx.x - 128;
+    const int wg = warpgroup - 1;
+    typename Traits::TiledMma tiled_mma;
+    auto thr_mma = tiled_mma.get_thread_slice(consumer_tid);
+    Tensor tCsA = thr_mma.partition_A(sA);                    // (MMA, MMA_M, MMA_K, PIPE)
+    Tensor tCrA = thr_mma.make_fragment_A(tCsA);
+    Tensor sB0 = make_tensor(make_smem_ptr(smem.b[0].data()), typename Traits::SmemLayoutB{});
+    Tensor tCrB0 = thr_mma.make_fragment_B(thr_mma.partition_B(sB0));  // (MMA, MMA_N, MMA_K, PIPE)
+    Tensor sB1 = make_tensor(make_smem_ptr(smem.b[Traits::kNumB - 1].data()),
+                             typename Traits::SmemLayoutB{});
+    Tensor tCrB1 = thr_mma.make_fragment_B(thr_mma.partition_B(sB1));
+    Tensor acc0 = partition_fragment_C(tiled_mma, Shape<Int<BM>, Int<BN>>{});  // (MMA, MMA_M, MMA_N)
+    Tensor acc1 = partition_fragment_C(tiled_mma, Shape<Int<Traits::kNumB == 2 ? BM : 64>,
+                                                        Int<Traits::kNumB == 2 ? BN : 8>>{});
+
+    Epilogue epilogue(epi_params, smem.epilogue[wg], wg, consumer_tid % 128);
+    PipelineState read_state;
+    for (int tile = blockIdx.x; tile < sched.total; tile += gridDim.x) {
+      const TileCoord t = sched.at(tile);
+      // A group with no rows (WGRAD only) skips the MMA; its epilogue writes zeros without
+      // reading the accumulators, which keeps them out of any branch merge (a merge makes ptxas
+      // copy and spill them inside the mainloop).
+      if (t.k_tiles > 0) {
+        PipelineState release_state = read_state;
+        tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+        for (int kt = 0; kt < t.k_tiles; ++kt) {
+          pipeline.consumer_wait(read_state);
+          const int stage = read_state.index();
+          if constexpr (Traits::kGrouping == Grouping::reduction) {
+            const int valid = t.rows_valid - kt * BK;  // group rows in this k-block
+            if (valid < BK) {
+              // Rows past the group end belong to the next expert (or are stale): zero them in
+              // both operands so they add nothing, whatever they hold (NaN included).
+              Tensor sAs = sA(_, _, stage);
+              Tensor sBs = sB0(_, _, stage);
+              for (int i = consumer_tid; i < BM * (BK - valid); i += 128 * Traits::kConsumerWarpgroups) {
+                sAs(i % BM, valid + i / BM) = typename Traits::Element(0.0f);
+              }
+              for (int i = consumer_tid; i < BN * (BK - valid); i += 128 * Traits::kConsumerWarpgroups) {
+                sBs(i % BN, valid + i / BN) = typename Traits::Element(0.0f);
+              }
+              cutlass::arch::fence_view_async_shared();
+              cutlass::arch::NamedBarrier::arrive_and_wait(
+                  128 * Traits::kConsumerWarpgroups, static_cast<uint32_t>(GemmBarrier::consumers));
+            }
+          }
+          warpgroup_fence_operand(acc0);
+          if constexpr (Traits::kNumB == 2) warpgroup_fence_operand(acc1);
+          warpgroup_arrive();
+          CUTE_UNROLL
+          for (int kb = 0; kb < size<2>(tCrA); ++kb) {
+            cute::gemm(tiled_mma, tCrA(_, _, kb, stage), tCrB0(_, _, kb, stage), acc0);
+            if constexpr (Traits::kNumB == 2) {
+              cute::gemm(tiled_mma, tCrA(_, _, kb, stage), tCrB1(_, _, kb, stage), acc1);
+            }
+            tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+          }
+          warpgroup_commit_batch();
+          // Keep one batch in flight: the previous k-block's stage is free once it retires.
+          warpgroup_wait<1>();
+          warpgroup_fence_operand(acc0);
+          if constexpr (Traits::kNumB == 2) warpgroup_fence_operand(acc1);
+          if (kt > 0) {
+            pipeline.consumer_release(release_state);
+            ++release_state;
+          }
+          ++read_state;
+        }
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(acc0);
+        if constexpr (Traits::kNumB == 2) warpgroup_fence_operand(acc1);
+        pipeline.consumer_release(release_state);
+      }
+      epilogue.store(t, acc0, acc1);
+    }
+  }
+#endif
+}
+
+}  // namespace epmoe::cuda::gemm

@@ -1,0 +1,72 @@
+// Host side of the grouped GEMM: TMA descriptors from plain pointers, shared-memory attribute,
+// persistent launch. Included by the per-stage .cu files (one instantiation set each).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <mutex>
+
+#include "cuda/check.h"
+#include "cuda/gemm/epilogues.cuh"
+#include "cuda/gemm/gemm_config.h"
+#include "cuda/gemm/grouped_gemm_sm90.cuh"
+
+namespace epmoe::cuda::gemm {
+
+int device_sm_count();  // of the current device (cached per device)
+
+// An operand as the TMA sees it: base pointer, (rows, cols[, groups]) and strides in elements.
+struct Operand {
+  const void* ptr;
+  int64_t rows, cols;  // mode 0, mode 1 of the CuTe shape
+  int64_t stride_rows, stride_cols;
+  int groups = 1;      // 3-mode operands (weights): mode 2 extent
+  int64_t stride_groups = 0;
+};
+
+// kRank 2: (rows, cols); kRank 3: (rows, cols, groups) for per-expert weights.
+template <class Traits, Major kMajor, int kTileRows, int kRank>
+auto make_tma(const Operand& o) {
+  using Element = typename Traits::Element;
+  const auto* ptr = static_cast<const Element*>(o.ptr);
+  using Atom = std::conditional_t<kMajor == Major::K, GMMA::Layout_K_SW128_Atom<Element>,
+                                  GMMA::Layout_MN_SW128_Atom<Element>>;
+  auto smem = tile_to_shape(Atom{}, make_shape(Int<kTileRows>{}, Int<Traits::BLOCK_K>{}));
+  auto tile = make_shape(Int<kTileRows>{}, Int<Traits::BLOCK_K>{});
+  // K-major: consecutive elements along mode 1; MN-major: along mode 0.
+  auto stride2 = [&] {
+    if constexpr (kMajor == Major::K) return make_stride(o.stride_rows, Int<1>{});
+    else return make_stride(Int<1>{}, o.stride_cols);
+  }();
+  if constexpr (kRank == 2) {
+    auto tensor = make_tensor(make_gmem_ptr(ptr), make_layout(make_shape(o.rows, o.cols), stride2));
+    return make_tma_atom(SM90_TMA_LOAD{}, tensor, smem, tile);
+  } else {
+    auto tensor = make_tensor(
+        make_gmem_ptr(ptr),
+        make_layout(make_shape(o.rows, o.cols, static_cast<int64_t>(o.groups)),
+                    append(stride2, o.stride_groups)));
+    return make_tma_atom(SM90_TMA_LOAD{}, tensor, smem, tile);
+  }
+}
+
+// Launches one grouped GEMM: A and B as described, groups from the device, epilogue params.
+template <class Traits, Major kMajorA, Major kMajorB, class Epilogue>
+void launch_grouped_gemm(const Operand& a, const Operand& b, const GroupArgs& groups,
+                         const typename Epilogue::Params& epi, cudaStream_t stream) {
+  constexpr int kRankB = Traits::kGrouping == Grouping::rows ? 3 : 2;
+  auto tma_a = make_tma<Traits, kMajorA, Traits::BLOCK_M, 2>(a);
+  auto tma_b = make_tma<Traits, kMajorB, Traits::BLOCK_N, kRankB>(b);
+  auto kernel = &grouped_gemm_kernel<Traits, Epilogue, decltype(tma_a), decltype(tma_b)>;
+  constexpr int kSmem = static_cast<int>(sizeof(SharedStorage<Traits>));
+  static std::once_flag attribute_set;
+  std::call_once(attribute_set, [&] {
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  });
+  const int grid = device_sm_count();
+  kernel<<<grid, Traits::kThreads, kSmem, stream>>>(tma_a, tma_b, groups, epi, a.rows, a.cols,
+                                                     b.rows, b.cols);
+  EPMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace epmoe::cuda::gemm

@@ -1,0 +1,22 @@
+// Built when epmoe is configured without CUDA.
+#include "core/backend.h"
+#include "epmoe/cuda.h"
+#include "epmoe/error.h"
+
+namespace epmoe {
+
+int cuda_device_count() { return 0; }
+
+std::unique_ptr<Backend> make_cuda_backend(int device_ordinal) {
+  EPMOE_EXPECT(false, backend, "Device", "a build with the CUDA backend (EPMOE_CUDA=ON)",
+               "a CPU-only build asked for cuda:" + std::to_string(device_ordinal));
+  return nullptr;
+}
+
+std::shared_ptr<Transport> make_single_gpu_transport(int device) {
+  EPMOE_EXPECT(false, backend, "Device", "a build with the CUDA backend (EPMOE_CUDA=ON)",
+               "a CPU-only build asked for cuda:" + std::to_string(device));
+  return nullptr;
+}
+
+}  // namespace epmoe

@@ -1,0 +1,172 @@
+// Reductions over the K route slots of each token. Every sum runs in a fixed order (k ascending,
+// d ascending) with separate fp32 multiply and add (__fmul_rn / __fadd_rn: never contracted to
+// an FMA), so the results equal the CPU reference's bit for bit.
+#include "cuda/reduce.h"
+
+#include "cuda/kernel_common.cuh"
+
+namespace epmoe::cuda {
+namespace {
+
+struct ReduceParams {
+  char* const* routing_R;        // [R] routing buffers: header | ids [T, K] i32 | scores [T, K] f32
+  bf16_t* const* combine_R;      // [R] combine buffers [T, K, D] bf16
+  const int32_t* header;         // layout header
+  const int32_t* route_row_TK;   // [T * K] row of each own route in its receiver, -1 = inactive
+  bf16_t* out_TD;                // [T', D] bf16: y or grad_x
+  bf16_t* h3_TKD;                // [T, K, D] bf16, nullable: saved copy of the combine slots
+  int64_t tokens, D, scores_offset;
+  int K, rank;
+};
+
+__device__ __forceinline__ int64_t live_rows(const int32_t* header, int64_t tokens) {
+  const int64_t live = header[kLayoutLive];
+  return live < 0 ? 0 : (live < tokens ? live : tokens);
+}
+
+// kScaled: forward (score-weighted, h3 copy), otherwise the backward plain sum.
+template <bool kScaled>
+__global__ void __launch_bounds__(kThreads) reduce_kernel(const ReduceParams p) {
+  const bool skip = layout_skip(p.header);
+  const int64_t live = live_rows(p.header, p.tokens);
+  const bf16_t* combine_TKD = p.combine_R[p.rank];  // [T, K, D] own slots, written by peers
+  const float* scores_TK =
+      reinterpret_cast<const float*>(p.routing_R[p.rank] + p.scores_offset);  // [T, K] own, f32
+  const int64_t vecs_per_row = p.D / kVec;
+  const int64_t total = p.tokens * vecs_per_row;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < total; j += stride) {
+    const int64_t t = j / vecs_per_row;
+    const int64_t col = (j % vecs_per_row) * kVec;
+    Bf16x8 acc;
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) acc.v[e] = 0.0f;
+    if (!skip && t < live) {
+      for (int k = 0; k < p.K; ++k) {
+        const int64_t slot = t * p.K + k;
+        if (p.route_row_TK[slot] < 0) continue;  // inactive route: its slot is never read
+        const uint4 u = load_vec_cg(combine_TKD + slot * p.D + col);
+        const Bf16x8 c = unpack8(u);
+        if constexpr (kScaled) {
+          if (p.h3_TKD != nullptr) store_vec(p.h3_TKD + slot * p.D + col, u);
+          const float score = scores_TK[slot];
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) acc.v[e] = __fadd_rn(acc.v[e], __fmul_rn(score, c.v[e]));
+        } else {
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) acc.v[e] = __fadd_rn(acc.v[e], c.v[e]);
+        }
+      }
+    }
+    store_vec(p.out_TD + t * p.D + col, pack8(acc));
+  }
+}
+
+template <bool kScaled>
+void launch_reduce(const Step& s, bf16_t* out_TD, const char* out_name) {
+  check_aligned16(out_TD, out_name);
+  ReduceParams p{};
+  p.routing_R = s.routing_R;
+  p.combine_R = s.combine_R;
+  p.header = s.layout.header;
+  p.route_row_TK = s.layout.route_row_TK;
+  p.out_TD = out_TD;
+  p.h3_TKD = kScaled ? s.h3_TKD : nullptr;
+  p.tokens = s.tokens;
+  p.D = s.dims.D;
+  p.scores_offset = routing_buffer_layout(s.dims.T, s.dims.K).scores_offset;
+  p.K = s.dims.K;
+  p.rank = s.rank;
+  const int64_t items = s.tokens * (s.dims.D / kVec);
+  reduce_kernel<kScaled><<<grid_for(items, kThreads), kThreads, 0, static_cast<cudaStream_t>(s.stream)>>>(p);
+  EPMOE_CUDA_LAUNCH_CHECK();
+}
+
+// ---- grad_scores: one lane per route, each lane summing its own row in d order. The warp
+// stages 32 routes' rows of h3 and grad_y, kDotCols columns at a time, through shared memory so
+// that global loads stay coalesced (8 lanes per 128-byte row piece) while every lane keeps the
+// sequential order of its dot product. Rows are padded by one 16-byte vector: the 16-byte
+// shared reads of 8 lanes (one phase) then hit distinct banks.
+constexpr int kDotWarps = 4;
+constexpr int kDotThreads = kDotWarps * 32;
+constexpr int kDotCols = 64;
+constexpr int kDotStride = kDotCols + kVec;  // bf16 per staged row
+
+struct DotParams {
+  const int32_t* header;         // layout header
+  const int32_t* route_row_TK;   // [T * K]
+  const bf16_t* grad_y_TD;       // [T', D] bf16
+  const bf16_t* h3_TKD;          // [T, K, D] bf16, nullable: then the own combine buffer
+  bf16_t* const* combine_R;      // [R] combine buffers [T, K, D] bf16
+  float* grad_scores_TK;         // [T', K] f32
+  int64_t tokens, D;
+  int K, rank;
+};
+
+__global__ void __launch_bounds__(kDotThreads) grad_scores_kernel(const DotParams p) {
+  __shared__ alignas(16) bf16_t h_tile[kDotWarps][32][kDotStride];  // [warp][route][col] bf16
+  __shared__ alignas(16) bf16_t g_tile[kDotWarps][32][kDotStride];  // [warp][route][col] bf16
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const bool skip = layout_skip(p.header);
+  const int64_t live = live_rows(p.header, p.tokens);
+  const bf16_t* h3_TKD = p.h3_TKD != nullptr ? p.h3_TKD : p.combine_R[p.rank];  // [T, K, D] bf16
+  const int64_t routes = p.tokens * p.K;
+  const int64_t groups = (routes + 31) / 32;
+  const int64_t warps_total = static_cast<int64_t>(gridDim.x) * kDotWarps;
+  for (int64_t group = static_cast<int64_t>(blockIdx.x) * kDotWarps + warp; group < groups;
+       group += warps_total) {  // warp-uniform
+    const int64_t i = group * 32 + lane;
+    const bool active = !skip && i < routes && i / p.K < live && p.route_row_TK[i] >= 0;
+    float acc = 0.0f;
+    for (int64_t d0 = 0; d0 < p.D; d0 += kDotCols) {
+      const int width = p.D - d0 < kDotCols ? static_cast<int>(p.D - d0) : kDotCols;
+      const int vecs = width / kVec;  // per row; 32 * vecs loads: every lane runs `vecs` times
+      for (int u = lane; u < 32 * vecs; u += 32) {
+        const int r = u / vecs;
+        const int col = (u % vecs) * kVec;
+        if (__shfl_sync(0xffffffffu, active ? 1 : 0, r) == 0) continue;
+        const int64_t ir = group * 32 + r;
+        store_vec(&h_tile[warp][r][col], load_vec_cg(h3_TKD + ir * p.D + d0 + col));
+        store_vec(&g_tile[warp][r][col], load_vec(p.grad_y_TD + (ir / p.K) * p.D + d0 + col));
+      }
+      __syncwarp();
+      if (active) {
+        for (int col = 0; col < width; col += kVec) {
+          const Bf16x8 h = unpack8(load_vec(&h_tile[warp][lane][col]));
+          const Bf16x8 g = unpack8(load_vec(&g_tile[warp][lane][col]));
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) acc = __fadd_rn(acc, __fmul_rn(g.v[e], h.v[e]));
+        }
+      }
+      __syncwarp();  // the next columns overwrite the tiles
+    }
+    if (i < routes) p.grad_scores_TK[i] = active ? acc : 0.0f;
+  }
+}
+
+}  // namespace
+
+void reduce_forward(const Step& s) { launch_reduce<true>(s, s.y_TD, "y_TD"); }
+void reduce_backward(const Step& s) { launch_reduce<false>(s, s.grad_x_TD, "grad_x_TD"); }
+
+void grad_scores(const Step& s) {
+  check_aligned16(s.grad_y_TD, "grad_y_TD");
+  DotParams p{};
+  p.header = s.layout.header;
+  p.route_row_TK = s.layout.route_row_TK;
+  p.grad_y_TD = s.grad_y_TD;
+  p.h3_TKD = s.h3_TKD;
+  p.combine_R = s.combine_R;
+  p.grad_scores_TK = s.grad_scores_TK;
+  p.tokens = s.tokens;
+  p.D = s.dims.D;
+  p.K = s.dims.K;
+  p.rank = s.rank;
+  const int64_t groups = (s.tokens * s.dims.K + 31) / 32;
+  grad_scores_kernel<<<grid_for(groups * 32, kDotThreads), kDotThreads, 0,
+                       static_cast<cudaStream_t>(s.stream)>>>(p);
+  EPMOE_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace epmoe::cuda

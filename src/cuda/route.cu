@@ -1,0 +1,286 @@
+// route: every rank computes the same global layout from all ranks' published ids (core/layout.h).
+//
+//   1. route_histogram_kernel, grid (C, R): block (c, s) copies chunk c (kRouteChunkRoutes routes)
+//      of source s's ids into ids_all and writes the chunk's histogram over the E*R global experts.
+//   2. route_prefix_kernel, one CTA: counts[s][g] = sum over chunks; an exclusive scan over g of
+//      the per-expert totals gives each receiver's expert-major row space; each (s, g) block starts
+//      at expert_base + rows of lower source ranks, and each chunk at that block start plus the
+//      rows of earlier chunks (written over the chunk histograms). Then the header checks, the
+//      capacity check, the status word and the layout header (same rules as the CPU route).
+//   3. route_rank_kernel, grid (C, R): within a chunk, warp w takes a contiguous sub-range; a
+//      per-warp histogram scanned over warps gives each warp's first row per expert, and the warp
+//      walks its routes 32 at a time in order, ranking equal ids with __match_any_sync. Positions
+//      come from counts alone, never from atomic order: the result is deterministic and equals
+//      the sequential walk of build_layout_reference().
+#include "cuda/route.h"
+
+#include <cub/block/block_scan.cuh>
+
+#include "cuda/kernel_common.cuh"
+
+namespace epmoe::cuda {
+namespace {
+
+constexpr int kHistogramThreads = 256;
+constexpr int kPrefixThreads = 1024;
+constexpr int kRankWarps = 8;
+constexpr int kRankThreads = kRankWarps * 32;
+constexpr int64_t kRoutesPerWarp = kRouteChunkRoutes / kRankWarps;
+static_assert(kRouteChunkRoutes % (kRankWarps * 32) == 0, "a warp's sub-range is whole warps of routes");
+
+struct RouteParams {
+  char* const* routing_R;  // [R] routing buffers: RoutingHeader | ids [T, K] i32 | scores
+  int32_t* ids_all_RTK;    // [R, T*K] i32: every rank's ids (scratch)
+  int32_t* counts_RG;      // [R, Eg] i32: routes of source s to global expert g
+  int32_t* chunk_RCG;      // [R, C, Eg] i32: chunk histograms, then each chunk's first row per (s, g)
+  LayoutView layout;       // this rank's layout (header, offsets [E+1], recv rows [R], src [cap], row [T*K])
+  Status* status;          // [1] status word
+  int64_t T;               // Config T
+  int64_t tokens;          // this rank's T'
+  int64_t capacity;        // receive rows per rank
+  int64_t ids_offset;      // bytes of the ids in a routing buffer
+  int K, E, R, Eg, chunks, self, trap_on_overflow;
+};
+
+__global__ void __launch_bounds__(kHistogramThreads) route_histogram_kernel(const RouteParams p) {
+  extern __shared__ int32_t hist_G[];  // [Eg]
+  const int c = static_cast<int>(blockIdx.x);
+  const int s = static_cast<int>(blockIdx.y);
+  const int64_t TK = p.T * p.K;
+  for (int g = static_cast<int>(threadIdx.x); g < p.Eg; g += blockDim.x) hist_G[g] = 0;
+  __syncthreads();
+  const auto* src_TK = reinterpret_cast<const int32_t*>(p.routing_R[s] + p.ids_offset);  // [T, K] peer
+  int32_t* dst_TK = p.ids_all_RTK + s * TK;                                             // [T, K]
+  const int64_t lo = static_cast<int64_t>(c) * kRouteChunkRoutes;
+  const int64_t hi = lo + kRouteChunkRoutes < TK ? lo + kRouteChunkRoutes : TK;
+  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+    int32_t g = __ldcg(src_TK + i);
+    if (g < -1 || g >= p.Eg) g = -1;  // publish never writes these; never index with one anyway
+    dst_TK[i] = g;
+    if (g >= 0) atomicAdd(&hist_G[g], 1);  // a count: independent of the order of the adds
+  }
+  __syncthreads();
+  int32_t* out_G = p.chunk_RCG + (static_cast<int64_t>(s) * p.chunks + c) * p.Eg;  // [Eg]
+  for (int g = static_cast<int>(threadIdx.x); g < p.Eg; g += blockDim.x) out_G[g] = hist_G[g];
+}
+
+__device__ __forceinline__ void write_status(Status* st, StatusCode code, int rank, StatusArg arg,
+                                             int64_t required, int64_t available, int64_t index) {
+  if (st->code != 0) return;  // the first error stays until the host takes it
+  st->rank = rank;
+  st->arg = static_cast<int32_t>(arg);
+  st->reserved = 0;
+  st->required = required;
+  st->available = available;
+  st->index = index;
+  st->code = static_cast<int32_t>(code);
+}
+
+__global__ void __launch_bounds__(kPrefixThreads) route_prefix_kernel(const RouteParams p) {
+  using BlockScan = cub::BlockScan<int32_t, kPrefixThreads>;
+  __shared__ typename BlockScan::TempStorage scan_storage;
+  extern __shared__ int32_t first_row_G1[];  // [Eg + 1]: exclusive scan of per-expert totals
+  const int tid = static_cast<int>(threadIdx.x);
+  const int Eg = p.Eg;
+  const int64_t RG = static_cast<int64_t>(p.R) * Eg;
+
+  // counts[s][g] = sum over chunks.
+  for (int64_t j = tid; j < RG; j += kPrefixThreads) {
+    const int64_t s = j / Eg, g = j % Eg;
+    int32_t total = 0;
+    for (int c = 0; c < p.chunks; ++c) total += p.chunk_RCG[(s * p.chunks + c) * Eg + g];
+    p.counts_RG[j] = total;
+  }
+  __syncthreads();
+  // Per-expert totals over sources, then an exclusive scan over g (contiguous items per thread).
+  for (int g = tid; g < Eg; g += kPrefixThreads) {
+    int32_t total = 0;
+    for (int s = 0; s < p.R; ++s) total += p.counts_RG[static_cast<int64_t>(s) * Eg + g];
+    first_row_G1[g] = total;
+  }
+  __syncthreads();
+  const int per_thread = (Eg + kPrefixThreads - 1) / kPrefixThreads;
+  const int g_lo = tid * per_thread < Eg ? tid * per_thread : Eg;
+  const int g_hi = g_lo + per_thread < Eg ? g_lo + per_thread : Eg;
+  int32_t mine = 0;
+  for (int g = g_lo; g < g_hi; ++g) mine += first_row_G1[g];
+  int32_t before = 0, all = 0;
+  BlockScan(scan_storage).ExclusiveSum(mine, before, all);
+  for (int g = g_lo; g < g_hi; ++g) {
+    const int32_t v = first_row_G1[g];
+    first_row_G1[g] = before;
+    before += v;
+  }
+  if (tid == 0) first_row_G1[Eg] = all;
+  __syncthreads();
+
+  // Receivers' row spaces: receiver q owns global experts [q*E, (q+1)*E).
+  for (int q = tid; q < p.R; q += kPrefixThreads) {
+    p.layout.recv_rows_R[q] = first_row_G1[(q + 1) * p.E] - first_row_G1[q * p.E];
+  }
+  for (int e = tid; e <= p.E; e += kPrefixThreads) {
+    p.layout.expert_offsets_E1[e] = first_row_G1[p.self * p.E + e] - first_row_G1[p.self * p.E];
+  }
+  // Block (s, g) starts after the lower experts of its receiver and the lower source ranks; each
+  // chunk after the earlier chunks of the same source.
+  for (int64_t j = tid; j < RG; j += kPrefixThreads) {
+    const int64_t s = j / Eg;
+    const int g = static_cast<int>(j % Eg);
+    int32_t row = first_row_G1[g] - first_row_G1[(g / p.E) * p.E];
+    for (int64_t lower = 0; lower < s; ++lower) row += p.counts_RG[lower * Eg + g];
+    for (int c = 0; c < p.chunks; ++c) {
+      int32_t* cell = p.chunk_RCG + (s * p.chunks + c) * Eg + g;  // [1] chunk c of (s, g)
+      const int32_t n = *cell;
+      *cell = row;
+      row += n;
+    }
+  }
+
+  if (tid != 0) return;
+  // Header checks in rank order, as the CPU reference: a T' that differs from rank 0's (the
+  // common reference, so every rank reports the same error), else the rank's input error.
+  bool failed = false;
+  StatusCode failed_code = StatusCode::ok;
+  const int32_t tokens0 = __ldcg(&reinterpret_cast<const RoutingHeader*>(p.routing_R[0])->tokens);
+  for (int r = 0; r < p.R && !failed; ++r) {
+    const auto* h = reinterpret_cast<const RoutingHeader*>(p.routing_R[r]);  // [1] rank r's header
+    const int32_t tokens = __ldcg(&h->tokens);
+    const int32_t code = __ldcg(&h->error_code);
+    if (tokens != tokens0) {
+      failed = true;
+      failed_code = StatusCode::token_count_mismatch;
+      write_status(p.status, failed_code, r, StatusArg::x_TD, tokens, tokens0, -1);
+    } else if (code != 0) {
+      failed = true;
+      failed_code = static_cast<StatusCode>(code);
+      write_status(p.status, failed_code, r, static_cast<StatusArg>(__ldcg(&h->error_arg)),
+                   __ldcg(reinterpret_cast<const long long*>(&h->error_value)),
+                   __ldcg(reinterpret_cast<const long long*>(&h->error_bound)),
+                   __ldcg(reinterpret_cast<const long long*>(&h->error_index)));
+    }
+  }
+  // With an input error the reference builds no layout: the header says 0 rows. (The arrays
+  // are still written from the sanitised ids; a skipped step never reads them.)
+  const bool input_error = failed;
+  int32_t max_rows = 0;
+  for (int q = 0; q < p.R && !input_error; ++q) {
+    const int32_t rows = first_row_G1[(q + 1) * p.E] - first_row_G1[q * p.E];
+    max_rows = rows > max_rows ? rows : max_rows;
+    if (!failed && rows > p.capacity) {
+      failed = true;
+      failed_code = StatusCode::capacity_overflow;
+      write_status(p.status, failed_code, q, StatusArg::topk_ids_TK, rows, p.capacity, -1);
+    }
+  }
+  const auto* own = reinterpret_cast<const RoutingHeader*>(p.routing_R[p.self]);  // [1] header
+  int32_t* header = p.layout.header;  // [kLayoutHeaderInts]
+  for (int i = 0; i < kLayoutHeaderInts; ++i) header[i] = 0;
+  header[kLayoutRows] =
+      input_error ? 0 : first_row_G1[(p.self + 1) * p.E] - first_row_G1[p.self * p.E];
+  header[kLayoutTokens] = static_cast<int32_t>(p.tokens);
+  header[kLayoutLive] = __ldcg(&own->live);
+  header[kLayoutSkip] = failed ? 1 : 0;
+  header[kLayoutMaxRows] = max_rows;
+  if (failed_code == StatusCode::capacity_overflow && p.trap_on_overflow) {
+    __threadfence_system();
+    __trap();  // OverflowPolicy::trap; the status word above says why
+  }
+}
+
+__global__ void __launch_bounds__(kRankThreads) route_rank_kernel(const RouteParams p) {
+  extern __shared__ int32_t next_row_WG[];  // [kRankWarps, Eg]: next row per (warp, expert)
+  const int c = static_cast<int>(blockIdx.x);
+  const int s = static_cast<int>(blockIdx.y);
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int Eg = p.Eg;
+  const int64_t TK = p.T * p.K;
+  const int32_t* ids_TK = p.ids_all_RTK + s * TK;  // [T, K] source s
+  const int64_t sub_lo = static_cast<int64_t>(c) * kRouteChunkRoutes + warp * kRoutesPerWarp;
+  const int64_t sub_hi = sub_lo + kRoutesPerWarp < TK ? sub_lo + kRoutesPerWarp : TK;
+  int32_t* next_G = next_row_WG + static_cast<int64_t>(warp) * Eg;  // [Eg] this warp's row
+
+  for (int64_t j = threadIdx.x; j < static_cast<int64_t>(kRankWarps) * Eg; j += kRankThreads) {
+    next_row_WG[j] = 0;
+  }
+  __syncthreads();
+  for (int64_t i = sub_lo + lane; i < sub_hi; i += 32) {
+    const int32_t g = ids_TK[i];
+    if (g >= 0) atomicAdd(&next_G[g], 1);  // a count: order-independent
+  }
+  __syncthreads();
+  // Scan over warps, starting at the chunk's first row of (s, g).
+  const int32_t* chunk_first_G = p.chunk_RCG + (static_cast<int64_t>(s) * p.chunks + c) * Eg;  // [Eg]
+  for (int g = static_cast<int>(threadIdx.x); g < Eg; g += kRankThreads) {
+    int32_t row = chunk_first_G[g];
+    for (int w = 0; w < kRankWarps; ++w) {
+      const int32_t n = next_row_WG[static_cast<int64_t>(w) * Eg + g];
+      next_row_WG[static_cast<int64_t>(w) * Eg + g] = row;
+      row += n;
+    }
+  }
+  __syncthreads();
+
+  const unsigned lanes_below = (1u << lane) - 1u;
+  for (int64_t base = sub_lo; base < sub_hi; base += 32) {  // warp-uniform trip count
+    const int64_t i = base + lane;
+    const bool inside = i < sub_hi;
+    const int32_t g = inside ? ids_TK[i] : -1;
+    const unsigned same = __match_any_sync(0xffffffffu, g);
+    int32_t row = -1;
+    if (g >= 0) row = next_G[g] + __popc(same & lanes_below);
+    __syncwarp();
+    if (g >= 0 && lane == 31 - __clz(static_cast<int>(same))) next_G[g] += __popc(same);
+    __syncwarp();
+    if (!inside) continue;
+    if (s == p.self) p.layout.route_row_TK[i] = row;
+    if (g >= 0 && g / p.E == p.self && row < p.capacity) {
+      p.layout.recv_src_M[row] = encode_src(s, i / p.K, static_cast<int>(i % p.K), p.T, p.K);
+    }
+  }
+}
+
+}  // namespace
+
+void route(const Step& s) {
+  const Dims& d = s.dims;
+  const int Eg = d.E * d.R;
+  EPMOE_ASSERT(Eg >= 1 && Eg <= kMaxGlobalExperts);
+  const RouteScratchLayout sl = route_scratch_layout(d);
+  RouteParams p{};
+  p.routing_R = s.routing_R;
+  p.ids_all_RTK = reinterpret_cast<int32_t*>(s.route_scratch + sl.ids_all);
+  p.counts_RG = reinterpret_cast<int32_t*>(s.route_scratch + sl.counts);
+  p.chunk_RCG = reinterpret_cast<int32_t*>(s.route_scratch + sl.chunk_counts);
+  p.layout = s.layout;
+  p.status = s.status;
+  p.T = d.T;
+  p.tokens = s.tokens;
+  p.capacity = s.capacity_rows;
+  p.ids_offset = routing_buffer_layout(d.T, d.K).ids_offset;
+  p.K = d.K;
+  p.E = d.E;
+  p.R = d.R;
+  p.Eg = Eg;
+  p.chunks = static_cast<int>((d.T * d.K + kRouteChunkRoutes - 1) / kRouteChunkRoutes);
+  p.self = s.rank;
+  p.trap_on_overflow = s.trap_on_overflow ? 1 : 0;
+
+  auto stream = static_cast<cudaStream_t>(s.stream);
+  const dim3 chunk_grid(static_cast<unsigned>(p.chunks), static_cast<unsigned>(d.R));
+  const size_t hist_bytes = static_cast<size_t>(Eg) * sizeof(int32_t);
+  route_histogram_kernel<<<chunk_grid, kHistogramThreads, hist_bytes, stream>>>(p);
+  EPMOE_CUDA_LAUNCH_CHECK();
+  const size_t scan_bytes = static_cast<size_t>(Eg + 1) * sizeof(int32_t);
+  route_prefix_kernel<<<1, kPrefixThreads, scan_bytes, stream>>>(p);
+  EPMOE_CUDA_LAUNCH_CHECK();
+  const size_t rank_bytes = static_cast<size_t>(kRankWarps) * Eg * sizeof(int32_t);
+  if (rank_bytes > 48 * 1024) {
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(route_rank_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(rank_bytes)));
+  }
+  route_rank_kernel<<<chunk_grid, kRankThreads, rank_bytes, stream>>>(p);
+  EPMOE_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace epmoe::cuda

@@ -1,0 +1,458 @@
+// plan_memory: exact bytes. Every expected number is worked out by hand in the comment beside it
+// (A(n) = ceil(n / 128) * 128), never by calling the plan_terms functions the planner uses.
+//
+// Layout of one layer at M rows (src/core/layout.h):
+//   A(32*4) header + A((E+1)*4) expert offsets + A(R*4) recv rows + A(M*4) recv src + A(T*K*4)
+// Full save at M rows: layout(M) + A(M*D*2) + A(M*2F*2) + A(T*K*D*2).
+// Call scratch at M rows: layout(M) + A(M*D*2) + A(M*2F*2) + A(M*F*2) | + A(M*D*2) + A(M*2F*2)
+//   | unfused: + A(M*D*2) + A(M*F*2).
+// Route scratch: A(R*T*K*4) + A(R*Eg*4) + A(R*ceil(T*K/2048)*Eg*4).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "epmoe/config.h"
+#include "epmoe/error.h"
+#include "epmoe/memory_plan.h"
+
+namespace epmoe {
+namespace {
+
+ConfigFields fields(int64_t T, int64_t D, int64_t F, int experts, int K) {
+  ConfigFields f;
+  f.max_tokens_per_rank = T;
+  f.hidden_dim = D;
+  f.intermediate_dim = F;
+  f.num_experts = experts;
+  f.top_k = K;
+  return f;
+}
+
+ConfigFields ci_tiny() { return fields(64, 128, 96, 8, 2); }
+
+// T=4, D=F=128, K=2, 4 global experts; planned at R=2 (E=2), L=2 layers per slot.
+ConfigFields small() {
+  ConfigFields f = fields(4, 128, 128, 4, 2);
+  f.slots.max_layers_per_slot = 2;
+  return f;
+}
+
+void expect_plan_error(const ConfigFields& f, int R, const std::string& field,
+                       const std::string& got) {
+  try {
+    (void)plan_memory(Config(f), R);
+    ADD_FAILURE() << "no error for " << field;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::invalid_argument) << e.what();
+    EXPECT_EQ(e.argument(), field) << e.what();
+    const std::string what = e.what();
+    EXPECT_NE(what.find("expected "), std::string::npos) << what;
+    EXPECT_NE(what.find(", got " + got), std::string::npos) << what;
+  }
+}
+
+void expect_contains(const std::string& text, const std::string& part) {
+  EXPECT_NE(text.find(part), std::string::npos) << "'" << part << "' missing in:\n" << text;
+}
+
+TEST(MemoryPlan, CiTinyOneRank) {
+  const MemoryPlan p = plan_memory(Config(ci_tiny()), 1);
+  EXPECT_EQ(p.ep_size, 1);
+  EXPECT_EQ(p.experts_global, 8);
+  EXPECT_EQ(p.experts_local, 8);
+  EXPECT_EQ(p.balanced_recv_rows, 128);   // T*K = 64*2
+  EXPECT_EQ(p.max_recv_rows, 128);        // T*R*min(K,E) = 64*1*2
+  EXPECT_EQ(p.capacity_factor, 1.0);      // min(1, R=1)
+  EXPECT_EQ(p.recv_capacity_rows, 128);   // min(ceil(128*1), 128)
+  EXPECT_EQ(p.routing_buffer_bytes, 1152);    // 128 + A(128*4)=512 + A(128*4)=512
+  EXPECT_EQ(p.dispatch_buffer_bytes, 16384);  // A(64*128*2)
+  EXPECT_EQ(p.combine_buffer_bytes, 32768);   // A(64*2*128*2)
+  EXPECT_EQ(p.symmetric_bytes, 50304);        // 1152 + 16384 + 32768
+  // layout(128) = 128 + A(9*4)=128 + A(1*4)=128 + A(128*4)=512 + A(128*4)=512
+  EXPECT_EQ(p.routing_metadata_bytes, 1408);
+  EXPECT_EQ(p.saved_input_bytes_per_layer, 16384);  // A(64*128*2)
+  // 1408 + A(128*128*2)=32768 + A(128*192*2)=49152 + A(64*2*128*2)=32768
+  EXPECT_EQ(p.saved_full_bytes_balanced, 116096);
+  EXPECT_EQ(p.saved_full_bytes_capacity, 116096);  // capacity rows == balanced rows
+  EXPECT_EQ(p.num_slots, 1);
+  EXPECT_EQ(p.layers_per_slot, 1);
+  EXPECT_EQ(p.minimum_slot_bytes, 16384);              // 1 * 16384
+  EXPECT_EQ(p.balanced_full_save_slot_bytes, 116096);  // 1 * 116096
+  EXPECT_EQ(p.maximum_useful_slot_bytes, 116096);      // 1 * 116096
+  EXPECT_EQ(p.slot_sizing, SlotSizing::maximum_useful);
+  EXPECT_EQ(p.slot_bytes, 116096);
+  EXPECT_EQ(p.activation_bytes, 116096);  // 1 slot
+  // A(1*128*4)=512 + A(1*8*4)=128 + A(1*1*8*4)=128   (1 chunk of 2048 routes)
+  EXPECT_EQ(p.route_scratch_bytes, 768);
+  // 1408 + x_gathered 32768 + h13 49152 + h A(128*96*2)=24576
+  EXPECT_EQ(p.forward_scratch_bytes, 107904);
+  EXPECT_EQ(p.backward_scratch_bytes, 189824);  // 107904 + grad_h3 32768 + grad_h13 49152
+  EXPECT_EQ(p.scratch_bytes, 190592);           // 768 + 189824
+  EXPECT_EQ(p.status_bytes, 128);               // A(40)
+  EXPECT_EQ(p.peer_table_bytes, 384);           // 3 * A(1*8)
+  EXPECT_EQ(p.arena_bytes, 306688);             // 116096 + 190592
+  EXPECT_EQ(p.total_bytes, 357504);             // 306688 + 50304 + 128 + 384
+  EXPECT_FALSE(p.inference);
+}
+
+TEST(MemoryPlan, CiTinyTwoRanks) {
+  const MemoryPlan p = plan_memory(Config(ci_tiny()), 2);
+  EXPECT_EQ(p.experts_local, 4);           // 8 / 2
+  EXPECT_EQ(p.balanced_recv_rows, 128);    // 64*2
+  EXPECT_EQ(p.max_recv_rows, 256);         // 64*2*min(2,4)
+  EXPECT_EQ(p.recv_capacity_rows, 128);    // min(ceil(128*1), 256)
+  EXPECT_EQ(p.symmetric_bytes, 50304);     // R-independent: 1152 + 16384 + 32768
+  // layout(128) = 128 + A(5*4)=128 + A(2*4)=128 + 512 + 512
+  EXPECT_EQ(p.routing_metadata_bytes, 1408);
+  EXPECT_EQ(p.saved_full_bytes_capacity, 116096);  // 1408 + 32768 + 49152 + 32768
+  EXPECT_EQ(p.slot_bytes, 116096);
+  // A(2*128*4)=1024 + A(2*8*4)=128 + A(2*1*8*4)=128
+  EXPECT_EQ(p.route_scratch_bytes, 1280);
+  EXPECT_EQ(p.backward_scratch_bytes, 189824);  // same call scratch as R=1
+  EXPECT_EQ(p.scratch_bytes, 191104);           // 1280 + 189824
+  EXPECT_EQ(p.peer_table_bytes, 384);           // 3 * A(2*8)
+  EXPECT_EQ(p.arena_bytes, 307200);             // 116096 + 191104
+  EXPECT_EQ(p.total_bytes, 358016);             // 307200 + 50304 + 128 + 384
+}
+
+TEST(MemoryPlan, SmallTwoRanksTwoLayers) {
+  const MemoryPlan p = plan_memory(Config(small()), 2);
+  EXPECT_EQ(p.experts_local, 2);         // 4 / 2
+  EXPECT_EQ(p.balanced_recv_rows, 8);    // 4*2
+  EXPECT_EQ(p.max_recv_rows, 16);        // 4*2*min(2,2)
+  EXPECT_EQ(p.recv_capacity_rows, 8);    // min(ceil(8*1), 16)
+  EXPECT_EQ(p.routing_buffer_bytes, 384);    // 128 + A(8*4)=128 + A(8*4)=128
+  EXPECT_EQ(p.dispatch_buffer_bytes, 1024);  // A(4*128*2)
+  EXPECT_EQ(p.combine_buffer_bytes, 2048);   // A(4*2*128*2)
+  EXPECT_EQ(p.symmetric_bytes, 3456);        // 384 + 1024 + 2048
+  // layout(8) = 128 + A(3*4)=128 + A(2*4)=128 + A(8*4)=128 + A(8*4)=128
+  EXPECT_EQ(p.routing_metadata_bytes, 640);
+  EXPECT_EQ(p.saved_input_bytes_per_layer, 1024);  // A(4*128*2)
+  // 640 + A(8*128*2)=2048 + A(8*256*2)=4096 + A(4*2*128*2)=2048
+  EXPECT_EQ(p.saved_full_bytes_balanced, 8832);
+  EXPECT_EQ(p.saved_full_bytes_capacity, 8832);
+  EXPECT_EQ(p.layers_per_slot, 2);
+  EXPECT_EQ(p.minimum_slot_bytes, 2048);               // 2 * 1024
+  EXPECT_EQ(p.balanced_full_save_slot_bytes, 17664);   // 2 * 8832
+  EXPECT_EQ(p.maximum_useful_slot_bytes, 17664);       // 2 * 8832
+  EXPECT_EQ(p.slot_bytes, 17664);
+  EXPECT_EQ(p.activation_bytes, 17664);
+  // A(2*8*4)=128 + A(2*4*4)=128 + A(2*1*4*4)=128
+  EXPECT_EQ(p.route_scratch_bytes, 384);
+  // 640 + x_gathered 2048 + h13 4096 + h A(8*128*2)=2048
+  EXPECT_EQ(p.forward_scratch_bytes, 8832);
+  EXPECT_EQ(p.backward_scratch_bytes, 14976);  // 8832 + grad_h3 2048 + grad_h13 4096
+  EXPECT_EQ(p.scratch_bytes, 15360);           // 384 + 14976
+  EXPECT_EQ(p.peer_table_bytes, 384);          // 3 * A(16)
+  EXPECT_EQ(p.arena_bytes, 33024);             // 17664 + 15360
+  EXPECT_EQ(p.total_bytes, 36992);             // 33024 + 3456 + 128 + 384
+}
+
+TEST(MemoryPlan, UnfusedScratchAddsRowsAndGradH) {
+  ConfigFields f = small();
+  f.fuse_epilogues = false;
+  const MemoryPlan p = plan_memory(Config(f), 2);
+  // fused 8832 + rows_MD A(8*128*2)=2048
+  EXPECT_EQ(p.forward_scratch_bytes, 10880);
+  // fused 14976 + rows_MD 2048 + grad_h A(8*128*2)=2048
+  EXPECT_EQ(p.backward_scratch_bytes, 19072);
+  EXPECT_EQ(p.scratch_bytes, 19456);   // 384 + 19072
+  EXPECT_EQ(p.arena_bytes, 37120);     // 17664 + 19456
+  EXPECT_EQ(p.total_bytes, 41088);     // 37120 + 3456 + 128 + 384
+  // Everything outside the call scratch is unchanged.
+  EXPECT_EQ(p.slot_bytes, 17664);
+  EXPECT_EQ(p.route_scratch_bytes, 384);
+}
+
+TEST(MemoryPlan, CapacityFactorAboveRIsClamped) {
+  ConfigFields f = small();
+  f.capacity_factor = 3.0;
+  const MemoryPlan p = plan_memory(Config(f), 2);
+  EXPECT_EQ(p.requested_capacity_factor, 3.0);
+  EXPECT_EQ(p.capacity_factor, 2.0);       // min(3, R=2)
+  EXPECT_EQ(p.recv_capacity_rows, 16);     // min(ceil(8*2), 16)
+  // layout(16) = 128 + 128 + 128 + A(16*4)=128 + 128
+  EXPECT_EQ(p.routing_metadata_bytes, 640);
+  EXPECT_EQ(p.saved_full_bytes_balanced, 8832);  // at T*K = 8 rows, as without clamping
+  // 640 + A(16*128*2)=4096 + A(16*256*2)=8192 + 2048
+  EXPECT_EQ(p.saved_full_bytes_capacity, 14976);
+  EXPECT_EQ(p.minimum_slot_bytes, 2048);
+  EXPECT_EQ(p.balanced_full_save_slot_bytes, 17664);  // 2 * 8832
+  EXPECT_EQ(p.maximum_useful_slot_bytes, 29952);      // 2 * 14976
+  EXPECT_EQ(p.slot_bytes, 29952);
+  // 640 + 4096 + 8192 + h A(16*128*2)=4096
+  EXPECT_EQ(p.forward_scratch_bytes, 17024);
+  EXPECT_EQ(p.backward_scratch_bytes, 29312);  // 17024 + 4096 + 8192
+  EXPECT_EQ(p.scratch_bytes, 29696);           // 384 + 29312
+  EXPECT_EQ(p.arena_bytes, 59648);             // 29952 + 29696
+  EXPECT_EQ(p.total_bytes, 63616);             // 59648 + 3456 + 128 + 384
+  const std::string text = p.explain();
+  expect_contains(text, "capacity factor: 2 (requested 3, clamped to R");
+  // A factor of exactly R is not clamped.
+  f.capacity_factor = 2.0;
+  const MemoryPlan q = plan_memory(Config(f), 2);
+  EXPECT_EQ(q.recv_capacity_rows, 16);
+  EXPECT_EQ(q.explain().find("clamped"), std::string::npos);
+}
+
+TEST(MemoryPlan, TopologyBoundCapsRows) {
+  // K=4 but only E=2 local experts: a token reaches a rank at most twice.
+  ConfigFields f = fields(4, 128, 128, 4, 4);
+  f.capacity_factor = 1.5;
+  const MemoryPlan p = plan_memory(Config(f), 2);
+  EXPECT_EQ(p.balanced_recv_rows, 16);   // 4*4
+  EXPECT_EQ(p.max_recv_rows, 16);        // 4*2*min(4,2)
+  EXPECT_EQ(p.recv_capacity_rows, 16);   // min(ceil(16*1.5)=24, 16)
+  EXPECT_EQ(p.capacity_factor, 1.5);     // not clamped (1.5 <= R)
+}
+
+TEST(MemoryPlan, DecimalFactorDoesNotAddASpuriousRow) {
+  // 50 * 1.1 is 55.00000000000001 in binary; the capacity is 55 rows, not 56.
+  ConfigFields f = fields(25, 128, 128, 4, 2);
+  f.capacity_factor = 1.1;
+  const MemoryPlan p = plan_memory(Config(f), 2);
+  EXPECT_EQ(p.balanced_recv_rows, 50);   // 25*2
+  EXPECT_EQ(p.max_recv_rows, 100);       // 25*2*min(2,2)
+  EXPECT_EQ(p.recv_capacity_rows, 55);   // 50 * 1.1
+  f.capacity_factor = 1.05;              // 52.5 -> 53
+  EXPECT_EQ(plan_memory(Config(f), 2).recv_capacity_rows, 53);
+  f.capacity_factor = 1e-9;              // rounds to 0 rows -> at least 1
+  EXPECT_EQ(plan_memory(Config(f), 2).recv_capacity_rows, 1);
+}
+
+TEST(MemoryPlan, ExactSlotBytesAreAligned) {
+  ConfigFields f = small();
+  f.slots.num_slots = 3;
+  f.slots.slot_bytes = 5000;
+  const MemoryPlan p = plan_memory(Config(f), 2);
+  EXPECT_EQ(p.slot_sizing, SlotSizing::exact);
+  EXPECT_EQ(p.slot_bytes, 5120);          // A(5000) = 40*128
+  EXPECT_EQ(p.activation_bytes, 15360);   // 3 * 5120
+  EXPECT_EQ(p.arena_bytes, 30720);        // 15360 + scratch 15360
+  EXPECT_EQ(p.total_bytes, 34688);        // 30720 + 3456 + 128 + 384
+  // 2048 < 5120 < balanced 17664
+  expect_contains(p.explain(), "some layers recompute at balanced routing");
+}
+
+TEST(MemoryPlan, ExactSlotBytesAtTheMinimum) {
+  ConfigFields f = small();
+  f.slots.slot_bytes = 2000;  // A(2000) = 2048 = the minimum 2 * 1024
+  const MemoryPlan p = plan_memory(Config(f), 2);
+  EXPECT_EQ(p.slot_bytes, 2048);
+  expect_contains(p.explain(), "all layers recompute (minimum budget)");
+}
+
+TEST(MemoryPlan, ExactSlotBytesBelowTheMinimumFail) {
+  ConfigFields f = small();
+  f.slots.slot_bytes = 1920;  // A(1920) = 1920 < minimum 2048
+  expect_plan_error(f, 2, "Config.slots.slot_bytes", "1920");
+  try {
+    (void)plan_memory(Config(f), 2);
+  } catch (const Error& e) {
+    expect_contains(e.what(), ">= 2048");
+  }
+  f.slots.slot_bytes = 0;
+  expect_plan_error(f, 2, "Config.slots.slot_bytes", "0");
+}
+
+TEST(MemoryPlan, SlotCapacityFactor) {
+  ConfigFields f = small();
+  f.slots.slot_capacity_factor = 0.3;
+  MemoryPlan p = plan_memory(Config(f), 2);
+  EXPECT_EQ(p.slot_sizing, SlotSizing::factor);
+  EXPECT_EQ(p.slot_capacity_factor, 0.3);
+  // 2048 + ceil(0.3 * (17664 - 2048) = 4684.8) = 2048 + 4685 = 6733 -> A = 6784 (53*128)
+  EXPECT_EQ(p.slot_bytes, 6784);
+  EXPECT_EQ(p.activation_bytes, 6784);
+  EXPECT_EQ(p.total_bytes, 26112);  // 6784 + 15360 + 3456 + 128 + 384
+
+  f.slots.slot_capacity_factor = 0.5;  // 2048 + 7808 = 9856 (77*128)
+  EXPECT_EQ(plan_memory(Config(f), 2).slot_bytes, 9856);
+  f.slots.slot_capacity_factor = 0.0;  // the minimum
+  p = plan_memory(Config(f), 2);
+  EXPECT_EQ(p.slot_bytes, 2048);
+  expect_contains(p.explain(), "all layers recompute (minimum budget)");
+
+  // Capacity above balanced: factor 1 fits balanced routing only.
+  f.capacity_factor = 2.0;
+  f.slots.slot_capacity_factor = 1.0;
+  p = plan_memory(Config(f), 2);
+  EXPECT_EQ(p.slot_bytes, 17664);  // 2048 + 1 * 15616; maximum useful is 29952
+  expect_contains(p.explain(),
+                  "balanced routing fits without recompute; heavier routing may recompute");
+  f.slots.slot_capacity_factor = 2.0;  // 2048 + 2 * 15616 = 33280 > maximum useful 29952
+  p = plan_memory(Config(f), 2);
+  EXPECT_EQ(p.slot_bytes, 33280);
+  expect_contains(p.explain(), "every layer saves everything (no recompute)");
+  expect_contains(p.explain(), "3,328 bytes above the maximum useful size");  // 33280 - 29952
+}
+
+TEST(MemoryPlan, Inference) {
+  ConfigFields f = small();
+  f.inference = true;
+  const MemoryPlan p = plan_memory(Config(f), 2);
+  EXPECT_TRUE(p.inference);
+  EXPECT_EQ(p.slot_sizing, SlotSizing::none);
+  EXPECT_EQ(p.num_slots, 0);
+  EXPECT_EQ(p.layers_per_slot, 0);
+  EXPECT_EQ(p.minimum_slot_bytes, 0);
+  EXPECT_EQ(p.maximum_useful_slot_bytes, 0);
+  EXPECT_EQ(p.slot_bytes, 0);
+  EXPECT_EQ(p.activation_bytes, 0);
+  EXPECT_EQ(p.recv_capacity_rows, 8);
+  EXPECT_EQ(p.scratch_bytes, 15360);   // as training: 384 + 14976
+  EXPECT_EQ(p.arena_bytes, 15360);     // scratch only
+  EXPECT_EQ(p.total_bytes, 19328);     // 15360 + 3456 + 128 + 384
+  const std::string text = p.explain();
+  expect_contains(text, "activation slots: 0 slots (inference)");
+  expect_contains(text, "scratch-only inference; no saved activations");
+}
+
+TEST(MemoryPlan, DeepSeekV3Like) {
+  // T=4096, D=7168, F=2048, 256 experts, top-8, R=8 (E=32), capacity factor 1.5.
+  ConfigFields f = fields(4096, 7168, 2048, 256, 8);
+  f.capacity_factor = 1.5;
+  const MemoryPlan p = plan_memory(Config(f), 8);
+  EXPECT_EQ(p.experts_local, 32);
+  EXPECT_EQ(p.balanced_recv_rows, 32768);    // 4096*8
+  EXPECT_EQ(p.max_recv_rows, 262144);        // 4096*8*min(8,32)
+  EXPECT_EQ(p.recv_capacity_rows, 49152);    // 32768*1.5
+  EXPECT_EQ(p.routing_buffer_bytes, 262272);       // 128 + 2 * A(32768*4)=131072
+  EXPECT_EQ(p.dispatch_buffer_bytes, 58720256);    // 4096*7168*2
+  EXPECT_EQ(p.combine_buffer_bytes, 469762048);    // 4096*8*7168*2
+  EXPECT_EQ(p.symmetric_bytes, 528744576);         // 262272 + 58720256 + 469762048
+  // layout(49152) = 128 + A(33*4)=256 + A(8*4)=128 + 49152*4=196608 + 32768*4=131072
+  EXPECT_EQ(p.routing_metadata_bytes, 328192);
+  EXPECT_EQ(p.saved_input_bytes_per_layer, 58720256);  // 4096*7168*2
+  // layout(32768) = 128 + 256 + 128 + 131072 + 131072 = 262656;
+  // + x_gathered 32768*7168*2=469762048 + h13 32768*4096*2=268435456 + h3 469762048
+  EXPECT_EQ(p.saved_full_bytes_balanced, 1208222208);
+  // 328192 + 49152*7168*2=704643072 + 49152*4096*2=402653184 + 469762048
+  EXPECT_EQ(p.saved_full_bytes_capacity, 1577386496);
+  EXPECT_EQ(p.minimum_slot_bytes, 58720256);
+  EXPECT_EQ(p.slot_bytes, 1577386496);
+  // 8*32768*4=1048576 + 8*256*4=8192 + 8*16*256*4=131072   (16 chunks of 2048 routes)
+  EXPECT_EQ(p.route_scratch_bytes, 1187840);
+  // 328192 + 704643072 + 402653184 + h 49152*2048*2=201326592
+  EXPECT_EQ(p.forward_scratch_bytes, 1308951040);
+  // + grad_h3 704643072 + grad_h13 402653184
+  EXPECT_EQ(p.backward_scratch_bytes, 2416247296);
+  EXPECT_EQ(p.scratch_bytes, 2417435136);   // 1187840 + 2416247296
+  EXPECT_EQ(p.peer_table_bytes, 384);       // 3 * A(8*8)
+  EXPECT_EQ(p.arena_bytes, 3994821632);     // 1577386496 + 2417435136
+  EXPECT_EQ(p.total_bytes, 4523566720);     // 3994821632 + 528744576 + 128 + 384
+  // 4,523,566,720 / 2^30 = 4.2129...
+  expect_contains(p.explain(), "4.213 GiB (4,523,566,720 bytes)");
+}
+
+TEST(MemoryPlan, ExplainPrintsEveryTerm) {
+  ConfigFields f = small();
+  f.slots.num_slots = 2;
+  const MemoryPlan p = plan_memory(Config(f), 2);
+  const std::string text = p.explain();
+  for (const char* part : {
+           "balanced 8 (T*K) / capacity 8 / topology max 16",
+           "capacity factor: 1",
+           "symmetric buffers per rank: 0.000 GiB (3,456 bytes)",
+           "routing (header + ids + scores [T,K]): 0.000 GiB (384 bytes)",
+           "dispatch x / grad_y [T,D] bf16: 0.000 GiB (1,024 bytes)",
+           "combine [T,K,D] bf16: 0.000 GiB (2,048 bytes)",
+           "routing metadata (layout at capacity rows): 0.000 GiB (640 bytes)",
+           "input only (recompute) x [T,D]: 0.000 GiB (1,024 bytes)",
+           "full save at balanced rows: 0.000 GiB (8,832 bytes)",
+           "full save at capacity rows: 0.000 GiB (8,832 bytes)",
+           // 2 slots x 17,664 = 35,328
+           "activation slots: 2 x 0.000 GiB (17,664 bytes) = 0.000 GiB (35,328 bytes); 2 layer(s)",
+           "minimum/balanced full-save/maximum useful: 0.000 GiB (2,048 bytes) / 0.000 GiB (17,664 "
+           "bytes) / 0.000 GiB (17,664 bytes)",
+           "scratch: 0.000 GiB (15,360 bytes) = route 0.000 GiB (384 bytes) + call 0.000 GiB "
+           "(14,976 bytes)",
+           "forward (recompute mode): 0.000 GiB (8,832 bytes)",
+           "status word: 0.000 GiB (128 bytes)",
+           "peer tables (3 x [R] pointers): 0.000 GiB (384 bytes)",
+           "arena (slots + scratch): 0.000 GiB (50,688 bytes)",  // 35328 + 15360
+           "total (arena + symmetric + status + peer tables): 0.000 GiB (54,656 bytes)",  // + 3968
+           "every layer saves everything (no recompute)",
+       }) {
+    expect_contains(text, part);
+  }
+  EXPECT_EQ(p.total_bytes, 54656);  // 50688 + 3456 + 128 + 384
+}
+
+TEST(MemoryPlan, SourceIdsMustFitInt32) {
+  // R*T*K = 1 * 268435456 * 8 = 2^31: one past the int32 src encoding.
+  ConfigFields f = fields(268435456, 1, 1, 8, 8);
+  expect_plan_error(f, 1, "Config.max_tokens_per_rank", "268435456");
+  // At R=2 the bound halves: T <= (2^31 - 1) / 16 = 134217727.
+  f.max_tokens_per_rank = 134217728;
+  expect_plan_error(f, 2, "Config.max_tokens_per_rank", "134217728");
+}
+
+TEST(MemoryPlan, ByteTermsMustFitInt64) {
+  ConfigFields f = fields(1, int64_t{1} << 60, 1, 1, 1);
+  expect_plan_error(f, 1, "Config.hidden_dim", "1152921504606846976");
+  f = fields(1, 1, int64_t{1} << 60, 1, 1);
+  expect_plan_error(f, 1, "Config.intermediate_dim", "1152921504606846976");
+  f = fields(16, 128, 128, 8, 2);
+  f.slots.max_layers_per_slot = 1 << 30;  // 2^30 layers x 4,096 bytes of input = 2^42: fine
+  EXPECT_EQ(plan_memory(Config(f), 1).minimum_slot_bytes, int64_t{1} << 42);
+  f.slots.num_slots = 1 << 30;  // N * slot bytes overflows the 2^56 bound
+  expect_plan_error(f, 1, "Config.slots.num_slots", "");
+}
+
+TEST(MemoryPlan, EpSizeMustDivideExperts) {
+  expect_plan_error(ci_tiny(), 3, "Config.num_experts", "8");
+  expect_plan_error(ci_tiny(), 0, "ep_size", "0");
+}
+
+TEST(MemoryPlan, IsPure) {
+  const Config c(small());
+  const MemoryPlan a = plan_memory(c, 2);
+  const MemoryPlan other = plan_memory(Config(ci_tiny()), 1);  // interleaved: no hidden state
+  const MemoryPlan b = plan_memory(c, 2);
+  EXPECT_NE(other.total_bytes, a.total_bytes);
+#define EPMOE_SAME(field) EXPECT_EQ(a.field, b.field) << #field
+  EPMOE_SAME(ep_size);
+  EPMOE_SAME(tokens);
+  EPMOE_SAME(hidden);
+  EPMOE_SAME(intermediate);
+  EPMOE_SAME(top_k);
+  EPMOE_SAME(experts_global);
+  EPMOE_SAME(experts_local);
+  EPMOE_SAME(balanced_recv_rows);
+  EPMOE_SAME(max_recv_rows);
+  EPMOE_SAME(requested_capacity_factor);
+  EPMOE_SAME(capacity_factor);
+  EPMOE_SAME(recv_capacity_rows);
+  EPMOE_SAME(routing_buffer_bytes);
+  EPMOE_SAME(dispatch_buffer_bytes);
+  EPMOE_SAME(combine_buffer_bytes);
+  EPMOE_SAME(symmetric_bytes);
+  EPMOE_SAME(routing_metadata_bytes);
+  EPMOE_SAME(saved_input_bytes_per_layer);
+  EPMOE_SAME(saved_full_bytes_balanced);
+  EPMOE_SAME(saved_full_bytes_capacity);
+  EPMOE_SAME(num_slots);
+  EPMOE_SAME(layers_per_slot);
+  EPMOE_SAME(minimum_slot_bytes);
+  EPMOE_SAME(balanced_full_save_slot_bytes);
+  EPMOE_SAME(maximum_useful_slot_bytes);
+  EPMOE_SAME(slot_sizing);
+  EPMOE_SAME(slot_capacity_factor);
+  EPMOE_SAME(slot_bytes);
+  EPMOE_SAME(activation_bytes);
+  EPMOE_SAME(route_scratch_bytes);
+  EPMOE_SAME(forward_scratch_bytes);
+  EPMOE_SAME(backward_scratch_bytes);
+  EPMOE_SAME(scratch_bytes);
+  EPMOE_SAME(status_bytes);
+  EPMOE_SAME(peer_table_bytes);
+  EPMOE_SAME(arena_bytes);
+  EPMOE_SAME(total_bytes);
+  EPMOE_SAME(inference);
+#undef EPMOE_SAME
+  EXPECT_EQ(a.explain(), b.explain());
+}
+
+}  // namespace
+}  // namespace epmoe

@@ -1,0 +1,414 @@
+// The whole routed-experts layer on one GPU through the public API (EP = 1): against the CPU
+// backend on identical inputs (tolerance table), against the float64 reference, fused vs unfused
+// (bitwise), repeat runs (bitwise), CUDA-graph replay with new routings vs eager (bitwise), edge
+// routings, capacity overflow and bad ids reported through check() on a context that stays usable.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "epmoe/context.h"
+#include "epmoe/cuda.h"
+#include "epmoe/error.h"
+#include "moe_case.h"
+#include "tolerances.h"
+
+namespace epmoe::test {
+namespace {
+
+#define EPMOE_REQUIRE_GPU()                                  \
+  do {                                                       \
+    if (cuda_device_count() == 0) {                          \
+      GTEST_SKIP() << "no CUDA device: GPU tests skipped";   \
+    }                                                        \
+  } while (0)
+
+#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
+
+template <class T>
+T* upload(const std::vector<T>& host) {
+  T* d = nullptr;
+  EXPECT_EQ(cudaMalloc(&d, std::max<size_t>(host.size(), 1) * sizeof(T)), cudaSuccess);
+  if (!host.empty()) {
+    EXPECT_EQ(cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  return d;
+}
+
+template <class T>
+std::vector<T> download(const T* d, size_t n) {
+  std::vector<T> h(n);
+  EXPECT_EQ(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return h;
+}
+
+// One rank's call with every tensor in device memory; outputs poisoned with NaN before each run.
+struct GpuCall {
+  GpuCall(const Problem& problem, const RankInputs& in) : p(problem), host(problem, in) {
+    const int64_t T = in.tokens, D = p.hidden, F = p.intermediate, K = p.top_k;
+    const int64_t E = p.local_experts();
+    x = upload(in.x_TD);
+    grad_y = upload(in.grad_y_TD);
+    w13 = upload(in.w13_EFD);
+    w2 = upload(in.w2_EDF);
+    ids32 = upload(host.ids32);
+    ids64 = upload(host.ids64);
+    scores32 = upload(host.scores32);
+    scores16 = upload(host.scores16);
+    live = upload(std::vector<int32_t>{host.live});
+    y = upload(std::vector<bf16_t>(static_cast<size_t>(T * D)));
+    grad_x = upload(std::vector<bf16_t>(static_cast<size_t>(T * D)));
+    grad_scores = upload(std::vector<float>(static_cast<size_t>(T * K)));
+    wsize = element_size(p.wgrad_dtype);
+    w13_bytes = static_cast<size_t>(E * 2 * F * D) * wsize;
+    w2_bytes = static_cast<size_t>(E * D * F) * wsize;
+    grad_w13 = upload(std::vector<char>(w13_bytes));
+    grad_w2 = upload(std::vector<char>(w2_bytes));
+    poison();
+  }
+  ~GpuCall() {
+    for (void* ptr : {(void*)x, (void*)grad_y, (void*)w13, (void*)w2, (void*)ids32, (void*)ids64,
+                      (void*)scores32, (void*)scores16, (void*)live, (void*)y, (void*)grad_x,
+                      (void*)grad_scores, (void*)grad_w13, (void*)grad_w2}) {
+      cudaFree(ptr);
+    }
+  }
+  GpuCall(const GpuCall&) = delete;
+  GpuCall& operator=(const GpuCall&) = delete;
+
+  void poison() {
+    EXPECT_EQ(cudaMemset(y, 0xff, host.y.size() * 2), cudaSuccess);
+    EXPECT_EQ(cudaMemset(grad_x, 0xff, host.grad_x.size() * 2), cudaSuccess);
+    EXPECT_EQ(cudaMemset(grad_scores, 0xff, host.grad_scores.size() * 4), cudaSuccess);
+    EXPECT_EQ(cudaMemset(grad_w13, 0xff, w13_bytes), cudaSuccess);
+    EXPECT_EQ(cudaMemset(grad_w2, 0xff, w2_bytes), cudaSuccess);
+  }
+
+  // Replaces ids, scores and live count in place (same device addresses: graph replays see them).
+  void set_routing(const RankInputs& in) {
+    RankCall next(p, in);
+    EXPECT_EQ(cudaMemcpy(ids32, next.ids32.data(), next.ids32.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(ids64, next.ids64.data(), next.ids64.size() * 8, cudaMemcpyHostToDevice), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(scores32, next.scores32.data(), next.scores32.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(scores16, next.scores16.data(), next.scores16.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(live, &next.live, 4, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+
+  ForwardArgs forward_args(cudaStream_t stream) const {
+    const int64_t T = host.in.tokens, D = p.hidden, F = p.intermediate, K = p.top_k;
+    const int64_t E = p.local_experts();
+    const Device dev = Device::cuda(0);
+    ForwardArgs a;
+    a.x_TD = TensorRef::contiguous(x, DType::bf16, {T, D}, dev);
+    if (host.in.live >= 0) a.num_tokens_1 = TensorRef::contiguous(live, DType::i32, {1}, dev);
+    a.topk_ids_TK = host.in.ids_i64 ? TensorRef::contiguous(ids64, DType::i64, {T, K}, dev)
+                                    : TensorRef::contiguous(ids32, DType::i32, {T, K}, dev);
+    a.topk_scores_TK = host.in.scores_bf16 ? TensorRef::contiguous(scores16, DType::bf16, {T, K}, dev)
+                                           : TensorRef::contiguous(scores32, DType::f32, {T, K}, dev);
+    a.w13_EFD = TensorRef::contiguous(w13, DType::bf16, {E, 2 * F, D}, dev);
+    a.w2_EDF = TensorRef::contiguous(w2, DType::bf16, {E, D, F}, dev);
+    a.y_TD = TensorRef::contiguous(y, DType::bf16, {T, D}, dev);
+    a.stream = stream;
+    return a;
+  }
+
+  BackwardArgs backward_args(const SavedLayer& saved, cudaStream_t stream) const {
+    const ForwardArgs f = forward_args(stream);
+    const int64_t T = host.in.tokens, D = p.hidden, F = p.intermediate, K = p.top_k;
+    const int64_t E = p.local_experts();
+    const Device dev = Device::cuda(0);
+    BackwardArgs b;
+    b.saved = saved;
+    b.grad_y_TD = TensorRef::contiguous(grad_y, DType::bf16, {T, D}, dev);
+    b.num_tokens_1 = f.num_tokens_1;
+    b.topk_ids_TK = f.topk_ids_TK;
+    b.topk_scores_TK = f.topk_scores_TK;
+    b.w13_EFD = f.w13_EFD;
+    b.w2_EDF = f.w2_EDF;
+    b.grad_x_TD = TensorRef::contiguous(grad_x, DType::bf16, {T, D}, dev);
+    b.grad_scores_TK = TensorRef::contiguous(grad_scores, DType::f32, {T, K}, dev);
+    b.grad_w13_EFD = TensorRef::contiguous(grad_w13, p.wgrad_dtype, {E, 2 * F, D}, dev);
+    b.grad_w2_EDF = TensorRef::contiguous(grad_w2, p.wgrad_dtype, {E, D, F}, dev);
+    b.stream = stream;
+    return b;
+  }
+
+  RankOutputs outputs() {
+    RankCall out(p, host.in);
+    out.y = download(y, host.y.size());
+    out.grad_x = download(grad_x, host.grad_x.size());
+    out.grad_scores = download(grad_scores, host.grad_scores.size());
+    out.grad_w13 = download(static_cast<const char*>(grad_w13), w13_bytes);
+    out.grad_w2 = download(static_cast<const char*>(grad_w2), w2_bytes);
+    return out.outputs();
+  }
+
+  Problem p;
+  RankCall host;  // host-side typed copies (ids as i32/i64, scores as f32/bf16, live)
+  bf16_t *x, *grad_y, *w13, *w2;
+  int32_t* ids32;
+  int64_t* ids64;
+  float* scores32;
+  bf16_t* scores16;
+  int32_t* live;
+  bf16_t *y, *grad_x;
+  float* grad_scores;
+  void *grad_w13, *grad_w2;
+  size_t wsize, w13_bytes, w2_bytes;
+};
+
+std::unique_ptr<Context> gpu_context(const Problem& p) {
+  return Context::create(p.config(), make_single_gpu_transport(0));
+}
+
+// Forward + backward on a context; returns the outputs.
+RankOutputs run_once(Context& ctx, GpuCall& call, cudaStream_t stream) {
+  call.poison();
+  const SavedLayer saved = ctx.forward(call.forward_args(stream));
+  ctx.backward(call.backward_args(saved, stream));
+  ctx.check();
+  return call.outputs();
+}
+
+std::vector<RankOutputs> run_gpu_layer(const Problem& p, const RankInputs& in) {
+  auto ctx = gpu_context(p);
+  GpuCall call(p, in);
+  std::vector<RankOutputs> out{run_once(*ctx, call, nullptr)};
+  ctx->close();
+  return out;
+}
+
+// rel-L2 of a vs b per output (b as the reference).
+OutputErrors compare(const std::vector<RankOutputs>& a, const std::vector<RankOutputs>& b) {
+  auto rel = [](const std::vector<double>& x, const std::vector<double>& y) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      num += (x[i] - y[i]) * (x[i] - y[i]);
+      den += y[i] * y[i];
+    }
+    return std::sqrt(num / std::max(den, 1e-300));
+  };
+  OutputErrors e;
+  e.value[0] = rel(widen(a[0].y_TD), widen(b[0].y_TD));
+  e.value[1] = rel(widen(a[0].grad_x_TD), widen(b[0].grad_x_TD));
+  e.value[2] = rel(widen(a[0].grad_scores_TK), widen(b[0].grad_scores_TK));
+  e.value[3] = rel(widen(a[0].grad_w13_EFD), widen(b[0].grad_w13_EFD));
+  e.value[4] = rel(widen(a[0].grad_w2_EDF), widen(b[0].grad_w2_EDF));
+  return e;
+}
+
+void expect_gpu_matches_cpu(const Problem& p, const RankInputs& in, const std::string& what) {
+  const std::vector<RankInputs> all{in};
+  const auto gpu = run_gpu_layer(p, in);
+  const auto cpu = run_layer(p, all);
+  const OutputErrors vs_cpu = compare(gpu, cpu);
+  const OutputErrors vs_ref = measure(gpu, reference_layer(p, all), all);
+  report_errors(what + " gpu vs cpu", vs_cpu);
+  report_errors(what + " gpu vs float64", vs_ref);
+  for (int o = 0; o < kNumOutputs; ++o) {
+    const Output out = static_cast<Output>(o);
+    EXPECT_LE(vs_cpu[out], backend_rel_l2_bound(Precision::bf16, out))
+        << what << ": " << to_string(out) << " CUDA vs CPU backend (" << vs_cpu.to_string() << ")";
+  }
+  expect_within_tolerance(vs_ref, what + " (CUDA vs float64)");
+}
+
+Problem problem(int64_t T, int64_t D, int64_t F, int experts, int K) {
+  Problem p;
+  p.ranks = 1;
+  p.max_tokens = T;
+  p.hidden = D;
+  p.intermediate = F;
+  p.experts = experts;
+  p.top_k = K;
+  return p;
+}
+
+TEST(GpuContext, MatchesCpuBackendAndReference) {
+  EPMOE_REQUIRE_GPU();
+  struct Case {
+    Problem p;
+    int64_t tokens;
+  };
+  std::vector<Case> cases;
+  cases.push_back({problem(64, 128, 96, 8, 2), 64});      // ci-tiny
+  cases.push_back({problem(333, 256, 520, 16, 4), 333});  // ragged tiles in every dimension
+  cases.push_back({problem(512, 1024, 768, 8, 2), 512});  // many k-blocks, several tiles
+  cases.push_back({problem(1, 64, 64, 4, 2), 1});         // T = 1
+  Problem clamped = problem(96, 192, 136, 8, 2);
+  clamped.act = Activation::swiglu_clamped();
+  cases.push_back({clamped, 96});
+  Problem f32 = problem(80, 128, 64, 6, 3);
+  f32.wgrad_dtype = DType::f32;
+  cases.push_back({f32, 80});
+  uint64_t seed = 11;
+  for (const Case& c : cases) {
+    const auto in = make_inputs(c.p, seed++, c.tokens);
+    expect_gpu_matches_cpu(c.p, in[0], c.p.name());
+  }
+}
+
+TEST(GpuContext, FusedEqualsUnfusedBitwise) {
+  EPMOE_REQUIRE_GPU();
+  for (bool clamped : {false, true}) {
+    Problem p = problem(200, 256, 200, 8, 2);
+    if (clamped) p.act = Activation::swiglu_clamped();
+    const auto in = make_inputs(p, 5, 200);
+    Problem unfused = p;
+    unfused.fused = false;
+    expect_bitwise_equal(run_gpu_layer(p, in[0]), run_gpu_layer(unfused, in[0]), p.name() + " vs unfused");
+  }
+}
+
+TEST(GpuContext, RepeatRunsAreBitwiseEqual) {
+  EPMOE_REQUIRE_GPU();
+  const Problem p = problem(300, 512, 256, 16, 4);
+  const auto in = make_inputs(p, 7, 300);
+  auto ctx = gpu_context(p);
+  GpuCall call(p, in[0]);
+  const std::vector<RankOutputs> first{run_once(*ctx, call, nullptr)};
+  const std::vector<RankOutputs> second{run_once(*ctx, call, nullptr)};
+  expect_bitwise_equal(first, second, "repeat on one context");
+  ctx->close();
+}
+
+TEST(GpuContext, GraphReplayWithNewRoutingsEqualsEager) {
+  EPMOE_REQUIRE_GPU();
+  Problem p = problem(256, 256, 192, 16, 4);
+  p.capacity_factor = 1.0;
+  auto routing = [&](uint64_t seed, int64_t live) {
+    auto in = make_inputs(p, 100, 256)[0];  // same x, weights, grad_y every time
+    const auto fresh = make_inputs(p, seed, 256)[0];
+    in.ids_TK = fresh.ids_TK;
+    in.scores_TK = fresh.scores_TK;
+    in.live = live;
+    return in;
+  };
+  const RankInputs first = routing(1, 256);
+  auto graph_ctx = gpu_context(p);
+  GpuCall call(p, first);
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreate(&stream));
+  run_once(*graph_ctx, call, stream);  // warm-up outside capture
+  cudaGraph_t graph;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const SavedLayer saved = graph_ctx->forward(call.forward_args(stream));
+  graph_ctx->backward(call.backward_args(saved, stream));
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  auto eager_ctx = gpu_context(p);
+  for (const auto& [seed, live] : std::vector<std::pair<uint64_t, int64_t>>{{2, 256}, {3, 100}, {4, 1}, {5, 256}}) {
+    const RankInputs in = routing(seed, live);
+    call.set_routing(in);
+    call.poison();
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    graph_ctx->check();
+    const std::vector<RankOutputs> replayed{call.outputs()};
+    GpuCall eager_call(p, in);
+    const std::vector<RankOutputs> eager{run_once(*eager_ctx, eager_call, nullptr)};
+    expect_bitwise_equal(replayed, eager, "graph replay, routing seed " + std::to_string(seed) +
+                                              " live " + std::to_string(live));
+  }
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
+  CUDA_OK(cudaStreamDestroy(stream));
+  graph_ctx->close();
+  eager_ctx->close();
+}
+
+TEST(GpuContext, EdgeRoutingsMatchCpu) {
+  EPMOE_REQUIRE_GPU();
+  const Problem p = problem(130, 128, 96, 8, 2);
+  struct Edge {
+    const char* name;
+    Router router;
+    int64_t live;
+  };
+  const std::vector<Edge> edges = {
+      {"zero-token experts", [](int, int64_t t, int k, std::mt19937_64&) -> int64_t { return (t + k) % 2 ? 5 : 2; }, -1},
+      {"all routes to one expert", [](int, int64_t, int, std::mt19937_64&) -> int64_t { return 3; }, -1},
+      {"inactive routes", [](int, int64_t t, int k, std::mt19937_64&) -> int64_t { return (t % 3 == 0 || k == 1) ? -1 : t % 8; }, -1},
+      {"live count below T", distinct_router(8, 2), 77},
+      {"no live tokens", distinct_router(8, 2), 0},
+  };
+  uint64_t seed = 40;
+  for (const Edge& e : edges) {
+    auto in = make_inputs(p, seed++, 130, e.router)[0];
+    in.live = e.live;
+    const std::vector<RankInputs> all{in};
+    const auto gpu = run_gpu_layer(p, in);
+    const auto cpu = run_layer(p, all);
+    const OutputErrors err = compare(gpu, cpu);
+    for (int o = 0; o < kNumOutputs; ++o) {
+      const Output out = static_cast<Output>(o);
+      // Outputs that are all zero compare as 0 / 0 -> check exact equality instead.
+      if (std::isnan(err[out])) continue;
+      EXPECT_LE(err[out], backend_rel_l2_bound(Precision::bf16, out)) << e.name << " " << to_string(out);
+    }
+    if (e.live >= 0) {  // padding rows are exactly zero
+      for (int64_t t = e.live; t < 130; ++t) {
+        for (int64_t d = 0; d < p.hidden; ++d) {
+          ASSERT_EQ(gpu[0].y_TD[t * p.hidden + d], 0) << e.name << " y row " << t;
+          ASSERT_EQ(gpu[0].grad_x_TD[t * p.hidden + d], 0) << e.name << " grad_x row " << t;
+        }
+      }
+    }
+  }
+}
+
+TEST(GpuContext, OverflowIsReportedAndContextStaysUsable) {
+  EPMOE_REQUIRE_GPU();
+  Problem p = problem(128, 128, 64, 8, 2);
+  p.capacity_factor = 0.25;  // 64 rows of capacity
+  auto ctx = gpu_context(p);
+  // Every route to expert 0: 256 rows > 64.
+  const auto heavy = make_inputs(p, 3, 128, [](int, int64_t, int k, std::mt19937_64&) -> int64_t { return k; })[0];
+  GpuCall bad(p, heavy);
+  const SavedLayer saved = ctx->forward(bad.forward_args(nullptr));
+  ctx->backward(bad.backward_args(saved, nullptr));
+  try {
+    ctx->check();
+    ADD_FAILURE() << "capacity overflow was not reported";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::capacity_overflow) << e.what();
+    EXPECT_NE(std::string(e.what()).find("256"), std::string::npos) << e.what();  // required
+    EXPECT_NE(std::string(e.what()).find("64"), std::string::npos) << e.what();   // available
+  }
+  // y of a skipped step is zero, never garbage.
+  const auto skipped = bad.outputs();
+  for (bf16_t v : skipped.y_TD) ASSERT_EQ(v, 0);
+  // The next valid call on the same context works and matches the CPU backend.
+  const auto light = make_inputs(p, 4, 128, [](int, int64_t t, int k, std::mt19937_64&) -> int64_t {
+    return t < 16 ? k : -1;  // 32 rows
+  })[0];
+  GpuCall good(p, light);
+  const std::vector<RankOutputs> gpu{run_once(*ctx, good, nullptr)};
+  const OutputErrors err = compare(gpu, run_layer(p, {light}));
+  EXPECT_LE(err[Output::y], backend_rel_l2_bound(Precision::bf16, Output::y)) << err.to_string();
+  ctx->close();
+}
+
+TEST(GpuContext, ExpertIdOutOfRangeIsReported) {
+  EPMOE_REQUIRE_GPU();
+  const Problem p = problem(32, 64, 64, 4, 2);
+  auto ctx = gpu_context(p);
+  auto in = make_inputs(p, 9, 32)[0];
+  in.ids_TK[13] = 4;  // experts are [0, 4)
+  GpuCall bad(p, in);
+  ctx->forward(bad.forward_args(nullptr));
+  try {
+    ctx->check();
+    ADD_FAILURE() << "an out-of-range id was not reported";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "topk_ids_TK") << e.what();
+  }
+  ctx->close();
+}
+
+}  // namespace
+}  // namespace epmoe::test

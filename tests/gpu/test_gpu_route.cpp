@@ -1,0 +1,272 @@
+// route on the GPU: R simulated ranks publish into routing buffers in device memory; every rank's
+// route must reproduce build_layout_reference() bitwise and agree with the CPU backend on the
+// layout header, the skip flag and the status word (input errors, T' mismatch, capacity).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "step_builder.h"
+
+namespace epmoe::test {
+namespace {
+
+// One rank's layout read back to the host; recv_src up to min(M, capacity) rows.
+struct HostLayout {
+  std::vector<int32_t> header, offsets, recv_rows, recv_src, route_row;
+};
+
+HostLayout read_layout(World& w, int r) {
+  const Step s = w.step(r);
+  const Shape& sh = w.shape();
+  HostLayout l;
+  l.header = w.read<int32_t>(s.layout.header, kLayoutHeaderInts);
+  l.offsets = w.read<int32_t>(s.layout.expert_offsets_E1, sh.E + 1);
+  l.recv_rows = w.read<int32_t>(s.layout.recv_rows_R, sh.R);
+  const int64_t M = std::min<int64_t>(std::max<int32_t>(l.header[kLayoutRows], 0), sh.cap());
+  l.recv_src = w.read<int32_t>(s.layout.recv_src_M, M);
+  l.route_row = w.read<int32_t>(s.layout.route_row_TK, sh.T * sh.K);
+  return l;
+}
+
+// The published ids [T, K] of every rank, read from the world.
+std::vector<std::vector<int32_t>> published_ids(World& w) {
+  const Shape& sh = w.shape();
+  const int64_t off = routing_buffer_layout(sh.T, sh.K).ids_offset;
+  std::vector<std::vector<int32_t>> ids;
+  for (int r = 0; r < sh.R; ++r) ids.push_back(w.read<int32_t>(w.routing(r) + off, sh.T * sh.K));
+  return ids;
+}
+
+// build_layout_reference for receiver `self` on host copies of the published ids.
+HostLayout reference_layout(const Shape& sh, const std::vector<std::vector<int32_t>>& ids, int self,
+                            int64_t* rows_out = nullptr) {
+  std::vector<int32_t> storage(
+      static_cast<size_t>(layout_bytes(sh.cap(), sh.T, sh.K, sh.E, sh.R).total / 4), 0);
+  const LayoutView v = carve_layout(storage.data(), sh.cap(), sh.T, sh.K, sh.E, sh.R);
+  std::vector<const int32_t*> ids_R;
+  for (const auto& i : ids) ids_R.push_back(i.data());
+  const int64_t M = build_layout_reference(ids_R.data(), sh.T, sh.K, sh.E, sh.R, self, sh.cap(), v);
+  if (rows_out != nullptr) *rows_out = M;
+  HostLayout l;
+  l.header.assign(v.header, v.header + kLayoutHeaderInts);
+  l.offsets.assign(v.expert_offsets_E1, v.expert_offsets_E1 + sh.E + 1);
+  l.recv_rows.assign(v.recv_rows_R, v.recv_rows_R + sh.R);
+  l.recv_src.assign(v.recv_src_M, v.recv_src_M + std::min(M, sh.cap()));
+  l.route_row.assign(v.route_row_TK, v.route_row_TK + sh.T * sh.K);
+  return l;
+}
+
+void expect_same_layout(const HostLayout& want, const HostLayout& got, bool full_header) {
+  if (full_header) {
+    EXPECT_TRUE(same_bits(want.header, got.header)) << "layout header";
+  } else {
+    EXPECT_EQ(want.header[kLayoutRows], got.header[kLayoutRows]) << "header rows";
+    EXPECT_EQ(want.header[kLayoutMaxRows], got.header[kLayoutMaxRows]) << "header max rows";
+  }
+  EXPECT_TRUE(same_bits(want.offsets, got.offsets)) << "expert_offsets_E1";
+  EXPECT_TRUE(same_bits(want.recv_rows, got.recv_rows)) << "recv_rows_R";
+  EXPECT_TRUE(same_bits(want.recv_src, got.recv_src)) << "recv_src_M";
+  EXPECT_TRUE(same_bits(want.route_row, got.route_row)) << "route_row_TK";
+}
+
+void publish_and_route(Pair& p) {
+  p.all([](Backend& b, const Step& s) { b.publish_forward(s); });
+  p.all([](Backend& b, const Step& s) { b.route(s); });
+}
+
+struct RouteCase {
+  std::string name;
+  Shape shape;
+  Pattern pattern;
+  int64_t tokens_minus = 0;           // T' = T - tokens_minus on every rank
+  std::optional<int32_t> live_rank1;  // live count of rank 1 (others: all live)
+};
+RouteCase route_case(std::string name, const Shape& shape, Pattern pattern, int64_t tokens_minus = 0,
+                     std::optional<int32_t> live_rank1 = std::nullopt) {
+  return RouteCase{std::move(name), shape, pattern, tokens_minus, live_rank1};
+}
+
+void run_route_case(const RouteCase& c, uint32_t seed) {
+  SCOPED_TRACE(c.name);
+  Pair p(c.shape);
+  Rng rng(seed);
+  const int64_t tokens = c.shape.T - c.tokens_minus;
+  for (int r = 0; r < c.shape.R; ++r) {
+    const std::optional<int32_t> live = r == 1 ? c.live_rank1 : std::nullopt;
+    p.set_input(r, make_input(rng, c.shape, r, tokens, live, c.pattern));
+  }
+  publish_and_route(p);
+  const auto ids_gpu = published_ids(p.gpu);
+  EXPECT_EQ(ids_gpu, published_ids(p.cpu)) << "published ids";
+  for (int self = 0; self < c.shape.R; ++self) {
+    SCOPED_TRACE("self = " + std::to_string(self));
+    const HostLayout want = reference_layout(c.shape, ids_gpu, self);
+    const HostLayout gpu = read_layout(p.gpu, self);
+    const HostLayout cpu = read_layout(p.cpu, self);
+    expect_same_layout(want, gpu, false);
+    expect_same_layout(cpu, gpu, true);
+    EXPECT_EQ(gpu.header[kLayoutSkip], 0);
+    EXPECT_EQ(gpu.header[kLayoutTokens], tokens);
+    EXPECT_TRUE(same_bits(std::vector<Status>{p.cpu.status(self)},
+                          std::vector<Status>{p.gpu.status(self)}));
+    EXPECT_EQ(p.gpu.status(self).code, 0) << p.gpu.status(self).to_string();
+  }
+}
+
+TEST(GpuRoute, MatchesReferenceBuilder) {
+  EPMOE_REQUIRE_GPU();
+  const std::vector<RouteCase> cases = {
+      route_case("T=1 K=1 E=1 R=1", {1, 8, 8, 1, 1, 1, 0}, Pattern::duplicates),
+      route_case("T=19 K=2 E=3 R=1", {19, 8, 8, 2, 3, 1, 0}, Pattern::distinct),
+      route_case("T=19 K=4 E=5 R=3, T'=17, rank 1 live 11", {19, 8, 8, 4, 5, 3, 0}, Pattern::distinct, 2, 11),
+      route_case("two chunks: T=1000 K=4 E=8 R=2", {1000, 8, 8, 4, 8, 2, 0}, Pattern::distinct, 0, 999),
+      route_case("chunk edge: T*K = 2048", {512, 8, 8, 4, 4, 2, 0}, Pattern::duplicates),
+      route_case("chunk edge: T*K = 2049", {2049, 8, 8, 1, 3, 2, 0}, Pattern::distinct),
+      route_case("E*R = 256, 16 chunks", {4096, 8, 8, 8, 32, 8, 4096 * 8 * 2}, Pattern::distinct),
+      route_case("E*R = 4096 (route limit)", {64, 8, 8, 8, 512, 8, 0}, Pattern::distinct),
+      route_case("all routes to one expert", {300, 8, 8, 2, 4, 2, 0}, Pattern::one_expert),
+      route_case("zero-token experts", {200, 8, 8, 3, 6, 2, 0}, Pattern::sparse, 0, 0),
+      route_case("every route inactive", {33, 8, 8, 2, 2, 2, 0}, Pattern::inactive),
+      // Duplicates can send all K routes of a token to one rank: capacity T*R*K.
+      route_case("duplicates, K > E", {77, 8, 8, 6, 2, 3, 77 * 3 * 6}, Pattern::duplicates, 5, 40),
+  };
+  uint32_t seed = 1;
+  for (const RouteCase& c : cases) run_route_case(c, seed++);
+}
+
+// Runs route on every rank and expects the same status (and the skip flag) on all of them, on
+// both backends; returns it.
+Status expect_consistent_failure(Pair& p) {
+  const Status first = p.gpu.status(0);
+  for (int r = 0; r < p.gpu.shape().R; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_TRUE(same_bits(std::vector<Status>{p.cpu.status(r)}, std::vector<Status>{p.gpu.status(r)}));
+    EXPECT_TRUE(same_bits(std::vector<Status>{first}, std::vector<Status>{p.gpu.status(r)}));
+    EXPECT_EQ(p.gpu.layout_header(r)[kLayoutSkip], 1);
+    EXPECT_TRUE(same_bits(p.cpu.layout_header(r), p.gpu.layout_header(r))) << "layout header";
+  }
+  return first;
+}
+
+TEST(GpuRoute, TokenCountMismatchAgainstRankZero) {
+  EPMOE_REQUIRE_GPU();
+  const Shape sh{19, 8, 8, 2, 3, 3, 0};
+  Pair p(sh);
+  Rng rng(7);
+  p.set_input(0, make_input(rng, sh, 0, 19, std::nullopt, Pattern::distinct));
+  p.set_input(1, make_input(rng, sh, 1, 19, std::nullopt, Pattern::distinct));
+  p.set_input(2, make_input(rng, sh, 2, 18, std::nullopt, Pattern::distinct));
+  publish_and_route(p);
+  const Status st = expect_consistent_failure(p);
+  EXPECT_EQ(st.code, static_cast<int32_t>(StatusCode::token_count_mismatch));
+  EXPECT_EQ(st.rank, 2);
+  EXPECT_EQ(st.arg, static_cast<int32_t>(StatusArg::x_TD));
+  EXPECT_EQ(st.required, 18);
+  EXPECT_EQ(st.available, 19);
+  EXPECT_EQ(p.gpu.layout_header(2)[kLayoutRows], 0);
+}
+
+TEST(GpuRoute, FirstRankWithAnInputErrorWins) {
+  EPMOE_REQUIRE_GPU();
+  const Shape sh{19, 8, 8, 2, 3, 4, 0};
+  Pair p(sh);
+  Rng rng(8);
+  std::vector<RankInput> in;
+  for (int r = 0; r < 4; ++r) in.push_back(make_input(rng, sh, r, 19, std::nullopt, Pattern::distinct));
+  in[3].ids[5] = sh.experts();  // out of range on rank 3
+  in[1].live = 20;              // live > T' on rank 1: reported, as the lower rank
+  in[2].scores[0] = NAN;
+  in[2].ids[0] = 0;             // active route with a NaN score on rank 2
+  for (int r = 0; r < 4; ++r) p.set_input(r, in[static_cast<size_t>(r)]);
+  publish_and_route(p);
+  const Status st = expect_consistent_failure(p);
+  EXPECT_EQ(st.code, static_cast<int32_t>(StatusCode::token_count_mismatch));
+  EXPECT_EQ(st.rank, 1);
+  EXPECT_EQ(st.arg, static_cast<int32_t>(StatusArg::num_tokens_1));
+  EXPECT_EQ(st.required, 20);
+  EXPECT_EQ(st.available, 19);
+  EXPECT_EQ(st.index, 0);
+}
+
+TEST(GpuRoute, CapacityOverflowIsReportedByEveryRank) {
+  EPMOE_REQUIRE_GPU();
+  // Rank 1 owns the busy expert: every route of both ranks goes to global expert E*R/2 = 2.
+  Shape sh{40, 8, 8, 2, 2, 2, 0};
+  sh.capacity = 100;  // receiver 1 needs 2 * 40 * 2 = 160 rows
+  Pair p(sh);
+  Rng rng(9);
+  for (int r = 0; r < 2; ++r) p.set_input(r, make_input(rng, sh, r, 40, std::nullopt, Pattern::one_expert));
+  publish_and_route(p);
+  const Status st = expect_consistent_failure(p);
+  EXPECT_EQ(st.code, static_cast<int32_t>(StatusCode::capacity_overflow));
+  EXPECT_EQ(st.rank, 1);
+  EXPECT_EQ(st.arg, static_cast<int32_t>(StatusArg::topk_ids_TK));
+  EXPECT_EQ(st.required, 160);
+  EXPECT_EQ(st.available, 100);
+  // The layout is still built (recv_src up to the capacity), as by the reference builder.
+  const auto ids = published_ids(p.gpu);
+  for (int self = 0; self < 2; ++self) {
+    const HostLayout want = reference_layout(sh, ids, self);
+    expect_same_layout(want, read_layout(p.gpu, self), false);
+  }
+  EXPECT_EQ(p.gpu.layout_header(1)[kLayoutRows], 160);
+  EXPECT_EQ(p.gpu.layout_header(0)[kLayoutMaxRows], 160);
+}
+
+TEST(GpuRoute, AnEarlierStatusIsKept) {
+  EPMOE_REQUIRE_GPU();
+  Shape sh{40, 8, 8, 2, 2, 1, 0};
+  sh.capacity = 10;
+  Pair p(sh);
+  Rng rng(10);
+  p.set_input(0, make_input(rng, sh, 0, 40, std::nullopt, Pattern::duplicates));
+  Status earlier;
+  earlier.code = static_cast<int32_t>(StatusCode::slot_overflow);
+  earlier.rank = 0;
+  earlier.required = 123;
+  earlier.available = 45;
+  p.cpu.set_status(0, earlier);
+  p.gpu.set_status(0, earlier);
+  publish_and_route(p);
+  EXPECT_TRUE(same_bits(std::vector<Status>{earlier}, std::vector<Status>{p.gpu.status(0)}));
+  EXPECT_EQ(p.gpu.layout_header(0)[kLayoutSkip], 1) << "the step is skipped all the same";
+  EXPECT_TRUE(same_bits(p.cpu.layout_header(0), p.gpu.layout_header(0)));
+}
+
+TEST(GpuRoute, RepeatedRoutesAreDeterministicAndClearTheSkipFlag) {
+  EPMOE_REQUIRE_GPU();
+  Shape sh{1500, 8, 8, 4, 16, 2, 0};
+  Pair p(sh);
+  Rng rng(11);
+  // Call 1: an invalid id on rank 0 skips the step.
+  std::vector<RankInput> in;
+  for (int r = 0; r < 2; ++r) in.push_back(make_input(rng, sh, r, 1500, std::nullopt, Pattern::duplicates));
+  RankInput bad = in[0];
+  bad.ids[17] = -5;
+  p.set_input(0, bad);
+  p.set_input(1, in[1]);
+  publish_and_route(p);
+  EXPECT_EQ(p.gpu.layout_header(0)[kLayoutSkip], 1);
+  EXPECT_EQ(p.gpu.status(0).index, 17);
+  EXPECT_EQ(p.gpu.status(0).required, -5);
+  // Call 2: good inputs; the status is cleared by the host (as Context::check does).
+  p.cpu.set_status(0, Status{});
+  p.gpu.set_status(0, Status{});
+  p.cpu.set_status(1, Status{});
+  p.gpu.set_status(1, Status{});
+  p.set_input(0, in[0]);
+  publish_and_route(p);
+  const HostLayout first = read_layout(p.gpu, 0);
+  EXPECT_EQ(first.header[kLayoutSkip], 0);
+  EXPECT_TRUE(same_bits(read_layout(p.cpu, 0).header, first.header));
+  for (int again = 0; again < 3; ++again) {
+    publish_and_route(p);
+    const HostLayout l = read_layout(p.gpu, 0);
+    EXPECT_TRUE(same_bits(first.recv_src, l.recv_src));
+    EXPECT_TRUE(same_bits(first.route_row, l.route_row));
+  }
+}
+
+}  // namespace
+}  // namespace epmoe::test
