@@ -27,10 +27,13 @@
 
 #include "epmoe/config.h"
 #include "epmoe/context.h"
+#include "epmoe/cuda.h"
 #include "epmoe/error.h"
 #include "epmoe/memory_plan.h"
 #include "epmoe/tensor.h"
 #include "epmoe/transport.h"
+#include "device_mirror.h"
+#include "rank_data.h"
 #include "moe_reference.h"
 
 namespace {
@@ -38,11 +41,10 @@ namespace {
 using epmoe::DType;
 using epmoe::TensorRef;
 
-// ---- CUDA hook ------------------------------------------------------------------------------
-// TODO(cuda): becomes `return epmoe::cuda_device_count() > 0;` (epmoe/cuda.h) once run() has its
-// CUDA path (device buffers, one transport per GPU; see the TODO there). Until then
-// `--device auto` always picks the CPU backend with thread ranks, and `--device cuda` is refused.
-bool cuda_available() { return false; }
+// ---- CUDA ---------------------------------------------------------------------------------------
+// A GPU is used when epmoe has its CUDA backend and a device is visible. EP > 1 on GPUs needs the
+// NCCL transport; until it lands the GPU path runs one rank (EP = 1).
+bool cuda_available() { return epmoe::cuda_device_count() > 0; }
 
 // ---- shapes (MEASURE.md) ----------------------------------------------------------------------
 struct Shape {
@@ -77,7 +79,7 @@ enum class CheckPolicy { auto_, always, never };
 
 struct Options {
   std::string shape = "ci-tiny";
-  int ranks = 2;
+  int ranks = 0;  // 0: 2 CPU thread ranks, or one rank per usable GPU
   Routing routing = Routing::balanced;
   std::string tokens;  // empty: the shape's training T
   int iters = 5;
@@ -107,7 +109,7 @@ constexpr const char* kUsage =
     "usage: epmoe_run [options]\n"
     "  --shape NAME          qwen3-30b-a3b | deepseek-v3 | gpt-oss-120b | mixtral-8x7b |\n"
     "                        ci-tiny (default ci-tiny)\n"
-    "  --ranks R             EP ranks (default 2)\n"
+    "  --ranks R             EP ranks (default: 1 per usable GPU, else 2 CPU ranks)\n"
     "  --routing KIND        balanced | skew | one-expert | empty-rank (default balanced)\n"
     "  --tokens T            tokens per rank: a number, train or decode (default train)\n"
     "  --iters N             timed iterations of forward + backward (default 5)\n"
@@ -257,14 +259,6 @@ struct Problem {
 };
 
 // One rank's inputs and outputs, host memory, row-major as the contract names them.
-struct RankData {
-  std::vector<uint16_t> x_TD, w13_EFD, w2_EDF, grad_y_TD;
-  std::vector<int32_t> ids_TK;
-  std::vector<float> scores_TK;
-  std::vector<uint16_t> y_TD, grad_x_TD, grad_w13_EFD, grad_w2_EDF;
-  std::vector<float> grad_scores_TK;
-};
-
 enum TensorId : uint64_t { kX = 1, kW13, kW2, kGradY, kRoute, kScores };
 
 // Routes of global token g (= rank * T + t) per MEASURE.md; scores are a softmax over the chosen
@@ -378,33 +372,33 @@ void add_stage(std::vector<Timings::Stage>& table, const char* name, double ms, 
 
 // One rank: create the context, one warm-up step, `iters` timed steps, one step with stage timing.
 void run_rank(const epmoe::Config& config, const std::shared_ptr<epmoe::Transport>& transport,
-              const Problem& p, RankData& d, int iters, std::vector<double>& fwd_ms,
+              const Problem& p, const RankPtrs& d, int iters, std::vector<double>& fwd_ms,
               std::vector<double>& step_ms, std::vector<Timings::Stage>* stages) {
   using clock = std::chrono::steady_clock;
   const epmoe::Device dev = transport->device();
   auto context = epmoe::Context::create(config, transport);
 
   epmoe::ForwardArgs fa;
-  fa.x_TD = TensorRef::contiguous(d.x_TD.data(), DType::bf16, {p.T, p.D}, dev);
+  fa.x_TD = TensorRef::contiguous(d.x_TD, DType::bf16, {p.T, p.D}, dev);
   fa.num_tokens_1 = TensorRef::contiguous(nullptr, DType::i32, {1}, dev);  // every token is live
-  fa.topk_ids_TK = TensorRef::contiguous(d.ids_TK.data(), DType::i32, {p.T, p.K}, dev);
-  fa.topk_scores_TK = TensorRef::contiguous(d.scores_TK.data(), DType::f32, {p.T, p.K}, dev);
-  fa.w13_EFD = TensorRef::contiguous(d.w13_EFD.data(), DType::bf16, {p.E, 2 * p.F, p.D}, dev);
-  fa.w2_EDF = TensorRef::contiguous(d.w2_EDF.data(), DType::bf16, {p.E, p.D, p.F}, dev);
-  fa.y_TD = TensorRef::contiguous(d.y_TD.data(), DType::bf16, {p.T, p.D}, dev);
+  fa.topk_ids_TK = TensorRef::contiguous(d.ids_TK, DType::i32, {p.T, p.K}, dev);
+  fa.topk_scores_TK = TensorRef::contiguous(d.scores_TK, DType::f32, {p.T, p.K}, dev);
+  fa.w13_EFD = TensorRef::contiguous(d.w13_EFD, DType::bf16, {p.E, 2 * p.F, p.D}, dev);
+  fa.w2_EDF = TensorRef::contiguous(d.w2_EDF, DType::bf16, {p.E, p.D, p.F}, dev);
+  fa.y_TD = TensorRef::contiguous(d.y_TD, DType::bf16, {p.T, p.D}, dev);
 
   epmoe::BackwardArgs ba;
-  ba.grad_y_TD = TensorRef::contiguous(d.grad_y_TD.data(), DType::bf16, {p.T, p.D}, dev);
+  ba.grad_y_TD = TensorRef::contiguous(d.grad_y_TD, DType::bf16, {p.T, p.D}, dev);
   ba.num_tokens_1 = fa.num_tokens_1;
   ba.topk_ids_TK = fa.topk_ids_TK;
   ba.topk_scores_TK = fa.topk_scores_TK;
   ba.w13_EFD = fa.w13_EFD;
   ba.w2_EDF = fa.w2_EDF;
-  ba.grad_x_TD = TensorRef::contiguous(d.grad_x_TD.data(), DType::bf16, {p.T, p.D}, dev);
-  ba.grad_scores_TK = TensorRef::contiguous(d.grad_scores_TK.data(), DType::f32, {p.T, p.K}, dev);
+  ba.grad_x_TD = TensorRef::contiguous(d.grad_x_TD, DType::bf16, {p.T, p.D}, dev);
+  ba.grad_scores_TK = TensorRef::contiguous(d.grad_scores_TK, DType::f32, {p.T, p.K}, dev);
   ba.grad_w13_EFD =
-      TensorRef::contiguous(d.grad_w13_EFD.data(), DType::bf16, {p.E, 2 * p.F, p.D}, dev);
-  ba.grad_w2_EDF = TensorRef::contiguous(d.grad_w2_EDF.data(), DType::bf16, {p.E, p.D, p.F}, dev);
+      TensorRef::contiguous(d.grad_w13_EFD, DType::bf16, {p.E, 2 * p.F, p.D}, dev);
+  ba.grad_w2_EDF = TensorRef::contiguous(d.grad_w2_EDF, DType::bf16, {p.E, p.D, p.F}, dev);
 
   const std::chrono::milliseconds budget(config.fields().barrier_timeout_ms);
   auto step = [&](double* forward, double* total) {
@@ -452,7 +446,7 @@ Timings run_cpu(const epmoe::Config& config, const Problem& p, std::vector<RankD
   for (int r = 0; r < p.R; ++r) {
     threads.emplace_back([&, r] {
       try {
-        run_rank(config, group.transport(r), p, ranks[r], iters, fwd[r], step[r],
+        run_rank(config, group.transport(r), p, host_ptrs(ranks[r]), iters, fwd[r], step[r],
                  r == 0 ? &timings.stages : nullptr);
       } catch (...) {
         errors[r] = std::current_exception();
@@ -472,6 +466,23 @@ Timings run_cpu(const epmoe::Config& config, const Problem& p, std::vector<RankD
     timings.forward_ms.push_back(f);
     timings.step_ms.push_back(s);
   }
+  return timings;
+}
+
+// One GPU (EP = 1): the rank's tensors mirrored to device memory, outputs copied back so the
+// reference check below reads them like the CPU path's.
+Timings run_gpu(const epmoe::Config& config, const Problem& p, std::vector<RankData>& ranks,
+                int iters) {
+  if (p.R != 1) {
+    throw std::runtime_error("--ranks " + std::to_string(p.R) +
+                             " on GPUs needs the NCCL transport (EP > 1), not in this build; "
+                             "use --ranks 1 or --device cpu");
+  }
+  DeviceMirror mirror(ranks[0]);
+  Timings timings;
+  run_rank(config, epmoe::make_single_gpu_transport(0), p, mirror.ptrs(), iters, timings.forward_ms,
+           timings.step_ms, &timings.stages);
+  mirror.copy_outputs_back(ranks[0]);
   return timings;
 }
 
@@ -657,8 +668,6 @@ int run(const Options& o) {
     for (const Shape& s : kShapes) names += std::string(names.empty() ? "" : ", ") + s.name;
     usage_error("unknown shape '" + o.shape + "' (known: " + names + ")");
   }
-  const Problem p = make_problem(o, *shape);
-
   bool use_cuda = false;
   if (o.device == "cuda") {
     if (!cuda_available()) {
@@ -671,6 +680,11 @@ int run(const Options& o) {
   } else if (o.device == "auto") {
     use_cuda = cuda_available();
   }
+
+  // One rank per usable GPU (1 until the NCCL transport lands), else 2 CPU thread ranks.
+  Options resolved = o;
+  if (resolved.ranks == 0) resolved.ranks = use_cuda ? 1 : 2;
+  const Problem p = make_problem(resolved, *shape);
 
   epmoe::ConfigFields f;
   f.max_tokens_per_rank = p.T;
@@ -719,13 +733,8 @@ int run(const Options& o) {
   for (int64_t n : rows) std::printf(" %lld", static_cast<long long>(n));
   std::printf("\n\n");
 
-  if (use_cuda) {
-    // TODO(cuda): device buffers + a CUDA transport per rank; the timing and check code below is
-    // device-neutral once the outputs are copied back into `ranks`.
-    std::fprintf(stderr, "epmoe_run: the CUDA path is not wired into epmoe_run yet\n");
-    return 2;
-  }
-  print_timings(run_cpu(config, p, ranks, o.iters), p, o.iters);
+  print_timings(use_cuda ? run_gpu(config, p, ranks, o.iters) : run_cpu(config, p, ranks, o.iters),
+                p, o.iters);
 
   std::string skip;
   if (o.check == CheckPolicy::never) {

@@ -14,12 +14,13 @@ EPMOE_JOBS=${EPMOE_JOBS:-$(nproc 2>/dev/null || echo 2)}
 epmoe_say() { printf '== %s\n' "$*"; }
 epmoe_die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
+# GoogleTest: installed headers, or sources in third_party/googletest (tests/CMakeLists.txt).
 epmoe_have_gtest() {
   local dir
   for dir in /usr/include /usr/local/include ${GTEST_ROOT:+"$GTEST_ROOT/include"}; do
     [ -f "$dir/gtest/gtest.h" ] && return 0
   done
-  return 1
+  [ -f "$EPMOE_ROOT/third_party/googletest/CMakeLists.txt" ]
 }
 
 # epmoe_apt_install PACKAGE...: apt-get install as root, or through sudo when it needs no password.

@@ -36,7 +36,8 @@ std::string Status::to_string() const {
     case StatusCode::ok: return "ok";
     case StatusCode::capacity_overflow:
       os << ": expected at most " << available << " received rows (recv_capacity_rows), got "
-         << required << "; raise Config.capacity_factor";
+         << required
+         << "; raise Config.capacity_factor (up to the EP size; a token's expert ids must be distinct)";
       break;
     case StatusCode::expert_id_out_of_range:
       os << ": expected ids in [-1, " << available << "), got " << required << " at flat index "

@@ -82,15 +82,13 @@ void launch_reduce(const Step& s, bf16_t* out_TD, const char* out_name) {
   EPMOE_CUDA_LAUNCH_CHECK();
 }
 
-// ---- grad_scores: one lane per route, each lane summing its own row in d order. The warp
-// stages 32 routes' rows of h3 and grad_y, kDotCols columns at a time, through shared memory so
-// that global loads stay coalesced (8 lanes per 128-byte row piece) while every lane keeps the
-// sequential order of its dot product. Rows are padded by one 16-byte vector: the 16-byte
-// shared reads of 8 lanes (one phase) then hit distinct banks.
-constexpr int kDotWarps = 4;
+// ---- grad_scores: one warp per token. grad_y[t] is read once per group of up to 8 routes; each
+// lane sums its 16-byte column vectors of every route in d order, then the warp reduces with a
+// fixed xor tree (deterministic; a different order from the CPU's sequential sum, so the two agree
+// to fp32 rounding, not bitwise). Inactive routes and padding rows give 0 without reading h3.
+constexpr int kDotWarps = 8;
 constexpr int kDotThreads = kDotWarps * 32;
-constexpr int kDotCols = 64;
-constexpr int kDotStride = kDotCols + kVec;  // bf16 per staged row
+constexpr int kDotRoutes = 8;  // routes per pass over grad_y[t]
 
 struct DotParams {
   const int32_t* header;         // layout header
@@ -104,44 +102,41 @@ struct DotParams {
 };
 
 __global__ void __launch_bounds__(kDotThreads) grad_scores_kernel(const DotParams p) {
-  __shared__ alignas(16) bf16_t h_tile[kDotWarps][32][kDotStride];  // [warp][route][col] bf16
-  __shared__ alignas(16) bf16_t g_tile[kDotWarps][32][kDotStride];  // [warp][route][col] bf16
-  const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const bool skip = layout_skip(p.header);
   const int64_t live = live_rows(p.header, p.tokens);
   const bf16_t* h3_TKD = p.h3_TKD != nullptr ? p.h3_TKD : p.combine_R[p.rank];  // [T, K, D] bf16
-  const int64_t routes = p.tokens * p.K;
-  const int64_t groups = (routes + 31) / 32;
+  const int64_t vecs = p.D / kVec;
   const int64_t warps_total = static_cast<int64_t>(gridDim.x) * kDotWarps;
-  for (int64_t group = static_cast<int64_t>(blockIdx.x) * kDotWarps + warp; group < groups;
-       group += warps_total) {  // warp-uniform
-    const int64_t i = group * 32 + lane;
-    const bool active = !skip && i < routes && i / p.K < live && p.route_row_TK[i] >= 0;
-    float acc = 0.0f;
-    for (int64_t d0 = 0; d0 < p.D; d0 += kDotCols) {
-      const int width = p.D - d0 < kDotCols ? static_cast<int>(p.D - d0) : kDotCols;
-      const int vecs = width / kVec;  // per row; 32 * vecs loads: every lane runs `vecs` times
-      for (int u = lane; u < 32 * vecs; u += 32) {
-        const int r = u / vecs;
-        const int col = (u % vecs) * kVec;
-        if (__shfl_sync(0xffffffffu, active ? 1 : 0, r) == 0) continue;
-        const int64_t ir = group * 32 + r;
-        store_vec(&h_tile[warp][r][col], load_vec_cg(h3_TKD + ir * p.D + d0 + col));
-        store_vec(&g_tile[warp][r][col], load_vec(p.grad_y_TD + (ir / p.K) * p.D + d0 + col));
-      }
-      __syncwarp();
-      if (active) {
-        for (int col = 0; col < width; col += kVec) {
-          const Bf16x8 h = unpack8(load_vec(&h_tile[warp][lane][col]));
-          const Bf16x8 g = unpack8(load_vec(&g_tile[warp][lane][col]));
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * kDotWarps + threadIdx.x / 32; t < p.tokens;
+       t += warps_total) {  // warp-uniform
+    const bf16_t* g_D = p.grad_y_TD + t * p.D;  // [D] bf16
+    for (int k0 = 0; k0 < p.K; k0 += kDotRoutes) {
+      bool active[kDotRoutes];
+      float acc[kDotRoutes];
 #pragma unroll
-          for (int e = 0; e < kVec; ++e) acc = __fadd_rn(acc, __fmul_rn(g.v[e], h.v[e]));
+      for (int j = 0; j < kDotRoutes; ++j) {
+        const int k = k0 + j;
+        active[j] = !skip && k < p.K && t < live && p.route_row_TK[t * p.K + k] >= 0;
+        acc[j] = 0.0f;
+      }
+      for (int64_t v = lane; v < vecs; v += 32) {
+        const Bf16x8 g = unpack8(load_vec(g_D + v * kVec));
+#pragma unroll
+        for (int j = 0; j < kDotRoutes; ++j) {
+          if (!active[j]) continue;
+          const Bf16x8 h = unpack8(load_vec_cg(h3_TKD + (t * p.K + k0 + j) * p.D + v * kVec));
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) acc[j] = __fadd_rn(acc[j], __fmul_rn(g.v[e], h.v[e]));
         }
       }
-      __syncwarp();  // the next columns overwrite the tiles
+#pragma unroll
+      for (int j = 0; j < kDotRoutes; ++j) {
+#pragma unroll
+        for (int d = 16; d > 0; d /= 2) acc[j] = __fadd_rn(acc[j], __shfl_xor_sync(0xffffffffu, acc[j], d));
+        if (lane == 0 && k0 + j < p.K) p.grad_scores_TK[t * p.K + k0 + j] = active[j] ? acc[j] : 0.0f;
+      }
     }
-    if (i < routes) p.grad_scores_TK[i] = active ? acc : 0.0f;
   }
 }
 
@@ -163,8 +158,7 @@ void grad_scores(const Step& s) {
   p.D = s.dims.D;
   p.K = s.dims.K;
   p.rank = s.rank;
-  const int64_t groups = (s.tokens * s.dims.K + 31) / 32;
-  grad_scores_kernel<<<grid_for(groups * 32, kDotThreads), kDotThreads, 0,
+  grad_scores_kernel<<<grid_for(s.tokens * 32, kDotThreads), kDotThreads, 0,
                        static_cast<cudaStream_t>(s.stream)>>>(p);
   EPMOE_CUDA_LAUNCH_CHECK();
 }

@@ -5,6 +5,8 @@
 // SwiGLU outputs (expf of the host libm vs the device: within one bf16 ulp).
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <string>
 #include <vector>
 
@@ -155,8 +157,16 @@ void run_stages(const StagesCase& c, uint32_t seed) {
   p.all([](Backend& b, const Step& s) { b.grad_scores(s); });
   for (int r = 0; r < R; ++r) {
     SCOPED_TRACE("grad_scores, rank " + std::to_string(r));
+    // Same products, another fp32 summation order (warp tree vs sequential): fp32 rounding apart.
     const auto gs = p.gpu.read<float>(p.gpu.step(r).grad_scores_TK, tokens * K);
-    EXPECT_TRUE(same_bits(p.cpu.read<float>(p.cpu.step(r).grad_scores_TK, tokens * K), gs));
+    const auto want = p.cpu.read<float>(p.cpu.step(r).grad_scores_TK, tokens * K);
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_NEAR(gs[i], want[i], 1e-5 * (1.0 + std::fabs(want[i]) + static_cast<double>(D) * 1e-2))
+          << "route " << i;
+      if (want[i] == 0.0f) {
+        ASSERT_EQ(gs[i], 0.0f) << "inactive route " << i;
+      }
+    }
   }
   p.all([](Backend& b, const Step& s) { b.gather_grad(s); });
   for (int r = 0; r < R; ++r) {

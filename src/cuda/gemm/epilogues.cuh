@@ -53,9 +53,9 @@ struct Stage {
     }
   }
 
-  // Phase 1, fp32: columns [32 C, 32 C + 32); zeros instead of acc when `zero`.
+  // Phase 1, fp32: columns [32 C, 32 C + 32).
   template <int C, class Acc>
-  __device__ void put_f32(const Acc& acc, bool zero) const {
+  __device__ void put_f32(const Acc& acc) const {
     CUTE_UNROLL
     for (int gg = 0; gg < 4; ++gg) {
       const int g = 4 * C + gg;
@@ -64,7 +64,7 @@ struct Stage {
         const int i = 4 * g + 2 * h;
         const int row = frag_row(h), col = frag_col(g);
         *reinterpret_cast<float2*>(smem + row * kPitch + (col - 32 * C) * 4) =
-            zero ? make_float2(0.0f, 0.0f) : make_float2(acc(i), acc(i + 1));
+            make_float2(acc(i), acc(i + 1));
       }
     }
   }
@@ -219,7 +219,9 @@ struct SwigluEpilogue {
 
 // ---- rows grouping: acc = grad_h; SwiGLU backward with the saved h13 ----
 // grad_h13 = [d gate | d up] and h = act(gate, up) (the W2 WGRAD operand). grad_h is rounded to
-// bf16 first, as the unfused chain stores it.
+// bf16 first, as the unfused chain stores it. Each thread loads the gate and up pairs of its own
+// fragment once per 64-column chunk (4-byte loads; the 4 lanes of a row cover 16 contiguous bytes
+// and the chunk's 8 column groups the rest of the row's 128 bytes, so L1 serves most of them).
 template <class Traits>
 struct SwigluBackwardEpilogue {
   struct Params {
@@ -239,16 +241,31 @@ struct SwigluBackwardEpilogue {
     const int64_t f0 = static_cast<int64_t>(t.n_tile) * Traits::BLOCK_N;
     for_each_chunk<Traits::BLOCK_N / 64, 64>(f0, p.F, [&](auto c) {
       constexpr int C = decltype(c)::value;
+      // gate/up pairs of this thread's 16 (row, column pair) positions in the chunk.
+      uint32_t gate2[16], up2[16];
+      CUTE_UNROLL
+      for (int gg = 0; gg < 8; ++gg) {
+        CUTE_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          const int m = 64 * stage.wg + stage.frag_row(h);
+          const int64_t f = f0 + stage.frag_col(8 * C + gg);
+          gate2[2 * gg + h] = 0;
+          up2[2 * gg + h] = 0;
+          if (m < t.rows_valid && f < p.F) {
+            const bf16_t* row = p.h13 + (t.row0 + m) * 2 * p.F;
+            gate2[2 * gg + h] = *reinterpret_cast<const uint32_t*>(row + f);
+            up2[2 * gg + h] = *reinterpret_cast<const uint32_t*>(row + p.F + f);
+          }
+        }
+      }
       const int valid = clamp_bytes(p.F - f0 - 64 * C, 2);
       cute::for_each(cute::make_int_sequence<3>{}, [&](auto part_c) {  // d gate, d up, h
         constexpr int part = decltype(part_c)::value;
-        stage.template put_bf16<C>([&](int i, int row, int col) {
-          const int m = 64 * stage.wg + row;
-          const int64_t f = f0 + col;
-          if (m >= t.rows_valid || f >= p.F) return 0.0f;
-          const bf16_t* h13_row = p.h13 + (t.row0 + m) * 2 * p.F;
-          const float g = bf16_to_float(h13_row[f]);
-          const float u = bf16_to_float(h13_row[p.F + f]);
+        stage.template put_bf16<C>([&](int i, int, int) {
+          const int pair = 2 * ((i / 4) - 8 * C) + (i / 2) % 2;  // (gg, h) of element i
+          const int shift = 16 * (i % 2);                         // column j of the pair
+          const float g = bf16_to_float(static_cast<bf16_t>(gate2[pair] >> shift));
+          const float u = bf16_to_float(static_cast<bf16_t>(up2[pair] >> shift));
           if constexpr (part == 2) {
             return swiglu_forward(g, u, p.act);
           } else {
@@ -273,6 +290,8 @@ struct SwigluBackwardEpilogue {
 };
 
 // ---- reduction grouping: C_e [m_out, n_out] in OutT, overwritten or accumulated ----
+// Staged as fp32 for every output type: accumulation is round(prev + fp32 sum), and a second,
+// bf16-staged path in the same kernel made ptxas serialize the wgmma pipeline (C7514).
 template <class Traits, class OutT>
 struct WgradEpilogue {
   struct Params {
@@ -286,16 +305,39 @@ struct WgradEpilogue {
   __device__ WgradEpilogue(const Params& params, char* smem, int wg, int tid)
       : p(params), stage{smem, wg, tid} {}
 
+  // An expert with no rows: its gradient is zero. Written from a zeroed stage, never from the
+  // accumulators (reading them on a second path makes ptxas serialize the wgmma pipeline).
+  __device__ void store_zeros(int64_t row0, int64_t col0, OutT* out) const {
+    constexpr int kColsPerChunk = 128 / static_cast<int>(sizeof(OutT));
+    for (int i = stage.tid; i < 64 * 8; i += 128) {
+      *reinterpret_cast<uint4*>(stage.smem + (i / 8) * Stage<Traits>::kPitch + (i % 8) * 16) =
+          make_uint4(0, 0, 0, 0);
+    }
+    stage.sync();
+    for (int c0 = 0; c0 < Traits::BLOCK_N && col0 + c0 < p.n_out; c0 += kColsPerChunk) {
+      stage.write_rows(clamp_bytes(p.n_out - col0 - c0, static_cast<int>(sizeof(OutT))),
+                       [&](int r, int) -> char* {
+                         const int64_t row = row0 + r;
+                         if (row >= p.m_out) return nullptr;
+                         return reinterpret_cast<char*>(out + row * p.n_out + col0 + c0);
+                       });
+    }
+    stage.sync();
+  }
+
   template <class Acc0, class Acc1>
   __device__ void store(const TileCoord& t, const Acc0& acc, const Acc1&) const {
-    if (p.accumulate && t.k_tiles == 0) return;  // nothing to add
     const int64_t row0 = static_cast<int64_t>(t.m_tile) * Traits::BLOCK_M + 64 * stage.wg;
     const int64_t col0 = static_cast<int64_t>(t.n_tile) * Traits::BLOCK_N;
     OutT* out = p.out + static_cast<int64_t>(t.group) * p.m_out * p.n_out;
+    if (t.k_tiles == 0) {
+      if (!p.accumulate) store_zeros(row0, col0, out);  // accumulating: nothing to add
+      return;
+    }
     const int seg = stage.tid % 8;  // 4 floats of a 32-float row chunk
     for_each_chunk<Traits::BLOCK_N / 32, 32>(col0, p.n_out, [&](auto c) {
       constexpr int C = decltype(c)::value;
-      stage.template put_f32<C>(acc, t.k_tiles == 0);
+      stage.template put_f32<C>(acc);
       stage.sync();
       const int64_t col = col0 + 32 * C + seg * 4;
       if (col < p.n_out) {  // n_out % 8 == 0: a segment is all in or all out

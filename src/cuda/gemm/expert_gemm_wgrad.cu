@@ -20,15 +20,15 @@ void wgrad(const Step& s, const bf16_t* a_rows, int64_t m_out, const bf16_t* b_r
   const Operand b{b_rows, n_out, M, 1, n_out};
   const GroupArgs g = step_groups(s, n_out, 0, m_out);
   using T = WgradTraits;
+  const int accumulate = s.accumulate_wgrad ? 1 : 0;
   if (s.wgrad_dtype == DType::f32) {
-    const typename WgradEpilogue<T, float>::Params epi{static_cast<float*>(out), m_out, n_out,
-                                                      s.accumulate_wgrad ? 1 : 0};
-    launch_grouped_gemm<T, Major::MN, Major::MN, WgradEpilogue<T, float>>(a, b, g, epi, stream_of(s));
+    using Epi = WgradEpilogue<T, float>;
+    const typename Epi::Params epi{static_cast<float*>(out), m_out, n_out, accumulate};
+    launch_grouped_gemm<T, Major::MN, Major::MN, Epi>(a, b, g, epi, stream_of(s));
   } else {
-    const typename WgradEpilogue<T, cutlass::bfloat16_t>::Params epi{
-        static_cast<cutlass::bfloat16_t*>(out), m_out, n_out, s.accumulate_wgrad ? 1 : 0};
-    launch_grouped_gemm<T, Major::MN, Major::MN, WgradEpilogue<T, cutlass::bfloat16_t>>(
-        a, b, g, epi, stream_of(s));
+    using Epi = WgradEpilogue<T, cutlass::bfloat16_t>;
+    const typename Epi::Params epi{static_cast<cutlass::bfloat16_t*>(out), m_out, n_out, accumulate};
+    launch_grouped_gemm<T, Major::MN, Major::MN, Epi>(a, b, g, epi, stream_of(s));
   }
 }
 

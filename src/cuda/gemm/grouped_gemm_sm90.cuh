@@ -308,14 +308,20 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
             const int valid = t.rows_valid - kt * BK;  // group rows in this k-block
             if (valid < BK) {
               // Rows past the group end belong to the next expert (or are stale): zero them in
-              // both operands so they add nothing, whatever they hold (NaN included).
-              Tensor sAs = sA(_, _, stage);
-              Tensor sBs = sB0(_, _, stage);
-              for (int i = consumer_tid; i < BM * (BK - valid); i += 128 * Traits::kConsumerWarpgroups) {
-                sAs(i % BM, valid + i / BM) = typename Traits::Element(0.0f);
-              }
-              for (int i = consumer_tid; i < BN * (BK - valid); i += 128 * Traits::kConsumerWarpgroups) {
-                sBs(i % BN, valid + i / BN) = typename Traits::Element(0.0f);
+              // both operands so they add nothing, whatever they hold (NaN included). Operands are
+              // MN-major, so a k-row is whole 128-byte swizzle rows (64 elements each), which the
+              // swizzle only permutes internally: zero each row from the address of its first
+              // element rounded down to 128 bytes.
+              static_assert(Traits::kMajorA == GMMA::Major::MN && Traits::kMajorB == GMMA::Major::MN,
+                            "k-tail zeroing assumes MN-major operands");
+              constexpr int kRowsPerK = (BM + BN) / 64;
+              const int tail_rows = (BK - valid) * kRowsPerK;
+              for (int i = consumer_tid; i < tail_rows * 8; i += 128 * Traits::kConsumerWarpgroups) {
+                const int row = i / 8, chunk = i % 8;
+                const int k = valid + row / kRowsPerK, r = row % kRowsPerK;
+                const auto* first = r < BM / 64 ? &sA(64 * r, k, stage) : &sB0(64 * (r - BM / 64), k, stage);
+                const uintptr_t base = reinterpret_cast<uintptr_t>(raw_pointer_cast(first)) & ~uintptr_t(127);
+                reinterpret_cast<uint4*>(base)[chunk] = make_uint4(0, 0, 0, 0);
               }
               cutlass::arch::fence_view_async_shared();
               cutlass::arch::NamedBarrier::arrive_and_wait(
