@@ -26,6 +26,7 @@ class Backend {
   virtual void release(void* ptr) = 0;
   virtual void copy_to_device(void* dst, const void* src, std::size_t bytes) = 0;  // blocking
   virtual void copy_to_host(void* dst, const void* src, std::size_t bytes) = 0;    // blocking
+  // Waits for the work of `stream`; nullptr: for all work of the device.
   virtual void synchronize(void* stream) = 0;
 
   // ---- forward ----

@@ -66,7 +66,6 @@ struct Context::Impl {
   char* arena = nullptr;
   Status* status = nullptr;
   int64_t sequence = 0;
-  void* last_stream = nullptr;
   std::vector<std::vector<int64_t>> slot_stack;  // per slot: sequence numbers of saved layers
   bool closed = false;
   bool stage_timing = false;
@@ -166,7 +165,8 @@ struct Context::Impl {
 
   Status take_status() {
     Status st;
-    backend->synchronize(last_stream);
+    // Device-wide: the caller's stream of the last call may be gone by now.
+    backend->synchronize(nullptr);
     backend->copy_to_host(&st, status, sizeof(Status));
     Status clear;
     backend->copy_to_device(status, &clear, sizeof(Status));
@@ -247,7 +247,6 @@ SavedLayer Context::forward(const ForwardArgs& a) {
   EPMOE_CHECK_ARG(!m.closed, "Context", "an open context", "a closed one");
   const int64_t tokens = validate_forward(a, m.config, m.plan.ep_size, m.backend->device());
   ++m.sequence;
-  m.last_stream = a.stream;
 
   SavedLayer saved;
   char* saved_base = nullptr;
@@ -317,7 +316,6 @@ void Context::backward(const BackwardArgs& a) {
                       " (backward runs layers in reverse)",
                   "layer " + std::to_string(sv.layer) + " of step " + std::to_string(sv.step));
   ++m.sequence;
-  m.last_stream = a.stream;
 
   Step s = m.base_step(sv.tokens, a.stream);
   m.bind_layer_state(s, m.slot_layer_base(sv.slot, sv.layer));
@@ -382,7 +380,7 @@ void Context::close() {
   if (!impl_ || impl_->closed) return;
   Impl& m = *impl_;
   m.closed = true;
-  m.backend->synchronize(m.last_stream);
+  m.backend->synchronize(nullptr);
   m.transport->barrier("context.close", m.budget);
   m.backend->release(m.routing_R);
   m.backend->release(m.dispatch_R);

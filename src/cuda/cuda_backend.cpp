@@ -89,7 +89,11 @@ void CudaBackend::copy_to_host(void* dst, const void* src, std::size_t bytes) {
 
 void CudaBackend::synchronize(void* stream) {
   DeviceScope scope(ordinal_);
-  EPMOE_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+  if (stream == nullptr) {
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+  } else {
+    EPMOE_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+  }
 }
 
 // ---- stages: each makes the device current and enqueues its launches ----

@@ -314,11 +314,11 @@ TEST(GpuContext, GraphReplayWithNewRoutingsEqualsEager) {
     expect_bitwise_equal(replayed, eager, "graph replay, routing seed " + std::to_string(seed) +
                                               " live " + std::to_string(live));
   }
+  graph_ctx->close();
+  eager_ctx->close();
   CUDA_OK(cudaGraphExecDestroy(exec));
   CUDA_OK(cudaGraphDestroy(graph));
   CUDA_OK(cudaStreamDestroy(stream));
-  graph_ctx->close();
-  eager_ctx->close();
 }
 
 TEST(GpuContext, EdgeRoutingsMatchCpu) {
