@@ -22,7 +22,8 @@ namespace epmoe::cuda::gemm {
 // The stage of one consumer warpgroup and the two phases that use it.
 template <class Traits>
 struct Stage {
-  static constexpr int kPitch = Traits::kStagePitch;
+  static constexpr int kPitch = 128 + 16;  // a 128-byte row chunk, +16 to spread banks
+  static constexpr int kBytes = 64 * kPitch;
   char* smem;  // [64][kPitch]
   int wg;      // consumer warpgroup (its rows are [64 * wg, 64 * wg + 64) of the tile)
   int tid;     // thread in the warpgroup
@@ -109,8 +110,10 @@ struct RowsEpilogue {
     int64_t ld;
     int64_t n;    // columns
   };
+  static constexpr int kSmemBytesPerWarpgroup = Stage<Traits>::kBytes;
   Params p;
   Stage<Traits> stage;
+  __device__ void finish() const {}
   __device__ RowsEpilogue(const Params& params, char* smem, int wg, int tid)
       : p(params), stage{smem, wg, tid} {}
 
@@ -141,8 +144,10 @@ struct ScatterEpilogue {
     int K;
     int64_t n;                 // D
   };
+  static constexpr int kSmemBytesPerWarpgroup = Stage<Traits>::kBytes;
   Params p;
   Stage<Traits> stage;
+  __device__ void finish() const {}
   __device__ ScatterEpilogue(const Params& params, char* smem, int wg, int tid)
       : p(params), stage{smem, wg, tid} {}
 
@@ -173,6 +178,10 @@ struct ScatterEpilogue {
 };
 
 // ---- rows grouping, two B operands (gate, up): h13 = [gate | up] and h = act(gate, up) ----
+// Per 64-column chunk: gate is staged (rounded) and written, each thread keeping its 16-byte
+// segments; then up is staged and written, and each thread computes h on the same segments from
+// the rounded values (exactly as the unfused chain does) and stores it with 16-byte stores. The
+// SwiGLU math runs row-wise in a non-inlined function, out of the unrolled fragment loops.
 template <class Traits>
 struct SwigluEpilogue {
   struct Params {
@@ -181,47 +190,68 @@ struct SwigluEpilogue {
     int64_t F;
     ActivationParams act;
   };
+  static constexpr int kSmemBytesPerWarpgroup = Stage<Traits>::kBytes;
   Params p;
   Stage<Traits> stage;
+  __device__ void finish() const {}
   __device__ SwigluEpilogue(const Params& params, char* smem, int wg, int tid)
       : p(params), stage{smem, wg, tid} {}
+
+  // part 0: write the staged gate rows, keeping this thread's segments in gate_seg.
+  // part 1: write the staged up rows and h = act(gate_seg, up).
+  __device__ __noinline__ void rows_out(const TileCoord& t, int64_t c0, int part, uint4* gate_seg) const {
+    const int seg = stage.tid % 8;
+    const int64_t f = c0 + seg * 8;
+    if (f >= p.F) return;  // F % 8 == 0: a segment is all in or all out
+#pragma unroll
+    for (int pass = 0; pass < 4; ++pass) {
+      const int r = pass * 16 + stage.tid / 8;
+      const int m = 64 * stage.wg + r;
+      if (m >= t.rows_valid) continue;
+      const int64_t row = t.row0 + m;
+      const uint4 v = *reinterpret_cast<const uint4*>(stage.smem + r * Stage<Traits>::kPitch + seg * 16);
+      if (part == 0) {
+        gate_seg[pass] = v;
+        *reinterpret_cast<uint4*>(p.h13 + row * 2 * p.F + f) = v;
+        continue;
+      }
+      *reinterpret_cast<uint4*>(p.h13 + row * 2 * p.F + p.F + f) = v;
+      const bf16_t* g8 = reinterpret_cast<const bf16_t*>(&gate_seg[pass]);
+      const bf16_t* u8 = reinterpret_cast<const bf16_t*>(&v);
+      uint4 h;
+      bf16_t* h8 = reinterpret_cast<bf16_t*>(&h);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        h8[j] = float_to_bf16(swiglu_forward(bf16_to_float(g8[j]), bf16_to_float(u8[j]), p.act));
+      }
+      *reinterpret_cast<uint4*>(p.h + row * p.F + f) = h;
+    }
+  }
 
   template <class Acc0, class Acc1>
   __device__ void store(const TileCoord& t, const Acc0& gate, const Acc1& up) const {
     const int64_t f0 = static_cast<int64_t>(t.n_tile) * Traits::BLOCK_N;
     for_each_chunk<Traits::BLOCK_N / 64, 64>(f0, p.F, [&](auto c) {
       constexpr int C = decltype(c)::value;
-      const int valid = clamp_bytes(p.F - f0 - 64 * C, 2);
-      cute::for_each(cute::make_int_sequence<3>{}, [&](auto part_c) {  // gate, up, h
-        constexpr int part = decltype(part_c)::value;
-        if constexpr (part == 0) stage.template put_bf16<C>([&](int i, int, int) { return gate(i); });
-        if constexpr (part == 1) stage.template put_bf16<C>([&](int i, int, int) { return up(i); });
-        if constexpr (part == 2) {
-          // h comes from the rounded h13, exactly as the unfused chain computes it.
-          stage.template put_bf16<C>([&](int i, int, int) {
-            return swiglu_forward(round_to_bf16(gate(i)), round_to_bf16(up(i)), p.act);
-          });
-        }
-        stage.sync();
-        stage.write_rows(valid, [&](int r, int) -> char* {
-          const int m = 64 * stage.wg + r;
-          if (m >= t.rows_valid) return nullptr;
-          const int64_t row = t.row0 + m;
-          bf16_t* dst = part == 2 ? p.h + row * p.F + f0 + 64 * C
-                                  : p.h13 + row * 2 * p.F + (part == 1 ? p.F : 0) + f0 + 64 * C;
-          return reinterpret_cast<char*>(dst);
-        });
-        stage.sync();
-      });
+      uint4 gate_seg[4];
+      stage.template put_bf16<C>([&](int i, int, int) { return gate(i); });
+      stage.sync();
+      rows_out(t, f0 + 64 * C, 0, gate_seg);
+      stage.sync();
+      stage.template put_bf16<C>([&](int i, int, int) { return up(i); });
+      stage.sync();
+      rows_out(t, f0 + 64 * C, 1, gate_seg);
+      stage.sync();
     });
   }
 };
 
 // ---- rows grouping: acc = grad_h; SwiGLU backward with the saved h13 ----
-// grad_h13 = [d gate | d up] and h = act(gate, up) (the W2 WGRAD operand). grad_h is rounded to
-// bf16 first, as the unfused chain stores it. Each thread loads the gate and up pairs of its own
-// fragment once per 64-column chunk (4-byte loads; the 4 lanes of a row cover 16 contiguous bytes
-// and the chunk's 8 column groups the rest of the row's 128 bytes, so L1 serves most of them).
+// grad_h13 = [d gate | d up] and h = act(gate, up) (the W2 WGRAD operand). grad_h is staged rounded
+// to bf16 (as the unfused chain stores it); the SwiGLU math then runs row-wise on 8 consecutive
+// columns per thread, with 16-byte loads of gate and up and 16-byte stores of the three outputs.
+// Keeping the math out of the unrolled fragment loops keeps the kernel small: unrolled per
+// fragment element it grew to ~34k instructions and ran from a thrashing instruction cache.
 template <class Traits>
 struct SwigluBackwardEpilogue {
   struct Params {
@@ -231,60 +261,58 @@ struct SwigluBackwardEpilogue {
     int64_t F;
     ActivationParams act;
   };
+  static constexpr int kSmemBytesPerWarpgroup = Stage<Traits>::kBytes;
   Params p;
   Stage<Traits> stage;
+  __device__ void finish() const {}
   __device__ SwigluBackwardEpilogue(const Params& params, char* smem, int wg, int tid)
       : p(params), stage{smem, wg, tid} {}
+
+  // The staged grad_h rows of columns [c0, c0 + 64) of the tile: SwiGLU backward and the stores.
+  __device__ __noinline__ void rows_out(const TileCoord& t, int64_t c0) const {
+    const int seg = stage.tid % 8;
+    const int64_t f = c0 + seg * 8;  // first of this thread's 8 columns
+    if (f >= p.F) return;            // F % 8 == 0: a segment is all in or all out
+#pragma unroll 1
+    for (int pass = 0; pass < 4; ++pass) {
+      const int r = pass * 16 + stage.tid / 8;
+      const int m = 64 * stage.wg + r;
+      if (m >= t.rows_valid) continue;
+      const int64_t row = t.row0 + m;
+      const uint4 gh = *reinterpret_cast<const uint4*>(stage.smem + r * Stage<Traits>::kPitch + seg * 16);
+      const uint4 g = *reinterpret_cast<const uint4*>(p.h13 + row * 2 * p.F + f);
+      const uint4 u = *reinterpret_cast<const uint4*>(p.h13 + row * 2 * p.F + p.F + f);
+      const bf16_t* gh8 = reinterpret_cast<const bf16_t*>(&gh);
+      const bf16_t* g8 = reinterpret_cast<const bf16_t*>(&g);
+      const bf16_t* u8 = reinterpret_cast<const bf16_t*>(&u);
+      uint4 dg, du, h;
+      bf16_t* dg8 = reinterpret_cast<bf16_t*>(&dg);
+      bf16_t* du8 = reinterpret_cast<bf16_t*>(&du);
+      bf16_t* h8 = reinterpret_cast<bf16_t*>(&h);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float gate = bf16_to_float(g8[j]), up = bf16_to_float(u8[j]);
+        float d_gate, d_up;
+        swiglu_backward(gate, up, bf16_to_float(gh8[j]), p.act, d_gate, d_up);
+        dg8[j] = float_to_bf16(d_gate);
+        du8[j] = float_to_bf16(d_up);
+        h8[j] = float_to_bf16(swiglu_forward(gate, up, p.act));
+      }
+      *reinterpret_cast<uint4*>(p.grad_h13 + row * 2 * p.F + f) = dg;
+      *reinterpret_cast<uint4*>(p.grad_h13 + row * 2 * p.F + p.F + f) = du;
+      *reinterpret_cast<uint4*>(p.h + row * p.F + f) = h;
+    }
+  }
 
   template <class Acc0, class Acc1>
   __device__ void store(const TileCoord& t, const Acc0& grad_h, const Acc1&) const {
     const int64_t f0 = static_cast<int64_t>(t.n_tile) * Traits::BLOCK_N;
     for_each_chunk<Traits::BLOCK_N / 64, 64>(f0, p.F, [&](auto c) {
       constexpr int C = decltype(c)::value;
-      // gate/up pairs of this thread's 16 (row, column pair) positions in the chunk.
-      uint32_t gate2[16], up2[16];
-      CUTE_UNROLL
-      for (int gg = 0; gg < 8; ++gg) {
-        CUTE_UNROLL
-        for (int h = 0; h < 2; ++h) {
-          const int m = 64 * stage.wg + stage.frag_row(h);
-          const int64_t f = f0 + stage.frag_col(8 * C + gg);
-          gate2[2 * gg + h] = 0;
-          up2[2 * gg + h] = 0;
-          if (m < t.rows_valid && f < p.F) {
-            const bf16_t* row = p.h13 + (t.row0 + m) * 2 * p.F;
-            gate2[2 * gg + h] = *reinterpret_cast<const uint32_t*>(row + f);
-            up2[2 * gg + h] = *reinterpret_cast<const uint32_t*>(row + p.F + f);
-          }
-        }
-      }
-      const int valid = clamp_bytes(p.F - f0 - 64 * C, 2);
-      cute::for_each(cute::make_int_sequence<3>{}, [&](auto part_c) {  // d gate, d up, h
-        constexpr int part = decltype(part_c)::value;
-        stage.template put_bf16<C>([&](int i, int, int) {
-          const int pair = 2 * ((i / 4) - 8 * C) + (i / 2) % 2;  // (gg, h) of element i
-          const int shift = 16 * (i % 2);                         // column j of the pair
-          const float g = bf16_to_float(static_cast<bf16_t>(gate2[pair] >> shift));
-          const float u = bf16_to_float(static_cast<bf16_t>(up2[pair] >> shift));
-          if constexpr (part == 2) {
-            return swiglu_forward(g, u, p.act);
-          } else {
-            float dg, du;
-            swiglu_backward(g, u, round_to_bf16(grad_h(i)), p.act, dg, du);
-            return part == 0 ? dg : du;
-          }
-        });
-        stage.sync();
-        stage.write_rows(valid, [&](int r, int) -> char* {
-          const int m = 64 * stage.wg + r;
-          if (m >= t.rows_valid) return nullptr;
-          const int64_t row = t.row0 + m;
-          bf16_t* dst = part == 2 ? p.h + row * p.F + f0 + 64 * C
-                                  : p.grad_h13 + row * 2 * p.F + (part == 1 ? p.F : 0) + f0 + 64 * C;
-          return reinterpret_cast<char*>(dst);
-        });
-        stage.sync();
-      });
+      stage.template put_bf16<C>([&](int i, int, int) { return grad_h(i); });
+      stage.sync();
+      rows_out(t, f0 + 64 * C);
+      stage.sync();
     });
   }
 };
@@ -300,8 +328,10 @@ struct WgradEpilogue {
     int64_t n_out;
     int accumulate;
   };
+  static constexpr int kSmemBytesPerWarpgroup = Stage<Traits>::kBytes;
   Params p;
   Stage<Traits> stage;
+  __device__ void finish() const {}
   __device__ WgradEpilogue(const Params& params, char* smem, int wg, int tid)
       : p(params), stage{smem, wg, tid} {}
 
@@ -371,6 +401,88 @@ struct WgradEpilogue {
       }
       stage.sync();
     });
+  }
+};
+
+// ---- reduction grouping, bf16 output overwritten: TMA bulk-tensor stores ----
+// Each warpgroup stages its 64 x BLOCK_N block as 64 x 64 boxes in the 128-byte swizzle the TMA
+// expects, and one thread issues the box stores. They drain while the warpgroup runs the next
+// tile's MMA; the stage is reused only after the stores have read it. Output bounds are the
+// tensor map's, so edge tiles need no masking.
+template <class Traits, class TmaStore>
+struct WgradTmaEpilogue {
+  static constexpr int kBoxes = Traits::BLOCK_N / 64;
+  static constexpr int kBoxBytes = 64 * 128;
+  static constexpr int kSmemBytesPerWarpgroup = kBoxes * kBoxBytes;
+  using SmemLayoutBox = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<cutlass::bfloat16_t>{},
+                                               Shape<_64, _64>{}));
+  struct Params {
+    TmaStore tma;  // [groups, m_out, n_out] bf16, 64 x 64 boxes
+    int64_t m_out;
+    int64_t n_out;
+    int groups;
+  };
+  const Params& p;  // the kernel's __grid_constant__ parameter: the descriptor stays in param space
+  char* smem;
+  int wg;
+  int tid;
+  __device__ WgradTmaEpilogue(const Params& params, char* stage_smem, int warpgroup, int thread)
+      : p(params), smem(stage_smem), wg(warpgroup), tid(thread) {}
+
+  __device__ void sync() const {
+    cutlass::arch::NamedBarrier::arrive_and_wait(
+        128, static_cast<uint32_t>(GemmBarrier::epilogue_wg0) + static_cast<uint32_t>(wg));
+  }
+  // Byte offset of (row, col) of the warpgroup's 64 x BLOCK_N block: box col / 64, 128-byte rows,
+  // 16-byte chunk index xor (row % 8) (the TMA 128-byte swizzle of SmemLayoutBox).
+  __device__ static int offset(int row, int col) {
+    return (col / 64) * kBoxBytes + row * 128 + ((((col % 64) / 8) ^ (row % 8)) * 16) + (col % 8) * 2;
+  }
+
+  template <class Acc0, class Acc1>
+  __device__ void store(const TileCoord& t, const Acc0& acc, const Acc1&) const {
+    if (tid == 0) tma_store_wait<0>();  // the previous tile's stores have read the stage
+    sync();
+    const int warp = tid / 32, lane = tid % 32;
+    if (t.k_tiles == 0) {  // an expert with no rows: zeros, without reading the accumulators
+      for (int i = tid; i < kSmemBytesPerWarpgroup / 16; i += 128) {
+        reinterpret_cast<uint4*>(smem)[i] = make_uint4(0, 0, 0, 0);
+      }
+    } else {
+      CUTE_UNROLL
+      for (int g = 0; g < Traits::BLOCK_N / 8; ++g) {
+        CUTE_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          const int i = 4 * g + 2 * h;
+          const int row = 16 * warp + lane / 4 + 8 * h, col = 8 * g + 2 * (lane % 4);
+          const uint32_t lo = float_to_bf16(acc(i)), hi = float_to_bf16(acc(i + 1));
+          *reinterpret_cast<uint32_t*>(smem + offset(row, col)) = lo | (hi << 16);
+        }
+      }
+    }
+    cutlass::arch::fence_view_async_shared();  // generic-proxy writes before the TMA reads them
+    sync();
+    if (tid == 0) {
+      Tensor mC = p.tma.get_tma_tensor(make_shape(p.m_out, p.n_out, p.groups));  // (m, n, e)
+      const int m_blk = (t.m_tile * Traits::BLOCK_M) / 64 + wg;
+      CUTE_UNROLL
+      for (int j = 0; j < kBoxes; ++j) {
+        const int n_blk = (t.n_tile * Traits::BLOCK_N) / 64 + j;
+        if (static_cast<int64_t>(n_blk) * 64 >= p.n_out) break;
+        Tensor gC = local_tile(mC(_, _, t.group), Shape<_64, _64>{}, make_coord(m_blk, n_blk));
+        Tensor sC = make_tensor(make_smem_ptr(reinterpret_cast<cutlass::bfloat16_t*>(smem + j * kBoxBytes)),
+                                SmemLayoutBox{});
+        auto [tCgC, tCsC] = tma_partition(p.tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sC),
+                                          group_modes<0, 2>(gC));
+        copy(p.tma, tCsC, tCgC);
+      }
+      tma_store_arrive();
+    }
+  }
+
+  // Before the CTA exits: the last stores must have read shared memory.
+  __device__ void finish() const {
+    if (tid == 0) tma_store_wait<0>();
   }
 };
 

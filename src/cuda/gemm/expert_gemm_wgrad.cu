@@ -10,6 +10,17 @@ using namespace gemm;
 namespace {
 
 using WgradTraits = GemmTraits<128, 256, 4, Grouping::reduction, Major::MN, Major::MN, 1>;
+// Three stages leave room for the TMA-store staging (2 x 32 KiB); WGRAD's k-loops are short.
+using WgradTmaTraits = GemmTraits<128, 256, 3, Grouping::reduction, Major::MN, Major::MN, 1>;
+
+// TMA-store descriptor of grad_w [groups, m_out, n_out] bf16 in 64 x 64 boxes.
+auto make_wgrad_store(void* out, int64_t m_out, int64_t n_out, int groups) {
+  using Box = typename WgradTmaEpilogue<WgradTmaTraits, int>::SmemLayoutBox;
+  auto tensor = make_tensor(make_gmem_ptr(static_cast<cutlass::bfloat16_t*>(out)),
+                            make_layout(make_shape(m_out, n_out, static_cast<int64_t>(groups)),
+                                        make_stride(n_out, Int<1>{}, m_out * n_out)));
+  return make_tma_atom(SM90_TMA_STORE{}, tensor, Box{}, Shape<_64, _64>{});
+}
 
 // grad_w[e] [m_out, n_out] (+)= a[rows of e]^T b[rows of e], a: [M, m_out], b: [M, n_out].
 void wgrad(const Step& s, const bf16_t* a_rows, int64_t m_out, const bf16_t* b_rows, int64_t n_out,
@@ -19,8 +30,16 @@ void wgrad(const Step& s, const bf16_t* a_rows, int64_t m_out, const bf16_t* b_r
   const Operand a{a_rows, m_out, M, 1, m_out};
   const Operand b{b_rows, n_out, M, 1, n_out};
   const GroupArgs g = step_groups(s, n_out, 0, m_out);
-  using T = WgradTraits;
   const int accumulate = s.accumulate_wgrad ? 1 : 0;
+  if (s.wgrad_dtype == DType::bf16 && !accumulate) {
+    using T = WgradTmaTraits;
+    auto store = make_wgrad_store(out, m_out, n_out, s.dims.E);
+    using Epi = WgradTmaEpilogue<T, decltype(store)>;
+    const typename Epi::Params epi{store, m_out, n_out, s.dims.E};
+    launch_grouped_gemm<T, Major::MN, Major::MN, Epi>(a, b, g, epi, stream_of(s));
+    return;
+  }
+  using T = WgradTraits;
   if (s.wgrad_dtype == DType::f32) {
     using Epi = WgradEpilogue<T, float>;
     const typename Epi::Params epi{static_cast<float*>(out), m_out, n_out, accumulate};

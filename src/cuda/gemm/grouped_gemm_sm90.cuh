@@ -58,19 +58,16 @@ struct GemmTraits {
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   static constexpr uint32_t kTxBytes =
       static_cast<uint32_t>((BLOCK_M * BLOCK_K + kNumB * BLOCK_N * BLOCK_K) * sizeof(Element));
-
-  // Epilogue staging: per consumer warpgroup, 64 rows of 128 bytes (+16 to spread banks).
-  static constexpr int kStageRowBytes = 128;
-  static constexpr int kStagePitch = kStageRowBytes + 16;
-  static constexpr int kStageBytesPerWarpgroup = 64 * kStagePitch;
 };
 
-template <class Traits>
+// Epilogues declare their shared memory per consumer warpgroup as kSmemBytesPerWarpgroup
+// (1024-byte aligned: TMA-store staging uses the 128-byte swizzle).
+template <class Traits, int kEpilogueBytesPerWarpgroup>
 struct alignas(1024) SharedStorage {
   cute::array_aligned<typename Traits::Element, cosize_v<typename Traits::SmemLayoutA>, 1024> a;
   cute::array_aligned<typename Traits::Element, cosize_v<typename Traits::SmemLayoutB>, 1024>
       b[Traits::kNumB];
-  alignas(16) char epilogue[Traits::kConsumerWarpgroups][Traits::kStageBytesPerWarpgroup];
+  alignas(1024) char epilogue[Traits::kConsumerWarpgroups][kEpilogueBytesPerWarpgroup];
   typename Traits::Pipeline::SharedStorage pipeline;
   int group_offsets[kMaxGroups + 1];  // row offset of each group
   int tile_prefix[kMaxGroups + 1];    // rows grouping: first tile of each group
@@ -137,8 +134,8 @@ struct TileScheduler {
 };
 
 // Loads the group offsets (zero-sized groups when skipped) and the per-group tile prefix.
-template <class Traits>
-__device__ TileScheduler<Traits> make_scheduler(SharedStorage<Traits>& smem, const GroupArgs& g) {
+template <class Traits, class Smem>
+__device__ TileScheduler<Traits> make_scheduler(Smem& smem, const GroupArgs& g) {
   constexpr int BM = Traits::BLOCK_M, BN = Traits::BLOCK_N, BK = Traits::BLOCK_K;
   const bool skip = g.skip != nullptr && *g.skip != 0;
   for (int i = threadIdx.x; i <= g.groups; i += blockDim.x) {
@@ -187,7 +184,8 @@ enum class GemmBarrier : uint32_t { consumers = 1, epilogue_wg0 = 2 };
 template <class Traits, class Epilogue, class TmaA, class TmaB>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     grouped_gemm_kernel(CUTE_GRID_CONSTANT const TmaA tma_a, CUTE_GRID_CONSTANT const TmaB tma_b,
-                        const GroupArgs group_args, const typename Epilogue::Params epi_params,
+                        const GroupArgs group_args,
+                        CUTE_GRID_CONSTANT const typename Epilogue::Params epi_params,
                         int64_t a_rows, int64_t a_cols, int64_t b_rows, int64_t b_cols) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BM = Traits::BLOCK_M, BN = Traits::BLOCK_N, BK = Traits::BLOCK_K;
@@ -195,7 +193,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   using PipelineState = typename Pipeline::PipelineState;
 
   extern __shared__ __align__(1024) char smem_raw[];
-  auto& smem = *reinterpret_cast<SharedStorage<Traits>*>(smem_raw);
+  using Smem = SharedStorage<Traits, Epilogue::kSmemBytesPerWarpgroup>;
+  auto& smem = *reinterpret_cast<Smem*>(smem_raw);
 
   const int warpgroup = cutlass::canonical_warp_group_idx();
   const int warp_in_group = cutlass::canonical_warp_idx_sync() % 4;
@@ -340,8 +339,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
             tiled_mma.accumulate_ = GMMA::ScaleOut::One;
           }
           warpgroup_commit_batch();
-          // Keep one batch in flight: the previous k-block's stage is free once it retires.
-          warpgroup_wait<1>();
+          // Rows grouping keeps one batch in flight (the previous k-block's stage is free once it
+          // retires). WGRAD retires each batch: with its k-tail zeroing in the loop, a batch left
+          // in flight makes ptxas serialize every wgmma of the kernel (C7514), which costs more.
+          if constexpr (Traits::kGrouping == Grouping::reduction) {
+            warpgroup_wait<0>();
+          } else {
+            warpgroup_wait<1>();
+          }
           warpgroup_fence_operand(acc0);
           if constexpr (Traits::kNumB == 2) warpgroup_fence_operand(acc1);
           if (kt > 0) {
@@ -357,6 +362,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
       epilogue.store(t, acc0, acc1);
     }
+    epilogue.finish();
   }
 #endif
 }

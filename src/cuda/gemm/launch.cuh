@@ -58,7 +58,8 @@ void launch_grouped_gemm(const Operand& a, const Operand& b, const GroupArgs& gr
   auto tma_a = make_tma<Traits, kMajorA, Traits::BLOCK_M, 2>(a);
   auto tma_b = make_tma<Traits, kMajorB, Traits::BLOCK_N, kRankB>(b);
   auto kernel = &grouped_gemm_kernel<Traits, Epilogue, decltype(tma_a), decltype(tma_b)>;
-  constexpr int kSmem = static_cast<int>(sizeof(SharedStorage<Traits>));
+  constexpr int kSmem =
+      static_cast<int>(sizeof(SharedStorage<Traits, Epilogue::kSmemBytesPerWarpgroup>));
   static std::once_flag attribute_set;
   std::call_once(attribute_set, [&] {
     EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
