@@ -64,7 +64,7 @@ def rel_l2(a, b, chunk=1 << 26):
 class Layer:
     """Inputs, outputs and an epmoe context for one shape and routing at EP = 1."""
 
-    def __init__(self, lib, shape, routing, T, seed=0):
+    def __init__(self, lib, shape, routing, T, seed=0, fused=True):
         D, F, E, K, _, _ = S.SHAPES[shape]
         g = torch.Generator(device="cuda").manual_seed(seed)
         self.D, self.F, self.E, self.K, self.T = D, F, E, K, T
@@ -79,6 +79,7 @@ class Layer:
         self.grad_w13 = torch.empty_like(self.w13)
         self.grad_w2 = torch.empty_like(self.w2)
         cfg = lib.epmoe_config_default(T, D, F, K, E)
+        cfg.fuse_epilogues = int(fused)
         self.ctx = epmoe_ctypes.Context(lib, cfg)
         self.routes = S.useful_routes(self.ids)
 
