@@ -6,6 +6,10 @@
 
 #include "core/hd.h"
 
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#endif
+
 namespace epmoe {
 
 // bf16 as stored: the upper 16 bits of an IEEE-754 float. Bit-compatible with __nv_bfloat16.
@@ -22,19 +26,30 @@ EPMOE_HD float bf16_to_float(bf16_t v) {
   return f;
 }
 
-// Round to nearest, ties to even (what __float2bfloat16_rn does); NaN stays a quiet NaN.
+// Round to nearest, ties to even; NaN stays a NaN. On the device this is the hardware conversion
+// (one instruction; the same bits for every non-NaN input).
 EPMOE_HD bf16_t float_to_bf16(float f) {
-  uint32_t bits;
 #if defined(__CUDA_ARCH__)
-  bits = __float_as_uint(f);
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
 #else
+  uint32_t bits;
   std::memcpy(&bits, &f, sizeof(bits));
-#endif
   if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0) {
     return static_cast<bf16_t>((bits >> 16) | 0x0040u);
   }
   uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
   return static_cast<bf16_t>((bits + rounding) >> 16);
+#endif
+}
+
+// Two values rounded and packed (lo in the low half, as in memory): one cvt on the device.
+EPMOE_HD uint32_t pack_bf16x2(float lo, float hi) {
+#if defined(__CUDA_ARCH__)
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+#else
+  return static_cast<uint32_t>(float_to_bf16(lo)) | (static_cast<uint32_t>(float_to_bf16(hi)) << 16);
+#endif
 }
 
 EPMOE_HD float round_to_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }

@@ -47,9 +47,8 @@ struct Stage {
       for (int h = 0; h < 2; ++h) {
         const int i = 4 * g + 2 * h;
         const int row = frag_row(h), col = frag_col(g);
-        const uint32_t lo = float_to_bf16(value(i, row, col));
-        const uint32_t hi = float_to_bf16(value(i + 1, row, col + 1));
-        *reinterpret_cast<uint32_t*>(smem + row * kPitch + (col - 64 * C) * 2) = lo | (hi << 16);
+        *reinterpret_cast<uint32_t*>(smem + row * kPitch + (col - 64 * C) * 2) =
+            pack_bf16x2(value(i, row, col), value(i + 1, row, col + 1));
       }
     }
   }
@@ -181,7 +180,8 @@ struct ScatterEpilogue {
 // Per 64-column chunk: gate is staged (rounded) and written, each thread keeping its 16-byte
 // segments; then up is staged and written, and each thread computes h on the same segments from
 // the rounded values (exactly as the unfused chain does) and stores it with 16-byte stores. The
-// SwiGLU math runs row-wise in a non-inlined function, out of the unrolled fragment loops.
+// SwiGLU math runs row-wise, out of the unrolled fragment loops (code size), and inline: a call
+// while the accumulators are live makes them spill around it.
 template <class Traits>
 struct SwigluEpilogue {
   struct Params {
@@ -199,7 +199,7 @@ struct SwigluEpilogue {
 
   // part 0: write the staged gate rows, keeping this thread's segments in gate_seg.
   // part 1: write the staged up rows and h = act(gate_seg, up).
-  __device__ __noinline__ void rows_out(const TileCoord& t, int64_t c0, int part, uint4* gate_seg) const {
+  __device__ __forceinline__ void rows_out(const TileCoord& t, int64_t c0, int part, uint4* gate_seg) const {
     const int seg = stage.tid % 8;
     const int64_t f = c0 + seg * 8;
     if (f >= p.F) return;  // F % 8 == 0: a segment is all in or all out
@@ -251,7 +251,8 @@ struct SwigluEpilogue {
 // to bf16 (as the unfused chain stores it); the SwiGLU math then runs row-wise on 8 consecutive
 // columns per thread, with 16-byte loads of gate and up and 16-byte stores of the three outputs.
 // Keeping the math out of the unrolled fragment loops keeps the kernel small: unrolled per
-// fragment element it grew to ~34k instructions and ran from a thrashing instruction cache.
+// fragment element it grew to ~34k instructions and ran from a thrashing instruction cache. It is
+// inline: a call while the accumulators are live makes them spill around it.
 template <class Traits>
 struct SwigluBackwardEpilogue {
   struct Params {
@@ -269,7 +270,7 @@ struct SwigluBackwardEpilogue {
       : p(params), stage{smem, wg, tid} {}
 
   // The staged grad_h rows of columns [c0, c0 + 64) of the tile: SwiGLU backward and the stores.
-  __device__ __noinline__ void rows_out(const TileCoord& t, int64_t c0) const {
+  __device__ __forceinline__ void rows_out(const TileCoord& t, int64_t c0) const {
     const int seg = stage.tid % 8;
     const int64_t f = c0 + seg * 8;  // first of this thread's 8 columns
     if (f >= p.F) return;            // F % 8 == 0: a segment is all in or all out
@@ -455,8 +456,7 @@ struct WgradTmaEpilogue {
         for (int h = 0; h < 2; ++h) {
           const int i = 4 * g + 2 * h;
           const int row = 16 * warp + lane / 4 + 8 * h, col = 8 * g + 2 * (lane % 4);
-          const uint32_t lo = float_to_bf16(acc(i)), hi = float_to_bf16(acc(i + 1));
-          *reinterpret_cast<uint32_t*>(smem + offset(row, col)) = lo | (hi << 16);
+          *reinterpret_cast<uint32_t*>(smem + offset(row, col)) = pack_bf16x2(acc(i), acc(i + 1));
         }
       }
     }

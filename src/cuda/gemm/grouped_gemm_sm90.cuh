@@ -112,10 +112,13 @@ struct TileScheduler {
       }
       // Skip empty groups that share the same prefix.
       while (lo + 1 < groups && prefix[lo + 1] <= tile) ++lo;
+      // m fastest: the m-tiles that share one weight slice run side by side and read it once
+      // from HBM (expert groups are often just over a tile: a second, sparse m-tile).
       const int local = tile - prefix[lo];
+      const int m_tiles = (offsets[lo + 1] - offsets[lo] + BM - 1) / BM;
       t.group = lo;
-      t.m_tile = local / n_tiles;
-      t.n_tile = local % n_tiles;
+      t.m_tile = local % m_tiles;
+      t.n_tile = local / m_tiles;
       t.row0 = offsets[lo] + t.m_tile * BM;
       t.rows_valid = min(BM, offsets[lo + 1] - t.row0);
       t.k_tiles = k_tiles_rows;
