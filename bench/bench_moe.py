@@ -211,8 +211,9 @@ def bench_shape(lib, shape, routing, ceil, rows, iters):
 
 
 def write_results(path, ceil, rows):
-    sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    out = {"sha": sha or os.environ.get("EPMOE_SHA", "unknown"),
+    sha = os.environ.get("EPMOE_SHA") or subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    out = {"sha": sha or "unknown",
            "date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
            "num_gpus": torch.cuda.device_count(),
            "versions": {"torch": torch.__version__, "cuda": torch.version.cuda,
