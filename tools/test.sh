@@ -12,6 +12,9 @@ epmoe_configure
 # shellcheck disable=SC2119  # no targets: build everything
 epmoe_build
 
+if ! nvidia-smi -L > /dev/null 2>&1; then
+  epmoe_say "no GPU on this machine: the GPU tests (Gpu*) run and report 'Skipped' (no CUDA device)"
+fi
 epmoe_say "ctest"
 status=0
 ctest --test-dir "$EPMOE_BUILD_DIR" --output-on-failure -j "$EPMOE_JOBS" || status=$?
