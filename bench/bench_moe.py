@@ -150,6 +150,33 @@ def bench_shape(lib, shape, routing, ceil, rows, iters):
     rows.append(row("torch-native", shape, routing, "fwd+bwd", T_train, r_step, step_flops,
                     peak_mem_bytes_recipe=recipe_peak))
 
+    # the other consumer schedule of the grouped GEMMs (EPMOE_GEMM_SCHEDULE, read per launch)
+    os.environ["EPMOE_GEMM_SCHEDULE"] = "pingpong"
+    try:
+        p_fwd = timed(lambda: L.forward(False), iters)
+        p_step = timed(L.step, iters)
+        rows.append(row("epmoe-pingpong", shape, routing, "fwd", T_train, p_fwd, fwd_flops,
+                        ratio_to_recipe=r_fwd[0] / p_fwd[0]))
+        rows.append(row("epmoe-pingpong", shape, routing, "fwd+bwd", T_train, p_step, step_flops,
+                        ratio_to_recipe=r_step[0] / p_step[0]))
+        L.ctx.stage_timing(True)
+        ping_ms = {}
+        for _ in range(3):
+            L.step()
+            for name, ms in L.ctx.stage_times():
+                ping_ms.setdefault(name, []).append(ms)
+        L.ctx.stage_timing(False)
+        ping = {k: statistics.median(v) for k, v in ping_ms.items()}
+        rows.append({"impl": "epmoe-pingpong", "shape": shape, "ep": 1, "routing": routing,
+                     "precision": "bf16", "phase": "stage-breakdown", "tokens_per_rank": T_train,
+                     "stages_ms": ping})
+        print(f"{shape} {routing} ping-pong stages (ms): " +
+              ", ".join(f"{k} {v:.3f}" for k, v in ping.items()), flush=True)
+    except RuntimeError as e:  # a build without the ping-pong instantiations
+        print(f"ping-pong schedule not measured: {e}", flush=True)
+    finally:
+        del os.environ["EPMOE_GEMM_SCHEDULE"]
+
     # per-stage breakdown (stages serialised by device syncs)
     L.ctx.stage_timing(True)
     stage_ms = {}

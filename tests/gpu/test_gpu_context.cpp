@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -260,6 +261,39 @@ TEST(GpuContext, FusedEqualsUnfusedBitwise) {
     Problem unfused = p;
     unfused.fused = false;
     expect_bitwise_equal(run_gpu_layer(p, in[0]), run_gpu_layer(unfused, in[0]), p.name() + " vs unfused");
+  }
+}
+
+// The ping-pong consumer schedule (64-row tiles, one warpgroup each) computes every output element
+// with the same k-order as the cooperative one: the results are bitwise equal.
+TEST(GpuContext, PingPongScheduleEqualsCooperativeBitwise) {
+  EPMOE_REQUIRE_GPU();
+  struct Case {
+    Problem p;
+    int64_t tokens;
+  };
+  std::vector<Case> cases;
+  cases.push_back({problem(333, 256, 520, 16, 4), 333});
+  Problem clamped = problem(300, 512, 256, 8, 2);
+  clamped.act = Activation::swiglu_clamped();
+  cases.push_back({clamped, 300});
+  Problem f32 = problem(200, 256, 192, 6, 3);
+  f32.wgrad_dtype = DType::f32;
+  cases.push_back({f32, 200});
+  uint64_t seed = 71;
+  for (const Case& c : cases) {
+    const auto in = make_inputs(c.p, seed++, c.tokens);
+    const auto cooperative = run_gpu_layer(c.p, in[0]);
+    setenv("EPMOE_GEMM_SCHEDULE", "pingpong", 1);
+    std::vector<RankOutputs> pingpong;
+    try {
+      pingpong = run_gpu_layer(c.p, in[0]);
+    } catch (const Error& e) {
+      unsetenv("EPMOE_GEMM_SCHEDULE");
+      GTEST_SKIP() << "ping-pong schedule not in this build (EPMOE_GEMM_CONFIGS=CI): " << e.what();
+    }
+    unsetenv("EPMOE_GEMM_SCHEDULE");
+    expect_bitwise_equal(pingpong, cooperative, c.p.name() + " ping-pong vs cooperative");
   }
 }
 

@@ -24,9 +24,10 @@ template <class Traits>
 struct Stage {
   static constexpr int kPitch = 128 + 16;  // a 128-byte row chunk, +16 to spread banks
   static constexpr int kBytes = 64 * kPitch;
-  char* smem;  // [64][kPitch]
-  int wg;      // consumer warpgroup (its rows are [64 * wg, 64 * wg + 64) of the tile)
-  int tid;     // thread in the warpgroup
+  char* smem;     // [64][kPitch]
+  int wg;         // consumer warpgroup (names its barrier)
+  int row_block;  // its rows in the tile: [64 * row_block, 64 * row_block + 64)
+  int tid;        // thread in the warpgroup
 
   __device__ int frag_row(int h) const { return 16 * (tid / 32) + (tid % 32) / 4 + 8 * h; }
   __device__ int frag_col(int g) const { return 8 * g + 2 * (tid % 4); }
@@ -113,8 +114,8 @@ struct RowsEpilogue {
   Params p;
   Stage<Traits> stage;
   __device__ void finish() const {}
-  __device__ RowsEpilogue(const Params& params, char* smem, int wg, int tid)
-      : p(params), stage{smem, wg, tid} {}
+  __device__ RowsEpilogue(const Params& params, char* smem, int wg, int row_block, int tid)
+      : p(params), stage{smem, wg, row_block, tid} {}
 
   template <class Acc0, class Acc1>
   __device__ void store(const TileCoord& t, const Acc0& acc, const Acc1&) const {
@@ -124,7 +125,7 @@ struct RowsEpilogue {
       stage.template put_bf16<C>([&](int i, int, int) { return acc(i); });
       stage.sync();
       stage.write_rows(clamp_bytes(p.n - col0 - 64 * C, 2), [&](int r, int) -> char* {
-        const int m = 64 * stage.wg + r;
+        const int m = 64 * stage.row_block + r;
         if (m >= t.rows_valid) return nullptr;
         return reinterpret_cast<char*>(p.out + (t.row0 + m) * p.ld + col0 + 64 * C);
       });
@@ -147,8 +148,8 @@ struct ScatterEpilogue {
   Params p;
   Stage<Traits> stage;
   __device__ void finish() const {}
-  __device__ ScatterEpilogue(const Params& params, char* smem, int wg, int tid)
-      : p(params), stage{smem, wg, tid} {}
+  __device__ ScatterEpilogue(const Params& params, char* smem, int wg, int row_block, int tid)
+      : p(params), stage{smem, wg, row_block, tid} {}
 
   template <class Acc0, class Acc1>
   __device__ void store(const TileCoord& t, const Acc0& acc, const Acc1&) const {
@@ -156,7 +157,7 @@ struct ScatterEpilogue {
     bf16_t* row_base[4];  // the rows this thread writes in phase 2
     CUTE_UNROLL
     for (int pass = 0; pass < 4; ++pass) {
-      const int m = 64 * stage.wg + pass * 16 + stage.tid / 8;
+      const int m = 64 * stage.row_block + pass * 16 + stage.tid / 8;
       row_base[pass] = nullptr;
       if (m < t.rows_valid) {
         const int32_t src = p.recv_src_M[t.row0 + m];
@@ -194,8 +195,8 @@ struct SwigluEpilogue {
   Params p;
   Stage<Traits> stage;
   __device__ void finish() const {}
-  __device__ SwigluEpilogue(const Params& params, char* smem, int wg, int tid)
-      : p(params), stage{smem, wg, tid} {}
+  __device__ SwigluEpilogue(const Params& params, char* smem, int wg, int row_block, int tid)
+      : p(params), stage{smem, wg, row_block, tid} {}
 
   // part 0: write the staged gate rows, keeping this thread's segments in gate_seg.
   // part 1: write the staged up rows and h = act(gate_seg, up).
@@ -206,7 +207,7 @@ struct SwigluEpilogue {
 #pragma unroll
     for (int pass = 0; pass < 4; ++pass) {
       const int r = pass * 16 + stage.tid / 8;
-      const int m = 64 * stage.wg + r;
+      const int m = 64 * stage.row_block + r;
       if (m >= t.rows_valid) continue;
       const int64_t row = t.row0 + m;
       const uint4 v = *reinterpret_cast<const uint4*>(stage.smem + r * Stage<Traits>::kPitch + seg * 16);
@@ -266,8 +267,8 @@ struct SwigluBackwardEpilogue {
   Params p;
   Stage<Traits> stage;
   __device__ void finish() const {}
-  __device__ SwigluBackwardEpilogue(const Params& params, char* smem, int wg, int tid)
-      : p(params), stage{smem, wg, tid} {}
+  __device__ SwigluBackwardEpilogue(const Params& params, char* smem, int wg, int row_block, int tid)
+      : p(params), stage{smem, wg, row_block, tid} {}
 
   // The staged grad_h rows of columns [c0, c0 + 64) of the tile: SwiGLU backward and the stores.
   __device__ __forceinline__ void rows_out(const TileCoord& t, int64_t c0) const {
@@ -277,7 +278,7 @@ struct SwigluBackwardEpilogue {
 #pragma unroll 1
     for (int pass = 0; pass < 4; ++pass) {
       const int r = pass * 16 + stage.tid / 8;
-      const int m = 64 * stage.wg + r;
+      const int m = 64 * stage.row_block + r;
       if (m >= t.rows_valid) continue;
       const int64_t row = t.row0 + m;
       const uint4 gh = *reinterpret_cast<const uint4*>(stage.smem + r * Stage<Traits>::kPitch + seg * 16);
@@ -333,8 +334,8 @@ struct WgradEpilogue {
   Params p;
   Stage<Traits> stage;
   __device__ void finish() const {}
-  __device__ WgradEpilogue(const Params& params, char* smem, int wg, int tid)
-      : p(params), stage{smem, wg, tid} {}
+  __device__ WgradEpilogue(const Params& params, char* smem, int wg, int row_block, int tid)
+      : p(params), stage{smem, wg, row_block, tid} {}
 
   // An expert with no rows: its gradient is zero. Written from a zeroed stage, never from the
   // accumulators (reading them on a second path makes ptxas serialize the wgmma pipeline).
@@ -358,7 +359,7 @@ struct WgradEpilogue {
 
   template <class Acc0, class Acc1>
   __device__ void store(const TileCoord& t, const Acc0& acc, const Acc1&) const {
-    const int64_t row0 = static_cast<int64_t>(t.m_tile) * Traits::BLOCK_M + 64 * stage.wg;
+    const int64_t row0 = static_cast<int64_t>(t.m_tile) * Traits::BLOCK_M + 64 * stage.row_block;
     const int64_t col0 = static_cast<int64_t>(t.n_tile) * Traits::BLOCK_N;
     OutT* out = p.out + static_cast<int64_t>(t.group) * p.m_out * p.n_out;
     if (t.k_tiles == 0) {
@@ -425,10 +426,11 @@ struct WgradTmaEpilogue {
   };
   const Params& p;  // the kernel's __grid_constant__ parameter: the descriptor stays in param space
   char* smem;
-  int wg;
+  int wg;         // consumer warpgroup (names its barrier)
+  int row_block;  // its rows in the tile, in units of 64
   int tid;
-  __device__ WgradTmaEpilogue(const Params& params, char* stage_smem, int warpgroup, int thread)
-      : p(params), smem(stage_smem), wg(warpgroup), tid(thread) {}
+  __device__ WgradTmaEpilogue(const Params& params, char* stage_smem, int warpgroup, int rows, int thread)
+      : p(params), smem(stage_smem), wg(warpgroup), row_block(rows), tid(thread) {}
 
   __device__ void sync() const {
     cutlass::arch::NamedBarrier::arrive_and_wait(
@@ -464,7 +466,7 @@ struct WgradTmaEpilogue {
     sync();
     if (tid == 0) {
       Tensor mC = p.tma.get_tma_tensor(make_shape(p.m_out, p.n_out, p.groups));  // (m, n, e)
-      const int m_blk = (t.m_tile * Traits::BLOCK_M) / 64 + wg;
+      const int m_blk = (t.m_tile * Traits::BLOCK_M) / 64 + row_block;
       CUTE_UNROLL
       for (int j = 0; j < kBoxes; ++j) {
         const int n_blk = (t.n_tile * Traits::BLOCK_N) / 64 + j;

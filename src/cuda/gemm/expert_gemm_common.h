@@ -13,6 +13,10 @@ namespace epmoe::cuda::gemm {
 // Throws naming the limit when the launch would not fit the kernel family.
 void check_groups(const Step& s);
 
+// The consumer schedule for a stage: EPMOE_GEMM_SCHEDULE=cooperative|pingpong (read once; for
+// measurements), else the default below.
+Schedule select_schedule(const Step& s);
+
 // Groups = local experts; sizes from the layout on the device; the step's skip flag empties them.
 inline GroupArgs step_groups(const Step& s, int64_t n, int64_t k, int64_t m_out = 0) {
   GroupArgs g;
@@ -26,6 +30,25 @@ inline GroupArgs step_groups(const Step& s, int64_t n, int64_t k, int64_t m_out 
 }
 
 inline cudaStream_t stream_of(const Step& s) { return static_cast<cudaStream_t>(s.stream); }
+
+// Rows-grouping tile configs: cooperative 128-row tiles (4 stages) or ping-pong 64-row tiles
+// (5 stages: a stage holds one 64-row tile's k-block).
+template <bool kPingPong, int kBlockN, Major kMajorB, int kNumB>
+using RowsTraits = GemmTraits<kPingPong ? 64 : 128, kBlockN, kPingPong ? 5 : 4, Grouping::rows,
+                              Major::K, kMajorB, kNumB, kPingPong>;
+
+// Calls fn(std::bool_constant<ping-pong>) with the schedule select_schedule() picks. Builds with
+// EPMOE_GEMM_CONFIGS=CI instantiate the cooperative schedule only.
+template <class Fn>
+void dispatch_schedule([[maybe_unused]] const Step& s, Fn&& fn) {
+#if defined(EPMOE_GEMM_ALL_CONFIGS)
+  if (select_schedule(s) == Schedule::pingpong) {
+    fn(std::true_type{});
+    return;
+  }
+#endif
+  fn(std::false_type{});
+}
 
 
 }  // namespace epmoe::cuda::gemm

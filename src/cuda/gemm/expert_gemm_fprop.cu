@@ -8,19 +8,20 @@ namespace epmoe::cuda {
 using namespace gemm;
 
 // x_gathered [M, D] (K-major) times w13 [E, 2F, D] (K-major).
-void w13_fprop(const Step& s, bool swiglu) {
+template <bool kPingPong>
+void w13_fprop_with(const Step& s, bool swiglu) {
   check_groups(s);
   const int64_t D = s.dims.D, F = s.dims.F, M = s.capacity_rows;
   const Operand a{s.x_gathered_MD, M, D, D, 1};
   const Operand b{s.w13_EFD, 2 * F, D, D, 1, s.dims.E, 2 * F * D};
   if (swiglu) {
-    using T = GemmTraits<128, 128, 4, Grouping::rows, Major::K, Major::K, 2>;
+    using T = RowsTraits<kPingPong, 128, Major::K, 2>;
     GroupArgs g = step_groups(s, F, D);
     g.b_second_offset = F;  // up rows follow the F gate rows
     const typename SwigluEpilogue<T>::Params epi{s.h13_M2F, s.h_MF, F, s.act};
     launch_grouped_gemm<T, Major::K, Major::K, SwigluEpilogue<T>>(a, b, g, epi, stream_of(s));
   } else {
-    using T = GemmTraits<128, 256, 4, Grouping::rows, Major::K, Major::K, 1>;
+    using T = RowsTraits<kPingPong, 256, Major::K, 1>;
     const typename RowsEpilogue<T>::Params epi{s.h13_M2F, 2 * F, 2 * F};
     launch_grouped_gemm<T, Major::K, Major::K, RowsEpilogue<T>>(a, b, step_groups(s, 2 * F, D), epi,
                                                                 stream_of(s));
@@ -28,12 +29,13 @@ void w13_fprop(const Step& s, bool swiglu) {
 }
 
 // h [M, F] (K-major) times w2 [E, D, F] (K-major).
-void w2_fprop(const Step& s, bool scatter) {
+template <bool kPingPong>
+void w2_fprop_with(const Step& s, bool scatter) {
   check_groups(s);
   const int64_t D = s.dims.D, F = s.dims.F, M = s.capacity_rows;
   const Operand a{s.h_MF, M, F, F, 1};
   const Operand b{s.w2_EDF, D, F, F, 1, s.dims.E, D * F};
-  using T = GemmTraits<128, 256, 4, Grouping::rows, Major::K, Major::K, 1>;
+  using T = RowsTraits<kPingPong, 256, Major::K, 1>;
   if (scatter) {
     const typename ScatterEpilogue<T>::Params epi{s.combine_R, s.layout.recv_src_M, s.dims.T,
                                                   s.dims.K, D};
@@ -44,6 +46,14 @@ void w2_fprop(const Step& s, bool scatter) {
     launch_grouped_gemm<T, Major::K, Major::K, RowsEpilogue<T>>(a, b, step_groups(s, D, F), epi,
                                                                 stream_of(s));
   }
+}
+
+void w13_fprop(const Step& s, bool swiglu) {
+  dispatch_schedule(s, [&](auto pingpong) { w13_fprop_with<decltype(pingpong)::value>(s, swiglu); });
+}
+
+void w2_fprop(const Step& s, bool scatter) {
+  dispatch_schedule(s, [&](auto pingpong) { w2_fprop_with<decltype(pingpong)::value>(s, scatter); });
 }
 
 }  // namespace epmoe::cuda

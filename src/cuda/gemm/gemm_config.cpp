@@ -2,6 +2,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <sstream>
 #include <vector>
@@ -40,7 +42,21 @@ GemmConfig select_config(const GemmProblem& p, int num_sms) {
   return c;
 }
 
+const char* to_string(Schedule s) { return s == Schedule::pingpong ? "ping-pong" : "cooperative"; }
+
 namespace gemm {
+
+// Read on every launch (a getenv is ~100 ns), so a benchmark can compare schedules in one process.
+Schedule select_schedule(const Step&) {
+  const char* env = std::getenv("EPMOE_GEMM_SCHEDULE");
+  if (env == nullptr || std::strcmp(env, "cooperative") == 0) return Schedule::cooperative;
+  EPMOE_CHECK_ARG(std::strcmp(env, "pingpong") == 0, "EPMOE_GEMM_SCHEDULE", "cooperative or pingpong",
+                  env);
+#if !defined(EPMOE_GEMM_ALL_CONFIGS)
+  EPMOE_CHECK_ARG(false, "EPMOE_GEMM_SCHEDULE", "cooperative in a build with EPMOE_GEMM_CONFIGS=CI", env);
+#endif
+  return Schedule::pingpong;
+}
 
 int device_sm_count() {
   static std::mutex mu;

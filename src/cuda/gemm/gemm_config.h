@@ -40,6 +40,11 @@ struct GemmConfig {
   std::string to_string() const;
 };
 
+// Consumer warpgroups: both on one 128-row tile (cooperative), or alternate 64-row tiles so one
+// warpgroup's epilogue overlaps the other's MMA (ping-pong).
+enum class Schedule : int { cooperative, pingpong };
+const char* to_string(Schedule s);
+
 // Printable heuristic: a small table of configs that exist as instantiations.
 GemmConfig select_config(const GemmProblem& p, int num_sms);
 std::string to_string(const GemmProblem& p);

@@ -25,8 +25,10 @@ namespace epmoe::cuda::gemm {
 
 using namespace cute;
 
+// PINGPONG: each of the two consumer warpgroups owns alternate 64-row tiles, so one warpgroup's
+// epilogue overlaps the other's MMA. Otherwise (cooperative) BLOCK_M / 64 warpgroups share a tile.
 template <int BLOCK_M_, int BLOCK_N_, int STAGES_, Grouping GROUPING_, Major A_MAJOR_,
-          Major B_MAJOR_, int NUM_B_>
+          Major B_MAJOR_, int NUM_B_, bool PINGPONG_ = false>
 struct GemmTraits {
   static constexpr int BLOCK_M = BLOCK_M_;
   static constexpr int BLOCK_N = BLOCK_N_;  // per B operand
@@ -34,9 +36,12 @@ struct GemmTraits {
   static constexpr int kStages = STAGES_;
   static constexpr Grouping kGrouping = GROUPING_;
   static constexpr int kNumB = NUM_B_;
-  static constexpr int kConsumerWarpgroups = BLOCK_M / 64;
+  static constexpr bool kPingPong = PINGPONG_;
+  static constexpr int kWarpgroupsPerTile = kPingPong ? 1 : BLOCK_M / 64;
+  static constexpr int kConsumerWarpgroups = kPingPong ? 2 : BLOCK_M / 64;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   static_assert(BLOCK_M == 64 || BLOCK_M == 128, "one or two consumer warpgroups of 64 rows");
+  static_assert(!kPingPong || BLOCK_M == 64, "ping-pong: one warpgroup per 64-row tile");
   static_assert(kNumB == 1 || kNumB == 2, "one B operand, or W13's gate and up halves");
 
   using Element = cutlass::bfloat16_t;
@@ -54,7 +59,7 @@ struct GemmTraits {
                                                        Shape<_64, Int<BLOCK_N>, Int<BLOCK_K>>,
                                                        kMajorA, kMajorB>());
   using TiledMma = decltype(make_tiled_mma(
-      MmaAtom{}, Layout<Shape<Int<kConsumerWarpgroups>, _1, _1>>{}));
+      MmaAtom{}, Layout<Shape<Int<kWarpgroupsPerTile>, _1, _1>>{}));
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   static constexpr uint32_t kTxBytes =
       static_cast<uint32_t>((BLOCK_M * BLOCK_K + kNumB * BLOCK_N * BLOCK_K) * sizeof(Element));
@@ -182,7 +187,8 @@ __device__ TileScheduler<Traits> make_scheduler(Smem& smem, const GroupArgs& g) 
 }
 
 // Named barriers (ids above CUTLASS's reserved ones).
-enum class GemmBarrier : uint32_t { consumers = 1, epilogue_wg0 = 2 };
+// Named barriers (ids above CUTLASS's reserved ones), one per consumer warpgroup where needed.
+enum class GemmBarrier : uint32_t { k_tail_wg0 = 1, epilogue_wg0 = 3 };
 
 template <class Traits, class Epilogue, class TmaA, class TmaB>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
@@ -208,7 +214,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   pipe_params.role = warpgroup == 0 ? Pipeline::ThreadCategory::Producer
                                     : Pipeline::ThreadCategory::Consumer;
   pipe_params.is_leader = warpgroup == 0 && warp_in_group == 0 && lane_predicate;
-  pipe_params.num_consumers = 128 * Traits::kConsumerWarpgroups;
+  pipe_params.num_consumers = 128 * Traits::kWarpgroupsPerTile;  // who releases a stage
   Pipeline pipeline(smem.pipeline, pipe_params, Shape<_1, _1, _1>{});
 
   if (threadIdx.x == 0) {
@@ -278,10 +284,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   } else {
     // ---------------- consumers: wgmma on the tile, then the epilogue ----------------
     cutlass::arch::warpgroup_reg_alloc<232>();
+    constexpr int kTileThreads = 128 * Traits::kWarpgroupsPerTile;  // threads working on one tile
     const int consumer_tid = threadIdx.x - 128;
     const int wg = warpgroup - 1;
+    const int tile_tid = consumer_tid % kTileThreads;
     typename Traits::TiledMma tiled_mma;
-    auto thr_mma = tiled_mma.get_thread_slice(consumer_tid);
+    auto thr_mma = tiled_mma.get_thread_slice(tile_tid);
     Tensor tCsA = thr_mma.partition_A(sA);                    // (MMA, MMA_M, MMA_K, PIPE)
     Tensor tCrA = thr_mma.make_fragment_A(tCsA);
     Tensor sB0 = make_tensor(make_smem_ptr(smem.b[0].data()), typename Traits::SmemLayoutB{});
@@ -293,10 +301,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     Tensor acc1 = partition_fragment_C(tiled_mma, Shape<Int<Traits::kNumB == 2 ? BM : 64>,
                                                         Int<Traits::kNumB == 2 ? BN : 8>>{});
 
-    Epilogue epilogue(epi_params, smem.epilogue[wg], wg, consumer_tid % 128);
+    // The warpgroup's rows within a tile: 64 * row_block (always 0 in ping-pong).
+    const int row_block = Traits::kPingPong ? 0 : wg;
+    Epilogue epilogue(epi_params, smem.epilogue[wg], wg, row_block, consumer_tid % 128);
     PipelineState read_state;
-    for (int tile = blockIdx.x; tile < sched.total; tile += gridDim.x) {
+    int sequence = 0;  // this CTA's tiles in order; ping-pong: warpgroup (sequence % 2) owns one
+    for (int tile = blockIdx.x; tile < sched.total; tile += gridDim.x, ++sequence) {
       const TileCoord t = sched.at(tile);
+      if constexpr (Traits::kPingPong) {
+        if ((sequence & 1) != wg) {  // the other warpgroup's tile: skip its stages
+          read_state.advance(static_cast<uint32_t>(t.k_tiles));
+          continue;
+        }
+      }
       // A group with no rows (WGRAD only) skips the MMA; its epilogue writes zeros without
       // reading the accumulators, which keeps them out of any branch merge (a merge makes ptxas
       // copy and spill them inside the mainloop).
@@ -318,7 +335,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                             "k-tail zeroing assumes MN-major operands");
               constexpr int kRowsPerK = (BM + BN) / 64;
               const int tail_rows = (BK - valid) * kRowsPerK;
-              for (int i = consumer_tid; i < tail_rows * 8; i += 128 * Traits::kConsumerWarpgroups) {
+              for (int i = tile_tid; i < tail_rows * 8; i += kTileThreads) {
                 const int row = i / 8, chunk = i % 8;
                 const int k = valid + row / kRowsPerK, r = row % kRowsPerK;
                 const auto* first = r < BM / 64 ? &sA(64 * r, k, stage) : &sB0(64 * (r - BM / 64), k, stage);
@@ -327,7 +344,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
               }
               cutlass::arch::fence_view_async_shared();
               cutlass::arch::NamedBarrier::arrive_and_wait(
-                  128 * Traits::kConsumerWarpgroups, static_cast<uint32_t>(GemmBarrier::consumers));
+                  kTileThreads, static_cast<uint32_t>(GemmBarrier::k_tail_wg0) +
+                                    static_cast<uint32_t>(Traits::kPingPong ? wg : 0));
             }
           }
           warpgroup_fence_operand(acc0);

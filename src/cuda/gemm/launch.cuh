@@ -60,6 +60,7 @@ void launch_grouped_gemm(const Operand& a, const Operand& b, const GroupArgs& gr
   auto kernel = &grouped_gemm_kernel<Traits, Epilogue, decltype(tma_a), decltype(tma_b)>;
   constexpr int kSmem =
       static_cast<int>(sizeof(SharedStorage<Traits, Epilogue::kSmemBytesPerWarpgroup>));
+  static_assert(kSmem <= 227 * 1024, "shared memory of one CTA on sm_90 is at most 227 KiB");
   static std::once_flag attribute_set;
   std::call_once(attribute_set, [&] {
     EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
