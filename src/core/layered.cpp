@@ -1,0 +1,392 @@
+// Layered API (include/epmoe/layered.h): each call builds a Step over this object's own symmetric
+// buffers and the caller's tensors, and runs a slice of the Context's stage sequence on the
+// Context's backend. Nothing here computes; the stages do.
+#include "epmoe/layered.h"
+
+#include <string>
+#include <vector>
+
+#include "core/activation.h"
+#include "core/backend.h"
+#include "core/plan_terms.h"
+#include "core/step.h"
+#include "epmoe/error.h"
+
+namespace epmoe {
+
+namespace {
+
+// Communicating calls come in two phases: "gather" calls (dispatch, combine_backward) write this
+// rank's dispatch/routing buffers and read the peers'; "scatter" calls (combine,
+// dispatch_backward) write the peers' combine buffers and read this rank's. Alternating phases
+// are ordered by the barrier inside each call; two calls of one phase in a row need one more
+// barrier first, or a fast rank would overwrite what a slow one still reads.
+enum class Phase { none, gather, scatter };
+
+std::string shape_of(std::initializer_list<int64_t> shape) {
+  TensorRef t;
+  t.ndim = static_cast<int>(shape.size());
+  int i = 0;
+  for (int64_t v : shape) t.shape[i++] = v;
+  return t.shape_string();
+}
+
+void check_tensor(const TensorRef& t, const char* name, std::initializer_list<DType> dtypes,
+           std::initializer_list<int64_t> shape, const Device& device) {
+  EPMOE_CHECK_ARG(t.data != nullptr, name, "a non-null data pointer", "nullptr");
+  bool dtype_ok = false;
+  std::string want_dtype;
+  for (DType d : dtypes) {
+    dtype_ok |= t.dtype == d;
+    want_dtype += (want_dtype.empty() ? "" : " or ") + std::string(to_string(d));
+  }
+  EPMOE_CHECK_ARG(dtype_ok, name, "dtype " + want_dtype, to_string(t.dtype));
+  bool shape_ok = t.ndim == static_cast<int>(shape.size());
+  int i = 0;
+  for (int64_t v : shape) shape_ok = shape_ok && t.shape[i++] == v;
+  EPMOE_CHECK_ARG(shape_ok, name, "shape " + shape_of(shape), t.shape_string());
+  EPMOE_CHECK_ARG(t.is_contiguous(), name, "contiguous strides", t.stride_string());
+  EPMOE_CHECK_ARG(t.device == device, name, "device " + to_string(device), to_string(t.device));
+}
+
+int64_t rows_of(const TensorRef& t, const char* name, int64_t T) {
+  EPMOE_CHECK_ARG(t.ndim >= 1 && t.shape[0] >= 1 && t.shape[0] <= T, name,
+                  "T' in [1, " + std::to_string(T) + "] rows (Config.max_tokens_per_rank)",
+                  t.shape_string());
+  return t.shape[0];
+}
+
+}  // namespace
+
+struct Layered::Impl {
+  Context* context = nullptr;
+  std::shared_ptr<Transport> transport;
+  Backend* backend = nullptr;
+  Dims dims;
+  int64_t capacity = 0;
+  int64_t layout_bytes = 0;
+  std::chrono::milliseconds budget{0};
+  SymmetricBuffer routing, dispatch, combine;
+  void* routing_R = nullptr;  // peer tables on the compute device
+  void* dispatch_R = nullptr;
+  void* combine_R = nullptr;
+  void* route_scratch = nullptr;
+  Status* status = nullptr;
+  int64_t sequence = 0;
+  Phase last_phase = Phase::none;
+  bool closed = false;
+
+  void* peer_table(const SymmetricBuffer& b) {
+    const std::size_t bytes = b.peers.size() * sizeof(void*);
+    void* dev = backend->allocate(static_cast<std::size_t>(align_bytes(static_cast<int64_t>(bytes))));
+    backend->copy_to_device(dev, b.peers.data(), bytes);
+    return dev;
+  }
+
+  void check_layout(const TensorRef& t) const {
+    EPMOE_CHECK_ARG(t.data != nullptr, "layout", "a non-null data pointer", "nullptr");
+    EPMOE_CHECK_ARG(t.dtype == DType::u8 || t.dtype == DType::i32, "layout", "dtype u8 or i32",
+                    to_string(t.dtype));
+    EPMOE_CHECK_ARG(t.ndim == 1 && t.is_contiguous() &&
+                        static_cast<int64_t>(t.nbytes()) >= layout_bytes,
+                    "layout", "a contiguous 1-D buffer of at least " +
+                                  std::to_string(layout_bytes) + " bytes (Layered::layout_bytes)",
+                    t.shape_string() + " " + to_string(t.dtype));
+    EPMOE_CHECK_ARG(t.device == backend->device(), "layout",
+                    "device " + to_string(backend->device()), to_string(t.device));
+  }
+
+  Step step(int64_t tokens, const TensorRef& layout, void* stream) {
+    check_layout(layout);
+    const Config& c = context->config();
+    Step s;
+    s.dims = dims;
+    s.tokens = tokens;
+    s.rank = transport->rank();
+    s.capacity_rows = capacity;
+    s.act = activation_params(c.fields().activation);
+    s.sequence = sequence;
+    s.check_inputs = c.fields().check_inputs;
+    s.trap_on_overflow = c.fields().overflow == OverflowPolicy::trap;
+    s.stream = stream;
+    s.routing_R = static_cast<char* const*>(routing_R);
+    s.dispatch_R = static_cast<bf16_t* const*>(dispatch_R);
+    s.combine_R = static_cast<bf16_t* const*>(combine_R);
+    s.status = status;
+    s.route_scratch = static_cast<char*>(route_scratch);
+    s.layout = carve_layout(layout.data, capacity, dims.T, dims.K, dims.E, dims.R);
+    s.wgrad_dtype = c.fields().wgrad_dtype;
+    return s;
+  }
+
+  // Orders this call after every rank's previous call of the same phase (see Phase).
+  void enter(Phase phase, void* stream, int channel) {
+    EPMOE_CHECK_ARG(!closed, "Layered", "an open object", "a closed one");
+    if (last_phase == phase) transport->barrier_on_stream(stream, channel, budget);
+    last_phase = phase;
+    ++sequence;
+  }
+
+  void check_if_synchronous() {
+    if (backend->device().type != DeviceType::cpu) return;
+    const Status st = take_status();
+    if (!st.ok()) context_throw(st);
+  }
+
+  Status take_status() {
+    Status st;
+    backend->synchronize(nullptr);
+    backend->copy_to_host(&st, status, sizeof(Status));
+    const Status clear;
+    backend->copy_to_device(status, &clear, sizeof(Status));
+    return st;
+  }
+
+  [[noreturn]] static void context_throw(const Status& st) {
+    ErrorKind kind = ErrorKind::internal;
+    switch (static_cast<StatusCode>(st.code)) {
+      case StatusCode::capacity_overflow: kind = ErrorKind::capacity_overflow; break;
+      case StatusCode::expert_id_out_of_range:
+      case StatusCode::token_count_mismatch: kind = ErrorKind::invalid_routing; break;
+      case StatusCode::non_finite_input: kind = ErrorKind::non_finite_input; break;
+      case StatusCode::slot_overflow: kind = ErrorKind::slot_overflow; break;
+      case StatusCode::ok: break;
+      default: kind = ErrorKind::timeout; break;  // barrier_timeout (device barriers)
+    }
+    detail::throw_error(kind, to_string(static_cast<StatusArg>(st.arg)), st.to_string(), __FILE__,
+                        __LINE__);
+  }
+};
+
+std::unique_ptr<Layered> Layered::create(Context& context, std::shared_ptr<Transport> transport) {
+  EPMOE_CHECK_ARG(transport != nullptr, "transport", "a transport", "nullptr");
+  EPMOE_CHECK_ARG(transport->size() == context.ep_size() && transport->rank() == context.rank(),
+                  "transport", "the context's transport (rank " + std::to_string(context.rank()) +
+                      " of " + std::to_string(context.ep_size()) + ")",
+                  "rank " + std::to_string(transport->rank()) + " of " +
+                      std::to_string(transport->size()));
+  auto impl = std::make_unique<Impl>();
+  Impl& m = *impl;
+  const Config& c = context.config();
+  const MemoryPlan& plan = context.plan();
+  const int R = transport->size();
+  m.context = &context;
+  m.transport = std::move(transport);
+  m.backend = &context.backend();
+  m.dims = Dims{c.T(), c.D(), c.F(), c.K(), c.local_experts(R), R};
+  m.capacity = plan.recv_capacity_rows;
+  m.layout_bytes = epmoe::layout_bytes(m.capacity, c.T(), c.K(), m.dims.E, R).total;
+  m.budget = std::chrono::milliseconds(c.fields().barrier_timeout_ms);
+  m.routing = m.transport->allocate_symmetric(plan.routing_buffer_bytes, "layered.routing");
+  m.dispatch = m.transport->allocate_symmetric(plan.dispatch_buffer_bytes, "layered.dispatch");
+  m.combine = m.transport->allocate_symmetric(plan.combine_buffer_bytes, "layered.combine");
+  m.routing_R = m.peer_table(m.routing);
+  m.dispatch_R = m.peer_table(m.dispatch);
+  m.combine_R = m.peer_table(m.combine);
+  m.route_scratch = m.backend->allocate(route_scratch_layout(m.dims).total);
+  m.status = static_cast<Status*>(m.backend->allocate(plan.status_bytes));
+  m.transport->barrier("layered.create", m.budget);
+  return std::unique_ptr<Layered>(new Layered(std::move(impl)));
+}
+
+Layered::Layered(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Layered::~Layered() {
+  try {
+    close();
+  } catch (...) {
+    // A destructor cannot report; close() explicitly to see errors.
+  }
+}
+
+int64_t Layered::capacity_rows() const { return impl_->capacity; }
+int64_t Layered::layout_bytes() const { return impl_->layout_bytes; }
+int64_t Layered::layout_offsets_index() const {
+  return epmoe::layout_bytes(impl_->capacity, impl_->dims.T, impl_->dims.K, impl_->dims.E,
+                             impl_->dims.R).header / 4;
+}
+int64_t Layered::layout_rows_index() const { return kLayoutRows; }
+
+void Layered::dispatch(const DispatchArgs& a) {
+  Impl& m = *impl_;
+  const Dims& d = m.dims;
+  const Device dev = m.backend->device();
+  const int64_t T = rows_of(a.x_TD, "x_TD", d.T);
+  check_tensor(a.x_TD, "x_TD", {DType::bf16}, {T, d.D}, dev);
+  if (a.num_tokens_1.data != nullptr) check_tensor(a.num_tokens_1, "num_tokens_1", {DType::i32}, {1}, dev);
+  check_tensor(a.topk_ids_TK, "topk_ids_TK", {DType::i32, DType::i64}, {T, d.K}, dev);
+  check_tensor(a.topk_scores_TK, "topk_scores_TK", {DType::f32, DType::bf16}, {T, d.K}, dev);
+  check_tensor(a.recv_x_MD, "recv_x_MD", {DType::bf16}, {m.capacity, d.D}, dev);
+  m.enter(Phase::gather, a.stream, 0);
+  Step s = m.step(T, a.layout, a.stream);
+  s.x_TD = a.x_TD.as<bf16_t>();
+  s.num_tokens_1 = a.num_tokens_1.as<int32_t>();
+  s.ids_TK = a.topk_ids_TK.data;
+  s.ids_dtype = a.topk_ids_TK.dtype;
+  s.scores_TK = a.topk_scores_TK.data;
+  s.scores_dtype = a.topk_scores_TK.dtype;
+  s.x_gathered_MD = a.recv_x_MD.as<bf16_t>();
+  Backend& b = *m.backend;
+  b.publish_forward(s);
+  m.transport->barrier_on_stream(a.stream, 0, m.budget);
+  b.route(s);
+  b.dispatch(s);
+  m.check_if_synchronous();
+}
+
+void Layered::grouped_gemm(const GroupedGemmArgs& a) {
+  Impl& m = *impl_;
+  EPMOE_CHECK_ARG(!m.closed, "Layered", "an open object", "a closed one");
+  const Dims& d = m.dims;
+  const Device dev = m.backend->device();
+  check_tensor(a.w_ENX, "w_ENX", {DType::bf16}, {d.E, a.w_ENX.shape[1], a.w_ENX.shape[2]}, dev);
+  const bool w13 = a.w_ENX.shape[1] == 2 * d.F && a.w_ENX.shape[2] == d.D;
+  const bool w2 = a.w_ENX.shape[1] == d.D && a.w_ENX.shape[2] == d.F;
+  EPMOE_CHECK_ARG(w13 || w2, "w_ENX",
+                  "shape " + shape_of({d.E, 2 * d.F, d.D}) + " or " + shape_of({d.E, d.D, d.F}),
+                  a.w_ENX.shape_string());
+  const int64_t X = a.w_ENX.shape[2], N = a.w_ENX.shape[1];
+  check_tensor(a.a_MX, "a_MX", {DType::bf16}, {m.capacity, X}, dev);
+  check_tensor(a.out_MN, "out_MN", {DType::bf16}, {m.capacity, N}, dev);
+  Step s = m.step(d.T, a.layout, a.stream);
+  if (w13) {
+    s.x_gathered_MD = a.a_MX.as<bf16_t>();
+    s.w13_EFD = a.w_ENX.as<bf16_t>();
+    s.h13_M2F = a.out_MN.as<bf16_t>();
+    m.backend->w13_gemm(s);
+  } else {
+    s.h_MF = a.a_MX.as<bf16_t>();
+    s.w2_EDF = a.w_ENX.as<bf16_t>();
+    s.rows_MD = a.out_MN.as<bf16_t>();
+    m.backend->w2_gemm(s);
+  }
+}
+
+void Layered::grouped_gemm_backward(const GroupedGemmBackwardArgs& a) {
+  Impl& m = *impl_;
+  EPMOE_CHECK_ARG(!m.closed, "Layered", "an open object", "a closed one");
+  const Dims& d = m.dims;
+  const Device dev = m.backend->device();
+  check_tensor(a.w_ENX, "w_ENX", {DType::bf16}, {d.E, a.w_ENX.shape[1], a.w_ENX.shape[2]}, dev);
+  const bool w13 = a.w_ENX.shape[1] == 2 * d.F && a.w_ENX.shape[2] == d.D;
+  const bool w2 = a.w_ENX.shape[1] == d.D && a.w_ENX.shape[2] == d.F;
+  EPMOE_CHECK_ARG(w13 || w2, "w_ENX",
+                  "shape " + shape_of({d.E, 2 * d.F, d.D}) + " or " + shape_of({d.E, d.D, d.F}),
+                  a.w_ENX.shape_string());
+  const int64_t X = a.w_ENX.shape[2], N = a.w_ENX.shape[1];
+  check_tensor(a.grad_out_MN, "grad_out_MN", {DType::bf16}, {m.capacity, N}, dev);
+  check_tensor(a.a_MX, "a_MX", {DType::bf16}, {m.capacity, X}, dev);
+  const DType wg = m.context->config().fields().wgrad_dtype;
+  if (a.grad_a_MX.data != nullptr) check_tensor(a.grad_a_MX, "grad_a_MX", {DType::bf16}, {m.capacity, X}, dev);
+  if (a.grad_w_ENX.data != nullptr) check_tensor(a.grad_w_ENX, "grad_w_ENX", {wg}, {d.E, N, X}, dev);
+  Step s = m.step(d.T, a.layout, a.stream);
+  s.accumulate_wgrad = a.accumulate_wgrad;
+  Backend& b = *m.backend;
+  if (w13) {
+    s.grad_h13_M2F = a.grad_out_MN.as<bf16_t>();
+    s.w13_EFD = a.w_ENX.as<bf16_t>();
+    s.x_gathered_MD = a.a_MX.as<bf16_t>();
+    s.rows_MD = a.grad_a_MX.as<bf16_t>();
+    s.grad_w13_EFD = a.grad_w_ENX.data;
+    if (a.grad_a_MX.data != nullptr) b.w13_dgrad(s);
+    if (a.grad_w_ENX.data != nullptr) b.w13_wgrad(s);
+  } else {
+    s.grad_h3_MD = a.grad_out_MN.as<bf16_t>();
+    s.w2_EDF = a.w_ENX.as<bf16_t>();
+    s.h_MF = a.a_MX.as<bf16_t>();
+    s.grad_h_MF = a.grad_a_MX.as<bf16_t>();
+    s.grad_w2_EDF = a.grad_w_ENX.data;
+    if (a.grad_a_MX.data != nullptr) b.w2_dgrad(s);
+    if (a.grad_w_ENX.data != nullptr) b.w2_wgrad(s);
+  }
+}
+
+void Layered::combine(const CombineArgs& a) {
+  Impl& m = *impl_;
+  const Dims& d = m.dims;
+  const Device dev = m.backend->device();
+  const int64_t T = rows_of(a.y_TD, "y_TD", d.T);
+  check_tensor(a.rows_MD, "rows_MD", {DType::bf16}, {m.capacity, d.D}, dev);
+  check_tensor(a.y_TD, "y_TD", {DType::bf16}, {T, d.D}, dev);
+  if (a.rows_TKD.data != nullptr) check_tensor(a.rows_TKD, "rows_TKD", {DType::bf16}, {T, d.K, d.D}, dev);
+  m.enter(Phase::scatter, a.stream, 1);
+  Step s = m.step(T, a.layout, a.stream);
+  s.rows_MD = a.rows_MD.as<bf16_t>();
+  s.y_TD = a.y_TD.as<bf16_t>();
+  s.h3_TKD = a.rows_TKD.as<bf16_t>();
+  m.backend->scatter_rows(s);
+  m.transport->barrier_on_stream(a.stream, 1, m.budget);
+  m.backend->reduce_forward(s);
+  m.check_if_synchronous();
+}
+
+void Layered::combine_backward(const CombineBackwardArgs& a) {
+  Impl& m = *impl_;
+  const Dims& d = m.dims;
+  const Device dev = m.backend->device();
+  const int64_t T = rows_of(a.grad_y_TD, "grad_y_TD", d.T);
+  check_tensor(a.grad_y_TD, "grad_y_TD", {DType::bf16}, {T, d.D}, dev);
+  check_tensor(a.topk_ids_TK, "topk_ids_TK", {DType::i32, DType::i64}, {T, d.K}, dev);
+  check_tensor(a.topk_scores_TK, "topk_scores_TK", {DType::f32, DType::bf16}, {T, d.K}, dev);
+  check_tensor(a.rows_TKD, "rows_TKD", {DType::bf16}, {T, d.K, d.D}, dev);
+  check_tensor(a.grad_rows_MD, "grad_rows_MD", {DType::bf16}, {m.capacity, d.D}, dev);
+  check_tensor(a.grad_scores_TK, "grad_scores_TK", {DType::f32}, {T, d.K}, dev);
+  m.enter(Phase::gather, a.stream, 2);
+  Step s = m.step(T, a.layout, a.stream);
+  s.grad_y_TD = a.grad_y_TD.as<bf16_t>();
+  s.ids_TK = a.topk_ids_TK.data;
+  s.ids_dtype = a.topk_ids_TK.dtype;
+  s.scores_TK = a.topk_scores_TK.data;
+  s.scores_dtype = a.topk_scores_TK.dtype;
+  s.h3_TKD = a.rows_TKD.as<bf16_t>();
+  s.grad_scores_TK = a.grad_scores_TK.as<float>();
+  s.grad_h3_MD = a.grad_rows_MD.as<bf16_t>();
+  Backend& b = *m.backend;
+  b.publish_backward(s);
+  b.grad_scores(s);
+  m.transport->barrier_on_stream(a.stream, 2, m.budget);
+  b.gather_grad(s);
+  m.check_if_synchronous();
+}
+
+void Layered::dispatch_backward(const DispatchBackwardArgs& a) {
+  Impl& m = *impl_;
+  const Dims& d = m.dims;
+  const Device dev = m.backend->device();
+  const int64_t T = rows_of(a.grad_x_TD, "grad_x_TD", d.T);
+  check_tensor(a.grad_recv_MD, "grad_recv_MD", {DType::bf16}, {m.capacity, d.D}, dev);
+  check_tensor(a.grad_x_TD, "grad_x_TD", {DType::bf16}, {T, d.D}, dev);
+  m.enter(Phase::scatter, a.stream, 3);
+  Step s = m.step(T, a.layout, a.stream);
+  s.rows_MD = a.grad_recv_MD.as<bf16_t>();
+  s.grad_x_TD = a.grad_x_TD.as<bf16_t>();
+  m.backend->scatter_rows(s);
+  m.transport->barrier_on_stream(a.stream, 3, m.budget);
+  m.backend->reduce_backward(s);
+  m.check_if_synchronous();
+}
+
+void Layered::check() {
+  const Status st = impl_->take_status();
+  if (!st.ok()) Impl::context_throw(st);
+}
+
+Status Layered::take_status() { return impl_->take_status(); }
+
+void Layered::close() {
+  if (!impl_ || impl_->closed) return;
+  Impl& m = *impl_;
+  m.closed = true;
+  m.backend->synchronize(nullptr);
+  m.transport->barrier("layered.close", m.budget);
+  m.backend->release(m.routing_R);
+  m.backend->release(m.dispatch_R);
+  m.backend->release(m.combine_R);
+  m.backend->release(m.route_scratch);
+  m.backend->release(m.status);
+  m.transport->release_symmetric(m.combine);
+  m.transport->release_symmetric(m.dispatch);
+  m.transport->release_symmetric(m.routing);
+}
+
+}  // namespace epmoe
