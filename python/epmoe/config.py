@@ -1,0 +1,124 @@
+"""Config: the static description of one EP group's MoE layers (mirrors Dist-MoE's Config).
+
+Frozen and validated at construction: every error is a ValueError/TypeError naming the field with
+the expected and the actual value. The C++ side (epmoe::Config) validates again at
+create_context/plan_memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+import torch
+
+_ACTIVATIONS = ("swiglu", "swiglu_clamped")
+
+
+def _positive_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"Config.{name}: expected an int, got {type(value).__name__} {value!r}")
+    if value <= 0:
+        raise ValueError(f"Config.{name}: expected > 0, got {value}")
+
+
+def _finite_positive(name: str, value, allow_zero: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"Config.{name}: expected a number, got {type(value).__name__} {value!r}")
+    ok = math.isfinite(value) and (value >= 0 if allow_zero else value > 0)
+    if not ok:
+        raise ValueError(f"Config.{name}: expected a finite number {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One context's static shape and policies. T, D, F, K and the global expert count are required.
+
+    Differences from Dist-MoE's Config are listed in docs/python.md.
+    """
+
+    max_num_local_input_tokens: int  # T: physical rows per call and rank (a call may pass fewer)
+    hidden_dim: int  # D
+    intermediate_dim: int  # F
+    top_k: int  # K
+    num_experts: int  # global experts E*R; rank r owns [r*E, (r+1)*E)
+    max_moe_layers_per_activation_slot: int = 1  # L: layers whose forward may await backward
+    device_scratch_capacity_factor: float = 1.0  # receive rows = factor * T*K, clamped to R*T*min(K,E)
+    activation_slot_bytes: Optional[int] = None
+    activation_slot_capacity_factor: Optional[float] = None
+    num_activation_slots: int = 1
+    activation: str = "swiglu"
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+    wgrad_dtype: Optional[torch.dtype] = None  # None/bfloat16 or float32
+    inference: bool = False
+    # epmoe extensions
+    overflow: str = "report"  # "report": status word + error on check(); "trap"
+    check_inputs: bool = True  # device-side checks of ids range and finite x / scores
+    barrier_timeout_ms: int = 30000
+    fuse_epilogues: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_local_input_tokens", "hidden_dim", "intermediate_dim", "top_k",
+                     "num_experts", "max_moe_layers_per_activation_slot", "barrier_timeout_ms"):
+            _positive_int(name, getattr(self, name))
+        if self.top_k > self.num_experts:
+            raise ValueError(f"Config.top_k: expected <= num_experts ({self.num_experts}), got {self.top_k}")
+        _finite_positive("device_scratch_capacity_factor", self.device_scratch_capacity_factor)
+        if self.activation_slot_bytes is not None and self.activation_slot_capacity_factor is not None:
+            raise ValueError("Config.activation_slot_bytes: expected None when "
+                             "activation_slot_capacity_factor is set, got both")
+        if self.activation_slot_bytes is not None:
+            v = self.activation_slot_bytes
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise TypeError(f"Config.activation_slot_bytes: expected an int >= 0, got {v!r}")
+        if self.activation_slot_capacity_factor is not None:
+            _finite_positive("activation_slot_capacity_factor", self.activation_slot_capacity_factor, True)
+        n = self.num_activation_slots
+        if isinstance(n, bool) or not isinstance(n, int) or n < (0 if self.inference else 1):
+            raise ValueError(f"Config.num_activation_slots: expected an int >= {0 if self.inference else 1}, got {n!r}")
+        if self.activation not in _ACTIVATIONS:
+            raise ValueError(f"Config.activation: expected one of {_ACTIVATIONS}, got {self.activation!r}")
+        if self.activation == "swiglu_clamped":
+            _finite_positive("swiglu_alpha", self.swiglu_alpha)
+            _finite_positive("swiglu_limit", self.swiglu_limit)
+        if self.wgrad_dtype not in (None, torch.bfloat16, torch.float32):
+            raise TypeError(f"Config.wgrad_dtype: expected None, torch.bfloat16 or torch.float32, got {self.wgrad_dtype!r}")
+        if self.overflow not in ("report", "trap"):
+            raise ValueError(f"Config.overflow: expected 'report' or 'trap', got {self.overflow!r}")
+        for name in ("inference", "check_inputs", "fuse_epilogues"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"Config.{name}: expected a bool, got {getattr(self, name)!r}")
+
+    def local_experts(self, ep_size: int) -> int:
+        if self.num_experts % ep_size != 0:
+            raise ValueError(f"Config.num_experts: expected a multiple of ep_size {ep_size}, got {self.num_experts}")
+        return self.num_experts // ep_size
+
+    def to_native(self) -> str:
+        """The "key=value;..." form the C++ binding parses (src/torch/registry.cpp)."""
+        fields = {
+            "max_tokens_per_rank": self.max_num_local_input_tokens,
+            "hidden_dim": self.hidden_dim,
+            "intermediate_dim": self.intermediate_dim,
+            "top_k": self.top_k,
+            "num_experts": self.num_experts,
+            "activation": self.activation,
+            "swiglu_alpha": self.swiglu_alpha,
+            "swiglu_limit": self.swiglu_limit,
+            "capacity_factor": self.device_scratch_capacity_factor,
+            "num_activation_slots": 0 if self.inference else self.num_activation_slots,
+            "max_layers_per_slot": self.max_moe_layers_per_activation_slot,
+            "wgrad_dtype": "f32" if self.wgrad_dtype == torch.float32 else "bf16",
+            "inference": int(self.inference),
+            "overflow": self.overflow,
+            "check_inputs": int(self.check_inputs),
+            "barrier_timeout_ms": self.barrier_timeout_ms,
+            "fuse_epilogues": int(self.fuse_epilogues),
+        }
+        if self.activation_slot_bytes is not None:
+            fields["activation_slot_bytes"] = self.activation_slot_bytes
+        if self.activation_slot_capacity_factor is not None:
+            fields["activation_slot_capacity_factor"] = self.activation_slot_capacity_factor
+        return ";".join(f"{k}={v!r}" if isinstance(v, float) else f"{k}={v}" for k, v in fields.items())

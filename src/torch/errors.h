@@ -1,0 +1,26 @@
+// epmoe::Error -> the Python exception a caller expects: invalid arguments become ValueError,
+// everything else RuntimeError. The message starts with "[epmoe:<kind>]" so Python can
+// tell timeouts and overflows apart without parsing the rest.
+#pragma once
+
+#include <c10/util/Exception.h>
+
+#include <string>
+
+#include "epmoe/error.h"
+
+namespace epmoe::torch_binding {
+
+template <class Fn>
+auto guarded(Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const epmoe::Error& e) {
+    const std::string msg =
+        std::string("[epmoe:") + to_string(e.kind()) + "] " + e.what();
+    if (e.kind() == ErrorKind::invalid_argument) TORCH_CHECK_VALUE(false, msg);
+    TORCH_CHECK(false, msg);
+  }
+}
+
+}  // namespace epmoe::torch_binding

@@ -1,0 +1,112 @@
+// Host ops: context lifecycle and the memory plan. Called eagerly from python/epmoe (never
+// traced): they create or destroy state, or only read the config.
+#include <torch/library.h>
+
+#include <sstream>
+
+#include "core/layout.h"
+#include "epmoe/cuda.h"
+#include "epmoe/memory_plan.h"
+#include "epmoe/shm_transport.h"
+#include "torch/errors.h"
+#include "torch/registry.h"
+#include "torch/tensors.h"
+
+namespace epmoe::torch_binding {
+
+namespace {
+
+// transport: "local" (one CPU rank), "shm" (CPU ranks as processes), "cuda" (one GPU, EP = 1).
+int64_t context_create(const std::string& config_text, const std::string& transport,
+                       const std::string& session, int64_t rank, int64_t size, c10::Device device) {
+  return guarded([&] {
+    const Config config = parse_config(config_text);
+    auto e = std::make_unique<Entry>();
+    if (transport == "local") {
+      e->group = std::make_shared<ThreadTransportGroup>(1);
+      e->transport = e->group->transport(0);
+    } else if (transport == "shm") {
+      e->transport = make_shm_transport(session, static_cast<int>(rank), static_cast<int>(size));
+    } else if (transport == "cuda") {
+      e->transport = make_single_gpu_transport(device.index() < 0 ? 0 : device.index());
+    } else {
+      EPMOE_CHECK_ARG(false, "transport", "local, shm or cuda", "'" + transport + "'");
+    }
+    e->context = Context::create(config, e->transport);
+    const MemoryPlan& plan = e->context->plan();
+    e->saved.resize(static_cast<size_t>(plan.num_slots));
+    return register_context(std::move(e));
+  });
+}
+
+void context_close(int64_t id) {
+  guarded([&] {
+    std::shared_ptr<Entry> e = take_context(id);
+    if (!e) return 0;
+    std::lock_guard<std::mutex> lock(e->mu);
+    if (e->layered) e->layered->close();
+    e->context->close();
+    return 0;
+  });
+}
+
+void context_check(int64_t id) {
+  guarded([&] {
+    std::shared_ptr<Entry> e = find_context(id);
+    std::lock_guard<std::mutex> lock(e->mu);
+    if (e->layered) e->layered->check();
+    e->context->check();
+    return 0;
+  });
+}
+
+// [capacity rows, layout int32 elements, offsets index, rows index, local experts, rank, ep size]
+std::vector<int64_t> context_info(int64_t id) {
+  return guarded([&] {
+    std::shared_ptr<Entry> e = find_context(id);
+    const MemoryPlan& p = e->context->plan();
+    const LayoutBytes b = layout_bytes(p.recv_capacity_rows, p.tokens, p.top_k, p.experts_local,
+                                       p.ep_size);
+    return std::vector<int64_t>{p.recv_capacity_rows, b.total / 4, b.header / 4,
+                                kLayoutRows, p.experts_local, e->context->rank(), p.ep_size};
+  });
+}
+
+std::string plan_explain(const std::string& config_text, int64_t ep_size) {
+  return guarded([&] { return plan_memory(parse_config(config_text), static_cast<int>(ep_size)).explain(); });
+}
+
+// The plan's numbers as "name=value" lines (python/epmoe/plan.py builds MemoryPlan from them).
+std::string plan_fields(const std::string& config_text, int64_t ep_size) {
+  return guarded([&] {
+    const MemoryPlan p = plan_memory(parse_config(config_text), static_cast<int>(ep_size));
+    std::ostringstream os;
+#define EPMOE_FIELD(name) os << #name << '=' << p.name << '\n'
+    EPMOE_FIELD(ep_size); EPMOE_FIELD(tokens); EPMOE_FIELD(hidden); EPMOE_FIELD(intermediate);
+    EPMOE_FIELD(top_k); EPMOE_FIELD(experts_global); EPMOE_FIELD(experts_local);
+    EPMOE_FIELD(balanced_recv_rows); EPMOE_FIELD(max_recv_rows); EPMOE_FIELD(capacity_factor);
+    EPMOE_FIELD(recv_capacity_rows); EPMOE_FIELD(symmetric_bytes); EPMOE_FIELD(num_slots);
+    EPMOE_FIELD(layers_per_slot); EPMOE_FIELD(minimum_slot_bytes); EPMOE_FIELD(slot_bytes);
+    EPMOE_FIELD(activation_bytes); EPMOE_FIELD(scratch_bytes); EPMOE_FIELD(arena_bytes);
+    EPMOE_FIELD(total_bytes);
+#undef EPMOE_FIELD
+    return os.str();
+  });
+}
+
+int64_t cuda_devices() { return cuda_device_count(); }
+
+}  // namespace
+
+TORCH_LIBRARY(epmoe, m) {
+  m.def("_context_create(str config, str transport, str session, int rank, int size, Device device) -> int",
+        &context_create);
+  m.def("_context_close(int context) -> ()", &context_close);
+  m.def("_context_check(int context) -> ()", &context_check);
+  m.def("_context_info(int context) -> int[]", &context_info);
+  m.def("_plan_explain(str config, int ep_size) -> str", &plan_explain);
+  m.def("_plan_fields(str config, int ep_size) -> str", &plan_fields);
+  m.def("_cuda_device_count() -> int", &cuda_devices);
+}
+
+}  // namespace epmoe::torch_binding
