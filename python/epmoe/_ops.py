@@ -144,4 +144,5 @@ torch.library.register_autograd(_NS + "grouped_gemm", _gemm_backward, setup_cont
 torch.library.register_autograd(_NS + "combine", _combine_backward, setup_context=_combine_setup)
 
 for _name in _EFFECTFUL:
-    torch.library._register_effectful_op(_NS + _name + ".default", EffectType.ORDERED)
+    # Keyed by OpOverload._name ("epmoe::dispatch" for the default overload): pass the overload.
+    torch.library._register_effectful_op(getattr(torch.ops.epmoe, _name).default, EffectType.ORDERED)

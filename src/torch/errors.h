@@ -16,8 +16,9 @@ auto guarded(Fn&& fn) -> decltype(fn()) {
   try {
     return fn();
   } catch (const epmoe::Error& e) {
-    const std::string msg =
-        std::string("[epmoe:") + to_string(e.kind()) + "] " + e.what();
+    std::string kind = to_string(e.kind());
+    for (char& c : kind) c = c == ' ' ? '_' : c;  // "[epmoe:capacity_overflow]"
+    const std::string msg = "[epmoe:" + kind + "] " + e.what();
     if (e.kind() == ErrorKind::invalid_argument) TORCH_CHECK_VALUE(false, msg);
     TORCH_CHECK(false, msg);
   }
