@@ -274,6 +274,8 @@ TEST(GpuContext, PingPongScheduleEqualsCooperativeBitwise) {
   };
   std::vector<Case> cases;
   cases.push_back({problem(333, 256, 520, 16, 4), 333});
+  // More k-blocks than pipeline stages and many tiles per CTA: the warpgroups' turns matter.
+  cases.push_back({problem(2048, 1024, 768, 4, 2), 2048});
   Problem clamped = problem(300, 512, 256, 8, 2);
   clamped.act = Activation::swiglu_clamped();
   cases.push_back({clamped, 300});

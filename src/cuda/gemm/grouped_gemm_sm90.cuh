@@ -188,7 +188,7 @@ __device__ TileScheduler<Traits> make_scheduler(Smem& smem, const GroupArgs& g) 
 
 // Named barriers (ids above CUTLASS's reserved ones).
 // Named barriers (ids above CUTLASS's reserved ones), one per consumer warpgroup where needed.
-enum class GemmBarrier : uint32_t { k_tail_wg0 = 1, epilogue_wg0 = 3 };
+enum class GemmBarrier : uint32_t { k_tail_wg0 = 1, epilogue_wg0 = 3, mainloop_turn_wg0 = 5 };
 
 template <class Traits, class Epilogue, class TmaA, class TmaB>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
@@ -313,6 +313,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           read_state.advance(static_cast<uint32_t>(t.k_tiles));
           continue;
         }
+        // Mainloops take turns: a stage's barrier phase is only known by parity, so this
+        // warpgroup may wait on its stages only once the other has consumed the earlier tile's.
+        if (sequence > 0) {
+          cutlass::arch::NamedBarrier::arrive_and_wait(
+              256, static_cast<uint32_t>(GemmBarrier::mainloop_turn_wg0) + static_cast<uint32_t>(wg));
+        }
       }
       // A group with no rows (WGRAD only) skips the MMA; its epilogue writes zeros without
       // reading the accumulators, which keeps them out of any branch merge (a merge makes ptxas
@@ -380,6 +386,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         warpgroup_fence_operand(acc0);
         if constexpr (Traits::kNumB == 2) warpgroup_fence_operand(acc1);
         pipeline.consumer_release(release_state);
+      }
+      if constexpr (Traits::kPingPong) {  // the next tile's mainloop may start
+        if (tile + static_cast<int>(gridDim.x) < sched.total) {
+          cutlass::arch::NamedBarrier::arrive(
+              256, static_cast<uint32_t>(GemmBarrier::mainloop_turn_wg0) + static_cast<uint32_t>(1 - wg));
+        }
       }
       epilogue.store(t, acc0, acc1);
     }
