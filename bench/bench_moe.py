@@ -117,6 +117,37 @@ def row(impl, shape, routing, phase, T, ms, flops=None, GBps=None, **extra):
     return r
 
 
+def bench_epmoe_only(lib, shape, routing, rows, iters, impl):
+    """epmoe alone (no recipe): fwd, fwd+bwd and the stage breakdown, e.g. under another
+    EPMOE_GEMM_SCHEDULE in a separate process."""
+    D, F, E, K, T_train, _ = S.SHAPES[shape]
+    L = Layer(lib, shape, routing, T_train)
+    N = L.routes
+    L.step()
+    L.ctx.check()
+    t_fwd = timed(lambda: L.forward(False), iters)
+    t_step = timed(L.step, iters)
+    rows.append(row(impl, shape, routing, "fwd", T_train, t_fwd, 6 * N * D * F))
+    rows.append(row(impl, shape, routing, "fwd+bwd", T_train, t_step, 18 * N * D * F))
+    L.ctx.stage_timing(True)
+    stage_ms = {}
+    for _ in range(3):
+        L.step()
+        for name, ms in L.ctx.stage_times():
+            stage_ms.setdefault(name, []).append(ms)
+    L.ctx.stage_timing(False)
+    breakdown = {k: statistics.median(v) for k, v in stage_ms.items()}
+    rows.append({"impl": impl, "shape": shape, "ep": 1, "routing": routing, "precision": "bf16",
+                 "phase": "stage-breakdown", "tokens_per_rank": T_train, "stages_ms": breakdown})
+    print(f"{shape} {routing} {impl} fwd {t_fwd[0]:.3f} ms, fwd+bwd {t_step[0]:.3f} ms "
+          f"({18 * N * D * F / t_step[0] / 1e9:.0f} TFLOP/s); stages: " +
+          ", ".join(f"{k} {v:.3f}" for k, v in breakdown.items()), flush=True)
+    L.close()
+    del L
+    torch.cuda.empty_cache()
+    return {}
+
+
 def bench_shape(lib, shape, routing, ceil, rows, iters):
     D, F, E, K, T_train, T_decode = S.SHAPES[shape]
     L = Layer(lib, shape, routing, T_train)
@@ -149,33 +180,6 @@ def bench_shape(lib, shape, routing, ceil, rows, iters):
     rows.append(row("torch-native", shape, routing, "fwd", T_train, r_fwd, fwd_flops))
     rows.append(row("torch-native", shape, routing, "fwd+bwd", T_train, r_step, step_flops,
                     peak_mem_bytes_recipe=recipe_peak))
-
-    # the other consumer schedule of the grouped GEMMs (EPMOE_GEMM_SCHEDULE, read per launch)
-    os.environ["EPMOE_GEMM_SCHEDULE"] = "pingpong"
-    try:
-        p_fwd = timed(lambda: L.forward(False), iters)
-        p_step = timed(L.step, iters)
-        rows.append(row("epmoe-pingpong", shape, routing, "fwd", T_train, p_fwd, fwd_flops,
-                        ratio_to_recipe=r_fwd[0] / p_fwd[0]))
-        rows.append(row("epmoe-pingpong", shape, routing, "fwd+bwd", T_train, p_step, step_flops,
-                        ratio_to_recipe=r_step[0] / p_step[0]))
-        L.ctx.stage_timing(True)
-        ping_ms = {}
-        for _ in range(3):
-            L.step()
-            for name, ms in L.ctx.stage_times():
-                ping_ms.setdefault(name, []).append(ms)
-        L.ctx.stage_timing(False)
-        ping = {k: statistics.median(v) for k, v in ping_ms.items()}
-        rows.append({"impl": "epmoe-pingpong", "shape": shape, "ep": 1, "routing": routing,
-                     "precision": "bf16", "phase": "stage-breakdown", "tokens_per_rank": T_train,
-                     "stages_ms": ping})
-        print(f"{shape} {routing} ping-pong stages (ms): " +
-              ", ".join(f"{k} {v:.3f}" for k, v in ping.items()), flush=True)
-    except RuntimeError as e:  # a build without the ping-pong instantiations
-        print(f"ping-pong schedule not measured: {e}", flush=True)
-    finally:
-        del os.environ["EPMOE_GEMM_SCHEDULE"]
 
     # per-stage breakdown (stages serialised by device syncs)
     L.ctx.stage_timing(True)
@@ -257,6 +261,8 @@ def main():
     ap.add_argument("--routings", default="balanced,skew")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--lib", default=None)
+    ap.add_argument("--epmoe-only", default=None, metavar="IMPL",
+                    help="time epmoe alone, rows named IMPL (e.g. epmoe-pingpong)")
     args = ap.parse_args()
     lib = epmoe_ctypes.load(args.lib)
     ceil = ceilings()
@@ -264,6 +270,10 @@ def main():
     rows = []
     for shape in args.shapes.split(","):
         for routing in args.routings.split(","):
+            if args.epmoe_only:
+                bench_epmoe_only(lib, shape, routing, rows, args.iters, args.epmoe_only)
+                write_results(args.out, ceil, rows)
+                continue
             err = bench_shape(lib, shape, routing, ceil, rows, args.iters)
             for r in rows:
                 if r["shape"] == shape and r["routing"] == routing and r.get("median_ms") is not None:
