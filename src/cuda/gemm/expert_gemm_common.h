@@ -13,9 +13,9 @@ namespace epmoe::cuda::gemm {
 // Throws naming the limit when the launch would not fit the kernel family.
 void check_groups(const Step& s);
 
-// The consumer schedule for a stage: EPMOE_GEMM_SCHEDULE=cooperative|pingpong (read once; for
-// measurements), else the default below.
-Schedule select_schedule(const Step& s);
+// The consumer schedule of one GEMM: EPMOE_GEMM_SCHEDULE=cooperative|pingpong forces one (for
+// measurements), else the measured table in gemm_config.cpp.
+Schedule select_schedule(GemmKind kind, const Step& s);
 
 // Groups = local experts; sizes from the layout on the device; the step's skip flag empties them.
 inline GroupArgs step_groups(const Step& s, int64_t n, int64_t k, int64_t m_out = 0) {
@@ -40,9 +40,9 @@ using RowsTraits = GemmTraits<kPingPong ? 64 : 128, kBlockN, kPingPong ? 5 : 4, 
 // Calls fn(std::bool_constant<ping-pong>) with the schedule select_schedule() picks. Builds with
 // EPMOE_GEMM_CONFIGS=CI instantiate the cooperative schedule only.
 template <class Fn>
-void dispatch_schedule([[maybe_unused]] const Step& s, Fn&& fn) {
+void dispatch_schedule([[maybe_unused]] GemmKind kind, [[maybe_unused]] const Step& s, Fn&& fn) {
 #if defined(EPMOE_GEMM_ALL_CONFIGS)
-  if (select_schedule(s) == Schedule::pingpong) {
+  if (select_schedule(kind, s) == Schedule::pingpong) {
     fn(std::true_type{});
     return;
   }

@@ -47,11 +47,11 @@ void w13_dgrad_with(const Step& s, bool scatter) {
 }
 
 void w2_dgrad(const Step& s, bool swiglu_backward) {
-  dispatch_schedule(s, [&](auto pingpong) { w2_dgrad_with<decltype(pingpong)::value>(s, swiglu_backward); });
+  dispatch_schedule(GemmKind::w2_dgrad, s, [&](auto pingpong) { w2_dgrad_with<decltype(pingpong)::value>(s, swiglu_backward); });
 }
 
 void w13_dgrad(const Step& s, bool scatter) {
-  dispatch_schedule(s, [&](auto pingpong) { w13_dgrad_with<decltype(pingpong)::value>(s, scatter); });
+  dispatch_schedule(GemmKind::w13_dgrad, s, [&](auto pingpong) { w13_dgrad_with<decltype(pingpong)::value>(s, scatter); });
 }
 
 }  // namespace epmoe::cuda

@@ -49,11 +49,11 @@ void w2_fprop_with(const Step& s, bool scatter) {
 }
 
 void w13_fprop(const Step& s, bool swiglu) {
-  dispatch_schedule(s, [&](auto pingpong) { w13_fprop_with<decltype(pingpong)::value>(s, swiglu); });
+  dispatch_schedule(GemmKind::w13_fprop, s, [&](auto pingpong) { w13_fprop_with<decltype(pingpong)::value>(s, swiglu); });
 }
 
 void w2_fprop(const Step& s, bool scatter) {
-  dispatch_schedule(s, [&](auto pingpong) { w2_fprop_with<decltype(pingpong)::value>(s, scatter); });
+  dispatch_schedule(GemmKind::w2_fprop, s, [&](auto pingpong) { w2_fprop_with<decltype(pingpong)::value>(s, scatter); });
 }
 
 }  // namespace epmoe::cuda

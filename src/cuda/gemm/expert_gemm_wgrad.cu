@@ -60,14 +60,14 @@ void wgrad(const Step& s, const bf16_t* a_rows, int64_t m_out, const bf16_t* b_r
 
 // grad_w2[e] [D, F] = grad_h3[e]^T [D, rows] . h[e] [rows, F]
 void w2_wgrad(const Step& s) {
-  dispatch_schedule(s, [&](auto pingpong) {
+  dispatch_schedule(GemmKind::w2_wgrad, s, [&](auto pingpong) {
     wgrad<decltype(pingpong)::value>(s, s.grad_h3_MD, s.dims.D, s.h_MF, s.dims.F, s.grad_w2_EDF);
   });
 }
 
 // grad_w13[e] [2F, D] = grad_h13[e]^T [2F, rows] . x_gathered[e] [rows, D]
 void w13_wgrad(const Step& s) {
-  dispatch_schedule(s, [&](auto pingpong) {
+  dispatch_schedule(GemmKind::w13_wgrad, s, [&](auto pingpong) {
     wgrad<decltype(pingpong)::value>(s, s.grad_h13_M2F, 2 * s.dims.F, s.x_gathered_MD, s.dims.D,
                                      s.grad_w13_EFD);
   });

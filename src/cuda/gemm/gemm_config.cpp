@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -46,16 +47,47 @@ const char* to_string(Schedule s) { return s == Schedule::pingpong ? "ping-pong"
 
 namespace gemm {
 
-// Read on every launch (a getenv is ~100 ns), so a benchmark can compare schedules in one process.
-Schedule select_schedule(const Step&) {
+const char* to_string(GemmKind k) {
+  switch (k) {
+    case GemmKind::w13_fprop: return "w13_fprop";
+    case GemmKind::w2_fprop: return "w2_fprop";
+    case GemmKind::w2_dgrad: return "w2_dgrad";
+    case GemmKind::w13_dgrad: return "w13_dgrad";
+    case GemmKind::w2_wgrad: return "w2_wgrad";
+    case GemmKind::w13_wgrad: return "w13_wgrad";
+  }
+  return "?";
+}
+
+// Measured on H200 (EP = 1, bench/results/2026-11-29-*-h200*.json, per-stage times):
+//   forward W13 / W2 and W2 DGRAD: ping-pong (its epilogue overlaps the other warpgroup's MMA;
+//     e.g. deepseek-v3 W13 6.48 -> 4.18 ms, qwen3 0.88 -> 0.74 ms);
+//   W13 DGRAD: ping-pong only when experts hold few rows (deepseek-v3, ~128: 5.20 -> 4.40 ms);
+//     with hundreds of rows the cooperative tile wins (mixtral 5.42 vs 7.63 ms);
+//   WGRAD: cooperative (ping-pong was 1.3-1.6x slower on every shape).
+// EPMOE_GEMM_SCHEDULE (read on every launch, a getenv is ~100 ns) forces one, for measurements.
+Schedule select_schedule(GemmKind kind, const Step& s) {
   const char* env = std::getenv("EPMOE_GEMM_SCHEDULE");
-  if (env == nullptr || std::strcmp(env, "cooperative") == 0) return Schedule::cooperative;
-  EPMOE_CHECK_ARG(std::strcmp(env, "pingpong") == 0, "EPMOE_GEMM_SCHEDULE", "cooperative or pingpong",
-                  env);
+  if (env != nullptr) {
+    if (std::strcmp(env, "cooperative") == 0) return Schedule::cooperative;
+    EPMOE_CHECK_ARG(std::strcmp(env, "pingpong") == 0, "EPMOE_GEMM_SCHEDULE",
+                    "cooperative or pingpong", env);
 #if !defined(EPMOE_GEMM_ALL_CONFIGS)
-  EPMOE_CHECK_ARG(false, "EPMOE_GEMM_SCHEDULE", "cooperative in a build with EPMOE_GEMM_CONFIGS=CI", env);
+    EPMOE_CHECK_ARG(false, "EPMOE_GEMM_SCHEDULE",
+                    "cooperative in a build with EPMOE_GEMM_CONFIGS=CI", env);
 #endif
-  return Schedule::pingpong;
+    return Schedule::pingpong;
+  }
+  const int64_t rows_per_expert = s.capacity_rows / std::max(1, s.dims.E);
+  switch (kind) {
+    case GemmKind::w13_fprop:
+    case GemmKind::w2_fprop:
+    case GemmKind::w2_dgrad: return Schedule::pingpong;
+    case GemmKind::w13_dgrad: return rows_per_expert <= 192 ? Schedule::pingpong : Schedule::cooperative;
+    case GemmKind::w2_wgrad:
+    case GemmKind::w13_wgrad: return Schedule::cooperative;
+  }
+  return Schedule::cooperative;
 }
 
 int device_sm_count() {

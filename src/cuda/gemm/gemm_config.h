@@ -45,6 +45,10 @@ struct GemmConfig {
 enum class Schedule : int { cooperative, pingpong };
 const char* to_string(Schedule s);
 
+// The six expert GEMMs (their schedule is chosen per kind).
+enum class GemmKind : int { w13_fprop, w2_fprop, w2_dgrad, w13_dgrad, w2_wgrad, w13_wgrad };
+const char* to_string(GemmKind k);
+
 // Printable heuristic: a small table of configs that exist as instantiations.
 GemmConfig select_config(const GemmProblem& p, int num_sms);
 std::string to_string(const GemmProblem& p);
