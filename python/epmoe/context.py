@@ -32,6 +32,22 @@ class _Info:
     ep_size: int
     device: torch.device
     config: Config
+    # derived, for the per-call checks
+    max_tokens: int = 0
+    hidden: int = 0
+    top_k: int = 0
+    w13_shape: tuple = ()
+    w2_shape: tuple = ()
+    keyset: object = None  # dispatch key set of the device kernel (eager no-grad fast path)
+
+
+def _make_info(capacity, layout_elems, offsets_index, rows_index, E, rank, size, device, config) -> _Info:
+    c = config
+    key = torch._C.DispatchKey.CUDA if device.type == "cuda" else torch._C.DispatchKey.CPU
+    return _Info(capacity, layout_elems, offsets_index, rows_index, E, rank, size, device, c,
+                 c.max_num_local_input_tokens, c.hidden_dim, c.top_k,
+                 (E, 2 * c.intermediate_dim, c.hidden_dim), (E, c.hidden_dim, c.intermediate_dim),
+                 torch._C.DispatchKeySet(key))
 
 
 _INFO: dict[int, _Info] = {}
@@ -60,6 +76,7 @@ class Context:
         self.memory_plan = plan
         self._slot = 0
         self._closed = False
+        self._info = info(cid)
         return self
 
     # ---- Dist-MoE-shaped properties ----
@@ -196,6 +213,6 @@ def create_context(group=None, config: Config = None, device=None) -> Context:
         transport = "cuda"
     cid = ops._context_create(config.to_native(), transport, session, rank, size, device)
     capacity, layout_elems, offsets_index, rows_index, local_experts, crank, csize = ops._context_info(cid)
-    _INFO[cid] = _Info(capacity, layout_elems, offsets_index, rows_index, local_experts, crank,
-                       csize, device, config)
+    _INFO[cid] = _make_info(capacity, layout_elems, offsets_index, rows_index, local_experts, crank,
+                            csize, device, config)
     return Context._make(cid, group, config, device, plan)

@@ -5,6 +5,9 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <chrono>
+#include <vector>
+
 #include "epmoe/error.h"
 #include "torch/errors.h"
 #include "torch/registry.h"
@@ -87,9 +90,40 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> routed_experts_bwd(
   });
 }
 
+// Benchmark support (bench/bench_python_overhead.py): `iters` forwards straight through
+// Context::forward with what routed_experts_fwd does around it (output allocation, refs, stream),
+// timed on the host. Returns [seconds for all iterations] (enqueue time on CUDA; the caller
+// synchronises and times the total).
+std::vector<double> bench_forward(const at::Tensor& x_TD, const at::Tensor& ids_TK,
+                                  const at::Tensor& scores_TK, const at::Tensor& w13_EFD,
+                                  const at::Tensor& w2_EDF, int64_t context, int64_t iters) {
+  return guarded([&] {
+    std::shared_ptr<Entry> e = find_context(context);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < iters; ++i) {
+      std::lock_guard<std::mutex> lock(e->mu);
+      at::Tensor y_TD = at::empty_like(x_TD);
+      ForwardArgs a;
+      a.x_TD = ref(x_TD, "x_TD");
+      a.topk_ids_TK = ref(ids_TK, "topk_ids_TK");
+      a.topk_scores_TK = ref(scores_TK, "topk_scores_TK");
+      a.w13_EFD = ref(w13_EFD, "w13_EFD");
+      a.w2_EDF = ref(w2_EDF, "w2_EDF");
+      a.y_TD = ref(y_TD, "y_TD");
+      a.save_for_backward = false;
+      a.stream = current_stream(a.x_TD.device);
+      e->context->forward(a);
+    }
+    const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
+    return std::vector<double>{dt.count()};
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(epmoe, m) {
+  m.def("_bench_forward(Tensor x_TD, Tensor topk_ids_TK, Tensor topk_scores_TK, Tensor w13_EFD, "
+        "Tensor w2_EDF, int context, int iters) -> float[]", &bench_forward);
   m.def("routed_experts_fwd(Tensor x_TD, Tensor topk_ids_TK, Tensor topk_scores_TK, Tensor w13_EFD, "
         "Tensor w2_EDF, Tensor? num_tokens_1, int context, bool save, int slot) -> Tensor");
   m.def("routed_experts_bwd(Tensor grad_y_TD, Tensor topk_ids_TK, Tensor topk_scores_TK, "
