@@ -15,14 +15,21 @@ enum class StatusCode : int32_t {
   non_finite_input = 3,        // NaN / Inf in x_TD or topk_scores_TK
   token_count_mismatch = 4,    // ranks passed different T, or live count outside [0, T]
   slot_overflow = 5,           // saved state does not fit the activation slot
+  barrier_timeout = 6,         // a stream barrier did not see rank `rank` within its budget
 };
 const char* to_string(StatusCode code);
 
 // Which tensor a status is about.
-enum class StatusArg : int32_t { none = 0, x_TD, num_tokens_1, topk_ids_TK, topk_scores_TK, slot };
+enum class StatusArg : int32_t {
+  none = 0, x_TD, num_tokens_1, topk_ids_TK, topk_scores_TK, slot, barrier
+};
 const char* to_string(StatusArg arg);
 
 // Plain-old-data; the same bytes live in host memory (CPU) or device memory (CUDA).
+// barrier_timeout: rank = the (lowest) rank waited for, reserved = how many ranks were missing,
+// required = the arrival number expected from it, available = the last one seen (-1: it had given
+// up itself after its own timeout, -2: not waited: an earlier barrier had timed out), index = the
+// barrier channel.
 struct Status {
   int32_t code = 0;       // StatusCode
   int32_t rank = -1;      // rank whose data broke the contract

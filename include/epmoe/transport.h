@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "epmoe/status.h"
 #include "epmoe/tensor.h"
 
 namespace epmoe {
@@ -44,8 +45,11 @@ class Transport {
   virtual void barrier(std::string_view tag, std::chrono::milliseconds budget) = 0;
 
   // Stream-ordered barrier for transports whose ranks compute on a device. The default waits on
-  // the host (for transports whose ranks compute on the host, where stream is ignored).
-  virtual void barrier_on_stream(void* stream, int channel, std::chrono::milliseconds budget);
+  // the host (for transports whose ranks compute on the host, where stream is ignored). A device
+  // barrier that runs past `budget` records StatusCode::barrier_timeout in `status` (the context's
+  // status word in device memory; nullable) and returns instead of throwing or hanging.
+  virtual void barrier_on_stream(void* stream, int channel, std::chrono::milliseconds budget,
+                                 Status* status = nullptr);
 
   // Host all-gather of `bytes` from every rank into recv (rank-major, size() * bytes).
   virtual void all_gather(const void* send, void* recv, std::size_t bytes,

@@ -153,7 +153,7 @@ struct Context::Impl {
   }
 
   void barrier(void* stream, int channel) {
-    stage("barrier", stream, [&] { transport->barrier_on_stream(stream, channel, budget); });
+    stage("barrier", stream, [&] { transport->barrier_on_stream(stream, channel, budget, status); });
   }
 
   // On the CPU every stage has finished when the call returns: report errors right away.
@@ -181,6 +181,7 @@ struct Context::Impl {
       case StatusCode::token_count_mismatch: kind = ErrorKind::invalid_routing; break;
       case StatusCode::non_finite_input: kind = ErrorKind::non_finite_input; break;
       case StatusCode::slot_overflow: kind = ErrorKind::slot_overflow; break;
+      case StatusCode::barrier_timeout: kind = ErrorKind::timeout; break;
       case StatusCode::ok: break;
     }
     detail::throw_error(kind, to_string(static_cast<StatusArg>(st.arg)), st.to_string(), __FILE__,

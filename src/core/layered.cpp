@@ -122,7 +122,7 @@ struct Layered::Impl {
   // Orders this call after every rank's previous call of the same phase (see Phase).
   void enter(Phase phase, void* stream, int channel) {
     EPMOE_CHECK_ARG(!closed, "Layered", "an open object", "a closed one");
-    if (last_phase == phase) transport->barrier_on_stream(stream, channel, budget);
+    if (last_phase == phase) transport->barrier_on_stream(stream, channel, budget, status);
     last_phase = phase;
     ++sequence;
   }
@@ -228,7 +228,7 @@ void Layered::dispatch(const DispatchArgs& a) {
   s.x_gathered_MD = a.recv_x_MD.as<bf16_t>();
   Backend& b = *m.backend;
   b.publish_forward(s);
-  m.transport->barrier_on_stream(a.stream, 0, m.budget);
+  m.transport->barrier_on_stream(a.stream, 0, m.budget, m.status);
   b.route(s);
   b.dispatch(s);
   m.check_if_synchronous();
@@ -315,7 +315,7 @@ void Layered::combine(const CombineArgs& a) {
   s.y_TD = a.y_TD.as<bf16_t>();
   s.h3_TKD = a.rows_TKD.as<bf16_t>();
   m.backend->scatter_rows(s);
-  m.transport->barrier_on_stream(a.stream, 1, m.budget);
+  m.transport->barrier_on_stream(a.stream, 1, m.budget, m.status);
   m.backend->reduce_forward(s);
   m.check_if_synchronous();
 }
@@ -344,7 +344,7 @@ void Layered::combine_backward(const CombineBackwardArgs& a) {
   Backend& b = *m.backend;
   b.publish_backward(s);
   b.grad_scores(s);
-  m.transport->barrier_on_stream(a.stream, 2, m.budget);
+  m.transport->barrier_on_stream(a.stream, 2, m.budget, m.status);
   b.gather_grad(s);
   m.check_if_synchronous();
 }
@@ -361,7 +361,7 @@ void Layered::dispatch_backward(const DispatchBackwardArgs& a) {
   s.rows_MD = a.grad_recv_MD.as<bf16_t>();
   s.grad_x_TD = a.grad_x_TD.as<bf16_t>();
   m.backend->scatter_rows(s);
-  m.transport->barrier_on_stream(a.stream, 3, m.budget);
+  m.transport->barrier_on_stream(a.stream, 3, m.budget, m.status);
   m.backend->reduce_backward(s);
   m.check_if_synchronous();
 }

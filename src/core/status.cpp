@@ -12,6 +12,7 @@ const char* to_string(StatusCode code) {
     case StatusCode::non_finite_input: return "non-finite input";
     case StatusCode::token_count_mismatch: return "token count mismatch";
     case StatusCode::slot_overflow: return "activation slot overflow";
+    case StatusCode::barrier_timeout: return "barrier timeout";
   }
   return "unknown status";
 }
@@ -24,6 +25,7 @@ const char* to_string(StatusArg arg) {
     case StatusArg::topk_ids_TK: return "topk_ids_TK";
     case StatusArg::topk_scores_TK: return "topk_scores_TK";
     case StatusArg::slot: return "activation slot";
+    case StatusArg::barrier: return "barrier";
   }
   return "?";
 }
@@ -31,6 +33,22 @@ const char* to_string(StatusArg arg) {
 std::string Status::to_string() const {
   std::ostringstream os;
   const auto c = static_cast<StatusCode>(code);
+  if (c == StatusCode::barrier_timeout) {
+    // `rank` is the rank waited for, not the one that waited (the caller is that one).
+    os << "barrier timeout waiting for rank " << rank << " at stream barrier channel " << index
+       << ": expected its arrival #" << required << " within Config.barrier_timeout_ms, got ";
+    if (available == -1) {
+      os << "its abort: it gave up after its own barrier timed out waiting for another rank";
+    } else if (available == -2) {
+      os << "no wait: an earlier stream barrier of this transport timed out";
+    } else {
+      os << "arrival #" << available << " (" << reserved
+         << " rank(s) missing: not in the call, or stuck)";
+    }
+    os << "; the stream barriers of this transport stay broken: close the contexts and create a "
+          "new transport on every rank";
+    return os.str();
+  }
   os << epmoe::to_string(c) << " on rank " << rank;
   switch (c) {
     case StatusCode::ok: return "ok";
@@ -52,6 +70,7 @@ std::string Status::to_string() const {
     case StatusCode::slot_overflow:
       os << ": expected at most " << available << " bytes in the slot, needed " << required;
       break;
+    case StatusCode::barrier_timeout: break;  // above
   }
   return os.str();
 }

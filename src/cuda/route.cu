@@ -139,8 +139,9 @@ __global__ void __launch_bounds__(kPrefixThreads) route_prefix_kernel(const Rout
   if (tid != 0) return;
   // Header checks in rank order, as the CPU reference: a T' that differs from rank 0's (the
   // common reference, so every rank reports the same error), else the rank's input error.
-  bool failed = false;
-  StatusCode failed_code = StatusCode::ok;
+  // A stream barrier that timed out (now or earlier) left peers' buffers unsynchronised: skip.
+  bool failed = __ldcg(&p.status->code) == static_cast<int32_t>(StatusCode::barrier_timeout);
+  StatusCode failed_code = failed ? StatusCode::barrier_timeout : StatusCode::ok;
   const int32_t tokens0 = __ldcg(&reinterpret_cast<const RoutingHeader*>(p.routing_R[0])->tokens);
   for (int r = 0; r < p.R && !failed; ++r) {
     const auto* h = reinterpret_cast<const RoutingHeader*>(p.routing_R[r]);  // [1] rank r's header

@@ -54,7 +54,8 @@ class SingleGpuTransport final : public Transport {
   // One rank: nothing to wait for. Stream order already makes this rank's writes visible to its
   // later kernels.
   void barrier(std::string_view /*tag*/, std::chrono::milliseconds /*budget*/) override {}
-  void barrier_on_stream(void* /*stream*/, int /*channel*/, std::chrono::milliseconds /*budget*/) override {}
+  void barrier_on_stream(void* /*stream*/, int /*channel*/, std::chrono::milliseconds /*budget*/,
+                         Status* /*status*/) override {}
 
   void all_gather(const void* send, void* recv, std::size_t bytes,
                   std::chrono::milliseconds /*budget*/) override {
