@@ -1,0 +1,747 @@
+// EP = 2 on two GPUs of one process: one thread per GPU, each with an NCCL transport
+// (include/epmoe/nccl.h) made from an in-process unique id. The transport alone (host collectives
+// with budgets, symmetric buffers in both peer-access modes, the stream barrier and its timeout
+// status), then the whole layer against the CPU backend with 2 thread ranks on identical global
+// inputs (tolerance tables), different live counts per rank, CUDA-graph capture and replay on both
+// ranks, overflow on one rank reported on both with the step skipped on both, and a rank that
+// never enters the call (the other rank gets a timeout naming it instead of hanging). Every test
+// skips with "fewer than 2 CUDA devices: EP tests skipped" where fewer than 2 GPUs exist.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "epmoe/context.h"
+#include "epmoe/cuda.h"
+#include "epmoe/error.h"
+#include "epmoe/nccl.h"
+#include "epmoe/status.h"
+#include "moe_case.h"
+#include "tolerances.h"
+
+namespace epmoe::test {
+namespace {
+
+// NVLink multicast stays off (NCCL_NVLS_ENABLE=0) unless the caller chose otherwise.
+const bool kNvlsOff = [] { return setenv("NCCL_NVLS_ENABLE", "0", 0) == 0; }();
+
+constexpr int kRanks = 2;
+
+#define EPMOE_REQUIRE_2GPUS()                                        \
+  do {                                                               \
+    (void)kNvlsOff;                                                  \
+    if (cuda_device_count() < kRanks) {                              \
+      GTEST_SKIP() << "fewer than 2 CUDA devices: EP tests skipped"; \
+    }                                                                \
+  } while (0)
+
+#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// fn(rank, transport) on one thread per GPU (rank r on cuda:r), each with an NCCL transport of
+// one fresh in-process id. An exception on any rank is re-thrown here after every rank finished.
+void run_on_gpus(const std::function<void(int rank, std::shared_ptr<Transport>)>& fn,
+                 const NcclTransportOptions& options = {}) {
+  const NcclUniqueId id = nccl_unique_id();
+  std::vector<std::exception_ptr> errors(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        if (cudaSetDevice(r) != cudaSuccess) throw std::runtime_error("cudaSetDevice failed");
+        std::shared_ptr<Transport> t =
+            make_nccl_transport(id.data(), id.size(), r, kRanks, r, options);
+        fn(r, t);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+// Spin-wait on a flag another rank thread sets (the test's own out-of-band signalling).
+void wait_for(const std::atomic<bool>& flag) {
+  while (!flag.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+template <class T>
+T* upload(const std::vector<T>& host) {
+  T* d = nullptr;
+  EXPECT_EQ(cudaMalloc(&d, std::max<size_t>(host.size(), 1) * sizeof(T)), cudaSuccess);
+  if (!host.empty()) {
+    EXPECT_EQ(cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+  return d;
+}
+
+template <class T>
+std::vector<T> download(const T* d, size_t n) {
+  std::vector<T> h(n);
+  EXPECT_EQ(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return h;
+}
+
+// One rank's call with every tensor in device memory of cuda:device (the calling thread's current
+// device); outputs poisoned with NaN before each run. As GpuCall of test_gpu_context.cpp, plus
+// the device ordinal.
+struct GpuRank {
+  GpuRank(const Problem& problem, const RankInputs& in, int device_ordinal)
+      : p(problem), host(problem, in), device(device_ordinal) {
+    const int64_t T = in.tokens, D = p.hidden, F = p.intermediate, K = p.top_k;
+    const int64_t E = p.local_experts();
+    x = upload(in.x_TD);
+    grad_y = upload(in.grad_y_TD);
+    w13 = upload(in.w13_EFD);
+    w2 = upload(in.w2_EDF);
+    ids32 = upload(host.ids32);
+    ids64 = upload(host.ids64);
+    scores32 = upload(host.scores32);
+    scores16 = upload(host.scores16);
+    live = upload(std::vector<int32_t>{host.live});
+    y = upload(std::vector<bf16_t>(static_cast<size_t>(T * D)));
+    grad_x = upload(std::vector<bf16_t>(static_cast<size_t>(T * D)));
+    grad_scores = upload(std::vector<float>(static_cast<size_t>(T * K)));
+    const size_t wsize = element_size(p.wgrad_dtype);
+    w13_bytes = static_cast<size_t>(E * 2 * F * D) * wsize;
+    w2_bytes = static_cast<size_t>(E * D * F) * wsize;
+    grad_w13 = upload(std::vector<char>(w13_bytes));
+    grad_w2 = upload(std::vector<char>(w2_bytes));
+    poison();
+  }
+  ~GpuRank() {
+    for (void* ptr : {(void*)x, (void*)grad_y, (void*)w13, (void*)w2, (void*)ids32, (void*)ids64,
+                      (void*)scores32, (void*)scores16, (void*)live, (void*)y, (void*)grad_x,
+                      (void*)grad_scores, (void*)grad_w13, (void*)grad_w2}) {
+      cudaFree(ptr);
+    }
+  }
+  GpuRank(const GpuRank&) = delete;
+  GpuRank& operator=(const GpuRank&) = delete;
+
+  void poison() {
+    EXPECT_EQ(cudaMemset(y, 0xff, host.y.size() * 2), cudaSuccess);
+    EXPECT_EQ(cudaMemset(grad_x, 0xff, host.grad_x.size() * 2), cudaSuccess);
+    EXPECT_EQ(cudaMemset(grad_scores, 0xff, host.grad_scores.size() * 4), cudaSuccess);
+    EXPECT_EQ(cudaMemset(grad_w13, 0xff, w13_bytes), cudaSuccess);
+    EXPECT_EQ(cudaMemset(grad_w2, 0xff, w2_bytes), cudaSuccess);
+  }
+
+  // New ids, scores and live count at the same device addresses (graph replays see them).
+  void set_routing(const RankInputs& in) {
+    RankCall next(p, in);
+    EXPECT_EQ(cudaMemcpy(ids32, next.ids32.data(), next.ids32.size() * 4, cudaMemcpyHostToDevice),
+              cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(ids64, next.ids64.data(), next.ids64.size() * 8, cudaMemcpyHostToDevice),
+              cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(scores32, next.scores32.data(), next.scores32.size() * 4,
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(scores16, next.scores16.data(), next.scores16.size() * 2,
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(live, &next.live, 4, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+
+  ForwardArgs forward_args(cudaStream_t stream) const {
+    const int64_t T = host.in.tokens, D = p.hidden, F = p.intermediate, K = p.top_k;
+    const int64_t E = p.local_experts();
+    const Device dev = Device::cuda(device);
+    ForwardArgs a;
+    a.x_TD = TensorRef::contiguous(x, DType::bf16, {T, D}, dev);
+    if (host.in.live >= 0) a.num_tokens_1 = TensorRef::contiguous(live, DType::i32, {1}, dev);
+    a.topk_ids_TK = host.in.ids_i64 ? TensorRef::contiguous(ids64, DType::i64, {T, K}, dev)
+                                    : TensorRef::contiguous(ids32, DType::i32, {T, K}, dev);
+    a.topk_scores_TK = host.in.scores_bf16
+                           ? TensorRef::contiguous(scores16, DType::bf16, {T, K}, dev)
+                           : TensorRef::contiguous(scores32, DType::f32, {T, K}, dev);
+    a.w13_EFD = TensorRef::contiguous(w13, DType::bf16, {E, 2 * F, D}, dev);
+    a.w2_EDF = TensorRef::contiguous(w2, DType::bf16, {E, D, F}, dev);
+    a.y_TD = TensorRef::contiguous(y, DType::bf16, {T, D}, dev);
+    a.stream = stream;
+    return a;
+  }
+
+  BackwardArgs backward_args(const SavedLayer& saved, cudaStream_t stream) const {
+    const ForwardArgs f = forward_args(stream);
+    const int64_t T = host.in.tokens, D = p.hidden, F = p.intermediate, K = p.top_k;
+    const int64_t E = p.local_experts();
+    const Device dev = Device::cuda(device);
+    BackwardArgs b;
+    b.saved = saved;
+    b.grad_y_TD = TensorRef::contiguous(grad_y, DType::bf16, {T, D}, dev);
+    b.num_tokens_1 = f.num_tokens_1;
+    b.topk_ids_TK = f.topk_ids_TK;
+    b.topk_scores_TK = f.topk_scores_TK;
+    b.w13_EFD = f.w13_EFD;
+    b.w2_EDF = f.w2_EDF;
+    b.grad_x_TD = TensorRef::contiguous(grad_x, DType::bf16, {T, D}, dev);
+    b.grad_scores_TK = TensorRef::contiguous(grad_scores, DType::f32, {T, K}, dev);
+    b.grad_w13_EFD = TensorRef::contiguous(grad_w13, p.wgrad_dtype, {E, 2 * F, D}, dev);
+    b.grad_w2_EDF = TensorRef::contiguous(grad_w2, p.wgrad_dtype, {E, D, F}, dev);
+    b.stream = stream;
+    return b;
+  }
+
+  RankOutputs outputs() {
+    RankCall out(p, host.in);
+    out.y = download(y, host.y.size());
+    out.grad_x = download(grad_x, host.grad_x.size());
+    out.grad_scores = download(grad_scores, host.grad_scores.size());
+    out.grad_w13 = download(static_cast<const char*>(grad_w13), w13_bytes);
+    out.grad_w2 = download(static_cast<const char*>(grad_w2), w2_bytes);
+    return out.outputs();
+  }
+
+  Problem p;
+  RankCall host;  // host-side typed copies (ids as i32/i64, scores as f32/bf16, live)
+  int device;
+  bf16_t *x, *grad_y, *w13, *w2;
+  int32_t* ids32;
+  int64_t* ids64;
+  float* scores32;
+  bf16_t* scores16;
+  int32_t* live;
+  bf16_t *y, *grad_x;
+  float* grad_scores;
+  void *grad_w13, *grad_w2;
+  size_t w13_bytes, w2_bytes;
+};
+
+// Forward + backward on a context; check() on success; returns the outputs.
+RankOutputs run_once(Context& ctx, GpuRank& call, cudaStream_t stream) {
+  call.poison();
+  const SavedLayer saved = ctx.forward(call.forward_args(stream));
+  ctx.backward(call.backward_args(saved, stream));
+  ctx.check();
+  return call.outputs();
+}
+
+// The layer on 2 GPUs: every rank's outputs.
+std::vector<RankOutputs> run_gpu_layer(const Problem& p, const std::vector<RankInputs>& in,
+                                       const NcclTransportOptions& options = {}) {
+  std::vector<RankOutputs> out(kRanks);
+  run_on_gpus(
+      [&](int r, std::shared_ptr<Transport> t) {
+        auto ctx = Context::create(p.config(), t);
+        GpuRank call(p, in[r], r);
+        out[r] = run_once(*ctx, call, nullptr);
+        ctx->close();
+      },
+      options);
+  return out;
+}
+
+// rel-L2 of a vs b per output, pooled over ranks (b as the reference).
+OutputErrors compare(const std::vector<RankOutputs>& a, const std::vector<RankOutputs>& b) {
+  double num[kNumOutputs] = {}, den[kNumOutputs] = {};
+  auto add = [&](int o, const std::vector<double>& x, const std::vector<double>& y) {
+    for (size_t i = 0; i < x.size(); ++i) {
+      num[o] += (x[i] - y[i]) * (x[i] - y[i]);
+      den[o] += y[i] * y[i];
+    }
+  };
+  for (size_t r = 0; r < a.size(); ++r) {
+    add(0, widen(a[r].y_TD), widen(b[r].y_TD));
+    add(1, widen(a[r].grad_x_TD), widen(b[r].grad_x_TD));
+    add(2, widen(a[r].grad_scores_TK), widen(b[r].grad_scores_TK));
+    add(3, widen(a[r].grad_w13_EFD), widen(b[r].grad_w13_EFD));
+    add(4, widen(a[r].grad_w2_EDF), widen(b[r].grad_w2_EDF));
+  }
+  OutputErrors e;
+  for (int o = 0; o < kNumOutputs; ++o) e.value[o] = std::sqrt(num[o] / std::max(den[o], 1e-300));
+  return e;
+}
+
+void expect_matches_cpu(const Problem& p, const std::vector<RankInputs>& in,
+                        const std::vector<RankOutputs>& gpu, const std::string& what) {
+  const auto cpu = run_layer(p, in);
+  const OutputErrors vs_cpu = compare(gpu, cpu);
+  const OutputErrors vs_ref = measure(gpu, reference_layer(p, in), in);
+  report_errors(what + " ep2 gpu vs cpu", vs_cpu);
+  report_errors(what + " ep2 gpu vs float64", vs_ref);
+  for (int o = 0; o < kNumOutputs; ++o) {
+    const Output out = static_cast<Output>(o);
+    EXPECT_LE(vs_cpu[out], backend_rel_l2_bound(Precision::bf16, out))
+        << what << ": " << to_string(out) << " EP=2 CUDA vs CPU backend (" << vs_cpu.to_string()
+        << ")";
+  }
+  expect_within_tolerance(vs_ref, what + " (EP=2 CUDA vs float64)");
+}
+
+Problem problem(int64_t T, int64_t D, int64_t F, int experts, int K) {
+  Problem p;
+  p.ranks = kRanks;
+  p.max_tokens = T;
+  p.hidden = D;
+  p.intermediate = F;
+  p.experts = experts;
+  p.top_k = K;
+  return p;
+}
+
+void expect_timeout_naming(const std::function<void()>& fn, const std::string& rank_text,
+                           const std::string& what) {
+  try {
+    fn();
+    ADD_FAILURE() << what << ": no timeout was reported";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::timeout) << what << ": " << e.what();
+    EXPECT_NE(std::string(e.what()).find(rank_text), std::string::npos)
+        << what << ": the error does not name " << rank_text << ": " << e.what();
+  }
+}
+
+// ---- the transport alone ----
+
+TEST(NcclTransport, CollectivesAndSymmetricBuffersInBothPeerAccessModes) {
+  EPMOE_REQUIRE_2GPUS();
+  for (PeerAccess access : {PeerAccess::automatic, PeerAccess::cuda_ipc}) {
+    NcclTransportOptions options;
+    options.peer_access = access;
+    run_on_gpus(
+        [&](int r, std::shared_ptr<Transport> t) {
+          EXPECT_EQ(t->rank(), r);
+          EXPECT_EQ(t->size(), kRanks);
+          EXPECT_EQ(t->device().index, r);
+          const std::string how = nccl_peer_access(*t);
+          std::printf("rank %d, requested %s: peers through %s\n", r, to_string(access),
+                      how.c_str());
+          if (access == PeerAccess::cuda_ipc) {
+            EXPECT_EQ(how.rfind("cuda-ipc", 0), 0u) << how;
+          }
+          const int64_t mine[2] = {10 + r, 100 * r};
+          int64_t all[2 * kRanks] = {};
+          t->all_gather(mine, all, sizeof(mine), std::chrono::milliseconds(30000));
+          for (int q = 0; q < kRanks; ++q) {
+            EXPECT_EQ(all[2 * q], 10 + q);
+            EXPECT_EQ(all[2 * q + 1], 100 * q);
+          }
+          // Zero-filled, distinct per rank, each rank's copy readable through the peer table.
+          const size_t bytes = (1 << 20) + 48;
+          SymmetricBuffer b = t->allocate_symmetric(bytes, "test");
+          ASSERT_EQ(b.peers.size(), static_cast<size_t>(kRanks));
+          EXPECT_EQ(b.peers[r], b.local);
+          const std::vector<unsigned char> zeros =
+              download(static_cast<unsigned char*>(b.local), bytes);
+          EXPECT_TRUE(
+              std::all_of(zeros.begin(), zeros.end(), [](unsigned char c) { return c == 0; }));
+          EXPECT_EQ(cudaMemset(b.local, 0x30 + r, bytes), cudaSuccess);
+          EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          t->barrier("written", std::chrono::milliseconds(30000));
+          for (int q = 0; q < kRanks; ++q) {
+            const auto got = download(static_cast<unsigned char*>(b.peers[q]), bytes);
+            EXPECT_TRUE(
+                std::all_of(got.begin(), got.end(), [&](unsigned char c) { return c == 0x30 + q; }))
+                << "rank " << r << " reading rank " << q << "'s copy through " << how;
+          }
+          t->barrier("read", std::chrono::milliseconds(30000));
+          t->release_symmetric(b);
+          EXPECT_EQ(b.local, nullptr);
+        },
+        options);
+  }
+}
+
+TEST(NcclTransport, HostBarrierTimeoutNamesMissingRankAndWithdraws) {
+  EPMOE_REQUIRE_2GPUS();
+  std::atomic<bool> timed_out{false};
+  run_on_gpus([&](int r, std::shared_ptr<Transport> t) {
+    if (r == 0) {
+      const auto t0 = Clock::now();
+      expect_timeout_naming([&] { t->barrier("alone", std::chrono::milliseconds(300)); },
+                            "rank(s) 1", "host barrier without rank 1");
+      EXPECT_LT(seconds_since(t0), 5.0) << "the 300 ms budget was not kept";
+      timed_out = true;
+    } else {
+      wait_for(timed_out);
+    }
+    // Rank 0 withdrew: the next barrier of both ranks matches up, and so does an all-gather.
+    t->barrier("together", std::chrono::milliseconds(30000));
+    int32_t all[kRanks] = {};
+    const int32_t mine = 7 * r;
+    t->all_gather(&mine, all, sizeof(mine), std::chrono::milliseconds(30000));
+    EXPECT_EQ(all[0], 0);
+    EXPECT_EQ(all[1], 7);
+  });
+}
+
+TEST(NcclTransport, MismatchedCollectivesFailOnEveryRank) {
+  EPMOE_REQUIRE_2GPUS();
+  run_on_gpus([&](int r, std::shared_ptr<Transport> t) {
+    try {
+      t->barrier(r == 0 ? "A" : "B", std::chrono::milliseconds(30000));
+      ADD_FAILURE() << "rank " << r << ": mismatched barrier tags were not reported";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::internal) << e.what();
+    }
+    // Payload sizes are compared before any payload moves.
+    int64_t big[2] = {1, 2};
+    int64_t out[2 * kRanks] = {};
+    try {
+      t->all_gather(big, out, r == 0 ? 8 : 16, std::chrono::milliseconds(30000));
+      ADD_FAILURE() << "rank " << r << ": mismatched all_gather sizes were not reported";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::invalid_argument) << e.what();
+    }
+    t->barrier("still usable", std::chrono::milliseconds(30000));
+  });
+}
+
+// Many stream barriers on both ranks: copy-engine writes into the peer's buffer before barrier
+// channel 0 are seen by the peer after it; channel 1 keeps the next round from overwriting
+// unread data. The status word stays clean.
+TEST(NcclTransport, StreamBarriersOrderPeerWrites) {
+  EPMOE_REQUIRE_2GPUS();
+  run_on_gpus([&](int r, std::shared_ptr<Transport> t) {
+    const int peer = 1 - r;
+    constexpr size_t kBytes = 1 << 16;
+    SymmetricBuffer b = t->allocate_symmetric(2 * kBytes, "rounds");  // [inbox | outbox]
+    char* inbox = static_cast<char*>(b.local);
+    char* outbox = inbox + kBytes;
+    char* peer_inbox = static_cast<char*>(b.peers[peer]);
+    Status* status = nullptr;
+    CUDA_OK(cudaMalloc(&status, sizeof(Status)));
+    CUDA_OK(cudaMemset(status, 0, sizeof(Status)));
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    t->barrier("ready", std::chrono::milliseconds(30000));
+    const std::chrono::milliseconds budget(10000);
+    std::vector<unsigned char> got(kBytes);
+    const int rounds = 300;
+    const auto t0 = Clock::now();
+    for (int i = 0; i < rounds; ++i) {
+      const int value = (i * 7 + r) & 0xff;
+      CUDA_OK(cudaMemsetAsync(outbox, value, kBytes, stream));
+      CUDA_OK(cudaMemcpyAsync(peer_inbox, outbox, kBytes, cudaMemcpyDeviceToDevice, stream));
+      t->barrier_on_stream(stream, 0, budget, status);
+      CUDA_OK(cudaMemcpyAsync(got.data(), inbox, kBytes, cudaMemcpyDeviceToHost, stream));
+      t->barrier_on_stream(stream, 1, budget, status);
+      CUDA_OK(cudaStreamSynchronize(stream));
+      const int want = (i * 7 + peer) & 0xff;
+      ASSERT_TRUE(std::all_of(got.begin(), got.end(), [&](unsigned char c) { return c == want; }))
+          << "rank " << r << " round " << i << ": peer data not visible after the barrier";
+    }
+    std::printf("rank %d: %d rounds of (64 KiB copy + 2 stream barriers) in %.3f ms each\n", r,
+                rounds, 1e3 * seconds_since(t0) / rounds);
+    Status st;
+    CUDA_OK(cudaMemcpy(&st, status, sizeof(Status), cudaMemcpyDeviceToHost));
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    CUDA_OK(cudaStreamDestroy(stream));
+    CUDA_OK(cudaFree(status));
+    t->barrier("done", std::chrono::milliseconds(30000));
+    t->release_symmetric(b);
+  });
+}
+
+TEST(NcclTransport, StreamBarrierTimeoutRecordsStatusAndNeverHangs) {
+  EPMOE_REQUIRE_2GPUS();
+  std::atomic<bool> rank0_done{false};
+  run_on_gpus([&](int r, std::shared_ptr<Transport> t) {
+    Status* status = nullptr;
+    CUDA_OK(cudaMalloc(&status, sizeof(Status)));
+    CUDA_OK(cudaMemset(status, 0, sizeof(Status)));
+    auto take = [&] {
+      Status st;
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(&st, status, sizeof(Status), cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(cudaMemset(status, 0, sizeof(Status)), cudaSuccess);
+      return st;
+    };
+    if (r == 0) {
+      const auto t0 = Clock::now();
+      t->barrier_on_stream(nullptr, 2, std::chrono::milliseconds(200), status);
+      const Status st = take();
+      EXPECT_LT(seconds_since(t0), 5.0);
+      EXPECT_EQ(st.code, static_cast<int32_t>(StatusCode::barrier_timeout)) << st.to_string();
+      EXPECT_EQ(st.rank, 1) << st.to_string();
+      EXPECT_EQ(st.index, 2) << st.to_string();
+      EXPECT_EQ(st.required, 1) << st.to_string();
+      EXPECT_EQ(st.available, 0) << st.to_string();
+      EXPECT_NE(st.to_string().find("waiting for rank 1"), std::string::npos) << st.to_string();
+      // Broken from now on: the next barrier returns at once and says why.
+      const auto t1 = Clock::now();
+      t->barrier_on_stream(nullptr, 0, std::chrono::milliseconds(60000), status);
+      const Status again = take();
+      EXPECT_LT(seconds_since(t1), 5.0);
+      EXPECT_EQ(again.code, static_cast<int32_t>(StatusCode::barrier_timeout));
+      EXPECT_EQ(again.available, -2) << again.to_string();
+      rank0_done = true;
+    } else {
+      wait_for(rank0_done);
+      // Rank 0 gave up and said so in rank 1's flags: no wait for the (long) budget.
+      const auto t0 = Clock::now();
+      t->barrier_on_stream(nullptr, 2, std::chrono::milliseconds(60000), status);
+      const Status st = take();
+      EXPECT_LT(seconds_since(t0), 5.0);
+      EXPECT_EQ(st.code, static_cast<int32_t>(StatusCode::barrier_timeout)) << st.to_string();
+      EXPECT_EQ(st.rank, 0) << st.to_string();
+      EXPECT_EQ(st.available, -1) << st.to_string();
+    }
+    CUDA_OK(cudaFree(status));
+    // Host collectives are unaffected.
+    t->barrier("after the timeout", std::chrono::milliseconds(30000));
+  });
+}
+
+// ---- the whole layer ----
+
+TEST(GpuEp2, MatchesCpuBackendAndReference) {
+  EPMOE_REQUIRE_2GPUS();
+  struct Case {
+    Problem p;
+    int64_t tokens;
+  };
+  std::vector<Case> cases;
+  cases.push_back({problem(64, 128, 96, 8, 2), 64});      // ci-tiny
+  cases.push_back({problem(333, 256, 520, 16, 4), 333});  // ragged tiles in every dimension
+  cases.push_back({problem(1, 64, 64, 4, 2), 1});         // T = 1
+  Problem clamped = problem(96, 192, 136, 8, 2);
+  clamped.act = Activation::swiglu_clamped();
+  cases.push_back({clamped, 96});
+  Problem f32 = problem(80, 128, 64, 6, 3);
+  f32.wgrad_dtype = DType::f32;
+  cases.push_back({f32, 80});
+  Problem unfused = problem(200, 256, 200, 8, 2);
+  unfused.fused = false;
+  cases.push_back({unfused, 200});
+  uint64_t seed = 21;
+  for (const Case& c : cases) {
+    const auto in = make_inputs(c.p, seed++, c.tokens);
+    expect_matches_cpu(c.p, in, run_gpu_layer(c.p, in), c.p.name());
+  }
+}
+
+TEST(GpuEp2, CudaIpcPeerAccessMatchesCpu) {
+  EPMOE_REQUIRE_2GPUS();
+  const Problem p = problem(128, 256, 128, 8, 2);
+  const auto in = make_inputs(p, 31, 128);
+  NcclTransportOptions options;
+  options.peer_access = PeerAccess::cuda_ipc;
+  expect_matches_cpu(p, in, run_gpu_layer(p, in, options), p.name() + " cuda_ipc");
+}
+
+TEST(GpuEp2, EdgeRoutingsAndDifferentLiveCountsPerRank) {
+  EPMOE_REQUIRE_2GPUS();
+  const Problem p = problem(130, 128, 96, 8, 2);
+  struct Edge {
+    const char* name;
+    Router router;
+    int64_t live0, live1;
+  };
+  const std::vector<Edge> edges = {
+      {"different live counts", distinct_router(8, 2), 100, 37},
+      {"one rank with no live tokens", distinct_router(8, 2), 0, 130},
+      {"all routes to one expert", [](int, int64_t, int, std::mt19937_64&) -> int64_t { return 3; },
+       -1, -1},
+      {"every route to the other rank",
+       [](int rank, int64_t t, int k, std::mt19937_64&) -> int64_t {
+         return (1 - rank) * 4 + (t + k) % 4;
+       },
+       77, 120},
+      {"inactive routes",
+       [](int, int64_t t, int k, std::mt19937_64&) -> int64_t {
+         return (t % 3 == 0 || k == 1) ? -1 : t % 8;
+       },
+       -1, 50},
+  };
+  uint64_t seed = 60;
+  for (const Edge& e : edges) {
+    auto in = make_inputs(p, seed++, 130, e.router);
+    in[0].live = e.live0;
+    in[1].live = e.live1;
+    const auto gpu = run_gpu_layer(p, in);
+    const auto cpu = run_layer(p, in);
+    const OutputErrors err = compare(gpu, cpu);
+    for (int o = 0; o < kNumOutputs; ++o) {
+      const Output out = static_cast<Output>(o);
+      if (std::isnan(err[out])) continue;  // all-zero outputs: 0 / 0
+      EXPECT_LE(err[out], backend_rel_l2_bound(Precision::bf16, out))
+          << e.name << " " << to_string(out);
+    }
+    for (int r = 0; r < kRanks; ++r) {
+      const int64_t live = in[r].live;
+      if (live < 0) continue;
+      for (int64_t t = live; t < 130; ++t) {  // padding rows are exactly zero
+        for (int64_t d = 0; d < p.hidden; ++d) {
+          ASSERT_EQ(gpu[r].y_TD[t * p.hidden + d], 0) << e.name << " rank " << r << " y row " << t;
+          ASSERT_EQ(gpu[r].grad_x_TD[t * p.hidden + d], 0)
+              << e.name << " rank " << r << " grad_x row " << t;
+        }
+      }
+    }
+  }
+}
+
+TEST(GpuEp2, GraphReplayOnBothRanksEqualsEager) {
+  EPMOE_REQUIRE_2GPUS();
+  Problem p = problem(256, 256, 192, 16, 4);
+  p.capacity_factor = 2.0;
+  // Same x, weights, grad_y every time; fresh ids and scores per seed; live counts per rank.
+  auto routing = [&](uint64_t seed, int64_t live0, int64_t live1) {
+    auto in = make_inputs(p, 100, 256);
+    const auto fresh = make_inputs(p, seed, 256);
+    for (int r = 0; r < kRanks; ++r) {
+      in[r].ids_TK = fresh[r].ids_TK;
+      in[r].scores_TK = fresh[r].scores_TK;
+      in[r].live = r == 0 ? live0 : live1;
+    }
+    return in;
+  };
+  struct Replay {
+    uint64_t seed;
+    int64_t live0, live1;
+  };
+  const std::vector<Replay> replays = {{2, 256, 256}, {3, 100, 200}, {4, 1, 0}, {5, 256, 17}};
+  const auto first = routing(1, 256, 256);
+  std::vector<std::vector<RankOutputs>> replayed(replays.size(), std::vector<RankOutputs>(kRanks));
+  std::vector<std::vector<RankOutputs>> eager(replays.size(), std::vector<RankOutputs>(kRanks));
+  run_on_gpus([&](int r, std::shared_ptr<Transport> t) {
+    auto graph_ctx = Context::create(p.config(), t);
+    auto eager_ctx = Context::create(p.config(), t);  // same transport: same stream order below
+    GpuRank call(p, first[r], r);
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreate(&stream));
+    run_once(*graph_ctx, call, stream);  // warm-up outside capture
+    cudaGraph_t graph;
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    const SavedLayer saved = graph_ctx->forward(call.forward_args(stream));
+    graph_ctx->backward(call.backward_args(saved, stream));
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec;
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (size_t i = 0; i < replays.size(); ++i) {
+      const auto in = routing(replays[i].seed, replays[i].live0, replays[i].live1);
+      call.set_routing(in[r]);
+      call.poison();
+      CUDA_OK(cudaGraphLaunch(exec, stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      graph_ctx->check();
+      replayed[i][r] = call.outputs();
+      GpuRank eager_call(p, in[r], r);
+      eager[i][r] = run_once(*eager_ctx, eager_call, stream);
+    }
+    graph_ctx->close();
+    eager_ctx->close();
+    CUDA_OK(cudaGraphExecDestroy(exec));
+    CUDA_OK(cudaGraphDestroy(graph));
+    CUDA_OK(cudaStreamDestroy(stream));
+  });
+  for (size_t i = 0; i < replays.size(); ++i) {
+    expect_bitwise_equal(replayed[i], eager[i],
+                         "graph replay, routing seed " + std::to_string(replays[i].seed));
+    const auto in = routing(replays[i].seed, replays[i].live0, replays[i].live1);
+    const OutputErrors err = compare(eager[i], run_layer(p, in));
+    EXPECT_LE(err[Output::y], backend_rel_l2_bound(Precision::bf16, Output::y)) << err.to_string();
+  }
+}
+
+TEST(GpuEp2, OverflowOnOneRankIsReportedOnBothAndTheStepSkipped) {
+  EPMOE_REQUIRE_2GPUS();
+  Problem p = problem(128, 128, 64, 8, 2);
+  p.capacity_factor = 0.25;  // 64 rows of capacity per rank
+  // Rank 1 sends every route to rank 0's experts 0 and 1 (256 rows > 64); rank 0 sends 16 to
+  // rank 1.
+  const auto heavy =
+      make_inputs(p, 3, 128, [](int rank, int64_t t, int k, std::mt19937_64&) -> int64_t {
+        return rank == 1 ? k : (t < 8 ? 4 + k : -1);
+      });
+  // Then a call that fits: 32 rows each way.
+  const auto light =
+      make_inputs(p, 4, 128, [](int rank, int64_t t, int k, std::mt19937_64&) -> int64_t {
+        return t < 16 ? (1 - rank) * 4 + k : -1;
+      });
+  std::vector<RankOutputs> good(kRanks);
+  run_on_gpus([&](int r, std::shared_ptr<Transport> t) {
+    auto ctx = Context::create(p.config(), t);
+    GpuRank bad(p, heavy[r], r);
+    const SavedLayer saved = ctx->forward(bad.forward_args(nullptr));
+    ctx->backward(bad.backward_args(saved, nullptr));
+    try {
+      ctx->check();
+      ADD_FAILURE() << "rank " << r << ": the overflow of rank 0 was not reported";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::capacity_overflow) << e.what();
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("on rank 0"), std::string::npos) << "rank " << r << ": " << msg;
+      EXPECT_NE(msg.find("256"), std::string::npos) << msg;  // required
+      EXPECT_NE(msg.find("64"), std::string::npos) << msg;   // available
+    }
+    // Skipped on both ranks: y is zero, never garbage.
+    const RankOutputs skipped = bad.outputs();
+    for (bf16_t v : skipped.y_TD) ASSERT_EQ(v, 0) << "rank " << r;
+    GpuRank ok(p, light[r], r);
+    good[r] = run_once(*ctx, ok, nullptr);
+    ctx->close();
+  });
+  const OutputErrors err = compare(good, run_layer(p, light));
+  for (int o = 0; o < kNumOutputs; ++o) {
+    const Output out = static_cast<Output>(o);
+    EXPECT_LE(err[out], backend_rel_l2_bound(Precision::bf16, out))
+        << to_string(out) << " " << err.to_string();
+  }
+}
+
+TEST(GpuEp2, RankThatNeverEntersTheCallIsNamedInATimeout) {
+  EPMOE_REQUIRE_2GPUS();
+  Problem p = problem(64, 128, 96, 8, 2);
+  p.barrier_timeout_ms = 1000;
+  const auto in = make_inputs(p, 9, 64);
+  std::atomic<bool> rank0_done{false}, rank1_done{false};
+  run_on_gpus([&](int r, std::shared_ptr<Transport> t) {
+    auto ctx = Context::create(p.config(), t);
+    GpuRank call(p, in[r], r);
+    if (r == 0) {
+      const auto t0 = Clock::now();
+      expect_timeout_naming(
+          [&] {
+            const SavedLayer saved = ctx->forward(call.forward_args(nullptr));
+            ctx->backward(call.backward_args(saved, nullptr));
+            ctx->check();
+          },
+          "waiting for rank 1", "rank 1 never calls forward");
+      EXPECT_LT(seconds_since(t0), 20.0) << "the 1 s budget was not kept";
+      // y of the skipped step is zero.
+      const RankOutputs skipped = call.outputs();
+      for (bf16_t v : skipped.y_TD) ASSERT_EQ(v, 0);
+      // The barriers stay broken: the next call reports at once instead of waiting again.
+      const auto t1 = Clock::now();
+      expect_timeout_naming([&] { run_once(*ctx, call, nullptr); }, "rank 1", "the next call");
+      EXPECT_LT(seconds_since(t1), 5.0);
+      rank0_done = true;
+      wait_for(rank1_done);
+    } else {
+      wait_for(rank0_done);
+      // Rank 0 gave up: rank 1's first call learns it at once.
+      const auto t0 = Clock::now();
+      expect_timeout_naming([&] { run_once(*ctx, call, nullptr); }, "waiting for rank 0",
+                            "rank 1 after rank 0 gave up");
+      EXPECT_LT(seconds_since(t0), 5.0);
+      rank1_done = true;
+    }
+    ctx->close();  // host collectives still work
+  });
+}
+
+}  // namespace
+}  // namespace epmoe::test
