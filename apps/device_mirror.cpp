@@ -30,6 +30,8 @@ void fetch(std::vector<T>& v, const void* d) {
 
 }  // namespace
 
+void use_device(int ordinal) { check(cudaSetDevice(ordinal), "cudaSetDevice"); }
+
 DeviceMirror::DeviceMirror(const RankData& d) {
   ptrs_.x_TD = mirror(d.x_TD, owned_);
   ptrs_.w13_EFD = mirror(d.w13_EFD, owned_);

@@ -6,6 +6,9 @@
 
 #include "rank_data.h"
 
+// Makes cuda:ordinal the calling thread's current device (DeviceMirror allocates there).
+void use_device(int ordinal);
+
 class DeviceMirror {
  public:
   explicit DeviceMirror(const RankData& d);  // allocates on the current device, copies inputs

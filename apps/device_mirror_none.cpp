@@ -3,6 +3,8 @@
 
 #include <stdexcept>
 
+void use_device(int) { throw std::runtime_error("epmoe_run was built without the CUDA backend"); }
+
 DeviceMirror::DeviceMirror(const RankData&) {
   throw std::runtime_error("epmoe_run was built without the CUDA backend");
 }

@@ -35,6 +35,9 @@
 #include "device_mirror.h"
 #include "rank_data.h"
 #include "moe_reference.h"
+#ifdef EPMOE_RUN_WITH_NCCL
+#include "epmoe/nccl.h"
+#endif
 
 namespace {
 
@@ -43,8 +46,13 @@ using epmoe::TensorRef;
 
 // ---- CUDA ---------------------------------------------------------------------------------------
 // A GPU is used when epmoe has its CUDA backend and a device is visible. EP > 1 on GPUs needs the
-// NCCL transport; until it lands the GPU path runs one rank (EP = 1).
+// NCCL transport (epmoe_nccl): rank r runs on cuda:r, one thread per GPU.
 bool cuda_available() { return epmoe::cuda_device_count() > 0; }
+#ifdef EPMOE_RUN_WITH_NCCL
+constexpr bool kHaveNccl = true;
+#else
+constexpr bool kHaveNccl = false;
+#endif
 
 // ---- shapes (MEASURE.md) ----------------------------------------------------------------------
 struct Shape {
@@ -109,7 +117,8 @@ constexpr const char* kUsage =
     "usage: epmoe_run [options]\n"
     "  --shape NAME          qwen3-30b-a3b | deepseek-v3 | gpt-oss-120b | mixtral-8x7b |\n"
     "                        ci-tiny (default ci-tiny)\n"
-    "  --ranks R             EP ranks (default: 1 per usable GPU, else 2 CPU ranks)\n"
+    "  --ranks R             EP ranks (default: 1 per usable GPU, else 2 CPU ranks); on\n"
+    "                        GPUs, R > 1 runs rank r on cuda:r through the NCCL transport\n"
     "  --routing KIND        balanced | skew | one-expert | empty-rank (default balanced)\n"
     "  --tokens T            tokens per rank: a number, train or decode (default train)\n"
     "  --iters N             timed iterations of forward + backward (default 5)\n"
@@ -436,9 +445,11 @@ void run_rank(const epmoe::Config& config, const std::shared_ptr<epmoe::Transpor
   context->close();
 }
 
-Timings run_cpu(const epmoe::Config& config, const Problem& p, std::vector<RankData>& ranks,
-                int iters) {
-  epmoe::ThreadTransportGroup group(p.R);
+// body(r, forward ms, step ms, stages or nullptr) on one thread per rank; wall times are the max
+// over ranks, the stage table rank 0's.
+using RankBody = std::function<void(int rank, std::vector<double>& fwd_ms,
+                                    std::vector<double>& step_ms, std::vector<Timings::Stage>*)>;
+Timings run_threads(const Problem& p, int iters, const RankBody& body) {
   std::vector<std::vector<double>> fwd(p.R), step(p.R);
   std::vector<std::exception_ptr> errors(p.R);
   Timings timings;
@@ -446,8 +457,7 @@ Timings run_cpu(const epmoe::Config& config, const Problem& p, std::vector<RankD
   for (int r = 0; r < p.R; ++r) {
     threads.emplace_back([&, r] {
       try {
-        run_rank(config, group.transport(r), p, host_ptrs(ranks[r]), iters, fwd[r], step[r],
-                 r == 0 ? &timings.stages : nullptr);
+        body(r, fwd[r], step[r], r == 0 ? &timings.stages : nullptr);
       } catch (...) {
         errors[r] = std::current_exception();
       }
@@ -469,15 +479,55 @@ Timings run_cpu(const epmoe::Config& config, const Problem& p, std::vector<RankD
   return timings;
 }
 
-// One GPU (EP = 1): the rank's tensors mirrored to device memory, outputs copied back so the
-// reference check below reads them like the CPU path's.
+Timings run_cpu(const epmoe::Config& config, const Problem& p, std::vector<RankData>& ranks,
+                int iters) {
+  epmoe::ThreadTransportGroup group(p.R);
+  return run_threads(p, iters, [&](int r, std::vector<double>& fwd, std::vector<double>& step,
+                                   std::vector<Timings::Stage>* stages) {
+    run_rank(config, group.transport(r), p, host_ptrs(ranks[r]), iters, fwd, step, stages);
+  });
+}
+
+// R GPUs through the NCCL transport, one thread per GPU (rank r on cuda:r): each rank's tensors
+// mirrored to its device, outputs copied back for the reference check.
+Timings run_gpu_ep(const epmoe::Config& config, const Problem& p, std::vector<RankData>& ranks,
+                   int iters) {
+#ifdef EPMOE_RUN_WITH_NCCL
+  // NVLink multicast stays off unless the caller chose otherwise.
+  setenv("NCCL_NVLS_ENABLE", "0", 0);
+  const epmoe::NcclUniqueId id = epmoe::nccl_unique_id();
+  return run_threads(p, iters, [&](int r, std::vector<double>& fwd, std::vector<double>& step,
+                                   std::vector<Timings::Stage>* stages) {
+    use_device(r);
+    DeviceMirror mirror(ranks[r]);
+    auto transport = epmoe::make_nccl_transport(id.data(), id.size(), r, p.R, r);
+    if (r == 0) {
+      std::printf("NCCL transport: %d ranks on cuda:0..%d, peers through %s\n\n", p.R, p.R - 1,
+                  epmoe::nccl_peer_access(*transport).c_str());
+    }
+    run_rank(config, transport, p, mirror.ptrs(), iters, fwd, step, stages);
+    mirror.copy_outputs_back(ranks[r]);
+  });
+#else
+  (void)config;
+  (void)ranks;
+  (void)iters;
+  throw std::runtime_error("--ranks " + std::to_string(p.R) +
+                           " on GPUs needs the NCCL transport (epmoe_nccl), not in this build; "
+                           "use --ranks 1 or --device cpu");
+#endif
+}
+
+// One GPU (EP = 1) on the single-GPU transport; R > 1 through NCCL.
 Timings run_gpu(const epmoe::Config& config, const Problem& p, std::vector<RankData>& ranks,
                 int iters) {
-  if (p.R != 1) {
-    throw std::runtime_error("--ranks " + std::to_string(p.R) +
-                             " on GPUs needs the NCCL transport (EP > 1), not in this build; "
-                             "use --ranks 1 or --device cpu");
+  const int gpus = epmoe::cuda_device_count();
+  if (p.R > gpus) {
+    throw std::runtime_error("--ranks " + std::to_string(p.R) + " on GPUs needs " +
+                             std::to_string(p.R) + " CUDA devices, found " + std::to_string(gpus) +
+                             "; use fewer --ranks or --device cpu");
   }
+  if (p.R > 1) return run_gpu_ep(config, p, ranks, iters);
   DeviceMirror mirror(ranks[0]);
   Timings timings;
   run_rank(config, epmoe::make_single_gpu_transport(0), p, mirror.ptrs(), iters, timings.forward_ms,
@@ -681,9 +731,16 @@ int run(const Options& o) {
     use_cuda = cuda_available();
   }
 
-  // One rank per usable GPU (1 until the NCCL transport lands), else 2 CPU thread ranks.
+  // One rank per usable GPU (as many as divide the experts; 1 without the NCCL transport), else
+  // 2 CPU thread ranks.
   Options resolved = o;
-  if (resolved.ranks == 0) resolved.ranks = use_cuda ? 1 : 2;
+  if (resolved.ranks == 0) {
+    resolved.ranks = 2;
+    if (use_cuda) {
+      resolved.ranks = kHaveNccl ? epmoe::cuda_device_count() : 1;
+      while (shape->E % resolved.ranks != 0) --resolved.ranks;
+    }
+  }
   const Problem p = make_problem(resolved, *shape);
 
   epmoe::ConfigFields f;
