@@ -68,12 +68,18 @@ class DeviceScope {
 };
 
 // Waits for the work of `stream` until `deadline`; false when it is still running then.
-bool wait_stream(cudaStream_t stream, Clock::time_point deadline) {
+// `comm` (nullable): NCCL's asynchronous errors end the wait with Error(backend).
+bool wait_stream(cudaStream_t stream, Clock::time_point deadline, ncclComm_t comm = nullptr) {
   auto pause = std::chrono::microseconds(2);
   for (;;) {
     const cudaError_t q = cudaStreamQuery(stream);
     if (q == cudaSuccess) return true;
     if (q != cudaErrorNotReady) EPMOE_CUDA_CHECK(q);
+    if (comm != nullptr) {
+      ncclResult_t async = ncclSuccess;
+      EPMOE_NCCL_CHECK(ncclCommGetAsyncError(comm, &async));
+      if (async != ncclInProgress) EPMOE_NCCL_CHECK(async);
+    }
     if (Clock::now() >= deadline) return false;
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(500));
@@ -358,7 +364,14 @@ class NcclTransport final : public Transport {
     EPMOE_NCCL_CHECK(ncclAllGather(dev_send_, dev_recv_, bytes, ncclUint8, comm_, comm_stream_));
     EPMOE_CUDA_CHECK(cudaMemcpyAsync(host_recv_, dev_recv_, bytes * size_, cudaMemcpyDeviceToHost,
                                      comm_stream_));
-    if (!wait_stream(comm_stream_, deadline)) {
+    bool done = false;
+    try {
+      done = wait_stream(comm_stream_, deadline, comm_);
+    } catch (const Error&) {
+      lose("a transport whose NCCL communicator failed during " + tag);
+      throw;
+    }
+    if (!done) {
       std::string who;
       if (bootstrapping_) {
         who = "a rank did not arrive (which one is unknown while the transport is created or "
