@@ -170,25 +170,53 @@ def _group_rank_size(group) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
-def _shm_session(group, rank: int) -> str:
-    """Rank 0 names the session; the name travels over the group (gloo on CPU)."""
+def _broadcast_text(text: Optional[str], group, device: torch.device, size: int = 512) -> str:
+    """Rank 0's string to every rank of the group (bytes in a tensor: object collectives would
+    need numpy)."""
     import torch.distributed as dist
 
-    name = [f"{os.getpid()}-{uuid.uuid4().hex[:16]}" if rank == 0 else None]
-    dist.broadcast_object_list(name, src=dist.get_global_rank(group, 0), group=group)
-    hosts = [None] * dist.get_world_size(group)
-    dist.all_gather_object(hosts, socket.gethostname(), group=group)
+    buf = torch.zeros(size, dtype=torch.uint8, device=device)
+    if text is not None:
+        data = text.encode()
+        if len(data) >= size:
+            raise ValueError(f"text: expected fewer than {size} bytes, got {len(data)}")
+        buf[:len(data)] = torch.tensor(list(data), dtype=torch.uint8)
+    dist.broadcast(buf, src=dist.get_global_rank(group, 0), group=group)
+    return bytes(buf.cpu().tolist()).rstrip(b"\0").decode()
+
+
+def _gather_text(text: str, group, device: torch.device, size: int = 256) -> list[str]:
+    import torch.distributed as dist
+
+    buf = torch.zeros(size, dtype=torch.uint8, device=device)
+    data = text.encode()[:size - 1]
+    buf[:len(data)] = torch.tensor(list(data), dtype=torch.uint8)
+    out = [torch.empty_like(buf) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, buf, group=group)
+    return [bytes(t.cpu().tolist()).rstrip(b"\0").decode() for t in out]
+
+
+def _shm_session(group, rank: int) -> str:
+    """Rank 0 names the session; the name travels over the group (gloo on CPU)."""
+    cpu = torch.device("cpu")
+    name = _broadcast_text(f"{os.getpid()}-{uuid.uuid4().hex[:16]}" if rank == 0 else None, group, cpu)
+    hosts = _gather_text(socket.gethostname(), group, cpu)
     if len(set(hosts)) != 1:
         raise RuntimeError(f"group: expected every CPU rank on one host (shared memory), got hosts {hosts}")
-    return name[0]
+    return name
+
+
+def _nccl_session(group, rank: int, device: torch.device) -> str:
+    """Rank 0 makes the NCCL unique id; it travels over the group (nccl) as hex."""
+    return _broadcast_text(ops._nccl_unique_id() if rank == 0 else None, group, device)
 
 
 def create_context(group=None, config: Config = None, device=None) -> Context:
     """Collective over `group` (a torch.distributed ProcessGroup; None: one rank).
 
     CPU: one rank runs in-process; several ranks are processes of one host sharing memory
-    (bootstrap through the group, e.g. gloo under torchrun). CUDA: one GPU (EP = 1); several GPUs
-    need the NCCL transport (see docs/python.md).
+    (bootstrap through the group, e.g. gloo under torchrun). CUDA: one GPU per rank; several
+    ranks use the NCCL transport where epmoe was built with it (unique id sent over the group).
     """
     if not isinstance(config, Config):
         raise TypeError(f"config: expected epmoe.Config, got {type(config).__name__}")
@@ -202,15 +230,18 @@ def create_context(group=None, config: Config = None, device=None) -> Context:
         if size > 1:
             session = _shm_session(group, rank)
     else:
-        if size > 1:
-            raise NotImplementedError(
-                "create_context: a CUDA context over several ranks needs the NCCL transport "
-                "(src/cuda/comm), which this build does not wire to Python yet; use ep_size 1 on "
-                "CUDA or CPU ranks")
         if ops._cuda_device_count() == 0:
             raise RuntimeError("device: expected a CUDA device epmoe can use, got none "
                                "(no GPU, or epmoe built without CUDA)")
         transport = "cuda"
+        if size > 1:
+            if not ops._has_nccl():
+                raise NotImplementedError(
+                    "create_context: a CUDA context over several ranks needs the NCCL transport "
+                    "(epmoe_nccl), which this build of epmoe does not have; use one GPU per context "
+                    "or CPU ranks")
+            transport = "nccl"
+            session = _nccl_session(group, rank, device)
     cid = ops._context_create(config.to_native(), transport, session, rank, size, device)
     capacity, layout_elems, offsets_index, rows_index, local_experts, crank, csize = ops._context_info(cid)
     _INFO[cid] = _make_info(capacity, layout_elems, offsets_index, rows_index, local_experts, crank,

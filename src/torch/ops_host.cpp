@@ -12,9 +12,61 @@
 #include "torch/registry.h"
 #include "torch/tensors.h"
 
+#ifdef EPMOE_TORCH_WITH_NCCL
+#include "epmoe/nccl.h"
+#endif
+
 namespace epmoe::torch_binding {
 
 namespace {
+
+#ifdef EPMOE_TORCH_WITH_NCCL
+std::string to_hex(const unsigned char* p, std::size_t n) {
+  static const char* digits = "0123456789abcdef";
+  std::string s;
+  for (std::size_t i = 0; i < n; ++i) {
+    s += digits[p[i] >> 4];
+    s += digits[p[i] & 15];
+  }
+  return s;
+}
+
+NcclUniqueId from_hex(const std::string& s) {
+  NcclUniqueId id{};
+  EPMOE_CHECK_ARG(s.size() == 2 * id.size(), "session",
+                  std::to_string(2 * id.size()) + " hex digits (an NCCL unique id)", s.size());
+  auto nibble = [&](char c) -> unsigned {
+    if (c >= '0' && c <= '9') return static_cast<unsigned>(c - '0');
+    if (c >= 'a' && c <= 'f') return static_cast<unsigned>(c - 'a' + 10);
+    EPMOE_CHECK_ARG(false, "session", "hex digits", std::string(1, c));
+  };
+  for (std::size_t i = 0; i < id.size(); ++i) {
+    id[i] = static_cast<unsigned char>(nibble(s[2 * i]) << 4 | nibble(s[2 * i + 1]));
+  }
+  return id;
+}
+#endif
+
+// A fresh NCCL unique id as hex (rank 0 makes it; create_context broadcasts it over the group).
+std::string nccl_id() {
+  return guarded([&]() -> std::string {
+#ifdef EPMOE_TORCH_WITH_NCCL
+    const NcclUniqueId id = nccl_unique_id();
+    return to_hex(id.data(), id.size());
+#else
+    EPMOE_EXPECT(false, backend, "transport", "epmoe built with the NCCL transport (epmoe_nccl)",
+                 "a build without it");
+#endif
+  });
+}
+
+bool has_nccl() {
+#ifdef EPMOE_TORCH_WITH_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
 
 // transport: "local" (one CPU rank), "shm" (CPU ranks as processes), "cuda" (one GPU, EP = 1).
 int64_t context_create(const std::string& config_text, const std::string& transport,
@@ -29,8 +81,15 @@ int64_t context_create(const std::string& config_text, const std::string& transp
       e->transport = make_shm_transport(session, static_cast<int>(rank), static_cast<int>(size));
     } else if (transport == "cuda") {
       e->transport = make_single_gpu_transport(device.index() < 0 ? 0 : device.index());
+#ifdef EPMOE_TORCH_WITH_NCCL
+    } else if (transport == "nccl") {  // session = the NCCL unique id, hex
+      const NcclUniqueId id = from_hex(session);
+      e->transport = make_nccl_transport(id.data(), id.size(), static_cast<int>(rank),
+                                         static_cast<int>(size), device.index() < 0 ? 0 : device.index());
+#endif
     } else {
-      EPMOE_CHECK_ARG(false, "transport", "local, shm or cuda", "'" + transport + "'");
+      EPMOE_CHECK_ARG(false, "transport", has_nccl() ? "local, shm, cuda or nccl" : "local, shm or cuda",
+                      "'" + transport + "'");
     }
     e->context = Context::create(config, e->transport);
     const MemoryPlan& plan = e->context->plan();
@@ -107,6 +166,8 @@ TORCH_LIBRARY(epmoe, m) {
   m.def("_plan_explain(str config, int ep_size) -> str", &plan_explain);
   m.def("_plan_fields(str config, int ep_size) -> str", &plan_fields);
   m.def("_cuda_device_count() -> int", &cuda_devices);
+  m.def("_nccl_unique_id() -> str", &nccl_id);
+  m.def("_has_nccl() -> bool", &has_nccl);
 }
 
 }  // namespace epmoe::torch_binding

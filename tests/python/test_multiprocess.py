@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import epmoe
-from conftest import HERE, torchrun
+from conftest import HERE, has_cuda, torchrun
 from moe_reference import make_problem, reference, rel_l2
 
 pytestmark = pytest.mark.multiprocess
@@ -82,3 +82,15 @@ def test_barrier_timeout_names_the_missing_rank(two_ranks):
     assert "[epmoe:timeout]" in message, message
     assert "no arrival from rank(s) 1" in message, message
     assert "300 ms" in message, message
+
+
+@pytest.mark.skipif(not (has_cuda() and torch.cuda.device_count() >= 2 and torch.ops.epmoe._has_nccl()),
+                    reason="needs 2 GPUs and epmoe built with the NCCL transport")
+def test_two_gpus_fused_and_layered(tmp_path):
+    torchrun(WORKER, "--device", "cuda", "--scenario", "fused", "--scenario", "layered", "--out", str(tmp_path))
+    p, want = unsharded()
+    fused = _shards(str(tmp_path), "fused")
+    for key in ("y", "grad_x", "grad_scores", "grad_w13", "grad_w2"):
+        assert rel_l2(torch.cat([g[key] for g in fused]), want[key]) < 2e-2, key
+    layered = _shards(str(tmp_path), "layered")
+    assert rel_l2(torch.cat([g["y"] for g in layered]), want["y"]) < 2e-2

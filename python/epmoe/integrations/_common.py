@@ -76,8 +76,8 @@ def supported(device: torch.device, dtype: torch.dtype, ep_size: int) -> tuple[b
     if device.type == "cuda":
         if torch.ops.epmoe._cuda_device_count() == 0:
             return False, "epmoe was built without CUDA (or sees no GPU)"
-        if ep_size > 1:
-            return False, "multi-GPU EP needs the NCCL transport, not wired to Python in this build"
+        if ep_size > 1 and not torch.ops.epmoe._has_nccl():
+            return False, "multi-GPU EP needs the NCCL transport, which this build of epmoe lacks"
         return True, "one GPU"
     if device.type == "cpu":
         return True, "CPU ranks (threads in one process or processes sharing memory)"
