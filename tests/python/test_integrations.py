@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from conftest import HERE, requires_cuda, torchrun
+from conftest import HERE, has_cuda, requires_cuda, torchrun
 from epmoe.integrations import _common, transformers as hf
 from moe_reference import rel_l2
 from tiny_models import EXPERTS, F, K, R, T, HFSparseMoeBlock, batch, titan_module
@@ -15,11 +15,14 @@ TOL = 2e-2
 WORKER = os.path.join(HERE, "workers", "integrations_worker.py")
 
 
+def _launch(out, device="cpu"):
+    torchrun(WORKER, "--out", out, "--device", device)
+    return lambda name: [torch.load(os.path.join(out, f"{name}_rank{r}.pt")) for r in range(R)]
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("integrations"))
-    torchrun(WORKER, "--out", out)
-    return lambda name: [torch.load(os.path.join(out, f"{name}_rank{r}.pt")) for r in range(R)]
+    return _launch(str(tmp_path_factory.mktemp("integrations")))
 
 
 def cat(parts, key):
@@ -39,6 +42,20 @@ def test_transformers_strategy_matches_unsharded_block(results):
     assert rel_l2(got[0]["gate_grad"], block.gate.weight.grad) < TOL
     assert rel_l2(cat(got, "w13_grad"), block.experts.gate_up_proj.grad) < TOL
     assert rel_l2(cat(got, "w2_grad"), block.experts.down_proj.grad) < TOL
+
+
+@pytest.mark.skipif(not (has_cuda() and torch.cuda.device_count() >= 2 and torch.ops.epmoe._has_nccl()),
+                    reason="needs 2 GPUs and epmoe built with the NCCL transport")
+def test_integrations_on_two_gpus(tmp_path):
+    got = _launch(str(tmp_path), "cuda")
+    want, _ = _titan_reference(pad_last=3)
+    assert rel_l2(cat(got("titan"), "y"), want["y"]) < TOL
+    want, _ = _titan_reference()
+    assert rel_l2(cat(got("dispatcher"), "y"), want["y"]) < TOL
+    block = HFSparseMoeBlock(seed=0)
+    x, _, _, _ = batch()
+    with torch.no_grad():
+        assert rel_l2(cat(got("hf"), "y"), block(x.reshape(R * T, -1))) < TOL
 
 
 def _titan_reference(pad_last=0):

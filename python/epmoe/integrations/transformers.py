@@ -140,7 +140,8 @@ class EpmoeExpertsParallel:
                 if st.size > 1:
                     import torch.distributed as dist
 
-                    t = torch.tensor([tokens], dtype=torch.int64)
+                    # on the weights' device: an nccl group reduces CUDA tensors only
+                    t = torch.tensor([tokens], dtype=torch.int64, device=module.gate_up_proj.device)
                     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=st.group)
                     T = int(t)
             w13 = module.gate_up_proj

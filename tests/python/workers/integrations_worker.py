@@ -13,55 +13,61 @@ from torch.distributed.tensor.parallel import parallelize_module
 from epmoe.integrations import _common, transformers as hf, torchtitan as tt
 from tiny_models import EXPERTS, F, K, T, HFSparseMoeBlock, batch, titan_module
 
+DEVICE = torch.device("cpu")
+
+
+def host(d):
+    return {k: v.cpu() for k, v in d.items()}
+
 
 def run_hf(rank, mesh, out):
-    block = HFSparseMoeBlock(seed=0)
-    name, _ = hf.resolve_strategy("auto", ep_size=2, tp_size=1, tokens=T, hidden_dim=block.gate.in_features,
-                                  device=torch.device("cpu"))
-    assert name == "epmoe", name
+    block = HFSparseMoeBlock(seed=0).to(DEVICE)
+    name, why = hf.resolve_strategy("auto", ep_size=2, tp_size=1, tokens=T, hidden_dim=block.gate.in_features,
+                                    device=DEVICE)
+    assert name == "epmoe", (name, why)
     router_style, experts_style = (hf.PARALLEL_STYLES[s] for s in hf.STRATEGIES[name])
     router_style.install_forward(block.gate, mesh)
     experts_style = hf.EpmoeExpertsParallel(max_tokens=T + 4)  # padded rows exercise id -1
     experts_style.install_forward(block.experts, ep_mesh=mesh)
     x, _, _, gy = batch()
-    xr = x[rank].clone().requires_grad_()
+    xr = x[rank].to(DEVICE).requires_grad_()
     y = block(xr)
-    y.backward(gy[rank])
+    y.backward(gy[rank].to(DEVICE))
     gate_grad = block.gate.weight.grad.clone()
     dist.all_reduce(gate_grad)  # the router is replicated: its gradient sums over the ranks' batches
-    torch.save(dict(y=y.detach(), grad_x=xr.grad, gate_grad=gate_grad, w13_grad=block.experts.gate_up_proj.grad,
-                    w2_grad=block.experts.down_proj.grad), os.path.join(out, f"hf_rank{rank}.pt"))
+    torch.save(host(dict(y=y.detach(), grad_x=xr.grad, gate_grad=gate_grad, w13_grad=block.experts.gate_up_proj.grad,
+                         w2_grad=block.experts.down_proj.grad)), os.path.join(out, f"hf_rank{rank}.pt"))
     experts_style.close(block.experts)
 
 
 def run_titan(rank, mesh, out):
-    m = parallelize_module(titan_module(seed=0), mesh, tt.EpmoeExpertParallel())
+    m = parallelize_module(titan_module(seed=0).to(DEVICE), mesh, tt.EpmoeExpertParallel())
     assert m.w13.weight.shape[0] == EXPERTS // 2
-    runtime = tt.EpmoeRuntime([m], "cpu", tokens_per_microbatch=T)
+    runtime = tt.EpmoeRuntime([m], DEVICE, tokens_per_microbatch=T)
     x, ids, scores, gy = batch()
-    xr, sr = x[rank].clone().requires_grad_(), scores[rank].clone().requires_grad_()
-    pad = torch.zeros(T, dtype=torch.bool)
+    xr, sr = x[rank].to(DEVICE).requires_grad_(), scores[rank].to(DEVICE).requires_grad_()
+    pad = torch.zeros(T, dtype=torch.bool, device=DEVICE)
     pad[-3:] = True
-    y = m(xr, sr, ids[rank], padding_mask_T=pad)
+    y = m(xr, sr, ids[rank].to(DEVICE), padding_mask_T=pad)
     assert torch.count_nonzero(y[-3:]) == 0
-    y.backward(gy[rank])
-    torch.save(dict(y=y.detach(), grad_x=xr.grad, grad_scores=sr.grad, w13_grad=m.w13.weight.grad,
-                    w2_grad=m.w2.weight.grad), os.path.join(out, f"titan_rank{rank}.pt"))
+    y.backward(gy[rank].to(DEVICE))
+    torch.save(host(dict(y=y.detach(), grad_x=xr.grad, grad_scores=sr.grad, w13_grad=m.w13.weight.grad,
+                         w2_grad=m.w2.weight.grad)), os.path.join(out, f"titan_rank{rank}.pt"))
     runtime.close()
 
 
 def run_dispatcher(rank, mesh, out):
     d = tt.EpmoeTokenDispatcher(tt.EpmoeTokenDispatcher.Config(num_experts=EXPERTS, top_k=K, hidden_dim=32,
-                                                               num_max_tokens_per_rank=T))
+                                                               num_max_tokens_per_rank=T), device=DEVICE)
     d.wire_meshes(mesh)
     d.init_buffer()
     full = titan_module(seed=0)
     E = EXPERTS // 2
-    w13 = full.w13.weight.detach()[rank * E:(rank + 1) * E].reshape(E, 2 * F, -1).clone().requires_grad_()
-    w2 = full.w2.weight.detach()[rank * E:(rank + 1) * E].clone().requires_grad_()
+    w13 = full.w13.weight.detach()[rank * E:(rank + 1) * E].reshape(E, 2 * F, -1).to(DEVICE).requires_grad_()
+    w2 = full.w2.weight.detach()[rank * E:(rank + 1) * E].to(DEVICE).requires_grad_()
     x, ids, scores, gy = batch()
-    xr, sr = x[rank].clone().requires_grad_(), scores[rank].clone().requires_grad_()
-    routed, counts, meta = d.dispatch(xr, sr, ids[rank])
+    xr, sr = x[rank].to(DEVICE).requires_grad_(), scores[rank].to(DEVICE).requires_grad_()
+    routed, counts, meta = d.dispatch(xr, sr, ids[rank].to(DEVICE))
     # The framework's own expert compute on the expert-grouped rows.
     offsets = [0] + torch.cumsum(counts, 0).tolist()
     outs = [routed.new_zeros(routed.shape)]
@@ -74,18 +80,23 @@ def run_dispatcher(rank, mesh, out):
             rows[a:b] = h @ w2[e].float().t()
             outs.append(rows.bfloat16())
     y = d.combine(sum(outs), meta, xr)
-    y.backward(gy[rank])
-    torch.save(dict(y=y.detach(), grad_x=xr.grad, grad_scores=sr.grad, w13_grad=w13.grad, w2_grad=w2.grad,
-                    counts=counts.clone()), os.path.join(out, f"dispatcher_rank{rank}.pt"))
+    y.backward(gy[rank].to(DEVICE))
+    torch.save(host(dict(y=y.detach(), grad_x=xr.grad, grad_scores=sr.grad, w13_grad=w13.grad, w2_grad=w2.grad,
+                         counts=counts.clone())), os.path.join(out, f"dispatcher_rank{rank}.pt"))
     d.close()
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     a = ap.parse_args()
-    dist.init_process_group("gloo")
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("ep",))
+    global DEVICE
+    if a.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        DEVICE = torch.device("cuda", torch.cuda.current_device())
+    dist.init_process_group("nccl" if a.device == "cuda" else "gloo")
+    mesh = init_device_mesh(a.device, (dist.get_world_size(),), mesh_dim_names=("ep",))
     rank = dist.get_rank()
     for fn in (run_hf, run_titan, run_dispatcher):
         fn(rank, mesh, a.out)
