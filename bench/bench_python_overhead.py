@@ -13,7 +13,7 @@ time shows:
   api_grad   epmoe.routed_experts with inputs that require grad (saves for backward; each call's
              backward runs untimed to free the slot)
 'enqueue' is the host time until the last call returns; 'total' waits for the device too. The
-overhead is api - cpp on enqueue time. Prints a table and a JSON line; exits 1 when the no-grad
+overhead is api - cpp on enqueue time (medians over --repeats timings of --iters calls). Prints a table and a JSON line; exits 1 when the no-grad
 overhead exceeds --bound-us.
 """
 
@@ -45,11 +45,15 @@ def main():
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--inter", type=int, default=128)
     ap.add_argument("--experts", type=int, default=8)
-    ap.add_argument("--iters", type=int, default=200)
-    ap.add_argument("--repeats", type=int, default=7)
+    # On CUDA few enough calls per timing that their launches fit the launch queue (~1024): a full
+    # queue would make the host wait for the device and hide the host overhead being measured.
+    ap.add_argument("--iters", type=int, default=None, help="calls per timing (default: 50 on cuda, 200 on cpu)")
+    ap.add_argument("--repeats", type=int, default=21)
     ap.add_argument("--bound-us", type=float, default=10.0)
     args = ap.parse_args()
     device = torch.device(args.device)
+    if args.iters is None:
+        args.iters = 50 if device.type == "cuda" else 200
     T, D, F, K, E = args.tokens, args.hidden, args.inter, 2, args.experts
     cfg = epmoe.Config(max_num_local_input_tokens=T, hidden_dim=D, intermediate_dim=F, top_k=K, num_experts=E,
                        max_moe_layers_per_activation_slot=1)

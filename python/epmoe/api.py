@@ -6,11 +6,10 @@ import dataclasses
 from typing import Optional
 
 import torch
-
-from . import _checks, _ops  # noqa: F401  (_ops registers fake kernels, autograd and effects)
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from .context import Context, info
+from . import _checks, _ops  # noqa: F401  (_ops registers fake kernels, autograd and effects)
+from .context import Context
 
 _BF16 = (torch.bfloat16,)
 _IDS = (torch.int32, torch.int64)
@@ -56,7 +55,8 @@ def routed_experts(x_TD: torch.Tensor, topk_expert_ids_TK: torch.Tensor, topk_sc
     if not 1 <= T <= i.max_tokens:
         _checks.rows("x_TD", x_TD, i.max_tokens)
     w13 = w13_weight
-    if w13.dim() == 4 and w13.shape[1] == 2:  # TorchTitan's [E, 2, F, D]: a zero-copy view
+    # TorchTitan's [E, 2, F, D]: a zero-copy view as [E, 2F, D]
+    if isinstance(w13, torch.Tensor) and w13.dim() == 4 and w13.shape[1] == 2:
         w13 = w13.reshape(w13.shape[0], 2 * w13.shape[2], w13.shape[3])
     shape_TD, shape_TK = (T, i.hidden), (T, i.top_k)
     checks = ((x_TD, "x_TD", _BF16, shape_TD), (topk_expert_ids_TK, "topk_ids_TK", _IDS, shape_TK),

@@ -47,6 +47,7 @@ CASES = [
     ("w13_weight", lambda t: t[:, :, :D - 8].contiguous(), ValueError, "w13_weight: expected shape"),
     ("w13_weight", lambda t: t.float(), TypeError, "w13_weight: expected dtype bfloat16"),
     ("w2_weight", lambda t: t.transpose(1, 2), ValueError, "w2_weight: expected shape"),
+    ("w13_weight", lambda t: None, TypeError, "w13_weight: expected a torch.Tensor, got NoneType"),
     ("w2_weight", lambda t: t[:2].contiguous(), ValueError, f"w2_weight: expected shape [{EXPERTS}, {D}, {F}]"),
 ]
 
