@@ -172,3 +172,27 @@ def test_opcheck_layered_ops():
         torch.library.opcheck(op.dispatch_backward.default, (recv, layout, ids, ctx.id))
     finally:
         ctx.close()
+
+
+def test_layered_ops_compile_fullgraph_and_match_eager(context):
+    p = _problem(28)
+
+    def layered(x, ids, s, w13, w2):
+        recv, handle = epmoe.dispatch(x, ids, s, context)
+        h13 = epmoe.grouped_gemm(recv, w13, handle)
+        h = (torch.nn.functional.silu(h13[:, :F].float()) * h13[:, F:].float()).bfloat16()
+        return epmoe.combine(epmoe.grouped_gemm(h, w2, handle), handle)
+
+    def leaves():
+        return [p.x_RTD[0].clone().requires_grad_(), p.ids_RTK[0], p.scores_RTK[0].clone().requires_grad_(),
+                p.w13_GFD.clone().requires_grad_(), p.w2_GDF.clone().requires_grad_()]
+
+    eager_args, compiled_args = leaves(), leaves()
+    y_e = layered(*eager_args)
+    y_c = torch.compile(layered, fullgraph=True, backend="aot_eager")(*compiled_args)
+    assert torch.equal(y_e, y_c)
+    y_e.backward(p.grad_y_RTD[0])
+    y_c.backward(p.grad_y_RTD[0])
+    for a, b in zip(eager_args, compiled_args):
+        if a.grad is not None:
+            assert torch.equal(a.grad, b.grad)
