@@ -4,7 +4,8 @@
 
 #include <cuda_runtime.h>
 
-#include <mutex>
+#include <atomic>
+#include <cstdint>
 
 #include "cuda/check.h"
 #include "cuda/gemm/epilogues.cuh"
@@ -61,10 +62,16 @@ void launch_grouped_gemm(const Operand& a, const Operand& b, const GroupArgs& gr
   constexpr int kSmem =
       static_cast<int>(sizeof(SharedStorage<Traits, Epilogue::kSmemBytesPerWarpgroup>));
   static_assert(kSmem <= 227 * 1024, "shared memory of one CTA on sm_90 is at most 227 KiB");
-  static std::once_flag attribute_set;
-  std::call_once(attribute_set, [&] {
+  // The shared-memory limit is a per-device attribute of the kernel: set it once per device
+  // (several GPUs, one thread each, share this process).
+  static std::atomic<uint64_t> attribute_set_on{0};  // bit d: set on device d
+  int device = 0;
+  EPMOE_CUDA_CHECK(cudaGetDevice(&device));
+  const uint64_t bit = uint64_t{1} << (device % 64);
+  if ((attribute_set_on.load(std::memory_order_acquire) & bit) == 0) {
     EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  });
+    attribute_set_on.fetch_or(bit, std::memory_order_release);
+  }
   const int grid = device_sm_count();
   kernel<<<grid, Traits::kThreads, kSmem, stream>>>(tma_a, tma_b, groups, epi, a.rows, a.cols,
                                                      b.rows, b.cols);
