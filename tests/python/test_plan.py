@@ -24,3 +24,14 @@ def test_capacity_factor_is_clamped_to_the_topology_bound():
 def test_context_carries_its_plan(context):
     assert context.memory_plan.total_bytes == epmoe.plan_memory(context.config, 1).total_bytes
     assert context.capacity_rows == context.memory_plan.recv_capacity_rows
+
+
+def test_import_initialises_neither_cuda_nor_a_process_group():
+    import subprocess
+    import sys
+
+    code = ("import torch, epmoe, epmoe.integrations; import torch.distributed as dist; "
+            "assert not torch.cuda.is_initialized(); assert not dist.is_initialized(); "
+            "print(sorted(epmoe.__all__))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert "routed_experts" in out.stdout
