@@ -29,9 +29,26 @@ class ExecutionOptions:
 _DEFAULT_OPTIONS = ExecutionOptions()
 
 
-def _slow_check(name, t, dtypes, shape, device):
-    """Names what is wrong; the fast test in routed_experts only says that something is."""
-    _checks.tensor(name, t, dtypes, shape, device)
+def _check_all(i, x_TD, ids_TK, scores_TK, w13, w2, num_tokens) -> None:
+    """Every host check of the arguments; raises the first failure, naming the argument."""
+    dev = i.device
+    T = _checks.rows("x_TD", x_TD, i.max_tokens)
+    _checks.tensor("x_TD", x_TD, _BF16, (T, i.hidden), dev)
+    _checks.tensor("topk_ids_TK", ids_TK, _IDS, (T, i.top_k), dev)
+    _checks.tensor("topk_scores_TK", scores_TK, _SCORES, (T, i.top_k), dev)
+    _checks.tensor("w13_weight", w13, _BF16, i.w13_shape, dev)
+    _checks.tensor("w2_weight", w2, _BF16, i.w2_shape, dev)
+    if num_tokens is not None:
+        _checks.tensor("num_tokens", num_tokens, _COUNT, (1,), dev)
+
+
+def _needs_grad(x_TD, scores_TK, w13, w2, inference: bool) -> bool:
+    needs = torch.is_grad_enabled() and (
+        x_TD.requires_grad or scores_TK.requires_grad or w13.requires_grad or w2.requires_grad)
+    if needs and inference:
+        raise RuntimeError("routed_experts: inference contexts do not support autograd "
+                           "(an input requires grad; Config.inference=True)")
+    return needs
 
 
 def routed_experts(x_TD: torch.Tensor, topk_expert_ids_TK: torch.Tensor, topk_scores_TK: torch.Tensor,
@@ -50,49 +67,39 @@ def routed_experts(x_TD: torch.Tensor, topk_expert_ids_TK: torch.Tensor, topk_sc
     if context._closed:
         context._require_open()
     i = context._info
-    dev = i.device
-    T = x_TD.shape[0] if isinstance(x_TD, torch.Tensor) and x_TD.dim() == 2 else -1
-    if not 1 <= T <= i.max_tokens:
-        _checks.rows("x_TD", x_TD, i.max_tokens)
     w13 = w13_weight
     # TorchTitan's [E, 2, F, D]: a zero-copy view as [E, 2F, D]
     if isinstance(w13, torch.Tensor) and w13.dim() == 4 and w13.shape[1] == 2:
         w13 = w13.reshape(w13.shape[0], 2 * w13.shape[2], w13.shape[3])
-    shape_TD, shape_TK = (T, i.hidden), (T, i.top_k)
-    checks = ((x_TD, "x_TD", _BF16, shape_TD), (topk_expert_ids_TK, "topk_ids_TK", _IDS, shape_TK),
-              (topk_scores_TK, "topk_scores_TK", _SCORES, shape_TK), (w13, "w13_weight", _BF16, i.w13_shape),
-              (w2_weight, "w2_weight", _BF16, i.w2_shape))
-    for t, name, dtypes, shape in checks:
-        if not (isinstance(t, torch.Tensor) and t.dtype in dtypes and t.shape == shape and t.device == dev
-                and t.is_contiguous()):
-            _slow_check(name, t, dtypes, shape, dev)
-    if num_tokens is not None:
-        _checks.tensor("num_tokens", num_tokens, _COUNT, (1,), dev)
-    opts = options or _DEFAULT_OPTIONS
-    check_values = opts.validate_values if opts.validate_values is not None else dev.type == "cpu"
-    if check_values and _checks.values_checkable(x_TD, topk_expert_ids_TK, topk_scores_TK):
-        _checks.values(topk_expert_ids_TK, topk_scores_TK, x_TD, i.config.num_experts, num_tokens)
-    needs_grad = torch.is_grad_enabled() and (
-        x_TD.requires_grad or topk_scores_TK.requires_grad or w13.requires_grad or w2_weight.requires_grad)
-    if not needs_grad and _eager_plain(x_TD):
-        # Eager, no autograd: straight to the device kernel (the registered autograd and effect
-        # kernels have nothing to do here); saves the Python autograd round trip per call.
-        return _FWD.redispatch(i.keyset, x_TD, topk_expert_ids_TK, topk_scores_TK, w13, w2_weight,
-                               num_tokens, context.id, False, 0)
-    if needs_grad and i.config.inference:
-        raise RuntimeError("routed_experts: inference contexts do not support autograd "
-                           "(an input requires grad; Config.inference=True)")
-    if needs_grad and _eager_plain(x_TD):
-        # Eager training: the same kernels and formulas as the registered autograd, through one
-        # autograd.Function (cheaper per call than the generic custom-op autograd wrapper).
-        return _Fused.apply(x_TD, topk_expert_ids_TK, topk_scores_TK, w13, w2_weight, num_tokens,
-                            context.id, context._slot, i.keyset)
-    return _FWD(x_TD, topk_expert_ids_TK, topk_scores_TK, w13, w2_weight, num_tokens, context.id,
-                needs_grad, context._slot)
+    args = (x_TD, topk_expert_ids_TK, topk_scores_TK, w13, w2_weight, num_tokens)
+    validate = (options or _DEFAULT_OPTIONS).validate_values
+    if validate or (validate is None and i.device.type == "cpu"):
+        _check_all(i, *args)
+        if _checks.values_checkable(x_TD, topk_expert_ids_TK, topk_scores_TK):
+            _checks.values(topk_expert_ids_TK, topk_scores_TK, x_TD, i.config.num_experts, num_tokens)
+    if not _eager_plain(x_TD):
+        # Traced (torch.compile, make_fx, fake modes): the registered op, whose fake kernel and
+        # autograd trust shapes checked here.
+        _check_all(i, *args)
+        needs_grad = _needs_grad(x_TD, topk_scores_TK, w13, w2_weight, i.config.inference)
+        return _FWD(*args, context.id, needs_grad, context._slot)
+    try:
+        # Eager: the C++ side validates every argument before any kernel runs, so the Python
+        # checks run only to name what it rejected (TypeError for dtypes, as when traced).
+        if _needs_grad(x_TD, topk_scores_TK, w13, w2_weight, i.config.inference):
+            # Training: the registered autograd's kernels and formulas through one
+            # autograd.Function (cheaper per call than the generic custom-op autograd wrapper).
+            return _Fused.apply(*args, context.id, context._slot, i.keyset)
+        # No autograd: straight to the device kernel.
+        return _REDISPATCH(i.keyset, *args, context.id, False, 0)
+    except Exception:
+        _check_all(i, *args)
+        raise
 
 
 _FWD = torch.ops.epmoe.routed_experts_fwd.default
 _BWD = torch.ops.epmoe.routed_experts_bwd.default
+_REDISPATCH = _FWD._handle.redispatch_boxed  # OpOverload.redispatch without its Python frame
 
 
 class _Fused(torch.autograd.Function):
