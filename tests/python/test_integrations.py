@@ -110,10 +110,13 @@ def test_auto_rule():
 def test_importable_without_transformers_and_registration_is_optional():
     registered = hf.register_with_transformers()
     try:
-        import transformers  # noqa: F401
-        assert registered
-    except ImportError:
+        from transformers.distributed.tensor_parallel import ALL_PARALLEL_STYLES  # noqa: F401
+    except ImportError:  # no transformers (CI), or one without the EP style registry
         assert registered is False
+        return
+    assert registered
+    assert ALL_PARALLEL_STYLES["epmoe_experts"] is hf.PARALLEL_STYLES["epmoe_experts"]
+    assert ALL_PARALLEL_STYLES["epmoe_router"] is hf.PARALLEL_STYLES["epmoe_router"]
 
 
 def test_single_process_strategy_without_group():

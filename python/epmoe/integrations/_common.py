@@ -17,6 +17,16 @@ def group_of(mesh):
     return get_group() if callable(get_group) else mesh
 
 
+def is_device_mesh(mesh) -> bool:
+    return mesh is not None and callable(getattr(mesh, "get_group", None))
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a DTensor parameter (differentiable), or the tensor itself."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
 def rank_size(group) -> tuple[int, int]:
     if group is None:
         return 0, 1

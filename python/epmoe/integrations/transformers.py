@@ -87,18 +87,30 @@ class EpmoeExpertsParallel:
             raise ValueError(f"{param_name}: expected a number of experts divisible by ep_size {size}, got {p.shape[0]}")
 
     def shard_param(self, module, param_name, mesh):
-        """Replaces the full [E, ...] parameter by this rank's experts (Shard(0)); records the
-        global expert count on the module (num_experts stays global: ids are global)."""
+        """Shards the full [E, ...] parameter over the EP group with Shard(0), and records the
+        global expert count on the module (ids stay global). With a DeviceMesh the parameter
+        becomes a DTensor, as transformers' loader expects (a meta parameter becomes a placeholder
+        without communication, the loader fills this rank's experts); with a ProcessGroup (or no
+        group) it becomes this rank's plain local slice."""
         self.validate_param(module, param_name, mesh)
-        rank, size = _common.rank_size(_common.group_of(mesh))
         full = getattr(module, param_name)
         if not hasattr(module, "_epmoe_num_experts"):
             module._epmoe_num_experts = full.shape[0]
-        local = _common.expert_shard(full.detach(), rank, size, param_name)
-        setattr(module, param_name, torch.nn.Parameter(local, requires_grad=full.requires_grad))
+        if _common.is_device_mesh(mesh):
+            from torch.distributed.tensor import Shard, distribute_tensor
+
+            src = None if full.is_meta else 0
+            sharded = distribute_tensor(full.detach(), mesh, [Shard(0)], src_data_rank=src)
+        else:
+            rank, size = _common.rank_size(_common.group_of(mesh))
+            sharded = _common.expert_shard(full.detach(), rank, size, param_name)
+        setattr(module, param_name, torch.nn.Parameter(sharded, requires_grad=full.requires_grad))
         module._is_expert_parallel = True
         module._epmoe_sharded = getattr(module, "_epmoe_sharded", frozenset()) | {param_name}
         return getattr(module, param_name)
+
+    def should_use_local_tensors(self, module) -> bool:
+        return True  # the epmoe op takes this rank's experts as plain tensors
 
     def is_supported(self, module, mesh=None) -> tuple[bool, str]:
         p = module.gate_up_proj
@@ -134,6 +146,7 @@ class EpmoeExpertsParallel:
     def _context(self, module, tokens: int):
         st = module._epmoe_state
         if st.context is None:
+            w13 = _common.local(module.gate_up_proj)
             T = self.max_tokens
             if T is None:
                 T = tokens
@@ -141,10 +154,9 @@ class EpmoeExpertsParallel:
                     import torch.distributed as dist
 
                     # on the weights' device: an nccl group reduces CUDA tensors only
-                    t = torch.tensor([tokens], dtype=torch.int64, device=module.gate_up_proj.device)
+                    t = torch.tensor([tokens], dtype=torch.int64, device=w13.device)
                     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=st.group)
                     T = int(t)
-            w13 = module.gate_up_proj
             cfg = Config(max_num_local_input_tokens=T, hidden_dim=w13.shape[2],
                          intermediate_dim=w13.shape[1] // 2, top_k=module._epmoe_top_k,
                          num_experts=module._epmoe_num_experts,
@@ -163,7 +175,7 @@ class EpmoeExpertsParallel:
         w = _common.pad_rows(top_k_weights, Tm)
         if w.dtype not in (torch.float32, torch.bfloat16):
             w = w.float()
-        y = routed_experts(x, ids, w, module.gate_up_proj, module.down_proj, ctx)
+        y = routed_experts(x, ids, w, _common.local(module.gate_up_proj), _common.local(module.down_proj), ctx)
         return y[:T].to(hidden_states.dtype)
 
 

@@ -17,7 +17,7 @@ DEVICE = torch.device("cpu")
 
 
 def host(d):
-    return {k: v.cpu() for k, v in d.items()}
+    return {k: _common.local(v).cpu() for k, v in d.items()}  # DTensor grads: this rank's shard
 
 
 def run_hf(rank, mesh, out):
@@ -28,7 +28,9 @@ def run_hf(rank, mesh, out):
     router_style, experts_style = (hf.PARALLEL_STYLES[s] for s in hf.STRATEGIES[name])
     router_style.install_forward(block.gate, mesh)
     experts_style = hf.EpmoeExpertsParallel(max_tokens=T + 4)  # padded rows exercise id -1
-    experts_style.install_forward(block.experts, ep_mesh=mesh)
+    experts_style.install_forward(block.experts, mesh)  # transformers' call: (module, mesh)
+    w13 = block.experts.gate_up_proj
+    assert type(w13).__name__ == "DTensor" and _common.local(w13).shape[0] == EXPERTS // 2
     x, _, _, gy = batch()
     xr = x[rank].to(DEVICE).requires_grad_()
     y = block(xr)
