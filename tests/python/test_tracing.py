@@ -1,7 +1,6 @@
 """The graph boundary: torch.compile(fullgraph=True) with no graph break, make_fx, opcheck of every
 op, and the ordered effect that keeps a collective whose result is unused."""
 
-import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
