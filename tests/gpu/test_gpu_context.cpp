@@ -14,6 +14,7 @@
 #include "epmoe/context.h"
 #include "epmoe/cuda.h"
 #include "epmoe/error.h"
+#include "device_call.h"
 #include "moe_case.h"
 #include "tolerances.h"
 
@@ -29,154 +30,14 @@ namespace {
 
 #define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
 
-template <class T>
-T* upload(const std::vector<T>& host) {
-  T* d = nullptr;
-  EXPECT_EQ(cudaMalloc(&d, std::max<size_t>(host.size(), 1) * sizeof(T)), cudaSuccess);
-  if (!host.empty()) {
-    EXPECT_EQ(cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  return d;
-}
-
-template <class T>
-std::vector<T> download(const T* d, size_t n) {
-  std::vector<T> h(n);
-  EXPECT_EQ(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-  return h;
-}
-
-// One rank's call with every tensor in device memory; outputs poisoned with NaN before each run.
-struct GpuCall {
-  GpuCall(const Problem& problem, const RankInputs& in) : p(problem), host(problem, in) {
-    const int64_t T = in.tokens, D = p.hidden, F = p.intermediate, K = p.top_k;
-    const int64_t E = p.local_experts();
-    x = upload(in.x_TD);
-    grad_y = upload(in.grad_y_TD);
-    w13 = upload(in.w13_EFD);
-    w2 = upload(in.w2_EDF);
-    ids32 = upload(host.ids32);
-    ids64 = upload(host.ids64);
-    scores32 = upload(host.scores32);
-    scores16 = upload(host.scores16);
-    live = upload(std::vector<int32_t>{host.live});
-    y = upload(std::vector<bf16_t>(static_cast<size_t>(T * D)));
-    grad_x = upload(std::vector<bf16_t>(static_cast<size_t>(T * D)));
-    grad_scores = upload(std::vector<float>(static_cast<size_t>(T * K)));
-    wsize = element_size(p.wgrad_dtype);
-    w13_bytes = static_cast<size_t>(E * 2 * F * D) * wsize;
-    w2_bytes = static_cast<size_t>(E * D * F) * wsize;
-    grad_w13 = upload(std::vector<char>(w13_bytes));
-    grad_w2 = upload(std::vector<char>(w2_bytes));
-    poison();
-  }
-  ~GpuCall() {
-    for (void* ptr : {(void*)x, (void*)grad_y, (void*)w13, (void*)w2, (void*)ids32, (void*)ids64,
-                      (void*)scores32, (void*)scores16, (void*)live, (void*)y, (void*)grad_x,
-                      (void*)grad_scores, (void*)grad_w13, (void*)grad_w2}) {
-      cudaFree(ptr);
-    }
-  }
-  GpuCall(const GpuCall&) = delete;
-  GpuCall& operator=(const GpuCall&) = delete;
-
-  void poison() {
-    EXPECT_EQ(cudaMemset(y, 0xff, host.y.size() * 2), cudaSuccess);
-    EXPECT_EQ(cudaMemset(grad_x, 0xff, host.grad_x.size() * 2), cudaSuccess);
-    EXPECT_EQ(cudaMemset(grad_scores, 0xff, host.grad_scores.size() * 4), cudaSuccess);
-    EXPECT_EQ(cudaMemset(grad_w13, 0xff, w13_bytes), cudaSuccess);
-    EXPECT_EQ(cudaMemset(grad_w2, 0xff, w2_bytes), cudaSuccess);
-  }
-
-  // Replaces ids, scores and live count in place (same device addresses: graph replays see them).
-  void set_routing(const RankInputs& in) {
-    RankCall next(p, in);
-    EXPECT_EQ(cudaMemcpy(ids32, next.ids32.data(), next.ids32.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(ids64, next.ids64.data(), next.ids64.size() * 8, cudaMemcpyHostToDevice), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(scores32, next.scores32.data(), next.scores32.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(scores16, next.scores16.data(), next.scores16.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(live, &next.live, 4, cudaMemcpyHostToDevice), cudaSuccess);
-  }
-
-  ForwardArgs forward_args(cudaStream_t stream) const {
-    const int64_t T = host.in.tokens, D = p.hidden, F = p.intermediate, K = p.top_k;
-    const int64_t E = p.local_experts();
-    const Device dev = Device::cuda(0);
-    ForwardArgs a;
-    a.x_TD = TensorRef::contiguous(x, DType::bf16, {T, D}, dev);
-    if (host.in.live >= 0) a.num_tokens_1 = TensorRef::contiguous(live, DType::i32, {1}, dev);
-    a.topk_ids_TK = host.in.ids_i64 ? TensorRef::contiguous(ids64, DType::i64, {T, K}, dev)
-                                    : TensorRef::contiguous(ids32, DType::i32, {T, K}, dev);
-    a.topk_scores_TK = host.in.scores_bf16 ? TensorRef::contiguous(scores16, DType::bf16, {T, K}, dev)
-                                           : TensorRef::contiguous(scores32, DType::f32, {T, K}, dev);
-    a.w13_EFD = TensorRef::contiguous(w13, DType::bf16, {E, 2 * F, D}, dev);
-    a.w2_EDF = TensorRef::contiguous(w2, DType::bf16, {E, D, F}, dev);
-    a.y_TD = TensorRef::contiguous(y, DType::bf16, {T, D}, dev);
-    a.stream = stream;
-    return a;
-  }
-
-  BackwardArgs backward_args(const SavedLayer& saved, cudaStream_t stream) const {
-    const ForwardArgs f = forward_args(stream);
-    const int64_t T = host.in.tokens, D = p.hidden, F = p.intermediate, K = p.top_k;
-    const int64_t E = p.local_experts();
-    const Device dev = Device::cuda(0);
-    BackwardArgs b;
-    b.saved = saved;
-    b.grad_y_TD = TensorRef::contiguous(grad_y, DType::bf16, {T, D}, dev);
-    b.num_tokens_1 = f.num_tokens_1;
-    b.topk_ids_TK = f.topk_ids_TK;
-    b.topk_scores_TK = f.topk_scores_TK;
-    b.w13_EFD = f.w13_EFD;
-    b.w2_EDF = f.w2_EDF;
-    b.grad_x_TD = TensorRef::contiguous(grad_x, DType::bf16, {T, D}, dev);
-    b.grad_scores_TK = TensorRef::contiguous(grad_scores, DType::f32, {T, K}, dev);
-    b.grad_w13_EFD = TensorRef::contiguous(grad_w13, p.wgrad_dtype, {E, 2 * F, D}, dev);
-    b.grad_w2_EDF = TensorRef::contiguous(grad_w2, p.wgrad_dtype, {E, D, F}, dev);
-    b.stream = stream;
-    return b;
-  }
-
-  RankOutputs outputs() {
-    RankCall out(p, host.in);
-    out.y = download(y, host.y.size());
-    out.grad_x = download(grad_x, host.grad_x.size());
-    out.grad_scores = download(grad_scores, host.grad_scores.size());
-    out.grad_w13 = download(static_cast<const char*>(grad_w13), w13_bytes);
-    out.grad_w2 = download(static_cast<const char*>(grad_w2), w2_bytes);
-    return out.outputs();
-  }
-
-  Problem p;
-  RankCall host;  // host-side typed copies (ids as i32/i64, scores as f32/bf16, live)
-  bf16_t *x, *grad_y, *w13, *w2;
-  int32_t* ids32;
-  int64_t* ids64;
-  float* scores32;
-  bf16_t* scores16;
-  int32_t* live;
-  bf16_t *y, *grad_x;
-  float* grad_scores;
-  void *grad_w13, *grad_w2;
-  size_t wsize, w13_bytes, w2_bytes;
-};
-
 std::unique_ptr<Context> gpu_context(const Problem& p) {
   return Context::create(p.config(), make_single_gpu_transport(0));
 }
 
-// Forward + backward on a context; returns the outputs.
-RankOutputs run_once(Context& ctx, GpuCall& call, cudaStream_t stream) {
-  call.poison();
-  const SavedLayer saved = ctx.forward(call.forward_args(stream));
-  ctx.backward(call.backward_args(saved, stream));
-  ctx.check();
-  return call.outputs();
-}
 
 std::vector<RankOutputs> run_gpu_layer(const Problem& p, const RankInputs& in) {
   auto ctx = gpu_context(p);
-  GpuCall call(p, in);
+  DeviceCall call(p, in);
   std::vector<RankOutputs> out{run_once(*ctx, call, nullptr)};
   ctx->close();
   return out;
@@ -304,7 +165,7 @@ TEST(GpuContext, RepeatRunsAreBitwiseEqual) {
   const Problem p = problem(300, 512, 256, 16, 4);
   const auto in = make_inputs(p, 7, 300);
   auto ctx = gpu_context(p);
-  GpuCall call(p, in[0]);
+  DeviceCall call(p, in[0]);
   const std::vector<RankOutputs> first{run_once(*ctx, call, nullptr)};
   const std::vector<RankOutputs> second{run_once(*ctx, call, nullptr)};
   expect_bitwise_equal(first, second, "repeat on one context");
@@ -325,7 +186,7 @@ TEST(GpuContext, GraphReplayWithNewRoutingsEqualsEager) {
   };
   const RankInputs first = routing(1, 256);
   auto graph_ctx = gpu_context(p);
-  GpuCall call(p, first);
+  DeviceCall call(p, first);
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreate(&stream));
   run_once(*graph_ctx, call, stream);  // warm-up outside capture
@@ -345,7 +206,7 @@ TEST(GpuContext, GraphReplayWithNewRoutingsEqualsEager) {
     CUDA_OK(cudaStreamSynchronize(stream));
     graph_ctx->check();
     const std::vector<RankOutputs> replayed{call.outputs()};
-    GpuCall eager_call(p, in);
+    DeviceCall eager_call(p, in);
     const std::vector<RankOutputs> eager{run_once(*eager_ctx, eager_call, nullptr)};
     expect_bitwise_equal(replayed, eager, "graph replay, routing seed " + std::to_string(seed) +
                                               " live " + std::to_string(live));
@@ -404,7 +265,7 @@ TEST(GpuContext, OverflowIsReportedAndContextStaysUsable) {
   auto ctx = gpu_context(p);
   // Every route to expert 0: 256 rows > 64.
   const auto heavy = make_inputs(p, 3, 128, [](int, int64_t, int k, std::mt19937_64&) -> int64_t { return k; })[0];
-  GpuCall bad(p, heavy);
+  DeviceCall bad(p, heavy);
   const SavedLayer saved = ctx->forward(bad.forward_args(nullptr));
   ctx->backward(bad.backward_args(saved, nullptr));
   try {
@@ -422,7 +283,7 @@ TEST(GpuContext, OverflowIsReportedAndContextStaysUsable) {
   const auto light = make_inputs(p, 4, 128, [](int, int64_t t, int k, std::mt19937_64&) -> int64_t {
     return t < 16 ? k : -1;  // 32 rows
   })[0];
-  GpuCall good(p, light);
+  DeviceCall good(p, light);
   const std::vector<RankOutputs> gpu{run_once(*ctx, good, nullptr)};
   const OutputErrors err = compare(gpu, run_layer(p, {light}));
   EXPECT_LE(err[Output::y], backend_rel_l2_bound(Precision::bf16, Output::y)) << err.to_string();
@@ -435,7 +296,7 @@ TEST(GpuContext, ExpertIdOutOfRangeIsReported) {
   auto ctx = gpu_context(p);
   auto in = make_inputs(p, 9, 32)[0];
   in.ids_TK[13] = 4;  // experts are [0, 4)
-  GpuCall bad(p, in);
+  DeviceCall bad(p, in);
   ctx->forward(bad.forward_args(nullptr));
   try {
     ctx->check();

@@ -28,6 +28,7 @@
 #include "epmoe/error.h"
 #include "epmoe/nccl.h"
 #include "epmoe/status.h"
+#include "device_call.h"
 #include "moe_case.h"
 #include "tolerances.h"
 
@@ -84,158 +85,6 @@ void wait_for(const std::atomic<bool>& flag) {
   while (!flag.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
-template <class T>
-T* upload(const std::vector<T>& host) {
-  T* d = nullptr;
-  EXPECT_EQ(cudaMalloc(&d, std::max<size_t>(host.size(), 1) * sizeof(T)), cudaSuccess);
-  if (!host.empty()) {
-    EXPECT_EQ(cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
-              cudaSuccess);
-  }
-  return d;
-}
-
-template <class T>
-std::vector<T> download(const T* d, size_t n) {
-  std::vector<T> h(n);
-  EXPECT_EQ(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-  return h;
-}
-
-// One rank's call with every tensor in device memory of cuda:device (the calling thread's current
-// device); outputs poisoned with NaN before each run. As GpuCall of test_gpu_context.cpp, plus
-// the device ordinal.
-struct GpuRank {
-  GpuRank(const Problem& problem, const RankInputs& in, int device_ordinal)
-      : p(problem), host(problem, in), device(device_ordinal) {
-    const int64_t T = in.tokens, D = p.hidden, F = p.intermediate, K = p.top_k;
-    const int64_t E = p.local_experts();
-    x = upload(in.x_TD);
-    grad_y = upload(in.grad_y_TD);
-    w13 = upload(in.w13_EFD);
-    w2 = upload(in.w2_EDF);
-    ids32 = upload(host.ids32);
-    ids64 = upload(host.ids64);
-    scores32 = upload(host.scores32);
-    scores16 = upload(host.scores16);
-    live = upload(std::vector<int32_t>{host.live});
-    y = upload(std::vector<bf16_t>(static_cast<size_t>(T * D)));
-    grad_x = upload(std::vector<bf16_t>(static_cast<size_t>(T * D)));
-    grad_scores = upload(std::vector<float>(static_cast<size_t>(T * K)));
-    const size_t wsize = element_size(p.wgrad_dtype);
-    w13_bytes = static_cast<size_t>(E * 2 * F * D) * wsize;
-    w2_bytes = static_cast<size_t>(E * D * F) * wsize;
-    grad_w13 = upload(std::vector<char>(w13_bytes));
-    grad_w2 = upload(std::vector<char>(w2_bytes));
-    poison();
-  }
-  ~GpuRank() {
-    for (void* ptr : {(void*)x, (void*)grad_y, (void*)w13, (void*)w2, (void*)ids32, (void*)ids64,
-                      (void*)scores32, (void*)scores16, (void*)live, (void*)y, (void*)grad_x,
-                      (void*)grad_scores, (void*)grad_w13, (void*)grad_w2}) {
-      cudaFree(ptr);
-    }
-  }
-  GpuRank(const GpuRank&) = delete;
-  GpuRank& operator=(const GpuRank&) = delete;
-
-  void poison() {
-    EXPECT_EQ(cudaMemset(y, 0xff, host.y.size() * 2), cudaSuccess);
-    EXPECT_EQ(cudaMemset(grad_x, 0xff, host.grad_x.size() * 2), cudaSuccess);
-    EXPECT_EQ(cudaMemset(grad_scores, 0xff, host.grad_scores.size() * 4), cudaSuccess);
-    EXPECT_EQ(cudaMemset(grad_w13, 0xff, w13_bytes), cudaSuccess);
-    EXPECT_EQ(cudaMemset(grad_w2, 0xff, w2_bytes), cudaSuccess);
-  }
-
-  // New ids, scores and live count at the same device addresses (graph replays see them).
-  void set_routing(const RankInputs& in) {
-    RankCall next(p, in);
-    EXPECT_EQ(cudaMemcpy(ids32, next.ids32.data(), next.ids32.size() * 4, cudaMemcpyHostToDevice),
-              cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(ids64, next.ids64.data(), next.ids64.size() * 8, cudaMemcpyHostToDevice),
-              cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(scores32, next.scores32.data(), next.scores32.size() * 4,
-                         cudaMemcpyHostToDevice),
-              cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(scores16, next.scores16.data(), next.scores16.size() * 2,
-                         cudaMemcpyHostToDevice),
-              cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(live, &next.live, 4, cudaMemcpyHostToDevice), cudaSuccess);
-  }
-
-  ForwardArgs forward_args(cudaStream_t stream) const {
-    const int64_t T = host.in.tokens, D = p.hidden, F = p.intermediate, K = p.top_k;
-    const int64_t E = p.local_experts();
-    const Device dev = Device::cuda(device);
-    ForwardArgs a;
-    a.x_TD = TensorRef::contiguous(x, DType::bf16, {T, D}, dev);
-    if (host.in.live >= 0) a.num_tokens_1 = TensorRef::contiguous(live, DType::i32, {1}, dev);
-    a.topk_ids_TK = host.in.ids_i64 ? TensorRef::contiguous(ids64, DType::i64, {T, K}, dev)
-                                    : TensorRef::contiguous(ids32, DType::i32, {T, K}, dev);
-    a.topk_scores_TK = host.in.scores_bf16
-                           ? TensorRef::contiguous(scores16, DType::bf16, {T, K}, dev)
-                           : TensorRef::contiguous(scores32, DType::f32, {T, K}, dev);
-    a.w13_EFD = TensorRef::contiguous(w13, DType::bf16, {E, 2 * F, D}, dev);
-    a.w2_EDF = TensorRef::contiguous(w2, DType::bf16, {E, D, F}, dev);
-    a.y_TD = TensorRef::contiguous(y, DType::bf16, {T, D}, dev);
-    a.stream = stream;
-    return a;
-  }
-
-  BackwardArgs backward_args(const SavedLayer& saved, cudaStream_t stream) const {
-    const ForwardArgs f = forward_args(stream);
-    const int64_t T = host.in.tokens, D = p.hidden, F = p.intermediate, K = p.top_k;
-    const int64_t E = p.local_experts();
-    const Device dev = Device::cuda(device);
-    BackwardArgs b;
-    b.saved = saved;
-    b.grad_y_TD = TensorRef::contiguous(grad_y, DType::bf16, {T, D}, dev);
-    b.num_tokens_1 = f.num_tokens_1;
-    b.topk_ids_TK = f.topk_ids_TK;
-    b.topk_scores_TK = f.topk_scores_TK;
-    b.w13_EFD = f.w13_EFD;
-    b.w2_EDF = f.w2_EDF;
-    b.grad_x_TD = TensorRef::contiguous(grad_x, DType::bf16, {T, D}, dev);
-    b.grad_scores_TK = TensorRef::contiguous(grad_scores, DType::f32, {T, K}, dev);
-    b.grad_w13_EFD = TensorRef::contiguous(grad_w13, p.wgrad_dtype, {E, 2 * F, D}, dev);
-    b.grad_w2_EDF = TensorRef::contiguous(grad_w2, p.wgrad_dtype, {E, D, F}, dev);
-    b.stream = stream;
-    return b;
-  }
-
-  RankOutputs outputs() {
-    RankCall out(p, host.in);
-    out.y = download(y, host.y.size());
-    out.grad_x = download(grad_x, host.grad_x.size());
-    out.grad_scores = download(grad_scores, host.grad_scores.size());
-    out.grad_w13 = download(static_cast<const char*>(grad_w13), w13_bytes);
-    out.grad_w2 = download(static_cast<const char*>(grad_w2), w2_bytes);
-    return out.outputs();
-  }
-
-  Problem p;
-  RankCall host;  // host-side typed copies (ids as i32/i64, scores as f32/bf16, live)
-  int device;
-  bf16_t *x, *grad_y, *w13, *w2;
-  int32_t* ids32;
-  int64_t* ids64;
-  float* scores32;
-  bf16_t* scores16;
-  int32_t* live;
-  bf16_t *y, *grad_x;
-  float* grad_scores;
-  void *grad_w13, *grad_w2;
-  size_t w13_bytes, w2_bytes;
-};
-
-// Forward + backward on a context; check() on success; returns the outputs.
-RankOutputs run_once(Context& ctx, GpuRank& call, cudaStream_t stream) {
-  call.poison();
-  const SavedLayer saved = ctx.forward(call.forward_args(stream));
-  ctx.backward(call.backward_args(saved, stream));
-  ctx.check();
-  return call.outputs();
-}
 
 // The layer on 2 GPUs: every rank's outputs.
 std::vector<RankOutputs> run_gpu_layer(const Problem& p, const std::vector<RankInputs>& in,
@@ -244,7 +93,7 @@ std::vector<RankOutputs> run_gpu_layer(const Problem& p, const std::vector<RankI
   run_on_gpus(
       [&](int r, std::shared_ptr<Transport> t) {
         auto ctx = Context::create(p.config(), t);
-        GpuRank call(p, in[r], r);
+        DeviceCall call(p, in[r], r);
         out[r] = run_once(*ctx, call, nullptr);
         ctx->close();
       },
@@ -619,7 +468,7 @@ TEST(GpuEp2, GraphReplayOnBothRanksEqualsEager) {
   run_on_gpus([&](int r, std::shared_ptr<Transport> t) {
     auto graph_ctx = Context::create(p.config(), t);
     auto eager_ctx = Context::create(p.config(), t);  // same transport: same stream order below
-    GpuRank call(p, first[r], r);
+    DeviceCall call(p, first[r], r);
     cudaStream_t stream;
     CUDA_OK(cudaStreamCreate(&stream));
     run_once(*graph_ctx, call, stream);  // warm-up outside capture
@@ -638,7 +487,7 @@ TEST(GpuEp2, GraphReplayOnBothRanksEqualsEager) {
       CUDA_OK(cudaStreamSynchronize(stream));
       graph_ctx->check();
       replayed[i][r] = call.outputs();
-      GpuRank eager_call(p, in[r], r);
+      DeviceCall eager_call(p, in[r], r);
       eager[i][r] = run_once(*eager_ctx, eager_call, stream);
     }
     graph_ctx->close();
@@ -674,7 +523,7 @@ TEST(GpuEp2, OverflowOnOneRankIsReportedOnBothAndTheStepSkipped) {
   std::vector<RankOutputs> good(kRanks);
   run_on_gpus([&](int r, std::shared_ptr<Transport> t) {
     auto ctx = Context::create(p.config(), t);
-    GpuRank bad(p, heavy[r], r);
+    DeviceCall bad(p, heavy[r], r);
     const SavedLayer saved = ctx->forward(bad.forward_args(nullptr));
     ctx->backward(bad.backward_args(saved, nullptr));
     try {
@@ -690,7 +539,7 @@ TEST(GpuEp2, OverflowOnOneRankIsReportedOnBothAndTheStepSkipped) {
     // Skipped on both ranks: y is zero, never garbage.
     const RankOutputs skipped = bad.outputs();
     for (bf16_t v : skipped.y_TD) ASSERT_EQ(v, 0) << "rank " << r;
-    GpuRank ok(p, light[r], r);
+    DeviceCall ok(p, light[r], r);
     good[r] = run_once(*ctx, ok, nullptr);
     ctx->close();
   });
@@ -710,7 +559,7 @@ TEST(GpuEp2, RankThatNeverEntersTheCallIsNamedInATimeout) {
   std::atomic<bool> rank0_done{false}, rank1_done{false};
   run_on_gpus([&](int r, std::shared_ptr<Transport> t) {
     auto ctx = Context::create(p.config(), t);
-    GpuRank call(p, in[r], r);
+    DeviceCall call(p, in[r], r);
     if (r == 0) {
       const auto t0 = Clock::now();
       expect_timeout_naming(
