@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/status_word.h"
 #include "core/plan_terms.h"
 #include "core/validate.h"
 #include "epmoe/error.h"
@@ -163,30 +164,8 @@ struct Context::Impl {
     if (!st.ok()) throw_status(st);
   }
 
-  Status take_status() {
-    Status st;
-    // Device-wide: the caller's stream of the last call may be gone by now.
-    backend->synchronize(nullptr);
-    backend->copy_to_host(&st, status, sizeof(Status));
-    Status clear;
-    backend->copy_to_device(status, &clear, sizeof(Status));
-    return st;
-  }
+  Status take_status() { return take_status_word(*backend, status); }
 
-  [[noreturn]] static void throw_status(const Status& st) {
-    ErrorKind kind = ErrorKind::internal;
-    switch (static_cast<StatusCode>(st.code)) {
-      case StatusCode::capacity_overflow: kind = ErrorKind::capacity_overflow; break;
-      case StatusCode::expert_id_out_of_range:
-      case StatusCode::token_count_mismatch: kind = ErrorKind::invalid_routing; break;
-      case StatusCode::non_finite_input: kind = ErrorKind::non_finite_input; break;
-      case StatusCode::slot_overflow: kind = ErrorKind::slot_overflow; break;
-      case StatusCode::barrier_timeout: kind = ErrorKind::timeout; break;
-      case StatusCode::ok: break;
-    }
-    detail::throw_error(kind, to_string(static_cast<StatusArg>(st.arg)), st.to_string(), __FILE__,
-                        __LINE__);
-  }
 };
 
 std::unique_ptr<Context> Context::create(const Config& config, std::shared_ptr<Transport> transport) {
@@ -364,7 +343,7 @@ void Context::backward(const BackwardArgs& a) {
 
 void Context::check() {
   Status st = impl_->take_status();
-  if (!st.ok()) Impl::throw_status(st);
+  if (!st.ok()) throw_status(st);
 }
 
 Status Context::take_status() { return impl_->take_status(); }

@@ -8,6 +8,7 @@
 
 #include "core/activation.h"
 #include "core/backend.h"
+#include "core/status_word.h"
 #include "core/plan_terms.h"
 #include "core/step.h"
 #include "epmoe/error.h"
@@ -130,32 +131,11 @@ struct Layered::Impl {
   void check_if_synchronous() {
     if (backend->device().type != DeviceType::cpu) return;
     const Status st = take_status();
-    if (!st.ok()) context_throw(st);
+    if (!st.ok()) throw_status(st);
   }
 
-  Status take_status() {
-    Status st;
-    backend->synchronize(nullptr);
-    backend->copy_to_host(&st, status, sizeof(Status));
-    const Status clear;
-    backend->copy_to_device(status, &clear, sizeof(Status));
-    return st;
-  }
+  Status take_status() { return take_status_word(*backend, status); }
 
-  [[noreturn]] static void context_throw(const Status& st) {
-    ErrorKind kind = ErrorKind::internal;
-    switch (static_cast<StatusCode>(st.code)) {
-      case StatusCode::capacity_overflow: kind = ErrorKind::capacity_overflow; break;
-      case StatusCode::expert_id_out_of_range:
-      case StatusCode::token_count_mismatch: kind = ErrorKind::invalid_routing; break;
-      case StatusCode::non_finite_input: kind = ErrorKind::non_finite_input; break;
-      case StatusCode::slot_overflow: kind = ErrorKind::slot_overflow; break;
-      case StatusCode::barrier_timeout: kind = ErrorKind::timeout; break;
-      case StatusCode::ok: break;
-    }
-    detail::throw_error(kind, to_string(static_cast<StatusArg>(st.arg)), st.to_string(), __FILE__,
-                        __LINE__);
-  }
 };
 
 std::unique_ptr<Layered> Layered::create(Context& context, std::shared_ptr<Transport> transport) {
@@ -368,7 +348,7 @@ void Layered::dispatch_backward(const DispatchBackwardArgs& a) {
 
 void Layered::check() {
   const Status st = impl_->take_status();
-  if (!st.ok()) Impl::context_throw(st);
+  if (!st.ok()) throw_status(st);
 }
 
 Status Layered::take_status() { return impl_->take_status(); }
