@@ -117,6 +117,18 @@ def row(impl, shape, routing, phase, T, ms, flops=None, GBps=None, **extra):
     return r
 
 
+def stage_times(layer, steps=3):
+    """Stage -> list of ms over `steps` forward + backward steps (stages serialised by syncs)."""
+    layer.ctx.stage_timing(True)
+    stage_ms = {}
+    for _ in range(steps):
+        layer.step()
+        for name, ms in layer.ctx.stage_times():
+            stage_ms.setdefault(name, []).append(ms)
+    layer.ctx.stage_timing(False)
+    return stage_ms
+
+
 def bench_epmoe_only(lib, shape, routing, rows, iters, impl):
     """epmoe alone (no recipe): fwd, fwd+bwd and the stage breakdown, e.g. under another
     EPMOE_GEMM_SCHEDULE in a separate process."""
@@ -129,13 +141,7 @@ def bench_epmoe_only(lib, shape, routing, rows, iters, impl):
     t_step = timed(L.step, iters)
     rows.append(row(impl, shape, routing, "fwd", T_train, t_fwd, 6 * N * D * F))
     rows.append(row(impl, shape, routing, "fwd+bwd", T_train, t_step, 18 * N * D * F))
-    L.ctx.stage_timing(True)
-    stage_ms = {}
-    for _ in range(3):
-        L.step()
-        for name, ms in L.ctx.stage_times():
-            stage_ms.setdefault(name, []).append(ms)
-    L.ctx.stage_timing(False)
+    stage_ms = stage_times(L)
     breakdown = {k: statistics.median(v) for k, v in stage_ms.items()}
     rows.append({"impl": impl, "shape": shape, "ep": 1, "routing": routing, "precision": "bf16",
                  "phase": "stage-breakdown", "tokens_per_rank": T_train, "stages_ms": breakdown})
@@ -182,13 +188,7 @@ def bench_shape(lib, shape, routing, ceil, rows, iters):
                     peak_mem_bytes_recipe=recipe_peak))
 
     # per-stage breakdown (stages serialised by device syncs)
-    L.ctx.stage_timing(True)
-    stage_ms = {}
-    for _ in range(3):
-        L.step()
-        for name, ms in L.ctx.stage_times():
-            stage_ms.setdefault(name, []).append(ms)
-    L.ctx.stage_timing(False)
+    stage_ms = stage_times(L)
     breakdown = {k: statistics.median(v) for k, v in stage_ms.items()}
     rows.append({"impl": "epmoe", "shape": shape, "ep": 1, "routing": routing, "precision": "bf16",
                  "phase": "stage-breakdown", "tokens_per_rank": T_train, "stages_ms": breakdown})
