@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -17,13 +18,19 @@ constexpr int kThreads = 256;     // block size of the row kernels
 constexpr int kBlocksPerSm = 8;   // persistent grid: kBlocksPerSm * SMs blocks at most
 constexpr int kVec = 8;           // bf16 per 16-byte vector (rows are D % 8 == 0 elements)
 
-// Multiprocessors of the current device (cheap; no synchronisation).
+// Multiprocessors of the current device, cached per device (asked on every launch).
 inline int sm_count() {
+  static std::atomic<int> cached[64] = {};
   int device = 0;
   EPMOE_CUDA_CHECK(cudaGetDevice(&device));
-  int sms = 0;
-  EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms > 0 ? sms : 1;
+  std::atomic<int>& slot = cached[device % 64];
+  int sms = slot.load(std::memory_order_relaxed);
+  if (sms == 0) {
+    EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    sms = sms > 0 ? sms : 1;
+    slot.store(sms, std::memory_order_relaxed);
+  }
+  return sms;
 }
 
 // Blocks of a grid-stride loop over `items` work items: enough to cover them once, capped at a
