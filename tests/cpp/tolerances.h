@@ -74,4 +74,51 @@ inline double rel_l2_bound(Precision precision, Output output) {
   return -1.0;
 }
 
+// ---- Block-scaled formats: bounds keyed by (format, direction) ----
+// Directions so far are the codec round trips, dequantize(quantize(x)) vs x; the GEMM directions
+// (forward, grad_x, grad_w) join this table when the block-scaled GEMMs land.
+enum class Direction : int {
+  roundtrip_rows,     // 1 x block along a row (activations; MXFP8 / NVFP4 weights too)
+  roundtrip_weights,  // 128 x 128 blocks (FP8 weights)
+};
+
+struct FormatTolerance {
+  Precision format;
+  Direction direction;
+  double rel_l2;  // bound on ||got - x|| / ||x||
+  double cosine;  // bound below on cos(got, x)
+  double atol;    // bound on max |got - x| for the stated data (unit-normal)
+};
+
+// Codec round trips, measured by test_formats' property tests (EPMOE_REPORT_ERRORS=1) on
+// unit-normal fp32 data, 200 seeds per line (fp8 rows [37, 300]; fp8 weights [2, 200, 260];
+// mxfp8 [37, 200]; nvfp4 [36, 200] in 3 global-scale groups; partial last blocks included):
+//   format / direction           rel-L2 (min .. max)     cosine (min)   max |err| (max)
+//   fp8 rows, fp32 scales        2.51e-2 .. 2.61e-2      0.99966        0.153
+//   fp8 rows, UE8M0 scales       2.60e-2 .. 2.72e-2      0.99963        0.2495
+//   fp8 weights, fp32 scales     2.62e-2 .. 2.67e-2      0.99964        0.185
+//   fp8 weights, UE8M0 scales    2.64e-2 .. 2.67e-2      0.99964        0.2500
+//   mxfp8 rows                   2.82e-2 .. 3.18e-2      0.99950        0.498
+//   nvfp4 rows                   9.24e-2 .. 9.71e-2      0.99528        0.614
+// One fp8_block entry covers both scale formats (the worse of the two). The max errors have
+// analytic ceilings for unit-normal blocks (amax < 7): UE8M0 half a step at the top binade is
+// 16 * 2^-6 = 0.25 (amax in (3.5, 7]); MXFP8's saturation of (448, 512) * X costs up to 0.5
+// (amax just under 4, X = 2^-7); NVFP4 half a step of 4..6 is one element scale, amax / 6 *
+// (1 + 1/16). rel-L2 bounds are ~1.1x the worst run (the spread over seeds is under 5%); cosine and
+// atol have similar margins.
+inline constexpr FormatTolerance kFormatTolerances[] = {
+    {Precision::fp8_block, Direction::roundtrip_rows, 3.0e-2, 0.9995, 0.3},
+    {Precision::fp8_block, Direction::roundtrip_weights, 3.0e-2, 0.9995, 0.3},
+    {Precision::mxfp8, Direction::roundtrip_rows, 3.5e-2, 0.9993, 0.6},
+    {Precision::nvfp4, Direction::roundtrip_rows, 0.105, 0.994, 0.8},
+};
+
+// The entry for (format, direction); nullptr (a test bug) when there is none.
+inline const FormatTolerance* format_tolerance(Precision format, Direction direction) {
+  for (const FormatTolerance& t : kFormatTolerances) {
+    if (t.format == format && t.direction == direction) return &t;
+  }
+  return nullptr;
+}
+
 }  // namespace epmoe::test
