@@ -38,6 +38,10 @@ if [[ $mode == all || $mode == test ]]; then
       --gtest_filter='GpuContext.RepeatRunsAreBitwiseEqual:GpuContext.OverflowIsReported*' \
       > "$OUT/memcheck.log" 2>&1 || status=1
   tail -5 "$OUT/memcheck.log"
+  # The format codec kernels (partial blocks, odd packed rows) under memcheck.
+  compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/gpu/test_gpu_formats" \
+      --gtest_filter='GpuFormats.*BitwiseVsCpu' > "$OUT/memcheck_formats.log" 2>&1 || status=1
+  tail -3 "$OUT/memcheck_formats.log"
   echo "tests: $(( $(date +%s) - t0 )) s, status $status"
 fi
 if [[ $mode == all || $mode == bench ]]; then

@@ -1,0 +1,56 @@
+// CUDA encoders/decoders of the block-scaled formats: launchers only (plain pointers to device
+// memory, sizes, and a cudaStream_t passed as void*). Same shapes, layouts, argument checks and
+// bits as the host codecs of core/formats/codecs.h (read that file for the letters and the
+// layouts); inputs are fp32 or bf16 (bf16 widens exactly, so a bf16 tensor quantizes like its fp32
+// copy). Work is enqueued on `stream`; nothing synchronizes.
+#pragma once
+
+#include <cstdint>
+
+#include "core/numeric.h"
+
+namespace epmoe::cuda {
+
+// ---- FP8 E4M3, 1x128 row blocks; fp32 scales (float*) or UE8M0 codes (uint8_t*) ----
+void fp8_quantize_rows(const float* x_NL, int64_t N, int64_t L, uint8_t* q_NL, float* scales_NS, void* stream);
+void fp8_quantize_rows(const bf16_t* x_NL, int64_t N, int64_t L, uint8_t* q_NL, float* scales_NS, void* stream);
+void fp8_quantize_rows(const float* x_NL, int64_t N, int64_t L, uint8_t* q_NL, uint8_t* scales_NS, void* stream);
+void fp8_quantize_rows(const bf16_t* x_NL, int64_t N, int64_t L, uint8_t* q_NL, uint8_t* scales_NS, void* stream);
+void fp8_dequantize_rows(const uint8_t* q_NL, const float* scales_NS, int64_t N, int64_t L, float* x_NL,
+                         void* stream);
+void fp8_dequantize_rows(const uint8_t* q_NL, const uint8_t* scales_NS, int64_t N, int64_t L, float* x_NL,
+                         void* stream);
+
+// ---- FP8 E4M3, 128x128 blocks of G matrices [N, L]; scales_GBS [G, ceil(N/128), ceil(L/128)] ----
+void fp8_quantize_weights(const float* w_GNL, int64_t G, int64_t N, int64_t L, uint8_t* q_GNL,
+                          float* scales_GBS, void* stream);
+void fp8_quantize_weights(const bf16_t* w_GNL, int64_t G, int64_t N, int64_t L, uint8_t* q_GNL,
+                          float* scales_GBS, void* stream);
+void fp8_quantize_weights(const float* w_GNL, int64_t G, int64_t N, int64_t L, uint8_t* q_GNL,
+                          uint8_t* scales_GBS, void* stream);
+void fp8_quantize_weights(const bf16_t* w_GNL, int64_t G, int64_t N, int64_t L, uint8_t* q_GNL,
+                          uint8_t* scales_GBS, void* stream);
+void fp8_dequantize_weights(const uint8_t* q_GNL, const float* scales_GBS, int64_t G, int64_t N, int64_t L,
+                            float* w_GNL, void* stream);
+void fp8_dequantize_weights(const uint8_t* q_GNL, const uint8_t* scales_GBS, int64_t G, int64_t N, int64_t L,
+                            float* w_GNL, void* stream);
+
+// ---- MXFP8: E4M3 + E8M0 per 1x32 ----
+void mxfp8_quantize_rows(const float* x_NL, int64_t N, int64_t L, uint8_t* q_NL, uint8_t* scales_NS, void* stream);
+void mxfp8_quantize_rows(const bf16_t* x_NL, int64_t N, int64_t L, uint8_t* q_NL, uint8_t* scales_NS, void* stream);
+void mxfp8_dequantize_rows(const uint8_t* q_NL, const uint8_t* scales_NS, int64_t N, int64_t L, float* x_NL,
+                           void* stream);
+
+// ---- NVFP4: packed E2M1 + E4M3 per 1x16 + fp32 global per group of N / groups rows ----
+// global_G is computed on the device (no host round trip): zeroed, an atomic integer max of the
+// finite |x| bits (order-free, so deterministic), then nvfp4_global_scale in place.
+void nvfp4_global_scales(const float* x_NL, int64_t groups, int64_t N, int64_t L, float* global_G, void* stream);
+void nvfp4_global_scales(const bf16_t* x_NL, int64_t groups, int64_t N, int64_t L, float* global_G, void* stream);
+void nvfp4_quantize_rows(const float* x_NL, int64_t groups, int64_t N, int64_t L, const float* global_G,
+                         uint8_t* q_NP, uint8_t* scales_NS, void* stream);
+void nvfp4_quantize_rows(const bf16_t* x_NL, int64_t groups, int64_t N, int64_t L, const float* global_G,
+                         uint8_t* q_NP, uint8_t* scales_NS, void* stream);
+void nvfp4_dequantize_rows(const uint8_t* q_NP, const uint8_t* scales_NS, const float* global_G, int64_t groups,
+                           int64_t N, int64_t L, float* x_NL, void* stream);
+
+}  // namespace epmoe::cuda

@@ -1,0 +1,32 @@
+// FP8 E4M3 with 1x128 row blocks (activations), fp32 or UE8M0 scales: row_blocks.cuh with a
+// whole warp per block (4 elements per lane).
+#include "cuda/formats/formats.h"
+#include "cuda/formats/row_blocks.cuh"
+
+namespace epmoe::cuda {
+namespace {
+constexpr int kLanes = 32;
+}  // namespace
+
+void fp8_quantize_rows(const float* x_NL, int64_t N, int64_t L, uint8_t* q_NL, float* scales_NS, void* stream) {
+  launch_quantize_row_blocks<Fp8Fp32Scale, kFp8RowBlock, kLanes>(x_NL, N, L, q_NL, scales_NS, stream);
+}
+void fp8_quantize_rows(const bf16_t* x_NL, int64_t N, int64_t L, uint8_t* q_NL, float* scales_NS, void* stream) {
+  launch_quantize_row_blocks<Fp8Fp32Scale, kFp8RowBlock, kLanes>(x_NL, N, L, q_NL, scales_NS, stream);
+}
+void fp8_quantize_rows(const float* x_NL, int64_t N, int64_t L, uint8_t* q_NL, uint8_t* scales_NS, void* stream) {
+  launch_quantize_row_blocks<Fp8Ue8m0Scale, kFp8RowBlock, kLanes>(x_NL, N, L, q_NL, scales_NS, stream);
+}
+void fp8_quantize_rows(const bf16_t* x_NL, int64_t N, int64_t L, uint8_t* q_NL, uint8_t* scales_NS, void* stream) {
+  launch_quantize_row_blocks<Fp8Ue8m0Scale, kFp8RowBlock, kLanes>(x_NL, N, L, q_NL, scales_NS, stream);
+}
+void fp8_dequantize_rows(const uint8_t* q_NL, const float* scales_NS, int64_t N, int64_t L, float* x_NL,
+                         void* stream) {
+  launch_dequantize_row_blocks<Fp8Fp32Scale, kFp8RowBlock>(q_NL, scales_NS, N, L, x_NL, stream);
+}
+void fp8_dequantize_rows(const uint8_t* q_NL, const uint8_t* scales_NS, int64_t N, int64_t L, float* x_NL,
+                         void* stream) {
+  launch_dequantize_row_blocks<Fp8Ue8m0Scale, kFp8RowBlock>(q_NL, scales_NS, N, L, x_NL, stream);
+}
+
+}  // namespace epmoe::cuda

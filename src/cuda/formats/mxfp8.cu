@@ -1,0 +1,22 @@
+// MXFP8 (E4M3 + E8M0 per 1x32): row_blocks.cuh with 8 lanes per block (4 elements per lane,
+// 4 blocks per warp).
+#include "cuda/formats/formats.h"
+#include "cuda/formats/row_blocks.cuh"
+
+namespace epmoe::cuda {
+namespace {
+constexpr int kLanes = 8;
+}  // namespace
+
+void mxfp8_quantize_rows(const float* x_NL, int64_t N, int64_t L, uint8_t* q_NL, uint8_t* scales_NS, void* stream) {
+  launch_quantize_row_blocks<Mxfp8Scale, kMxBlock, kLanes>(x_NL, N, L, q_NL, scales_NS, stream);
+}
+void mxfp8_quantize_rows(const bf16_t* x_NL, int64_t N, int64_t L, uint8_t* q_NL, uint8_t* scales_NS, void* stream) {
+  launch_quantize_row_blocks<Mxfp8Scale, kMxBlock, kLanes>(x_NL, N, L, q_NL, scales_NS, stream);
+}
+void mxfp8_dequantize_rows(const uint8_t* q_NL, const uint8_t* scales_NS, int64_t N, int64_t L, float* x_NL,
+                           void* stream) {
+  launch_dequantize_row_blocks<Mxfp8Scale, kMxBlock>(q_NL, scales_NS, N, L, x_NL, stream);
+}
+
+}  // namespace epmoe::cuda

@@ -1,0 +1,122 @@
+// Row-block E4M3 encoder/decoder kernels shared by FP8 1x128 (fp8_rows.cu) and MXFP8 1x32
+// (mxfp8.cu): the format is a scale policy of core/formats (Fp8Fp32Scale, Fp8Ue8m0Scale,
+// Mxfp8Scale), so the block rule and the element rounding are the host codecs' functions.
+//
+// Quantize: kLanes lanes of a warp own one block; lane j holds elements j, j + kLanes, ... (each
+// warp load is 32 consecutive elements). The block amax is an integer max over |x| bits
+// (shuffles; exact and order-free), so scales and codes match the serial host loop bitwise.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/formats/codecs.h"
+#include "core/numeric.h"
+#include "cuda/kernel_common.cuh"
+
+namespace epmoe::cuda {
+
+__device__ __forceinline__ float load_as_float(const float* p) { return *p; }
+__device__ __forceinline__ float load_as_float(const bf16_t* p) { return bf16_to_float(*p); }
+
+// Max over the kLanes lanes of an aligned lane group (every lane of the warp must call it).
+template <int kLanes>
+__device__ __forceinline__ uint32_t group_max(uint32_t v) {
+  static_assert(kLanes >= 1 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0, "a power of two");
+#pragma unroll
+  for (int offset = kLanes / 2; offset > 0; offset /= 2) {
+    const uint32_t other = __shfl_xor_sync(0xffffffffu, v, offset);
+    v = other > v ? other : v;
+  }
+  return v;
+}
+
+template <class Policy, int kBlock, int kLanes, class T>
+__global__ void __launch_bounds__(kThreads)
+    quantize_row_blocks_kernel(const T* __restrict__ x_NL, int64_t N, int64_t L, uint8_t* __restrict__ q_NL,
+                               typename Policy::Scale* __restrict__ scales_NS) {
+  static_assert(kBlock % kLanes == 0 && 32 % kLanes == 0, "lanes divide the block and the warp");
+  constexpr int kPerLane = kBlock / kLanes;
+  constexpr int kBlocksPerWarp = 32 / kLanes;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int sub = lane % kLanes;
+  const int64_t S = scale_blocks(L, kBlock);
+  const int64_t total = N * S;
+  const int64_t tiles = (total + kBlocksPerWarp - 1) / kBlocksPerWarp;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  // Warp-uniform loop: every lane reaches the shuffles; lanes past the last block idle.
+  for (int64_t tile = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; tile < tiles;
+       tile += warps) {
+    const int64_t blk = tile * kBlocksPerWarp + lane / kLanes;
+    const bool valid = blk < total;
+    const int64_t n = valid ? blk / S : 0;
+    const int64_t begin = valid ? (blk % S) * kBlock : 0;
+    const int64_t len = valid ? (L - begin < kBlock ? L - begin : kBlock) : 0;
+    const T* x_B = x_NL + n * L + begin;  // this block's elements
+    float v[kPerLane];
+    uint32_t amax = 0;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int j = sub + kLanes * i;
+      v[i] = j < len ? load_as_float(x_B + j) : 0.0f;
+      amax = amax_bits_add(amax, v[i]);
+    }
+    amax = group_max<kLanes>(amax);
+    const typename Policy::Scale scale = Policy::from_amax(amax);
+    if (!valid) continue;
+    if (sub == 0) scales_NS[blk] = scale;
+    uint8_t* q_B = q_NL + n * L + begin;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int j = sub + kLanes * i;
+      if (j < len) q_B[j] = Policy::encode(v[i], scale);
+    }
+  }
+}
+
+template <class Policy, int kBlock>
+__global__ void __launch_bounds__(kThreads)
+    dequantize_row_blocks_kernel(const uint8_t* __restrict__ q_NL,
+                                 const typename Policy::Scale* __restrict__ scales_NS, int64_t N, int64_t L,
+                                 float* __restrict__ x_NL) {
+  const int64_t S = scale_blocks(L, kBlock);
+  const int64_t total = N * L;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+    const int64_t n = i / L, l = i % L;
+    x_NL[i] = Policy::decode(q_NL[i], scales_NS[n * S + l / kBlock]);
+  }
+}
+
+// Launchers behind the per-format overloads (host checks = the host codecs' checks).
+template <class Policy, int kBlock, int kLanes, class T>
+void launch_quantize_row_blocks(const T* x_NL, int64_t N, int64_t L, uint8_t* q_NL,
+                                typename Policy::Scale* scales_NS, void* stream) {
+  check_codec_shape(N, L, "N", "L");
+  const int64_t S = scale_blocks(L, kBlock);
+  check_codec_pointer(x_NL, N * L, "x_NL");
+  check_codec_pointer(q_NL, N * L, "q_NL");
+  check_codec_pointer(scales_NS, N * S, "scales_NS");
+  if (N * L == 0) return;
+  const int64_t tiles = (N * S + (32 / kLanes) - 1) / (32 / kLanes);
+  quantize_row_blocks_kernel<Policy, kBlock, kLanes, T>
+      <<<grid_for(tiles * 32, kThreads), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x_NL, N, L, q_NL,
+                                                                                            scales_NS);
+  EPMOE_CUDA_LAUNCH_CHECK();
+}
+
+template <class Policy, int kBlock>
+void launch_dequantize_row_blocks(const uint8_t* q_NL, const typename Policy::Scale* scales_NS, int64_t N,
+                                  int64_t L, float* x_NL, void* stream) {
+  check_codec_shape(N, L, "N", "L");
+  check_codec_pointer(q_NL, N * L, "q_NL");
+  check_codec_pointer(scales_NS, N * scale_blocks(L, kBlock), "scales_NS");
+  check_codec_pointer(x_NL, N * L, "x_NL");
+  if (N * L == 0) return;
+  dequantize_row_blocks_kernel<Policy, kBlock>
+      <<<grid_for(N * L, kThreads), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(q_NL, scales_NS, N, L, x_NL);
+  EPMOE_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace epmoe::cuda
