@@ -39,6 +39,11 @@ constexpr uint32_t kF32MinNormalBits = 0x00800000u;  // 2^-126
 
 EPMOE_HD float f32_nan() { return f32_from_bits(kF32QuietNaN); }
 
+// A NaN produced by arithmetic differs in its bits between the backends (x86 keeps the NaN
+// operand's sign and payload, the GPU returns 0x7FFFFFFF); decoders pass their products through
+// this so every NaN they return is 0x7FC00000 on both.
+EPMOE_HD float canonical_nan(float v) { return v != v ? f32_nan() : v; }
+
 // 2^e exactly, for e in [-149, 127] (below -126 the result is an fp32 denormal).
 EPMOE_HD float exp2i(int e) {
   return e >= -126 ? f32_from_bits(static_cast<uint32_t>(e + 127) << 23)

@@ -39,7 +39,7 @@ EPMOE_HD float fp8_scale_fp32(uint32_t amax_bits) {
   return f32_bits(s) < kF32MinNormalBits ? f32_from_bits(kF32MinNormalBits) : s;
 }
 EPMOE_HD uint8_t fp8_encode_fp32(float x, float scale) { return e4m3_from_float(x / scale); }
-EPMOE_HD float fp8_decode_fp32(uint8_t q, float scale) { return e4m3_to_float(q) * scale; }
+EPMOE_HD float fp8_decode_fp32(uint8_t q, float scale) { return canonical_nan(e4m3_to_float(q) * scale); }
 
 // ---- UE8M0 scales ----
 
@@ -57,7 +57,7 @@ EPMOE_HD uint8_t fp8_encode_ue8m0(float x, uint8_t scale_code) {
   return e4m3_from_float(x * e8m0_inverse(scale_code));
 }
 EPMOE_HD float fp8_decode_ue8m0(uint8_t q, uint8_t scale_code) {
-  return e4m3_to_float(q) * e8m0_to_float(scale_code);
+  return canonical_nan(e4m3_to_float(q) * e8m0_to_float(scale_code));
 }
 
 // ---- scale policies: one block encoder (CPU loops, CUDA kernels) serves every E4M3 format ----

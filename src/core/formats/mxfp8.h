@@ -34,7 +34,7 @@ EPMOE_HD uint8_t mxfp8_encode(float x, uint8_t scale_code) {
   return e4m3_from_float(x * e8m0_inverse(scale_code));
 }
 EPMOE_HD float mxfp8_decode(uint8_t q, uint8_t scale_code) {
-  return e4m3_to_float(q) * e8m0_to_float(scale_code);
+  return canonical_nan(e4m3_to_float(q) * e8m0_to_float(scale_code));
 }
 
 // Scale policy (see fp8_block.h): MXFP8 rows share the FP8 row-block encoder.

@@ -53,6 +53,8 @@ EPMOE_HD float nvfp4_element_scale(uint8_t block_scale, float global) {
   return e4m3_to_float(block_scale) * global;
 }
 EPMOE_HD uint8_t nvfp4_encode(float x, float element_scale) { return e2m1_from_float(x / element_scale); }
-EPMOE_HD float nvfp4_decode(uint8_t q, float element_scale) { return e2m1_to_float(q) * element_scale; }
+EPMOE_HD float nvfp4_decode(uint8_t q, float element_scale) {
+  return canonical_nan(e2m1_to_float(q) * element_scale);
+}
 
 }  // namespace epmoe
