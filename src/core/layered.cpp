@@ -9,6 +9,7 @@
 #include "core/activation.h"
 #include "core/backend.h"
 #include "core/status_word.h"
+#include "core/validate.h"
 #include "core/plan_terms.h"
 #include "core/step.h"
 #include "epmoe/error.h"
@@ -32,22 +33,19 @@ std::string shape_of(std::initializer_list<int64_t> shape) {
   return t.shape_string();
 }
 
-void check_tensor(const TensorRef& t, const char* name, std::initializer_list<DType> dtypes,
-           std::initializer_list<int64_t> shape, const Device& device) {
-  EPMOE_CHECK_ARG(t.data != nullptr, name, "a non-null data pointer", "nullptr");
-  bool dtype_ok = false;
-  std::string want_dtype;
-  for (DType d : dtypes) {
-    dtype_ok |= t.dtype == d;
-    want_dtype += (want_dtype.empty() ? "" : " or ") + std::string(to_string(d));
-  }
-  EPMOE_CHECK_ARG(dtype_ok, name, "dtype " + want_dtype, to_string(t.dtype));
-  bool shape_ok = t.ndim == static_cast<int>(shape.size());
-  int i = 0;
-  for (int64_t v : shape) shape_ok = shape_ok && t.shape[i++] == v;
-  EPMOE_CHECK_ARG(shape_ok, name, "shape " + shape_of(shape), t.shape_string());
-  EPMOE_CHECK_ARG(t.is_contiguous(), name, "contiguous strides", t.stride_string());
-  EPMOE_CHECK_ARG(t.device == device, name, "device " + to_string(device), to_string(t.device));
+// The grouped GEMM's weight: W13 [E, 2F, D] or W2 [E, D, F] (which one follows from its shape).
+struct WeightShape {
+  bool w13;
+  int64_t N, X;  // output and reduction columns of the rows' GEMM
+};
+WeightShape weight_shape(const TensorRef& w_ENX, const Dims& d, const Device& dev) {
+  check_tensor(w_ENX, "w_ENX", {DType::bf16}, {d.E, w_ENX.shape[1], w_ENX.shape[2]}, dev);
+  const bool w13 = w_ENX.shape[1] == 2 * d.F && w_ENX.shape[2] == d.D;
+  const bool w2 = w_ENX.shape[1] == d.D && w_ENX.shape[2] == d.F;
+  EPMOE_CHECK_ARG(w13 || w2, "w_ENX",
+                  "shape " + shape_of({d.E, 2 * d.F, d.D}) + " or " + shape_of({d.E, d.D, d.F}),
+                  w_ENX.shape_string());
+  return {w13, w_ENX.shape[1], w_ENX.shape[2]};
 }
 
 int64_t rows_of(const TensorRef& t, const char* name, int64_t T) {
@@ -219,13 +217,9 @@ void Layered::grouped_gemm(const GroupedGemmArgs& a) {
   EPMOE_CHECK_ARG(!m.closed, "Layered", "an open object", "a closed one");
   const Dims& d = m.dims;
   const Device dev = m.backend->device();
-  check_tensor(a.w_ENX, "w_ENX", {DType::bf16}, {d.E, a.w_ENX.shape[1], a.w_ENX.shape[2]}, dev);
-  const bool w13 = a.w_ENX.shape[1] == 2 * d.F && a.w_ENX.shape[2] == d.D;
-  const bool w2 = a.w_ENX.shape[1] == d.D && a.w_ENX.shape[2] == d.F;
-  EPMOE_CHECK_ARG(w13 || w2, "w_ENX",
-                  "shape " + shape_of({d.E, 2 * d.F, d.D}) + " or " + shape_of({d.E, d.D, d.F}),
-                  a.w_ENX.shape_string());
-  const int64_t X = a.w_ENX.shape[2], N = a.w_ENX.shape[1];
+  const WeightShape ws = weight_shape(a.w_ENX, d, dev);
+  const bool w13 = ws.w13;
+  const int64_t X = ws.X, N = ws.N;
   check_tensor(a.a_MX, "a_MX", {DType::bf16}, {m.capacity, X}, dev);
   check_tensor(a.out_MN, "out_MN", {DType::bf16}, {m.capacity, N}, dev);
   Step s = m.step(d.T, a.layout, a.stream);
@@ -247,13 +241,9 @@ void Layered::grouped_gemm_backward(const GroupedGemmBackwardArgs& a) {
   EPMOE_CHECK_ARG(!m.closed, "Layered", "an open object", "a closed one");
   const Dims& d = m.dims;
   const Device dev = m.backend->device();
-  check_tensor(a.w_ENX, "w_ENX", {DType::bf16}, {d.E, a.w_ENX.shape[1], a.w_ENX.shape[2]}, dev);
-  const bool w13 = a.w_ENX.shape[1] == 2 * d.F && a.w_ENX.shape[2] == d.D;
-  const bool w2 = a.w_ENX.shape[1] == d.D && a.w_ENX.shape[2] == d.F;
-  EPMOE_CHECK_ARG(w13 || w2, "w_ENX",
-                  "shape " + shape_of({d.E, 2 * d.F, d.D}) + " or " + shape_of({d.E, d.D, d.F}),
-                  a.w_ENX.shape_string());
-  const int64_t X = a.w_ENX.shape[2], N = a.w_ENX.shape[1];
+  const WeightShape ws = weight_shape(a.w_ENX, d, dev);
+  const bool w13 = ws.w13;
+  const int64_t X = ws.X, N = ws.N;
   check_tensor(a.grad_out_MN, "grad_out_MN", {DType::bf16}, {m.capacity, N}, dev);
   check_tensor(a.a_MX, "a_MX", {DType::bf16}, {m.capacity, X}, dev);
   const DType wg = m.context->config().fields().wgrad_dtype;

@@ -13,6 +13,20 @@ std::string dtypes_string(std::initializer_list<DType> dtypes) {
   return s;
 }
 
+void check_live_count(const TensorRef& t, const char* name, const Device& device) {
+  if (t.data == nullptr) return;
+  check_tensor(t, name, {DType::i32}, {1}, device);
+}
+
+int64_t check_rows(const TensorRef& x, const char* name, const Config& c) {
+  EPMOE_CHECK_ARG(x.ndim == 2, name, "2 dimensions [T, D]", x.shape_string());
+  EPMOE_CHECK_ARG(x.shape[0] >= 1 && x.shape[0] <= c.T(), name,
+                  "T in [1, " + std::to_string(c.T()) + "] (Config.max_tokens_per_rank)", x.shape[0]);
+  return x.shape[0];
+}
+
+}  // namespace
+
 void check_tensor(const TensorRef& t, const char* name, std::initializer_list<DType> dtypes,
                   std::initializer_list<int64_t> shape, const Device& device) {
   EPMOE_CHECK_ARG(t.data != nullptr, name, "a non-null data pointer", "nullptr");
@@ -29,20 +43,6 @@ void check_tensor(const TensorRef& t, const char* name, std::initializer_list<DT
   EPMOE_CHECK_ARG(t.is_contiguous(), name, "contiguous strides", t.stride_string());
   EPMOE_CHECK_ARG(t.device == device, name, "device " + to_string(device), to_string(t.device));
 }
-
-void check_live_count(const TensorRef& t, const char* name, const Device& device) {
-  if (t.data == nullptr) return;
-  check_tensor(t, name, {DType::i32}, {1}, device);
-}
-
-int64_t check_rows(const TensorRef& x, const char* name, const Config& c) {
-  EPMOE_CHECK_ARG(x.ndim == 2, name, "2 dimensions [T, D]", x.shape_string());
-  EPMOE_CHECK_ARG(x.shape[0] >= 1 && x.shape[0] <= c.T(), name,
-                  "T in [1, " + std::to_string(c.T()) + "] (Config.max_tokens_per_rank)", x.shape[0]);
-  return x.shape[0];
-}
-
-}  // namespace
 
 int64_t validate_forward(const ForwardArgs& a, const Config& c, int ep_size, const Device& dev) {
   const int64_t T = check_rows(a.x_TD, "x_TD", c);

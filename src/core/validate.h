@@ -7,6 +7,10 @@
 
 namespace epmoe {
 
+// One tensor argument: non-null, one of `dtypes`, exactly `shape`, contiguous, on `device`.
+void check_tensor(const TensorRef& t, const char* name, std::initializer_list<DType> dtypes,
+                  std::initializer_list<int64_t> shape, const Device& device);
+
 // Returns T' (rows of this call).
 int64_t validate_forward(const ForwardArgs& a, const Config& c, int ep_size, const Device& device);
 void validate_backward(const BackwardArgs& a, const Config& c, int ep_size, const Device& device);
