@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cuda/check.h"
+#include "cuda/device_scope.h"
 #include "cuda/dispatch.h"
 #include "cuda/gemm/expert_gemm.h"
 #include "cuda/publish.h"
@@ -21,23 +22,7 @@ namespace cuda {
 namespace {
 
 // Makes the backend's device current for the scope (the caller's thread may use another one).
-class DeviceScope {
- public:
-  explicit DeviceScope(int ordinal) {
-    EPMOE_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != ordinal) EPMOE_CUDA_CHECK(cudaSetDevice(ordinal));
-    ordinal_ = ordinal;
-  }
-  ~DeviceScope() {
-    if (previous_ != ordinal_) cudaSetDevice(previous_);  // best effort: a destructor cannot throw
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int previous_ = 0;
-  int ordinal_ = 0;
-};
+using cuda::DeviceScope;
 
 }  // namespace
 

@@ -35,6 +35,8 @@
 
 #include "cuda/check.h"
 #include "cuda/comm/nccl_check.h"
+#include "cuda/comm/nccl_host.h"
+#include "cuda/device_scope.h"
 #include "cuda/comm/nccl_kernels.h"
 #include "epmoe/cuda.h"
 #include "epmoe/error.h"
@@ -44,64 +46,12 @@ namespace epmoe {
 namespace nccl {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 // A rendezvous kernel that has not finished this long after its own budget never got an SM.
 constexpr milliseconds kKernelGrace{2000};
 
-class DeviceScope {
- public:
-  explicit DeviceScope(int ordinal) : ordinal_(ordinal) {
-    EPMOE_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != ordinal_) EPMOE_CUDA_CHECK(cudaSetDevice(ordinal_));
-  }
-  ~DeviceScope() {
-    if (previous_ != ordinal_) cudaSetDevice(previous_);  // best effort: a destructor cannot throw
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int ordinal_;
-  int previous_ = 0;
-};
-
-// Waits for the work of `stream` until `deadline`; false when it is still running then.
-// `comm` (nullable): NCCL's asynchronous errors end the wait with Error(backend).
-bool wait_stream(cudaStream_t stream, Clock::time_point deadline, ncclComm_t comm = nullptr) {
-  auto pause = std::chrono::microseconds(2);
-  for (;;) {
-    const cudaError_t q = cudaStreamQuery(stream);
-    if (q == cudaSuccess) return true;
-    if (q != cudaErrorNotReady) EPMOE_CUDA_CHECK(q);
-    if (comm != nullptr) {
-      ncclResult_t async = ncclSuccess;
-      EPMOE_NCCL_CHECK(ncclCommGetAsyncError(comm, &async));
-      if (async != ncclInProgress) EPMOE_NCCL_CHECK(async);
-    }
-    if (Clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(500));
-  }
-}
-
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string s;
-  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
-  return s;
-}
-
-bool env_is_zero(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, "0") == 0;
-}
-
-uint64_t host_hash() {
-  char name[256] = {};
-  gethostname(name, sizeof(name) - 1);
-  return std::hash<std::string>{}(name);
-}
+using cuda::DeviceScope;
 
 // Header of every host collective.
 struct Header {
