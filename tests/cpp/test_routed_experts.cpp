@@ -1,4 +1,4 @@
-// Routed experts through Context on 1-4 thread ranks: forward and all four gradients vs the
+// Routed experts through Context on 1-8 thread ranks: forward and all four gradients vs the
 // float64 reference, fused == unfused bitwise, two runs bitwise equal, two layers in one slot,
 // accumulated and f32 weight gradients, int64 ids / bf16 scores, and the ci-tiny time budget.
 #include <gtest/gtest.h>
@@ -102,7 +102,9 @@ INSTANTIATE_TEST_SUITE_P(
                                          Shape{2, 1, 111, 24, 2, 4},   // T = 1, odd D
                                          Shape{3, 19, 111, 40, 3, 6},  // odd D, 3 ranks
                                          Shape{4, 9, 48, 24, 2, 8},    //
-                                         Shape{4, 5, 16, 8, 4, 8}),    // K = 4
+                                         Shape{4, 5, 16, 8, 4, 8},     // K = 4
+                                         Shape{8, 6, 32, 24, 3, 16},   // EP = 8, 2 experts per rank
+                                         Shape{8, 3, 16, 8, 2, 8}),    // EP = 8, 1 expert per rank
                        ::testing::Bool()),
     [](const auto& param_info) {
       const Shape& s = std::get<0>(param_info.param);
