@@ -45,15 +45,29 @@ def routes_to_ranks(ids, E_local, R):
     return torch.bincount(flat[flat >= 0] // E_local, minlength=R).cpu()
 
 
-def traffic(C_RR):
-    """C_RR[s][d]: routes of rank s's tokens to rank d's experts. Per rank d: received rows (all
-    routes it computes), rows pulled from other ranks in dispatch (= rows it stores back into the
-    other ranks' combine slots); busiest received rows and the balanced share."""
+def tokens_to_ranks(ids, E_local, R):
+    """[R] int64: tokens with at least one route to each rank's experts."""
+    dest = torch.where(ids >= 0, ids.long() // E_local, R)  # R: inactive
+    hit = torch.zeros(ids.shape[0], R + 1, dtype=torch.bool, device=ids.device)
+    hit.scatter_(1, dest, True)
+    return hit[:, :R].sum(0).cpu()
+
+
+def traffic(C_RR, tokens_RR=None):
+    """C_RR[s][d]: routes of rank s's tokens to rank d's experts (tokens_RR[s][d]: tokens with a
+    route there). Per rank d: received rows (all routes it computes) and rows pulled from other
+    ranks in dispatch (one per route, = rows it stores back into the other ranks' combine slots);
+    busiest received rows and the balanced share; with tokens_RR, the (token, rank) pairs from
+    other ranks (what one send per token and destination would move)."""
     R = len(C_RR)
     received = [sum(C_RR[s][d] for s in range(R)) for d in range(R)]
     remote = [received[d] - C_RR[d][d] for d in range(R)]
-    return {"received_rows": received, "remote_rows": remote, "busiest_rank_rows": max(received),
-            "balanced_rows": sum(received) // R}
+    out = {"received_rows": received, "remote_rows": remote, "busiest_rank_rows": max(received),
+           "balanced_rows": sum(received) // R}
+    if tokens_RR is not None:
+        out["remote_token_rows"] = [sum(tokens_RR[s][d] for s in range(R) if s != d)
+                                    for d in range(R)]
+    return out
 
 
 def dispatch_combine_GBps(stage_lists, remote_rows, D, elem_bytes=2):
@@ -165,7 +179,7 @@ class EpmoeRun:
         uid = epmoe_ctypes.nccl_unique_id(lib, nccl) if ranks.rank == 0 else None
         uid = ranks.gather(uid)[0]
         self.ctx = epmoe_ctypes.Context.create_nccl(lib, nccl, cfg, uid, ranks.rank, ranks.size,
-                                             torch.cuda.current_device())
+                                                    torch.cuda.current_device())
         self.inp = inp
         self.y = torch.empty_like(inp.x)
         self.grad_x = torch.empty_like(inp.x)
@@ -231,7 +245,7 @@ def bench_shape(lib, nccl, ranks, shape, routing, ceil, args):
     inp = Inputs(shape, routing, ranks.rank, ranks.size)
     D, F, T = inp.D, inp.F, inp.T
     C = ranks.gather(routes_to_ranks(inp.ids, inp.El, ranks.size).tolist())
-    tr = traffic(C)
+    tr = traffic(C, ranks.gather(tokens_to_ranks(inp.ids, inp.El, ranks.size).tolist()))
     flops_R = ranks.gather(inp.routes)  # live routes of each rank's tokens
     fwd_flops = 6 * statistics.mean(flops_R) * D * F  # per GPU: mean over ranks
     step_flops = 3 * fwd_flops
@@ -290,6 +304,7 @@ def bench_shape(lib, nccl, ranks, shape, routing, ceil, args):
             rows.append(row("epmoe-unfused", shape, routing, phase, T, ms, GBps=gbps,
                             GBps_per_rank=gbps_R, ms_per_rank=ms_R,
                             remote_rows_per_rank=tr["remote_rows"],
+                            remote_token_rows_per_rank=tr["remote_token_rows"],
                             ratio_to_peer_store=gbps / peer if gbps and peer else None, **common))
     del ref, inp
     torch.cuda.empty_cache()
@@ -457,15 +472,21 @@ def self_check():
 
         # Accounting: traffic of the global routing by brute force.
         C = [routes_to_ranks(ids[s], El, R).tolist() for s in range(R)]
+        tok = [tokens_to_ranks(ids[s], El, R).tolist() for s in range(R)]
         brute = [[int(((ids[s] >= 0) & (ids[s] // El == d)).sum()) for d in range(R)] for s in range(R)]
-        tr = traffic(C)
-        if C != brute or sum(tr["received_rows"]) != int((ids >= 0).sum()):
+        brute_tok = [[int(((ids[s] >= 0) & (ids[s] // El == d)).any(1).sum()) for d in range(R)]
+                     for s in range(R)]
+        tr = traffic(C, tok)
+        if C != brute or tok != brute_tok or sum(tr["received_rows"]) != int((ids >= 0).sum()):
             bad.append("traffic")
+        if any(t > r for t, r in zip(tr["remote_token_rows"], tr["remote_rows"])):
+            bad.append("remote token rows <= remote rows")
         if routing == "skew" and not tr["busiest_rank_rows"] > 1.5 * tr["balanced_rows"]:
             bad.append("skew at EP = 2 sends most routes to rank 0")
         print(f"self-check rank {rank} {routing}: rel-L2 EP recipe vs one-process recipe " +
               ", ".join(f"{k} {v:.1e}" for k, v in err.items()) +
-              f"; received rows {tr['received_rows']}" + (f"; FAILED: {bad}" if bad else ""),
+              f"; received rows {tr['received_rows']}, from the other rank {tr['remote_rows']} "
+              f"({tr['remote_token_rows']} tokens)" + (f"; FAILED: {bad}" if bad else ""),
               flush=True)
         failures += len(bad)
     # Stage-time bandwidth and step statistics on made-up numbers.

@@ -55,10 +55,12 @@ if [[ $mode == all || $mode == bench ]]; then
       --lib "$build/src/libepmoe.so" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "^ceilings" | tail -80
 fi
 if [[ $mode == ep ]]; then
-  "$build/tests/gpu/test_gpu_capi_nccl" > "$OUT/capi_nccl.log" 2>&1 || status=1
+  timeout -k 10 180 "$build/tests/gpu/test_gpu_capi_nccl" > "$OUT/capi_nccl.log" 2>&1 || status=1
   grep -E "reaches its peer|OK \]|FAILED|PASSED|SKIPPED" "$OUT/capi_nccl.log" | head -20
   t0=$(date +%s)
-  PYTHONUNBUFFERED=1 python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
+  # EPMOE_EP_TIMEOUT (s): a hang still returns the log and the JSON of the shapes that ran.
+  PYTHONUNBUFFERED=1 timeout -k 10 "${EPMOE_EP_TIMEOUT:-480}" \
+    python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
       bench/bench_ep.py --out "$OUT/bench_ep.json" --lib "$build/src/libepmoe.so" \
       --nccl-lib "$build/src/cuda/comm/libepmoe_nccl.so" --peer-store "$build/bench/ep_peer_store" \
       "$@" > "$OUT/bench_ep.log" 2>&1 || status=1

@@ -59,6 +59,10 @@ def main(path):
                   " | ".join(f"{r['stages_ms'].get(n, 0):.3f}" for n in names) + " |")
 
 
+def pct(ratio):
+    return None if ratio is None else 100 * ratio
+
+
 def stage_columns(stages):
     """[(name, ms)] in launch order -> (unique column names, values): repeats get .2, .3, ..."""
     seen, names = {}, []
@@ -112,15 +116,16 @@ def ep_tables(path, d):
         print("\nDispatch + combine alone (unfused chain, stage timing: forward dispatch + scatter_rows, "
               "backward gather_grad + scatter_rows; bytes = 2 × rows from the other rank × D × 2; "
               "GB/s = bytes / time summed over ranks):\n")
-        print("| shape | routing | phase | rows from the other rank (rank 0, 1) | ms (rank 0, 1) | "
-              "GB/s (rank 0, 1) | GB/s | vs peer stores |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("| shape | routing | phase | rows from the other rank (rank 0, 1) | of which distinct "
+              "tokens | ms (rank 0, 1) | GB/s (rank 0, 1) | GB/s | vs peer stores |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for r in bw:
             print(f"| {r['shape']} | {r['routing']} | {r['phase']} | "
                   f"{', '.join(str(x) for x in r['remote_rows_per_rank'])} | "
+                  f"{', '.join(str(x) for x in r.get('remote_token_rows_per_rank', []))} | "
                   f"{', '.join(fmt(x, '.3f') for x in r['ms_per_rank'])} | "
                   f"{', '.join(fmt(x, '.0f') for x in r['GBps_per_rank'])} | {fmt(r['GBps'], '.0f')} | "
-                  f"{fmt(100 * r['ratio_to_peer_store'] if r.get('ratio_to_peer_store') else None, '.0f')}% |")
+                  f"{fmt(pct(r.get('ratio_to_peer_store')), '.0f')}% |")
 
     imb = [r for r in rows if r["phase"] == "imbalance"]
     if imb:
