@@ -50,14 +50,21 @@ def ceilings():
             "hbm_copy_GBps": copy_GBps}
 
 
-def rel_l2(a, b, chunk=1 << 26):
-    """||a - b|| / ||b||, in float64 sums over float32 chunks (weight gradients are ~1e10 elements)."""
-    a, b = a.reshape(-1), b.reshape(-1)
+def rel_l2_parts(a, b, chunk=1 << 26):
+    """(||a - b||^2, ||b||^2) in float64 sums over float32 chunks (weight gradients are ~1e10
+    elements); parts of several ranks pool by adding."""
+    a, b = a.detach().reshape(-1), b.detach().reshape(-1)
     num = den = 0.0
     for i in range(0, a.numel(), chunk):
         x, y = a[i:i + chunk].float(), b[i:i + chunk].float()
         num += float(((x - y) ** 2).sum(dtype=torch.float64))
         den += float((y ** 2).sum(dtype=torch.float64))
+    return num, den
+
+
+def rel_l2(a, b, chunk=1 << 26):
+    """||a - b|| / ||b||."""
+    num, den = rel_l2_parts(a, b, chunk)
     return (num / max(den, 1e-300)) ** 0.5
 
 

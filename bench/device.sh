@@ -2,6 +2,9 @@
 # One call on the GPU machine: build from source, GPU tests, compute-sanitizer memcheck on a small
 # case, then the benchmarks. Logs and JSON go under $OUT (the device tool brings them back).
 #   bash bench/device.sh [all|test|bench] [bench args...]
+#   bash bench/device.sh ep [bench_ep args...]   EP = 2 on 2 GPUs: builds only what it needs
+#       (libepmoe, libepmoe_nccl, ep_peer_store, the C ABI test), runs the C ABI test, then
+#       bench/bench_ep.py under torchrun: $OUT/bench_ep.json, $OUT/bench_ep.log
 # CUTLASS headers and GoogleTest sources travel in third_party/ (git-ignored; name it in carry).
 set -uo pipefail
 mode=${1:-all}
@@ -20,6 +23,9 @@ if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEPMOE_CUDA=ON 
 fi
 # EPMOE_BUILD_TARGETS (space-separated) builds only those targets; default: everything.
 targets=()
+if [[ $mode == ep ]]; then
+  EPMOE_BUILD_TARGETS=${EPMOE_BUILD_TARGETS:-epmoe epmoe_nccl ep_peer_store test_gpu_capi_nccl}
+fi
 for t in ${EPMOE_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
 if ! cmake --build "$build" -j "$(nproc)" "${targets[@]}" > "$OUT/build.log" 2>&1; then
   grep -E "error|Error" -A4 "$OUT/build.log" | head -100; exit 1
@@ -47,5 +53,19 @@ fi
 if [[ $mode == all || $mode == bench ]]; then
   PYTHONUNBUFFERED=1 python3 bench/bench_moe.py --out "$OUT/bench.json" \
       --lib "$build/src/libepmoe.so" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "^ceilings" | tail -80
+fi
+if [[ $mode == ep ]]; then
+  timeout -k 10 180 "$build/tests/gpu/test_gpu_capi_nccl" > "$OUT/capi_nccl.log" 2>&1 || status=1
+  grep -E "reaches its peer|OK \]|FAILED|PASSED|SKIPPED" "$OUT/capi_nccl.log" | head -20
+  t0=$(date +%s)
+  # EPMOE_EP_TIMEOUT (s): a hang still returns the log and the JSON of the shapes that ran.
+  PYTHONUNBUFFERED=1 timeout -k 10 "${EPMOE_EP_TIMEOUT:-480}" \
+    python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
+      bench/bench_ep.py --out "$OUT/bench_ep.json" --lib "$build/src/libepmoe.so" \
+      --nccl-lib "$build/src/cuda/comm/libepmoe_nccl.so" --peer-store "$build/bench/ep_peer_store" \
+      "$@" > "$OUT/bench_ep.log" 2>&1 || status=1
+  tail -120 "$OUT/bench_ep.log"
+  [[ -f $OUT/bench_ep.json ]] && python3 bench/results_table.py "$OUT/bench_ep.json" > "$OUT/bench_ep.md"
+  echo "bench_ep: $(( $(date +%s) - t0 )) s, status $status"
 fi
 exit $status

@@ -67,19 +67,62 @@ def load(path=None):
     return lib
 
 
+NCCL_UNIQUE_ID_BYTES = 128  # EPMOE_NCCL_UNIQUE_ID_BYTES of include/epmoe/c_api_nccl.h
+
+
+def load_nccl(path=None):
+    """libepmoe_nccl (include/epmoe/c_api_nccl.h); load libepmoe first (its errors, handles)."""
+    path = path or os.environ.get("EPMOE_NCCL_LIB", "build/src/cuda/comm/libepmoe_nccl.so")
+    nccl = ctypes.CDLL(path)
+    nccl.epmoe_nccl_unique_id.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    nccl.epmoe_context_create_nccl.argtypes = [ctypes.POINTER(Config), ctypes.c_void_p,
+                                               ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                                               ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]
+    nccl.epmoe_nccl_peer_access.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
+    return nccl
+
+
+def nccl_unique_id(lib, nccl):
+    """A fresh NCCL unique id (bytes) for epmoe_context_create_nccl on every rank."""
+    buf = ctypes.create_string_buffer(NCCL_UNIQUE_ID_BYTES)
+    if nccl.epmoe_nccl_unique_id(buf, NCCL_UNIQUE_ID_BYTES) != 0:
+        raise RuntimeError(lib.epmoe_last_error().decode())
+    return buf.raw
+
+
 def _ptr(t):
     return None if t is None else ctypes.c_void_p(t.data_ptr())
 
 
 class Context:
-    """EP = 1 context on the current CUDA device."""
+    """EP = 1 context on cuda:device; Context.create_nccl for one rank of EP over the NCCL transport."""
 
-    def __init__(self, lib, config: Config, device: int = 0):
+    def __init__(self, lib, config: Config, device: int = 0, nccl=None):
         self.lib = lib
         self.config = config
+        self.nccl_lib = nccl
         self.handle = ctypes.c_void_p()
-        self._ok(lib.epmoe_context_create_single_gpu(ctypes.byref(config), device,
-                                                     ctypes.byref(self.handle)))
+        if nccl is None:
+            self._ok(lib.epmoe_context_create_single_gpu(ctypes.byref(config), device,
+                                                         ctypes.byref(self.handle)))
+
+    @classmethod
+    def create_nccl(cls, lib, nccl, config: Config, unique_id: bytes, rank: int, size: int, device: int):
+        """Collective over the size ranks, each with the same unique_id and config."""
+        self = cls(lib, config, device, nccl)
+        if len(unique_id) != NCCL_UNIQUE_ID_BYTES:
+            raise ValueError(f"unique_id: expected {NCCL_UNIQUE_ID_BYTES} bytes, got {len(unique_id)}")
+        self._ok(nccl.epmoe_context_create_nccl(ctypes.byref(config), unique_id, len(unique_id),
+                                                rank, size, device, ctypes.byref(self.handle)))
+        return self
+
+    def peer_access(self):
+        """"nccl-lsa" or "cuda-ipc (<reason>)" for an NCCL context, else None."""
+        if self.nccl_lib is None:
+            return None
+        buf = ctypes.create_string_buffer(256)
+        self._ok(self.nccl_lib.epmoe_nccl_peer_access(self.handle, buf, len(buf)))
+        return buf.value.decode()
 
     def _ok(self, rc):
         if rc != 0:

@@ -1,4 +1,5 @@
-"""Markdown tables of a bench/results JSON (MEASURE.md schema) for bench/RESULTS.md:
+"""Markdown tables of a bench/results JSON (MEASURE.md schema) for bench/RESULTS.md, EP = 1
+(bench_moe.py) or EP = 2 (bench_ep.py):
     python3 bench/results_table.py bench/results/<file>.json"""
 import json
 import sys
@@ -10,6 +11,9 @@ def fmt(v, spec):
 
 def main(path):
     d = json.load(open(path))
+    if d["rows"] and d["rows"][0]["ep"] == 2:
+        ep_tables(path, d)
+        return
     c = d["ceilings"]
     print(f"### {d['date']} · {d['sha'][:7]} · {d['gpu']} · EP = {d['rows'][0]['ep']} · "
           f"torch {d['versions']['torch']} · CUDA {d['versions']['cuda']}\n")
@@ -53,6 +57,102 @@ def main(path):
         for r in stage_rows:
             print(f"| {r['shape']} | {r['routing']} | " +
                   " | ".join(f"{r['stages_ms'].get(n, 0):.3f}" for n in names) + " |")
+
+
+def pct(ratio):
+    return None if ratio is None else 100 * ratio
+
+
+def stage_columns(stages):
+    """[(name, ms)] in launch order -> (unique column names, values): repeats get .2, .3, ..."""
+    seen, names = {}, []
+    for name, _ in stages:
+        seen[name] = seen.get(name, 0) + 1
+        names.append(name if seen[name] == 1 else f"{name}.{seen[name]}")
+    return names, [ms for _, ms in stages]
+
+
+def ep_tables(path, d):
+    c, rows = d["ceilings"], d["rows"]
+    peer = c.get("peer_store_GBps")
+    print(f"### {d['date']} · {d['sha'][:7]} · {d['num_gpus']} × {d['gpu']} · EP = 2 · "
+          f"torch {d['versions']['torch']} · CUDA {d['versions']['cuda']} · "
+          f"NCCL {d['versions']['nccl']}\n")
+    print(f"Ceilings in the same run: dense bf16 matmul {fmt(c.get('bf16_matmul_tflops'), '.0f')} "
+          f"TFLOP/s (mean of the GPUs), SM-driven peer stores {fmt(peer, '.0f')} GB/s per GPU (both "
+          f"directions at once). Step time = max over ranks of each iteration; TFLOP/s per GPU = "
+          f"mean over ranks of 18·N·D·F (fwd+bwd) / step time. File: `{path}`.\n")
+
+    def get(shape, routing, impl, phase):
+        for r in rows:
+            if (r["shape"], r["routing"], r["impl"], r["phase"]) == (shape, routing, impl, phase):
+                return r
+        return {}
+
+    keys = []
+    for r in rows:
+        if (r["shape"], r["routing"]) not in keys and r["phase"] in ("fwd", "fwd+bwd"):
+            keys.append((r["shape"], r["routing"]))
+    impls = [i for i in ("epmoe", "epmoe-unfused", "torch-native") if any(r["impl"] == i for r in rows)]
+    print("| shape | routing | impl | fwd ms | fwd TFLOP/s | fwd+bwd ms (min–max) | fwd+bwd TFLOP/s | "
+          "vs ceiling | vs torch-native (fwd / fwd+bwd) | max rel-L2 vs recipe |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for shape, routing in keys:
+        for impl in impls:
+            f, s = get(shape, routing, impl, "fwd"), get(shape, routing, impl, "fwd+bwd")
+            if not s:
+                continue
+            err = s.get("rel_l2_vs_recipe")
+            vs = "-" if impl == "torch-native" else (f"{fmt(f.get('ratio_to_recipe'), '.2f')}x / "
+                                                     f"{fmt(s.get('ratio_to_recipe'), '.2f')}x")
+            print(f"| {shape} | {routing} | {impl} | {fmt(f.get('median_ms'), '.3f')} | "
+                  f"{fmt(f.get('useful_tflops'), '.0f')} | {fmt(s.get('median_ms'), '.3f')} "
+                  f"({fmt(s.get('min_ms'), '.3f')}–{fmt(s.get('max_ms'), '.3f')}) | "
+                  f"{fmt(s.get('useful_tflops'), '.0f')} | {fmt(s.get('ratio_to_ceiling'), '.2f')} | "
+                  f"{vs} | {fmt(max(err.values()) if err else None, '.1e')} |")
+
+    bw = [r for r in rows if r["phase"] in ("dispatch+combine", "dispatch+combine-bwd")]
+    if bw:
+        print("\nDispatch + combine alone (unfused chain, stage timing: forward dispatch + scatter_rows, "
+              "backward gather_grad + scatter_rows; bytes = 2 × rows from the other rank × D × 2; "
+              "GB/s = bytes / time summed over ranks):\n")
+        print("| shape | routing | phase | rows from the other rank (rank 0, 1) | of which distinct "
+              "tokens | ms (rank 0, 1) | GB/s (rank 0, 1) | GB/s | vs peer stores |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for r in bw:
+            print(f"| {r['shape']} | {r['routing']} | {r['phase']} | "
+                  f"{', '.join(str(x) for x in r['remote_rows_per_rank'])} | "
+                  f"{', '.join(str(x) for x in r.get('remote_token_rows_per_rank', []))} | "
+                  f"{', '.join(fmt(x, '.3f') for x in r['ms_per_rank'])} | "
+                  f"{', '.join(fmt(x, '.0f') for x in r['GBps_per_rank'])} | {fmt(r['GBps'], '.0f')} | "
+                  f"{fmt(pct(r.get('ratio_to_peer_store')), '.0f')}% |")
+
+    imb = [r for r in rows if r["phase"] == "imbalance"]
+    if imb:
+        print("\nImbalance (skew vs balanced, fwd+bwd): the busiest GPU's received rows against the "
+              "balanced share, and the step time ratio:\n")
+        print("| shape | impl | busiest rows / balanced | time skew / balanced | balanced ms | skew ms |")
+        print("|---|---|---|---|---|---|")
+        for r in imb:
+            print(f"| {r['shape']} | {r['impl']} | {r['busiest_rank_rows']} / {r['balanced_rows']} = "
+                  f"{r['row_ratio']:.2f} | {r['time_ratio']:.2f} | {r['balanced_fwd_bwd_ms']:.3f} | "
+                  f"{r['skew_fwd_bwd_ms']:.3f} |")
+
+    stage_rows = [r for r in rows if r["phase"] == "stage-breakdown"]
+    for impl in impls:
+        mine = [r for r in stage_rows if r["impl"] == impl]
+        if not mine:
+            continue
+        names, _ = stage_columns(mine[0]["stages_ms"])
+        print(f"\nStage breakdown of {impl}, fwd+bwd, per rank (ms; stages serialised by device "
+              "syncs, barriers include waiting for the other rank):\n")
+        print("| shape | routing | rank | " + " | ".join(names) + " |")
+        print("|---|---|---|" + "---|" * len(names))
+        for r in mine:
+            n, v = stage_columns(r["stages_ms"])
+            by = dict(zip(n, v))
+            print(f"| {r['shape']} | {r['routing']} | {r['rank']} | " +
+                  " | ".join(fmt(by.get(x), '.3f') for x in names) + " |")
 
 
 if __name__ == "__main__":

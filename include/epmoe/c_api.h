@@ -1,7 +1,8 @@
 /* epmoe C ABI: a thin, stable layer over the C++ API for foreign-function bindings (Python
  * ctypes in bench/, other languages). Tensors are raw pointers with the shapes of DESIGN.md §1;
  * on a CUDA context they are device pointers and `stream` is a cudaStream_t. Every function
- * returns 0 on success, or non-zero with the message in epmoe_last_error() (per thread). */
+ * returns 0 on success, or non-zero with the message in epmoe_last_error() (per thread).
+ * EP over several GPUs (NCCL transport): epmoe/c_api_nccl.h, in libepmoe_nccl. */
 #ifndef EPMOE_C_API_H
 #define EPMOE_C_API_H
 

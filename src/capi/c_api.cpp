@@ -3,55 +3,47 @@
 #include "epmoe/c_api.h"
 
 #include <cstring>
-#include <exception>
 #include <memory>
 #include <string>
+#include <utility>
 
-#include "epmoe/context.h"
+#include "capi/c_api_internal.h"
 #include "epmoe/cuda.h"
 #include "epmoe/memory_plan.h"
 
-struct epmoe_context {
-  std::unique_ptr<epmoe::Context> ctx;
-  epmoe::Device device;
-};
+namespace epmoe::capi {
 
 namespace {
-
 thread_local std::string g_last_error;
+}  // namespace
 
-template <class Fn>
-int guarded(Fn&& fn) {
-  try {
-    fn();
-    g_last_error.clear();
-    return 0;
-  } catch (const std::exception& e) {
-    g_last_error = e.what();
-  } catch (...) {
-    g_last_error = "epmoe: unknown exception";
-  }
-  return 1;
-}
+void set_last_error(std::string message) { g_last_error = std::move(message); }
 
-epmoe::Config to_config(const epmoe_config& c) {
-  epmoe::ConfigFields f;
+Config to_config(const epmoe_config& c) {
+  ConfigFields f;
   f.max_tokens_per_rank = c.max_tokens_per_rank;
   f.hidden_dim = c.hidden_dim;
   f.intermediate_dim = c.intermediate_dim;
   f.top_k = c.top_k;
   f.num_experts = c.num_experts;
-  f.activation = c.activation == 1 ? epmoe::Activation::swiglu_clamped(c.alpha, c.limit)
-                                   : epmoe::Activation::swiglu();
+  f.activation = c.activation == 1 ? Activation::swiglu_clamped(c.alpha, c.limit)
+                                   : Activation::swiglu();
   f.capacity_factor = c.capacity_factor;
   f.slots.num_slots = c.num_slots;
   f.slots.max_layers_per_slot = c.layers_per_slot;
   f.fuse_epilogues = c.fuse_epilogues != 0;
   f.check_inputs = c.check_inputs != 0;
-  f.wgrad_dtype = c.wgrad_f32 ? epmoe::DType::f32 : epmoe::DType::bf16;
+  f.wgrad_dtype = c.wgrad_f32 ? DType::f32 : DType::bf16;
   f.barrier_timeout_ms = c.barrier_timeout_ms;
-  return epmoe::Config(f);
+  return Config(f);
 }
+
+}  // namespace epmoe::capi
+
+namespace {
+
+using epmoe::capi::guarded;
+using epmoe::capi::to_config;
 
 epmoe::TensorRef ref(const void* p, epmoe::DType dtype, std::initializer_list<int64_t> shape,
                      const epmoe::Device& device) {
@@ -83,7 +75,7 @@ epmoe_config epmoe_config_default(int64_t T, int64_t D, int64_t F, int32_t K, in
   return c;
 }
 
-const char* epmoe_last_error(void) { return g_last_error.c_str(); }
+const char* epmoe_last_error(void) { return epmoe::capi::g_last_error.c_str(); }
 
 int epmoe_cuda_device_count(void) { return epmoe::cuda_device_count(); }
 

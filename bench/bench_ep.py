@@ -1,0 +1,540 @@
+"""Benchmark of the routed experts at EP = 2 on two GPUs (MEASURE.md), one process per GPU:
+
+    torchrun --nproc-per-node 2 bench/bench_ep.py --out results.json \\
+        --lib build-gpu/src/libepmoe.so --nccl-lib build-gpu/src/cuda/comm/libepmoe_nccl.so
+
+Every rank holds its own tokens x [T, D], ids over the global experts and its local experts'
+weights. epmoe runs through the C ABI (contexts over the NCCL transport, the unique id sent over
+torch.distributed); the torch-native EP recipe (bench/torch_recipe.py, all_to_all_single) runs in
+the same processes on the same inputs. Per shape and routing: rel-L2 of epmoe vs the recipe,
+forward and forward + backward step times (max over ranks of each iteration), useful TFLOP/s per
+GPU, ratios to the dense-matmul ceiling and to the recipe, both epilogue variants, dispatch +
+combine bandwidth against SM-driven peer stores measured in the same run, the imbalance figure
+under skew, and every rank's stage breakdown. Rank 0 writes the JSON after every shape.
+
+    torchrun --nproc-per-node 2 bench/bench_ep.py --self-check   (CPU, gloo: the recipe's math)
+"""
+import argparse
+import datetime
+import json
+import os
+import pickle
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_moe  # noqa: E402
+import epmoe_ctypes  # noqa: E402
+import shapes as S  # noqa: E402
+import torch_recipe  # noqa: E402
+
+OUTPUTS = ("y", "grad_x", "grad_scores", "grad_w13", "grad_w2")
+VARIANTS = {"epmoe": True, "epmoe-unfused": False}  # row name: Config.fuse_epilogues
+
+
+# ---- accounting (pure; checked by --self-check) ----
+
+def routes_to_ranks(ids, E_local, R):
+    """[R] int64: routes of these tokens to each rank's experts (inactive routes left out)."""
+    flat = ids.reshape(-1).long()
+    return torch.bincount(flat[flat >= 0] // E_local, minlength=R).cpu()
+
+
+def tokens_to_ranks(ids, E_local, R):
+    """[R] int64: tokens with at least one route to each rank's experts."""
+    dest = torch.where(ids >= 0, ids.long() // E_local, R)  # R: inactive
+    hit = torch.zeros(ids.shape[0], R + 1, dtype=torch.bool, device=ids.device)
+    hit.scatter_(1, dest, True)
+    return hit[:, :R].sum(0).cpu()
+
+
+def traffic(C_RR, tokens_RR=None):
+    """C_RR[s][d]: routes of rank s's tokens to rank d's experts (tokens_RR[s][d]: tokens with a
+    route there). Per rank d: received rows (all routes it computes) and rows pulled from other
+    ranks in dispatch (one per route, = rows it stores back into the other ranks' combine slots);
+    busiest received rows and the balanced share; with tokens_RR, the (token, rank) pairs from
+    other ranks (what one send per token and destination would move)."""
+    R = len(C_RR)
+    received = [sum(C_RR[s][d] for s in range(R)) for d in range(R)]
+    remote = [received[d] - C_RR[d][d] for d in range(R)]
+    out = {"received_rows": received, "remote_rows": remote, "busiest_rank_rows": max(received),
+           "balanced_rows": sum(received) // R}
+    if tokens_RR is not None:
+        out["remote_token_rows"] = [sum(tokens_RR[s][d] for s in range(R) if s != d)
+                                    for d in range(R)]
+    return out
+
+
+def dispatch_combine_GBps(stage_lists, remote_rows, D, elem_bytes=2):
+    """Dispatch + combine bandwidth of the unfused chain from each rank's stage times (forward then
+    backward, in launch order): forward dispatch + scatter_rows, backward gather_grad +
+    scatter_rows. Each moves remote_rows[r] rows of D elements in each of its two stages.
+    Returns {phase: (GBps over ranks = sum bytes / sum time, [GBps per rank], [ms per rank])}."""
+    out = {}
+    for phase, names in (("dispatch+combine", ("dispatch", "scatter_rows")),
+                         ("dispatch+combine-bwd", ("gather_grad", "scatter_rows"))):
+        ms_R, gbps_R, total_bytes, total_ms = [], [], 0, 0.0
+        for r, stages in enumerate(stage_lists):
+            cut = [i for i, (n, _) in enumerate(stages) if n == "reduce_forward"][0] + 1
+            part = stages[:cut] if phase == "dispatch+combine" else stages[cut:]
+            ms = sum(t for n, t in part if n in names)
+            nbytes = 2 * remote_rows[r] * D * elem_bytes
+            ms_R.append(ms)
+            gbps_R.append(nbytes / ms / 1e6 if ms > 0 else None)
+            total_bytes += nbytes
+            total_ms += ms
+        out[phase] = (total_bytes / total_ms / 1e6 if total_ms > 0 else None, gbps_R, ms_R)
+    return out
+
+
+def step_stats(times_R):
+    """times_R[r][i]: rank r's time of iteration i. Step time = max over ranks per iteration."""
+    steps = [max(t) for t in zip(*times_R)]
+    return statistics.median(steps), min(steps), max(steps)
+
+
+# ---- distributed helpers ----
+
+def gather_objects(obj, group=None):
+    """obj of every rank, in rank order, on every rank: pickled bytes in CPU tensors over a gloo
+    group (all_gather_object needs numpy, which the test environment lacks)."""
+    size = dist.get_world_size(group)
+    data = torch.tensor(list(pickle.dumps(obj)), dtype=torch.uint8)
+    n_R = [torch.zeros(1, dtype=torch.int64) for _ in range(size)]
+    dist.all_gather(n_R, torch.tensor([data.numel()], dtype=torch.int64), group=group)
+    longest = max(int(n) for n in n_R)
+    buf_R = [torch.zeros(longest, dtype=torch.uint8) for _ in range(size)]
+    dist.all_gather(buf_R, torch.cat([data, torch.zeros(longest - data.numel(), dtype=torch.uint8)]),
+                    group=group)
+    return [pickle.loads(bytes(b[:int(n)].tolist())) for b, n in zip(buf_R, n_R)]
+
+
+class Ranks:
+    def __init__(self, cpu_group):
+        self.rank, self.size, self.cpu = dist.get_rank(), dist.get_world_size(), cpu_group
+
+    def gather(self, obj):
+        """obj of every rank, in rank order, on every rank (over the gloo group)."""
+        return gather_objects(obj, self.cpu)
+
+    def barrier(self):
+        dist.barrier(group=self.cpu)
+
+
+def timed_ep(fn, ranks, iters, warmup=3):
+    """(median, min, max) ms of the step over >= iters iterations: every rank times each iteration
+    with CUDA events after a host barrier; the step time is the max over ranks."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        ranks.barrier()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return step_stats(ranks.gather(times))
+
+
+def pooled_rel_l2(ranks, parts):
+    """parts: {name: (num, den)} of this rank -> {name: rel-L2 pooled over ranks}."""
+    all_parts = ranks.gather(parts)
+    return {k: (sum(p[k][0] for p in all_parts) / max(sum(p[k][1] for p in all_parts), 1e-300)) ** 0.5
+            for k in parts}
+
+
+# ---- one shape and routing ----
+
+class Inputs:
+    """This rank's tokens, routing and local experts' weights (per-rank seeds, never zeros)."""
+
+    def __init__(self, shape, routing, rank, R, seed=0, device="cuda"):
+        D, F, E, K, T, _ = S.SHAPES[shape]
+        El = E // R
+        g = torch.Generator(device=device).manual_seed(seed + 1000 * rank)
+        self.D, self.F, self.E, self.El, self.K, self.T = D, F, E, El, K, T
+        self.x = torch.randn(T, D, device=device, generator=g).to(torch.bfloat16)
+        self.w13 = (torch.randn(El, 2 * F, D, device=device, generator=g) / D ** 0.5).to(torch.bfloat16)
+        self.w2 = (torch.randn(El, D, F, device=device, generator=g) / F ** 0.5).to(torch.bfloat16)
+        self.ids, self.scores = S.route(routing, T, E, K, ep=R, generator=g, device=device)
+        self.grad_y = torch.randn(T, D, device=device, generator=g).to(torch.bfloat16)
+        self.routes = S.useful_routes(self.ids)
+
+
+class EpmoeRun:
+    """An epmoe context over the NCCL transport and its output buffers."""
+
+    def __init__(self, lib, nccl, ranks, inp, fused, capacity_factor):
+        cfg = lib.epmoe_config_default(inp.T, inp.D, inp.F, inp.K, inp.E)
+        cfg.fuse_epilogues = int(fused)
+        cfg.capacity_factor = capacity_factor
+        uid = epmoe_ctypes.nccl_unique_id(lib, nccl) if ranks.rank == 0 else None
+        uid = ranks.gather(uid)[0]
+        self.ctx = epmoe_ctypes.Context.create_nccl(lib, nccl, cfg, uid, ranks.rank, ranks.size,
+                                                    torch.cuda.current_device())
+        self.inp = inp
+        self.y = torch.empty_like(inp.x)
+        self.grad_x = torch.empty_like(inp.x)
+        self.grad_scores = torch.empty(inp.T, inp.K, device="cuda")
+        self.grad_w13 = torch.empty_like(inp.w13)
+        self.grad_w2 = torch.empty_like(inp.w2)
+
+    def forward(self, save=True):
+        i = self.inp
+        return self.ctx.forward(i.x, i.ids, i.scores, i.w13, i.w2, self.y, save=save)
+
+    def step(self):
+        i = self.inp
+        saved = self.forward(True)
+        self.ctx.backward(saved, i.grad_y, i.ids, i.scores, i.w13, i.w2, self.grad_x,
+                          self.grad_scores, self.grad_w13, self.grad_w2)
+
+    def outputs(self):
+        return {"y": self.y, "grad_x": self.grad_x, "grad_scores": self.grad_scores,
+                "grad_w13": self.grad_w13, "grad_w2": self.grad_w2}
+
+    def stage_times(self, steps=3):
+        """[(stage, median ms over steps)] of forward then backward, in launch order."""
+        self.ctx.stage_timing(True)
+        runs = []
+        for _ in range(steps):
+            self.step()
+            runs.append(self.ctx.stage_times())
+        self.ctx.stage_timing(False)
+        return [(name, statistics.median(r[i][1] for r in runs)) for i, (name, _) in enumerate(runs[0])]
+
+    def close(self):
+        self.ctx.close()
+
+
+def recipe_step(inp, backward, group=None):
+    x = inp.x.detach().requires_grad_(backward)
+    w13 = inp.w13.detach().requires_grad_(backward)
+    w2 = inp.w2.detach().requires_grad_(backward)
+    scores = inp.scores.detach().requires_grad_(backward)
+    with torch.set_grad_enabled(backward):
+        y = torch_recipe.moe_forward_ep(x, inp.ids, scores, w13, w2, group)
+        if backward:
+            y.backward(inp.grad_y)
+    if not backward:
+        return {"y": y}
+    return {"y": y, "grad_x": x.grad, "grad_scores": scores.grad, "grad_w13": w13.grad,
+            "grad_w2": w2.grad}
+
+
+def row(impl, shape, routing, phase, T, ms, flops=None, GBps=None, **extra):
+    med, lo, hi = ms if ms is not None else (None, None, None)
+    r = {"impl": impl, "shape": shape, "ep": 2, "routing": routing, "precision": "bf16",
+         "phase": phase, "tokens_per_rank": T, "median_ms": med, "min_ms": lo, "max_ms": hi,
+         "useful_tflops": (flops / med / 1e9) if flops and med else None, "GBps": GBps,
+         "busiest_rank_rows": None, "balanced_rows": None, "peak_mem_bytes": None}
+    r.update(extra)
+    return r
+
+
+def bench_shape(lib, nccl, ranks, shape, routing, ceil, args):
+    """Rows of one shape and routing (rank 0's list is the one written)."""
+    inp = Inputs(shape, routing, ranks.rank, ranks.size)
+    D, F, T = inp.D, inp.F, inp.T
+    C = ranks.gather(routes_to_ranks(inp.ids, inp.El, ranks.size).tolist())
+    tr = traffic(C, ranks.gather(tokens_to_ranks(inp.ids, inp.El, ranks.size).tolist()))
+    flops_R = ranks.gather(inp.routes)  # live routes of each rank's tokens
+    fwd_flops = 6 * statistics.mean(flops_R) * D * F  # per GPU: mean over ranks
+    step_flops = 3 * fwd_flops
+    common = {"busiest_rank_rows": tr["busiest_rank_rows"], "balanced_rows": tr["balanced_rows"]}
+    rows = []
+
+    # The recipe's outputs on these inputs: the reference of both variants.
+    ref = {k: v.detach() for k, v in recipe_step(inp, True).items()}
+    torch.cuda.synchronize()
+
+    # Recipe timing first: its autograd memory is gone before the contexts exist.
+    torch.cuda.reset_peak_memory_stats()
+    r_fwd = timed_ep(lambda: recipe_step(inp, False), ranks, args.iters)
+    r_step = timed_ep(lambda: recipe_step(inp, True), ranks, args.iters)
+    recipe_peak = max(ranks.gather(torch.cuda.max_memory_allocated()))
+    rows.append(row("torch-native", shape, routing, "fwd", T, r_fwd, fwd_flops, **common))
+    rows.append(row("torch-native", shape, routing, "fwd+bwd", T, r_step, step_flops,
+                    peak_mem_bytes=recipe_peak, **common))
+    torch.cuda.empty_cache()
+
+    errors, stages = {}, {}
+    for impl in args.variants:
+        run = EpmoeRun(lib, nccl, ranks, inp, VARIANTS[impl], args.capacity_factor)
+        try:
+            run.step()
+            run.ctx.check()
+            parts = {k: bench_moe.rel_l2_parts(v, ref[k]) for k, v in run.outputs().items()}
+            errors[impl] = pooled_rel_l2(ranks, parts)
+            t_fwd = timed_ep(lambda: run.forward(False), ranks, args.iters)
+            t_step = timed_ep(run.step, ranks, args.iters)
+            run.ctx.check()  # a skipped step (overflow) would time nothing
+            stages[impl] = ranks.gather(run.stage_times())
+            run.ctx.check()
+            peer_access = run.ctx.peer_access()
+        finally:
+            run.close()
+            del run
+            torch.cuda.empty_cache()
+        ext = {"rel_l2_vs_recipe": errors[impl], "peer_access": peer_access,
+               "capacity_factor": args.capacity_factor, **common}
+        rows.append(row(impl, shape, routing, "fwd", T, t_fwd, fwd_flops,
+                        ratio_to_ceiling=fwd_flops / t_fwd[0] / 1e9 / ceil["bf16_matmul_tflops"],
+                        ratio_to_recipe=r_fwd[0] / t_fwd[0], **ext))
+        rows.append(row(impl, shape, routing, "fwd+bwd", T, t_step, step_flops,
+                        ratio_to_ceiling=step_flops / t_step[0] / 1e9 / ceil["bf16_matmul_tflops"],
+                        ratio_to_recipe=r_step[0] / t_step[0], **ext))
+        for r, st in enumerate(stages[impl]):
+            rows.append({"impl": impl, "shape": shape, "ep": 2, "routing": routing,
+                         "precision": "bf16", "phase": "stage-breakdown", "tokens_per_rank": T,
+                         "rank": r, "stages_ms": st, **tr})
+    if "epmoe-unfused" in stages:
+        bw = dispatch_combine_GBps(stages["epmoe-unfused"], tr["remote_rows"], D)
+        peer = ceil.get("peer_store_GBps")
+        for phase, (gbps, gbps_R, ms_R) in bw.items():
+            ms = (max(ms_R),) * 3
+            rows.append(row("epmoe-unfused", shape, routing, phase, T, ms, GBps=gbps,
+                            GBps_per_rank=gbps_R, ms_per_rank=ms_R,
+                            remote_rows_per_rank=tr["remote_rows"],
+                            remote_token_rows_per_rank=tr["remote_token_rows"],
+                            ratio_to_peer_store=gbps / peer if gbps and peer else None, **common))
+    del ref, inp
+    torch.cuda.empty_cache()
+    return rows, errors, tr
+
+
+def imbalance_rows(rows, shape):
+    """Under skew: busiest GPU's received rows / balanced rows vs step time skew / balanced."""
+    out = []
+
+    def get(impl, routing, phase):
+        for r in rows:
+            if (r["impl"], r["shape"], r["routing"], r["phase"]) == (impl, shape, routing, phase):
+                return r
+        return None
+
+    for impl in ("epmoe", "epmoe-unfused", "torch-native"):
+        bal, skew = get(impl, "balanced", "fwd+bwd"), get(impl, "skew", "fwd+bwd")
+        if not bal or not skew:
+            continue
+        row_ratio = skew["busiest_rank_rows"] / skew["balanced_rows"]
+        time_ratio = skew["median_ms"] / bal["median_ms"]
+        out.append(row(impl, shape, "skew", "imbalance", skew["tokens_per_rank"], None,
+                       busiest_rank_rows=skew["busiest_rank_rows"],
+                       balanced_rows=skew["balanced_rows"], row_ratio=row_ratio,
+                       time_ratio=time_ratio, balanced_fwd_bwd_ms=bal["median_ms"],
+                       skew_fwd_bwd_ms=skew["median_ms"]))
+    return out
+
+
+# ---- ceilings ----
+
+def peer_store(exe, mib=256):
+    """SM-driven 16-byte peer stores, both GPUs at once (bench/ep_peer_store.cu): best GB/s per GPU
+    over a CTA sweep, and the sweep. Runs before this process group touches the GPUs."""
+    if not exe or not os.path.exists(exe):
+        print(f"peer store: no executable at {exe}; peer_store_GBps stays null", flush=True)
+        return None, None
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "peer_store.json")
+        proc = subprocess.run([exe, "--mib", str(mib), "--ctas", "16,32,66,132", "--json", path],
+                              capture_output=True, text=True)
+        print(proc.stdout + proc.stderr, end="", flush=True)
+        if proc.returncode != 0 or not os.path.exists(path):
+            return None, None
+        sweep = json.load(open(path))
+    best = max(min(r["gbps"]) for r in sweep["results"])  # per GPU: the slower of the two
+    return best, sweep
+
+
+def write_results(path, ceil, rows, ranks_info):
+    sha = os.environ.get("EPMOE_SHA") or subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    out = {"sha": sha or "unknown", "date": datetime.date.today().isoformat(),
+           "gpu": torch.cuda.get_device_name(), "num_gpus": ranks_info["size"],
+           "versions": {"torch": torch.__version__, "cuda": torch.version.cuda,
+                        "nccl": ".".join(map(str, torch.cuda.nccl.version())), "cutlass": "4.2.0.0"},
+           "ceilings": ceil, "rows": rows}
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+
+
+def summary(r):
+    if r["phase"] == "stage-breakdown":
+        return None
+    tf = r.get("useful_tflops")
+    s = f"{r['shape']:14s} {r['routing']:9s} {r['impl']:14s} {r['phase']:21s}"
+    if r["phase"] == "imbalance":
+        return s + f" rows x{r['row_ratio']:.2f} -> time x{r['time_ratio']:.2f}"
+    s += f" {r['median_ms']:9.3f} ms"
+    if tf is not None:
+        s += f" {tf:6.1f} TFLOP/s/GPU"
+    if r.get("ratio_to_ceiling") is not None:
+        s += f" {r['ratio_to_ceiling']:.2f} of ceiling"
+    if r.get("ratio_to_recipe") is not None:
+        s += f" x{r['ratio_to_recipe']:.2f} vs recipe"
+    if r.get("GBps") is not None:
+        s += f" {r['GBps']:.0f} GB/s"
+        if r.get("ratio_to_peer_store") is not None:
+            s += f" ({100 * r['ratio_to_peer_store']:.0f}% of peer stores)"
+    return s
+
+
+def main_gpu(args):
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    peer, sweep = (None, None)
+    if local == 0 and not args.no_peer_store:
+        exe = args.peer_store or os.path.join(
+            os.path.dirname(os.path.dirname(os.path.abspath(args.lib))), "bench", "ep_peer_store")
+        peer, sweep = peer_store(exe)
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    ranks = Ranks(dist.new_group(backend="gloo"))
+    if ranks.size != 2:
+        raise SystemExit(f"bench_ep: expected 2 ranks (torchrun --nproc-per-node 2), got {ranks.size}")
+    lib = epmoe_ctypes.load(args.lib)
+    nccl = epmoe_ctypes.load_nccl(args.nccl_lib)
+    c = bench_moe.ceilings()
+    all_c = ranks.gather(c)
+    ceil = {"bf16_matmul_tflops": statistics.mean(x["bf16_matmul_tflops"] for x in all_c),
+            "fp8_matmul_tflops": None, "peer_store_GBps": ranks.gather(peer)[0],
+            "hbm_copy_GBps": statistics.mean(x["hbm_copy_GBps"] for x in all_c),
+            "bf16_matmul_tflops_per_rank": [x["bf16_matmul_tflops"] for x in all_c],
+            "peer_store_sweep": ranks.gather(sweep)[0]}
+    if ranks.rank == 0:
+        print(f"ceilings: bf16 matmul {ceil['bf16_matmul_tflops']:.0f} TFLOP/s, HBM copy "
+              f"{ceil['hbm_copy_GBps']:.0f} GB/s, peer stores {ceil['peer_store_GBps']} GB/s per GPU",
+              flush=True)
+    rows = []
+    for shape in args.shapes.split(","):
+        for routing in args.routings.split(","):
+            new, errors, tr = bench_shape(lib, nccl, ranks, shape, routing, ceil, args)
+            if routing == "skew":
+                new += imbalance_rows(rows + new, shape)
+            rows += new
+            if ranks.rank == 0:
+                print(f"{shape} {routing}: received rows per rank {tr['received_rows']}, "
+                      f"from the other rank {tr['remote_rows']}", flush=True)
+                for r in new:
+                    line = summary(r)
+                    if line:
+                        print(line, flush=True)
+                for impl, e in errors.items():
+                    print(f"{shape} {routing} {impl} rel-L2 vs recipe: " +
+                          ", ".join(f"{k} {v:.2e}" for k, v in e.items()), flush=True)
+                write_results(args.out, ceil, rows, {"size": ranks.size})  # a crash keeps what ran
+    dist.destroy_process_group()
+
+
+# ---- self-check on CPU (gloo): the EP recipe against the one-process recipe ----
+
+def self_check():
+    dist.init_process_group("gloo")
+    rank, R = dist.get_rank(), dist.get_world_size()
+    T, D, F, E, K = 48, 64, 32, 8, 3
+    El = E // R
+    failures = 0
+    for routing in ("balanced", "skew", "empty-rank", "one-expert"):
+        g = torch.Generator().manual_seed(7)  # the same global problem on every rank
+        x = torch.randn(R, T, D, generator=g).to(torch.bfloat16)
+        w13 = (torch.randn(E, 2 * F, D, generator=g) / D ** 0.5).to(torch.bfloat16)
+        w2 = (torch.randn(E, D, F, generator=g) / F ** 0.5).to(torch.bfloat16)
+        ids, scores = zip(*[S.route(routing, T, E, K, ep=R, generator=g, device="cpu")
+                            for _ in range(R)])
+        ids, scores = torch.stack(ids), torch.stack(scores)
+        ids[0, :5, -1] = -1  # a few inactive routes
+        grad_y = torch.randn(R, T, D, generator=g).to(torch.bfloat16)
+
+        def leaves(*ts):
+            return [t.clone().requires_grad_() for t in ts]
+
+        xa, sa, w13a, w2a = leaves(x.reshape(R * T, D), scores.reshape(R * T, K), w13, w2)
+        ya = torch_recipe.moe_forward(xa, ids.reshape(R * T, K), sa, w13a, w2a)
+        ya.backward(grad_y.reshape(R * T, D))
+        mine = slice(rank * El, (rank + 1) * El)
+        xe, se, w13e, w2e = leaves(x[rank], scores[rank], w13[mine], w2[mine])
+        ye = torch_recipe.moe_forward_ep(xe, ids[rank], se, w13e, w2e)
+        ye.backward(grad_y[rank])
+        tokens = slice(rank * T, (rank + 1) * T)
+        pairs = {"y": (ye, ya[tokens]), "grad_x": (xe.grad, xa.grad[tokens]),
+                 "grad_scores": (se.grad, sa.grad[tokens]), "grad_w13": (w13e.grad, w13a.grad[mine]),
+                 "grad_w2": (w2e.grad, w2a.grad[mine])}
+        err = {k: bench_moe.rel_l2(a.detach(), b.detach()) for k, (a, b) in pairs.items()}
+        bad = [k for k, v in err.items() if not v <= 1e-2]
+
+        # Accounting: traffic of the global routing by brute force.
+        C = [routes_to_ranks(ids[s], El, R).tolist() for s in range(R)]
+        tok = [tokens_to_ranks(ids[s], El, R).tolist() for s in range(R)]
+        brute = [[int(((ids[s] >= 0) & (ids[s] // El == d)).sum()) for d in range(R)] for s in range(R)]
+        brute_tok = [[int(((ids[s] >= 0) & (ids[s] // El == d)).any(1).sum()) for d in range(R)]
+                     for s in range(R)]
+        tr = traffic(C, tok)
+        if C != brute or tok != brute_tok or sum(tr["received_rows"]) != int((ids >= 0).sum()):
+            bad.append("traffic")
+        if any(t > r for t, r in zip(tr["remote_token_rows"], tr["remote_rows"])):
+            bad.append("remote token rows <= remote rows")
+        if routing == "skew" and not tr["busiest_rank_rows"] > 1.5 * tr["balanced_rows"]:
+            bad.append("skew at EP = 2 sends most routes to rank 0")
+        print(f"self-check rank {rank} {routing}: rel-L2 EP recipe vs one-process recipe " +
+              ", ".join(f"{k} {v:.1e}" for k, v in err.items()) +
+              f"; received rows {tr['received_rows']}, from the other rank {tr['remote_rows']} "
+              f"({tr['remote_token_rows']} tokens)" + (f"; FAILED: {bad}" if bad else ""),
+              flush=True)
+        failures += len(bad)
+    # Stage-time bandwidth and step statistics on made-up numbers.
+    st = [[("dispatch", 1.0), ("scatter_rows", 1.0), ("reduce_forward", 0.1), ("gather_grad", 2.0),
+           ("scatter_rows", 2.0)]] * 2
+    bw = dispatch_combine_GBps(st, [1000, 500], 1024)
+    want = 2 * 1500 * 1024 * 2 / 4.0 / 1e6
+    if abs(bw["dispatch+combine"][0] - want) > 1e-9 or bw["dispatch+combine-bwd"][2] != [4.0, 4.0]:
+        print(f"self-check: dispatch_combine_GBps FAILED: {bw}", flush=True)
+        failures += 1
+    if step_stats([[1.0, 5.0, 3.0], [2.0, 4.0, 3.5]]) != (3.5, 2.0, 5.0):
+        print("self-check: step_stats FAILED", flush=True)
+        failures += 1
+    total = gather_objects(failures)
+    dist.destroy_process_group()
+    if rank == 0:
+        print(f"self-check: {'passed' if sum(total) == 0 else 'FAILED'}", flush=True)
+    sys.exit(1 if sum(total) else 0)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--lib", default=None, help="libepmoe.so (default: $EPMOE_LIB)")
+    ap.add_argument("--nccl-lib", default=None, help="libepmoe_nccl.so (default: $EPMOE_NCCL_LIB)")
+    ap.add_argument("--shapes", default="qwen3-30b-a3b,deepseek-v3,gpt-oss-120b,mixtral-8x7b")
+    ap.add_argument("--routings", default="balanced,skew")
+    ap.add_argument("--variants", default="epmoe,epmoe-unfused")
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--capacity-factor", type=float, default=2.0,
+                    help="Config.capacity_factor (2 = R: skew fits)")
+    ap.add_argument("--peer-store", default=None,
+                    help="ep_peer_store executable (default: <build>/bench/ep_peer_store)")
+    ap.add_argument("--no-peer-store", action="store_true")
+    ap.add_argument("--self-check", action="store_true", help="CPU ranks (gloo): the recipe's math")
+    args = ap.parse_args()
+    if args.self_check:
+        self_check()
+        return
+    if not args.out:
+        ap.error("--out is required")
+    args.variants = [v for v in args.variants.split(",") if v]
+    for v in args.variants:
+        if v not in VARIANTS:
+            ap.error(f"--variants: expected names from {sorted(VARIANTS)}, got {v}")
+    args.lib = args.lib or os.environ.get("EPMOE_LIB", "build/src/libepmoe.so")
+    main_gpu(args)
+
+
+if __name__ == "__main__":
+    main()
