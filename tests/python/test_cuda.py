@@ -78,7 +78,9 @@ def test_cuda_graph_capture_of_forward_and_backward(gpu_context):
         y = epmoe.routed_experts(x, ids, s, w13, w2, gpu_context)
         return (y,) + torch.autograd.grad(y, (x, s, w13, w2), gy)
 
-    eager = step()
+    # Detached: a live autograd graph would keep the leaves' gradient accumulators, made on the
+    # default stream, into the capture (torch then makes the legacy stream wait on the capture).
+    eager = tuple(t.detach() for t in step())
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
