@@ -15,6 +15,7 @@ class Config(ctypes.Structure):
         ("num_slots", ctypes.c_int32), ("layers_per_slot", ctypes.c_int32),
         ("fuse_epilogues", ctypes.c_int32), ("check_inputs", ctypes.c_int32),
         ("wgrad_f32", ctypes.c_int32), ("barrier_timeout_ms", ctypes.c_int32),
+        ("arrival_gated_w13", ctypes.c_int32),
     ]
 
 

@@ -65,6 +65,10 @@ struct ConfigFields {
   bool check_inputs = true;         // expert ids in range and finite x / scores, checked on device
   int barrier_timeout_ms = 30000;   // budget of every cross-rank wait
   bool fuse_epilogues = true;       // false: run the unfused chain (GEMM, then SwiGLU / scatter)
+  // CUDA: the W13 GEMM is launched while dispatch runs (programmatic dependent launch) and its TMA
+  // producer waits on per-128-row arrival counters that dispatch releases; false: staged (W13
+  // starts after dispatch has finished). Results are bitwise equal; the CPU backend ignores it.
+  bool arrival_gated_w13 = true;
 };
 
 class Config {

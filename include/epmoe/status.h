@@ -16,6 +16,7 @@ enum class StatusCode : int32_t {
   token_count_mismatch = 4,    // ranks passed different T, or live count outside [0, T]
   slot_overflow = 5,           // saved state does not fit the activation slot
   barrier_timeout = 6,         // a stream barrier did not see rank `rank` within its budget
+  arrival_timeout = 7,         // W13 waited past its budget for received rows dispatch never stored
 };
 const char* to_string(StatusCode code);
 
@@ -29,7 +30,8 @@ const char* to_string(StatusArg arg);
 // barrier_timeout: rank = the (lowest) rank waited for, reserved = how many ranks were missing,
 // required = the arrival number expected from it, available = the last one seen (-1: it had given
 // up itself after its own timeout, -2: not waited: an earlier barrier had timed out), index = the
-// barrier channel.
+// barrier channel. arrival_timeout: rank = this rank, index = the 128-row block of received rows,
+// required = rows expected in it, available = rows seen.
 struct Status {
   int32_t code = 0;       // StatusCode
   int32_t rank = -1;      // rank whose data broke the contract

@@ -58,6 +58,7 @@ class Config:
     check_inputs: bool = True  # device-side checks of ids range and finite x / scores
     barrier_timeout_ms: int = 30000
     fuse_epilogues: bool = True
+    arrival_gated_w13: bool = True  # CUDA: W13 overlaps dispatch, gated by row arrival counters
 
     def __post_init__(self) -> None:
         for name in ("max_num_local_input_tokens", "hidden_dim", "intermediate_dim", "top_k",
@@ -87,7 +88,7 @@ class Config:
             raise TypeError(f"Config.wgrad_dtype: expected None, torch.bfloat16 or torch.float32, got {self.wgrad_dtype!r}")
         if self.overflow not in ("report", "trap"):
             raise ValueError(f"Config.overflow: expected 'report' or 'trap', got {self.overflow!r}")
-        for name in ("inference", "check_inputs", "fuse_epilogues"):
+        for name in ("inference", "check_inputs", "fuse_epilogues", "arrival_gated_w13"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"Config.{name}: expected a bool, got {getattr(self, name)!r}")
 
@@ -116,6 +117,7 @@ class Config:
             "check_inputs": int(self.check_inputs),
             "barrier_timeout_ms": self.barrier_timeout_ms,
             "fuse_epilogues": int(self.fuse_epilogues),
+            "arrival_gated_w13": int(self.arrival_gated_w13),
         }
         if self.activation_slot_bytes is not None:
             fields["activation_slot_bytes"] = self.activation_slot_bytes

@@ -35,6 +35,7 @@ Config to_config(const epmoe_config& c) {
   f.check_inputs = c.check_inputs != 0;
   f.wgrad_dtype = c.wgrad_f32 ? DType::f32 : DType::bf16;
   f.barrier_timeout_ms = c.barrier_timeout_ms;
+  f.arrival_gated_w13 = c.arrival_gated_w13 != 0;
   return Config(f);
 }
 
@@ -72,6 +73,7 @@ epmoe_config epmoe_config_default(int64_t T, int64_t D, int64_t F, int32_t K, in
   c.check_inputs = d.check_inputs ? 1 : 0;
   c.wgrad_f32 = 0;
   c.barrier_timeout_ms = d.barrier_timeout_ms;
+  c.arrival_gated_w13 = d.arrival_gated_w13 ? 1 : 0;
   return c;
 }
 

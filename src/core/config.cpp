@@ -158,7 +158,8 @@ std::string Config::to_string() const {
       ", inference=", f_.inference ? "true" : "false",
       ", check_inputs=", f_.check_inputs ? "true" : "false",
       ", barrier_timeout_ms=", f_.barrier_timeout_ms,
-      ", fuse_epilogues=", f_.fuse_epilogues ? "true" : "false", "}");
+      ", fuse_epilogues=", f_.fuse_epilogues ? "true" : "false",
+      ", arrival_gated_w13=", f_.arrival_gated_w13 ? "true" : "false", "}");
 }
 
 }  // namespace epmoe

@@ -24,6 +24,7 @@ struct ConfigFingerprint {
   float alpha, limit;
   double capacity_factor;
   int32_t num_slots, layers_per_slot, inference, fuse_epilogues;
+  int32_t arrival_gated_w13, reserved;
   int64_t slot_bytes;
 };
 
@@ -44,6 +45,7 @@ ConfigFingerprint fingerprint(const Config& c, int64_t slot_bytes) {
   f.layers_per_slot = x.slots.max_layers_per_slot;
   f.inference = x.inference;
   f.fuse_epilogues = x.fuse_epilogues;
+  f.arrival_gated_w13 = x.arrival_gated_w13;
   f.slot_bytes = slot_bytes;
   return f;
 }
@@ -115,6 +117,8 @@ struct Context::Impl {
     s.sequence = sequence;
     s.check_inputs = config.fields().check_inputs;
     s.trap_on_overflow = config.fields().overflow == OverflowPolicy::trap;
+    s.arrival_gated_w13 = config.fields().arrival_gated_w13;
+    s.barrier_timeout_ms = config.fields().barrier_timeout_ms;
     s.stream = stream;
     s.routing_R = routing_R;
     s.dispatch_R = dispatch_R;
@@ -122,7 +126,7 @@ struct Context::Impl {
     s.status = status;
     char* scratch = scratch_base();
     const bool unfused = !config.fields().fuse_epilogues;
-    const RouteScratchLayout rl = route_scratch_layout(dims);
+    const RouteScratchLayout rl = route_scratch_layout(dims, plan.recv_capacity_rows);
     s.route_scratch = scratch;
     char* call = scratch + rl.total;
     const CallScratchLayout cl = call_scratch_layout(dims, plan.recv_capacity_rows, unfused);
@@ -145,7 +149,7 @@ struct Context::Impl {
       s.h3_TKD = reinterpret_cast<bf16_t*>(saved_base + l.h3);
       return;
     }
-    char* call = scratch_base() + route_scratch_layout(dims).total;
+    char* call = scratch_base() + route_scratch_layout(dims, M).total;
     const CallScratchLayout cl = call_scratch_layout(dims, M, !config.fields().fuse_epilogues);
     s.layout = carve_layout(call + cl.layout, M, dims.T, dims.K, dims.E, dims.R);
     s.x_gathered_MD = reinterpret_cast<bf16_t*>(call + cl.x_gathered);

@@ -107,6 +107,7 @@ struct Layered::Impl {
     s.sequence = sequence;
     s.check_inputs = c.fields().check_inputs;
     s.trap_on_overflow = c.fields().overflow == OverflowPolicy::trap;
+    s.barrier_timeout_ms = c.fields().barrier_timeout_ms;
     s.stream = stream;
     s.routing_R = static_cast<char* const*>(routing_R);
     s.dispatch_R = static_cast<bf16_t* const*>(dispatch_R);
@@ -161,7 +162,7 @@ std::unique_ptr<Layered> Layered::create(Context& context, std::shared_ptr<Trans
   m.routing_R = m.peer_table(m.routing);
   m.dispatch_R = m.peer_table(m.dispatch);
   m.combine_R = m.peer_table(m.combine);
-  m.route_scratch = m.backend->allocate(route_scratch_layout(m.dims).total);
+  m.route_scratch = m.backend->allocate(route_scratch_layout(m.dims, m.capacity).total);
   m.status = static_cast<Status*>(m.backend->allocate(plan.status_bytes));
   m.transport->barrier("layered.create", m.budget);
   return std::unique_ptr<Layered>(new Layered(std::move(impl)));

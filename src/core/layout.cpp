@@ -18,6 +18,10 @@ LayoutView carve_layout(void* base, int64_t rows, int64_t T, int K, int E, int R
   v.recv_src_M = reinterpret_cast<int32_t*>(p);
   p += b.recv_src;
   v.route_row_TK = reinterpret_cast<int32_t*>(p);
+  p += b.route_row;
+  v.pull_src_P = reinterpret_cast<int32_t*>(p);
+  p += b.pull_src;
+  v.pull_rows_PK = reinterpret_cast<int32_t*>(p);
   return v;
 }
 
@@ -49,25 +53,38 @@ int64_t build_layout_reference(const int32_t* const* ids_R, int64_t T, int K, in
     recv[q] = row;
     out.recv_rows_R[q] = static_cast<int32_t>(row);
   }
-  // Rows: walk each source's routes in (t, k) order.
+  // Rows: walk each source's routes in (t, k) order; a token with a route to `self` is a pull.
   std::vector<int64_t> next(base);
+  const int64_t pull_cap = pull_capacity(capacity, T, R);
+  int64_t pulls = 0;
   for (int s = 0; s < R; ++s) {
     for (int64_t t = 0; t < T; ++t) {
+      bool pulled = false;
       for (int k = 0; k < K; ++k) {
         int32_t g = ids_R[s][t * K + k];
         int32_t row = -1;
         if (g >= 0) {
           int64_t r = next[static_cast<size_t>(s) * Eg + g]++;
           row = static_cast<int32_t>(r);
-          if (g / E == self && r < capacity) out.recv_src_M[r] = encode_src(s, t, k, T, K);
+          if (g / E == self) {
+            if (r < capacity) out.recv_src_M[r] = encode_src(s, t, k, T, K);
+            if (!pulled && pulls < pull_cap) {
+              out.pull_src_P[pulls] = encode_pull(s, t, T);
+              for (int j = 0; j < K; ++j) out.pull_rows_PK[pulls * K + j] = -1;
+            }
+            if (pulls < pull_cap && r < capacity) out.pull_rows_PK[pulls * K + k] = row;
+            pulled = true;
+          }
         }
         if (s == self) out.route_row_TK[t * K + k] = row;
       }
+      if (pulled) ++pulls;
     }
   }
   int64_t max_rows = *std::max_element(recv.begin(), recv.end());
   out.header[kLayoutRows] = static_cast<int32_t>(recv[self]);
   out.header[kLayoutMaxRows] = static_cast<int32_t>(max_rows);
+  out.header[kLayoutPulls] = static_cast<int32_t>(pulls);
   return recv[self];
 }
 

@@ -10,6 +10,12 @@
 //
 // A token that picks two experts of one rank gets one row per route. The CUDA route kernels must
 // reproduce build_layout_reference() bitwise.
+//
+// Pulls: dispatch reads each source row once per receiver. A pull is one (source rank s, token t)
+// with at least one route to this rank; pulls are numbered in (s, t) order, and pull p feeds the
+// rows pull_rows_PK[p][k] (one per route k of the token to this rank, -1 for the others), so the
+// K routes of a token that land on one rank cross NVLink once and fan out locally. P <= M, and
+// P <= R*T; arrays hold P_cap = min(capacity rows, R*T) pulls.
 #pragma once
 
 #include <cstdint>
@@ -63,7 +69,15 @@ enum LayoutHeaderField : int {
   kLayoutLive = 2,     // this rank's live rows
   kLayoutSkip = 3,     // 1: the step is skipped (an error on some rank); later stages do nothing
   kLayoutMaxRows = 4,  // max over ranks of received rows
+  kLayoutPulls = 5,    // P: distinct (source rank, token) with a route to this rank (0 when M = 0)
 };
+
+// Pull capacity of a layout with room for `rows` received rows: each pull feeds >= 1 row.
+EPMOE_HD int64_t pull_capacity(int64_t rows, int64_t T, int R) {
+  return rows < R * T ? rows : R * T;
+}
+// (source rank, token) of a pull, packed in one int32 (R*T < 2^31 since R*T*K is).
+EPMOE_HD int32_t encode_pull(int rank, int64_t t, int64_t T) { return static_cast<int32_t>(rank * T + t); }
 
 struct LayoutView {
   int32_t* header = nullptr;             // [kLayoutHeaderInts]
@@ -71,10 +85,12 @@ struct LayoutView {
   int32_t* recv_rows_R = nullptr;        // [R]: rows each rank receives (all ranks know all)
   int32_t* recv_src_M = nullptr;         // [capacity]: encode_src() of each received row
   int32_t* route_row_TK = nullptr;       // [T * K]: row of this rank's route in its receiver, -1
+  int32_t* pull_src_P = nullptr;         // [P_cap]: encode_pull() of each pull
+  int32_t* pull_rows_PK = nullptr;       // [P_cap, K]: row fed by route k of the pull, -1 = none
 };
 
 struct LayoutBytes {
-  int64_t header, expert_offsets, recv_rows, recv_src, route_row, total;
+  int64_t header, expert_offsets, recv_rows, recv_src, route_row, pull_src, pull_rows, total;
 };
 // Bytes of one layer's layout when it has room for `rows` received rows.
 EPMOE_HD LayoutBytes layout_bytes(int64_t rows, int64_t T, int K, int E, int R) {
@@ -84,14 +100,19 @@ EPMOE_HD LayoutBytes layout_bytes(int64_t rows, int64_t T, int K, int E, int R) 
   b.recv_rows = align_bytes(static_cast<int64_t>(R) * 4);
   b.recv_src = align_bytes(rows * 4);
   b.route_row = align_bytes(T * K * 4);
-  b.total = b.header + b.expert_offsets + b.recv_rows + b.recv_src + b.route_row;
+  const int64_t pulls = pull_capacity(rows, T, R);
+  b.pull_src = align_bytes(pulls * 4);
+  b.pull_rows = align_bytes(pulls * K * 4);
+  b.total = b.header + b.expert_offsets + b.recv_rows + b.recv_src + b.route_row + b.pull_src +
+            b.pull_rows;
   return b;
 }
 // Carves a LayoutView out of `base` (layout_bytes(rows, ...).total bytes).
 LayoutView carve_layout(void* base, int64_t rows, int64_t T, int K, int E, int R);
 
 // Reference builder (host). ids_R[s] points at rank s's published ids [T, K] (T = Config T).
-// Fills `out` for receiver `self` (recv_src_M up to min(rows, capacity) entries) and returns M.
+// Fills `out` for receiver `self` (recv_src_M up to min(rows, capacity) entries, pulls up to
+// pull_capacity(capacity, T, R), rows of pulls below capacity) and returns M.
 // header[kLayoutSkip] is left to the caller.
 int64_t build_layout_reference(const int32_t* const* ids_R, int64_t T, int K, int E, int R,
                                int self, int64_t capacity, const LayoutView& out);

@@ -173,7 +173,7 @@ MemoryPlan plan_memory(const Config& config, int ep_size) {
   // ---- scratch (Context: route scratch, then the call scratch) ----
   const bool unfused = !c.fuse_epilogues;
   const CallScratchLayout call = call_scratch_layout(d, M, unfused);
-  p.route_scratch_bytes = route_scratch_layout(d).total;
+  p.route_scratch_bytes = route_scratch_layout(d, M).total;
   // The forward touches layout..h (recompute mode) and, unfused, rows_MD; the backward all of it.
   p.forward_scratch_bytes = call.grad_h3 + (unfused ? align_bytes(M * D * 2) : 0);
   p.backward_scratch_bytes = call.total;
@@ -213,6 +213,12 @@ std::string MemoryPlan::explain() const {
 
   line("  saved per layer:");
   line("    routing metadata (layout at capacity rows): " + bytes_text(routing_metadata_bytes));
+  {
+    const LayoutBytes lb = layout_bytes(recv_capacity_rows, tokens, top_k, experts_local, ep_size);
+    line("      of which pulls (one read per source token, " +
+         thousands(pull_capacity(recv_capacity_rows, tokens, ep_size)) + " x (source + K rows)): " +
+         bytes_text(lb.pull_src + lb.pull_rows));
+  }
   line("    input only (recompute) x [T,D]: " + bytes_text(saved_input_bytes_per_layer));
   line("    full save at balanced rows: " + bytes_text(saved_full_bytes_balanced));
   line("    full save at capacity rows: " + bytes_text(saved_full_bytes_capacity));
@@ -241,6 +247,12 @@ std::string MemoryPlan::explain() const {
 
   line("  scratch: " + bytes_text(scratch_bytes) + " = route " + bytes_text(route_scratch_bytes) +
        " + call " + bytes_text(backward_scratch_bytes));
+  {
+    const Dims d{tokens, hidden, intermediate, top_k, experts_local, ep_size};
+    const RouteScratchLayout rl = route_scratch_layout(d, recv_capacity_rows);
+    line("    route: of which pull numbering " + bytes_text(rl.arrivals - rl.pull_of_token) +
+         ", dispatch arrival counters (per 128 rows) " + bytes_text(rl.total - rl.arrivals));
+  }
   line("    forward (recompute mode): " + bytes_text(forward_scratch_bytes) +
        "; backward: " + bytes_text(backward_scratch_bytes));
   line("  status word: " + bytes_text(status_bytes));

@@ -33,19 +33,29 @@ inline SavedFullLayout saved_full_layout(const Dims& d, int64_t M) {
 inline int64_t saved_input_bytes(const Dims& d) { return align_bytes(d.T * d.D * 2); }
 
 // Route scratch: all ranks' ids gathered [R, T*K] i32, counts [R, E*R] i32, per-chunk histograms
-// [R, C, E*R] i32 with C = ceil(T*K / kRouteChunkRoutes).
+// [R, C, E*R] i32 with C = ceil(T*K / kRouteChunkRoutes); for the pulls (core/layout.h) the pull
+// of each (source rank, token) [R, T] i32 and the pulls per token chunk [R, ceil(T /
+// kPullChunkTokens)] i32; the dispatch arrival counters [ceil(M / kArrivalBlockRows)] u32 (rows
+// of each 128-row block of the received rows that dispatch has stored; route zeroes them).
 constexpr int64_t kRouteChunkRoutes = 2048;
+constexpr int64_t kPullChunkTokens = 1024;
+constexpr int64_t kArrivalBlockRows = 128;
 struct RouteScratchLayout {
-  int64_t ids_all, counts, chunk_counts, total;
+  int64_t ids_all, counts, chunk_counts, pull_of_token, pull_counts, arrivals, total;
 };
-inline RouteScratchLayout route_scratch_layout(const Dims& d) {
+inline int64_t arrival_blocks(int64_t M) { return (M + kArrivalBlockRows - 1) / kArrivalBlockRows; }
+inline RouteScratchLayout route_scratch_layout(const Dims& d, int64_t M) {
   const int64_t Eg = static_cast<int64_t>(d.E) * d.R;
   const int64_t chunks = (d.T * d.K + kRouteChunkRoutes - 1) / kRouteChunkRoutes;
+  const int64_t token_chunks = (d.T + kPullChunkTokens - 1) / kPullChunkTokens;
   RouteScratchLayout l;
   l.ids_all = 0;
   l.counts = l.ids_all + align_bytes(d.R * d.T * d.K * 4);
   l.chunk_counts = l.counts + align_bytes(d.R * Eg * 4);
-  l.total = l.chunk_counts + align_bytes(d.R * chunks * Eg * 4);
+  l.pull_of_token = l.chunk_counts + align_bytes(d.R * chunks * Eg * 4);
+  l.pull_counts = l.pull_of_token + align_bytes(d.R * d.T * 4);
+  l.arrivals = l.pull_counts + align_bytes(d.R * token_chunks * 4);
+  l.total = l.arrivals + align_bytes(arrival_blocks(M) * 4);
   return l;
 }
 

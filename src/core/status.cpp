@@ -13,6 +13,7 @@ const char* to_string(StatusCode code) {
     case StatusCode::token_count_mismatch: return "token count mismatch";
     case StatusCode::slot_overflow: return "activation slot overflow";
     case StatusCode::barrier_timeout: return "barrier timeout";
+    case StatusCode::arrival_timeout: return "dispatch arrival timeout";
   }
   return "unknown status";
 }
@@ -71,6 +72,11 @@ std::string Status::to_string() const {
       os << ": expected at most " << available << " bytes in the slot, needed " << required;
       break;
     case StatusCode::barrier_timeout: break;  // above
+    case StatusCode::arrival_timeout:
+      os << ": the W13 GEMM expected " << required << " received rows in 128-row block " << index
+         << " within Config.barrier_timeout_ms, saw " << available
+         << " (dispatch did not store them; Config.arrival_gated_w13 = false runs staged)";
+      break;
   }
   return os.str();
 }

@@ -21,7 +21,8 @@ void throw_status(const Status& st) {
     case StatusCode::token_count_mismatch: kind = ErrorKind::invalid_routing; break;
     case StatusCode::non_finite_input: kind = ErrorKind::non_finite_input; break;
     case StatusCode::slot_overflow: kind = ErrorKind::slot_overflow; break;
-    case StatusCode::barrier_timeout: kind = ErrorKind::timeout; break;
+    case StatusCode::barrier_timeout:
+    case StatusCode::arrival_timeout: kind = ErrorKind::timeout; break;
     case StatusCode::ok: break;
   }
   detail::throw_error(kind, to_string(static_cast<StatusArg>(st.arg)), st.to_string(), __FILE__,

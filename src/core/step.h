@@ -23,6 +23,8 @@ struct Step {
   int64_t sequence = 0;       // call number (same on every rank)
   bool check_inputs = true;
   bool trap_on_overflow = false;
+  bool arrival_gated_w13 = false;  // CUDA: W13 starts on rows as dispatch stores them (PDL)
+  int barrier_timeout_ms = 30000;  // budget of in-step waits (W13 on dispatch arrivals)
   void* stream = nullptr;     // cudaStream_t (CUDA)
 
   // ---- inputs of this rank ----
@@ -66,5 +68,12 @@ struct Step {
 
   Status* status = nullptr;
 };
+
+// Dispatch arrival counters [arrival_blocks(capacity)] in the route scratch: route zeroes them,
+// dispatch counts the rows it stored per 128-row block, an arrival-gated W13 waits on them.
+inline uint32_t* arrivals_B(const Step& s) {
+  return reinterpret_cast<uint32_t*>(s.route_scratch +
+                                     route_scratch_layout(s.dims, s.capacity_rows).arrivals);
+}
 
 }  // namespace epmoe

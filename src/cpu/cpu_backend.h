@@ -64,6 +64,13 @@ inline bool skipped(const Step& s) { return s.layout.header[kLayoutSkip] != 0; }
 inline int64_t received_rows(const Step& s) { return s.layout.header[kLayoutRows]; }
 inline int64_t live_rows(const Step& s) { return s.layout.header[kLayoutLive]; }
 
+// Pulls of this rank's layout (core/layout.h), clamped to the arrays.
+inline int64_t pull_count(const Step& s) {
+  const int64_t p = s.layout.header[kLayoutPulls];
+  const int64_t cap = pull_capacity(s.capacity_rows, s.dims.T, s.dims.R);
+  return p < cap ? p : cap;
+}
+
 // Where received row m came from, and the owner's combine slot it returns to.
 struct RowSource {
   int rank;

@@ -113,15 +113,24 @@ void CpuBackend::grad_scores(const Step& s) {
   }
 }
 
+// One read of each pulled grad_y row; every local row it feeds is scaled by its own route's score.
 void CpuBackend::gather_grad(const Step& s) {
   if (skipped(s)) return;
-  const int64_t D = s.dims.D;
-  for (int64_t m = 0; m < received_rows(s); ++m) {
-    const RowSource src = row_source(s, m);
-    const float score = routing_view(s, src.rank).scores_TK[src.slot];
-    const bf16_t* g = s.dispatch_R[src.rank] + src.token * D;
-    bf16_t* out = s.grad_h3_MD + m * D;
-    for (int64_t d = 0; d < D; ++d) out[d] = float_to_bf16(score * bf16_to_float(g[d]));
+  const int64_t D = s.dims.D, T = s.dims.T;
+  const int K = s.dims.K;
+  for (int64_t p = 0; p < pull_count(s); ++p) {
+    const int32_t src = s.layout.pull_src_P[p];
+    const int rank = static_cast<int>(src / T);
+    const int64_t t = src % T;
+    const bf16_t* g = s.dispatch_R[rank] + t * D;
+    const float* scores_TK = routing_view(s, rank).scores_TK;
+    for (int k = 0; k < K; ++k) {
+      const int32_t m = s.layout.pull_rows_PK[p * K + k];
+      if (m < 0) continue;
+      const float score = scores_TK[t * K + k];
+      bf16_t* out = s.grad_h3_MD + m * D;
+      for (int64_t d = 0; d < D; ++d) out[d] = float_to_bf16(score * bf16_to_float(g[d]));
+    }
   }
 }
 

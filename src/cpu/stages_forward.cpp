@@ -1,5 +1,6 @@
 // CPU reference stages of the forward: publish, route, dispatch, W13 (+SwiGLU), W2 (+scatter),
 // reduce. Each stage after route does nothing (reduce: writes zeros) when the step is skipped.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -100,6 +101,7 @@ void CpuBackend::route(const Step& s) {
   const int R = s.dims.R;
   const LayoutView& L = s.layout;
   for (int i = 0; i < kLayoutHeaderInts; ++i) L.header[i] = 0;
+  std::fill_n(arrivals_B(s), arrival_blocks(s.capacity_rows), 0u);
   L.header[kLayoutTokens] = static_cast<int32_t>(s.tokens);
   L.header[kLayoutLive] = routing_view(s, s.rank).header->live;
 
@@ -146,13 +148,22 @@ void CpuBackend::route(const Step& s) {
   }
 }
 
+// One read of each pulled source row, copied to every local row it feeds; the arrival counters
+// count the rows stored per 128-row block (the CUDA dispatch releases the same counts).
 void CpuBackend::dispatch(const Step& s) {
   if (skipped(s)) return;
-  const int64_t D = s.dims.D;
-  for (int64_t m = 0; m < received_rows(s); ++m) {
-    const RowSource src = row_source(s, m);
-    std::memcpy(s.x_gathered_MD + m * D, s.dispatch_R[src.rank] + src.token * D,
-                static_cast<size_t>(D) * 2);
+  const int64_t D = s.dims.D, T = s.dims.T;
+  const int K = s.dims.K;
+  uint32_t* arrived_B = arrivals_B(s);
+  for (int64_t p = 0; p < pull_count(s); ++p) {
+    const int32_t src = s.layout.pull_src_P[p];
+    const bf16_t* row_D = s.dispatch_R[src / T] + (src % T) * D;
+    for (int k = 0; k < K; ++k) {
+      const int32_t m = s.layout.pull_rows_PK[p * K + k];
+      if (m < 0) continue;
+      std::memcpy(s.x_gathered_MD + m * D, row_D, static_cast<size_t>(D) * 2);
+      ++arrived_B[m / kArrivalBlockRows];
+    }
   }
 }
 

@@ -1,6 +1,8 @@
-// dispatch and gather_grad: one 16-byte vector per thread-iteration of a grid-stride loop over the
-// [capacity, D/8] vectors of the received rows; rows m >= M (device count) do nothing. Source rows
-// are read through the peer table with .cg loads (written by their owner before the barrier).
+// dispatch and gather_grad: one warp per pull (core/layout.h) of a grid-stride loop over the P
+// pulls. The warp reads the source row once through the peer table (.cg 16-byte vectors; written
+// by its owner before the barrier) and stores it to every local row of the pull, so a token whose
+// K routes land on this rank crosses NVLink once. dispatch then releases the rows it stored on the
+// per-128-row arrival counters, which an arrival-gated W13 acquires (gemm/arrival_gate.cuh).
 #include "cuda/dispatch.h"
 
 #include "cuda/kernel_common.cuh"
@@ -8,66 +10,113 @@
 namespace epmoe::cuda {
 namespace {
 
-struct GatherParams {
-  char* const* routing_R;          // [R] routing buffers: header | ids [T, K] i32 | scores [T, K] f32
-  bf16_t* const* dispatch_R;       // [R] dispatch buffers [T, D] bf16
-  const int32_t* header;           // layout header
-  const int32_t* recv_src_M;       // [capacity] encode_src of each received row
-  bf16_t* out_MD;                  // [capacity, D] bf16
-  int64_t T, D, capacity, scores_offset;
+constexpr int kBatch = 4;  // row vectors a lane loads before it stores them (loads in flight)
+
+struct PullParams {
+  char* const* routing_R;        // [R] routing buffers: header | ids [T, K] i32 | scores [T, K] f32
+  bf16_t* const* dispatch_R;     // [R] dispatch buffers [T, D] bf16
+  const int32_t* header;         // layout header
+  const int32_t* pull_src_P;     // [pull capacity] encode_pull of each pull
+  const int32_t* pull_rows_PK;   // [pull capacity, K] local row of each route, -1 = none
+  bf16_t* out_MD;                // [capacity, D] bf16
+  uint32_t* arrivals_B;          // [ceil(capacity / 128)] arrival counters; nullptr: not counted
+  int64_t T, D, pull_capacity, scores_offset;
   int K;
 };
 
-// kScale: gather_grad (row scaled by the owner's score of the route), otherwise a plain copy.
+__device__ __forceinline__ void release_add(uint32_t* counter, uint32_t v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(counter), "r"(v) : "memory");
+}
+
+// kScale: gather_grad (each row scaled by its own route's score), otherwise a plain copy.
 template <bool kScale>
-__global__ void __launch_bounds__(kThreads) gather_rows_kernel(const GatherParams p) {
+__global__ void __launch_bounds__(kThreads) pull_rows_kernel(const PullParams p) {
+  // A programmatically dependent W13 may launch once every CTA of this grid has started: it waits
+  // on the arrival counters, never on this grid's end, and these CTAs are all resident by then.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   if (layout_skip(p.header)) return;
-  const int64_t M = layout_rows(p.header, p.capacity);
-  const int64_t vecs_per_row = p.D / kVec;
-  const int64_t total = M * vecs_per_row;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < total; j += stride) {
-    const int64_t m = j / vecs_per_row;
-    const int64_t col = (j % vecs_per_row) * kVec;
-    const int32_t src = p.recv_src_M[m];
-    const int r = src_rank(src, p.T, p.K);
-    const int64_t slot = src_slot(src, p.T, p.K);  // t*K + k
-    const int64_t t = slot / p.K;
-    const uint4 u = load_vec_cg(p.dispatch_R[r] + t * p.D + col);  // [T, D] of rank r, row t
+  const int64_t pulls = p.header[kLayoutPulls];
+  const int64_t P = pulls < 0 ? 0 : (pulls < p.pull_capacity ? pulls : p.pull_capacity);
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  const int64_t vecs = p.D / kVec;
+  for (int64_t pull = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; pull < P;
+       pull += warps) {
+    const int32_t src = p.pull_src_P[pull];
+    const int r = static_cast<int>(src / p.T);
+    const int64_t t = src % p.T;
+    const bf16_t* row_D = p.dispatch_R[r] + t * p.D;          // [D] of rank r, token t (peer)
+    const int32_t* rows_K = p.pull_rows_PK + pull * p.K;      // [K]
+    const float* scores_K = nullptr;                          // [K] the token's scores (peer)
     if constexpr (kScale) {
-      const float* scores_TK = reinterpret_cast<const float*>(p.routing_R[r] + p.scores_offset);  // [T, K]
-      const float score = __ldcg(scores_TK + slot);
-      Bf16x8 v = unpack8(u);
+      scores_K = reinterpret_cast<const float*>(p.routing_R[r] + p.scores_offset) + t * p.K;
+    }
+    for (int64_t v0 = lane; v0 < vecs; v0 += 32 * kBatch) {
+      uint4 u[kBatch];
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) v.v[e] = __fmul_rn(score, v.v[e]);
-      store_vec(p.out_MD + m * p.D + col, pack8(v));
-    } else {
-      store_vec(p.out_MD + m * p.D + col, u);
+      for (int b = 0; b < kBatch; ++b) {
+        const int64_t v = v0 + 32 * b;
+        if (v < vecs) u[b] = load_vec_cg(row_D + v * kVec);
+      }
+      for (int k = 0; k < p.K; ++k) {
+        const int64_t m = rows_K[k];
+        if (m < 0) continue;
+        bf16_t* out_D = p.out_MD + m * p.D;  // [D] local row m
+        float score = 0.0f;
+        if constexpr (kScale) score = __ldcg(scores_K + k);
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+          const int64_t v = v0 + 32 * b;
+          if (v >= vecs) continue;
+          if constexpr (kScale) {
+            Bf16x8 x = unpack8(u[b]);
+#pragma unroll
+            for (int e = 0; e < kVec; ++e) x.v[e] = __fmul_rn(score, x.v[e]);
+            store_vec(out_D + v * kVec, pack8(x));
+          } else {
+            store_vec(out_D + v * kVec, u[b]);
+          }
+        }
+      }
+    }
+    if (p.arrivals_B != nullptr) {
+      // Every lane's stores are ordered before the barrier; the releasing lanes publish them
+      // (cumulativity) to the W13 producer's acquire load.
+      __threadfence();
+      __syncwarp();
+      for (int k = lane; k < p.K; k += 32) {
+        const int32_t m = rows_K[k];
+        if (m >= 0) release_add(p.arrivals_B + m / kArrivalBlockRows, 1u);
+      }
     }
   }
 }
 
 template <bool kScale>
-void launch_gather(const Step& s, bf16_t* out_MD) {
-  GatherParams p{};
+void launch_pulls(const Step& s, bf16_t* out_MD, uint32_t* arrivals) {
+  PullParams p{};
   p.routing_R = s.routing_R;
   p.dispatch_R = s.dispatch_R;
   p.header = s.layout.header;
-  p.recv_src_M = s.layout.recv_src_M;
+  p.pull_src_P = s.layout.pull_src_P;
+  p.pull_rows_PK = s.layout.pull_rows_PK;
   p.out_MD = out_MD;
+  p.arrivals_B = arrivals;
   p.T = s.dims.T;
   p.D = s.dims.D;
-  p.capacity = s.capacity_rows;
+  p.pull_capacity = pull_capacity(s.capacity_rows, s.dims.T, s.dims.R);
   p.scores_offset = routing_buffer_layout(s.dims.T, s.dims.K).scores_offset;
   p.K = s.dims.K;
-  const int64_t items = s.capacity_rows * (s.dims.D / kVec);
-  gather_rows_kernel<kScale><<<grid_for(items, kThreads), kThreads, 0, static_cast<cudaStream_t>(s.stream)>>>(p);
+  // One warp per pull; at most a persistent grid (kBlocksPerSm per SM, all resident at once).
+  const int64_t threads = p.pull_capacity * 32;
+  pull_rows_kernel<kScale>
+      <<<grid_for(threads, kThreads), kThreads, 0, static_cast<cudaStream_t>(s.stream)>>>(p);
   EPMOE_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace
 
-void dispatch(const Step& s) { launch_gather<false>(s, s.x_gathered_MD); }
-void gather_grad(const Step& s) { launch_gather<true>(s, s.grad_h3_MD); }
+void dispatch(const Step& s) { launch_pulls<false>(s, s.x_gathered_MD, arrivals_B(s)); }
+void gather_grad(const Step& s) { launch_pulls<true>(s, s.grad_h3_MD, nullptr); }
 
 }  // namespace epmoe::cuda

@@ -1,12 +1,14 @@
 // dispatch / gather_grad: pull the rows of received routes from their owners' dispatch buffers
-// into this rank's expert-grouped [M, D] buffer. Launchers only (no CUDA types).
+// into this rank's expert-grouped [M, D] buffer, one read per (source rank, token) fanned out to
+// the token's local rows (the layout's pulls). Launchers only (no CUDA types).
 #pragma once
 
 #include "core/step.h"
 
 namespace epmoe::cuda {
 
-// x_gathered[m] = dispatch_R[src rank][t] for m < M.
+// x_gathered[m] = dispatch_R[src rank][t] for m < M; counts the stored rows per 128-row block in
+// arrivals_B(s) (release) and lets a programmatically dependent launch (W13) start at once.
 void dispatch(const Step& s);
 // grad_h3[m] = bf16(score[t,k] * grad_y[t]) for m < M, score from the owner's routing buffer
 // (f32) and grad_y from its dispatch buffer.

@@ -12,8 +12,14 @@
 //      walks its routes 32 at a time in order, ranking equal ids with __match_any_sync. Positions
 //      come from counts alone, never from atomic order: the result is deterministic and equals
 //      the sequential walk of build_layout_reference().
+//   Pulls (core/layout.h), around the prefix: route_pull_count_kernel, grid (token chunks, R),
+//   counts the tokens of each chunk with a route to this rank (and zeroes the dispatch arrival
+//   counters); route_pull_list_kernel numbers them in (s, t) order (earlier chunks' counts + a
+//   block scan), writes each pull's source and -1 in its K row slots, and the pull count into the
+//   header; route_rank_kernel then writes the row of each route to this rank into its pull's slot.
 #include "cuda/route.h"
 
+#include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
 #include "cuda/kernel_common.cuh"
@@ -26,6 +32,8 @@ constexpr int kPrefixThreads = 1024;
 constexpr int kRankWarps = 8;
 constexpr int kRankThreads = kRankWarps * 32;
 constexpr int64_t kRoutesPerWarp = kRouteChunkRoutes / kRankWarps;
+constexpr int kPullThreads = static_cast<int>(kPullChunkTokens);  // one token per thread
+static_assert(kPullThreads == 1024, "a pull chunk is one CTA of 1024 tokens");
 static_assert(kRouteChunkRoutes % (kRankWarps * 32) == 0, "a warp's sub-range is whole warps of routes");
 
 struct RouteParams {
@@ -33,14 +41,73 @@ struct RouteParams {
   int32_t* ids_all_RTK;    // [R, T*K] i32: every rank's ids (scratch)
   int32_t* counts_RG;      // [R, Eg] i32: routes of source s to global expert g
   int32_t* chunk_RCG;      // [R, C, Eg] i32: chunk histograms, then each chunk's first row per (s, g)
+  int32_t* pull_of_token_RT;  // [R, T] i32: pull of (s, t), -1 without a route to this rank
+  int32_t* pull_counts_RC;    // [R, token chunks] i32: tokens of each chunk with a route here
+  uint32_t* arrivals_B;       // [arrival blocks] u32: dispatch arrival counters (zeroed here)
   LayoutView layout;       // this rank's layout (header, offsets [E+1], recv rows [R], src [cap], row [T*K])
   Status* status;          // [1] status word
   int64_t T;               // Config T
   int64_t tokens;          // this rank's T'
   int64_t capacity;        // receive rows per rank
   int64_t ids_offset;      // bytes of the ids in a routing buffer
-  int K, E, R, Eg, chunks, self, trap_on_overflow;
+  int64_t pull_capacity;   // pulls the layout holds
+  int64_t arrival_blocks;  // entries of arrivals_B
+  int K, E, R, Eg, chunks, token_chunks, self, trap_on_overflow;
 };
+
+// Whether token t of source s has a route to this rank.
+__device__ __forceinline__ bool routes_here(const RouteParams& p, int s, int64_t t) {
+  const int32_t* ids_K = p.ids_all_RTK + (static_cast<int64_t>(s) * p.T + t) * p.K;  // [K]
+  bool here = false;
+  for (int k = 0; k < p.K; ++k) {
+    const int32_t g = ids_K[k];
+    here = here || (g >= 0 && g / p.E == p.self);
+  }
+  return here;
+}
+
+__global__ void __launch_bounds__(kPullThreads) route_pull_count_kernel(const RouteParams p) {
+  const int c = static_cast<int>(blockIdx.x);
+  const int s = static_cast<int>(blockIdx.y);
+  const int64_t block = static_cast<int64_t>(s) * gridDim.x + c;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * gridDim.y * kPullThreads;
+  for (int64_t j = block * kPullThreads + threadIdx.x; j < p.arrival_blocks; j += stride) {
+    p.arrivals_B[j] = 0u;
+  }
+  const int64_t t = static_cast<int64_t>(c) * kPullChunkTokens + threadIdx.x;
+  const int n = __syncthreads_count(t < p.T && routes_here(p, s, t));
+  if (threadIdx.x == 0) p.pull_counts_RC[static_cast<int64_t>(s) * p.token_chunks + c] = n;
+}
+
+__global__ void __launch_bounds__(kPullThreads) route_pull_list_kernel(const RouteParams p) {
+  using BlockScan = cub::BlockScan<int32_t, kPullThreads>;
+  using BlockReduce = cub::BlockReduce<int32_t, kPullThreads>;
+  __shared__ typename BlockScan::TempStorage scan_storage;
+  __shared__ typename BlockReduce::TempStorage reduce_storage;
+  __shared__ int32_t first_pull;
+  const int c = static_cast<int>(blockIdx.x);
+  const int s = static_cast<int>(blockIdx.y);
+  const int64_t chunk = static_cast<int64_t>(s) * p.token_chunks + c;  // (s, c) in (s, t) order
+  int32_t before = 0;
+  for (int64_t j = threadIdx.x; j < chunk; j += kPullThreads) before += p.pull_counts_RC[j];
+  before = BlockReduce(reduce_storage).Sum(before);
+  if (threadIdx.x == 0) first_pull = before;
+  const int64_t t = static_cast<int64_t>(c) * kPullChunkTokens + threadIdx.x;
+  const bool here = t < p.T && routes_here(p, s, t);
+  int32_t rank_in_chunk = 0, in_chunk = 0;
+  BlockScan(scan_storage).ExclusiveSum(here ? 1 : 0, rank_in_chunk, in_chunk);
+  __syncthreads();
+  const int32_t pull = first_pull + rank_in_chunk;
+  if (t < p.T) p.pull_of_token_RT[static_cast<int64_t>(s) * p.T + t] = here ? pull : -1;
+  if (here && pull < p.pull_capacity) {
+    p.layout.pull_src_P[pull] = encode_pull(s, t, p.T);
+    for (int k = 0; k < p.K; ++k) p.layout.pull_rows_PK[static_cast<int64_t>(pull) * p.K + k] = -1;
+  }
+  // The last chunk knows P. A layout without rows (none received, or an input error) has none.
+  if (threadIdx.x == 0 && s == p.R - 1 && c == p.token_chunks - 1) {
+    p.layout.header[kLayoutPulls] = p.layout.header[kLayoutRows] == 0 ? 0 : first_pull + in_chunk;
+  }
+}
 
 __global__ void __launch_bounds__(kHistogramThreads) route_histogram_kernel(const RouteParams p) {
   extern __shared__ int32_t hist_G[];  // [Eg]
@@ -237,6 +304,8 @@ __global__ void __launch_bounds__(kRankThreads) route_rank_kernel(const RoutePar
     if (s == p.self) p.layout.route_row_TK[i] = row;
     if (g >= 0 && g / p.E == p.self && row < p.capacity) {
       p.layout.recv_src_M[row] = encode_src(s, i / p.K, static_cast<int>(i % p.K), p.T, p.K);
+      const int32_t pull = p.pull_of_token_RT[static_cast<int64_t>(s) * p.T + i / p.K];
+      if (pull < p.pull_capacity) p.layout.pull_rows_PK[static_cast<int64_t>(pull) * p.K + i % p.K] = row;
     }
   }
 }
@@ -247,12 +316,17 @@ void route(const Step& s) {
   const Dims& d = s.dims;
   const int Eg = d.E * d.R;
   EPMOE_ASSERT(Eg >= 1 && Eg <= kMaxGlobalExperts);
-  const RouteScratchLayout sl = route_scratch_layout(d);
+  const RouteScratchLayout sl = route_scratch_layout(d, s.capacity_rows);
   RouteParams p{};
   p.routing_R = s.routing_R;
   p.ids_all_RTK = reinterpret_cast<int32_t*>(s.route_scratch + sl.ids_all);
   p.counts_RG = reinterpret_cast<int32_t*>(s.route_scratch + sl.counts);
   p.chunk_RCG = reinterpret_cast<int32_t*>(s.route_scratch + sl.chunk_counts);
+  p.pull_of_token_RT = reinterpret_cast<int32_t*>(s.route_scratch + sl.pull_of_token);
+  p.pull_counts_RC = reinterpret_cast<int32_t*>(s.route_scratch + sl.pull_counts);
+  p.arrivals_B = reinterpret_cast<uint32_t*>(s.route_scratch + sl.arrivals);
+  p.pull_capacity = pull_capacity(s.capacity_rows, d.T, d.R);
+  p.arrival_blocks = arrival_blocks(s.capacity_rows);
   p.layout = s.layout;
   p.status = s.status;
   p.T = d.T;
@@ -264,6 +338,7 @@ void route(const Step& s) {
   p.R = d.R;
   p.Eg = Eg;
   p.chunks = static_cast<int>((d.T * d.K + kRouteChunkRoutes - 1) / kRouteChunkRoutes);
+  p.token_chunks = static_cast<int>((d.T + kPullChunkTokens - 1) / kPullChunkTokens);
   p.self = s.rank;
   p.trap_on_overflow = s.trap_on_overflow ? 1 : 0;
 
@@ -272,8 +347,13 @@ void route(const Step& s) {
   const size_t hist_bytes = static_cast<size_t>(Eg) * sizeof(int32_t);
   route_histogram_kernel<<<chunk_grid, kHistogramThreads, hist_bytes, stream>>>(p);
   EPMOE_CUDA_LAUNCH_CHECK();
+  const dim3 token_grid(static_cast<unsigned>(p.token_chunks), static_cast<unsigned>(d.R));
+  route_pull_count_kernel<<<token_grid, kPullThreads, 0, stream>>>(p);
+  EPMOE_CUDA_LAUNCH_CHECK();
   const size_t scan_bytes = static_cast<size_t>(Eg + 1) * sizeof(int32_t);
   route_prefix_kernel<<<1, kPrefixThreads, scan_bytes, stream>>>(p);
+  EPMOE_CUDA_LAUNCH_CHECK();
+  route_pull_list_kernel<<<token_grid, kPullThreads, 0, stream>>>(p);  // after the header reset
   EPMOE_CUDA_LAUNCH_CHECK();
   const size_t rank_bytes = static_cast<size_t>(kRankWarps) * Eg * sizeof(int32_t);
   if (rank_bytes > 48 * 1024) {

@@ -30,6 +30,7 @@ Config Problem::config() const {
   f.wgrad_dtype = wgrad_dtype;
   f.barrier_timeout_ms = barrier_timeout_ms;
   f.fuse_epilogues = fused;
+  f.arrival_gated_w13 = arrival_gated_w13;
   return Config(f);
 }
 
@@ -38,7 +39,7 @@ std::string Problem::name() const {
   os << "R=" << ranks << " T=" << max_tokens << " D=" << hidden << " F=" << intermediate
      << " K=" << top_k << " experts=" << experts
      << (act.kind == ActivationKind::swiglu_clamped ? " clamped" : " swiglu")
-     << (fused ? " fused" : " unfused") << " wgrad=" << epmoe::to_string(wgrad_dtype);
+     << (fused ? " fused" : " unfused") << (arrival_gated_w13 ? "" : " staged") << " wgrad=" << epmoe::to_string(wgrad_dtype);
   return os.str();
 }
 

@@ -226,6 +226,7 @@ TEST(Config, ToStringListsEveryField) {
   f.wgrad_dtype = DType::f32;
   f.overflow = OverflowPolicy::trap;
   f.fuse_epilogues = false;
+  f.arrival_gated_w13 = false;
   const std::string s = Config(f).to_string();
   EXPECT_EQ(s.find('\n'), std::string::npos) << s;
   for (const char* part :
@@ -233,7 +234,8 @@ TEST(Config, ToStringListsEveryField) {
         "num_experts=8", "activation=swiglu_clamped(alpha=1.702, limit=7)", "precision=bf16",
         "capacity_factor=1.25", "num_slots=3", "max_layers_per_slot=4", "slot_bytes=unset",
         "slot_capacity_factor=0.5", "overflow=trap", "wgrad_dtype=f32", "inference=false",
-        "check_inputs=true", "barrier_timeout_ms=30000", "fuse_epilogues=false"}) {
+        "check_inputs=true", "barrier_timeout_ms=30000", "fuse_epilogues=false",
+        "arrival_gated_w13=false"}) {
     EXPECT_NE(s.find(part), std::string::npos) << part << " missing in " << s;
   }
 }

@@ -10,6 +10,7 @@
 
 #include "core/backend.h"
 #include "core/layout.h"
+#include "core/plan_terms.h"
 #include "core/step.h"
 
 namespace epmoe {
@@ -139,6 +140,37 @@ TEST(Layout, RandomRoutingInvariants) {
           }
         }
       }
+      // Pulls: strictly increasing (s, t), each row m < M in exactly one pull at the slot of its
+      // route k, and P = distinct (s, t) with a route here (<= M).
+      const int64_t P = v.header[kLayoutPulls];
+      std::vector<int> seen(static_cast<size_t>(M), 0);
+      int64_t distinct = 0;
+      for (int s = 0; s < R; ++s) {
+        for (int64_t t = 0; t < T; ++t) {
+          bool here = false;
+          for (int k = 0; k < K; ++k) here = here || (ids[s][t * K + k] >= 0 && ids[s][t * K + k] / E == q);
+          distinct += here ? 1 : 0;
+        }
+      }
+      EXPECT_EQ(P, distinct) << "receiver " << q;
+      EXPECT_LE(P, M);
+      for (int64_t p = 0; p < P; ++p) {
+        const int32_t src = v.pull_src_P[p];
+        if (p > 0) {
+          EXPECT_LT(v.pull_src_P[p - 1], src) << "pull order";
+        }
+        int rows = 0;
+        for (int k = 0; k < K; ++k) {
+          const int32_t m = v.pull_rows_PK[p * K + k];
+          if (m < 0) continue;
+          ++rows;
+          ASSERT_LT(m, M);
+          ++seen[static_cast<size_t>(m)];
+          EXPECT_EQ(v.recv_src_M[m], encode_src(src / static_cast<int32_t>(T), src % T, k, T, K));
+        }
+        EXPECT_GE(rows, 1) << "a pull feeds at least one row";
+      }
+      for (int64_t m = 0; m < M; ++m) EXPECT_EQ(seen[static_cast<size_t>(m)], 1) << "row " << m;
     }
     EXPECT_EQ(total, active);
   }
@@ -171,6 +203,7 @@ struct StageRig {
       layout_mem.push_back(backend->allocate(layout_bytes(capacity, T_, K_, E_, R_).total));
       st.layout = carve_layout(layout_mem.back(), capacity, T_, K_, E_, R_);
       st.x_gathered_MD = static_cast<bf16_t*>(backend->allocate(capacity * D_ * 2));
+      st.route_scratch = static_cast<char*>(backend->allocate(route_scratch_layout(dims, capacity).total));
       st.status = static_cast<Status*>(backend->allocate(sizeof(Status)));
     }
   }
@@ -181,6 +214,7 @@ struct StageRig {
       backend->release(combine[r]);
       backend->release(layout_mem[r]);
       backend->release(steps[r].x_gathered_MD);
+      backend->release(steps[r].route_scratch);
       backend->release(steps[r].status);
     }
   }
@@ -239,6 +273,29 @@ TEST(LayoutStages, RankCodedRowsArriveInLayoutOrder) {
             << "receiver " << q << " row " << m << " column " << d;
       }
     }
+  }
+  // One read per (source rank, token): receiver 0 pulls (s0 t0) -> {2}, (s0 t1) -> {0, 3},
+  // (s1 t1) -> {4, 5}, (s1 t2) -> {1}: 4 reads for 6 routes; receiver 1 pulls (s0 t0) -> {0},
+  // (s0 t2) -> {2}, (s1 t0) -> {1, 3}: 3 reads for 4 routes.
+  const std::vector<std::vector<std::pair<int32_t, std::vector<int32_t>>>> pulls = {
+      {{encode_pull(0, 0, T), {2}}, {encode_pull(0, 1, T), {0, 3}}, {encode_pull(1, 1, T), {4, 5}},
+       {encode_pull(1, 2, T), {1}}},
+      {{encode_pull(0, 0, T), {0}}, {encode_pull(0, 2, T), {2}}, {encode_pull(1, 0, T), {1, 3}}}};
+  for (int q = 0; q < R; ++q) {
+    const LayoutView& v = rig.steps[q].layout;
+    ASSERT_EQ(v.header[kLayoutPulls], static_cast<int32_t>(pulls[q].size())) << "receiver " << q;
+    uint32_t arrived = 0;
+    for (size_t p = 0; p < pulls[q].size(); ++p) {
+      EXPECT_EQ(v.pull_src_P[p], pulls[q][p].first) << "receiver " << q << " pull " << p;
+      std::vector<int32_t> rows;
+      for (int k = 0; k < K; ++k) {
+        if (v.pull_rows_PK[p * K + k] >= 0) rows.push_back(v.pull_rows_PK[p * K + k]);
+      }
+      std::sort(rows.begin(), rows.end());
+      EXPECT_EQ(rows, pulls[q][p].second) << "receiver " << q << " pull " << p;
+    }
+    arrived = arrivals_B(rig.steps[q])[0];  // one 128-row block: every received row counted once
+    EXPECT_EQ(arrived, expected[q].size()) << "receiver " << q;
   }
 }
 

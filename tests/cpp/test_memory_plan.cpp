@@ -1,12 +1,18 @@
 // plan_memory: exact bytes. Every expected number is worked out by hand in the comment beside it
 // (A(n) = ceil(n / 128) * 128), never by calling the plan_terms functions the planner uses.
 //
-// Layout of one layer at M rows (src/core/layout.h):
+// Layout of one layer at M rows (src/core/layout.h), with P_cap = min(M, R*T) pulls:
 //   A(32*4) header + A((E+1)*4) expert offsets + A(R*4) recv rows + A(M*4) recv src + A(T*K*4)
+//   + A(P_cap*4) pull sources + A(P_cap*K*4) pull rows
 // Full save at M rows: layout(M) + A(M*D*2) + A(M*2F*2) + A(T*K*D*2).
 // Call scratch at M rows: layout(M) + A(M*D*2) + A(M*2F*2) + A(M*F*2) | + A(M*D*2) + A(M*2F*2)
 //   | unfused: + A(M*D*2) + A(M*F*2).
-// Route scratch: A(R*T*K*4) + A(R*Eg*4) + A(R*ceil(T*K/2048)*Eg*4).
+// Route scratch: A(R*T*K*4) + A(R*Eg*4) + A(R*ceil(T*K/2048)*Eg*4) + A(R*T*4) pull of each token
+//   + A(R*ceil(T/1024)*4) pulls per token chunk + A(ceil(M/128)*4) dispatch arrival counters.
+// E.g. ci-tiny, R=1 (M=128, P_cap=64): layout 1408 + A(64*4)=256 + A(64*2*4)=512 = 2176; route
+// scratch 768 + A(64*4)=256 + A(1*4)=128 + A(1*4)=128 = 1280. R=2 (P_cap=128): layout 1408 + 512
+// + 1024 = 2944; route scratch 1280 + 512 + 128 + 128 = 2048. small(), R=2 (M=8, P_cap=8): layout
+// 640 + 128 + 128 = 896; route scratch 384 + 128 + 128 + 128 = 768. Every total below adds these.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -69,29 +75,29 @@ TEST(MemoryPlan, CiTinyOneRank) {
   EXPECT_EQ(p.combine_buffer_bytes, 32768);   // A(64*2*128*2)
   EXPECT_EQ(p.symmetric_bytes, 50304);        // 1152 + 16384 + 32768
   // layout(128) = 128 + A(9*4)=128 + A(1*4)=128 + A(128*4)=512 + A(128*4)=512
-  EXPECT_EQ(p.routing_metadata_bytes, 1408);
+  EXPECT_EQ(p.routing_metadata_bytes, 2176);
   EXPECT_EQ(p.saved_input_bytes_per_layer, 16384);  // A(64*128*2)
   // 1408 + A(128*128*2)=32768 + A(128*192*2)=49152 + A(64*2*128*2)=32768
-  EXPECT_EQ(p.saved_full_bytes_balanced, 116096);
-  EXPECT_EQ(p.saved_full_bytes_capacity, 116096);  // capacity rows == balanced rows
+  EXPECT_EQ(p.saved_full_bytes_balanced, 116864);
+  EXPECT_EQ(p.saved_full_bytes_capacity, 116864);
   EXPECT_EQ(p.num_slots, 1);
   EXPECT_EQ(p.layers_per_slot, 1);
   EXPECT_EQ(p.minimum_slot_bytes, 16384);              // 1 * 16384
-  EXPECT_EQ(p.balanced_full_save_slot_bytes, 116096);  // 1 * 116096
-  EXPECT_EQ(p.maximum_useful_slot_bytes, 116096);      // 1 * 116096
+  EXPECT_EQ(p.balanced_full_save_slot_bytes, 116864);
+  EXPECT_EQ(p.maximum_useful_slot_bytes, 116864);
   EXPECT_EQ(p.slot_sizing, SlotSizing::maximum_useful);
-  EXPECT_EQ(p.slot_bytes, 116096);
-  EXPECT_EQ(p.activation_bytes, 116096);  // 1 slot
+  EXPECT_EQ(p.slot_bytes, 116864);
+  EXPECT_EQ(p.activation_bytes, 116864);
   // A(1*128*4)=512 + A(1*8*4)=128 + A(1*1*8*4)=128   (1 chunk of 2048 routes)
-  EXPECT_EQ(p.route_scratch_bytes, 768);
+  EXPECT_EQ(p.route_scratch_bytes, 1280);
   // 1408 + x_gathered 32768 + h13 49152 + h A(128*96*2)=24576
-  EXPECT_EQ(p.forward_scratch_bytes, 107904);
-  EXPECT_EQ(p.backward_scratch_bytes, 189824);  // 107904 + grad_h3 32768 + grad_h13 49152
-  EXPECT_EQ(p.scratch_bytes, 190592);           // 768 + 189824
+  EXPECT_EQ(p.forward_scratch_bytes, 108672);
+  EXPECT_EQ(p.backward_scratch_bytes, 190592);
+  EXPECT_EQ(p.scratch_bytes, 191872);
   EXPECT_EQ(p.status_bytes, 128);               // A(40)
   EXPECT_EQ(p.peer_table_bytes, 384);           // 3 * A(1*8)
-  EXPECT_EQ(p.arena_bytes, 306688);             // 116096 + 190592
-  EXPECT_EQ(p.total_bytes, 357504);             // 306688 + 50304 + 128 + 384
+  EXPECT_EQ(p.arena_bytes, 308736);
+  EXPECT_EQ(p.total_bytes, 359552);
   EXPECT_FALSE(p.inference);
 }
 
@@ -103,16 +109,16 @@ TEST(MemoryPlan, CiTinyTwoRanks) {
   EXPECT_EQ(p.recv_capacity_rows, 128);    // min(ceil(128*1), 256)
   EXPECT_EQ(p.symmetric_bytes, 50304);     // R-independent: 1152 + 16384 + 32768
   // layout(128) = 128 + A(5*4)=128 + A(2*4)=128 + 512 + 512
-  EXPECT_EQ(p.routing_metadata_bytes, 1408);
-  EXPECT_EQ(p.saved_full_bytes_capacity, 116096);  // 1408 + 32768 + 49152 + 32768
-  EXPECT_EQ(p.slot_bytes, 116096);
+  EXPECT_EQ(p.routing_metadata_bytes, 2944);
+  EXPECT_EQ(p.saved_full_bytes_capacity, 117632);
+  EXPECT_EQ(p.slot_bytes, 117632);
   // A(2*128*4)=1024 + A(2*8*4)=128 + A(2*1*8*4)=128
-  EXPECT_EQ(p.route_scratch_bytes, 1280);
-  EXPECT_EQ(p.backward_scratch_bytes, 189824);  // same call scratch as R=1
-  EXPECT_EQ(p.scratch_bytes, 191104);           // 1280 + 189824
+  EXPECT_EQ(p.route_scratch_bytes, 2048);
+  EXPECT_EQ(p.backward_scratch_bytes, 191360);
+  EXPECT_EQ(p.scratch_bytes, 193408);
   EXPECT_EQ(p.peer_table_bytes, 384);           // 3 * A(2*8)
-  EXPECT_EQ(p.arena_bytes, 307200);             // 116096 + 191104
-  EXPECT_EQ(p.total_bytes, 358016);             // 307200 + 50304 + 128 + 384
+  EXPECT_EQ(p.arena_bytes, 311040);
+  EXPECT_EQ(p.total_bytes, 361856);
 }
 
 TEST(MemoryPlan, SmallTwoRanksTwoLayers) {
@@ -126,26 +132,26 @@ TEST(MemoryPlan, SmallTwoRanksTwoLayers) {
   EXPECT_EQ(p.combine_buffer_bytes, 2048);   // A(4*2*128*2)
   EXPECT_EQ(p.symmetric_bytes, 3456);        // 384 + 1024 + 2048
   // layout(8) = 128 + A(3*4)=128 + A(2*4)=128 + A(8*4)=128 + A(8*4)=128
-  EXPECT_EQ(p.routing_metadata_bytes, 640);
+  EXPECT_EQ(p.routing_metadata_bytes, 896);
   EXPECT_EQ(p.saved_input_bytes_per_layer, 1024);  // A(4*128*2)
   // 640 + A(8*128*2)=2048 + A(8*256*2)=4096 + A(4*2*128*2)=2048
-  EXPECT_EQ(p.saved_full_bytes_balanced, 8832);
-  EXPECT_EQ(p.saved_full_bytes_capacity, 8832);
+  EXPECT_EQ(p.saved_full_bytes_balanced, 9088);
+  EXPECT_EQ(p.saved_full_bytes_capacity, 9088);
   EXPECT_EQ(p.layers_per_slot, 2);
   EXPECT_EQ(p.minimum_slot_bytes, 2048);               // 2 * 1024
-  EXPECT_EQ(p.balanced_full_save_slot_bytes, 17664);   // 2 * 8832
-  EXPECT_EQ(p.maximum_useful_slot_bytes, 17664);       // 2 * 8832
-  EXPECT_EQ(p.slot_bytes, 17664);
-  EXPECT_EQ(p.activation_bytes, 17664);
+  EXPECT_EQ(p.balanced_full_save_slot_bytes, 18176);
+  EXPECT_EQ(p.maximum_useful_slot_bytes, 18176);
+  EXPECT_EQ(p.slot_bytes, 18176);
+  EXPECT_EQ(p.activation_bytes, 18176);
   // A(2*8*4)=128 + A(2*4*4)=128 + A(2*1*4*4)=128
-  EXPECT_EQ(p.route_scratch_bytes, 384);
+  EXPECT_EQ(p.route_scratch_bytes, 768);
   // 640 + x_gathered 2048 + h13 4096 + h A(8*128*2)=2048
-  EXPECT_EQ(p.forward_scratch_bytes, 8832);
-  EXPECT_EQ(p.backward_scratch_bytes, 14976);  // 8832 + grad_h3 2048 + grad_h13 4096
-  EXPECT_EQ(p.scratch_bytes, 15360);           // 384 + 14976
+  EXPECT_EQ(p.forward_scratch_bytes, 9088);
+  EXPECT_EQ(p.backward_scratch_bytes, 15232);
+  EXPECT_EQ(p.scratch_bytes, 16000);
   EXPECT_EQ(p.peer_table_bytes, 384);          // 3 * A(16)
-  EXPECT_EQ(p.arena_bytes, 33024);             // 17664 + 15360
-  EXPECT_EQ(p.total_bytes, 36992);             // 33024 + 3456 + 128 + 384
+  EXPECT_EQ(p.arena_bytes, 34176);
+  EXPECT_EQ(p.total_bytes, 38144);
 }
 
 TEST(MemoryPlan, UnfusedScratchAddsRowsAndGradH) {
@@ -153,15 +159,15 @@ TEST(MemoryPlan, UnfusedScratchAddsRowsAndGradH) {
   f.fuse_epilogues = false;
   const MemoryPlan p = plan_memory(Config(f), 2);
   // fused 8832 + rows_MD A(8*128*2)=2048
-  EXPECT_EQ(p.forward_scratch_bytes, 10880);
+  EXPECT_EQ(p.forward_scratch_bytes, 11136);
   // fused 14976 + rows_MD 2048 + grad_h A(8*128*2)=2048
-  EXPECT_EQ(p.backward_scratch_bytes, 19072);
-  EXPECT_EQ(p.scratch_bytes, 19456);   // 384 + 19072
-  EXPECT_EQ(p.arena_bytes, 37120);     // 17664 + 19456
-  EXPECT_EQ(p.total_bytes, 41088);     // 37120 + 3456 + 128 + 384
+  EXPECT_EQ(p.backward_scratch_bytes, 19328);
+  EXPECT_EQ(p.scratch_bytes, 20096);
+  EXPECT_EQ(p.arena_bytes, 38272);
+  EXPECT_EQ(p.total_bytes, 42240);
   // Everything outside the call scratch is unchanged.
-  EXPECT_EQ(p.slot_bytes, 17664);
-  EXPECT_EQ(p.route_scratch_bytes, 384);
+  EXPECT_EQ(p.slot_bytes, 18176);
+  EXPECT_EQ(p.route_scratch_bytes, 768);
 }
 
 TEST(MemoryPlan, CapacityFactorAboveRIsClamped) {
@@ -172,20 +178,20 @@ TEST(MemoryPlan, CapacityFactorAboveRIsClamped) {
   EXPECT_EQ(p.capacity_factor, 2.0);       // min(3, R=2)
   EXPECT_EQ(p.recv_capacity_rows, 16);     // min(ceil(8*2), 16)
   // layout(16) = 128 + 128 + 128 + A(16*4)=128 + 128
-  EXPECT_EQ(p.routing_metadata_bytes, 640);
-  EXPECT_EQ(p.saved_full_bytes_balanced, 8832);  // at T*K = 8 rows, as without clamping
+  EXPECT_EQ(p.routing_metadata_bytes, 896);
+  EXPECT_EQ(p.saved_full_bytes_balanced, 9088);
   // 640 + A(16*128*2)=4096 + A(16*256*2)=8192 + 2048
-  EXPECT_EQ(p.saved_full_bytes_capacity, 14976);
+  EXPECT_EQ(p.saved_full_bytes_capacity, 15232);
   EXPECT_EQ(p.minimum_slot_bytes, 2048);
-  EXPECT_EQ(p.balanced_full_save_slot_bytes, 17664);  // 2 * 8832
-  EXPECT_EQ(p.maximum_useful_slot_bytes, 29952);      // 2 * 14976
-  EXPECT_EQ(p.slot_bytes, 29952);
+  EXPECT_EQ(p.balanced_full_save_slot_bytes, 18176);
+  EXPECT_EQ(p.maximum_useful_slot_bytes, 30464);
+  EXPECT_EQ(p.slot_bytes, 30464);
   // 640 + 4096 + 8192 + h A(16*128*2)=4096
-  EXPECT_EQ(p.forward_scratch_bytes, 17024);
-  EXPECT_EQ(p.backward_scratch_bytes, 29312);  // 17024 + 4096 + 8192
-  EXPECT_EQ(p.scratch_bytes, 29696);           // 384 + 29312
-  EXPECT_EQ(p.arena_bytes, 59648);             // 29952 + 29696
-  EXPECT_EQ(p.total_bytes, 63616);             // 59648 + 3456 + 128 + 384
+  EXPECT_EQ(p.forward_scratch_bytes, 17280);
+  EXPECT_EQ(p.backward_scratch_bytes, 29568);
+  EXPECT_EQ(p.scratch_bytes, 30336);
+  EXPECT_EQ(p.arena_bytes, 60800);
+  EXPECT_EQ(p.total_bytes, 64768);
   const std::string text = p.explain();
   expect_contains(text, "capacity factor: 2 (requested 3, clamped to R");
   // A factor of exactly R is not clamped.
@@ -228,8 +234,8 @@ TEST(MemoryPlan, ExactSlotBytesAreAligned) {
   EXPECT_EQ(p.slot_sizing, SlotSizing::exact);
   EXPECT_EQ(p.slot_bytes, 5120);          // A(5000) = 40*128
   EXPECT_EQ(p.activation_bytes, 15360);   // 3 * 5120
-  EXPECT_EQ(p.arena_bytes, 30720);        // 15360 + scratch 15360
-  EXPECT_EQ(p.total_bytes, 34688);        // 30720 + 3456 + 128 + 384
+  EXPECT_EQ(p.arena_bytes, 31360);
+  EXPECT_EQ(p.total_bytes, 35328);
   // 2048 < 5120 < balanced 17664
   expect_contains(p.explain(), "some layers recompute at balanced routing");
 }
@@ -261,13 +267,13 @@ TEST(MemoryPlan, SlotCapacityFactor) {
   MemoryPlan p = plan_memory(Config(f), 2);
   EXPECT_EQ(p.slot_sizing, SlotSizing::factor);
   EXPECT_EQ(p.slot_capacity_factor, 0.3);
-  // 2048 + ceil(0.3 * (17664 - 2048) = 4684.8) = 2048 + 4685 = 6733 -> A = 6784 (53*128)
-  EXPECT_EQ(p.slot_bytes, 6784);
-  EXPECT_EQ(p.activation_bytes, 6784);
-  EXPECT_EQ(p.total_bytes, 26112);  // 6784 + 15360 + 3456 + 128 + 384
+  // 2048 + ceil(0.3 * (18176 - 2048) = 4838.4) = 2048 + 4839 = 6887 -> A = 6912 (54*128)
+  EXPECT_EQ(p.slot_bytes, 6912);
+  EXPECT_EQ(p.activation_bytes, 6912);
+  EXPECT_EQ(p.total_bytes, 26880);
 
-  f.slots.slot_capacity_factor = 0.5;  // 2048 + 7808 = 9856 (77*128)
-  EXPECT_EQ(plan_memory(Config(f), 2).slot_bytes, 9856);
+  f.slots.slot_capacity_factor = 0.5;  // 2048 + 0.5 * (18176 - 2048) = 10112 (79*128)
+  EXPECT_EQ(plan_memory(Config(f), 2).slot_bytes, 10112);
   f.slots.slot_capacity_factor = 0.0;  // the minimum
   p = plan_memory(Config(f), 2);
   EXPECT_EQ(p.slot_bytes, 2048);
@@ -277,14 +283,14 @@ TEST(MemoryPlan, SlotCapacityFactor) {
   f.capacity_factor = 2.0;
   f.slots.slot_capacity_factor = 1.0;
   p = plan_memory(Config(f), 2);
-  EXPECT_EQ(p.slot_bytes, 17664);  // 2048 + 1 * 15616; maximum useful is 29952
+  EXPECT_EQ(p.slot_bytes, 18176);
   expect_contains(p.explain(),
                   "balanced routing fits without recompute; heavier routing may recompute");
-  f.slots.slot_capacity_factor = 2.0;  // 2048 + 2 * 15616 = 33280 > maximum useful 29952
+  f.slots.slot_capacity_factor = 2.0;  // 2048 + 2 * 16128 = 34304 > maximum useful 30464
   p = plan_memory(Config(f), 2);
-  EXPECT_EQ(p.slot_bytes, 33280);
+  EXPECT_EQ(p.slot_bytes, 34304);
   expect_contains(p.explain(), "every layer saves everything (no recompute)");
-  expect_contains(p.explain(), "3,328 bytes above the maximum useful size");  // 33280 - 29952
+  expect_contains(p.explain(), "3,840 bytes above the maximum useful size");  // 34304 - 30464
 }
 
 TEST(MemoryPlan, Inference) {
@@ -300,9 +306,9 @@ TEST(MemoryPlan, Inference) {
   EXPECT_EQ(p.slot_bytes, 0);
   EXPECT_EQ(p.activation_bytes, 0);
   EXPECT_EQ(p.recv_capacity_rows, 8);
-  EXPECT_EQ(p.scratch_bytes, 15360);   // as training: 384 + 14976
-  EXPECT_EQ(p.arena_bytes, 15360);     // scratch only
-  EXPECT_EQ(p.total_bytes, 19328);     // 15360 + 3456 + 128 + 384
+  EXPECT_EQ(p.scratch_bytes, 16000);
+  EXPECT_EQ(p.arena_bytes, 16000);
+  EXPECT_EQ(p.total_bytes, 19968);
   const std::string text = p.explain();
   expect_contains(text, "activation slots: 0 slots (inference)");
   expect_contains(text, "scratch-only inference; no saved activations");
@@ -322,27 +328,27 @@ TEST(MemoryPlan, DeepSeekV3Like) {
   EXPECT_EQ(p.combine_buffer_bytes, 469762048);    // 4096*8*7168*2
   EXPECT_EQ(p.symmetric_bytes, 528744576);         // 262272 + 58720256 + 469762048
   // layout(49152) = 128 + A(33*4)=256 + A(8*4)=128 + 49152*4=196608 + 32768*4=131072
-  EXPECT_EQ(p.routing_metadata_bytes, 328192);
+  EXPECT_EQ(p.routing_metadata_bytes, 1507840);
   EXPECT_EQ(p.saved_input_bytes_per_layer, 58720256);  // 4096*7168*2
   // layout(32768) = 128 + 256 + 128 + 131072 + 131072 = 262656;
   // + x_gathered 32768*7168*2=469762048 + h13 32768*4096*2=268435456 + h3 469762048
-  EXPECT_EQ(p.saved_full_bytes_balanced, 1208222208);
+  EXPECT_EQ(p.saved_full_bytes_balanced, 1209401856);
   // 328192 + 49152*7168*2=704643072 + 49152*4096*2=402653184 + 469762048
-  EXPECT_EQ(p.saved_full_bytes_capacity, 1577386496);
+  EXPECT_EQ(p.saved_full_bytes_capacity, 1578566144);
   EXPECT_EQ(p.minimum_slot_bytes, 58720256);
-  EXPECT_EQ(p.slot_bytes, 1577386496);
+  EXPECT_EQ(p.slot_bytes, 1578566144);
   // 8*32768*4=1048576 + 8*256*4=8192 + 8*16*256*4=131072   (16 chunks of 2048 routes)
-  EXPECT_EQ(p.route_scratch_bytes, 1187840);
+  EXPECT_EQ(p.route_scratch_bytes, 1320576);
   // 328192 + 704643072 + 402653184 + h 49152*2048*2=201326592
-  EXPECT_EQ(p.forward_scratch_bytes, 1308951040);
+  EXPECT_EQ(p.forward_scratch_bytes, 1310130688);
   // + grad_h3 704643072 + grad_h13 402653184
-  EXPECT_EQ(p.backward_scratch_bytes, 2416247296);
-  EXPECT_EQ(p.scratch_bytes, 2417435136);   // 1187840 + 2416247296
+  EXPECT_EQ(p.backward_scratch_bytes, 2417426944);
+  EXPECT_EQ(p.scratch_bytes, 2418747520);
   EXPECT_EQ(p.peer_table_bytes, 384);       // 3 * A(8*8)
-  EXPECT_EQ(p.arena_bytes, 3994821632);     // 1577386496 + 2417435136
-  EXPECT_EQ(p.total_bytes, 4523566720);     // 3994821632 + 528744576 + 128 + 384
-  // 4,523,566,720 / 2^30 = 4.2129...
-  expect_contains(p.explain(), "4.213 GiB (4,523,566,720 bytes)");
+  EXPECT_EQ(p.arena_bytes, 3997313664);
+  EXPECT_EQ(p.total_bytes, 4526058752);
+  // 4,526,058,752 / 2^30 = 4.2152...
+  expect_contains(p.explain(), "4.215 GiB (4,526,058,752 bytes)");
 }
 
 TEST(MemoryPlan, ExplainPrintsEveryTerm) {
@@ -357,26 +363,29 @@ TEST(MemoryPlan, ExplainPrintsEveryTerm) {
            "routing (header + ids + scores [T,K]): 0.000 GiB (384 bytes)",
            "dispatch x / grad_y [T,D] bf16: 0.000 GiB (1,024 bytes)",
            "combine [T,K,D] bf16: 0.000 GiB (2,048 bytes)",
-           "routing metadata (layout at capacity rows): 0.000 GiB (640 bytes)",
+           "routing metadata (layout at capacity rows): 0.000 GiB (896 bytes)",
+           "of which pulls (one read per source token, 8 x (source + K rows)): 0.000 GiB (256 bytes)",
            "input only (recompute) x [T,D]: 0.000 GiB (1,024 bytes)",
-           "full save at balanced rows: 0.000 GiB (8,832 bytes)",
-           "full save at capacity rows: 0.000 GiB (8,832 bytes)",
-           // 2 slots x 17,664 = 35,328
-           "activation slots: 2 x 0.000 GiB (17,664 bytes) = 0.000 GiB (35,328 bytes); 2 layer(s)",
-           "minimum/balanced full-save/maximum useful: 0.000 GiB (2,048 bytes) / 0.000 GiB (17,664 "
-           "bytes) / 0.000 GiB (17,664 bytes)",
-           "scratch: 0.000 GiB (15,360 bytes) = route 0.000 GiB (384 bytes) + call 0.000 GiB "
-           "(14,976 bytes)",
-           "forward (recompute mode): 0.000 GiB (8,832 bytes)",
+           "full save at balanced rows: 0.000 GiB (9,088 bytes)",
+           "full save at capacity rows: 0.000 GiB (9,088 bytes)",
+           // 2 slots x 18,176 = 36,352
+           "activation slots: 2 x 0.000 GiB (18,176 bytes) = 0.000 GiB (36,352 bytes); 2 layer(s)",
+           "minimum/balanced full-save/maximum useful: 0.000 GiB (2,048 bytes) / 0.000 GiB (18,176 "
+           "bytes) / 0.000 GiB (18,176 bytes)",
+           "scratch: 0.000 GiB (16,000 bytes) = route 0.000 GiB (768 bytes) + call 0.000 GiB "
+           "(15,232 bytes)",
+           "route: of which pull numbering 0.000 GiB (256 bytes), dispatch arrival counters (per 128 "
+           "rows) 0.000 GiB (128 bytes)",
+           "forward (recompute mode): 0.000 GiB (9,088 bytes)",
            "status word: 0.000 GiB (128 bytes)",
            "peer tables (3 x [R] pointers): 0.000 GiB (384 bytes)",
-           "arena (slots + scratch): 0.000 GiB (50,688 bytes)",  // 35328 + 15360
-           "total (arena + symmetric + status + peer tables): 0.000 GiB (54,656 bytes)",  // + 3968
+           "arena (slots + scratch): 0.000 GiB (52,352 bytes)",  // 36352 + 16000
+           "total (arena + symmetric + status + peer tables): 0.000 GiB (56,320 bytes)",  // + 3968
            "every layer saves everything (no recompute)",
        }) {
     expect_contains(text, part);
   }
-  EXPECT_EQ(p.total_bytes, 54656);  // 50688 + 3456 + 128 + 384
+  EXPECT_EQ(p.total_bytes, 56320);
 }
 
 TEST(MemoryPlan, SourceIdsMustFitInt32) {

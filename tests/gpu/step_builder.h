@@ -172,7 +172,7 @@ class World {
     combine_R_ = static_cast<bf16_t**>(table(combine_));
     const SavedFullLayout sl = saved_full_layout(dims_, cap);
     const int64_t scratch_bytes =
-        route_scratch_layout(dims_).total + call_scratch_layout(dims_, cap, true).total;
+        route_scratch_layout(dims_, cap).total + call_scratch_layout(dims_, cap, true).total;
     ranks_.resize(static_cast<size_t>(R));
     for (int r = 0; r < R; ++r) {
       RankState& st = ranks_[static_cast<size_t>(r)];
@@ -262,7 +262,7 @@ class World {
     s.x_gathered_MD = reinterpret_cast<bf16_t*>(st.saved + l.x_gathered);
     s.h13_M2F = reinterpret_cast<bf16_t*>(st.saved + l.h13);
     s.h3_TKD = with_h3_ ? reinterpret_cast<bf16_t*>(st.saved + l.h3) : nullptr;
-    const RouteScratchLayout rl = route_scratch_layout(dims_);
+    const RouteScratchLayout rl = route_scratch_layout(dims_, cap);
     s.route_scratch = st.scratch;
     char* call = st.scratch + rl.total;
     const CallScratchLayout cl = call_scratch_layout(dims_, cap, true);

@@ -113,6 +113,40 @@ TEST(GpuContext, MatchesCpuBackendAndReference) {
   }
 }
 
+// W13 overlapped with dispatch (programmatic launch, arrival counters) computes the same rows as
+// the staged sequence: bitwise equal, forward and backward, on random and edge routings.
+TEST(GpuContext, ArrivalGatedEqualsStagedBitwise) {
+  EPMOE_REQUIRE_GPU();
+  struct Case {
+    Problem p;
+    int64_t live;
+    Router router;
+  };
+  const auto one_expert = [](int, int64_t, int, std::mt19937_64&) -> int64_t { return 3; };
+  const auto two_experts = [](int, int64_t t, int k, std::mt19937_64&) -> int64_t {
+    return (t + k) % 2 ? 5 : 2;  // zero-token experts around them
+  };
+  std::vector<Case> cases = {
+      {problem(333, 256, 520, 16, 4), 333, nullptr},   // ragged tiles
+      {problem(1024, 512, 256, 8, 2), 1024, nullptr},  // many 128-row arrival blocks per expert
+      {problem(1, 64, 64, 4, 2), 1, nullptr},          // T = 1
+      {problem(130, 128, 96, 8, 2), 77, nullptr},      // live count below T
+      {problem(130, 128, 96, 8, 2), 0, nullptr},       // no live tokens
+      {problem(300, 128, 96, 8, 2), 300, one_expert},
+      {problem(300, 128, 96, 8, 2), 300, two_experts},
+  };
+  uint64_t seed = 70;
+  for (const Case& c : cases) {
+    Router router = c.router ? c.router : distinct_router(c.p.experts, c.p.top_k);
+    auto in = make_inputs(c.p, seed++, c.p.max_tokens, router)[0];
+    in.live = c.live;
+    Problem staged = c.p;
+    staged.arrival_gated_w13 = false;
+    expect_bitwise_equal(run_gpu_layer(c.p, in), run_gpu_layer(staged, in),
+                         c.p.name() + " live " + std::to_string(c.live) + ": gated vs staged");
+  }
+}
+
 TEST(GpuContext, FusedEqualsUnfusedBitwise) {
   EPMOE_REQUIRE_GPU();
   for (bool clamped : {false, true}) {

@@ -14,7 +14,13 @@ namespace {
 // One rank's layout read back to the host; recv_src up to min(M, capacity) rows.
 struct HostLayout {
   std::vector<int32_t> header, offsets, recv_rows, recv_src, route_row;
+  std::vector<int32_t> pull_src, pull_rows;  // min(P, pull capacity) pulls
 };
+
+int64_t pulls_held(const std::vector<int32_t>& header, const Shape& sh) {
+  const int64_t P = std::max<int32_t>(header[kLayoutPulls], 0);
+  return std::min<int64_t>(P, pull_capacity(sh.cap(), sh.T, sh.R));
+}
 
 HostLayout read_layout(World& w, int r) {
   const Step s = w.step(r);
@@ -26,6 +32,9 @@ HostLayout read_layout(World& w, int r) {
   const int64_t M = std::min<int64_t>(std::max<int32_t>(l.header[kLayoutRows], 0), sh.cap());
   l.recv_src = w.read<int32_t>(s.layout.recv_src_M, M);
   l.route_row = w.read<int32_t>(s.layout.route_row_TK, sh.T * sh.K);
+  const int64_t P = pulls_held(l.header, sh);
+  l.pull_src = w.read<int32_t>(s.layout.pull_src_P, P);
+  l.pull_rows = w.read<int32_t>(s.layout.pull_rows_PK, P * sh.K);
   return l;
 }
 
@@ -54,6 +63,9 @@ HostLayout reference_layout(const Shape& sh, const std::vector<std::vector<int32
   l.recv_rows.assign(v.recv_rows_R, v.recv_rows_R + sh.R);
   l.recv_src.assign(v.recv_src_M, v.recv_src_M + std::min(M, sh.cap()));
   l.route_row.assign(v.route_row_TK, v.route_row_TK + sh.T * sh.K);
+  const int64_t P = pulls_held(l.header, sh);
+  l.pull_src.assign(v.pull_src_P, v.pull_src_P + P);
+  l.pull_rows.assign(v.pull_rows_PK, v.pull_rows_PK + P * sh.K);
   return l;
 }
 
@@ -63,11 +75,14 @@ void expect_same_layout(const HostLayout& want, const HostLayout& got, bool full
   } else {
     EXPECT_EQ(want.header[kLayoutRows], got.header[kLayoutRows]) << "header rows";
     EXPECT_EQ(want.header[kLayoutMaxRows], got.header[kLayoutMaxRows]) << "header max rows";
+    EXPECT_EQ(want.header[kLayoutPulls], got.header[kLayoutPulls]) << "header pulls";
   }
   EXPECT_TRUE(same_bits(want.offsets, got.offsets)) << "expert_offsets_E1";
   EXPECT_TRUE(same_bits(want.recv_rows, got.recv_rows)) << "recv_rows_R";
   EXPECT_TRUE(same_bits(want.recv_src, got.recv_src)) << "recv_src_M";
   EXPECT_TRUE(same_bits(want.route_row, got.route_row)) << "route_row_TK";
+  EXPECT_TRUE(same_bits(want.pull_src, got.pull_src)) << "pull_src_P";
+  EXPECT_TRUE(same_bits(want.pull_rows, got.pull_rows)) << "pull_rows_PK";
 }
 
 void publish_and_route(Pair& p) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 
 #include <string>
 #include <vector>
@@ -97,6 +98,24 @@ void run_stages(const StagesCase& c, uint32_t seed) {
       ASSERT_EQ(bf16_to_float(got[m * D]), static_cast<float>(q + 1)) << "row " << m;
       ASSERT_EQ(bf16_to_float(got[m * D + 1]), static_cast<float>(t % 256 + 1)) << "row " << m;
     }
+    // One read per (source rank, token), fanned out: every row equals the per-route copy of its
+    // source row, bitwise.
+    for (size_t m = 0; m < src.size(); ++m) {
+      const int q = src_rank(src[m], T, sh.K);
+      const int64_t t = src_slot(src[m], T, sh.K) / K;
+      const auto want = p.gpu.read<bf16_t>(p.gpu.dispatch(q) + t * D, D);
+      ASSERT_TRUE(same_bits(want, std::vector<bf16_t>(got.begin() + static_cast<int64_t>(m) * D,
+                                                      got.begin() + static_cast<int64_t>(m + 1) * D)))
+          << "row " << m << " vs its route's source row";
+    }
+    // Arrival counters: the rows stored per 128-row block, as the CPU twin counts them.
+    const int64_t blocks = arrival_blocks(cap);
+    EXPECT_TRUE(same_bits(p.cpu.read<uint32_t>(arrivals_B(p.cpu.step(r)), blocks),
+                          p.gpu.read<uint32_t>(arrivals_B(p.gpu.step(r)), blocks)))
+        << "arrival counters";
+    const auto header = p.gpu.layout_header(r);
+    std::printf("[ pulls    ] rank %d: %d source rows read for %d received rows\n", r,
+                header[kLayoutPulls], header[kLayoutRows]);
   }
 
   for (int r = 0; r < R; ++r) {  // stands in for the W13 GEMM

@@ -7,6 +7,8 @@ namespace epmoe::cuda {
 
 using namespace gemm;
 
+static_assert(kArrivalGateBlockRows == kArrivalBlockRows, "the gate reads dispatch's counters");
+
 // x_gathered [M, D] (K-major) times w13 [E, 2F, D] (K-major).
 template <bool kPingPong>
 void w13_fprop_with(const Step& s, bool swiglu) {
@@ -18,8 +20,15 @@ void w13_fprop_with(const Step& s, bool swiglu) {
     using T = RowsTraits<kPingPong, 128, Major::K, 2>;
     GroupArgs g = step_groups(s, F, D);
     g.b_second_offset = F;  // up rows follow the F gate rows
+    if (s.arrival_gated_w13) {  // overlapped with dispatch, the launch right before this one
+      g.arrival.arrivals_B = arrivals_B(s);
+      g.arrival.status = s.status;
+      g.arrival.budget_ns = static_cast<uint64_t>(s.barrier_timeout_ms) * 1000000u;
+      g.arrival.rank = s.rank;
+    }
     const typename SwigluEpilogue<T>::Params epi{s.h13_M2F, s.h_MF, F, s.act};
-    launch_grouped_gemm<T, Major::K, Major::K, SwigluEpilogue<T>>(a, b, g, epi, stream_of(s));
+    launch_grouped_gemm<T, Major::K, Major::K, SwigluEpilogue<T>>(a, b, g, epi, stream_of(s),
+                                                                  s.arrival_gated_w13);
   } else {
     using T = RowsTraits<kPingPong, 256, Major::K, 1>;
     const typename RowsEpilogue<T>::Params epi{s.h13_M2F, 2 * F, 2 * F};

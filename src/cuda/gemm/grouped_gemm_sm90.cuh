@@ -19,6 +19,7 @@
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "cuda/gemm/arrival_gate.cuh"
 #include "cuda/gemm/gemm_config.h"
 
 namespace epmoe::cuda::gemm {
@@ -87,6 +88,7 @@ struct GroupArgs {
   int64_t m_out = 0;              // reduction: output rows
   int64_t k = 0;                  // rows: reduction length
   int64_t b_second_offset = 0;    // NumB == 2: first N row of the second B operand (F)
+  ArrivalGate arrival;            // NumB == 2 (W13): wait for dispatched rows (arrival_gate.cuh)
 };
 
 // The tile a CTA works on.
@@ -239,9 +241,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     cutlass::arch::warpgroup_reg_dealloc<40>();
     if (warp_in_group == 0 && lane_predicate) {
       PipelineState write_state = cutlass::make_producer_start_state<Pipeline>();
+      [[maybe_unused]] bool arrival_gave_up = false;
       for (int tile = blockIdx.x; tile < sched.total; tile += gridDim.x) {
         const TileCoord t = sched.at(tile);
         if (t.k_tiles == 0) continue;
+        if constexpr (Traits::kNumB == 2 && Traits::kGrouping == Grouping::rows) {  // W13 only
+          wait_for_rows(group_args.arrival, t.row0, t.rows_valid, sched.offsets[sched.groups],
+                        arrival_gave_up);
+        }
         // (BM, BK, k) views of A and (BN, BK, k) views of each B operand for this tile.
         Tensor gA = [&] {
           if constexpr (Traits::kGrouping == Grouping::rows) {

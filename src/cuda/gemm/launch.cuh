@@ -52,9 +52,12 @@ auto make_tma(const Operand& o) {
 }
 
 // Launches one grouped GEMM: A and B as described, groups from the device, epilogue params.
+// programmatic: a programmatic dependent launch (it may start while the previous kernel of the
+// stream runs; only for a kernel that waits on that kernel's data itself, e.g. the arrival gate).
 template <class Traits, Major kMajorA, Major kMajorB, class Epilogue>
 void launch_grouped_gemm(const Operand& a, const Operand& b, const GroupArgs& groups,
-                         const typename Epilogue::Params& epi, cudaStream_t stream) {
+                         const typename Epilogue::Params& epi, cudaStream_t stream,
+                         bool programmatic = false) {
   constexpr int kRankB = Traits::kGrouping == Grouping::rows ? 3 : 2;
   auto tma_a = make_tma<Traits, kMajorA, Traits::BLOCK_M, 2>(a);
   auto tma_b = make_tma<Traits, kMajorB, Traits::BLOCK_N, kRankB>(b);
@@ -73,6 +76,21 @@ void launch_grouped_gemm(const Operand& a, const Operand& b, const GroupArgs& gr
     attribute_set_on.fetch_or(bit, std::memory_order_release);
   }
   const int grid = device_sm_count();
+  if (programmatic) {
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>(grid));
+    config.blockDim = dim3(Traits::kThreads);
+    config.dynamicSmemBytes = kSmem;
+    config.stream = stream;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, tma_a, tma_b, groups, epi, a.rows, a.cols,
+                                        b.rows, b.cols));
+    return;
+  }
   kernel<<<grid, Traits::kThreads, kSmem, stream>>>(tma_a, tma_b, groups, epi, a.rows, a.cols,
                                                      b.rows, b.cols);
   EPMOE_CUDA_CHECK(cudaGetLastError());
