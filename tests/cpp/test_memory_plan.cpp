@@ -3,7 +3,11 @@
 //
 // Layout of one layer at M rows (src/core/layout.h):
 //   A(32*4) header + A((E+1)*4) expert offsets + A(R*4) recv rows + A(M*4) recv src + A(T*K*4)
-// Full save at M rows: layout(M) + A(M*D*2) + A(M*2F*2) + A(T*K*D*2).
+// G = lcm(128, 2D) packing granule; G(n) = n rounded up to a multiple of G.
+// Layer metadata: LayerPlan 128 + layout(M); slot metadata G(L * layer metadata).
+// Full save at M rows: G(A(M*D*2) + A(M*2F*2) + A(T*K*D*2)); input save G(A(T*D*2)).
+// Slot minimum / balanced / maximum useful: metadata + L * (input / full(T*K) / full(M)).
+// Planner state: A(N*32) + A(N*R*8).
 // Call scratch at M rows: layout(M) + A(M*D*2) + A(M*2F*2) + A(M*F*2) | + A(M*D*2) + A(M*2F*2)
 //   | unfused: + A(M*D*2) + A(M*F*2).
 // Route scratch: A(R*T*K*4) + A(R*Eg*4) + A(R*ceil(T*K/2048)*Eg*4).
@@ -70,18 +74,22 @@ TEST(MemoryPlan, CiTinyOneRank) {
   EXPECT_EQ(p.symmetric_bytes, 50304);        // 1152 + 16384 + 32768
   // layout(128) = 128 + A(9*4)=128 + A(1*4)=128 + A(128*4)=512 + A(128*4)=512
   EXPECT_EQ(p.routing_metadata_bytes, 1408);
-  EXPECT_EQ(p.saved_input_bytes_per_layer, 16384);  // A(64*128*2)
-  // 1408 + A(128*128*2)=32768 + A(128*192*2)=49152 + A(64*2*128*2)=32768
-  EXPECT_EQ(p.saved_full_bytes_balanced, 116096);
-  EXPECT_EQ(p.saved_full_bytes_capacity, 116096);  // capacity rows == balanced rows
+  EXPECT_EQ(p.layer_metadata_bytes, 1536);          // 128 + 1408
+  EXPECT_EQ(p.packing_granule_bytes, 256);          // lcm(128, 2*128)
+  EXPECT_EQ(p.saved_input_bytes_per_layer, 16384);  // A(64*128*2), a multiple of 256
+  // A(128*128*2)=32768 + A(128*192*2)=49152 + A(64*2*128*2)=32768 = 114688 = 448*256
+  EXPECT_EQ(p.saved_full_bytes_balanced, 114688);
+  EXPECT_EQ(p.saved_full_bytes_capacity, 114688);  // capacity rows == balanced rows
   EXPECT_EQ(p.num_slots, 1);
   EXPECT_EQ(p.layers_per_slot, 1);
-  EXPECT_EQ(p.minimum_slot_bytes, 16384);              // 1 * 16384
-  EXPECT_EQ(p.balanced_full_save_slot_bytes, 116096);  // 1 * 116096
-  EXPECT_EQ(p.maximum_useful_slot_bytes, 116096);      // 1 * 116096
+  EXPECT_EQ(p.slot_metadata_bytes, 1536);              // G(1 * 1536)
+  EXPECT_EQ(p.minimum_slot_bytes, 17920);              // 1536 + 16384
+  EXPECT_EQ(p.balanced_full_save_slot_bytes, 116224);  // 1536 + 114688
+  EXPECT_EQ(p.maximum_useful_slot_bytes, 116224);
   EXPECT_EQ(p.slot_sizing, SlotSizing::maximum_useful);
-  EXPECT_EQ(p.slot_bytes, 116096);
-  EXPECT_EQ(p.activation_bytes, 116096);  // 1 slot
+  EXPECT_EQ(p.slot_bytes, 116224);
+  EXPECT_EQ(p.activation_bytes, 116224);  // 1 slot
+  EXPECT_EQ(p.planner_state_bytes, 256);  // A(32) + A(1*1*8)
   // A(1*128*4)=512 + A(1*8*4)=128 + A(1*1*8*4)=128   (1 chunk of 2048 routes)
   EXPECT_EQ(p.route_scratch_bytes, 768);
   // 1408 + x_gathered 32768 + h13 49152 + h A(128*96*2)=24576
@@ -90,8 +98,8 @@ TEST(MemoryPlan, CiTinyOneRank) {
   EXPECT_EQ(p.scratch_bytes, 190592);           // 768 + 189824
   EXPECT_EQ(p.status_bytes, 128);               // A(40)
   EXPECT_EQ(p.peer_table_bytes, 384);           // 3 * A(1*8)
-  EXPECT_EQ(p.arena_bytes, 306688);             // 116096 + 190592
-  EXPECT_EQ(p.total_bytes, 357504);             // 306688 + 50304 + 128 + 384
+  EXPECT_EQ(p.arena_bytes, 306816);             // 116224 + 190592
+  EXPECT_EQ(p.total_bytes, 357888);             // 306816 + 50304 + 128 + 384 + 256
   EXPECT_FALSE(p.inference);
 }
 
@@ -104,15 +112,16 @@ TEST(MemoryPlan, CiTinyTwoRanks) {
   EXPECT_EQ(p.symmetric_bytes, 50304);     // R-independent: 1152 + 16384 + 32768
   // layout(128) = 128 + A(5*4)=128 + A(2*4)=128 + 512 + 512
   EXPECT_EQ(p.routing_metadata_bytes, 1408);
-  EXPECT_EQ(p.saved_full_bytes_capacity, 116096);  // 1408 + 32768 + 49152 + 32768
-  EXPECT_EQ(p.slot_bytes, 116096);
+  EXPECT_EQ(p.saved_full_bytes_capacity, 114688);  // 32768 + 49152 + 32768
+  EXPECT_EQ(p.slot_bytes, 116224);                 // metadata 128 + 1408, + 114688
   // A(2*128*4)=1024 + A(2*8*4)=128 + A(2*1*8*4)=128
   EXPECT_EQ(p.route_scratch_bytes, 1280);
   EXPECT_EQ(p.backward_scratch_bytes, 189824);  // same call scratch as R=1
   EXPECT_EQ(p.scratch_bytes, 191104);           // 1280 + 189824
   EXPECT_EQ(p.peer_table_bytes, 384);           // 3 * A(2*8)
-  EXPECT_EQ(p.arena_bytes, 307200);             // 116096 + 191104
-  EXPECT_EQ(p.total_bytes, 358016);             // 307200 + 50304 + 128 + 384
+  EXPECT_EQ(p.planner_state_bytes, 256);        // A(32) + A(1*2*8)
+  EXPECT_EQ(p.arena_bytes, 307328);             // 116224 + 191104
+  EXPECT_EQ(p.total_bytes, 358400);             // 307328 + 50304 + 128 + 384 + 256
 }
 
 TEST(MemoryPlan, SmallTwoRanksTwoLayers) {
@@ -127,16 +136,19 @@ TEST(MemoryPlan, SmallTwoRanksTwoLayers) {
   EXPECT_EQ(p.symmetric_bytes, 3456);        // 384 + 1024 + 2048
   // layout(8) = 128 + A(3*4)=128 + A(2*4)=128 + A(8*4)=128 + A(8*4)=128
   EXPECT_EQ(p.routing_metadata_bytes, 640);
-  EXPECT_EQ(p.saved_input_bytes_per_layer, 1024);  // A(4*128*2)
-  // 640 + A(8*128*2)=2048 + A(8*256*2)=4096 + A(4*2*128*2)=2048
-  EXPECT_EQ(p.saved_full_bytes_balanced, 8832);
-  EXPECT_EQ(p.saved_full_bytes_capacity, 8832);
+  EXPECT_EQ(p.layer_metadata_bytes, 768);          // 128 + 640
+  EXPECT_EQ(p.saved_input_bytes_per_layer, 1024);  // A(4*128*2), a multiple of G = 256
+  // A(8*128*2)=2048 + A(8*256*2)=4096 + A(4*2*128*2)=2048
+  EXPECT_EQ(p.saved_full_bytes_balanced, 8192);
+  EXPECT_EQ(p.saved_full_bytes_capacity, 8192);
   EXPECT_EQ(p.layers_per_slot, 2);
-  EXPECT_EQ(p.minimum_slot_bytes, 2048);               // 2 * 1024
-  EXPECT_EQ(p.balanced_full_save_slot_bytes, 17664);   // 2 * 8832
-  EXPECT_EQ(p.maximum_useful_slot_bytes, 17664);       // 2 * 8832
-  EXPECT_EQ(p.slot_bytes, 17664);
-  EXPECT_EQ(p.activation_bytes, 17664);
+  EXPECT_EQ(p.slot_metadata_bytes, 1536);              // G(2 * 768)
+  EXPECT_EQ(p.minimum_slot_bytes, 3584);               // 1536 + 2 * 1024
+  EXPECT_EQ(p.balanced_full_save_slot_bytes, 17920);   // 1536 + 2 * 8192
+  EXPECT_EQ(p.maximum_useful_slot_bytes, 17920);
+  EXPECT_EQ(p.slot_bytes, 17920);
+  EXPECT_EQ(p.activation_bytes, 17920);
+  EXPECT_EQ(p.planner_state_bytes, 256);               // A(1*32) + A(1*2*8)
   // A(2*8*4)=128 + A(2*4*4)=128 + A(2*1*4*4)=128
   EXPECT_EQ(p.route_scratch_bytes, 384);
   // 640 + x_gathered 2048 + h13 4096 + h A(8*128*2)=2048
@@ -144,8 +156,8 @@ TEST(MemoryPlan, SmallTwoRanksTwoLayers) {
   EXPECT_EQ(p.backward_scratch_bytes, 14976);  // 8832 + grad_h3 2048 + grad_h13 4096
   EXPECT_EQ(p.scratch_bytes, 15360);           // 384 + 14976
   EXPECT_EQ(p.peer_table_bytes, 384);          // 3 * A(16)
-  EXPECT_EQ(p.arena_bytes, 33024);             // 17664 + 15360
-  EXPECT_EQ(p.total_bytes, 36992);             // 33024 + 3456 + 128 + 384
+  EXPECT_EQ(p.arena_bytes, 33280);             // 17920 + 15360
+  EXPECT_EQ(p.total_bytes, 37504);             // 33280 + 3456 + 128 + 384 + 256
 }
 
 TEST(MemoryPlan, UnfusedScratchAddsRowsAndGradH) {
@@ -157,10 +169,10 @@ TEST(MemoryPlan, UnfusedScratchAddsRowsAndGradH) {
   // fused 14976 + rows_MD 2048 + grad_h A(8*128*2)=2048
   EXPECT_EQ(p.backward_scratch_bytes, 19072);
   EXPECT_EQ(p.scratch_bytes, 19456);   // 384 + 19072
-  EXPECT_EQ(p.arena_bytes, 37120);     // 17664 + 19456
-  EXPECT_EQ(p.total_bytes, 41088);     // 37120 + 3456 + 128 + 384
+  EXPECT_EQ(p.arena_bytes, 37376);     // 17920 + 19456
+  EXPECT_EQ(p.total_bytes, 41600);     // 37376 + 3456 + 128 + 384 + 256
   // Everything outside the call scratch is unchanged.
-  EXPECT_EQ(p.slot_bytes, 17664);
+  EXPECT_EQ(p.slot_bytes, 17920);
   EXPECT_EQ(p.route_scratch_bytes, 384);
 }
 
@@ -173,19 +185,19 @@ TEST(MemoryPlan, CapacityFactorAboveRIsClamped) {
   EXPECT_EQ(p.recv_capacity_rows, 16);     // min(ceil(8*2), 16)
   // layout(16) = 128 + 128 + 128 + A(16*4)=128 + 128
   EXPECT_EQ(p.routing_metadata_bytes, 640);
-  EXPECT_EQ(p.saved_full_bytes_balanced, 8832);  // at T*K = 8 rows, as without clamping
-  // 640 + A(16*128*2)=4096 + A(16*256*2)=8192 + 2048
-  EXPECT_EQ(p.saved_full_bytes_capacity, 14976);
-  EXPECT_EQ(p.minimum_slot_bytes, 2048);
-  EXPECT_EQ(p.balanced_full_save_slot_bytes, 17664);  // 2 * 8832
-  EXPECT_EQ(p.maximum_useful_slot_bytes, 29952);      // 2 * 14976
-  EXPECT_EQ(p.slot_bytes, 29952);
+  EXPECT_EQ(p.saved_full_bytes_balanced, 8192);  // at T*K = 8 rows, as without clamping
+  // A(16*128*2)=4096 + A(16*256*2)=8192 + 2048 = 14336 = 56*256
+  EXPECT_EQ(p.saved_full_bytes_capacity, 14336);
+  EXPECT_EQ(p.minimum_slot_bytes, 3584);
+  EXPECT_EQ(p.balanced_full_save_slot_bytes, 17920);  // 1536 + 2 * 8192
+  EXPECT_EQ(p.maximum_useful_slot_bytes, 30208);      // 1536 + 2 * 14336
+  EXPECT_EQ(p.slot_bytes, 30208);
   // 640 + 4096 + 8192 + h A(16*128*2)=4096
   EXPECT_EQ(p.forward_scratch_bytes, 17024);
   EXPECT_EQ(p.backward_scratch_bytes, 29312);  // 17024 + 4096 + 8192
   EXPECT_EQ(p.scratch_bytes, 29696);           // 384 + 29312
-  EXPECT_EQ(p.arena_bytes, 59648);             // 29952 + 29696
-  EXPECT_EQ(p.total_bytes, 63616);             // 59648 + 3456 + 128 + 384
+  EXPECT_EQ(p.arena_bytes, 59904);             // 30208 + 29696
+  EXPECT_EQ(p.total_bytes, 64128);             // 59904 + 3456 + 128 + 384 + 256
   const std::string text = p.explain();
   expect_contains(text, "capacity factor: 2 (requested 3, clamped to R");
   // A factor of exactly R is not clamped.
@@ -226,30 +238,31 @@ TEST(MemoryPlan, ExactSlotBytesAreAligned) {
   f.slots.slot_bytes = 5000;
   const MemoryPlan p = plan_memory(Config(f), 2);
   EXPECT_EQ(p.slot_sizing, SlotSizing::exact);
-  EXPECT_EQ(p.slot_bytes, 5120);          // A(5000) = 40*128
+  EXPECT_EQ(p.slot_bytes, 5120);          // 5000 rounded up to G = 256: 20*256
   EXPECT_EQ(p.activation_bytes, 15360);   // 3 * 5120
+  EXPECT_EQ(p.planner_state_bytes, 256);  // A(3*32) + A(3*2*8)
   EXPECT_EQ(p.arena_bytes, 30720);        // 15360 + scratch 15360
-  EXPECT_EQ(p.total_bytes, 34688);        // 30720 + 3456 + 128 + 384
-  // 2048 < 5120 < balanced 17664
+  EXPECT_EQ(p.total_bytes, 34944);        // 30720 + 3456 + 128 + 384 + 256
+  // 3584 < 5120 < balanced 17920
   expect_contains(p.explain(), "some layers recompute at balanced routing");
 }
 
 TEST(MemoryPlan, ExactSlotBytesAtTheMinimum) {
   ConfigFields f = small();
-  f.slots.slot_bytes = 2000;  // A(2000) = 2048 = the minimum 2 * 1024
+  f.slots.slot_bytes = 3500;  // G(3500) = 3584 = the minimum 1536 + 2 * 1024
   const MemoryPlan p = plan_memory(Config(f), 2);
-  EXPECT_EQ(p.slot_bytes, 2048);
+  EXPECT_EQ(p.slot_bytes, 3584);
   expect_contains(p.explain(), "all layers recompute (minimum budget)");
 }
 
 TEST(MemoryPlan, ExactSlotBytesBelowTheMinimumFail) {
   ConfigFields f = small();
-  f.slots.slot_bytes = 1920;  // A(1920) = 1920 < minimum 2048
-  expect_plan_error(f, 2, "Config.slots.slot_bytes", "1920");
+  f.slots.slot_bytes = 3300;  // G(3300) = 3328 < minimum 3584
+  expect_plan_error(f, 2, "Config.slots.slot_bytes", "3300");
   try {
     (void)plan_memory(Config(f), 2);
   } catch (const Error& e) {
-    expect_contains(e.what(), ">= 2048");
+    expect_contains(e.what(), ">= 3584");
   }
   f.slots.slot_bytes = 0;
   expect_plan_error(f, 2, "Config.slots.slot_bytes", "0");
@@ -261,30 +274,30 @@ TEST(MemoryPlan, SlotCapacityFactor) {
   MemoryPlan p = plan_memory(Config(f), 2);
   EXPECT_EQ(p.slot_sizing, SlotSizing::factor);
   EXPECT_EQ(p.slot_capacity_factor, 0.3);
-  // 2048 + ceil(0.3 * (17664 - 2048) = 4684.8) = 2048 + 4685 = 6733 -> A = 6784 (53*128)
-  EXPECT_EQ(p.slot_bytes, 6784);
-  EXPECT_EQ(p.activation_bytes, 6784);
-  EXPECT_EQ(p.total_bytes, 26112);  // 6784 + 15360 + 3456 + 128 + 384
+  // 3584 + ceil(0.3 * (17920 - 3584) = 4300.8) = 3584 + 4301 = 7885 -> G = 7936 (31*256)
+  EXPECT_EQ(p.slot_bytes, 7936);
+  EXPECT_EQ(p.activation_bytes, 7936);
+  EXPECT_EQ(p.total_bytes, 27520);  // 7936 + 15360 + 3456 + 128 + 384 + 256
 
-  f.slots.slot_capacity_factor = 0.5;  // 2048 + 7808 = 9856 (77*128)
-  EXPECT_EQ(plan_memory(Config(f), 2).slot_bytes, 9856);
+  f.slots.slot_capacity_factor = 0.5;  // 3584 + 7168 = 10752 (42*256)
+  EXPECT_EQ(plan_memory(Config(f), 2).slot_bytes, 10752);
   f.slots.slot_capacity_factor = 0.0;  // the minimum
   p = plan_memory(Config(f), 2);
-  EXPECT_EQ(p.slot_bytes, 2048);
+  EXPECT_EQ(p.slot_bytes, 3584);
   expect_contains(p.explain(), "all layers recompute (minimum budget)");
 
   // Capacity above balanced: factor 1 fits balanced routing only.
   f.capacity_factor = 2.0;
   f.slots.slot_capacity_factor = 1.0;
   p = plan_memory(Config(f), 2);
-  EXPECT_EQ(p.slot_bytes, 17664);  // 2048 + 1 * 15616; maximum useful is 29952
+  EXPECT_EQ(p.slot_bytes, 17920);  // 3584 + 1 * 14336; maximum useful is 30208
   expect_contains(p.explain(),
                   "balanced routing fits without recompute; heavier routing may recompute");
-  f.slots.slot_capacity_factor = 2.0;  // 2048 + 2 * 15616 = 33280 > maximum useful 29952
+  f.slots.slot_capacity_factor = 2.0;  // 3584 + 2 * 14336 = 32256 > maximum useful 30208
   p = plan_memory(Config(f), 2);
-  EXPECT_EQ(p.slot_bytes, 33280);
+  EXPECT_EQ(p.slot_bytes, 32256);
   expect_contains(p.explain(), "every layer saves everything (no recompute)");
-  expect_contains(p.explain(), "3,328 bytes above the maximum useful size");  // 33280 - 29952
+  expect_contains(p.explain(), "2,048 bytes above the maximum useful size");  // 32256 - 30208
 }
 
 TEST(MemoryPlan, Inference) {
@@ -323,14 +336,17 @@ TEST(MemoryPlan, DeepSeekV3Like) {
   EXPECT_EQ(p.symmetric_bytes, 528744576);         // 262272 + 58720256 + 469762048
   // layout(49152) = 128 + A(33*4)=256 + A(8*4)=128 + 49152*4=196608 + 32768*4=131072
   EXPECT_EQ(p.routing_metadata_bytes, 328192);
-  EXPECT_EQ(p.saved_input_bytes_per_layer, 58720256);  // 4096*7168*2
-  // layout(32768) = 128 + 256 + 128 + 131072 + 131072 = 262656;
-  // + x_gathered 32768*7168*2=469762048 + h13 32768*4096*2=268435456 + h3 469762048
-  EXPECT_EQ(p.saved_full_bytes_balanced, 1208222208);
-  // 328192 + 49152*7168*2=704643072 + 49152*4096*2=402653184 + 469762048
-  EXPECT_EQ(p.saved_full_bytes_capacity, 1577386496);
-  EXPECT_EQ(p.minimum_slot_bytes, 58720256);
-  EXPECT_EQ(p.slot_bytes, 1577386496);
+  EXPECT_EQ(p.packing_granule_bytes, 14336);          // lcm(128, 14336)
+  EXPECT_EQ(p.saved_input_bytes_per_layer, 58720256);  // 4096*7168*2 = 4096*14336
+  // x_gathered 32768*7168*2=469762048 + h13 32768*4096*2=268435456 + h3 469762048
+  // = 1207959552 = 84260*14336 + 8192 -> 84261*14336
+  EXPECT_EQ(p.saved_full_bytes_balanced, 1207965696);
+  // 49152*7168*2=704643072 + 49152*4096*2=402653184 + 469762048
+  // = 1577058304 = 110006*14336 + 12288 -> 110007*14336
+  EXPECT_EQ(p.saved_full_bytes_capacity, 1577060352);
+  EXPECT_EQ(p.slot_metadata_bytes, 329728);           // 128 + 328192 = 328320 -> 23*14336
+  EXPECT_EQ(p.minimum_slot_bytes, 59049984);          // 329728 + 58720256
+  EXPECT_EQ(p.slot_bytes, 1577390080);                // 329728 + 1577060352
   // 8*32768*4=1048576 + 8*256*4=8192 + 8*16*256*4=131072   (16 chunks of 2048 routes)
   EXPECT_EQ(p.route_scratch_bytes, 1187840);
   // 328192 + 704643072 + 402653184 + h 49152*2048*2=201326592
@@ -339,10 +355,10 @@ TEST(MemoryPlan, DeepSeekV3Like) {
   EXPECT_EQ(p.backward_scratch_bytes, 2416247296);
   EXPECT_EQ(p.scratch_bytes, 2417435136);   // 1187840 + 2416247296
   EXPECT_EQ(p.peer_table_bytes, 384);       // 3 * A(8*8)
-  EXPECT_EQ(p.arena_bytes, 3994821632);     // 1577386496 + 2417435136
-  EXPECT_EQ(p.total_bytes, 4523566720);     // 3994821632 + 528744576 + 128 + 384
-  // 4,523,566,720 / 2^30 = 4.2129...
-  expect_contains(p.explain(), "4.213 GiB (4,523,566,720 bytes)");
+  EXPECT_EQ(p.arena_bytes, 3994825216);     // 1577390080 + 2417435136
+  EXPECT_EQ(p.total_bytes, 4523570560);     // 3994825216 + 528744576 + 128 + 384 + 256
+  // 4,523,570,560 / 2^30 = 4.2129...
+  expect_contains(p.explain(), "4.213 GiB (4,523,570,560 bytes)");
 }
 
 TEST(MemoryPlan, ExplainPrintsEveryTerm) {
@@ -357,26 +373,31 @@ TEST(MemoryPlan, ExplainPrintsEveryTerm) {
            "routing (header + ids + scores [T,K]): 0.000 GiB (384 bytes)",
            "dispatch x / grad_y [T,D] bf16: 0.000 GiB (1,024 bytes)",
            "combine [T,K,D] bf16: 0.000 GiB (2,048 bytes)",
-           "routing metadata (layout at capacity rows): 0.000 GiB (640 bytes)",
+           "metadata (planner record + layout at capacity rows): 0.000 GiB (768 bytes); layout "
+           "0.000 GiB (640 bytes)",
+           "packing granule lcm(128, 2D): 256 bytes",
            "input only (recompute) x [T,D]: 0.000 GiB (1,024 bytes)",
-           "full save at balanced rows: 0.000 GiB (8,832 bytes)",
-           "full save at capacity rows: 0.000 GiB (8,832 bytes)",
-           // 2 slots x 17,664 = 35,328
-           "activation slots: 2 x 0.000 GiB (17,664 bytes) = 0.000 GiB (35,328 bytes); 2 layer(s)",
-           "minimum/balanced full-save/maximum useful: 0.000 GiB (2,048 bytes) / 0.000 GiB (17,664 "
-           "bytes) / 0.000 GiB (17,664 bytes)",
+           "full save (x_gathered, h13, h3) at balanced rows: 0.000 GiB (8,192 bytes)",
+           "full save at capacity rows: 0.000 GiB (8,192 bytes)",
+           // 2 slots x 17,920 = 35,840
+           "activation slots: 2 x 0.000 GiB (17,920 bytes) = 0.000 GiB (35,840 bytes); 2 layer(s)",
+           "slot metadata (L layers): 0.000 GiB (1,536 bytes); planner state: 0.000 GiB (256 bytes)",
+           "minimum/balanced full-save/maximum useful: 0.000 GiB (3,584 bytes) / 0.000 GiB (17,920 "
+           "bytes) / 0.000 GiB (17,920 bytes)",
            "scratch: 0.000 GiB (15,360 bytes) = route 0.000 GiB (384 bytes) + call 0.000 GiB "
            "(14,976 bytes)",
            "forward (recompute mode): 0.000 GiB (8,832 bytes)",
            "status word: 0.000 GiB (128 bytes)",
            "peer tables (3 x [R] pointers): 0.000 GiB (384 bytes)",
-           "arena (slots + scratch): 0.000 GiB (50,688 bytes)",  // 35328 + 15360
-           "total (arena + symmetric + status + peer tables): 0.000 GiB (54,656 bytes)",  // + 3968
+           "arena (slots + scratch): 0.000 GiB (51,200 bytes)",  // 35840 + 15360
+           // + 3456 + 128 + 384 + 256
+           "total (arena + symmetric + status + peer tables + planner state): 0.000 GiB (55,424 "
+           "bytes)",
            "every layer saves everything (no recompute)",
        }) {
     expect_contains(text, part);
   }
-  EXPECT_EQ(p.total_bytes, 54656);  // 50688 + 3456 + 128 + 384
+  EXPECT_EQ(p.total_bytes, 55424);  // 51200 + 3456 + 128 + 384 + 256
 }
 
 TEST(MemoryPlan, SourceIdsMustFitInt32) {
@@ -394,8 +415,9 @@ TEST(MemoryPlan, ByteTermsMustFitInt64) {
   f = fields(1, 1, int64_t{1} << 60, 1, 1);
   expect_plan_error(f, 1, "Config.intermediate_dim", "1152921504606846976");
   f = fields(16, 128, 128, 8, 2);
-  f.slots.max_layers_per_slot = 1 << 30;  // 2^30 layers x 4,096 bytes of input = 2^42: fine
-  EXPECT_EQ(plan_memory(Config(f), 1).minimum_slot_bytes, int64_t{1} << 42);
+  // 2^30 layers x (metadata 128 + layout(32) 640 + input 4,096) = 2^30 * 4864: fine
+  f.slots.max_layers_per_slot = 1 << 30;
+  EXPECT_EQ(plan_memory(Config(f), 1).minimum_slot_bytes, int64_t{4864} << 30);
   f.slots.num_slots = 1 << 30;  // N * slot bytes overflows the 2^56 bound
   expect_plan_error(f, 1, "Config.slots.num_slots", "");
 }
@@ -428,12 +450,15 @@ TEST(MemoryPlan, IsPure) {
   EPMOE_SAME(dispatch_buffer_bytes);
   EPMOE_SAME(combine_buffer_bytes);
   EPMOE_SAME(symmetric_bytes);
+  EPMOE_SAME(packing_granule_bytes);
   EPMOE_SAME(routing_metadata_bytes);
+  EPMOE_SAME(layer_metadata_bytes);
   EPMOE_SAME(saved_input_bytes_per_layer);
   EPMOE_SAME(saved_full_bytes_balanced);
   EPMOE_SAME(saved_full_bytes_capacity);
   EPMOE_SAME(num_slots);
   EPMOE_SAME(layers_per_slot);
+  EPMOE_SAME(slot_metadata_bytes);
   EPMOE_SAME(minimum_slot_bytes);
   EPMOE_SAME(balanced_full_save_slot_bytes);
   EPMOE_SAME(maximum_useful_slot_bytes);
@@ -441,6 +466,7 @@ TEST(MemoryPlan, IsPure) {
   EPMOE_SAME(slot_capacity_factor);
   EPMOE_SAME(slot_bytes);
   EPMOE_SAME(activation_bytes);
+  EPMOE_SAME(planner_state_bytes);
   EPMOE_SAME(route_scratch_bytes);
   EPMOE_SAME(forward_scratch_bytes);
   EPMOE_SAME(backward_scratch_bytes);
