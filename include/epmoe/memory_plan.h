@@ -17,7 +17,7 @@ constexpr int64_t align_bytes(int64_t n) { return (n + kAlignment - 1) / kAlignm
 enum class SlotSizing : int {
   none,            // inference: no slots
   maximum_useful,  // neither control set: every layer saves everything
-  exact,           // slot_bytes, aligned up to kAlignment
+  exact,           // slot_bytes, rounded up to the packing granule
   factor,          // slot_capacity_factor between the minimum and the balanced full save
 };
 

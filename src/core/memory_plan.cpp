@@ -238,7 +238,7 @@ std::string MemoryPlan::explain() const {
   } else {
     std::string how;
     switch (slot_sizing) {
-      case SlotSizing::exact: how = "Config.slots.slot_bytes, aligned to 128"; break;
+      case SlotSizing::exact: how = "Config.slots.slot_bytes, rounded to the granule"; break;
       case SlotSizing::factor: how = "slot capacity factor " + factor_text(slot_capacity_factor); break;
       case SlotSizing::maximum_useful: how = "maximum useful (default)"; break;
       case SlotSizing::none: how = "none"; break;
