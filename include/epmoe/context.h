@@ -73,6 +73,13 @@ class Context {
   // Same, without throwing.
   Status take_status();
 
+  // The planner's decision for a saved layer: true when its forward saved only its input and its
+  // backward replays the forward (synchronises with the device; diagnostics and tests). Valid
+  // until a later forward reuses the layer's place in the slot.
+  bool recomputes(const SavedLayer& saved);
+  // High-water mark of the packed bytes of `slot` (max over ranks) since the context was created.
+  int64_t slot_peak_bytes(int slot);
+
   const Config& config() const;
   const MemoryPlan& plan() const;
   int rank() const;

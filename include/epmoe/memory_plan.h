@@ -17,7 +17,7 @@ constexpr int64_t align_bytes(int64_t n) { return (n + kAlignment - 1) / kAlignm
 enum class SlotSizing : int {
   none,            // inference: no slots
   maximum_useful,  // neither control set: every layer saves everything
-  exact,           // slot_bytes, aligned up to kAlignment
+  exact,           // slot_bytes, rounded up to the packing granule
   factor,          // slot_capacity_factor between the minimum and the balanced full save
 };
 
@@ -45,21 +45,25 @@ struct MemoryPlan {
   int64_t symmetric_bytes = 0;
 
   // Per-layer saved state.
+  int64_t packing_granule_bytes = 0;        // lcm(128, 2D): every packed allocation's multiple
   int64_t routing_metadata_bytes = 0;       // layout of one layer at capacity rows
+  int64_t layer_metadata_bytes = 0;         // planner record (128) + layout, fixed per layer
   int64_t saved_input_bytes_per_layer = 0;  // recompute mode: x [T, D]
-  int64_t saved_full_bytes_balanced = 0;    // metadata + x_gathered + h13 + h3 at T*K rows
+  int64_t saved_full_bytes_balanced = 0;    // x_gathered + h13 + h3 at T*K rows
   int64_t saved_full_bytes_capacity = 0;    // same at recv_capacity_rows
 
   // Activation slots.
   int num_slots = 0;                        // N (0 for inference)
   int layers_per_slot = 0;                  // L
-  int64_t minimum_slot_bytes = 0;           // L * saved input: every layer recomputes
+  int64_t slot_metadata_bytes = 0;          // L * layer metadata, rounded to the granule
+  int64_t minimum_slot_bytes = 0;           // metadata + L * saved input: every layer recomputes
   int64_t balanced_full_save_slot_bytes = 0;
-  int64_t maximum_useful_slot_bytes = 0;    // L * full save at capacity rows: never recomputes
+  int64_t maximum_useful_slot_bytes = 0;    // metadata + L * full save at capacity rows
   SlotSizing slot_sizing = SlotSizing::none;
   double slot_capacity_factor = 0;          // the factor when slot_sizing == factor
-  int64_t slot_bytes = 0;                   // chosen
+  int64_t slot_bytes = 0;                   // chosen (a multiple of the packing granule)
   int64_t activation_bytes = 0;             // N * slot_bytes
+  int64_t planner_state_bytes = 0;          // per-slot planner state (separate allocation)
 
   // Scratch (reused within one call), sized at capacity rows.
   int64_t route_scratch_bytes = 0;     // global routing layout computation
@@ -70,7 +74,7 @@ struct MemoryPlan {
   int64_t status_bytes = 0;            // device status word
   int64_t peer_table_bytes = 0;        // 3 peer-pointer tables [R] (routing, dispatch, combine)
   int64_t arena_bytes = 0;             // activation_bytes + scratch_bytes
-  int64_t total_bytes = 0;             // arena + symmetric + status + peer tables
+  int64_t total_bytes = 0;             // arena + symmetric + status + peer tables + planner
 
   bool inference = false;
 

@@ -1,7 +1,7 @@
 // Backend: the stages of DESIGN.md §3 behind one interface, implemented by the CPU reference
 // (src/cpu) and by CUDA (src/cuda). The Context runs the same sequence on either; each stage reads
 // its row counts from the layout (never from the host on CUDA) and does nothing when
-// layout.header[kLayoutSkip] is set.
+// layout.header[kLayoutSkip] is set (or, for replayed stages, when the layer saved everything).
 #pragma once
 
 #include <cstddef>
@@ -21,6 +21,10 @@ class Backend {
   // Backend-specific limits of a config (e.g. 16-byte rows on CUDA); throws Error naming the field.
   virtual void validate(const Config& /*config*/, int /*ep_size*/) const {}
 
+  // True when the stages take the saved buffers from the layer plans (Step::layer_plan) at run
+  // time; false: the Context places every layer's full save at capacity rows itself.
+  virtual bool places_saved_state() const = 0;
+
   // ---- memory of the compute device ----
   virtual void* allocate(std::size_t bytes) = 0;  // zero-filled
   virtual void release(void* ptr) = 0;
@@ -36,6 +40,12 @@ class Backend {
   // After the publish barrier: the layout from every rank's ids (core/layout.h), the step's
   // skip flag and the status word (input errors of any rank, capacity overflow of any rank).
   virtual void route(const Step& s) = 0;
+  // save_for_backward, after route: the forward planner (core/slot_plan.h, one CTA on CUDA)
+  // decides save-everything or input-only from every rank's received rows, advances the slot and
+  // writes this layer's LayerPlan.
+  virtual void plan_forward(const Step& s) = 0;
+  // Input-only layers: the live rows of x into the slot at layer_plan->x_offset (else nothing).
+  virtual void save_input(const Step& s) = 0;
   // x_gathered[m] = dispatch_R[src rank][t] for every received row m.
   virtual void dispatch(const Step& s) = 0;
   // h13 = x_gathered @ w13[e]^T per expert (unfused).
@@ -55,6 +65,11 @@ class Backend {
   virtual void reduce_forward(const Step& s) = 0;
 
   // ---- backward ----
+  // Backward planner: the layer leaves its slot (LIFO). Its LayerPlan stays readable.
+  virtual void plan_backward(const Step& s) = 0;
+  // Replay (layer_plan->replay_skip == 0): the saved x back into dispatch_R[rank], so that the
+  // replayed dispatch, W13 and W2 stages (Step::replay) rebuild the forward's intermediates.
+  virtual void restore_input(const Step& s) = 0;
   // grad_y into dispatch_R[rank]; scores (f32) and ids into routing_R[rank] (as forward).
   virtual void publish_backward(const Step& s) = 0;
   // grad_scores[t,k] = <grad_y[t], h3[t,k]> in fp32 (0 for inactive routes and padding rows).

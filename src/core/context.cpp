@@ -10,6 +10,7 @@
 #include "core/backend.h"
 #include "core/status_word.h"
 #include "core/plan_terms.h"
+#include "core/slot_plan.h"
 #include "core/validate.h"
 #include "epmoe/error.h"
 
@@ -68,6 +69,10 @@ struct Context::Impl {
 
   char* arena = nullptr;
   Status* status = nullptr;
+  char* planner_state = nullptr;  // SlotState [N] | saved bytes [N, R] (planner_state_layout)
+  SlotLayout slot_geometry_bytes{};
+  bool places_saved_state = false;  // the backend reads saved offsets from the layer plans
+  bool may_recompute = false;       // the slot budget can make a layer save only its input
   int64_t sequence = 0;
   std::vector<std::vector<int64_t>> slot_stack;  // per slot: sequence numbers of saved layers
   bool closed = false;
@@ -101,11 +106,34 @@ struct Context::Impl {
     return static_cast<T**>(dev);
   }
 
-  char* slot_layer_base(int slot, int layer) const {
-    const int64_t per_layer = saved_full_layout(dims, plan.recv_capacity_rows).total;
-    return arena + static_cast<int64_t>(slot) * plan.slot_bytes + layer * per_layer;
+  // Layer `layer` of `slot`: its LayerPlan, then its layout (host-known addresses).
+  char* layer_metadata(int slot, int layer) const {
+    return arena + static_cast<int64_t>(slot) * plan.slot_bytes +
+           layer * slot_geometry_bytes.layer_metadata;
   }
   char* scratch_base() const { return arena + plan.activation_bytes; }
+  char* call_scratch() const {
+    return scratch_base() + route_scratch_layout(dims, plan.recv_capacity_rows).total;
+  }
+
+  SlotGeometry geometry(int slot) const {
+    SlotGeometry g;
+    g.T = dims.T;
+    g.D = dims.D;
+    g.F = dims.F;
+    g.K = dims.K;
+    g.R = dims.R;
+    g.layers_per_slot = plan.layers_per_slot;
+    g.granule = plan.packing_granule_bytes;
+    g.packed_bytes = plan.slot_bytes - slot_geometry_bytes.packed;
+    g.packed_base = static_cast<int64_t>(slot) * plan.slot_bytes + slot_geometry_bytes.packed;
+    const CallScratchLayout cl =
+        call_scratch_layout(dims, plan.recv_capacity_rows, !config.fields().fuse_epilogues);
+    const int64_t call = call_scratch() - arena;
+    g.scratch_x_gathered = call + cl.x_gathered;
+    g.scratch_h13 = call + cl.h13;
+    return g;
+  }
 
   Step base_step(int64_t tokens, void* stream) const {
     Step s;
@@ -138,23 +166,53 @@ struct Context::Impl {
     return s;
   }
 
-  // Saved layer state (slot) or, when nothing is saved, the recompute area of the scratch.
-  void bind_layer_state(Step& s, char* saved_base) const {
+  // Layer state: in the call scratch when nothing is saved (slot < 0); else the layout in the
+  // slot's metadata and the planner's record, from which the stages place x_gathered, h13, h3.
+  void bind_layer_state(Step& s, int slot, int layer) const {
     const int64_t M = plan.recv_capacity_rows;
-    if (saved_base != nullptr) {
-      const SavedFullLayout l = saved_full_layout(dims, M);
-      s.layout = carve_layout(saved_base + l.layout, M, dims.T, dims.K, dims.E, dims.R);
-      s.x_gathered_MD = reinterpret_cast<bf16_t*>(saved_base + l.x_gathered);
-      s.h13_M2F = reinterpret_cast<bf16_t*>(saved_base + l.h13);
-      s.h3_TKD = reinterpret_cast<bf16_t*>(saved_base + l.h3);
-      return;
-    }
-    char* call = scratch_base() + route_scratch_layout(dims, M).total;
+    char* call = call_scratch();
     const CallScratchLayout cl = call_scratch_layout(dims, M, !config.fields().fuse_epilogues);
-    s.layout = carve_layout(call + cl.layout, M, dims.T, dims.K, dims.E, dims.R);
     s.x_gathered_MD = reinterpret_cast<bf16_t*>(call + cl.x_gathered);
     s.h13_M2F = reinterpret_cast<bf16_t*>(call + cl.h13);
     s.h3_TKD = nullptr;
+    if (slot < 0) {
+      s.layout = carve_layout(call + cl.layout, M, dims.T, dims.K, dims.E, dims.R);
+      return;
+    }
+    char* meta = layer_metadata(slot, layer);
+    s.layout = carve_layout(meta + kAlignment, M, dims.T, dims.K, dims.E, dims.R);
+    s.arena = arena;
+    s.layer_plan = reinterpret_cast<LayerPlan*>(meta);
+    const PlannerStateLayout pl = planner_state_layout(plan.num_slots, dims.R);
+    s.slot_state = reinterpret_cast<SlotState*>(planner_state + pl.states) + slot;
+    s.slot_saved_R = reinterpret_cast<int64_t*>(planner_state + pl.saved_NR) + slot * dims.R;
+    s.slot_geometry = geometry(slot);
+    s.slot = slot;
+    if (!places_saved_state) {
+      // A backend that does not read the plans yet: every layer saves everything at capacity
+      // rows, at host-known offsets (Context::create demands the maximum useful budget).
+      const int64_t full = saved_full_bytes(dims, M);
+      const FullSaveLayout l =
+          full_save_layout(M, dims.T, dims.D, dims.F, dims.K, plan.packing_granule_bytes);
+      char* base = arena + s.slot_geometry.packed_base + layer * full;
+      s.x_gathered_MD = reinterpret_cast<bf16_t*>(base + l.x_gathered);
+      s.h13_M2F = reinterpret_cast<bf16_t*>(base + l.h13);
+      s.h3_TKD = reinterpret_cast<bf16_t*>(base + l.h3);
+    }
+  }
+
+  // Forward of W13, SwiGLU, W2 and the scatter to the owners (fused or not), as in forward; the
+  // replay in backward runs the very same stages.
+  void expert_stages(Backend& b, const Step& s) {
+    if (config.fields().fuse_epilogues) {
+      stage("w13_swiglu", s.stream, [&] { b.w13_swiglu(s); });
+      stage("w2_scatter", s.stream, [&] { b.w2_scatter(s); });
+    } else {
+      stage("w13_gemm", s.stream, [&] { b.w13_gemm(s); });
+      stage("swiglu_forward", s.stream, [&] { b.swiglu_forward(s); });
+      stage("w2_gemm", s.stream, [&] { b.w2_gemm(s); });
+      stage("scatter_rows", s.stream, [&] { b.scatter_rows(s); });
+    }
   }
 
   void barrier(void* stream, int channel) {
@@ -191,17 +249,21 @@ std::unique_ptr<Context> Context::create(const Config& config, std::shared_ptr<T
                     "the same config on every rank (rank " + std::to_string(m.transport->rank()) +
                         ")", "a different config on rank " + std::to_string(r));
   }
-  // Until slot packing with recompute lands, every layer saves everything at capacity rows.
-  const int64_t full = saved_full_layout(m.dims, m.plan.recv_capacity_rows).total;
-  EPMOE_CHECK_ARG(m.plan.inference || m.plan.slot_bytes >= m.plan.layers_per_slot * full,
-                  "Config.slots.slot_bytes",
-                  ">= " + std::to_string(m.plan.layers_per_slot * full) +
-                      " (full save of every layer; smaller budgets need recompute)",
-                  m.plan.slot_bytes);
+  m.slot_geometry_bytes = slot_layout(m.dims, m.plan.recv_capacity_rows, m.plan.layers_per_slot);
 
   const Device device = m.transport->device();
   m.backend = device.type == DeviceType::cpu ? make_cpu_backend() : make_cuda_backend(device.index);
   m.backend->validate(config, R);
+  m.places_saved_state = m.backend->places_saved_state();
+  // plan_memory() already refused budgets below the minimum (every layer saves its input).
+  EPMOE_CHECK_ARG(m.plan.inference || m.places_saved_state ||
+                      m.plan.slot_bytes >= m.plan.maximum_useful_slot_bytes,
+                  "Config.slots.slot_bytes",
+                  ">= " + std::to_string(m.plan.maximum_useful_slot_bytes) + " on the " +
+                      m.backend->name() + " backend (every layer saves everything)",
+                  m.plan.slot_bytes);
+  // At the maximum useful budget no layer can need a replay: the host leaves its stages out.
+  m.may_recompute = !m.plan.inference && m.plan.slot_bytes < m.plan.maximum_useful_slot_bytes;
 
   m.routing = m.transport->allocate_symmetric(m.plan.routing_buffer_bytes, "routing");
   m.dispatch = m.transport->allocate_symmetric(m.plan.dispatch_buffer_bytes, "dispatch");
@@ -211,6 +273,10 @@ std::unique_ptr<Context> Context::create(const Config& config, std::shared_ptr<T
   m.combine_R = m.peer_table<bf16_t>(m.combine);
   m.arena = static_cast<char*>(m.backend->allocate(m.plan.arena_bytes));
   m.status = static_cast<Status*>(m.backend->allocate(m.plan.status_bytes));
+  if (m.plan.planner_state_bytes > 0) {  // zero-filled: every slot empty
+    m.planner_state = static_cast<char*>(
+        m.backend->allocate(static_cast<std::size_t>(m.plan.planner_state_bytes)));
+  }
   m.slot_stack.resize(m.plan.num_slots);
   m.transport->barrier("context.create", m.budget);
   return std::unique_ptr<Context>(new Context(std::move(impl)));
@@ -233,7 +299,6 @@ SavedLayer Context::forward(const ForwardArgs& a) {
   ++m.sequence;
 
   SavedLayer saved;
-  char* saved_base = nullptr;
   if (a.save_for_backward) {
     std::vector<int64_t>& stack = m.slot_stack[a.slot];
     EPMOE_CHECK_ARG(static_cast<int>(stack.size()) < m.plan.layers_per_slot, "ForwardArgs.slot",
@@ -241,12 +306,11 @@ SavedLayer Context::forward(const ForwardArgs& a) {
                         std::to_string(m.plan.layers_per_slot) + " layers)",
                     "slot " + std::to_string(a.slot) + " holding " + std::to_string(stack.size()));
     saved = SavedLayer{a.slot, static_cast<int>(stack.size()), m.sequence, tokens};
-    saved_base = m.slot_layer_base(a.slot, saved.layer);
     stack.push_back(m.sequence);
   }
 
   Step s = m.base_step(tokens, a.stream);
-  m.bind_layer_state(s, saved_base);
+  m.bind_layer_state(s, saved.slot, saved.layer);
   s.x_TD = a.x_TD.as<bf16_t>();
   s.num_tokens_1 = a.num_tokens_1.as<int32_t>();
   s.ids_TK = a.topk_ids_TK.data;
@@ -258,28 +322,29 @@ SavedLayer Context::forward(const ForwardArgs& a) {
   s.y_TD = a.y_TD.as<bf16_t>();
 
   Backend& b = *m.backend;
-  const bool fused = m.config.fields().fuse_epilogues;
+  const bool planned = a.save_for_backward && m.places_saved_state;
+  bool slot_advanced = false;
   m.stage_times.clear();
   try {
     m.stage("publish_forward", s.stream, [&] { b.publish_forward(s); });
     m.barrier(a.stream, 0);
     m.stage("route", s.stream, [&] { b.route(s); });
-    m.stage("dispatch", s.stream, [&] { b.dispatch(s); });
-    if (fused) {
-      m.stage("w13_swiglu", s.stream, [&] { b.w13_swiglu(s); });
-      m.stage("w2_scatter", s.stream, [&] { b.w2_scatter(s); });
-    } else {
-      m.stage("w13_gemm", s.stream, [&] { b.w13_gemm(s); });
-      m.stage("swiglu_forward", s.stream, [&] { b.swiglu_forward(s); });
-      m.stage("w2_gemm", s.stream, [&] { b.w2_gemm(s); });
-      m.stage("scatter_rows", s.stream, [&] { b.scatter_rows(s); });
+    if (planned) {
+      m.stage("plan_forward", s.stream, [&] { b.plan_forward(s); });
+      slot_advanced = true;
+      if (m.may_recompute) m.stage("save_input", s.stream, [&] { b.save_input(s); });
     }
+    m.stage("dispatch", s.stream, [&] { b.dispatch(s); });
+    m.expert_stages(b, s);
     m.barrier(a.stream, 1);
     m.stage("reduce_forward", s.stream, [&] { b.reduce_forward(s); });
     m.forward_stage_count = m.stage_times.size();
     m.check_if_synchronous();
   } catch (...) {
-    if (a.save_for_backward) m.slot_stack[a.slot].pop_back();
+    if (a.save_for_backward) {
+      m.slot_stack[a.slot].pop_back();
+      if (slot_advanced) b.plan_backward(s);  // the layer never reaches its backward
+    }
     throw;
   }
   return saved;
@@ -302,7 +367,7 @@ void Context::backward(const BackwardArgs& a) {
   ++m.sequence;
 
   Step s = m.base_step(sv.tokens, a.stream);
-  m.bind_layer_state(s, m.slot_layer_base(sv.slot, sv.layer));
+  m.bind_layer_state(s, sv.slot, sv.layer);
   s.num_tokens_1 = a.num_tokens_1.as<int32_t>();
   s.ids_TK = a.topk_ids_TK.data;
   s.ids_dtype = a.topk_ids_TK.dtype;
@@ -322,6 +387,20 @@ void Context::backward(const BackwardArgs& a) {
   const bool fused = m.config.fields().fuse_epilogues;
   stack.pop_back();  // the layer is consumed whether or not the step was skipped
   m.stage_times.resize(m.forward_stage_count);
+  if (m.places_saved_state) {
+    m.stage("plan_backward", s.stream, [&] { b.plan_backward(s); });
+  }
+  if (m.places_saved_state && m.may_recompute) {
+    // Replay of the forward for a layer that saved only its input: every launch is present
+    // whatever the decision; replay_skip (the same on every rank) makes them no-ops otherwise.
+    Step r = s;
+    r.replay = true;
+    m.stage("restore_input", r.stream, [&] { b.restore_input(r); });
+    m.barrier(a.stream, 4);
+    m.stage("replay_dispatch", r.stream, [&] { b.dispatch(r); });
+    m.expert_stages(b, r);
+    m.barrier(a.stream, 5);
+  }
   m.stage("publish_backward", s.stream, [&] { b.publish_backward(s); });
   m.stage("grad_scores", s.stream, [&] { b.grad_scores(s); });
   m.barrier(a.stream, 2);
@@ -343,6 +422,32 @@ void Context::backward(const BackwardArgs& a) {
   m.barrier(a.stream, 3);
   m.stage("reduce_backward", s.stream, [&] { b.reduce_backward(s); });
   m.check_if_synchronous();
+}
+
+bool Context::recomputes(const SavedLayer& saved) {
+  Impl& m = *impl_;
+  EPMOE_CHECK_ARG(saved.slot >= 0 && saved.slot < m.plan.num_slots, "saved.slot",
+                  "a slot in [0, " + std::to_string(m.plan.num_slots) + ")", saved.slot);
+  EPMOE_CHECK_ARG(saved.layer >= 0 && saved.layer < m.plan.layers_per_slot, "saved.layer",
+                  "a layer in [0, " + std::to_string(m.plan.layers_per_slot) + ")", saved.layer);
+  if (!m.places_saved_state) return false;
+  LayerPlan p;
+  m.backend->synchronize(nullptr);
+  m.backend->copy_to_host(&p, m.layer_metadata(saved.slot, saved.layer), sizeof(p));
+  return p.recompute != 0;
+}
+
+int64_t Context::slot_peak_bytes(int slot) {
+  Impl& m = *impl_;
+  EPMOE_CHECK_ARG(slot >= 0 && slot < m.plan.num_slots, "slot",
+                  "a slot in [0, " + std::to_string(m.plan.num_slots) + ")", slot);
+  if (!m.places_saved_state) return m.plan.slot_bytes - m.slot_geometry_bytes.packed;
+  SlotState st;
+  m.backend->synchronize(nullptr);
+  const PlannerStateLayout pl = planner_state_layout(m.plan.num_slots, m.dims.R);
+  m.backend->copy_to_host(&st, m.planner_state + pl.states + slot * static_cast<int64_t>(sizeof(st)),
+                          sizeof(st));
+  return st.peak_bytes;
 }
 
 void Context::check() {
@@ -371,6 +476,7 @@ void Context::close() {
   m.backend->release(m.combine_R);
   m.backend->release(m.arena);
   m.backend->release(m.status);
+  if (m.planner_state != nullptr) m.backend->release(m.planner_state);
   m.transport->release_symmetric(m.combine);
   m.transport->release_symmetric(m.dispatch);
   m.transport->release_symmetric(m.routing);

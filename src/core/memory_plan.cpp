@@ -11,6 +11,7 @@
 
 #include "core/layout.h"
 #include "core/plan_terms.h"
+#include "core/slot_plan.h"
 #include "epmoe/error.h"
 #include "epmoe/status.h"
 
@@ -123,10 +124,12 @@ MemoryPlan plan_memory(const Config& config, int ep_size) {
   p.symmetric_bytes = p.routing_buffer_bytes + p.dispatch_buffer_bytes + p.combine_buffer_bytes;
 
   // ---- per-layer saved state ----
+  p.packing_granule_bytes = packing_granule(D);
   p.routing_metadata_bytes = layout_bytes(M, T, K, E, R).total;
+  p.layer_metadata_bytes = slot_layout(d, M, 1).layer_metadata;
   p.saved_input_bytes_per_layer = saved_input_bytes(d);
-  p.saved_full_bytes_balanced = saved_full_layout(d, T * K).total;
-  p.saved_full_bytes_capacity = saved_full_layout(d, M).total;
+  p.saved_full_bytes_balanced = saved_full_bytes(d, T * K);
+  p.saved_full_bytes_capacity = saved_full_bytes(d, M);
 
   // ---- activation slots ----
   if (c.inference) {
@@ -137,23 +140,31 @@ MemoryPlan plan_memory(const Config& config, int ep_size) {
     p.layers_per_slot = s.max_layers_per_slot;
     const int64_t L = s.max_layers_per_slot;
     const char* slots_field = "Config.slots.max_layers_per_slot";
-    p.minimum_slot_bytes = checked_mul(L, p.saved_input_bytes_per_layer, slots_field, "L * input");
+    const int64_t G = p.packing_granule_bytes;
+    // Metadata of every layer (planner record + layout) first, then the packed region.
+    p.slot_metadata_bytes = round_up(
+        checked_mul(L, p.layer_metadata_bytes, slots_field, "L * layer metadata"), G);
+    p.minimum_slot_bytes = p.slot_metadata_bytes +
+                           checked_mul(L, p.saved_input_bytes_per_layer, slots_field, "L * input");
     p.balanced_full_save_slot_bytes =
+        p.slot_metadata_bytes +
         checked_mul(L, p.saved_full_bytes_balanced, slots_field, "L * balanced full save");
     p.maximum_useful_slot_bytes =
+        p.slot_metadata_bytes +
         checked_mul(L, p.saved_full_bytes_capacity, slots_field, "L * capacity full save");
     if (s.slot_bytes) {
       EPMOE_CHECK_ARG(*s.slot_bytes <= kMaxTermBytes, "Config.slots.slot_bytes",
                       "a slot below 2^56 bytes", *s.slot_bytes);
       p.slot_sizing = SlotSizing::exact;
-      p.slot_bytes = align_bytes(*s.slot_bytes);
+      p.slot_bytes = round_up(*s.slot_bytes, G);
       // The minimum is what the look-ahead rule needs to always fall back to saving inputs.
       EPMOE_CHECK_ARG(p.slot_bytes >= p.minimum_slot_bytes, "Config.slots.slot_bytes",
-                      ">= " + std::to_string(p.minimum_slot_bytes) + " (minimum: " +
-                          std::to_string(L) + " layers x input " +
-                          std::to_string(p.saved_input_bytes_per_layer) + " bytes)",
-                      std::to_string(*s.slot_bytes) + " (aligned " + std::to_string(p.slot_bytes) +
-                          ")");
+                      ">= " + std::to_string(p.minimum_slot_bytes) + " (minimum: metadata " +
+                          std::to_string(p.slot_metadata_bytes) + " + " + std::to_string(L) +
+                          " layers x input " + std::to_string(p.saved_input_bytes_per_layer) +
+                          " bytes)",
+                      std::to_string(*s.slot_bytes) + " (rounded to the granule: " +
+                          std::to_string(p.slot_bytes) + ")");
     } else if (s.slot_capacity_factor) {
       p.slot_sizing = SlotSizing::factor;
       p.slot_capacity_factor = *s.slot_capacity_factor;
@@ -161,13 +172,14 @@ MemoryPlan plan_memory(const Config& config, int ep_size) {
                            static_cast<double>(p.balanced_full_save_slot_bytes - p.minimum_slot_bytes);
       EPMOE_CHECK_ARG(extra <= static_cast<double>(kMaxTermBytes), "Config.slots.slot_capacity_factor",
                       "a slot below 2^56 bytes", factor_text(p.slot_capacity_factor));
-      p.slot_bytes = align_bytes(p.minimum_slot_bytes + ceil_tolerant(extra));
+      p.slot_bytes = round_up(p.minimum_slot_bytes + ceil_tolerant(extra), G);
     } else {
       p.slot_sizing = SlotSizing::maximum_useful;
       p.slot_bytes = p.maximum_useful_slot_bytes;
     }
     p.activation_bytes = checked_mul(p.num_slots, p.slot_bytes, "Config.slots.num_slots",
                                      "N * slot bytes");
+    p.planner_state_bytes = planner_state_layout(p.num_slots, R).total;
   }
 
   // ---- scratch (Context: route scratch, then the call scratch) ----
@@ -183,7 +195,8 @@ MemoryPlan plan_memory(const Config& config, int ep_size) {
   p.status_bytes = align_bytes(static_cast<int64_t>(sizeof(Status)));
   p.peer_table_bytes = 3 * align_bytes(static_cast<int64_t>(R) * 8);
   p.arena_bytes = p.activation_bytes + p.scratch_bytes;
-  p.total_bytes = p.arena_bytes + p.symmetric_bytes + p.status_bytes + p.peer_table_bytes;
+  p.total_bytes = p.arena_bytes + p.symmetric_bytes + p.status_bytes + p.peer_table_bytes +
+                  p.planner_state_bytes;
   return p;
 }
 
@@ -212,7 +225,9 @@ std::string MemoryPlan::explain() const {
   line("    combine [T,K,D] bf16: " + bytes_text(combine_buffer_bytes));
 
   line("  saved per layer:");
-  line("    routing metadata (layout at capacity rows): " + bytes_text(routing_metadata_bytes));
+  line("    metadata (planner record + layout at capacity rows): " +
+       bytes_text(layer_metadata_bytes) + "; layout " + bytes_text(routing_metadata_bytes));
+  line("    packing granule lcm(128, 2D): " + thousands(packing_granule_bytes) + " bytes");
   {
     const LayoutBytes lb = layout_bytes(recv_capacity_rows, tokens, top_k, experts_local, ep_size);
     line("      of which pulls (one read per source token, " +
@@ -220,7 +235,8 @@ std::string MemoryPlan::explain() const {
          bytes_text(lb.pull_src + lb.pull_rows));
   }
   line("    input only (recompute) x [T,D]: " + bytes_text(saved_input_bytes_per_layer));
-  line("    full save at balanced rows: " + bytes_text(saved_full_bytes_balanced));
+  line("    full save (x_gathered, h13, h3) at balanced rows: " +
+       bytes_text(saved_full_bytes_balanced));
   line("    full save at capacity rows: " + bytes_text(saved_full_bytes_capacity));
 
   if (inference) {
@@ -228,7 +244,7 @@ std::string MemoryPlan::explain() const {
   } else {
     std::string how;
     switch (slot_sizing) {
-      case SlotSizing::exact: how = "Config.slots.slot_bytes, aligned to 128"; break;
+      case SlotSizing::exact: how = "Config.slots.slot_bytes, rounded to the granule"; break;
       case SlotSizing::factor: how = "slot capacity factor " + factor_text(slot_capacity_factor); break;
       case SlotSizing::maximum_useful: how = "maximum useful (default)"; break;
       case SlotSizing::none: how = "none"; break;
@@ -236,6 +252,8 @@ std::string MemoryPlan::explain() const {
     line("  activation slots: " + std::to_string(num_slots) + " x " + bytes_text(slot_bytes) + " = " +
          bytes_text(activation_bytes) + "; " + std::to_string(layers_per_slot) +
          " layer(s) per slot; size from " + how);
+    line("  slot metadata (L layers): " + bytes_text(slot_metadata_bytes) +
+         "; planner state: " + bytes_text(planner_state_bytes));
     line("  activation slot minimum/balanced full-save/maximum useful: " +
          bytes_text(minimum_slot_bytes) + " / " + bytes_text(balanced_full_save_slot_bytes) + " / " +
          bytes_text(maximum_useful_slot_bytes));
@@ -258,7 +276,8 @@ std::string MemoryPlan::explain() const {
   line("  status word: " + bytes_text(status_bytes));
   line("  peer tables (3 x [R] pointers): " + bytes_text(peer_table_bytes));
   line("  arena (slots + scratch): " + bytes_text(arena_bytes));
-  line("  total (arena + symmetric + status + peer tables): " + bytes_text(total_bytes));
+  line("  total (arena + symmetric + status + peer tables + planner state): " +
+       bytes_text(total_bytes));
 
   if (inference) {
     line("  scratch-only inference; no saved activations");

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "core/layout.h"
+#include "core/slot_plan.h"
 #include "epmoe/memory_plan.h"
 
 namespace epmoe {
@@ -14,7 +15,7 @@ struct Dims {
   int K = 0, E = 0, R = 0;  // E = local experts
 };
 
-// What one layer keeps in its slot when it saves everything (no recompute):
+// One layer's whole state at M rows in one block (stage tests carve their buffers with it):
 //   layout(M) | x_gathered [M, D] | h13 [M, 2F] | h3 [T, K, D]      (bf16)
 struct SavedFullLayout {
   int64_t layout, x_gathered, h13, h3, total;  // offsets from the layer's start; total = bytes
@@ -29,8 +30,39 @@ inline SavedFullLayout saved_full_layout(const Dims& d, int64_t M) {
   return l;
 }
 
-// What one layer keeps when it will recompute: its input x [T, D].
-inline int64_t saved_input_bytes(const Dims& d) { return align_bytes(d.T * d.D * 2); }
+// What one layer keeps when it will recompute: its input x [T, D] (packing granule multiple).
+inline int64_t saved_input_bytes(const Dims& d) {
+  return input_save_bytes(d.T, d.D, packing_granule(d.D));
+}
+// Full save in the packed region at `rows` received rows (no layout: that sits in the metadata).
+inline int64_t saved_full_bytes(const Dims& d, int64_t rows) {
+  return full_save_layout(rows, d.T, d.D, d.F, d.K, packing_granule(d.D)).total;
+}
+
+// One slot: metadata of L layers (LayerPlan | layout(M) each), then the packed region.
+struct SlotLayout {
+  int64_t layer_metadata;  // bytes of one layer's LayerPlan | layout(M)
+  int64_t packed;          // offset of the packed region (metadata rounded up to the granule)
+};
+inline SlotLayout slot_layout(const Dims& d, int64_t M, int64_t L) {
+  SlotLayout l;
+  l.layer_metadata = align_bytes(static_cast<int64_t>(sizeof(LayerPlan))) +
+                     layout_bytes(M, d.T, d.K, d.E, d.R).total;
+  l.packed = round_up(L * l.layer_metadata, packing_granule(d.D));
+  return l;
+}
+
+// Planner state of N slots: SlotState [N] | saved bytes per (slot, rank) int64 [N, R].
+struct PlannerStateLayout {
+  int64_t states, saved_NR, total;
+};
+inline PlannerStateLayout planner_state_layout(int64_t N, int R) {
+  PlannerStateLayout l;
+  l.states = 0;
+  l.saved_NR = align_bytes(N * static_cast<int64_t>(sizeof(SlotState)));
+  l.total = l.saved_NR + align_bytes(N * R * 8);
+  return l;
+}
 
 // Route scratch: all ranks' ids gathered [R, T*K] i32, counts [R, E*R] i32, per-chunk histograms
 // [R, C, E*R] i32 with C = ceil(T*K / kRouteChunkRoutes); for the pulls (core/layout.h) the pull

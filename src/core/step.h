@@ -9,6 +9,7 @@
 #include "core/layout.h"
 #include "core/numeric.h"
 #include "core/plan_terms.h"
+#include "core/slot_plan.h"
 #include "epmoe/status.h"
 #include "epmoe/tensor.h"
 
@@ -57,6 +58,17 @@ struct Step {
   bf16_t* x_gathered_MD = nullptr;  // [capacity, D]
   bf16_t* h13_M2F = nullptr;        // [capacity, 2F]
   bf16_t* h3_TKD = nullptr;         // saved copy of this rank's combine slots (nullable)
+
+  // ---- activation slot (save_for_backward; all null otherwise) ----
+  // With a layer plan, stages take x_gathered, h13, h3 and the saved x from arena + the plan's
+  // offsets at run time (device memory on CUDA), never from the pointers above.
+  char* arena = nullptr;
+  LayerPlan* layer_plan = nullptr;   // this layer's record in its slot's metadata
+  SlotState* slot_state = nullptr;   // the slot's planner state
+  int64_t* slot_saved_R = nullptr;   // [R]: the slot's bytes saved as if on each rank
+  SlotGeometry slot_geometry;
+  int slot = -1;
+  bool replay = false;  // backward's replay of the forward: stages skip unless layer_plan->replay_skip == 0
 
   // ---- scratch ----
   char* route_scratch = nullptr;    // route_scratch_layout()

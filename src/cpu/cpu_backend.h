@@ -14,6 +14,7 @@ class CpuBackend final : public Backend {
  public:
   Device device() const override { return Device::cpu(); }
   const char* name() const override { return "cpu"; }
+  bool places_saved_state() const override { return true; }
 
   void* allocate(std::size_t bytes) override;
   void release(void* ptr) override;
@@ -23,6 +24,8 @@ class CpuBackend final : public Backend {
 
   void publish_forward(const Step& s) override;
   void route(const Step& s) override;
+  void plan_forward(const Step& s) override;
+  void save_input(const Step& s) override;
   void dispatch(const Step& s) override;
   void w13_gemm(const Step& s) override;
   void swiglu_forward(const Step& s) override;
@@ -32,6 +35,8 @@ class CpuBackend final : public Backend {
   void w2_scatter(const Step& s) override;
   void reduce_forward(const Step& s) override;
 
+  void plan_backward(const Step& s) override;
+  void restore_input(const Step& s) override;
   void publish_backward(const Step& s) override;
   void grad_scores(const Step& s) override;
   void gather_grad(const Step& s) override;
@@ -60,7 +65,20 @@ inline RoutingView routing_view(const Step& s, int rank) {
           reinterpret_cast<float*>(base + l.scores_offset)};
 }
 
-inline bool skipped(const Step& s) { return s.layout.header[kLayoutSkip] != 0; }
+inline bool skipped(const Step& s) {
+  return s.layout.header[kLayoutSkip] != 0 || (s.replay && s.layer_plan->replay_skip != 0);
+}
+// The step with x_gathered, h13 and h3 where the planner put them (read at run time, as the CUDA
+// kernels read them from device memory); unchanged without a layer plan.
+inline Step placed(const Step& s) {
+  if (s.layer_plan == nullptr) return s;
+  Step r = s;
+  const LayerPlan& p = *s.layer_plan;
+  r.x_gathered_MD = reinterpret_cast<bf16_t*>(s.arena + p.x_gathered_offset);
+  r.h13_M2F = reinterpret_cast<bf16_t*>(s.arena + p.h13_offset);
+  r.h3_TKD = p.h3_offset >= 0 ? reinterpret_cast<bf16_t*>(s.arena + p.h3_offset) : nullptr;
+  return r;
+}
 inline int64_t received_rows(const Step& s) { return s.layout.header[kLayoutRows]; }
 inline int64_t live_rows(const Step& s) { return s.layout.header[kLayoutLive]; }
 

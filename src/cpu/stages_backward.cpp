@@ -94,7 +94,8 @@ void CpuBackend::publish_backward(const Step& s) {
   *v.header = h;
 }
 
-void CpuBackend::grad_scores(const Step& s) {
+void CpuBackend::grad_scores(const Step& step) {
+  const Step s = placed(step);
   const int64_t D = s.dims.D, K = s.dims.K;
   for (int64_t i = 0; i < s.tokens * K; ++i) s.grad_scores_TK[i] = 0.0f;
   if (skipped(s)) return;
@@ -134,19 +135,22 @@ void CpuBackend::gather_grad(const Step& s) {
   }
 }
 
-void CpuBackend::w2_dgrad(const Step& s) {
+void CpuBackend::w2_dgrad(const Step& step) {
+  const Step s = placed(step);
   if (skipped(s)) return;
   w2_dgrad_rows(s, false);
 }
 
-void CpuBackend::swiglu_backward(const Step& s) {
+void CpuBackend::swiglu_backward(const Step& step) {
+  const Step s = placed(step);
   if (skipped(s)) return;
   for (int64_t m = 0; m < received_rows(s); ++m) {
     swiglu_backward_row(s, m, s.grad_h_MF + m * s.dims.F);
   }
 }
 
-void CpuBackend::w2_dgrad_swiglu(const Step& s) {
+void CpuBackend::w2_dgrad_swiglu(const Step& step) {
+  const Step s = placed(step);
   if (skipped(s)) return;
   w2_dgrad_rows(s, true);
 }
@@ -166,7 +170,8 @@ void CpuBackend::w13_dgrad_scatter(const Step& s) {
   w13_dgrad_rows(s, true);
 }
 
-void CpuBackend::w13_wgrad(const Step& s) {
+void CpuBackend::w13_wgrad(const Step& step) {
+  const Step s = placed(step);
   // grad_w13[e][j, d] = sum_m grad_h13[m, j] * x_gathered[m, d]
   weight_grad(s, s.grad_h13_M2F, 2 * s.dims.F, s.x_gathered_MD, s.dims.D, s.grad_w13_EFD);
 }

@@ -150,7 +150,8 @@ void CpuBackend::route(const Step& s) {
 
 // One read of each pulled source row, copied to every local row it feeds; the arrival counters
 // count the rows stored per 128-row block (the CUDA dispatch releases the same counts).
-void CpuBackend::dispatch(const Step& s) {
+void CpuBackend::dispatch(const Step& step) {
+  const Step s = placed(step);
   if (skipped(s)) return;
   const int64_t D = s.dims.D, T = s.dims.T;
   const int K = s.dims.K;
@@ -203,12 +204,14 @@ void w2_rows(const Step& s, bool scatter) {
 
 }  // namespace
 
-void CpuBackend::w13_gemm(const Step& s) {
+void CpuBackend::w13_gemm(const Step& step) {
+  const Step s = placed(step);
   if (skipped(s)) return;
   w13_rows(s, nullptr);
 }
 
-void CpuBackend::swiglu_forward(const Step& s) {
+void CpuBackend::swiglu_forward(const Step& step) {
+  const Step s = placed(step);
   if (skipped(s)) return;
   const int64_t F = s.dims.F;
   for (int64_t m = 0; m < received_rows(s); ++m) {
@@ -220,7 +223,8 @@ void CpuBackend::swiglu_forward(const Step& s) {
   }
 }
 
-void CpuBackend::w13_swiglu(const Step& s) {
+void CpuBackend::w13_swiglu(const Step& step) {
+  const Step s = placed(step);
   if (skipped(s)) return;
   w13_rows(s, s.h_MF);
 }
@@ -243,7 +247,8 @@ void CpuBackend::w2_scatter(const Step& s) {
   w2_rows(s, true);
 }
 
-void CpuBackend::reduce_forward(const Step& s) {
+void CpuBackend::reduce_forward(const Step& step) {
+  const Step s = placed(step);
   const int64_t D = s.dims.D, K = s.dims.K;
   std::memset(s.y_TD, 0, static_cast<size_t>(s.tokens * D) * 2);
   if (skipped(s)) return;

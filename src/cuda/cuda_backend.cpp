@@ -11,6 +11,7 @@
 #include "cuda/gemm/expert_gemm.h"
 #include "cuda/publish.h"
 #include "cuda/reduce.h"
+#include "cuda/slots.h"
 #include "cuda/route.h"
 #include "cuda/scatter.h"
 #include "cuda/swiglu.h"
@@ -90,6 +91,8 @@ void CudaBackend::synchronize(void* stream) {
 
 EPMOE_STAGE(publish_forward, cuda::publish_forward(s))
 EPMOE_STAGE(route, cuda::route(s))
+EPMOE_STAGE(plan_forward, cuda::plan_forward(s))
+EPMOE_STAGE(save_input, cuda::save_input(s))
 EPMOE_STAGE(dispatch, cuda::dispatch(s))
 EPMOE_STAGE(w13_gemm, cuda::w13_fprop(s, false))
 EPMOE_STAGE(swiglu_forward, cuda::swiglu_forward(s))
@@ -99,6 +102,8 @@ EPMOE_STAGE(scatter_rows, cuda::scatter_rows(s))
 EPMOE_STAGE(w2_scatter, cuda::w2_fprop(s, true))
 EPMOE_STAGE(reduce_forward, cuda::reduce_forward(s))
 
+EPMOE_STAGE(plan_backward, cuda::plan_backward(s))
+EPMOE_STAGE(restore_input, cuda::restore_input(s))
 EPMOE_STAGE(publish_backward, cuda::publish_backward(s))
 EPMOE_STAGE(grad_scores, cuda::grad_scores(s))
 EPMOE_STAGE(gather_grad, cuda::gather_grad(s))

@@ -16,6 +16,9 @@ class CudaBackend final : public Backend {
 
   Device device() const override { return Device::cuda(ordinal_); }
   const char* name() const override { return "cuda"; }
+  // Not yet: the GEMMs and stage kernels still take x_gathered, h13, h3 from the Step's pointers
+  // (the planner and input-copy kernels are ready, cuda/slots.cu).
+  bool places_saved_state() const override { return false; }
   // 16-byte rows (D % 8, F % 8), E*R within the route kernels' limit, encode_src in int32.
   void validate(const Config& config, int ep_size) const override;
 
@@ -27,6 +30,8 @@ class CudaBackend final : public Backend {
 
   void publish_forward(const Step& s) override;
   void route(const Step& s) override;
+  void plan_forward(const Step& s) override;
+  void save_input(const Step& s) override;
   void dispatch(const Step& s) override;
   void w13_gemm(const Step& s) override;
   void swiglu_forward(const Step& s) override;
@@ -36,6 +41,8 @@ class CudaBackend final : public Backend {
   void w2_scatter(const Step& s) override;
   void reduce_forward(const Step& s) override;
 
+  void plan_backward(const Step& s) override;
+  void restore_input(const Step& s) override;
   void publish_backward(const Step& s) override;
   void grad_scores(const Step& s) override;
   void gather_grad(const Step& s) override;

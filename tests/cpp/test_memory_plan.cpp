@@ -4,7 +4,11 @@
 // Layout of one layer at M rows (src/core/layout.h), with P_cap = min(M, R*T) pulls:
 //   A(32*4) header + A((E+1)*4) expert offsets + A(R*4) recv rows + A(M*4) recv src + A(T*K*4)
 //   + A(P_cap*4) pull sources + A(P_cap*K*4) pull rows
-// Full save at M rows: layout(M) + A(M*D*2) + A(M*2F*2) + A(T*K*D*2).
+// G = lcm(128, 2D) packing granule; G(n) = n rounded up to a multiple of G.
+// Layer metadata: LayerPlan 128 + layout(M); slot metadata G(L * layer metadata).
+// Full save at M rows: G(A(M*D*2) + A(M*2F*2) + A(T*K*D*2)); input save G(A(T*D*2)).
+// Slot minimum / balanced / maximum useful: metadata + L * (input / full(T*K) / full(M)).
+// Planner state: A(N*32) + A(N*R*8).
 // Call scratch at M rows: layout(M) + A(M*D*2) + A(M*2F*2) + A(M*F*2) | + A(M*D*2) + A(M*2F*2)
 //   | unfused: + A(M*D*2) + A(M*F*2).
 // Route scratch: A(R*T*K*4) + A(R*Eg*4) + A(R*ceil(T*K/2048)*Eg*4) + A(R*T*4) pull of each token
@@ -75,19 +79,23 @@ TEST(MemoryPlan, CiTinyOneRank) {
   EXPECT_EQ(p.combine_buffer_bytes, 32768);   // A(64*2*128*2)
   EXPECT_EQ(p.symmetric_bytes, 50304);        // 1152 + 16384 + 32768
   // layout(128) = 128 + A(9*4)=128 + A(1*4)=128 + A(128*4)=512 + A(128*4)=512
-  EXPECT_EQ(p.routing_metadata_bytes, 2176);
-  EXPECT_EQ(p.saved_input_bytes_per_layer, 16384);  // A(64*128*2)
-  // 1408 + A(128*128*2)=32768 + A(128*192*2)=49152 + A(64*2*128*2)=32768
-  EXPECT_EQ(p.saved_full_bytes_balanced, 116864);
-  EXPECT_EQ(p.saved_full_bytes_capacity, 116864);
+  EXPECT_EQ(p.routing_metadata_bytes, 2176);      // + pulls A(64*4)=256 + A(64*2*4)=512
+  EXPECT_EQ(p.layer_metadata_bytes, 2304);          // 128 + 2176
+  EXPECT_EQ(p.packing_granule_bytes, 256);          // lcm(128, 2*128)
+  EXPECT_EQ(p.saved_input_bytes_per_layer, 16384);  // A(64*128*2), a multiple of 256
+  // A(128*128*2)=32768 + A(128*192*2)=49152 + A(64*2*128*2)=32768 = 114688 = 448*256
+  EXPECT_EQ(p.saved_full_bytes_balanced, 114688);
+  EXPECT_EQ(p.saved_full_bytes_capacity, 114688);  // capacity rows == balanced rows
   EXPECT_EQ(p.num_slots, 1);
   EXPECT_EQ(p.layers_per_slot, 1);
-  EXPECT_EQ(p.minimum_slot_bytes, 16384);              // 1 * 16384
-  EXPECT_EQ(p.balanced_full_save_slot_bytes, 116864);
-  EXPECT_EQ(p.maximum_useful_slot_bytes, 116864);
+  EXPECT_EQ(p.slot_metadata_bytes, 2304);              // G(1 * 2304) = 9*256
+  EXPECT_EQ(p.minimum_slot_bytes, 18688);              // 2304 + 16384
+  EXPECT_EQ(p.balanced_full_save_slot_bytes, 116992);  // 2304 + 114688
+  EXPECT_EQ(p.maximum_useful_slot_bytes, 116992);
   EXPECT_EQ(p.slot_sizing, SlotSizing::maximum_useful);
-  EXPECT_EQ(p.slot_bytes, 116864);
-  EXPECT_EQ(p.activation_bytes, 116864);
+  EXPECT_EQ(p.slot_bytes, 116992);
+  EXPECT_EQ(p.activation_bytes, 116992);  // 1 slot
+  EXPECT_EQ(p.planner_state_bytes, 256);  // A(32) + A(1*1*8)
   // A(1*128*4)=512 + A(1*8*4)=128 + A(1*1*8*4)=128   (1 chunk of 2048 routes)
   EXPECT_EQ(p.route_scratch_bytes, 1280);
   // 1408 + x_gathered 32768 + h13 49152 + h A(128*96*2)=24576
@@ -96,8 +104,8 @@ TEST(MemoryPlan, CiTinyOneRank) {
   EXPECT_EQ(p.scratch_bytes, 191872);
   EXPECT_EQ(p.status_bytes, 128);               // A(40)
   EXPECT_EQ(p.peer_table_bytes, 384);           // 3 * A(1*8)
-  EXPECT_EQ(p.arena_bytes, 308736);
-  EXPECT_EQ(p.total_bytes, 359552);
+  EXPECT_EQ(p.arena_bytes, 308864);             // 116992 + 191872
+  EXPECT_EQ(p.total_bytes, 359936);             // 308864 + 50304 + 128 + 384 + 256
   EXPECT_FALSE(p.inference);
 }
 
@@ -109,16 +117,17 @@ TEST(MemoryPlan, CiTinyTwoRanks) {
   EXPECT_EQ(p.recv_capacity_rows, 128);    // min(ceil(128*1), 256)
   EXPECT_EQ(p.symmetric_bytes, 50304);     // R-independent: 1152 + 16384 + 32768
   // layout(128) = 128 + A(5*4)=128 + A(2*4)=128 + 512 + 512
-  EXPECT_EQ(p.routing_metadata_bytes, 2944);
-  EXPECT_EQ(p.saved_full_bytes_capacity, 117632);
-  EXPECT_EQ(p.slot_bytes, 117632);
+  EXPECT_EQ(p.routing_metadata_bytes, 2944);       // + pulls A(128*4)=512 + A(128*2*4)=1024
+  EXPECT_EQ(p.saved_full_bytes_capacity, 114688);  // 32768 + 49152 + 32768
+  EXPECT_EQ(p.slot_bytes, 117760);                 // metadata 128 + 2944 = 12*256, + 114688
   // A(2*128*4)=1024 + A(2*8*4)=128 + A(2*1*8*4)=128
   EXPECT_EQ(p.route_scratch_bytes, 2048);
   EXPECT_EQ(p.backward_scratch_bytes, 191360);
   EXPECT_EQ(p.scratch_bytes, 193408);
   EXPECT_EQ(p.peer_table_bytes, 384);           // 3 * A(2*8)
-  EXPECT_EQ(p.arena_bytes, 311040);
-  EXPECT_EQ(p.total_bytes, 361856);
+  EXPECT_EQ(p.planner_state_bytes, 256);        // A(32) + A(1*2*8)
+  EXPECT_EQ(p.arena_bytes, 311168);             // 117760 + 193408
+  EXPECT_EQ(p.total_bytes, 362240);             // 311168 + 50304 + 128 + 384 + 256
 }
 
 TEST(MemoryPlan, SmallTwoRanksTwoLayers) {
@@ -132,41 +141,46 @@ TEST(MemoryPlan, SmallTwoRanksTwoLayers) {
   EXPECT_EQ(p.combine_buffer_bytes, 2048);   // A(4*2*128*2)
   EXPECT_EQ(p.symmetric_bytes, 3456);        // 384 + 1024 + 2048
   // layout(8) = 128 + A(3*4)=128 + A(2*4)=128 + A(8*4)=128 + A(8*4)=128
+  //   + pulls (P_cap = min(8, 2*4) = 8) A(8*4)=128 + A(8*2*4)=128
   EXPECT_EQ(p.routing_metadata_bytes, 896);
-  EXPECT_EQ(p.saved_input_bytes_per_layer, 1024);  // A(4*128*2)
-  // 640 + A(8*128*2)=2048 + A(8*256*2)=4096 + A(4*2*128*2)=2048
-  EXPECT_EQ(p.saved_full_bytes_balanced, 9088);
-  EXPECT_EQ(p.saved_full_bytes_capacity, 9088);
+  EXPECT_EQ(p.layer_metadata_bytes, 1024);         // 128 + 896
+  EXPECT_EQ(p.saved_input_bytes_per_layer, 1024);  // A(4*128*2), a multiple of G = 256
+  // A(8*128*2)=2048 + A(8*256*2)=4096 + A(4*2*128*2)=2048
+  EXPECT_EQ(p.saved_full_bytes_balanced, 8192);
+  EXPECT_EQ(p.saved_full_bytes_capacity, 8192);
   EXPECT_EQ(p.layers_per_slot, 2);
-  EXPECT_EQ(p.minimum_slot_bytes, 2048);               // 2 * 1024
-  EXPECT_EQ(p.balanced_full_save_slot_bytes, 18176);
-  EXPECT_EQ(p.maximum_useful_slot_bytes, 18176);
-  EXPECT_EQ(p.slot_bytes, 18176);
-  EXPECT_EQ(p.activation_bytes, 18176);
-  // A(2*8*4)=128 + A(2*4*4)=128 + A(2*1*4*4)=128
+  EXPECT_EQ(p.slot_metadata_bytes, 2048);              // G(2 * 1024)
+  EXPECT_EQ(p.minimum_slot_bytes, 4096);               // 2048 + 2 * 1024
+  EXPECT_EQ(p.balanced_full_save_slot_bytes, 18432);   // 2048 + 2 * 8192
+  EXPECT_EQ(p.maximum_useful_slot_bytes, 18432);
+  EXPECT_EQ(p.slot_bytes, 18432);
+  EXPECT_EQ(p.activation_bytes, 18432);
+  EXPECT_EQ(p.planner_state_bytes, 256);               // A(1*32) + A(1*2*8)
+  // A(2*8*4)=128 + A(2*4*4)=128 + A(2*1*4*4)=128 + pull of each token A(2*4*4)=128
+  //   + pulls per chunk A(2*1*4)=128 + arrival counters A(1*4)=128
   EXPECT_EQ(p.route_scratch_bytes, 768);
-  // 640 + x_gathered 2048 + h13 4096 + h A(8*128*2)=2048
+  // 896 + x_gathered 2048 + h13 4096 + h A(8*128*2)=2048
   EXPECT_EQ(p.forward_scratch_bytes, 9088);
-  EXPECT_EQ(p.backward_scratch_bytes, 15232);
-  EXPECT_EQ(p.scratch_bytes, 16000);
+  EXPECT_EQ(p.backward_scratch_bytes, 15232);  // 9088 + grad_h3 2048 + grad_h13 4096
+  EXPECT_EQ(p.scratch_bytes, 16000);           // 768 + 15232
   EXPECT_EQ(p.peer_table_bytes, 384);          // 3 * A(16)
-  EXPECT_EQ(p.arena_bytes, 34176);
-  EXPECT_EQ(p.total_bytes, 38144);
+  EXPECT_EQ(p.arena_bytes, 34432);             // 18432 + 16000
+  EXPECT_EQ(p.total_bytes, 38656);             // 34432 + 3456 + 128 + 384 + 256
 }
 
 TEST(MemoryPlan, UnfusedScratchAddsRowsAndGradH) {
   ConfigFields f = small();
   f.fuse_epilogues = false;
   const MemoryPlan p = plan_memory(Config(f), 2);
-  // fused 8832 + rows_MD A(8*128*2)=2048
+  // fused 9088 + rows_MD A(8*128*2)=2048
   EXPECT_EQ(p.forward_scratch_bytes, 11136);
-  // fused 14976 + rows_MD 2048 + grad_h A(8*128*2)=2048
+  // fused 15232 + rows_MD 2048 + grad_h A(8*128*2)=2048
   EXPECT_EQ(p.backward_scratch_bytes, 19328);
-  EXPECT_EQ(p.scratch_bytes, 20096);
-  EXPECT_EQ(p.arena_bytes, 38272);
-  EXPECT_EQ(p.total_bytes, 42240);
+  EXPECT_EQ(p.scratch_bytes, 20096);   // 768 + 19328
+  EXPECT_EQ(p.arena_bytes, 38528);     // 18432 + 20096
+  EXPECT_EQ(p.total_bytes, 42752);     // 38528 + 3456 + 128 + 384 + 256
   // Everything outside the call scratch is unchanged.
-  EXPECT_EQ(p.slot_bytes, 18176);
+  EXPECT_EQ(p.slot_bytes, 18432);
   EXPECT_EQ(p.route_scratch_bytes, 768);
 }
 
@@ -177,21 +191,21 @@ TEST(MemoryPlan, CapacityFactorAboveRIsClamped) {
   EXPECT_EQ(p.requested_capacity_factor, 3.0);
   EXPECT_EQ(p.capacity_factor, 2.0);       // min(3, R=2)
   EXPECT_EQ(p.recv_capacity_rows, 16);     // min(ceil(8*2), 16)
-  // layout(16) = 128 + 128 + 128 + A(16*4)=128 + 128
+  // layout(16) = 128 + 128 + 128 + A(16*4)=128 + 128 + pulls (P_cap = min(16, 8)) 128 + 128
   EXPECT_EQ(p.routing_metadata_bytes, 896);
-  EXPECT_EQ(p.saved_full_bytes_balanced, 9088);
-  // 640 + A(16*128*2)=4096 + A(16*256*2)=8192 + 2048
-  EXPECT_EQ(p.saved_full_bytes_capacity, 15232);
-  EXPECT_EQ(p.minimum_slot_bytes, 2048);
-  EXPECT_EQ(p.balanced_full_save_slot_bytes, 18176);
-  EXPECT_EQ(p.maximum_useful_slot_bytes, 30464);
-  EXPECT_EQ(p.slot_bytes, 30464);
-  // 640 + 4096 + 8192 + h A(16*128*2)=4096
+  EXPECT_EQ(p.saved_full_bytes_balanced, 8192);  // at T*K = 8 rows, as without clamping
+  // A(16*128*2)=4096 + A(16*256*2)=8192 + 2048 = 14336 = 56*256
+  EXPECT_EQ(p.saved_full_bytes_capacity, 14336);
+  EXPECT_EQ(p.minimum_slot_bytes, 4096);              // 2048 + 2 * 1024
+  EXPECT_EQ(p.balanced_full_save_slot_bytes, 18432);  // 2048 + 2 * 8192
+  EXPECT_EQ(p.maximum_useful_slot_bytes, 30720);      // 2048 + 2 * 14336
+  EXPECT_EQ(p.slot_bytes, 30720);
+  // 896 + 4096 + 8192 + h A(16*128*2)=4096
   EXPECT_EQ(p.forward_scratch_bytes, 17280);
-  EXPECT_EQ(p.backward_scratch_bytes, 29568);
-  EXPECT_EQ(p.scratch_bytes, 30336);
-  EXPECT_EQ(p.arena_bytes, 60800);
-  EXPECT_EQ(p.total_bytes, 64768);
+  EXPECT_EQ(p.backward_scratch_bytes, 29568);  // 17280 + 4096 + 8192
+  EXPECT_EQ(p.scratch_bytes, 30336);           // 768 + 29568 (the route scratch: 6 x 128)
+  EXPECT_EQ(p.arena_bytes, 61056);             // 30720 + 30336
+  EXPECT_EQ(p.total_bytes, 65280);             // 61056 + 3456 + 128 + 384 + 256
   const std::string text = p.explain();
   expect_contains(text, "capacity factor: 2 (requested 3, clamped to R");
   // A factor of exactly R is not clamped.
@@ -232,30 +246,31 @@ TEST(MemoryPlan, ExactSlotBytesAreAligned) {
   f.slots.slot_bytes = 5000;
   const MemoryPlan p = plan_memory(Config(f), 2);
   EXPECT_EQ(p.slot_sizing, SlotSizing::exact);
-  EXPECT_EQ(p.slot_bytes, 5120);          // A(5000) = 40*128
+  EXPECT_EQ(p.slot_bytes, 5120);          // 5000 rounded up to G = 256: 20*256
   EXPECT_EQ(p.activation_bytes, 15360);   // 3 * 5120
-  EXPECT_EQ(p.arena_bytes, 31360);
-  EXPECT_EQ(p.total_bytes, 35328);
-  // 2048 < 5120 < balanced 17664
+  EXPECT_EQ(p.planner_state_bytes, 256);  // A(3*32) + A(3*2*8)
+  EXPECT_EQ(p.arena_bytes, 31360);        // 15360 + scratch 16000
+  EXPECT_EQ(p.total_bytes, 35584);        // 31360 + 3456 + 128 + 384 + 256
+  // 4096 < 5120 < balanced 18432
   expect_contains(p.explain(), "some layers recompute at balanced routing");
 }
 
 TEST(MemoryPlan, ExactSlotBytesAtTheMinimum) {
   ConfigFields f = small();
-  f.slots.slot_bytes = 2000;  // A(2000) = 2048 = the minimum 2 * 1024
+  f.slots.slot_bytes = 4000;  // G(4000) = 4096 = the minimum 2048 + 2 * 1024
   const MemoryPlan p = plan_memory(Config(f), 2);
-  EXPECT_EQ(p.slot_bytes, 2048);
+  EXPECT_EQ(p.slot_bytes, 4096);
   expect_contains(p.explain(), "all layers recompute (minimum budget)");
 }
 
 TEST(MemoryPlan, ExactSlotBytesBelowTheMinimumFail) {
   ConfigFields f = small();
-  f.slots.slot_bytes = 1920;  // A(1920) = 1920 < minimum 2048
-  expect_plan_error(f, 2, "Config.slots.slot_bytes", "1920");
+  f.slots.slot_bytes = 3300;  // G(3300) = 3328 < minimum 4096
+  expect_plan_error(f, 2, "Config.slots.slot_bytes", "3300");
   try {
     (void)plan_memory(Config(f), 2);
   } catch (const Error& e) {
-    expect_contains(e.what(), ">= 2048");
+    expect_contains(e.what(), ">= 4096");
   }
   f.slots.slot_bytes = 0;
   expect_plan_error(f, 2, "Config.slots.slot_bytes", "0");
@@ -267,30 +282,30 @@ TEST(MemoryPlan, SlotCapacityFactor) {
   MemoryPlan p = plan_memory(Config(f), 2);
   EXPECT_EQ(p.slot_sizing, SlotSizing::factor);
   EXPECT_EQ(p.slot_capacity_factor, 0.3);
-  // 2048 + ceil(0.3 * (18176 - 2048) = 4838.4) = 2048 + 4839 = 6887 -> A = 6912 (54*128)
-  EXPECT_EQ(p.slot_bytes, 6912);
-  EXPECT_EQ(p.activation_bytes, 6912);
-  EXPECT_EQ(p.total_bytes, 26880);
+  // 4096 + ceil(0.3 * (18432 - 4096) = 4300.8) = 4096 + 4301 = 8397 -> G = 8448 (33*256)
+  EXPECT_EQ(p.slot_bytes, 8448);
+  EXPECT_EQ(p.activation_bytes, 8448);
+  EXPECT_EQ(p.total_bytes, 28672);  // 8448 + 16000 + 3456 + 128 + 384 + 256
 
-  f.slots.slot_capacity_factor = 0.5;  // 2048 + 0.5 * (18176 - 2048) = 10112 (79*128)
-  EXPECT_EQ(plan_memory(Config(f), 2).slot_bytes, 10112);
+  f.slots.slot_capacity_factor = 0.5;  // 4096 + 7168 = 11264 (44*256)
+  EXPECT_EQ(plan_memory(Config(f), 2).slot_bytes, 11264);
   f.slots.slot_capacity_factor = 0.0;  // the minimum
   p = plan_memory(Config(f), 2);
-  EXPECT_EQ(p.slot_bytes, 2048);
+  EXPECT_EQ(p.slot_bytes, 4096);
   expect_contains(p.explain(), "all layers recompute (minimum budget)");
 
   // Capacity above balanced: factor 1 fits balanced routing only.
   f.capacity_factor = 2.0;
   f.slots.slot_capacity_factor = 1.0;
   p = plan_memory(Config(f), 2);
-  EXPECT_EQ(p.slot_bytes, 18176);
+  EXPECT_EQ(p.slot_bytes, 18432);  // 4096 + 1 * 14336; maximum useful is 30720
   expect_contains(p.explain(),
                   "balanced routing fits without recompute; heavier routing may recompute");
-  f.slots.slot_capacity_factor = 2.0;  // 2048 + 2 * 16128 = 34304 > maximum useful 30464
+  f.slots.slot_capacity_factor = 2.0;  // 4096 + 2 * 14336 = 32768 > maximum useful 30720
   p = plan_memory(Config(f), 2);
-  EXPECT_EQ(p.slot_bytes, 34304);
+  EXPECT_EQ(p.slot_bytes, 32768);
   expect_contains(p.explain(), "every layer saves everything (no recompute)");
-  expect_contains(p.explain(), "3,840 bytes above the maximum useful size");  // 34304 - 30464
+  expect_contains(p.explain(), "2,048 bytes above the maximum useful size");  // 32768 - 30720
 }
 
 TEST(MemoryPlan, Inference) {
@@ -328,27 +343,32 @@ TEST(MemoryPlan, DeepSeekV3Like) {
   EXPECT_EQ(p.combine_buffer_bytes, 469762048);    // 4096*8*7168*2
   EXPECT_EQ(p.symmetric_bytes, 528744576);         // 262272 + 58720256 + 469762048
   // layout(49152) = 128 + A(33*4)=256 + A(8*4)=128 + 49152*4=196608 + 32768*4=131072
+  //   + pulls (P_cap = min(49152, 8*4096) = 32768) 32768*4=131072 + 32768*8*4=1048576 = 1507840
   EXPECT_EQ(p.routing_metadata_bytes, 1507840);
-  EXPECT_EQ(p.saved_input_bytes_per_layer, 58720256);  // 4096*7168*2
-  // layout(32768) = 128 + 256 + 128 + 131072 + 131072 = 262656;
-  // + x_gathered 32768*7168*2=469762048 + h13 32768*4096*2=268435456 + h3 469762048
-  EXPECT_EQ(p.saved_full_bytes_balanced, 1209401856);
-  // 328192 + 49152*7168*2=704643072 + 49152*4096*2=402653184 + 469762048
-  EXPECT_EQ(p.saved_full_bytes_capacity, 1578566144);
-  EXPECT_EQ(p.minimum_slot_bytes, 58720256);
-  EXPECT_EQ(p.slot_bytes, 1578566144);
+  EXPECT_EQ(p.packing_granule_bytes, 14336);          // lcm(128, 14336)
+  EXPECT_EQ(p.saved_input_bytes_per_layer, 58720256);  // 4096*7168*2 = 4096*14336
+  // x_gathered 32768*7168*2=469762048 + h13 32768*4096*2=268435456 + h3 469762048
+  // = 1207959552 = 84260*14336 + 8192 -> 84261*14336
+  EXPECT_EQ(p.saved_full_bytes_balanced, 1207965696);
+  // 49152*7168*2=704643072 + 49152*4096*2=402653184 + 469762048
+  // = 1577058304 = 110006*14336 + 12288 -> 110007*14336
+  EXPECT_EQ(p.saved_full_bytes_capacity, 1577060352);
+  EXPECT_EQ(p.slot_metadata_bytes, 1519616);          // 128 + 1507840 = 1507968 -> 106*14336
+  EXPECT_EQ(p.minimum_slot_bytes, 60239872);          // 1519616 + 58720256
+  EXPECT_EQ(p.slot_bytes, 1578579968);                // 1519616 + 1577060352
   // 8*32768*4=1048576 + 8*256*4=8192 + 8*16*256*4=131072   (16 chunks of 2048 routes)
+  //   + pull of each token 8*4096*4=131072 + pulls per chunk A(8*4*4)=128 + counters 384*4=1536
   EXPECT_EQ(p.route_scratch_bytes, 1320576);
-  // 328192 + 704643072 + 402653184 + h 49152*2048*2=201326592
+  // 1507840 + 704643072 + 402653184 + h 49152*2048*2=201326592
   EXPECT_EQ(p.forward_scratch_bytes, 1310130688);
   // + grad_h3 704643072 + grad_h13 402653184
   EXPECT_EQ(p.backward_scratch_bytes, 2417426944);
   EXPECT_EQ(p.scratch_bytes, 2418747520);
   EXPECT_EQ(p.peer_table_bytes, 384);       // 3 * A(8*8)
-  EXPECT_EQ(p.arena_bytes, 3997313664);
-  EXPECT_EQ(p.total_bytes, 4526058752);
-  // 4,526,058,752 / 2^30 = 4.2152...
-  expect_contains(p.explain(), "4.215 GiB (4,526,058,752 bytes)");
+  EXPECT_EQ(p.arena_bytes, 3997327488);     // 1578579968 + 2418747520
+  EXPECT_EQ(p.total_bytes, 4526072832);     // 3997327488 + 528744576 + 128 + 384 + 256
+  // 4,526,072,832 / 2^30 = 4.2152...
+  expect_contains(p.explain(), "4.215 GiB (4,526,072,832 bytes)");
 }
 
 TEST(MemoryPlan, ExplainPrintsEveryTerm) {
@@ -363,15 +383,18 @@ TEST(MemoryPlan, ExplainPrintsEveryTerm) {
            "routing (header + ids + scores [T,K]): 0.000 GiB (384 bytes)",
            "dispatch x / grad_y [T,D] bf16: 0.000 GiB (1,024 bytes)",
            "combine [T,K,D] bf16: 0.000 GiB (2,048 bytes)",
-           "routing metadata (layout at capacity rows): 0.000 GiB (896 bytes)",
+           "metadata (planner record + layout at capacity rows): 0.000 GiB (1,024 bytes); layout "
+           "0.000 GiB (896 bytes)",
+           "packing granule lcm(128, 2D): 256 bytes",
            "of which pulls (one read per source token, 8 x (source + K rows)): 0.000 GiB (256 bytes)",
            "input only (recompute) x [T,D]: 0.000 GiB (1,024 bytes)",
-           "full save at balanced rows: 0.000 GiB (9,088 bytes)",
-           "full save at capacity rows: 0.000 GiB (9,088 bytes)",
-           // 2 slots x 18,176 = 36,352
-           "activation slots: 2 x 0.000 GiB (18,176 bytes) = 0.000 GiB (36,352 bytes); 2 layer(s)",
-           "minimum/balanced full-save/maximum useful: 0.000 GiB (2,048 bytes) / 0.000 GiB (18,176 "
-           "bytes) / 0.000 GiB (18,176 bytes)",
+           "full save (x_gathered, h13, h3) at balanced rows: 0.000 GiB (8,192 bytes)",
+           "full save at capacity rows: 0.000 GiB (8,192 bytes)",
+           // 2 slots x 18,432 = 36,864
+           "activation slots: 2 x 0.000 GiB (18,432 bytes) = 0.000 GiB (36,864 bytes); 2 layer(s)",
+           "slot metadata (L layers): 0.000 GiB (2,048 bytes); planner state: 0.000 GiB (256 bytes)",
+           "minimum/balanced full-save/maximum useful: 0.000 GiB (4,096 bytes) / 0.000 GiB (18,432 "
+           "bytes) / 0.000 GiB (18,432 bytes)",
            "scratch: 0.000 GiB (16,000 bytes) = route 0.000 GiB (768 bytes) + call 0.000 GiB "
            "(15,232 bytes)",
            "route: of which pull numbering 0.000 GiB (256 bytes), dispatch arrival counters (per 128 "
@@ -379,13 +402,15 @@ TEST(MemoryPlan, ExplainPrintsEveryTerm) {
            "forward (recompute mode): 0.000 GiB (9,088 bytes)",
            "status word: 0.000 GiB (128 bytes)",
            "peer tables (3 x [R] pointers): 0.000 GiB (384 bytes)",
-           "arena (slots + scratch): 0.000 GiB (52,352 bytes)",  // 36352 + 16000
-           "total (arena + symmetric + status + peer tables): 0.000 GiB (56,320 bytes)",  // + 3968
+           "arena (slots + scratch): 0.000 GiB (52,864 bytes)",  // 36864 + 16000
+           // + 3456 + 128 + 384 + 256
+           "total (arena + symmetric + status + peer tables + planner state): 0.000 GiB (57,088 "
+           "bytes)",
            "every layer saves everything (no recompute)",
        }) {
     expect_contains(text, part);
   }
-  EXPECT_EQ(p.total_bytes, 56320);
+  EXPECT_EQ(p.total_bytes, 57088);  // 52864 + 3456 + 128 + 384 + 256
 }
 
 TEST(MemoryPlan, SourceIdsMustFitInt32) {
@@ -403,8 +428,10 @@ TEST(MemoryPlan, ByteTermsMustFitInt64) {
   f = fields(1, 1, int64_t{1} << 60, 1, 1);
   expect_plan_error(f, 1, "Config.intermediate_dim", "1152921504606846976");
   f = fields(16, 128, 128, 8, 2);
-  f.slots.max_layers_per_slot = 1 << 30;  // 2^30 layers x 4,096 bytes of input = 2^42: fine
-  EXPECT_EQ(plan_memory(Config(f), 1).minimum_slot_bytes, int64_t{1} << 42);
+  // 2^30 layers x (metadata 128 + layout(32) 640 + pulls (16) 128 + 128 + input 4,096)
+  //   = 2^30 * 5120: fine
+  f.slots.max_layers_per_slot = 1 << 30;
+  EXPECT_EQ(plan_memory(Config(f), 1).minimum_slot_bytes, int64_t{5120} << 30);
   f.slots.num_slots = 1 << 30;  // N * slot bytes overflows the 2^56 bound
   expect_plan_error(f, 1, "Config.slots.num_slots", "");
 }
@@ -437,12 +464,15 @@ TEST(MemoryPlan, IsPure) {
   EPMOE_SAME(dispatch_buffer_bytes);
   EPMOE_SAME(combine_buffer_bytes);
   EPMOE_SAME(symmetric_bytes);
+  EPMOE_SAME(packing_granule_bytes);
   EPMOE_SAME(routing_metadata_bytes);
+  EPMOE_SAME(layer_metadata_bytes);
   EPMOE_SAME(saved_input_bytes_per_layer);
   EPMOE_SAME(saved_full_bytes_balanced);
   EPMOE_SAME(saved_full_bytes_capacity);
   EPMOE_SAME(num_slots);
   EPMOE_SAME(layers_per_slot);
+  EPMOE_SAME(slot_metadata_bytes);
   EPMOE_SAME(minimum_slot_bytes);
   EPMOE_SAME(balanced_full_save_slot_bytes);
   EPMOE_SAME(maximum_useful_slot_bytes);
@@ -450,6 +480,7 @@ TEST(MemoryPlan, IsPure) {
   EPMOE_SAME(slot_capacity_factor);
   EPMOE_SAME(slot_bytes);
   EPMOE_SAME(activation_bytes);
+  EPMOE_SAME(planner_state_bytes);
   EPMOE_SAME(route_scratch_bytes);
   EPMOE_SAME(forward_scratch_bytes);
   EPMOE_SAME(backward_scratch_bytes);
