@@ -16,6 +16,12 @@ void fp8_quantize_rows(const float* x_NL, int64_t N, int64_t L, uint8_t* q_NL, f
 void fp8_quantize_rows(const bf16_t* x_NL, int64_t N, int64_t L, uint8_t* q_NL, float* scales_NS, void* stream);
 void fp8_quantize_rows(const float* x_NL, int64_t N, int64_t L, uint8_t* q_NL, uint8_t* scales_NS, void* stream);
 void fp8_quantize_rows(const bf16_t* x_NL, int64_t N, int64_t L, uint8_t* q_NL, uint8_t* scales_NS, void* stream);
+// The same codes and fp32 scales, scales stored S-major: scale of (row n, block s) at
+// scales_SN[s * ld + n], ld >= N (the FP8 grouped GEMM's activation-scale layout, gemm/fp8_gemm.h).
+void fp8_quantize_rows_s_major(const float* x_NL, int64_t N, int64_t L, uint8_t* q_NL, float* scales_SN,
+                               int64_t ld, void* stream);
+void fp8_quantize_rows_s_major(const bf16_t* x_NL, int64_t N, int64_t L, uint8_t* q_NL, float* scales_SN,
+                               int64_t ld, void* stream);
 void fp8_dequantize_rows(const uint8_t* q_NL, const float* scales_NS, int64_t N, int64_t L, float* x_NL,
                          void* stream);
 void fp8_dequantize_rows(const uint8_t* q_NL, const uint8_t* scales_NS, int64_t N, int64_t L, float* x_NL,

@@ -20,6 +20,16 @@ void fp8_quantize_rows(const float* x_NL, int64_t N, int64_t L, uint8_t* q_NL, u
 void fp8_quantize_rows(const bf16_t* x_NL, int64_t N, int64_t L, uint8_t* q_NL, uint8_t* scales_NS, void* stream) {
   launch_quantize_row_blocks<Fp8Ue8m0Scale, kFp8RowBlock, kLanes>(x_NL, N, L, q_NL, scales_NS, stream);
 }
+void fp8_quantize_rows_s_major(const float* x_NL, int64_t N, int64_t L, uint8_t* q_NL, float* scales_SN,
+                               int64_t ld, void* stream) {
+  EPMOE_CHECK_ARG(ld >= 1, "ld", ">= N and >= 1", ld);
+  launch_quantize_row_blocks<Fp8Fp32Scale, kFp8RowBlock, kLanes>(x_NL, N, L, q_NL, scales_SN, stream, ld);
+}
+void fp8_quantize_rows_s_major(const bf16_t* x_NL, int64_t N, int64_t L, uint8_t* q_NL, float* scales_SN,
+                               int64_t ld, void* stream) {
+  EPMOE_CHECK_ARG(ld >= 1, "ld", ">= N and >= 1", ld);
+  launch_quantize_row_blocks<Fp8Fp32Scale, kFp8RowBlock, kLanes>(x_NL, N, L, q_NL, scales_SN, stream, ld);
+}
 void fp8_dequantize_rows(const uint8_t* q_NL, const float* scales_NS, int64_t N, int64_t L, float* x_NL,
                          void* stream) {
   launch_dequantize_row_blocks<Fp8Fp32Scale, kFp8RowBlock>(q_NL, scales_NS, N, L, x_NL, stream);

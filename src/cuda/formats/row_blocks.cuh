@@ -35,7 +35,8 @@ __device__ __forceinline__ uint32_t group_max(uint32_t v) {
 template <class Policy, int kBlock, int kLanes, class T>
 __global__ void __launch_bounds__(kThreads)
     quantize_row_blocks_kernel(const T* __restrict__ x_NL, int64_t N, int64_t L, uint8_t* __restrict__ q_NL,
-                               typename Policy::Scale* __restrict__ scales_NS) {
+                               typename Policy::Scale* __restrict__ scales, int64_t scale_stride_n,
+                               int64_t scale_stride_s) {
   static_assert(kBlock % kLanes == 0 && 32 % kLanes == 0, "lanes divide the block and the warp");
   constexpr int kPerLane = kBlock / kLanes;
   constexpr int kBlocksPerWarp = 32 / kLanes;
@@ -65,7 +66,7 @@ __global__ void __launch_bounds__(kThreads)
     amax = group_max<kLanes>(amax);
     const typename Policy::Scale scale = Policy::from_amax(amax);
     if (!valid) continue;
-    if (sub == 0) scales_NS[blk] = scale;
+    if (sub == 0) scales[n * scale_stride_n + (blk % S) * scale_stride_s] = scale;
     uint8_t* q_B = q_NL + n * L + begin;
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
@@ -89,20 +90,26 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Launchers behind the per-format overloads (host checks = the host codecs' checks).
+// Launchers behind the per-format overloads (host checks = the host codecs' checks). Scales go to
+// scales_NS [N, S], or with ld_sn > 0 S-major: scale of (n, s) at scales[s * ld_sn + n], ld_sn >= N.
 template <class Policy, int kBlock, int kLanes, class T>
 void launch_quantize_row_blocks(const T* x_NL, int64_t N, int64_t L, uint8_t* q_NL,
-                                typename Policy::Scale* scales_NS, void* stream) {
+                                typename Policy::Scale* scales, void* stream, int64_t ld_sn = 0) {
   check_codec_shape(N, L, "N", "L");
   const int64_t S = scale_blocks(L, kBlock);
   check_codec_pointer(x_NL, N * L, "x_NL");
   check_codec_pointer(q_NL, N * L, "q_NL");
-  check_codec_pointer(scales_NS, N * S, "scales_NS");
+  if (ld_sn > 0) {
+    EPMOE_CHECK_ARG(ld_sn >= N, "ld", ">= N (rows of the S-major scales)", ld_sn);
+    check_codec_pointer(scales, S * ld_sn, "scales_SN");
+  } else {
+    check_codec_pointer(scales, N * S, "scales_NS");
+  }
   if (N * L == 0) return;
   const int64_t tiles = (N * S + (32 / kLanes) - 1) / (32 / kLanes);
   quantize_row_blocks_kernel<Policy, kBlock, kLanes, T>
-      <<<grid_for(tiles * 32, kThreads), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x_NL, N, L, q_NL,
-                                                                                            scales_NS);
+      <<<grid_for(tiles * 32, kThreads), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+          x_NL, N, L, q_NL, scales, ld_sn > 0 ? 1 : S, ld_sn > 0 ? ld_sn : 1);
   EPMOE_CUDA_LAUNCH_CHECK();
 }
 

@@ -1,0 +1,268 @@
+// Grouped-GEMM benchmark, FP8 block-scaled vs bf16: the expert GEMMs W13 (N = 2F, K = D) and W2
+// (N = D, K = F) of the MEASURE.md shapes at EP = 1 with balanced routing (T * K rows split evenly
+// over the E experts), each timed with CUDA events (3 warm-up launches, then --iters, median and
+// min-max). FP8: cuda::fp8_grouped_gemm (E4M3 operands, 1x128 / 128x128 fp32 scales, bf16 rows
+// out). bf16: the library's forward GEMM launchers with their plain row epilogues (w13_fprop
+// without SwiGLU, w2_fprop without scatter) and the schedule the build selects. Inputs are random
+// (hash-filled on the device; finite E4M3 codes, scales in [0.5, 1.5), bf16 in [-1, 1)), never zeros.
+//
+//   bench_gemm_fp8 [--shape NAME|all] [--iters N]
+//
+// Prints one line per GEMM and, per run, one JSON object in MEASURE.md's row format
+// (phase "grouped-gemm-w13" / "grouped-gemm-w2", precision "fp8" / "bf16").
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/layout.h"
+#include "core/numeric.h"
+#include "core/step.h"
+#include "cuda/gemm/expert_gemm.h"
+#include "cuda/gemm/fp8_gemm.h"
+
+namespace {
+
+#define BENCH_CHECK(call)                                                                     \
+  do {                                                                                        \
+    const cudaError_t err_ = (call);                                                          \
+    if (err_ != cudaSuccess) {                                                                \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_)); \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+
+struct ModelShape {
+  const char* name;
+  int64_t D, F;
+  int E, K;
+  int64_t T;
+};
+
+const ModelShape kShapes[] = {
+    {"qwen3-30b-a3b", 2048, 768, 128, 8, 8192},
+    {"deepseek-v3", 7168, 2048, 256, 8, 4096},
+    {"gpt-oss-120b", 2880, 2880, 128, 4, 8192},
+    {"mixtral-8x7b", 4096, 14336, 8, 2, 8192},
+};
+
+__device__ uint32_t mix(uint64_t i, uint32_t seed) {
+  uint64_t x = i * 0x9E3779B97F4A7C15ull + seed;
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 29;
+  return static_cast<uint32_t>(x);
+}
+
+// Random finite E4M3 codes.
+__global__ void fill_e4m3(uint8_t* p, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    // Exponent bits 6 and 3 cleared: |x| < 1, never the NaN codes 0x7F / 0xFF.
+    p[i] = static_cast<uint8_t>(mix(static_cast<uint64_t>(i), seed) & 0xB7u);
+  }
+}
+
+__global__ void fill_scales(float* p, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    p[i] = 0.5f + static_cast<float>(mix(static_cast<uint64_t>(i), seed) >> 8) * 0x1p-24f;
+  }
+}
+
+__global__ void fill_bf16(uint16_t* p, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = static_cast<float>(mix(static_cast<uint64_t>(i), seed) >> 8) * 0x1p-23f - 1.0f;
+    uint32_t bits;
+    memcpy(&bits, &v, 4);
+    p[i] = static_cast<uint16_t>(bits >> 16);
+  }
+}
+
+template <class T>
+T* alloc(int64_t n) {
+  void* p = nullptr;
+  BENCH_CHECK(cudaMalloc(&p, static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(T)));
+  return static_cast<T*>(p);
+}
+
+struct Timing {
+  double median_ms, min_ms, max_ms;
+};
+
+Timing time_launches(const std::function<void()>& launch, int iters) {
+  for (int i = 0; i < 3; ++i) launch();
+  BENCH_CHECK(cudaDeviceSynchronize());
+  cudaEvent_t start, stop;
+  BENCH_CHECK(cudaEventCreate(&start));
+  BENCH_CHECK(cudaEventCreate(&stop));
+  std::vector<double> ms;
+  for (int i = 0; i < iters; ++i) {
+    BENCH_CHECK(cudaEventRecord(start));
+    launch();
+    BENCH_CHECK(cudaEventRecord(stop));
+    BENCH_CHECK(cudaEventSynchronize(stop));
+    float t = 0.0f;
+    BENCH_CHECK(cudaEventElapsedTime(&t, start, stop));
+    ms.push_back(t);
+  }
+  BENCH_CHECK(cudaEventDestroy(start));
+  BENCH_CHECK(cudaEventDestroy(stop));
+  std::sort(ms.begin(), ms.end());
+  return {ms[ms.size() / 2], ms.front(), ms.back()};
+}
+
+void report(const ModelShape& s, const char* gemm, const char* precision, int64_t M, int64_t N, int64_t K,
+            const Timing& t, double ratio_to_bf16) {
+  const double tflops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) /
+                        (t.median_ms * 1e-3) / 1e12;
+  std::printf("%-14s %-4s %-5s M %6lld N %6lld K %6lld  median %8.3f ms (%.3f-%.3f)  %7.1f TFLOP/s", s.name,
+              gemm, precision, static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
+              t.median_ms, t.min_ms, t.max_ms, tflops);
+  if (ratio_to_bf16 > 0) std::printf("  fp8/bf16 %.2fx", ratio_to_bf16);
+  std::printf("\n");
+  std::printf("JSON {\"impl\": \"epmoe\", \"shape\": \"%s\", \"ep\": 1, \"routing\": \"balanced\", "
+              "\"precision\": \"%s\", \"phase\": \"grouped-gemm-%s\", \"tokens_per_rank\": %lld, "
+              "\"median_ms\": %.5f, \"min_ms\": %.5f, \"max_ms\": %.5f, \"useful_tflops\": %.2f, "
+              "\"GBps\": null, \"busiest_rank_rows\": %lld, \"balanced_rows\": %lld, \"peak_mem_bytes\": null}\n",
+              s.name, precision, gemm, static_cast<long long>(s.T), t.median_ms, t.min_ms, t.max_ms, tflops,
+              static_cast<long long>(M), static_cast<long long>(M));
+}
+
+void run_shape(const ModelShape& s, int iters) {
+  const int E = s.E;
+  const int64_t M = s.T * s.K, rows = M / E, D = s.D, F = s.F;
+  std::vector<int32_t> offsets(static_cast<size_t>(E) + 1);
+  for (int e = 0; e <= E; ++e) offsets[static_cast<size_t>(e)] = static_cast<int32_t>(rows * e);
+  offsets[static_cast<size_t>(E)] = static_cast<int32_t>(M);  // remainder rows to the last expert
+  int32_t* offsets_E1 = alloc<int32_t>(E + 1);
+  int32_t* header = alloc<int32_t>(epmoe::kLayoutHeaderInts);
+  BENCH_CHECK(cudaMemcpy(offsets_E1, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice));
+  BENCH_CHECK(cudaMemset(header, 0, epmoe::kLayoutHeaderInts * 4));
+  const unsigned grid = 1024, block = 256;
+
+  struct Gemm {
+    const char* name;
+    int64_t N, K;
+  };
+  for (const Gemm& g : {Gemm{"w13", 2 * F, D}, Gemm{"w2", D, F}}) {
+    // bf16: the library's launchers through a Step holding only what they read.
+    Timing bf16_ms{};
+    {
+      uint16_t* a = alloc<uint16_t>(M * g.K);
+      uint16_t* w = alloc<uint16_t>(E * g.N * g.K);
+      uint16_t* out = alloc<uint16_t>(M * g.N);
+      fill_bf16<<<grid, block>>>(a, M * g.K, 1);
+      fill_bf16<<<grid, block>>>(w, E * g.N * g.K, 2);
+      BENCH_CHECK(cudaGetLastError());
+      epmoe::Step st;
+      st.dims.T = s.T;
+      st.dims.D = D;
+      st.dims.F = F;
+      st.dims.K = s.K;
+      st.dims.E = E;
+      st.dims.R = 1;
+      st.capacity_rows = M;
+      st.layout.header = header;
+      st.layout.expert_offsets_E1 = offsets_E1;
+      auto* a16 = reinterpret_cast<epmoe::bf16_t*>(a);
+      auto* w16 = reinterpret_cast<epmoe::bf16_t*>(w);
+      auto* o16 = reinterpret_cast<epmoe::bf16_t*>(out);
+      const bool w13 = std::strcmp(g.name, "w13") == 0;
+      if (w13) {
+        st.x_gathered_MD = a16;
+        st.w13_EFD = w16;
+        st.h13_M2F = o16;
+      } else {
+        st.h_MF = a16;
+        st.w2_EDF = w16;
+        st.rows_MD = o16;
+      }
+      bf16_ms = time_launches([&] {
+        if (w13) epmoe::cuda::w13_fprop(st, false);
+        else epmoe::cuda::w2_fprop(st, false);
+      }, iters);
+      report(s, g.name, "bf16", M, g.N, g.K, bf16_ms, 0.0);
+      BENCH_CHECK(cudaFree(a));
+      BENCH_CHECK(cudaFree(w));
+      BENCH_CHECK(cudaFree(out));
+    }
+    // FP8 block-scaled.
+    {
+      const int64_t S = (g.K + 127) / 128, B = (g.N + 127) / 128, ld_sa = (M + 3) / 4 * 4;
+      uint8_t* a = alloc<uint8_t>(M * g.K);
+      uint8_t* w = alloc<uint8_t>(E * g.N * g.K);
+      float* sa = alloc<float>(S * ld_sa);
+      float* sb = alloc<float>(E * B * S);
+      uint16_t* out = alloc<uint16_t>(M * g.N);
+      fill_e4m3<<<grid, block>>>(a, M * g.K, 3);
+      fill_e4m3<<<grid, block>>>(w, E * g.N * g.K, 4);
+      fill_scales<<<grid, block>>>(sa, S * ld_sa, 5);
+      fill_scales<<<grid, block>>>(sb, E * B * S, 6);
+      BENCH_CHECK(cudaGetLastError());
+      epmoe::cuda::Fp8GroupedGemmArgs args;
+      args.a_MK = a;
+      args.a_scales_SM = sa;
+      args.ld_a_scales = ld_sa;
+      args.b_ENK = w;
+      args.b_scales_EBS = sb;
+      args.offsets_E1 = offsets_E1;
+      args.skip = header + epmoe::kLayoutSkip;
+      args.E = E;
+      args.M = M;
+      args.N = g.N;
+      args.K = g.K;
+      args.out_MN = reinterpret_cast<epmoe::bf16_t*>(out);
+      args.ld_out = g.N;
+      const Timing t = time_launches([&] { epmoe::cuda::fp8_grouped_gemm(args, nullptr); }, iters);
+      report(s, g.name, "fp8", M, g.N, g.K, t, bf16_ms.median_ms / t.median_ms);
+      BENCH_CHECK(cudaFree(a));
+      BENCH_CHECK(cudaFree(w));
+      BENCH_CHECK(cudaFree(sa));
+      BENCH_CHECK(cudaFree(sb));
+      BENCH_CHECK(cudaFree(out));
+    }
+  }
+  BENCH_CHECK(cudaFree(offsets_E1));
+  BENCH_CHECK(cudaFree(header));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string shape = "all";
+  int iters = 20;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--shape") == 0 && i + 1 < argc) {
+      shape = argv[++i];
+    } else if (std::strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
+      iters = std::max(1, std::atoi(argv[++i]));
+    } else {
+      std::fprintf(stderr, "usage: %s [--shape qwen3-30b-a3b|deepseek-v3|gpt-oss-120b|mixtral-8x7b|all] [--iters N]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  cudaDeviceProp prop;
+  BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  bool ran = false;
+  for (const ModelShape& s : kShapes) {
+    if (shape == "all" || shape == s.name) {
+      run_shape(s, iters);
+      ran = true;
+    }
+  }
+  if (!ran) {
+    std::fprintf(stderr, "unknown shape %s\n", shape.c_str());
+    return 2;
+  }
+  return 0;
+}

@@ -1,0 +1,36 @@
+// FP8 block-scaled grouped GEMM (rows grouping), plain C++ launcher: device pointers, sizes and a
+// cudaStream_t passed as void*. Kernel: gemm/grouped_gemm_fp8_sm90.cuh; CPU twin:
+// cpu/gemm_fp8_reference.h (same layouts and the same two-level accumulation).
+//
+//   out[m, :] = bf16( sum_kb (a[m, kb-block] . b_e[:, kb-block]^T) * sa[m, kb] * sb_e[n / 128, kb] )
+//   for the rows m of expert e, [offsets_E1[e], offsets_E1[e + 1]).
+#pragma once
+
+#include <cstdint>
+
+#include "core/numeric.h"
+
+namespace epmoe::cuda {
+
+// Letters: M rows (capacity), K contraction, N output columns, E experts, S = ceil(K / 128),
+// B = ceil(N / 128).
+struct Fp8GroupedGemmArgs {
+  const uint8_t* a_MK = nullptr;          // [M, K] E4M3, row pitch K
+  const float* a_scales_SM = nullptr;     // 1x128 scales, S-major: (m, s) at s * ld_a_scales + m
+  int64_t ld_a_scales = 0;                // >= M, a multiple of 4 (16-byte TMA rows)
+  const uint8_t* b_ENK = nullptr;         // [E, N, K] E4M3 (prepared weights)
+  const float* b_scales_EBS = nullptr;    // [E, B, S] 128x128 scales (fp8_quantize_weights' layout)
+  const int32_t* offsets_E1 = nullptr;    // device [E + 1], non-decreasing, offsets_E1[E] <= M
+  const int32_t* skip = nullptr;          // nullable device flag: non-zero = every group is empty
+  int E = 0;
+  int64_t M = 0, N = 0, K = 0;
+  bf16_t* out_MN = nullptr;               // row pitch ld_out; rows outside the groups untouched
+  int64_t ld_out = 0;
+};
+
+// Requirements (checked; Error(invalid_argument) naming the field): 1 <= E <= 512, K > 0 and
+// K % 16 == 0, N > 0 and N % 8 == 0, ld_out >= N and ld_out % 8 == 0, ld_a_scales as above,
+// 16-byte aligned pointers. The launch is persistent (one CTA per SM) and graph-capturable.
+void fp8_grouped_gemm(const Fp8GroupedGemmArgs& args, void* stream);
+
+}  // namespace epmoe::cuda

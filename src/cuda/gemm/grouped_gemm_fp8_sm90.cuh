@@ -1,0 +1,210 @@
+// FP8 block-scaled grouped GEMM for sm_90a (rows grouping):
+//
+//   C[m, n] = sum_kb block(m, n, kb) * (sa[m, kb] * sb_e[n / 128, kb]),  block = A_kb . B_e,kb^T
+//
+// with A [M, K] and B_e [N, K] E4M3 (both K-major, the only form e4m3 wgmma takes), 1x128
+// activation scales sa and 128x128 weight scales sb (fp32). Hopper's fp8 wgmma accumulates with
+// reduced precision, so each 128-deep k-block goes into a block accumulator (zeroed by the first
+// wgmma) that the consumer promotes into an fp32 total in registers with the block's scales:
+// total = fma(block, sa * sb, total). CPU twin: cpu/gemm_fp8_reference.h.
+//
+// Structure as the bf16 kernel (grouped_gemm_sm90.cuh, whose tile scheduler and epilogues this
+// reuses): persistent grid, one producer warpgroup (one thread issues TMA), BLOCK_M / 64 consumer
+// warpgroups on one 128-row tile (cooperative). A stage holds the A and B k-blocks (128 bytes of
+// K: one 128-byte swizzle row) and the tile's BLOCK_M activation scales of that k-block, loaded by
+// TMA from the S-major scale layout (scale of (m, kb) at kb * ld + m), so the stage's one
+// transaction barrier covers all three. The weight scale of (expert, n-block, kb) is one float per
+// tile and k-block, read from global memory one k-block ahead.
+#pragma once
+
+#include <cute/arch/mma_sm90.hpp>
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "cuda/gemm/gemm_config.h"
+#include "cuda/gemm/grouped_gemm_sm90.cuh"
+
+namespace epmoe::cuda::gemm {
+
+using namespace cute;
+
+template <int BLOCK_N_, int STAGES_>
+struct Fp8GemmTraits {
+  static constexpr int BLOCK_M = 128;       // two consumer warpgroups of 64 rows
+  static constexpr int BLOCK_N = BLOCK_N_;  // 128: one weight scale block per tile
+  static constexpr int BLOCK_K = 128;       // one scale block; 128 bytes of e4m3
+  static constexpr int kStages = STAGES_;
+  static constexpr Grouping kGrouping = Grouping::rows;  // the scheduler's grouping
+  static constexpr int kNumB = 1;
+  static constexpr bool kPingPong = false;
+  static constexpr int kWarpgroupsPerTile = BLOCK_M / 64;
+  static constexpr int kConsumerWarpgroups = BLOCK_M / 64;
+  static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
+  static_assert(BLOCK_N == 128, "one 128-row weight scale block per tile");
+
+  using Element = cutlass::float_e4m3_t;
+  using AtomK = GMMA::Layout_K_SW128_Atom<Element>;  // 8 rows x 128 bytes
+  using SmemLayoutA = decltype(tile_to_shape(
+      AtomK{}, make_shape(Int<BLOCK_M>{}, Int<BLOCK_K>{}, Int<kStages>{})));  // (BM, BK, PIPE)
+  using SmemLayoutB = decltype(tile_to_shape(
+      AtomK{}, make_shape(Int<BLOCK_N>{}, Int<BLOCK_K>{}, Int<kStages>{})));  // (BN, BK, PIPE)
+  using SmemLayoutScaleA = Layout<Shape<Int<BLOCK_M>, _1, Int<kStages>>>;  // (BM, 1, PIPE) fp32
+  using MmaAtom = decltype(SM90::GMMA::ss_op_selector<Element, Element, float,
+                                                       Shape<_64, Int<BLOCK_N>, Int<BLOCK_K>>,
+                                                       GMMA::Major::K, GMMA::Major::K>());
+  using TiledMma = decltype(make_tiled_mma(MmaAtom{}, Layout<Shape<Int<kWarpgroupsPerTile>, _1, _1>>{}));
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  static constexpr uint32_t kTxBytes =
+      static_cast<uint32_t>(BLOCK_M * BLOCK_K + BLOCK_N * BLOCK_K + BLOCK_M * sizeof(float));
+};
+
+template <class Traits, int kEpilogueBytesPerWarpgroup>
+struct alignas(1024) Fp8SharedStorage {
+  cute::array_aligned<typename Traits::Element, cosize_v<typename Traits::SmemLayoutA>, 1024> a;
+  cute::array_aligned<typename Traits::Element, cosize_v<typename Traits::SmemLayoutB>, 1024> b;
+  cute::array_aligned<float, cosize_v<typename Traits::SmemLayoutScaleA>, 128> scale_a;  // [PIPE][BM]
+  alignas(1024) char epilogue[Traits::kConsumerWarpgroups][kEpilogueBytesPerWarpgroup];
+  typename Traits::Pipeline::SharedStorage pipeline;
+  int group_offsets[kMaxGroups + 1];  // make_scheduler's names
+  int tile_prefix[kMaxGroups + 1];
+};
+
+// Weight scales as the consumers read them: [groups, n_blocks, k_blocks] fp32.
+struct Fp8WeightScales {
+  const float* scales_EBS;
+  int64_t n_blocks;  // ceil(N / 128)
+  int64_t k_blocks;  // ceil(K / 128)
+};
+
+template <class Traits, class Epilogue, class TmaA, class TmaB, class TmaScaleA>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    grouped_gemm_fp8_kernel(CUTE_GRID_CONSTANT const TmaA tma_a, CUTE_GRID_CONSTANT const TmaB tma_b,
+                            CUTE_GRID_CONSTANT const TmaScaleA tma_sa, const GroupArgs group_args,
+                            const Fp8WeightScales sb, CUTE_GRID_CONSTANT const typename Epilogue::Params epi_params,
+                            int64_t a_rows, int64_t a_cols, int64_t b_rows, int64_t b_cols) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int BM = Traits::BLOCK_M, BN = Traits::BLOCK_N, BK = Traits::BLOCK_K;
+  using Pipeline = typename Traits::Pipeline;
+  using PipelineState = typename Pipeline::PipelineState;
+
+  extern __shared__ __align__(1024) char smem_raw[];
+  using Smem = Fp8SharedStorage<Traits, Epilogue::kSmemBytesPerWarpgroup>;
+  auto& smem = *reinterpret_cast<Smem*>(smem_raw);
+
+  const int warpgroup = cutlass::canonical_warp_group_idx();
+  const int warp_in_group = cutlass::canonical_warp_idx_sync() % 4;
+  const int lane_predicate = cute::elect_one_sync();
+
+  typename Pipeline::Params pipe_params;
+  pipe_params.transaction_bytes = Traits::kTxBytes;
+  pipe_params.role = warpgroup == 0 ? Pipeline::ThreadCategory::Producer
+                                    : Pipeline::ThreadCategory::Consumer;
+  pipe_params.is_leader = warpgroup == 0 && warp_in_group == 0 && lane_predicate;
+  pipe_params.num_consumers = 128 * Traits::kWarpgroupsPerTile;
+  Pipeline pipeline(smem.pipeline, pipe_params, Shape<_1, _1, _1>{});
+
+  if (threadIdx.x == 0) {
+    cute::prefetch_tma_descriptor(tma_a.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(tma_b.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(tma_sa.get_tma_descriptor());
+  }
+  const TileScheduler<Traits> sched = make_scheduler<Traits>(smem, group_args);  // syncs the CTA
+
+  Tensor sA = make_tensor(make_smem_ptr(smem.a.data()), typename Traits::SmemLayoutA{});
+  Tensor sB = make_tensor(make_smem_ptr(smem.b.data()), typename Traits::SmemLayoutB{});
+  Tensor sSA = make_tensor(make_smem_ptr(smem.scale_a.data()), typename Traits::SmemLayoutScaleA{});
+
+  if (warpgroup == 0) {
+    // ---------------- producer: one thread issues every TMA load ----------------
+    cutlass::arch::warpgroup_reg_dealloc<40>();
+    if (warp_in_group == 0 && lane_predicate) {
+      Tensor mA = tma_a.get_tma_tensor(make_shape(a_rows, a_cols));                         // (M, K)
+      Tensor mB = tma_b.get_tma_tensor(make_shape(b_rows, b_cols, group_args.groups));      // (N, K, G)
+      Tensor mSA = tma_sa.get_tma_tensor(make_shape(a_rows, sb.k_blocks));                  // (M, S)
+      PipelineState write_state = cutlass::make_producer_start_state<Pipeline>();
+      for (int tile = blockIdx.x; tile < sched.total; tile += gridDim.x) {
+        const TileCoord t = sched.at(tile);
+        Tensor gA = local_tile(domain_offset(make_coord(t.row0, 0), mA), Shape<Int<BM>, Int<BK>>{},
+                               make_coord(0, _));  // (BM, BK, k)
+        Tensor gB = local_tile(domain_offset(make_coord(static_cast<int64_t>(t.n_tile) * BN, 0, t.group), mB)(_, _, 0),
+                               Shape<Int<BN>, Int<BK>>{}, make_coord(0, _));  // (BN, BK, k)
+        Tensor gSA = local_tile(domain_offset(make_coord(t.row0, 0), mSA), Shape<Int<BM>, _1>{},
+                                make_coord(0, _));  // (BM, 1, k)
+        auto [tAgA, tAsA] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA),
+                                          group_modes<0, 2>(gA));
+        auto [tBgB, tBsB] = tma_partition(tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sB),
+                                          group_modes<0, 2>(gB));
+        auto [tSgS, tSsS] = tma_partition(tma_sa, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sSA),
+                                          group_modes<0, 2>(gSA));
+        for (int kt = 0; kt < t.k_tiles; ++kt) {
+          pipeline.producer_acquire(write_state);
+          auto* barrier = pipeline.producer_get_barrier(write_state);
+          const int stage = write_state.index();
+          copy(tma_a.with(*barrier), tAgA(_, kt), tAsA(_, stage));
+          copy(tma_b.with(*barrier), tBgB(_, kt), tBsB(_, stage));
+          copy(tma_sa.with(*barrier), tSgS(_, kt), tSsS(_, stage));
+          ++write_state;
+        }
+      }
+    }
+  } else {
+    // ---------------- consumers: wgmma per k-block, promotion, epilogue ----------------
+    cutlass::arch::warpgroup_reg_alloc<232>();
+    const int consumer_tid = threadIdx.x - 128;
+    const int wg = warpgroup - 1;  // = its 64-row block of the tile
+    const int tid = consumer_tid % 128;
+    typename Traits::TiledMma tiled_mma;
+    auto thr_mma = tiled_mma.get_thread_slice(consumer_tid);
+    Tensor tCrA = thr_mma.make_fragment_A(thr_mma.partition_A(sA));  // (MMA, MMA_M, MMA_K, PIPE)
+    Tensor tCrB = thr_mma.make_fragment_B(thr_mma.partition_B(sB));  // (MMA, MMA_N, MMA_K, PIPE)
+    Tensor block = partition_fragment_C(tiled_mma, Shape<Int<BM>, Int<BN>>{});  // one k-block
+    Tensor total = partition_fragment_C(tiled_mma, Shape<Int<BM>, Int<BN>>{});  // promoted sum
+    // This thread's two fragment rows (value i = j + 2 h + 4 g is in row 16 w + l / 4 + 8 h of the
+    // warpgroup's 64; epilogues.cuh) as indices into a stage's BM activation scales.
+    const int scale_row0 = 64 * wg + 16 * (tid / 32) + (tid % 32) / 4;
+    const int scale_row1 = scale_row0 + 8;
+
+    Epilogue epilogue(epi_params, smem.epilogue[wg], wg, wg, tid);
+    PipelineState read_state;
+    for (int tile = blockIdx.x; tile < sched.total; tile += gridDim.x) {
+      const TileCoord t = sched.at(tile);
+      const float* sb_S = sb.scales_EBS + (static_cast<int64_t>(t.group) * sb.n_blocks + t.n_tile) * sb.k_blocks;
+      CUTE_UNROLL
+      for (int i = 0; i < size(total); ++i) total(i) = 0.0f;
+      float sb_next = __ldg(sb_S);
+      for (int kt = 0; kt < t.k_tiles; ++kt) {
+        const float sb_k = sb_next;
+        if (kt + 1 < t.k_tiles) sb_next = __ldg(sb_S + kt + 1);  // in flight during the MMA
+        pipeline.consumer_wait(read_state);
+        const int stage = read_state.index();
+        const float sa0 = sSA(scale_row0, 0, stage), sa1 = sSA(scale_row1, 0, stage);
+        warpgroup_fence_operand(block);
+        warpgroup_arrive();
+        tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+        CUTE_UNROLL
+        for (int kb = 0; kb < size<2>(tCrA); ++kb) {
+          cute::gemm(tiled_mma, tCrA(_, _, kb, stage), tCrB(_, _, kb, stage), block);
+          tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+        }
+        warpgroup_commit_batch();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(block);
+        pipeline.consumer_release(read_state);  // operands and scales are read
+        ++read_state;
+        const float s0 = sa0 * sb_k, s1 = sa1 * sb_k;
+        CUTE_UNROLL
+        for (int i = 0; i < size(block); ++i) {
+          total(i) = __fmaf_rn(block(i), (i & 2) ? s1 : s0, total(i));
+        }
+      }
+      epilogue.store(t, total, total);
+    }
+    epilogue.finish();
+  }
+#endif
+}
+
+}  // namespace epmoe::cuda::gemm

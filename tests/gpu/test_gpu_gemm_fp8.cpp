@@ -1,0 +1,301 @@
+// FP8 block-scaled grouped GEMM (cuda/gemm/fp8_gemm.h) against its CPU twin
+// (cpu/gemm_fp8_reference.h) on several expert counts and row distributions: empty experts, groups
+// that are not a multiple of the 128-row tile, rows past the last group, N and K that are not
+// multiples of 128 (partial weight-scale and k-blocks), the skip flag.
+//
+// Two tolerances:
+// - exact blocks: E4M3 codes of the integers -3..3, so every 128-deep block sum is an integer of
+//   magnitude <= 128 * 9 < 2^11, exact in fp32 and in the tensor core's reduced-precision fp8
+//   accumulation, in any order. The promotion is one fma(block, sa * sb, total) per block on both
+//   sides, so the outputs agree bitwise.
+// - codec-quantized random data: the tensor core's fp8 accumulation keeps ~14 significant bits
+//   (why the kernel promotes per 128-K block), so per element
+//   |gpu - cpu| <= 2^-7 |cpu| (one bf16 rounding step apart) + 2^-8 * sum_kb |sa sb| sum_k |a b|
+//   (abs_MN of the twin: the magnitude any accumulation error is relative to). A wrong scale, row
+//   or block gives errors of the order of the output itself; the measured ratio is printed.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/formats/codecs.h"
+#include "core/numeric.h"
+#include "cpu/gemm_fp8_reference.h"
+#include "cuda/formats/formats.h"
+#include "cuda/gemm/fp8_gemm.h"
+#include "epmoe/cuda.h"
+#include "epmoe/error.h"
+
+#define EPMOE_REQUIRE_GPU()                                       \
+  do {                                                            \
+    if (::epmoe::cuda_device_count() == 0) {                      \
+      GTEST_SKIP() << "no CUDA device: GPU tests skipped";        \
+    }                                                             \
+  } while (0)
+
+namespace epmoe::test {
+namespace {
+
+// Device copy of a host vector, or n elements of 0xA5 bytes (a missed or stray write shows).
+template <class T>
+struct Dev {
+  explicit Dev(size_t n) : size(n) {
+    void* p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess);
+    ptr = static_cast<T*>(p);
+    EXPECT_EQ(cudaMemset(ptr, 0xA5, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess);
+  }
+  explicit Dev(const std::vector<T>& host) : Dev(host.size()) {
+    if (!host.empty()) {
+      EXPECT_EQ(cudaMemcpy(ptr, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+    }
+  }
+  ~Dev() { cudaFree(ptr); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  std::vector<T> get() const {
+    std::vector<T> host(size);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    if (size != 0) {
+      EXPECT_EQ(cudaMemcpy(host.data(), ptr, size * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    }
+    return host;
+  }
+  T* ptr = nullptr;
+  size_t size = 0;
+};
+
+struct Shape {
+  std::vector<int32_t> rows_E;  // rows per expert
+  int64_t spare_rows;           // capacity past the last group
+  int64_t N, K;
+};
+
+std::string describe(const Shape& s) {
+  std::string r = "E " + std::to_string(s.rows_E.size()) + " rows {";
+  for (int32_t v : s.rows_E) r += std::to_string(v) + " ";
+  return r + "} N " + std::to_string(s.N) + " K " + std::to_string(s.K);
+}
+
+std::vector<Shape> shapes() {
+  return {
+      {{300}, 0, 128, 128},                       // one expert, 3 tiles (last partial)
+      {{0, 200, 1, 130}, 5, 256, 512},            // empty expert, 1-row expert, spare rows
+      {{17, 0, 0, 256, 129, 3, 0, 64}, 60, 384, 384},
+      {{40, 90, 0}, 3, 200, 320},                 // N % 128 != 0, K % 128 != 0 (2.5 k-blocks)
+      {{0, 0, 0}, 7, 128, 256},                   // every expert empty
+  };
+}
+
+// One problem in both layouts: host codes/scales, then the device copies.
+struct Problem {
+  Shape shape;
+  int E = 0;
+  int64_t M = 0, N = 0, K = 0, S = 0, B = 0, ld_sa = 0;
+  std::vector<int32_t> offsets;
+  std::vector<uint8_t> a, b;
+  std::vector<float> sa_SM, sb;
+
+  explicit Problem(const Shape& s) : shape(s) {
+    E = static_cast<int>(s.rows_E.size());
+    N = s.N;
+    K = s.K;
+    offsets.assign(1, 0);
+    for (int32_t r : s.rows_E) offsets.push_back(offsets.back() + r);
+    M = offsets.back() + s.spare_rows;
+    S = (K + 127) / 128;
+    B = (N + 127) / 128;
+    ld_sa = (M + 3) / 4 * 4;
+  }
+
+  // Runs the kernel; returns the [M, N] output (rows outside the groups keep 0xA5A5).
+  std::vector<bf16_t> run_gpu(const int32_t* skip = nullptr) const {
+    Dev<uint8_t> da(a), db(b);
+    Dev<float> dsa(sa_SM), dsb(sb);
+    Dev<int32_t> doff(offsets);
+    Dev<bf16_t> dout(static_cast<size_t>(M * N));
+    cuda::Fp8GroupedGemmArgs args;
+    args.a_MK = da.ptr;
+    args.a_scales_SM = dsa.ptr;
+    args.ld_a_scales = ld_sa;
+    args.b_ENK = db.ptr;
+    args.b_scales_EBS = dsb.ptr;
+    args.offsets_E1 = doff.ptr;
+    args.skip = skip;
+    args.E = E;
+    args.M = M;
+    args.N = N;
+    args.K = K;
+    args.out_MN = dout.ptr;
+    args.ld_out = N;
+    cuda::fp8_grouped_gemm(args, nullptr);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    return dout.get();
+  }
+
+  std::vector<bf16_t> run_cpu(std::vector<float>* magnitude = nullptr) const {
+    std::vector<bf16_t> out(static_cast<size_t>(M * N), static_cast<bf16_t>(0xA5A5));
+    if (magnitude != nullptr) magnitude->assign(out.size(), 0.0f);
+    cpu::fp8_grouped_gemm_reference(a.data(), sa_SM.data(), ld_sa, b.data(), sb.data(), offsets.data(), E, N,
+                                    K, out.data(), N, magnitude != nullptr ? magnitude->data() : nullptr);
+    return out;
+  }
+};
+
+void expect_bitwise(const std::vector<bf16_t>& cpu, const std::vector<bf16_t>& gpu, int64_t N,
+                    const std::string& what) {
+  ASSERT_EQ(cpu.size(), gpu.size()) << what;
+  int shown = 0;
+  size_t differ = 0;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    if (cpu[i] == gpu[i]) continue;
+    ++differ;
+    if (shown++ < 8) {
+      ADD_FAILURE() << what << ": row " << i / N << " col " << i % N << ": cpu " << bf16_to_float(cpu[i])
+                    << " (0x" << std::hex << cpu[i] << "), gpu " << bf16_to_float(gpu[i]) << " (0x" << gpu[i]
+                    << std::dec << ")";
+    }
+  }
+  EXPECT_EQ(differ, 0u) << what;
+}
+
+TEST(GpuGemmFp8, ExactBlocksBitwise) {
+  EPMOE_REQUIRE_GPU();
+  std::mt19937 rng(11);
+  const uint8_t kInts[7] = {0xC8, 0xC0, 0xB8, 0x00, 0x38, 0x40, 0x48};  // e4m3 -3 -2 -1 0 1 2 3
+  std::uniform_int_distribution<int> pick(0, 6);
+  std::uniform_real_distribution<float> scale(0.01f, 3.0f);
+  for (const Shape& s : shapes()) {
+    Problem p(s);
+    p.a.resize(static_cast<size_t>(p.M * p.K));
+    p.b.resize(static_cast<size_t>(p.E * p.N * p.K));
+    for (uint8_t& v : p.a) v = kInts[pick(rng)];
+    for (uint8_t& v : p.b) v = kInts[pick(rng)];
+    p.sa_SM.assign(static_cast<size_t>(p.S * p.ld_sa), 0.0f);
+    for (float& v : p.sa_SM) v = scale(rng);
+    p.sb.resize(static_cast<size_t>(p.E * p.B * p.S));
+    for (float& v : p.sb) v = scale(rng);
+    expect_bitwise(p.run_cpu(), p.run_gpu(), p.N, describe(s));
+  }
+}
+
+TEST(GpuGemmFp8, CodecQuantizedRandomWithinBound) {
+  EPMOE_REQUIRE_GPU();
+  std::mt19937 rng(12);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const Shape& s : shapes()) {
+    Problem p(s);
+    // bf16 inputs quantized on the GPU by the codecs: activations with S-major scales.
+    std::vector<bf16_t> x(static_cast<size_t>(p.M * p.K)), w(static_cast<size_t>(p.E * p.N * p.K));
+    for (bf16_t& v : x) v = float_to_bf16(normal(rng));
+    for (bf16_t& v : w) v = float_to_bf16(0.02f * normal(rng));
+    {
+      Dev<bf16_t> dx(x), dw(w);
+      Dev<uint8_t> qa(x.size()), qb(w.size());
+      Dev<float> sa(static_cast<size_t>(p.S * p.ld_sa)), sb(static_cast<size_t>(p.E * p.B * p.S));
+      EXPECT_EQ(cudaMemset(sa.ptr, 0, sa.size * sizeof(float)), cudaSuccess);
+      cuda::fp8_quantize_rows_s_major(dx.ptr, p.M, p.K, qa.ptr, sa.ptr, p.ld_sa, nullptr);
+      cuda::fp8_quantize_weights(dw.ptr, p.E, p.N, p.K, qb.ptr, sb.ptr, nullptr);
+      p.a = qa.get();
+      p.b = qb.get();
+      p.sa_SM = sa.get();
+      p.sb = sb.get();
+    }
+    std::vector<float> magnitude;
+    const std::vector<bf16_t> cpu = p.run_cpu(&magnitude);
+    const std::vector<bf16_t> gpu = p.run_gpu();
+    double worst_ratio = 0.0, err2 = 0.0, ref2 = 0.0;
+    int shown = 0;
+    for (int e = 0; e < p.E; ++e) {
+      for (int64_t m = p.offsets[e]; m < p.offsets[e + 1]; ++m) {
+        for (int64_t n = 0; n < p.N; ++n) {
+          const size_t i = static_cast<size_t>(m * p.N + n);
+          const double c = bf16_to_float(cpu[i]), g = bf16_to_float(gpu[i]);
+          const double err = std::fabs(g - c), mag = magnitude[i];
+          err2 += err * err;
+          ref2 += c * c;
+          if (mag > 0) worst_ratio = std::max(worst_ratio, std::max(0.0, err - std::fabs(c) * 0x1p-7) / mag);
+          if (!(err <= std::fabs(c) * 0x1p-7 + mag * 0x1p-8) && shown++ < 8) {
+            ADD_FAILURE() << describe(s) << ": row " << m << " col " << n << ": cpu " << c << ", gpu " << g
+                          << ", magnitude " << mag;
+          }
+        }
+      }
+    }
+    for (int64_t m = p.offsets[p.E]; m < p.M; ++m) {  // rows past the groups: untouched
+      for (int64_t n = 0; n < p.N; ++n) ASSERT_EQ(gpu[static_cast<size_t>(m * p.N + n)], 0xA5A5) << m;
+    }
+    const double rel_l2 = ref2 > 0 ? std::sqrt(err2 / ref2) : 0.0;
+    std::printf("%s: rel-L2 %.3g, worst (err - bf16 step) / magnitude %.3g\n", describe(s).c_str(), rel_l2,
+                worst_ratio);
+    EXPECT_LE(rel_l2, 1e-2) << describe(s);
+  }
+}
+
+TEST(GpuGemmFp8, SkipFlagLeavesOutputUntouched) {
+  EPMOE_REQUIRE_GPU();
+  Problem p(shapes()[1]);
+  p.a.assign(static_cast<size_t>(p.M * p.K), 0x38);
+  p.b.assign(static_cast<size_t>(p.E * p.N * p.K), 0x38);
+  p.sa_SM.assign(static_cast<size_t>(p.S * p.ld_sa), 1.0f);
+  p.sb.assign(static_cast<size_t>(p.E * p.B * p.S), 1.0f);
+  Dev<int32_t> skip(std::vector<int32_t>{1});
+  for (bf16_t v : p.run_gpu(skip.ptr)) ASSERT_EQ(v, 0xA5A5);
+}
+
+TEST(GpuGemmFp8, ScalesSMajorEqualRowMajor) {
+  EPMOE_REQUIRE_GPU();
+  std::mt19937 rng(13);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  const int64_t N = 37, L = 300, S = 3, ld = 40;
+  std::vector<bf16_t> x(static_cast<size_t>(N * L));
+  for (bf16_t& v : x) v = float_to_bf16(normal(rng));
+  Dev<bf16_t> dx(x);
+  Dev<uint8_t> q1(x.size()), q2(x.size());
+  Dev<float> s_NS(static_cast<size_t>(N * S)), s_SN(static_cast<size_t>(S * ld));
+  cuda::fp8_quantize_rows(dx.ptr, N, L, q1.ptr, s_NS.ptr, nullptr);
+  cuda::fp8_quantize_rows_s_major(dx.ptr, N, L, q2.ptr, s_SN.ptr, ld, nullptr);
+  EXPECT_EQ(q1.get(), q2.get());
+  const std::vector<float> a = s_NS.get(), b = s_SN.get();
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t s = 0; s < S; ++s) ASSERT_EQ(a[n * S + s], b[s * ld + n]) << n << " " << s;
+  }
+}
+
+// Host checks only: they run before any CUDA call, so without a GPU too.
+TEST(GpuGemmFp8, ArgumentErrorsNameTheField) {
+  cuda::Fp8GroupedGemmArgs args;
+  args.E = 2;
+  args.M = 0;
+  args.N = 128;
+  args.K = 100;  // not a multiple of 16
+  args.ld_out = 128;
+  auto field_of = [&]() -> std::string {
+    try {
+      cuda::fp8_grouped_gemm(args, nullptr);
+    } catch (const Error& e) {
+      return e.argument();
+    }
+    return "";
+  };
+  EXPECT_EQ(field_of(), "K");
+  args.K = 128;
+  args.N = 100;
+  EXPECT_EQ(field_of(), "N");
+  args.N = 128;
+  args.E = 0;
+  EXPECT_EQ(field_of(), "E");
+  args.E = 2;
+  args.ld_a_scales = 2;
+  args.M = 3;
+  EXPECT_EQ(field_of(), "ld_a_scales");
+}
+
+}  // namespace
+}  // namespace epmoe::test
