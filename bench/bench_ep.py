@@ -34,7 +34,9 @@ import shapes as S  # noqa: E402
 import torch_recipe  # noqa: E402
 
 OUTPUTS = ("y", "grad_x", "grad_scores", "grad_w13", "grad_w2")
-VARIANTS = {"epmoe": True, "epmoe-unfused": False}  # row name: Config.fuse_epilogues
+# row name: (Config.fuse_epilogues, Config.arrival_gated_w13). "epmoe-staged" is the fused chain
+# with a full stop between dispatch and W13 (no arrival gating): fused against staged, same run.
+VARIANTS = {"epmoe": (True, True), "epmoe-staged": (True, False), "epmoe-unfused": (False, False)}
 
 
 # ---- accounting (pure; checked by --self-check) ----
@@ -172,9 +174,11 @@ class Inputs:
 class EpmoeRun:
     """An epmoe context over the NCCL transport and its output buffers."""
 
-    def __init__(self, lib, nccl, ranks, inp, fused, capacity_factor):
+    def __init__(self, lib, nccl, ranks, inp, variant, capacity_factor):
+        fused, gated = variant
         cfg = lib.epmoe_config_default(inp.T, inp.D, inp.F, inp.K, inp.E)
         cfg.fuse_epilogues = int(fused)
+        cfg.arrival_gated_w13 = int(gated)
         cfg.capacity_factor = capacity_factor
         uid = epmoe_ctypes.nccl_unique_id(lib, nccl) if ranks.rank == 0 else None
         uid = ranks.gather(uid)[0]
@@ -321,7 +325,7 @@ def imbalance_rows(rows, shape):
                 return r
         return None
 
-    for impl in ("epmoe", "epmoe-unfused", "torch-native"):
+    for impl in ("epmoe", "epmoe-staged", "epmoe-unfused", "torch-native"):
         bal, skew = get(impl, "balanced", "fwd+bwd"), get(impl, "skew", "fwd+bwd")
         if not bal or not skew:
             continue
