@@ -34,9 +34,9 @@ import shapes as S  # noqa: E402
 import torch_recipe  # noqa: E402
 
 OUTPUTS = ("y", "grad_x", "grad_scores", "grad_w13", "grad_w2")
-# row name: (Config.fuse_epilogues, Config.arrival_gated_w13). "epmoe-staged" is the fused chain
-# with a full stop between dispatch and W13 (no arrival gating): fused against staged, same run.
-VARIANTS = {"epmoe": (True, True), "epmoe-staged": (True, False), "epmoe-unfused": (False, False)}
+# row name: (Config.fuse_epilogues, Config.arrival_gated_w13). "epmoe" is the default (fused
+# epilogues, dispatch then W13); "epmoe-gated" overlaps W13 with dispatch through arrival counters.
+VARIANTS = {"epmoe": (True, False), "epmoe-gated": (True, True), "epmoe-unfused": (False, False)}
 
 
 # ---- accounting (pure; checked by --self-check) ----
@@ -325,7 +325,7 @@ def imbalance_rows(rows, shape):
                 return r
         return None
 
-    for impl in ("epmoe", "epmoe-staged", "epmoe-unfused", "torch-native"):
+    for impl in ("epmoe", "epmoe-gated", "epmoe-unfused", "torch-native"):
         bal, skew = get(impl, "balanced", "fwd+bwd"), get(impl, "skew", "fwd+bwd")
         if not bal or not skew:
             continue

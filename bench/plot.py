@@ -13,7 +13,7 @@ import json
 import os
 from html import escape
 
-PALETTE = {"epmoe": "#1f6feb", "epmoe-unfused": "#79a8f7", "epmoe-staged": "#79a8f7",
+PALETTE = {"epmoe": "#1f6feb", "epmoe-unfused": "#79a8f7", "epmoe-staged": "#79a8f7", "epmoe-gated": "#93c5fd",
            "torch-native": "#d97706", "torch._grouped_mm": "#6b7280"}
 OTHER = ["#059669", "#9333ea", "#dc2626", "#0891b2"]
 

@@ -29,7 +29,7 @@ typedef struct {
   int32_t check_inputs;
   int32_t wgrad_f32;           /* 1: f32 weight gradients; 0: bf16 */
   int32_t barrier_timeout_ms;
-  int32_t arrival_gated_w13;   /* 1: W13 waits on dispatch arrivals, overlapped (default); 0: staged */
+  int32_t arrival_gated_w13;   /* 1: W13 waits on dispatch arrivals, overlapped; 0: staged (default) */
 } epmoe_config;
 
 /* Defaults of the C++ Config for the four required fields. */

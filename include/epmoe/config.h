@@ -68,7 +68,10 @@ struct ConfigFields {
   // CUDA: the W13 GEMM is launched while dispatch runs (programmatic dependent launch) and its TMA
   // producer waits on per-128-row arrival counters that dispatch releases; false: staged (W13
   // starts after dispatch has finished). Results are bitwise equal; the CPU backend ignores it.
-  bool arrival_gated_w13 = true;
+  // Off by default: measured slower on 2 x H200 (deepseek-v3 EP = 2 forward 9.95 ms gated vs
+  // 5.51 ms staged; bench/results/2026-11-29-*-ep2-gated.json): W13 CTAs take SMs that dispatch
+  // still needs and spin, and dispatch fills rows in (source, token) order, not expert order.
+  bool arrival_gated_w13 = false;
 };
 
 class Config {

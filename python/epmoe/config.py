@@ -58,7 +58,7 @@ class Config:
     check_inputs: bool = True  # device-side checks of ids range and finite x / scores
     barrier_timeout_ms: int = 30000
     fuse_epilogues: bool = True
-    arrival_gated_w13: bool = True  # CUDA: W13 overlaps dispatch, gated by row arrival counters
+    arrival_gated_w13: bool = False  # CUDA: W13 overlaps dispatch, gated by row arrival counters
 
     def __post_init__(self) -> None:
         for name in ("max_num_local_input_tokens", "hidden_dim", "intermediate_dim", "top_k",

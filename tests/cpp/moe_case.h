@@ -25,7 +25,7 @@ struct Problem {
   int experts = 8;            // global experts (E * R)
   Activation act = Activation::swiglu();
   bool fused = true;
-  bool arrival_gated_w13 = true;  // CUDA: W13 overlapped with dispatch (false: staged)
+  bool arrival_gated_w13 = false;  // CUDA: W13 overlapped with dispatch (false: staged, the default)
   DType wgrad_dtype = DType::bf16;
   double capacity_factor = 0.0;  // 0: R, every routing fits
   int layers_per_slot = 1;

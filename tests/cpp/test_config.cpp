@@ -226,7 +226,7 @@ TEST(Config, ToStringListsEveryField) {
   f.wgrad_dtype = DType::f32;
   f.overflow = OverflowPolicy::trap;
   f.fuse_epilogues = false;
-  f.arrival_gated_w13 = false;
+  f.arrival_gated_w13 = true;
   const std::string s = Config(f).to_string();
   EXPECT_EQ(s.find('\n'), std::string::npos) << s;
   for (const char* part :
@@ -235,7 +235,7 @@ TEST(Config, ToStringListsEveryField) {
         "capacity_factor=1.25", "num_slots=3", "max_layers_per_slot=4", "slot_bytes=unset",
         "slot_capacity_factor=0.5", "overflow=trap", "wgrad_dtype=f32", "inference=false",
         "check_inputs=true", "barrier_timeout_ms=30000", "fuse_epilogues=false",
-        "arrival_gated_w13=false"}) {
+        "arrival_gated_w13=true"}) {
     EXPECT_NE(s.find(part), std::string::npos) << part << " missing in " << s;
   }
 }

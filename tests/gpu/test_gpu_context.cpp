@@ -140,9 +140,10 @@ TEST(GpuContext, ArrivalGatedEqualsStagedBitwise) {
     Router router = c.router ? c.router : distinct_router(c.p.experts, c.p.top_k);
     auto in = make_inputs(c.p, seed++, c.p.max_tokens, router)[0];
     in.live = c.live;
-    Problem staged = c.p;
+    Problem gated = c.p, staged = c.p;
+    gated.arrival_gated_w13 = true;
     staged.arrival_gated_w13 = false;
-    expect_bitwise_equal(run_gpu_layer(c.p, in), run_gpu_layer(staged, in),
+    expect_bitwise_equal(run_gpu_layer(gated, in), run_gpu_layer(staged, in),
                          c.p.name() + " live " + std::to_string(c.live) + ": gated vs staged");
   }
 }

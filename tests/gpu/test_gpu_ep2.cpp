@@ -477,9 +477,10 @@ TEST(GpuEp2, ArrivalGatedEqualsStagedBitwise) {
     auto in = make_inputs(e.p, seed++, e.p.max_tokens, e.router);
     in[0].live = e.live0;
     in[1].live = e.live1;
-    Problem staged = e.p;
+    Problem gated = e.p, staged = e.p;
+    gated.arrival_gated_w13 = true;
     staged.arrival_gated_w13 = false;
-    expect_bitwise_equal(run_gpu_layer(e.p, in), run_gpu_layer(staged, in),
+    expect_bitwise_equal(run_gpu_layer(gated, in), run_gpu_layer(staged, in),
                          std::string(e.name) + ": gated vs staged");
   }
 }

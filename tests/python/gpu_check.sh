@@ -4,6 +4,7 @@
 # into the interpreter that holds torch, runs tests/python (CUDA tests included; the two-GPU ones
 # need 2 GPUs), then the per-call overhead benchmark. Needs third_party/cutlass-include (carried).
 #   bash tests/python/gpu_check.sh            # logs under $OUT when set, else build/py-gpu
+#   EPMOE_PYTEST_ARGS="tests/python/test_cuda.py" bash tests/python/gpu_check.sh   # a subset
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 logs=${OUT:-$root/build/py-gpu}
@@ -35,7 +36,7 @@ else
 fi
 echo "== pytest"
 (cd "$root/build" && "$py" -m pytest -q -rs -p no:cacheprovider -c "$root/pyproject.toml" --rootdir "$root" \
-  "$root/tests/python" 2>&1 | tee "$logs/pytest.log") || status=1
+  ${EPMOE_PYTEST_ARGS:-"$root/tests/python"} 2>&1 | tee "$logs/pytest.log") || status=1
 echo "== bench/bench_python_overhead.py"
 "$py" "$root/bench/bench_python_overhead.py" 2>&1 | tee "$logs/bench.log" || status=1
 echo "== gpu_check: $([ $status = 0 ] && echo passed || echo FAILED)"
