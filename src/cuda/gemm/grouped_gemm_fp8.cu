@@ -21,13 +21,6 @@ namespace {
 
 using Traits = Fp8GemmTraits<128, 6>;
 
-// Activation scales (M, S), M consecutive: a (BLOCK_M, 1) box per k-block.
-auto make_scale_tma(const float* scales_SM, int64_t M, int64_t S, int64_t ld) {
-  auto tensor = make_tensor(make_gmem_ptr(scales_SM), make_layout(make_shape(M, S), make_stride(Int<1>{}, ld)));
-  return make_tma_atom(SM90_TMA_LOAD{}, tensor, Layout<Shape<Int<Traits::BLOCK_M>, _1>>{},
-                       make_shape(Int<Traits::BLOCK_M>{}, _1{}));
-}
-
 void check_aligned(const void* p, const char* name) {
   EPMOE_CHECK_ARG(p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0, name,
                   "a non-null, 16-byte aligned device pointer", reinterpret_cast<uintptr_t>(p));
@@ -62,17 +55,17 @@ void fp8_grouped_gemm(const Fp8GroupedGemmArgs& args, void* stream) {
   const Operand b{args.b_ENK, args.N, args.K, args.K, 1, args.E, args.N * args.K};
   auto tma_a = make_tma<Traits, Major::K, Traits::BLOCK_M, 2>(a);
   auto tma_b = make_tma<Traits, Major::K, Traits::BLOCK_N, 3>(b);
-  auto tma_sa = make_scale_tma(args.a_scales_SM, args.M, S, args.ld_a_scales);
   GroupArgs groups;
   groups.offsets = args.offsets_E1;
   groups.skip = args.skip;
   groups.groups = args.E;
   groups.n = args.N;
   groups.k = args.K;
+  const Fp8ActScales sa{args.a_scales_SM, args.ld_a_scales, args.M};
   const Fp8WeightScales sb{args.b_scales_EBS, B, S};
   const typename Epilogue::Params epi{args.out_MN, args.ld_out, args.N};
 
-  auto kernel = &grouped_gemm_fp8_kernel<Traits, Epilogue, decltype(tma_a), decltype(tma_b), decltype(tma_sa)>;
+  auto kernel = &grouped_gemm_fp8_kernel<Traits, Epilogue, decltype(tma_a), decltype(tma_b)>;
   constexpr int kSmem = static_cast<int>(sizeof(Fp8SharedStorage<Traits, Epilogue::kSmemBytesPerWarpgroup>));
   static_assert(kSmem <= 227 * 1024, "shared memory of one CTA on sm_90 is at most 227 KiB");
   static std::atomic<uint64_t> attribute_set_on{0};  // bit d: set on device d (as launch.cuh)
@@ -84,7 +77,7 @@ void fp8_grouped_gemm(const Fp8GroupedGemmArgs& args, void* stream) {
     attribute_set_on.fetch_or(bit, std::memory_order_release);
   }
   kernel<<<device_sm_count(), Traits::kThreads, kSmem, static_cast<cudaStream_t>(stream)>>>(
-      tma_a, tma_b, tma_sa, groups, sb, epi, a.rows, a.cols, b.rows, b.cols);
+      tma_a, tma_b, groups, sa, sb, epi, a.rows, a.cols, b.rows, b.cols);
   EPMOE_CUDA_LAUNCH_CHECK();
 }
 

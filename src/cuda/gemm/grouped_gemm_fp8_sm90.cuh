@@ -11,10 +11,11 @@
 // Structure as the bf16 kernel (grouped_gemm_sm90.cuh, whose tile scheduler and epilogues this
 // reuses): persistent grid, one producer warpgroup (one thread issues TMA), BLOCK_M / 64 consumer
 // warpgroups on one 128-row tile (cooperative). A stage holds the A and B k-blocks (128 bytes of
-// K: one 128-byte swizzle row) and the tile's BLOCK_M activation scales of that k-block, loaded by
-// TMA from the S-major scale layout (scale of (m, kb) at kb * ld + m), so the stage's one
-// transaction barrier covers all three. The weight scale of (expert, n-block, kb) is one float per
-// tile and k-block, read from global memory one k-block ahead.
+// K: one 128-byte swizzle row). Scales are plain loads issued one k-block ahead, in flight during
+// the MMA: each consumer thread's two rows' activation scales from the S-major layout (scale of
+// (m, kb) at kb * ld + m) and the tile's weight scale of (expert, n-block, kb). (A TMA box of the
+// tile's 128 fp32 activation scales per stage faulted with an illegal instruction on the H200 for
+// a tile past the last row; plain loads need no descriptor and cost two L2 hits per k-block.)
 #pragma once
 
 #include <cute/arch/mma_sm90.hpp>
@@ -51,25 +52,29 @@ struct Fp8GemmTraits {
       AtomK{}, make_shape(Int<BLOCK_M>{}, Int<BLOCK_K>{}, Int<kStages>{})));  // (BM, BK, PIPE)
   using SmemLayoutB = decltype(tile_to_shape(
       AtomK{}, make_shape(Int<BLOCK_N>{}, Int<BLOCK_K>{}, Int<kStages>{})));  // (BN, BK, PIPE)
-  using SmemLayoutScaleA = Layout<Shape<Int<BLOCK_M>, _1, Int<kStages>>>;  // (BM, 1, PIPE) fp32
   using MmaAtom = decltype(SM90::GMMA::ss_op_selector<Element, Element, float,
                                                        Shape<_64, Int<BLOCK_N>, Int<BLOCK_K>>,
                                                        GMMA::Major::K, GMMA::Major::K>());
   using TiledMma = decltype(make_tiled_mma(MmaAtom{}, Layout<Shape<Int<kWarpgroupsPerTile>, _1, _1>>{}));
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
-  static constexpr uint32_t kTxBytes =
-      static_cast<uint32_t>(BLOCK_M * BLOCK_K + BLOCK_N * BLOCK_K + BLOCK_M * sizeof(float));
+  static constexpr uint32_t kTxBytes = static_cast<uint32_t>(BLOCK_M * BLOCK_K + BLOCK_N * BLOCK_K);
 };
 
 template <class Traits, int kEpilogueBytesPerWarpgroup>
 struct alignas(1024) Fp8SharedStorage {
   cute::array_aligned<typename Traits::Element, cosize_v<typename Traits::SmemLayoutA>, 1024> a;
   cute::array_aligned<typename Traits::Element, cosize_v<typename Traits::SmemLayoutB>, 1024> b;
-  cute::array_aligned<float, cosize_v<typename Traits::SmemLayoutScaleA>, 128> scale_a;  // [PIPE][BM]
   alignas(1024) char epilogue[Traits::kConsumerWarpgroups][kEpilogueBytesPerWarpgroup];
   typename Traits::Pipeline::SharedStorage pipeline;
   int group_offsets[kMaxGroups + 1];  // make_scheduler's names
   int tile_prefix[kMaxGroups + 1];
+};
+
+// Activation scales as the consumers read them: [k_blocks, ld] fp32, rows < `rows` valid.
+struct Fp8ActScales {
+  const float* scales_SM;
+  int64_t ld;
+  int64_t rows;
 };
 
 // Weight scales as the consumers read them: [groups, n_blocks, k_blocks] fp32.
@@ -79,10 +84,10 @@ struct Fp8WeightScales {
   int64_t k_blocks;  // ceil(K / 128)
 };
 
-template <class Traits, class Epilogue, class TmaA, class TmaB, class TmaScaleA>
+template <class Traits, class Epilogue, class TmaA, class TmaB>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     grouped_gemm_fp8_kernel(CUTE_GRID_CONSTANT const TmaA tma_a, CUTE_GRID_CONSTANT const TmaB tma_b,
-                            CUTE_GRID_CONSTANT const TmaScaleA tma_sa, const GroupArgs group_args,
+                            const GroupArgs group_args, const Fp8ActScales sa,
                             const Fp8WeightScales sb, CUTE_GRID_CONSTANT const typename Epilogue::Params epi_params,
                             int64_t a_rows, int64_t a_cols, int64_t b_rows, int64_t b_cols) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -109,13 +114,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (threadIdx.x == 0) {
     cute::prefetch_tma_descriptor(tma_a.get_tma_descriptor());
     cute::prefetch_tma_descriptor(tma_b.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(tma_sa.get_tma_descriptor());
   }
   const TileScheduler<Traits> sched = make_scheduler<Traits>(smem, group_args);  // syncs the CTA
 
   Tensor sA = make_tensor(make_smem_ptr(smem.a.data()), typename Traits::SmemLayoutA{});
   Tensor sB = make_tensor(make_smem_ptr(smem.b.data()), typename Traits::SmemLayoutB{});
-  Tensor sSA = make_tensor(make_smem_ptr(smem.scale_a.data()), typename Traits::SmemLayoutScaleA{});
 
   if (warpgroup == 0) {
     // ---------------- producer: one thread issues every TMA load ----------------
@@ -123,7 +126,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (warp_in_group == 0 && lane_predicate) {
       Tensor mA = tma_a.get_tma_tensor(make_shape(a_rows, a_cols));                         // (M, K)
       Tensor mB = tma_b.get_tma_tensor(make_shape(b_rows, b_cols, group_args.groups));      // (N, K, G)
-      Tensor mSA = tma_sa.get_tma_tensor(make_shape(a_rows, sb.k_blocks));                  // (M, S)
       PipelineState write_state = cutlass::make_producer_start_state<Pipeline>();
       for (int tile = blockIdx.x; tile < sched.total; tile += gridDim.x) {
         const TileCoord t = sched.at(tile);
@@ -131,21 +133,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                make_coord(0, _));  // (BM, BK, k)
         Tensor gB = local_tile(domain_offset(make_coord(static_cast<int64_t>(t.n_tile) * BN, 0, t.group), mB)(_, _, 0),
                                Shape<Int<BN>, Int<BK>>{}, make_coord(0, _));  // (BN, BK, k)
-        Tensor gSA = local_tile(domain_offset(make_coord(t.row0, 0), mSA), Shape<Int<BM>, _1>{},
-                                make_coord(0, _));  // (BM, 1, k)
         auto [tAgA, tAsA] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA),
                                           group_modes<0, 2>(gA));
         auto [tBgB, tBsB] = tma_partition(tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sB),
                                           group_modes<0, 2>(gB));
-        auto [tSgS, tSsS] = tma_partition(tma_sa, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sSA),
-                                          group_modes<0, 2>(gSA));
         for (int kt = 0; kt < t.k_tiles; ++kt) {
           pipeline.producer_acquire(write_state);
           auto* barrier = pipeline.producer_get_barrier(write_state);
           const int stage = write_state.index();
           copy(tma_a.with(*barrier), tAgA(_, kt), tAsA(_, stage));
           copy(tma_b.with(*barrier), tBgB(_, kt), tBsB(_, stage));
-          copy(tma_sa.with(*barrier), tSgS(_, kt), tSsS(_, stage));
           ++write_state;
         }
       }
@@ -162,10 +159,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     Tensor tCrB = thr_mma.make_fragment_B(thr_mma.partition_B(sB));  // (MMA, MMA_N, MMA_K, PIPE)
     Tensor block = partition_fragment_C(tiled_mma, Shape<Int<BM>, Int<BN>>{});  // one k-block
     Tensor total = partition_fragment_C(tiled_mma, Shape<Int<BM>, Int<BN>>{});  // promoted sum
-    // This thread's two fragment rows (value i = j + 2 h + 4 g is in row 16 w + l / 4 + 8 h of the
-    // warpgroup's 64; epilogues.cuh) as indices into a stage's BM activation scales.
+    // This thread's two fragment rows within the tile (value i = j + 2 h + 4 g is in row
+    // 16 w + l / 4 + 8 h of the warpgroup's 64; epilogues.cuh).
     const int scale_row0 = 64 * wg + 16 * (tid / 32) + (tid % 32) / 4;
-    const int scale_row1 = scale_row0 + 8;
+    // Rows past the last one read no scale (their outputs are masked by the epilogue).
+    auto act_scale = [&](int64_t row, int kb) {
+      return row < sa.rows ? __ldg(sa.scales_SM + kb * sa.ld + row) : 0.0f;
+    };
 
     Epilogue epilogue(epi_params, smem.epilogue[wg], wg, wg, tid);
     PipelineState read_state;
@@ -174,13 +174,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       const float* sb_S = sb.scales_EBS + (static_cast<int64_t>(t.group) * sb.n_blocks + t.n_tile) * sb.k_blocks;
       CUTE_UNROLL
       for (int i = 0; i < size(total); ++i) total(i) = 0.0f;
+      const int64_t row0 = static_cast<int64_t>(t.row0) + scale_row0, row1 = row0 + 8;
       float sb_next = __ldg(sb_S);
+      float sa0_next = act_scale(row0, 0), sa1_next = act_scale(row1, 0);
       for (int kt = 0; kt < t.k_tiles; ++kt) {
-        const float sb_k = sb_next;
-        if (kt + 1 < t.k_tiles) sb_next = __ldg(sb_S + kt + 1);  // in flight during the MMA
+        const float sb_k = sb_next, sa0 = sa0_next, sa1 = sa1_next;
+        if (kt + 1 < t.k_tiles) {  // in flight during the MMA
+          sb_next = __ldg(sb_S + kt + 1);
+          sa0_next = act_scale(row0, kt + 1);
+          sa1_next = act_scale(row1, kt + 1);
+        }
         pipeline.consumer_wait(read_state);
         const int stage = read_state.index();
-        const float sa0 = sSA(scale_row0, 0, stage), sa1 = sSA(scale_row1, 0, stage);
         warpgroup_fence_operand(block);
         warpgroup_arrive();
         tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
