@@ -10,6 +10,7 @@
 
 #include "epmoe/config.h"
 #include "epmoe/memory_plan.h"
+#include "epmoe/prepared_weights.h"
 #include "epmoe/status.h"
 #include "epmoe/tensor.h"
 #include "epmoe/transport.h"
@@ -25,6 +26,10 @@ struct ForwardArgs {
   TensorRef w13_EFD;         // bf16 [E, 2F, D]: rows [0, F) gate, [F, 2F) up
   TensorRef w2_EDF;          // bf16 [E, D, F]
   TensorRef y_TD;            // out: bf16 [T', D]; rows past the live count are zero
+  // Config.prepared_weights (fp8_block): fp8_block_fp32 copies of w13_EFD ([E, 2F, D]) and w2_EDF
+  // ([E, D, F]) made by prepare_weights; read instead of the bf16 weights. nullptr otherwise.
+  const PreparedWeights* w13_prepared = nullptr;
+  const PreparedWeights* w2_prepared = nullptr;
   bool save_for_backward = true;  // false: nothing is saved, no slot is touched
   int slot = 0;              // activation slot that keeps this call's saved state
   void* stream = nullptr;    // cudaStream_t on CUDA; ignored on the CPU
@@ -50,6 +55,8 @@ struct BackwardArgs {
   TensorRef grad_scores_TK;  // out: f32 [T', K] (0 for inactive routes and padding rows)
   TensorRef grad_w13_EFD;    // out: Config.wgrad_dtype [E, 2F, D]
   TensorRef grad_w2_EDF;     // out: Config.wgrad_dtype [E, D, F]
+  const PreparedWeights* w13_prepared = nullptr;  // as in forward (the same weights)
+  const PreparedWeights* w2_prepared = nullptr;
   bool accumulate_wgrad = false;  // add into grad_w13/grad_w2 instead of overwriting
   void* stream = nullptr;
 };

@@ -40,7 +40,8 @@ struct MemoryPlan {
 
   // Symmetric buffers (one per rank, peers address each other's; allocated through the Transport).
   int64_t routing_buffer_bytes = 0;   // header + ids [T,K] i32 + scores [T,K] f32
-  int64_t dispatch_buffer_bytes = 0;  // [T, D] bf16: x (forward), grad_y (backward)
+  int64_t dispatch_buffer_bytes = 0;  // [T, D] bf16: x (forward), grad_y (backward); fp8_block:
+                                      // the larger of that and x as E4M3 rows + scales
   int64_t combine_buffer_bytes = 0;   // [T, K, D] bf16: route outputs (fwd), route input grads (bwd)
   int64_t symmetric_bytes = 0;
 
@@ -69,7 +70,10 @@ struct MemoryPlan {
   int64_t route_scratch_bytes = 0;     // global routing layout computation
   int64_t forward_scratch_bytes = 0;   // worst forward (recompute mode)
   int64_t backward_scratch_bytes = 0;  // worst backward (recompute mode)
-  int64_t scratch_bytes = 0;           // route + backward (backward's region holds forward's)
+  // fp8_block only (0 otherwise), after the call scratch (core/fp8_terms.h):
+  int64_t fp8_scratch_bytes = 0;         // E4M3 operands: h, grad_h3, grad_h13 rows, WGRAD columns
+  int64_t fp8_weight_scratch_bytes = 0;  // weights quantized per call (Config.prepared_weights off)
+  int64_t scratch_bytes = 0;           // route + backward (+ fp8 terms); backward's holds forward's
 
   int64_t status_bytes = 0;            // device status word
   int64_t peer_table_bytes = 0;        // 3 peer-pointer tables [R] (routing, dispatch, combine)
@@ -77,6 +81,7 @@ struct MemoryPlan {
   int64_t total_bytes = 0;             // arena + symmetric + status + peer tables + planner
 
   bool inference = false;
+  Precision precision = Precision::bf16;
 
   // Multi-line, human-readable account of every term above.
   std::string explain() const;

@@ -55,10 +55,11 @@ void validate_activation(const Activation& a) {
 void validate_precision(Precision p) {
   const bool known = p == Precision::bf16 || p == Precision::fp8_block || p == Precision::mxfp8 ||
                      p == Precision::nvfp4;
-  EPMOE_CHECK_ARG(known, "Config.precision", "bf16", enum_value(p));
-  // The other formats are reserved in the API; their GEMMs do not exist yet.
-  EPMOE_CHECK_ARG(p == Precision::bf16, "Config.precision",
-                  "bf16 (" + std::string(to_string(p)) + " is not available yet in this build)",
+  EPMOE_CHECK_ARG(known, "Config.precision", "bf16 or fp8_block", enum_value(p));
+  // MXFP8 and NVFP4 are formats (codecs, prepared weights); no training path runs them yet.
+  EPMOE_CHECK_ARG(p == Precision::bf16 || p == Precision::fp8_block, "Config.precision",
+                  "bf16 or fp8_block (" + std::string(to_string(p)) +
+                      " is not available yet as a GEMM precision)",
                   to_string(p));
 }
 
@@ -117,6 +118,17 @@ Config::Config(const ConfigFields& fields) : f_(fields) {
                   f_.top_k);
   validate_activation(f_.activation);
   validate_precision(f_.precision);
+  if (f_.precision == Precision::fp8_block) {
+    // The received E4M3 rows and their scales live in the bf16 x_gathered space: D + 4 * S <=
+    // 2 * D per row (docs/formats.md).
+    EPMOE_CHECK_ARG(f_.hidden_dim >= 8, "Config.hidden_dim", ">= 8 with precision fp8_block",
+                    f_.hidden_dim);
+    EPMOE_CHECK_ARG(!f_.inference, "Config.inference", "false with precision fp8_block (training)",
+                    "true");
+  }
+  EPMOE_CHECK_ARG(!f_.prepared_weights || f_.precision != Precision::bf16,
+                  "Config.prepared_weights", "false with precision bf16 (bf16 weights are used as "
+                  "given)", "true");
   EPMOE_CHECK_ARG(std::isfinite(f_.capacity_factor) && f_.capacity_factor > 0.0,
                   "Config.capacity_factor", "a finite value > 0", number(f_.capacity_factor));
   validate_slots(f_.slots, f_.inference);
@@ -159,7 +171,8 @@ std::string Config::to_string() const {
       ", check_inputs=", f_.check_inputs ? "true" : "false",
       ", barrier_timeout_ms=", f_.barrier_timeout_ms,
       ", fuse_epilogues=", f_.fuse_epilogues ? "true" : "false",
-      ", arrival_gated_w13=", f_.arrival_gated_w13 ? "true" : "false", "}");
+      ", arrival_gated_w13=", f_.arrival_gated_w13 ? "true" : "false",
+      ", prepared_weights=", f_.prepared_weights ? "true" : "false", "}");
 }
 
 }  // namespace epmoe

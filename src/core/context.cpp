@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/fp8_terms.h"
 #include "core/status_word.h"
 #include "core/plan_terms.h"
 #include "core/slot_plan.h"
@@ -25,7 +26,7 @@ struct ConfigFingerprint {
   float alpha, limit;
   double capacity_factor;
   int32_t num_slots, layers_per_slot, inference, fuse_epilogues;
-  int32_t arrival_gated_w13, reserved;
+  int32_t arrival_gated_w13, prepared_weights;
   int64_t slot_bytes;
 };
 
@@ -47,6 +48,7 @@ ConfigFingerprint fingerprint(const Config& c, int64_t slot_bytes) {
   f.inference = x.inference;
   f.fuse_epilogues = x.fuse_epilogues;
   f.arrival_gated_w13 = x.arrival_gated_w13;
+  f.prepared_weights = x.prepared_weights;
   f.slot_bytes = slot_bytes;
   return f;
 }
@@ -114,6 +116,49 @@ struct Context::Impl {
   char* scratch_base() const { return arena + plan.activation_bytes; }
   char* call_scratch() const {
     return scratch_base() + route_scratch_layout(dims, plan.recv_capacity_rows).total;
+  }
+  // FP8 operands, then the per-call weights, after the call scratch (MemoryPlan order).
+  char* fp8_scratch() const { return call_scratch() + plan.backward_scratch_bytes; }
+  char* fp8_weights() const { return fp8_scratch() + plan.fp8_scratch_bytes; }
+  bool fp8() const { return config.fields().precision == Precision::fp8_block; }
+
+  // The E4M3 weights a call reads: the caller's prepared ones, or the bf16 ones quantized into
+  // the context's scratch by a quantize_weights stage (the same codec, so the same bits).
+  void bind_weights(Step& s, const TensorRef& w13_EFD, const TensorRef& w2_EDF,
+                    const PreparedWeights* w13_prepared, const PreparedWeights* w2_prepared) {
+    if (!fp8()) return;
+    s.fp8 = true;
+    s.fp8_scratch = fp8_scratch();
+    if (w13_prepared != nullptr) {
+      s.w13_q_EFD = w13_prepared->data.as<uint8_t>();
+      s.w13_scales_EBS = w13_prepared->scales.as<float>();
+      s.w2_q_EDF = w2_prepared->data.as<uint8_t>();
+      s.w2_scales_EBS = w2_prepared->scales.as<float>();
+      return;
+    }
+    const Fp8WeightLayout l = fp8_weight_layout(dims);
+    const Device dev = backend->device();
+    const PreparedWeightShapes s13 = prepared_weight_shapes(WeightFormat::fp8_block_fp32, dims.E,
+                                                            2 * dims.F, dims.D);
+    const PreparedWeightShapes s2 =
+        prepared_weight_shapes(WeightFormat::fp8_block_fp32, dims.E, dims.D, dims.F);
+    char* base = fp8_weights();
+    PreparedWeights p13{WeightFormat::fp8_block_fp32, dims.E, 2 * dims.F, dims.D, s13.data,
+                        s13.scales, {}};
+    PreparedWeights p2{WeightFormat::fp8_block_fp32, dims.E, dims.D, dims.F, s2.data, s2.scales, {}};
+    p13.data.data = base + l.w13_q;
+    p13.scales.data = base + l.w13_scales;
+    p2.data.data = base + l.w2_q;
+    p2.scales.data = base + l.w2_scales;
+    for (TensorRef* t : {&p13.data, &p13.scales, &p2.data, &p2.scales}) t->device = dev;
+    stage("quantize_weights", s.stream, [&] {
+      prepare_weights(w13_EFD, p13, s.stream);
+      prepare_weights(w2_EDF, p2, s.stream);
+    });
+    s.w13_q_EFD = p13.data.as<uint8_t>();
+    s.w13_scales_EBS = p13.scales.as<float>();
+    s.w2_q_EDF = p2.data.as<uint8_t>();
+    s.w2_scales_EBS = p2.scales.as<float>();
   }
 
   SlotGeometry geometry(int slot) const {
@@ -326,6 +371,7 @@ SavedLayer Context::forward(const ForwardArgs& a) {
   bool slot_advanced = false;
   m.stage_times.clear();
   try {
+    m.bind_weights(s, a.w13_EFD, a.w2_EDF, a.w13_prepared, a.w2_prepared);
     m.stage("publish_forward", s.stream, [&] { b.publish_forward(s); });
     m.barrier(a.stream, 0);
     m.stage("route", s.stream, [&] { b.route(s); });
@@ -387,6 +433,7 @@ void Context::backward(const BackwardArgs& a) {
   const bool fused = m.config.fields().fuse_epilogues;
   stack.pop_back();  // the layer is consumed whether or not the step was skipped
   m.stage_times.resize(m.forward_stage_count);
+  m.bind_weights(s, a.w13_EFD, a.w2_EDF, a.w13_prepared, a.w2_prepared);
   if (m.places_saved_state) {
     m.stage("plan_backward", s.stream, [&] { b.plan_backward(s); });
   }

@@ -9,6 +9,7 @@
 #include <limits>
 #include <string>
 
+#include "core/fp8_terms.h"
 #include "core/layout.h"
 #include "core/plan_terms.h"
 #include "core/slot_plan.h"
@@ -119,7 +120,10 @@ MemoryPlan plan_memory(const Config& config, int ep_size) {
 
   // ---- symmetric buffers ----
   p.routing_buffer_bytes = routing_buffer_layout(T, K).bytes;
+  p.precision = c.precision;
+  const bool fp8 = c.precision == Precision::fp8_block;
   p.dispatch_buffer_bytes = align_bytes(T * D * 2);
+  if (fp8) p.dispatch_buffer_bytes = std::max(p.dispatch_buffer_bytes, fp8_dispatch_layout(T, D).total);
   p.combine_buffer_bytes = align_bytes(T * K * D * 2);
   p.symmetric_bytes = p.routing_buffer_bytes + p.dispatch_buffer_bytes + p.combine_buffer_bytes;
 
@@ -189,7 +193,14 @@ MemoryPlan plan_memory(const Config& config, int ep_size) {
   // The forward touches layout..h (recompute mode) and, unfused, rows_MD; the backward all of it.
   p.forward_scratch_bytes = call.grad_h3 + (unfused ? align_bytes(M * D * 2) : 0);
   p.backward_scratch_bytes = call.total;
-  p.scratch_bytes = p.route_scratch_bytes + p.backward_scratch_bytes;
+  if (fp8) {
+    p.fp8_scratch_bytes = fp8_scratch_layout(d, M).total;
+    // The h rows are the forward's too.
+    p.forward_scratch_bytes += align_bytes(fp8_rows_bytes(M, F));
+    p.fp8_weight_scratch_bytes = c.prepared_weights ? 0 : fp8_weight_layout(d).total;
+  }
+  p.scratch_bytes = p.route_scratch_bytes + p.backward_scratch_bytes + p.fp8_scratch_bytes +
+                    p.fp8_weight_scratch_bytes;
 
   // ---- the rest ----
   p.status_bytes = align_bytes(static_cast<int64_t>(sizeof(Status)));
@@ -221,7 +232,12 @@ std::string MemoryPlan::explain() const {
 
   line("  symmetric buffers per rank: " + bytes_text(symmetric_bytes));
   line("    routing (header + ids + scores [T,K]): " + bytes_text(routing_buffer_bytes));
-  line("    dispatch x / grad_y [T,D] bf16: " + bytes_text(dispatch_buffer_bytes));
+  if (precision == Precision::fp8_block) {
+    line("    dispatch x [T,D] E4M3 + scales [T,ceil(D/128)] f32 / grad_y [T,D] bf16: " +
+         bytes_text(dispatch_buffer_bytes));
+  } else {
+    line("    dispatch x / grad_y [T,D] bf16: " + bytes_text(dispatch_buffer_bytes));
+  }
   line("    combine [T,K,D] bf16: " + bytes_text(combine_buffer_bytes));
 
   line("  saved per layer:");
@@ -263,8 +279,24 @@ std::string MemoryPlan::explain() const {
     }
   }
 
-  line("  scratch: " + bytes_text(scratch_bytes) + " = route " + bytes_text(route_scratch_bytes) +
-       " + call " + bytes_text(backward_scratch_bytes));
+  if (precision == Precision::fp8_block) {
+    line("  scratch: " + bytes_text(scratch_bytes) + " = route " + bytes_text(route_scratch_bytes) +
+         " + call " + bytes_text(backward_scratch_bytes) + " + fp8 operands " +
+         bytes_text(fp8_scratch_bytes) + " + fp8 weights " + bytes_text(fp8_weight_scratch_bytes));
+    const Dims d{tokens, hidden, intermediate, top_k, experts_local, ep_size};
+    const Fp8ScratchLayout l = fp8_scratch_layout(d, recv_capacity_rows);
+    line("    fp8 operands (E4M3 + fp32 scales): h rows " + bytes_text(l.grad_h3_q - l.h_q) +
+         ", grad_h3 rows " + bytes_text(l.grad_h13_q - l.grad_h3_q) + ", grad_h13 rows " +
+         bytes_text(l.col_a - l.grad_h13_q) + ", WGRAD columns (128 rows per block) " +
+         bytes_text(l.total - l.col_a));
+    line(fp8_weight_scratch_bytes > 0
+             ? "    fp8 weights quantized per call (w13, w2 + 128x128 scales): " +
+                   bytes_text(fp8_weight_scratch_bytes)
+             : "    fp8 weights: prepared by the caller (Config.prepared_weights)");
+  } else {
+    line("  scratch: " + bytes_text(scratch_bytes) + " = route " + bytes_text(route_scratch_bytes) +
+         " + call " + bytes_text(backward_scratch_bytes));
+  }
   {
     const Dims d{tokens, hidden, intermediate, top_k, experts_local, ep_size};
     const RouteScratchLayout rl = route_scratch_layout(d, recv_capacity_rows);

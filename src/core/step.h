@@ -78,6 +78,16 @@ struct Step {
   bf16_t* rows_MD = nullptr;        // unfused only
   bf16_t* grad_h_MF = nullptr;      // unfused only
 
+  // ---- FP8 block-scaled path (Config.precision = fp8_block; docs/formats.md "FP8 training") ----
+  // The dispatch buffers then hold x as E4M3 rows + scales (fp8_dispatch_layout) and x_gathered
+  // the received E4M3 rows + S-major scales (fp8_rows_bytes at the received rows).
+  bool fp8 = false;
+  const uint8_t* w13_q_EFD = nullptr;     // [E, 2F, D] E4M3
+  const float* w13_scales_EBS = nullptr;  // [E, S_2F, S_D] fp32, one per 128x128 block
+  const uint8_t* w2_q_EDF = nullptr;      // [E, D, F] E4M3
+  const float* w2_scales_EBS = nullptr;   // [E, S_D, S_F]
+  char* fp8_scratch = nullptr;            // fp8_scratch_layout(dims, capacity_rows)
+
   Status* status = nullptr;
 };
 

@@ -25,6 +25,31 @@ int64_t check_rows(const TensorRef& x, const char* name, const Config& c) {
   return x.shape[0];
 }
 
+// The prepared weights an FP8 call reads (Config.prepared_weights), or none.
+void check_prepared_args(const PreparedWeights* w13, const PreparedWeights* w2, const char* args,
+                         const Config& c, int E, const Device& dev) {
+  const std::string n13 = std::string(args) + ".w13_prepared", n2 = std::string(args) + ".w2_prepared";
+  if (!c.fields().prepared_weights) {
+    const std::string why = "nullptr (Config.prepared_weights = false)";
+    EPMOE_CHECK_ARG(w13 == nullptr, n13, why, "prepared weights");
+    EPMOE_CHECK_ARG(w2 == nullptr, n2, why, "prepared weights");
+    return;
+  }
+  const std::string want = "fp8_block_fp32 prepared weights (Config.prepared_weights = true)";
+  EPMOE_CHECK_ARG(w13 != nullptr, n13, want, "nullptr");
+  EPMOE_CHECK_ARG(w2 != nullptr, n2, want, "nullptr");
+  auto check = [&](const PreparedWeights& p, const std::string& name, int64_t N, int64_t L) {
+    EPMOE_CHECK_ARG(p.format == WeightFormat::fp8_block_fp32, name + ".format", "fp8_block_fp32",
+                    to_string(p.format));
+    const std::string shape = detail::concat("[", E, ", ", N, ", ", L, "]");
+    const std::string got = detail::concat("[", p.G, ", ", p.N, ", ", p.L, "]");
+    EPMOE_CHECK_ARG(p.G == E && p.N == N && p.L == L, name + ".G/N/L", shape, got);
+    check_prepared_weights(p, name.c_str(), dev);
+  };
+  check(*w13, n13, 2 * c.F(), c.D());
+  check(*w2, n2, c.D(), c.F());
+}
+
 }  // namespace
 
 void check_tensor(const TensorRef& t, const char* name, std::initializer_list<DType> dtypes,
@@ -54,6 +79,7 @@ int64_t validate_forward(const ForwardArgs& a, const Config& c, int ep_size, con
   check_tensor(a.w13_EFD, "w13_EFD", {DType::bf16}, {E, 2 * c.F(), c.D()}, dev);
   check_tensor(a.w2_EDF, "w2_EDF", {DType::bf16}, {E, c.D(), c.F()}, dev);
   check_tensor(a.y_TD, "y_TD", {DType::bf16}, {T, c.D()}, dev);
+  check_prepared_args(a.w13_prepared, a.w2_prepared, "ForwardArgs", c, E, dev);
   EPMOE_CHECK_ARG(!(a.save_for_backward && c.fields().inference), "ForwardArgs.save_for_backward",
                   "false for an inference context", "true");
   const int slots = c.fields().inference ? 0 : c.fields().slots.num_slots;
@@ -80,6 +106,7 @@ void validate_backward(const BackwardArgs& a, const Config& c, int ep_size, cons
   check_tensor(a.grad_scores_TK, "grad_scores_TK", {DType::f32}, {T, c.K()}, dev);
   check_tensor(a.grad_w13_EFD, "grad_w13_EFD", {wg}, {E, 2 * c.F(), c.D()}, dev);
   check_tensor(a.grad_w2_EDF, "grad_w2_EDF", {wg}, {E, c.D(), c.F()}, dev);
+  check_prepared_args(a.w13_prepared, a.w2_prepared, "BackwardArgs", c, E, dev);
 }
 
 }  // namespace epmoe

@@ -93,7 +93,11 @@ void CpuBackend::publish_forward(const Step& s) {
       }
     }
   }
-  if (live > 0) std::memcpy(s.dispatch_R[s.rank], s.x_TD, static_cast<size_t>(live * D) * 2);
+  if (s.fp8) {
+    fp8_publish_rows(s, s.x_TD, live);  // x crosses ranks as E4M3 rows + scales
+  } else if (live > 0) {
+    std::memcpy(s.dispatch_R[s.rank], s.x_TD, static_cast<size_t>(live * D) * 2);
+  }
   *v.header = h;
 }
 
@@ -153,6 +157,10 @@ void CpuBackend::route(const Step& s) {
 void CpuBackend::dispatch(const Step& step) {
   const Step s = placed(step);
   if (skipped(s)) return;
+  if (s.fp8) {
+    fp8_dispatch(s);
+    return;
+  }
   const int64_t D = s.dims.D, T = s.dims.T;
   const int K = s.dims.K;
   uint32_t* arrived_B = arrivals_B(s);
@@ -170,10 +178,30 @@ void CpuBackend::dispatch(const Step& step) {
 
 namespace {
 
+// h[m] = bf16(act(h13[m])) for every received row.
+void swiglu_rows(const Step& s) {
+  const int64_t F = s.dims.F;
+  for (int64_t m = 0; m < received_rows(s); ++m) {
+    const bf16_t* h13 = s.h13_M2F + m * 2 * F;
+    for (int64_t f = 0; f < F; ++f) {
+      s.h_MF[m * F + f] = float_to_bf16(
+          epmoe::swiglu_forward(bf16_to_float(h13[f]), bf16_to_float(h13[F + f]), s.act));
+    }
+  }
+}
+
 // h13[m] = bf16(x_gathered[m] @ w13[e]^T) for every row of expert e; with h_MF also
 // h[m] = bf16(act(h13[m])) from the rounded h13 (the fused stage, same values as unfused).
 void w13_rows(const Step& s, bf16_t* h_MF) {
   const int64_t D = s.dims.D, F = s.dims.F;
+  if (s.fp8) {
+    // FP8: the GEMM over all experts, then SwiGLU of the rounded h13 and h quantized for W2.
+    fp8_w13(s);
+    if (h_MF == nullptr) return;
+    swiglu_rows(s);
+    fp8_quantize_h(s);
+    return;
+  }
   std::vector<float> acc(static_cast<size_t>(2 * F));
   for (int e = 0; e < s.dims.E; ++e) {
     for (int64_t m = expert_first_row(s, e); m < expert_last_row(s, e); ++m) {
@@ -191,6 +219,10 @@ void w13_rows(const Step& s, bf16_t* h_MF) {
 
 // Row m of W2: bf16(h[m] @ w2[e]^T), into rows_MD[m] or, with scatter, the owner's combine slot.
 void w2_rows(const Step& s, bool scatter) {
+  if (s.fp8) {
+    fp8_w2(s, scatter);
+    return;
+  }
   const int64_t D = s.dims.D, F = s.dims.F;
   std::vector<float> acc(static_cast<size_t>(D));
   for (int e = 0; e < s.dims.E; ++e) {
@@ -213,14 +245,8 @@ void CpuBackend::w13_gemm(const Step& step) {
 void CpuBackend::swiglu_forward(const Step& step) {
   const Step s = placed(step);
   if (skipped(s)) return;
-  const int64_t F = s.dims.F;
-  for (int64_t m = 0; m < received_rows(s); ++m) {
-    const bf16_t* h13 = s.h13_M2F + m * 2 * F;
-    for (int64_t f = 0; f < F; ++f) {
-      s.h_MF[m * F + f] = float_to_bf16(
-          epmoe::swiglu_forward(bf16_to_float(h13[f]), bf16_to_float(h13[F + f]), s.act));
-    }
-  }
+  swiglu_rows(s);
+  if (s.fp8) fp8_quantize_h(s);
 }
 
 void CpuBackend::w13_swiglu(const Step& step) {

@@ -107,9 +107,11 @@ TEST(Config, ClampedActivationNeedsFinitePositiveAlphaAndLimit) {
   expect_config_error(f, "Config.activation.kind", "5");
 }
 
-TEST(Config, OnlyBf16IsAvailable) {
+TEST(Config, Bf16AndFp8BlockAreAvailable) {
   ConfigFields f = tiny();
-  for (Precision p : {Precision::fp8_block, Precision::mxfp8, Precision::nvfp4}) {
+  f.precision = Precision::fp8_block;
+  EXPECT_NO_THROW(Config c(f));
+  for (Precision p : {Precision::mxfp8, Precision::nvfp4}) {
     f.precision = p;
     expect_config_error(f, "Config.precision", to_string(p));
     try {
@@ -120,6 +122,22 @@ TEST(Config, OnlyBf16IsAvailable) {
   }
   f.precision = static_cast<Precision>(9);
   expect_config_error(f, "Config.precision", "9");
+}
+
+TEST(Config, Fp8BlockLimits) {
+  ConfigFields f = tiny();
+  f.precision = Precision::fp8_block;
+  f.hidden_dim = 7;  // the received rows (D codes + 4-byte scales) must fit the bf16 row space
+  expect_config_error(f, "Config.hidden_dim", "7");
+  f.hidden_dim = 8;
+  EXPECT_NO_THROW(Config c(f));
+  f.inference = true;
+  expect_config_error(f, "Config.inference", "true");
+  f.inference = false;
+  f.prepared_weights = true;
+  EXPECT_NO_THROW(Config c(f));
+  f.precision = Precision::bf16;
+  expect_config_error(f, "Config.prepared_weights", "true");
 }
 
 TEST(Config, PrecisionNames) {
@@ -235,7 +253,7 @@ TEST(Config, ToStringListsEveryField) {
         "capacity_factor=1.25", "num_slots=3", "max_layers_per_slot=4", "slot_bytes=unset",
         "slot_capacity_factor=0.5", "overflow=trap", "wgrad_dtype=f32", "inference=false",
         "check_inputs=true", "barrier_timeout_ms=30000", "fuse_epilogues=false",
-        "arrival_gated_w13=true"}) {
+        "arrival_gated_w13=true", "prepared_weights=false"}) {
     EXPECT_NE(s.find(part), std::string::npos) << part << " missing in " << s;
   }
 }
