@@ -156,6 +156,25 @@ TEST_P(Slots, MinimumBudgetReplaysEveryLayerBitwise) {
   }
 }
 
+// FP8: the replay re-quantizes the saved bf16 x into the dispatch buffer (the forward's codec on
+// the same values), so replayed layers give the full save's bits too.
+TEST_P(Slots, Fp8MinimumBudgetReplaysEveryLayerBitwise) {
+  const auto [R, fused] = GetParam();
+  Problem p = stack_problem(R, fused);
+  p.precision = Precision::fp8_block;
+  const auto in = stack_inputs(p);
+  const MemoryPlan plan = plan_memory(p.config(), R);
+  const StackRun saved = run_stack(p, in, -1);
+  const StackRun replayed = run_stack(p, in, plan.minimum_slot_bytes);
+  EXPECT_EQ(replayed.recomputed, std::vector<bool>(kLayers, true));
+  expect_same_bits(saved, replayed, p.name() + " minimum budget vs full save");
+  for (int l = 0; l < kLayers; ++l) {
+    const OutputErrors errors = measure(saved.out[l], reference_layer(p, in[l]), in[l]);
+    expect_within_training_tolerance(errors, Precision::fp8_block, false, Against::float64,
+                                     p.name() + " layer " + std::to_string(l));
+  }
+}
+
 TEST_P(Slots, MixedBudgetRecomputesSomeLayers) {
   const auto [R, fused] = GetParam();
   const Problem p = stack_problem(R, fused);
