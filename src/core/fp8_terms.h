@@ -17,10 +17,12 @@ EPMOE_HD int64_t fp8_blocks(int64_t length) {
 }
 
 // Row-quantized rows (1x128 along L) as the GEMMs read them: codes [rows, L] E4M3, then the fp32
-// scales S-major [S_L, rows] (scale of (row m, block s) at s * rows + m) at a 4-byte boundary.
-EPMOE_HD int64_t fp8_rows_scales_offset(int64_t rows, int64_t L) { return (rows * L + 3) / 4 * 4; }
+// scales S-major [S_L, ld] (scale of (row m, block s) at s * ld + m) with ld = rows rounded up to
+// 4, at a 16-byte boundary (the FP8 grouped GEMM loads 16-byte rows of scales: cuda/gemm/fp8_gemm.h).
+EPMOE_HD int64_t fp8_rows_ld(int64_t rows) { return (rows + 3) / 4 * 4; }
+EPMOE_HD int64_t fp8_rows_scales_offset(int64_t rows, int64_t L) { return (rows * L + 15) / 16 * 16; }
 EPMOE_HD int64_t fp8_rows_bytes(int64_t rows, int64_t L) {
-  return fp8_rows_scales_offset(rows, L) + fp8_blocks(L) * rows * 4;
+  return fp8_rows_scales_offset(rows, L) + fp8_blocks(L) * fp8_rows_ld(rows) * 4;
 }
 
 // Column-quantized operands of the weight gradients (128x1 blocks along the rows of each expert,
@@ -46,7 +48,7 @@ inline Fp8DispatchLayout fp8_dispatch_layout(int64_t T, int64_t D) {
 //   weight gradient (W2: grad_h3 [M, D], h [M, F]; then W13: grad_h13 [M, 2F], x [M, D]):
 //   codes [M, A] | scales [Bc, A] f32 with A = max(D, 2F) for col_a, max(F, D) for col_b,
 //   Bc = fp8_col_blocks(M, E).
-// Row operands are laid out as fp8_rows_bytes(M, L) (scales with leading dimension M).
+// Row operands are laid out as fp8_rows_bytes(M, L).
 struct Fp8ScratchLayout {
   int64_t h_q, grad_h3_q, grad_h13_q, col_a, col_a_scales, col_b, col_b_scales, total;
 };

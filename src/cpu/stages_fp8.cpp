@@ -15,16 +15,16 @@ namespace epmoe::cpu {
 
 namespace {
 
-// E4M3 rows with S-major scales of leading dimension `ld` (fp8_rows_bytes).
+// E4M3 rows with S-major scales (fp8_rows_bytes): room for `rows` rows.
 struct Fp8Rows {
   uint8_t* q;
   float* scales;
   int64_t ld;
 };
-Fp8Rows rows_at(void* base, int64_t ld, int64_t L) {
+Fp8Rows rows_at(void* base, int64_t rows, int64_t L) {
   char* b = static_cast<char*>(base);
-  return {reinterpret_cast<uint8_t*>(b), reinterpret_cast<float*>(b + fp8_rows_scales_offset(ld, L)),
-          ld};
+  return {reinterpret_cast<uint8_t*>(b),
+          reinterpret_cast<float*>(b + fp8_rows_scales_offset(rows, L)), fp8_rows_ld(rows)};
 }
 
 // The received x rows: in the x_gathered space, at the rows this rank received.

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/formats/codecs.h"
+#include "core/fp8_terms.h"
 #include "cpu/fp8_steps.h"
 #include "cpu/gemm_fp8_reference.h"
 
@@ -164,6 +165,18 @@ TEST(Fp8Steps, DgradAndWgradEqualFloat64OnExactData) {
       }
     }
   }
+}
+
+// The received E4M3 rows + scales take the place of the bf16 x_gathered rows in the saved state and
+// the call scratch: they must fit for every row count once D >= 4 (Config's limit for fp8_block).
+TEST(Fp8Steps, ReceivedRowsFitTheBf16RowSpace) {
+  for (int64_t D = 4; D <= 1100; ++D) {
+    for (int64_t rows = 0; rows <= 700; ++rows) {
+      ASSERT_LE(fp8_rows_bytes(rows, D), align_bytes(rows * D * 2)) << "D " << D << " rows " << rows;
+    }
+  }
+  // Why D = 3 is refused: 17 rows need 64 bytes of codes + 80 of scales, more than A(102) = 128.
+  EXPECT_GT(fp8_rows_bytes(17, 3), align_bytes(17 * 3 * 2));
 }
 
 }  // namespace
