@@ -131,18 +131,7 @@ class Ranks:
 def timed_ep(fn, ranks, iters, warmup=3):
     """(median, min, max) ms of the step over >= iters iterations: every rank times each iteration
     with CUDA events after a host barrier; the step time is the max over ranks."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        ranks.barrier()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
+    times = bench_moe.event_times(fn, iters, warmup, before=ranks.barrier)
     return step_stats(ranks.gather(times))
 
 
