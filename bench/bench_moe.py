@@ -20,19 +20,28 @@ import shapes as S  # noqa: E402
 import torch_recipe  # noqa: E402
 
 
-def timed(fn, iters=10, warmup=3):
-    """Median, min, max milliseconds of fn() with CUDA events around each call."""
+def event_times(fn, iters, warmup=3, before=None):
+    """Milliseconds of each of iters calls of fn() (after warmup untimed ones), CUDA events around
+    each call; before(), when given, runs ahead of each timed call, outside the events."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     times = []
     for _ in range(iters):
+        if before is not None:
+            before()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         fn()
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b))
+    return times
+
+
+def timed(fn, iters=10, warmup=3):
+    """Median, min, max milliseconds of fn() with CUDA events around each call."""
+    times = event_times(fn, iters, warmup)
     return statistics.median(times), min(times), max(times)
 
 
