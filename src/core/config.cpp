@@ -55,11 +55,10 @@ void validate_activation(const Activation& a) {
 void validate_precision(Precision p) {
   const bool known = p == Precision::bf16 || p == Precision::fp8_block || p == Precision::mxfp8 ||
                      p == Precision::nvfp4;
-  EPMOE_CHECK_ARG(known, "Config.precision", "bf16 or fp8_block", enum_value(p));
-  // MXFP8 and NVFP4 are formats (codecs, prepared weights); no training path runs them yet.
-  EPMOE_CHECK_ARG(p == Precision::bf16 || p == Precision::fp8_block, "Config.precision",
-                  "bf16 or fp8_block (" + std::string(to_string(p)) +
-                      " is not available yet as a GEMM precision)",
+  EPMOE_CHECK_ARG(known, "Config.precision", "bf16, fp8_block or nvfp4", enum_value(p));
+  // MXFP8 is a format (codecs, prepared weights); no GEMM path runs it yet.
+  EPMOE_CHECK_ARG(p != Precision::mxfp8, "Config.precision",
+                  "bf16, fp8_block or nvfp4 (mxfp8 is not available yet as a GEMM precision)",
                   to_string(p));
 }
 
@@ -125,6 +124,13 @@ Config::Config(const ConfigFields& fields) : f_(fields) {
                     f_.hidden_dim);
     EPMOE_CHECK_ARG(!f_.inference, "Config.inference", "false with precision fp8_block (training)",
                     "true");
+  }
+  if (f_.precision == Precision::nvfp4) {
+    // Weight-only NVFP4 inference: the caller's prepared weights, bf16 activations, no backward.
+    EPMOE_CHECK_ARG(f_.inference, "Config.inference",
+                    "true with precision nvfp4 (weight-only inference)", "false");
+    EPMOE_CHECK_ARG(f_.prepared_weights, "Config.prepared_weights",
+                    "true with precision nvfp4 (the caller prepares the NVFP4 weights)", "false");
   }
   EPMOE_CHECK_ARG(!f_.prepared_weights || f_.precision != Precision::bf16,
                   "Config.prepared_weights", "false with precision bf16 (bf16 weights are used as "

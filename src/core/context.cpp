@@ -126,6 +126,17 @@ struct Context::Impl {
   // the context's scratch by a quantize_weights stage (the same codec, so the same bits).
   void bind_weights(Step& s, const TensorRef& w13_EFD, const TensorRef& w2_EDF,
                     const PreparedWeights* w13_prepared, const PreparedWeights* w2_prepared) {
+    if (config.fields().precision == Precision::nvfp4) {
+      // Weight-only NVFP4 (validated: both prepared, format nvfp4); activations stay bf16.
+      s.nvfp4 = true;
+      s.w13_nvfp4_EFP = w13_prepared->data.as<uint8_t>();
+      s.w13_nvfp4_scales_EFS = w13_prepared->scales.as<uint8_t>();
+      s.w13_nvfp4_global_E = w13_prepared->global_scale.as<float>();
+      s.w2_nvfp4_EDP = w2_prepared->data.as<uint8_t>();
+      s.w2_nvfp4_scales_EDS = w2_prepared->scales.as<uint8_t>();
+      s.w2_nvfp4_global_E = w2_prepared->global_scale.as<float>();
+      return;
+    }
     if (!fp8()) return;
     s.fp8 = true;
     s.fp8_scratch = fp8_scratch();

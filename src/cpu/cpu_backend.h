@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/backend.h"
 #include "core/layout.h"
@@ -143,6 +144,11 @@ void fp8_w13_dgrad(const Step& s, bool scatter);
 // Weight gradients from column-quantized operands: W2 (grad_h3, h) and W13 (grad_h13, x).
 void fp8_w2_wgrad(const Step& s);
 void fp8_w13_wgrad(const Step& s);
+
+// ---- NVFP4 weight-only inference (stages_nvfp4.cpp) ----
+// Expert e's W13 [2F, D] / W2 [D, F] decoded from the NVFP4 prepared weights into fp32.
+std::vector<float> nvfp4_w13_of(const Step& s, int e);
+std::vector<float> nvfp4_w2_of(const Step& s, int e);
 
 // Writes the status word unless an earlier error of this step is already there.
 inline void report(const Step& s, const Status& st) {

@@ -35,10 +35,11 @@ CudaBackend::CudaBackend(int device_ordinal) : ordinal_(device_ordinal) {
 }
 
 void CudaBackend::validate(const Config& config, int ep_size) const {
-  // The FP8 training path is defined by the CPU reference (docs/formats.md); its kernels are not
-  // wired into the CUDA stages yet.
+  // The FP8 training and NVFP4 weight-only inference paths are defined by the CPU reference
+  // (docs/formats.md); their kernels are not wired into the CUDA stages yet.
   EPMOE_CHECK_ARG(config.fields().precision == Precision::bf16, "Config.precision",
-                  "bf16 on the CUDA backend (FP8 training runs on the CPU backend only so far)",
+                  "bf16 on the CUDA backend (fp8_block training and nvfp4 weight-only inference "
+                  "run on the CPU backend only so far)",
                   to_string(config.fields().precision));
   EPMOE_CHECK_ARG(config.D() % 8 == 0, "Config.hidden_dim",
                   "a multiple of 8 on CUDA (16-byte bf16 rows for TMA and vector loads)", config.D());

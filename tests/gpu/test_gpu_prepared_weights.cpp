@@ -1,10 +1,11 @@
 // prepare_weights on CUDA tensors (the codec kernels of src/cuda/formats/) against the host path,
 // bitwise for every format, including a refill in place after the weights change; and the CUDA
-// backend's refusal of Config.precision = fp8_block (its FP8 stages do not exist yet).
+// backend's refusal of Config.precision = fp8_block and nvfp4 (their stages do not exist yet).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/numeric.h"
@@ -108,6 +109,27 @@ TEST(GpuPreparedWeights, CudaBackendRefusesFp8Block) {
     ADD_FAILURE() << "the CUDA backend accepted Config.precision = fp8_block";
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "Config.precision") << e.what();
+  }
+}
+
+// NVFP4 weight-only inference is defined on the CPU backend only until its mixed-input GEMM exists.
+TEST(GpuPreparedWeights, CudaBackendRefusesNvfp4) {
+  EPMOE_REQUIRE_GPU();
+  ConfigFields f;
+  f.max_tokens_per_rank = 16;
+  f.hidden_dim = 128;
+  f.intermediate_dim = 128;
+  f.top_k = 2;
+  f.num_experts = 4;
+  f.precision = Precision::nvfp4;
+  f.inference = true;
+  f.prepared_weights = true;
+  try {
+    Context::create(Config(f), make_single_gpu_transport(0));
+    ADD_FAILURE() << "the CUDA backend accepted Config.precision = nvfp4";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "Config.precision") << e.what();
+    EXPECT_NE(std::string(e.what()).find("nvfp4"), std::string::npos) << e.what();
   }
 }
 
