@@ -26,8 +26,10 @@ struct ForwardArgs {
   TensorRef w13_EFD;         // bf16 [E, 2F, D]: rows [0, F) gate, [F, 2F) up
   TensorRef w2_EDF;          // bf16 [E, D, F]
   TensorRef y_TD;            // out: bf16 [T', D]; rows past the live count are zero
-  // Config.prepared_weights (fp8_block): fp8_block_fp32 copies of w13_EFD ([E, 2F, D]) and w2_EDF
-  // ([E, D, F]) made by prepare_weights; read instead of the bf16 weights. nullptr otherwise.
+  // Config.prepared_weights: copies of w13_EFD ([E, 2F, D]) and w2_EDF ([E, D, F]) made by
+  // prepare_weights, read instead of the bf16 weights; format fp8_block_fp32 (precision
+  // fp8_block) or nvfp4 (precision nvfp4, weight-only inference: w13_EFD and w2_EDF may then be
+  // left empty). nullptr otherwise.
   const PreparedWeights* w13_prepared = nullptr;
   const PreparedWeights* w2_prepared = nullptr;
   bool save_for_backward = true;  // false: nothing is saved, no slot is touched

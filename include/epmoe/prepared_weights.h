@@ -8,7 +8,8 @@
 //   nvfp4                              data u8 packed E2M1 [G, N, ceil(L/2)], scales u8 E4M3
 //                                      [G, N, ceil(L/16)], global_scale f32 [G] (one per expert)
 // The FP8 training path (Config.precision = fp8_block) reads fp8_block_fp32 weights: w13 as
-// [E, 2F, D], w2 as [E, D, F]; its DGRAD uses the same 128x128 blocks transposed.
+// [E, 2F, D], w2 as [E, D, F]; its DGRAD uses the same 128x128 blocks transposed. NVFP4
+// weight-only inference (Config.precision = nvfp4) reads nvfp4 weights of the same shapes.
 #pragma once
 
 #include <cstdint>

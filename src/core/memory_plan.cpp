@@ -296,6 +296,9 @@ std::string MemoryPlan::explain() const {
   } else {
     line("  scratch: " + bytes_text(scratch_bytes) + " = route " + bytes_text(route_scratch_bytes) +
          " + call " + bytes_text(backward_scratch_bytes));
+    if (precision == Precision::nvfp4) {
+      line("    nvfp4 weights: prepared by the caller (weight-only; activations stay bf16)");
+    }
   }
   {
     const Dims d{tokens, hidden, intermediate, top_k, experts_local, ep_size};

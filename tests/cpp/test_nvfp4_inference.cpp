@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,9 @@ std::string shape_name(const Shape& s) {
          " experts=" + std::to_string(s.experts) + (s.clamped ? " clamped" : " swiglu") +
          " live=" + std::to_string(s.live);
 }
+
+// gtest prints parameters in test names: a readable one, without the struct's padding bytes.
+void PrintTo(const Shape& s, std::ostream* os) { *os << shape_name(s); }
 
 Problem problem_of(const Shape& s) {
   Problem p;
