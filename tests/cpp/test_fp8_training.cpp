@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,12 @@ struct Shape {
   // 8-element row, whose rel-L2 swings 2-11% with the seed); bitwise checks only.
   bool statistical = true;
 };
+
+// gtest prints a parameter without PrintTo as its raw bytes, padding included (not stable).
+void PrintTo(const Shape& s, std::ostream* os) {
+  *os << "R" << s.ranks << " T" << s.T << " D" << s.D << " F" << s.F << " K" << s.K << " E"
+      << s.experts << (s.clamped ? " clamped" : " swiglu") << (s.wgrad == DType::f32 ? " wgrad f32" : "");
+}
 
 // Seeds per shape: EPMOE_FP8_SEEDS (default 3; the tolerance measurements used 20).
 int seed_count() {
