@@ -81,7 +81,7 @@ struct ConfigFields {
   // scratch is pinned host memory mapped right behind it in the arena's one virtual range (CUDA:
   // VMM; docs/memory.md "Host-backed scratch"). At least the routing part (route scratch + one
   // layout), which stays in device memory. Unset: everything in device memory (plain cudaMalloc).
-  std::optional<int64_t> scratch_device_bytes;
+  std::optional<int64_t> scratch_device_bytes{};
 };
 
 class Config {
