@@ -80,6 +80,11 @@ struct ConfigFields {
   // the bf16 weights in every call into its own scratch (bitwise the same as prepared ones).
   // nvfp4: must be true (forward takes NVFP4 w13_prepared / w2_prepared).
   bool prepared_weights = false;
+  // The most bytes of the scratch kept in device memory (rounded down to 128); the rest of the
+  // scratch is pinned host memory mapped right behind it in the arena's one virtual range (CUDA:
+  // VMM; docs/memory.md "Host-backed scratch"). At least the routing part (route scratch + one
+  // layout), which stays in device memory. Unset: everything in device memory (plain cudaMalloc).
+  std::optional<int64_t> scratch_device_bytes{};
 };
 
 class Config {

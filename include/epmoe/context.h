@@ -65,6 +65,17 @@ struct BackwardArgs {
 
 class Backend;
 
+// Where a context's arena (slots, then scratch) lives: `device_bytes` of device memory from
+// `base`, then `host_bytes` of pinned host memory right behind them in the same virtual range
+// (MemoryPlan::arena_device_bytes / arena_host_bytes; Config.scratch_device_bytes).
+struct ArenaMemory {
+  const void* base = nullptr;
+  int64_t device_bytes = 0;       // planned; the host part starts at base + device_bytes
+  int64_t host_bytes = 0;         // planned; 0: one plain device allocation (cudaMalloc)
+  int64_t device_held_bytes = 0;  // physical bytes held for each part (CUDA host-backed arena:
+  int64_t host_held_bytes = 0;    // rounded up to the VMM allocation granularity)
+};
+
 class Context {
  public:
   // Collective over the transport's ranks. Allocates everything plan_memory(config, R) lists.
@@ -94,6 +105,7 @@ class Context {
   int rank() const;
   int ep_size() const;
   Backend& backend();  // stage-level access (tests, layered API)
+  ArenaMemory arena_memory() const;
 
   // Stage timing for breakdowns (main job, benchmarks): when on, every stage is bracketed by a
   // device synchronisation and timed on the host, which serialises the stages. Off by default.

@@ -80,6 +80,16 @@ struct MemoryPlan {
   int64_t arena_bytes = 0;             // activation_bytes + scratch_bytes
   int64_t total_bytes = 0;             // arena + symmetric + status + peer tables + planner
 
+  // Where the arena lives (Config.scratch_device_bytes): slots and the first scratch_device_bytes
+  // of the scratch in device memory, the rest of the scratch in pinned host memory mapped right
+  // behind it (one virtual range). Without the field everything is device memory.
+  bool host_backed_scratch = false;          // arena_host_bytes > 0
+  int64_t scratch_device_minimum_bytes = 0;  // route scratch + layout(M): always device memory
+  int64_t scratch_device_bytes = 0;          // min(floor128(Config.scratch_device_bytes), scratch)
+  int64_t arena_device_bytes = 0;            // activation_bytes + scratch_device_bytes
+  int64_t arena_host_bytes = 0;              // scratch_bytes - scratch_device_bytes
+  int64_t device_total_bytes = 0;            // total_bytes - arena_host_bytes
+
   bool inference = false;
   Precision precision = Precision::bf16;
 
@@ -88,7 +98,7 @@ struct MemoryPlan {
 };
 
 // Pure. Throws Error naming the Config field for impossible configurations (E*R not divisible by
-// ep_size, slot budget below the minimum, ...).
+// ep_size, slot budget below the minimum, scratch_device_bytes below the routing part, ...).
 MemoryPlan plan_memory(const Config& config, int ep_size);
 
 }  // namespace epmoe

@@ -144,6 +144,10 @@ Config::Config(const ConfigFields& fields) : f_(fields) {
   EPMOE_CHECK_ARG(wgrad_ok, "Config.wgrad_dtype", "bf16 or f32", epmoe::to_string(f_.wgrad_dtype));
   EPMOE_CHECK_ARG(f_.barrier_timeout_ms > 0, "Config.barrier_timeout_ms", "> 0",
                   f_.barrier_timeout_ms);
+  if (f_.scratch_device_bytes) {
+    EPMOE_CHECK_ARG(*f_.scratch_device_bytes >= 0, "Config.scratch_device_bytes",
+                    ">= 0 (or unset: all scratch in device memory)", *f_.scratch_device_bytes);
+  }
 }
 
 int Config::local_experts(int ep_size) const {
@@ -178,7 +182,9 @@ std::string Config::to_string() const {
       ", barrier_timeout_ms=", f_.barrier_timeout_ms,
       ", fuse_epilogues=", f_.fuse_epilogues ? "true" : "false",
       ", arrival_gated_w13=", f_.arrival_gated_w13 ? "true" : "false",
-      ", prepared_weights=", f_.prepared_weights ? "true" : "false", "}");
+      ", prepared_weights=", f_.prepared_weights ? "true" : "false",
+      ", scratch_device_bytes=",
+      f_.scratch_device_bytes ? std::to_string(*f_.scratch_device_bytes) : "unset", "}");
 }
 
 }  // namespace epmoe

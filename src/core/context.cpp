@@ -70,6 +70,7 @@ struct Context::Impl {
   bf16_t** combine_R = nullptr;
 
   char* arena = nullptr;
+  ArenaMemory arena_memory;  // arena_memory.host_bytes > 0: from allocate_host_backed
   Status* status = nullptr;
   char* planner_state = nullptr;  // SlotState [N] | saved bytes [N, R] (planner_state_layout)
   SlotLayout slot_geometry_bytes{};
@@ -327,7 +328,20 @@ std::unique_ptr<Context> Context::create(const Config& config, std::shared_ptr<T
   m.routing_R = m.peer_table<char>(m.routing);
   m.dispatch_R = m.peer_table<bf16_t>(m.dispatch);
   m.combine_R = m.peer_table<bf16_t>(m.combine);
-  m.arena = static_cast<char*>(m.backend->allocate(m.plan.arena_bytes));
+  m.arena_memory.device_bytes = m.plan.arena_device_bytes;
+  m.arena_memory.host_bytes = m.plan.arena_host_bytes;
+  if (m.plan.host_backed_scratch) {
+    const Backend::HostBacked a =
+        m.backend->allocate_host_backed(static_cast<std::size_t>(m.plan.arena_device_bytes),
+                                        static_cast<std::size_t>(m.plan.arena_host_bytes));
+    m.arena = static_cast<char*>(a.ptr);
+    m.arena_memory.device_held_bytes = static_cast<int64_t>(a.device_held_bytes);
+    m.arena_memory.host_held_bytes = static_cast<int64_t>(a.host_held_bytes);
+  } else {
+    m.arena = static_cast<char*>(m.backend->allocate(m.plan.arena_bytes));
+    m.arena_memory.device_held_bytes = m.plan.arena_bytes;
+  }
+  m.arena_memory.base = m.arena;
   m.status = static_cast<Status*>(m.backend->allocate(m.plan.status_bytes));
   if (m.plan.planner_state_bytes > 0) {  // zero-filled: every slot empty
     m.planner_state = static_cast<char*>(
@@ -520,6 +534,7 @@ const MemoryPlan& Context::plan() const { return impl_->plan; }
 int Context::rank() const { return impl_->transport->rank(); }
 int Context::ep_size() const { return impl_->transport->size(); }
 Backend& Context::backend() { return *impl_->backend; }
+ArenaMemory Context::arena_memory() const { return impl_->arena_memory; }
 void Context::set_stage_timing(bool on) { impl_->stage_timing = on; }
 const std::vector<Context::StageTime>& Context::stage_times() const { return impl_->stage_times; }
 
@@ -532,7 +547,11 @@ void Context::close() {
   m.backend->release(m.routing_R);
   m.backend->release(m.dispatch_R);
   m.backend->release(m.combine_R);
-  m.backend->release(m.arena);
+  if (m.arena_memory.host_bytes > 0) {
+    m.backend->release_host_backed(m.arena);
+  } else {
+    m.backend->release(m.arena);
+  }
   m.backend->release(m.status);
   if (m.planner_state != nullptr) m.backend->release(m.planner_state);
   m.transport->release_symmetric(m.combine);

@@ -208,6 +208,25 @@ MemoryPlan plan_memory(const Config& config, int ep_size) {
   p.arena_bytes = p.activation_bytes + p.scratch_bytes;
   p.total_bytes = p.arena_bytes + p.symmetric_bytes + p.status_bytes + p.peer_table_bytes +
                   p.planner_state_bytes;
+
+  // ---- device / host split of the arena ----
+  // Route kernels count with atomics into the route scratch and the layout: they stay on device.
+  p.scratch_device_minimum_bytes = p.route_scratch_bytes + call.x_gathered;
+  p.scratch_device_bytes = p.scratch_bytes;
+  if (c.scratch_device_bytes) {
+    const int64_t cap = *c.scratch_device_bytes / kAlignment * kAlignment;
+    EPMOE_CHECK_ARG(cap >= p.scratch_device_minimum_bytes, "Config.scratch_device_bytes",
+                    ">= " + std::to_string(p.scratch_device_minimum_bytes) +
+                        " (route scratch " + std::to_string(p.route_scratch_bytes) +
+                        " + layout " + std::to_string(call.x_gathered) +
+                        " bytes stay in device memory)",
+                    *c.scratch_device_bytes);
+    p.scratch_device_bytes = std::min(cap, p.scratch_bytes);
+  }
+  p.arena_device_bytes = p.activation_bytes + p.scratch_device_bytes;
+  p.arena_host_bytes = p.scratch_bytes - p.scratch_device_bytes;
+  p.host_backed_scratch = p.arena_host_bytes > 0;
+  p.device_total_bytes = p.total_bytes - p.arena_host_bytes;
   return p;
 }
 
@@ -313,6 +332,16 @@ std::string MemoryPlan::explain() const {
   line("  arena (slots + scratch): " + bytes_text(arena_bytes));
   line("  total (arena + symmetric + status + peer tables + planner state): " +
        bytes_text(total_bytes));
+  if (host_backed_scratch) {
+    line("  host-backed scratch (Config.scratch_device_bytes): device " +
+         bytes_text(scratch_device_bytes) + " + pinned host " + bytes_text(arena_host_bytes) +
+         "; routing part kept on device " + bytes_text(scratch_device_minimum_bytes));
+    line("    arena: device " + bytes_text(arena_device_bytes) + " (slots + device scratch), then host " +
+         bytes_text(arena_host_bytes) + " in the same virtual range");
+    line("    device total: " + bytes_text(device_total_bytes) + " (total minus host scratch)");
+  } else {
+    line("  all scratch in device memory; device total " + bytes_text(device_total_bytes));
+  }
 
   if (inference) {
     line("  scratch-only inference; no saved activations");

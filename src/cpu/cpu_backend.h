@@ -19,6 +19,10 @@ class CpuBackend final : public Backend {
 
   void* allocate(std::size_t bytes) override;
   void release(void* ptr) override;
+  // Host memory for both parts (the CPU's 'device' memory is host memory): one allocation of the
+  // same total, reporting the requested split.
+  HostBacked allocate_host_backed(std::size_t device_bytes, std::size_t host_bytes) override;
+  void release_host_backed(void* ptr) override;
   void copy_to_device(void* dst, const void* src, std::size_t bytes) override;
   void copy_to_host(void* dst, const void* src, std::size_t bytes) override;
   void synchronize(void* stream) override;

@@ -69,6 +69,25 @@ void CudaBackend::release(void* ptr) {
   EPMOE_CUDA_CHECK(cudaFree(ptr));
 }
 
+Backend::HostBacked CudaBackend::allocate_host_backed(std::size_t device_bytes,
+                                                      std::size_t host_bytes) {
+  const HostBackedArena a = create_host_backed_arena(ordinal_, device_bytes, host_bytes);
+  host_backed_.push_back(a);
+  return {a.ptr, a.device_held, a.host_held};
+}
+
+void CudaBackend::release_host_backed(void* ptr) {
+  for (auto it = host_backed_.begin(); it != host_backed_.end(); ++it) {
+    if (it->ptr != ptr) continue;
+    const HostBackedArena a = *it;
+    host_backed_.erase(it);
+    DeviceScope scope(ordinal_);
+    destroy_host_backed_arena(a);
+    return;
+  }
+  EPMOE_EXPECT(false, internal, "ptr", "a range from allocate_host_backed", "an unknown pointer");
+}
+
 void CudaBackend::copy_to_device(void* dst, const void* src, std::size_t bytes) {
   DeviceScope scope(ordinal_);
   EPMOE_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));

@@ -33,6 +33,7 @@ Config Problem::config() const {
   f.arrival_gated_w13 = arrival_gated_w13;
   f.precision = precision;
   f.prepared_weights = prepared_weights;
+  f.scratch_device_bytes = scratch_device_bytes;
   return Config(f);
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -33,6 +34,7 @@ struct Problem {
   int barrier_timeout_ms = 30000;
   Precision precision = Precision::bf16;
   bool prepared_weights = false;  // fp8_block: RankCall prepares the weights, the calls take them
+  std::optional<int64_t> scratch_device_bytes;  // Config.scratch_device_bytes (unset: all device)
 
   int local_experts() const { return experts / ranks; }
   Config config() const;

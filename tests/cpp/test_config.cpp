@@ -234,6 +234,17 @@ TEST(Config, OverflowPolicyAndBarrierTimeout) {
   expect_config_error(f, "Config.barrier_timeout_ms", "-100");
 }
 
+TEST(Config, ScratchDeviceBytes) {
+  ConfigFields f = tiny();
+  EXPECT_FALSE(Config(f).fields().scratch_device_bytes.has_value());  // default: all device
+  f.scratch_device_bytes = 0;
+  EXPECT_EQ(Config(f).fields().scratch_device_bytes, 0);
+  f.scratch_device_bytes = 4096;
+  EXPECT_NE(Config(f).to_string().find("scratch_device_bytes=4096"), std::string::npos);
+  f.scratch_device_bytes = -1;
+  expect_config_error(f, "Config.scratch_device_bytes", "-1");
+}
+
 TEST(Config, LocalExperts) {
   Config c(tiny());
   EXPECT_EQ(c.local_experts(1), 8);
@@ -263,7 +274,7 @@ TEST(Config, ToStringListsEveryField) {
         "capacity_factor=1.25", "num_slots=3", "max_layers_per_slot=4", "slot_bytes=unset",
         "slot_capacity_factor=0.5", "overflow=trap", "wgrad_dtype=f32", "inference=false",
         "check_inputs=true", "barrier_timeout_ms=30000", "fuse_epilogues=false",
-        "arrival_gated_w13=true", "prepared_weights=false"}) {
+        "arrival_gated_w13=true", "prepared_weights=false", "scratch_device_bytes=unset"}) {
     EXPECT_NE(s.find(part), std::string::npos) << part << " missing in " << s;
   }
 }

@@ -168,6 +168,72 @@ TEST(MemoryPlan, SmallTwoRanksTwoLayers) {
   EXPECT_EQ(p.total_bytes, 38656);             // 34432 + 3456 + 128 + 384 + 256
 }
 
+// small() at R=2: activations 18,432, scratch 16,000 = route 768 + call 15,232 (layout 896 first),
+// total 38,656 (SmallTwoRanksTwoLayers).
+TEST(MemoryPlan, AllScratchOnDeviceByDefault) {
+  const MemoryPlan p = plan_memory(Config(small()), 2);
+  EXPECT_FALSE(p.host_backed_scratch);
+  EXPECT_EQ(p.scratch_device_minimum_bytes, 1664);  // route 768 + layout 896
+  EXPECT_EQ(p.scratch_device_bytes, 16000);
+  EXPECT_EQ(p.arena_device_bytes, 34432);
+  EXPECT_EQ(p.arena_host_bytes, 0);
+  EXPECT_EQ(p.device_total_bytes, 38656);
+  expect_contains(p.explain(), "all scratch in device memory; device total 0.000 GiB (38,656 bytes)");
+}
+
+TEST(MemoryPlan, HostBackedScratchSplitsTheArena) {
+  ConfigFields f = small();
+  f.scratch_device_bytes = 10000;  // rounded down to 9,984 (78 * 128)
+  const MemoryPlan p = plan_memory(Config(f), 2);
+  EXPECT_TRUE(p.host_backed_scratch);
+  EXPECT_EQ(p.scratch_bytes, 16000);  // the plan's other terms do not move
+  EXPECT_EQ(p.arena_bytes, 34432);
+  EXPECT_EQ(p.total_bytes, 38656);
+  EXPECT_EQ(p.scratch_device_bytes, 9984);
+  EXPECT_EQ(p.arena_device_bytes, 28416);  // 18432 + 9984
+  EXPECT_EQ(p.arena_host_bytes, 6016);     // 16000 - 9984
+  EXPECT_EQ(p.device_total_bytes, 32640);  // 38656 - 6016
+  const std::string text = p.explain();
+  expect_contains(text, "host-backed scratch (Config.scratch_device_bytes): device 0.000 GiB "
+                        "(9,984 bytes) + pinned host 0.000 GiB (6,016 bytes); routing part kept "
+                        "on device 0.000 GiB (1,664 bytes)");
+  expect_contains(text, "arena: device 0.000 GiB (28,416 bytes) (slots + device scratch), then "
+                        "host 0.000 GiB (6,016 bytes)");
+  expect_contains(text, "device total: 0.000 GiB (32,640 bytes)");
+}
+
+TEST(MemoryPlan, HostBackedScratchAtTheRoutingMinimum) {
+  ConfigFields f = small();
+  f.scratch_device_bytes = 1664 + 127;  // floor to 128: the minimum itself
+  const MemoryPlan p = plan_memory(Config(f), 2);
+  EXPECT_EQ(p.scratch_device_bytes, 1664);
+  EXPECT_EQ(p.arena_host_bytes, 14336);  // 16000 - 1664
+  f.inference = true;                    // no slots: the arena starts with the scratch
+  f.slots.num_slots = 0;
+  const MemoryPlan q = plan_memory(Config(f), 2);
+  EXPECT_EQ(q.arena_device_bytes, 1664);
+  EXPECT_EQ(q.arena_host_bytes, 14336);
+}
+
+TEST(MemoryPlan, ScratchDeviceBytesAboveTheScratchKeepsAllOnDevice) {
+  ConfigFields f = small();
+  f.scratch_device_bytes = 16000;
+  EXPECT_FALSE(plan_memory(Config(f), 2).host_backed_scratch);
+  f.scratch_device_bytes = int64_t{1} << 40;
+  const MemoryPlan p = plan_memory(Config(f), 2);
+  EXPECT_FALSE(p.host_backed_scratch);
+  EXPECT_EQ(p.scratch_device_bytes, 16000);
+  EXPECT_EQ(p.arena_host_bytes, 0);
+}
+
+TEST(MemoryPlan, ScratchDeviceBytesBelowTheRoutingPartFail) {
+  ConfigFields f = small();
+  f.scratch_device_bytes = 1663;
+  expect_plan_error(f, 2, "Config.scratch_device_bytes", "1663");
+  f.scratch_device_bytes = 0;
+  expect_plan_error(f, 2, "Config.scratch_device_bytes", "0");
+}
+
 TEST(MemoryPlan, UnfusedScratchAddsRowsAndGradH) {
   ConfigFields f = small();
   f.fuse_epilogues = false;
@@ -549,6 +615,12 @@ TEST(MemoryPlan, IsPure) {
   EPMOE_SAME(peer_table_bytes);
   EPMOE_SAME(arena_bytes);
   EPMOE_SAME(total_bytes);
+  EPMOE_SAME(host_backed_scratch);
+  EPMOE_SAME(scratch_device_minimum_bytes);
+  EPMOE_SAME(scratch_device_bytes);
+  EPMOE_SAME(arena_device_bytes);
+  EPMOE_SAME(arena_host_bytes);
+  EPMOE_SAME(device_total_bytes);
   EPMOE_SAME(inference);
 #undef EPMOE_SAME
   EXPECT_EQ(a.explain(), b.explain());

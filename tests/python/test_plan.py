@@ -128,6 +128,24 @@ def test_plan_sums(overrides, ep_size):
             assert value % 128 == 0 or name == "packing_granule_bytes", name
 
 
+def test_scratch_device_bytes_splits_the_arena():
+    plan = epmoe.plan_memory(tiny_config(), 2)
+    assert not plan.host_backed_scratch and plan.arena_host_bytes == 0
+    assert plan.device_total_bytes == plan.total_bytes
+    cap = plan.scratch_device_minimum_bytes + 300  # rounded down to 128
+    split = epmoe.plan_memory(tiny_config(scratch_device_bytes=cap), 2)
+    assert split.host_backed_scratch
+    assert split.scratch_device_bytes == plan.scratch_device_minimum_bytes + 256
+    assert split.arena_device_bytes + split.arena_host_bytes == split.arena_bytes == plan.arena_bytes
+    assert split.arena_device_bytes == split.activation_bytes + split.scratch_device_bytes
+    assert split.device_total_bytes == split.total_bytes - split.arena_host_bytes
+    assert "host-backed scratch (Config.scratch_device_bytes)" in split.explain()
+    with pytest.raises(ValueError, match="Config.scratch_device_bytes"):
+        tiny_config(scratch_device_bytes=-1)
+    with pytest.raises((ValueError, RuntimeError), match="Config.scratch_device_bytes"):
+        epmoe.plan_memory(tiny_config(scratch_device_bytes=0), 2)
+
+
 def test_capacity_factor_is_clamped_to_the_topology_bound():
     small = epmoe.plan_memory(tiny_config(device_scratch_capacity_factor=1.0), 2)
     big = epmoe.plan_memory(tiny_config(device_scratch_capacity_factor=100.0), 2)
