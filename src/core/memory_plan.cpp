@@ -182,11 +182,11 @@ MemoryPlan plan_memory(const Config& config, int ep_size) {
     p.planner_state_bytes = planner_state_layout(p.num_slots, R).total;
   }
 
-  // ---- scratch (Context: route scratch, then the call scratch) ----
+  // ---- scratch (Context: the call scratch, then the route scratch) ----
   const bool unfused = !c.fuse_epilogues;
   const CallScratchLayout call = call_scratch_layout(d, M, unfused);
   p.route_scratch_bytes = route_scratch_layout(d, M).total;
-  // The forward touches layout..h (recompute mode) and, unfused, rows_MD; the backward all of it.
+  // The forward touches x_gathered..h (recompute mode) and, unfused, rows_MD; the backward all.
   p.forward_scratch_bytes = call.grad_h3 + (unfused ? align_bytes(M * D * 2) : 0);
   p.backward_scratch_bytes = call.total;
   p.scratch_bytes = p.route_scratch_bytes + p.backward_scratch_bytes;

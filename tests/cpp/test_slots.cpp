@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "epmoe/error.h"
+#include "core/plan_terms.h"
 #include "epmoe/memory_plan.h"
 #include "harness.h"
 #include "moe_case.h"
@@ -202,6 +203,34 @@ TEST(SlotsBudget, PacksByActualRows) {
   const StackRun run = run_stack(p, in, plan.slot_metadata_bytes + packed);
   EXPECT_EQ(run.recomputed, std::vector<bool>(kLayers, false));
   EXPECT_EQ(run.peak, packed);
+}
+
+// CUDA reads x_gathered through one descriptor over the arena as rows of D bf16: wherever the
+// planner puts it (a slot's packed region, or the call scratch of a recompute layer) it must
+// start on a whole row, for any D and any budget.
+TEST(SlotsBudget, GatheredRowsStartOnWholeArenaRows) {
+  for (int64_t D : {32, 136, 200, 1000}) {
+    for (double factor : {0.0, 0.3, 1.0}) {
+      Problem p = stack_problem(2, true);
+      p.hidden = D;
+      ConfigFields f = p.config().fields();
+      if (factor > 0.0) f.slots.slot_capacity_factor = factor;
+      f.slots.num_slots = 3;
+      const Config config(f);
+      const MemoryPlan plan = plan_memory(config, 2);
+      const int64_t row = 2 * D;
+      const std::string what = "D " + std::to_string(D) + ", factor " + std::to_string(factor);
+      EXPECT_EQ(plan.packing_granule_bytes % row, 0) << what;
+      EXPECT_EQ(plan.slot_bytes % plan.packing_granule_bytes, 0) << what;
+      EXPECT_EQ(plan.slot_metadata_bytes % plan.packing_granule_bytes, 0) << what;
+      EXPECT_EQ(plan.saved_input_bytes_per_layer % plan.packing_granule_bytes, 0) << what;
+      // The call scratch starts right after the slots, x_gathered first.
+      const Dims d{p.max_tokens, D, p.intermediate, p.top_k, p.local_experts(), 2};
+      EXPECT_EQ(call_scratch_layout(d, plan.recv_capacity_rows, false).x_gathered, 0) << what;
+      EXPECT_EQ(call_scratch_layout(d, plan.recv_capacity_rows, true).x_gathered, 0) << what;
+      EXPECT_EQ(plan.activation_bytes % row, 0) << what;
+    }
+  }
 }
 
 TEST(SlotsBudget, BelowTheMinimumNamesTheField) {
