@@ -85,8 +85,9 @@ void restore_input(const Step& s) {
   check_aligned16(s.arena, "arena");
   const int64_t items = s.dims.T * s.dims.D / kVec;
   restore_kernel<<<grid_for(items, kThreads), kThreads, 0, stream_of(s)>>>(
-      s.layer_plan, s.layout.header, s.arena, s.dispatch_R, s.rank, s.dims.D, arrivals_B(s),
-      arrival_blocks(s.capacity_rows));
+      s.layer_plan, s.layout.header, s.arena, s.dispatch_R, s.rank, s.dims.D,
+      s.route_scratch != nullptr ? arrivals_B(s) : nullptr,
+      s.route_scratch != nullptr ? arrival_blocks(s.capacity_rows) : 0);
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 
