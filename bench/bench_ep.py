@@ -57,10 +57,10 @@ def tokens_to_ranks(ids, E_local, R):
 
 def traffic(C_RR, tokens_RR=None):
     """C_RR[s][d]: routes of rank s's tokens to rank d's experts (tokens_RR[s][d]: tokens with a
-    route there). Per rank d: received rows (all routes it computes) and rows pulled from other
-    ranks in dispatch (one per route, = rows it stores back into the other ranks' combine slots);
-    busiest received rows and the balanced share; with tokens_RR, the (token, rank) pairs from
-    other ranks (what one send per token and destination would move)."""
+    route there). Per rank d: received rows (all routes it computes) and the routes from other
+    ranks (= rows it stores back into their combine slots); busiest received rows and the balanced
+    share; with tokens_RR, the (token, rank) pairs from other ranks: the rows dispatch and
+    gather_grad read from peers (one read per source rank and token)."""
     R = len(C_RR)
     received = [sum(C_RR[s][d] for s in range(R)) for d in range(R)]
     remote = [received[d] - C_RR[d][d] for d in range(R)]
@@ -72,10 +72,11 @@ def traffic(C_RR, tokens_RR=None):
     return out
 
 
-def dispatch_combine_GBps(stage_lists, remote_rows, D, elem_bytes=2):
+def dispatch_combine_GBps(stage_lists, remote_rows, remote_token_rows, D, elem_bytes=2):
     """Dispatch + combine bandwidth of the unfused chain from each rank's stage times (forward then
     backward, in launch order): forward dispatch + scatter_rows, backward gather_grad +
-    scatter_rows. Each moves remote_rows[r] rows of D elements in each of its two stages.
+    scatter_rows. Per phase rank r moves remote_token_rows[r] rows of D elements in dispatch /
+    gather_grad (one read per source token) and remote_rows[r] in scatter_rows (one per route).
     Returns {phase: (GBps over ranks = sum bytes / sum time, [GBps per rank], [ms per rank])}."""
     out = {}
     for phase, names in (("dispatch+combine", ("dispatch", "scatter_rows")),
@@ -85,7 +86,7 @@ def dispatch_combine_GBps(stage_lists, remote_rows, D, elem_bytes=2):
             cut = [i for i, (n, _) in enumerate(stages) if n == "reduce_forward"][0] + 1
             part = stages[:cut] if phase == "dispatch+combine" else stages[cut:]
             ms = sum(t for n, t in part if n in names)
-            nbytes = 2 * remote_rows[r] * D * elem_bytes
+            nbytes = (remote_token_rows[r] + remote_rows[r]) * D * elem_bytes
             ms_R.append(ms)
             gbps_R.append(nbytes / ms / 1e6 if ms > 0 else None)
             total_bytes += nbytes
@@ -131,18 +132,7 @@ class Ranks:
 def timed_ep(fn, ranks, iters, warmup=3):
     """(median, min, max) ms of the step over >= iters iterations: every rank times each iteration
     with CUDA events after a host barrier; the step time is the max over ranks."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        ranks.barrier()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
+    times = bench_moe.event_times(fn, iters, warmup, before=ranks.barrier)
     return step_stats(ranks.gather(times))
 
 
@@ -301,7 +291,7 @@ def bench_shape(lib, nccl, ranks, shape, routing, ceil, args):
                          "precision": "bf16", "phase": "stage-breakdown", "tokens_per_rank": T,
                          "rank": r, "stages_ms": st, **tr})
     if "epmoe-unfused" in stages:
-        bw = dispatch_combine_GBps(stages["epmoe-unfused"], tr["remote_rows"], D)
+        bw = dispatch_combine_GBps(stages["epmoe-unfused"], tr["remote_rows"], tr["remote_token_rows"], D)
         peer = ceil.get("peer_store_GBps")
         for phase, (gbps, gbps_R, ms_R) in bw.items():
             ms = (max(ms_R),) * 3
@@ -496,8 +486,8 @@ def self_check():
     # Stage-time bandwidth and step statistics on made-up numbers.
     st = [[("dispatch", 1.0), ("scatter_rows", 1.0), ("reduce_forward", 0.1), ("gather_grad", 2.0),
            ("scatter_rows", 2.0)]] * 2
-    bw = dispatch_combine_GBps(st, [1000, 500], 1024)
-    want = 2 * 1500 * 1024 * 2 / 4.0 / 1e6
+    bw = dispatch_combine_GBps(st, [1000, 500], [600, 400], 1024)
+    want = (1500 + 1000) * 1024 * 2 / 4.0 / 1e6
     if abs(bw["dispatch+combine"][0] - want) > 1e-9 or bw["dispatch+combine-bwd"][2] != [4.0, 4.0]:
         print(f"self-check: dispatch_combine_GBps FAILED: {bw}", flush=True)
         failures += 1

@@ -20,19 +20,28 @@ import shapes as S  # noqa: E402
 import torch_recipe  # noqa: E402
 
 
-def timed(fn, iters=10, warmup=3):
-    """Median, min, max milliseconds of fn() with CUDA events around each call."""
+def event_times(fn, iters, warmup=3, before=None):
+    """Milliseconds of each of iters calls of fn() (after warmup untimed ones), CUDA events around
+    each call; before(), when given, runs ahead of each timed call, outside the events."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     times = []
     for _ in range(iters):
+        if before is not None:
+            before()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         fn()
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b))
+    return times
+
+
+def timed(fn, iters=10, warmup=3):
+    """Median, min, max milliseconds of fn() with CUDA events around each call."""
+    times = event_times(fn, iters, warmup)
     return statistics.median(times), min(times), max(times)
 
 
@@ -68,6 +77,9 @@ def rel_l2(a, b, chunk=1 << 26):
     return (num / max(den, 1e-300)) ** 0.5
 
 
+# Config.scratch_device_bytes of every epmoe context (--scratch-device-bytes; -1: all device).
+SCRATCH_DEVICE_BYTES = -1
+
 class Layer:
     """Inputs, outputs and an epmoe context for one shape and routing at EP = 1."""
 
@@ -87,6 +99,7 @@ class Layer:
         self.grad_w2 = torch.empty_like(self.w2)
         cfg = lib.epmoe_config_default(T, D, F, K, E)
         cfg.fuse_epilogues = int(fused)
+        cfg.scratch_device_bytes = SCRATCH_DEVICE_BYTES
         self.ctx = epmoe_ctypes.Context(lib, cfg)
         self.routes = S.useful_routes(self.ids)
 
@@ -270,7 +283,11 @@ def main():
     ap.add_argument("--lib", default=None)
     ap.add_argument("--epmoe-only", default=None, metavar="IMPL",
                     help="time epmoe alone, rows named IMPL (e.g. epmoe-pingpong)")
+    ap.add_argument("--scratch-device-bytes", type=int, default=-1,
+                    help="Config.scratch_device_bytes of the epmoe contexts (-1: all scratch on device)")
     args = ap.parse_args()
+    global SCRATCH_DEVICE_BYTES
+    SCRATCH_DEVICE_BYTES = args.scratch_device_bytes
     lib = epmoe_ctypes.load(args.lib)
     ceil = ceilings()
     print(f"ceilings: {ceil}", flush=True)

@@ -16,6 +16,7 @@ class Config(ctypes.Structure):
         ("fuse_epilogues", ctypes.c_int32), ("check_inputs", ctypes.c_int32),
         ("wgrad_f32", ctypes.c_int32), ("barrier_timeout_ms", ctypes.c_int32),
         ("arrival_gated_w13", ctypes.c_int32),
+        ("scratch_device_bytes", ctypes.c_int64),  # -1: all scratch in device memory
     ]
 
 

@@ -30,6 +30,8 @@ typedef struct {
   int32_t wgrad_f32;           /* 1: f32 weight gradients; 0: bf16 */
   int32_t barrier_timeout_ms;
   int32_t arrival_gated_w13;   /* 1: W13 waits on dispatch arrivals, overlapped; 0: staged (default) */
+  int64_t scratch_device_bytes; /* most scratch bytes in device memory, the rest pinned host memory
+                                   in the same range; -1: all device (default) */
 } epmoe_config;
 
 /* Defaults of the C++ Config for the four required fields. */

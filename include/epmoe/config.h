@@ -26,8 +26,11 @@ struct Activation {
   }
 };
 
-// Operand precision of the expert GEMMs. Only bf16 runs today; the others are reserved so the
-// config, planner and prepared-weight APIs keep their shape when they land.
+// Operand precision of the expert GEMMs. bf16 runs everywhere; fp8_block (E4M3, 1x128 activation
+// and 128x128 weight blocks, fp32 scales; docs/formats.md "FP8 training") on the CPU backend;
+// nvfp4 is weight-only inference (NVFP4 prepared weights, bf16 activations; needs inference and
+// prepared_weights; docs/formats.md "NVFP4 weight-only inference") on the CPU backend; mxfp8 is a
+// format only (codecs, PreparedWeights), refused as a Config.precision.
 enum class Precision : int { bf16, fp8_block, mxfp8, nvfp4 };
 const char* to_string(Precision precision);
 
@@ -72,6 +75,16 @@ struct ConfigFields {
   // 5.51 ms staged; bench/results/2026-11-29-*-ep2-gated.json): W13 CTAs take SMs that dispatch
   // still needs and spin, and dispatch fills rows in (source, token) order, not expert order.
   bool arrival_gated_w13 = false;
+  // fp8_block: true: forward/backward take the caller's PreparedWeights (w13_prepared,
+  // w2_prepared; made once per optimizer step with prepare_weights). false: the context quantizes
+  // the bf16 weights in every call into its own scratch (bitwise the same as prepared ones).
+  // nvfp4: must be true (forward takes NVFP4 w13_prepared / w2_prepared).
+  bool prepared_weights = false;
+  // The most bytes of the scratch kept in device memory (rounded down to 128); the rest of the
+  // scratch is pinned host memory mapped right behind it in the arena's one virtual range (CUDA:
+  // VMM; docs/memory.md "Host-backed scratch"). At least the routing part (route scratch + one
+  // layout), which stays in device memory. Unset: everything in device memory (plain cudaMalloc).
+  std::optional<int64_t> scratch_device_bytes{};
 };
 
 class Config {

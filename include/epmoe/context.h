@@ -10,6 +10,7 @@
 
 #include "epmoe/config.h"
 #include "epmoe/memory_plan.h"
+#include "epmoe/prepared_weights.h"
 #include "epmoe/status.h"
 #include "epmoe/tensor.h"
 #include "epmoe/transport.h"
@@ -25,6 +26,12 @@ struct ForwardArgs {
   TensorRef w13_EFD;         // bf16 [E, 2F, D]: rows [0, F) gate, [F, 2F) up
   TensorRef w2_EDF;          // bf16 [E, D, F]
   TensorRef y_TD;            // out: bf16 [T', D]; rows past the live count are zero
+  // Config.prepared_weights: copies of w13_EFD ([E, 2F, D]) and w2_EDF ([E, D, F]) made by
+  // prepare_weights, read instead of the bf16 weights; format fp8_block_fp32 (precision
+  // fp8_block) or nvfp4 (precision nvfp4, weight-only inference: w13_EFD and w2_EDF may then be
+  // left empty). nullptr otherwise.
+  const PreparedWeights* w13_prepared = nullptr;
+  const PreparedWeights* w2_prepared = nullptr;
   bool save_for_backward = true;  // false: nothing is saved, no slot is touched
   int slot = 0;              // activation slot that keeps this call's saved state
   void* stream = nullptr;    // cudaStream_t on CUDA; ignored on the CPU
@@ -50,11 +57,24 @@ struct BackwardArgs {
   TensorRef grad_scores_TK;  // out: f32 [T', K] (0 for inactive routes and padding rows)
   TensorRef grad_w13_EFD;    // out: Config.wgrad_dtype [E, 2F, D]
   TensorRef grad_w2_EDF;     // out: Config.wgrad_dtype [E, D, F]
+  const PreparedWeights* w13_prepared = nullptr;  // as in forward (the same weights)
+  const PreparedWeights* w2_prepared = nullptr;
   bool accumulate_wgrad = false;  // add into grad_w13/grad_w2 instead of overwriting
   void* stream = nullptr;
 };
 
 class Backend;
+
+// Where a context's arena (slots, then scratch) lives: `device_bytes` of device memory from
+// `base`, then `host_bytes` of pinned host memory right behind them in the same virtual range
+// (MemoryPlan::arena_device_bytes / arena_host_bytes; Config.scratch_device_bytes).
+struct ArenaMemory {
+  const void* base = nullptr;
+  int64_t device_bytes = 0;       // planned; the host part starts at base + device_bytes
+  int64_t host_bytes = 0;         // planned; 0: one plain device allocation (cudaMalloc)
+  int64_t device_held_bytes = 0;  // physical bytes held for each part (CUDA host-backed arena:
+  int64_t host_held_bytes = 0;    // rounded up to the VMM allocation granularity)
+};
 
 class Context {
  public:
@@ -85,6 +105,7 @@ class Context {
   int rank() const;
   int ep_size() const;
   Backend& backend();  // stage-level access (tests, layered API)
+  ArenaMemory arena_memory() const;
 
   // Stage timing for breakdowns (main job, benchmarks): when on, every stage is bracketed by a
   // device synchronisation and timed on the host, which serialises the stages. Off by default.

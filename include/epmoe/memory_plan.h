@@ -40,7 +40,8 @@ struct MemoryPlan {
 
   // Symmetric buffers (one per rank, peers address each other's; allocated through the Transport).
   int64_t routing_buffer_bytes = 0;   // header + ids [T,K] i32 + scores [T,K] f32
-  int64_t dispatch_buffer_bytes = 0;  // [T, D] bf16: x (forward), grad_y (backward)
+  int64_t dispatch_buffer_bytes = 0;  // [T, D] bf16: x (forward), grad_y (backward); fp8_block:
+                                      // the larger of that and x as E4M3 rows + scales
   int64_t combine_buffer_bytes = 0;   // [T, K, D] bf16: route outputs (fwd), route input grads (bwd)
   int64_t symmetric_bytes = 0;
 
@@ -66,24 +67,40 @@ struct MemoryPlan {
   int64_t planner_state_bytes = 0;          // per-slot planner state (separate allocation)
 
   // Scratch (reused within one call), sized at capacity rows.
+  // Scratch order (Context): route | pad | call (layout, x_gathered, ...) | fp8 ops | fp8 weights
   int64_t route_scratch_bytes = 0;     // global routing layout computation
+  int64_t call_scratch_pad_bytes = 0;  // puts the call scratch's x_gathered on the granule (< G)
   int64_t forward_scratch_bytes = 0;   // worst forward (recompute mode)
   int64_t backward_scratch_bytes = 0;  // worst backward (recompute mode)
-  int64_t scratch_bytes = 0;           // route + backward (backward's region holds forward's)
+  // fp8_block only (0 otherwise), after the call scratch (core/fp8_terms.h):
+  int64_t fp8_scratch_bytes = 0;         // E4M3 operands: h, grad_h3, grad_h13 rows, WGRAD columns
+  int64_t fp8_weight_scratch_bytes = 0;  // weights quantized per call (Config.prepared_weights off)
+  int64_t scratch_bytes = 0;           // route + pad + backward (+ fp8); backward's holds forward's
 
   int64_t status_bytes = 0;            // device status word
   int64_t peer_table_bytes = 0;        // 3 peer-pointer tables [R] (routing, dispatch, combine)
   int64_t arena_bytes = 0;             // activation_bytes + scratch_bytes
   int64_t total_bytes = 0;             // arena + symmetric + status + peer tables + planner
 
+  // Where the arena lives (Config.scratch_device_bytes): slots and the first scratch_device_bytes
+  // of the scratch in device memory, the rest of the scratch in pinned host memory mapped right
+  // behind it (one virtual range). Without the field everything is device memory.
+  bool host_backed_scratch = false;          // arena_host_bytes > 0
+  int64_t scratch_device_minimum_bytes = 0;  // route scratch + pad + layout(M): always device
+  int64_t scratch_device_bytes = 0;          // min(floor128(Config.scratch_device_bytes), scratch)
+  int64_t arena_device_bytes = 0;            // activation_bytes + scratch_device_bytes
+  int64_t arena_host_bytes = 0;              // scratch_bytes - scratch_device_bytes
+  int64_t device_total_bytes = 0;            // total_bytes - arena_host_bytes
+
   bool inference = false;
+  Precision precision = Precision::bf16;
 
   // Multi-line, human-readable account of every term above.
   std::string explain() const;
 };
 
 // Pure. Throws Error naming the Config field for impossible configurations (E*R not divisible by
-// ep_size, slot budget below the minimum, ...).
+// ep_size, slot budget below the minimum, scratch_device_bytes below the routing part, ...).
 MemoryPlan plan_memory(const Config& config, int ep_size);
 
 }  // namespace epmoe

@@ -59,6 +59,8 @@ class Config:
     barrier_timeout_ms: int = 30000
     fuse_epilogues: bool = True
     arrival_gated_w13: bool = False  # CUDA: W13 overlaps dispatch, gated by row arrival counters
+    # Most scratch bytes in device memory; the rest is pinned host memory in the same range. None: all device.
+    scratch_device_bytes: Optional[int] = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_local_input_tokens", "hidden_dim", "intermediate_dim", "top_k",
@@ -91,6 +93,10 @@ class Config:
         for name in ("inference", "check_inputs", "fuse_epilogues", "arrival_gated_w13"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"Config.{name}: expected a bool, got {getattr(self, name)!r}")
+        if self.scratch_device_bytes is not None:
+            v = self.scratch_device_bytes
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"Config.scratch_device_bytes: expected None or an int >= 0, got {v!r}")
 
     def local_experts(self, ep_size: int) -> int:
         if self.num_experts % ep_size != 0:
@@ -123,4 +129,6 @@ class Config:
             fields["activation_slot_bytes"] = self.activation_slot_bytes
         if self.activation_slot_capacity_factor is not None:
             fields["activation_slot_capacity_factor"] = self.activation_slot_capacity_factor
+        if self.scratch_device_bytes is not None:
+            fields["scratch_device_bytes"] = self.scratch_device_bytes
         return ";".join(f"{k}={v!r}" if isinstance(v, float) else f"{k}={v}" for k, v in fields.items())

@@ -10,7 +10,8 @@ from .config import Config
 
 @dataclasses.dataclass(frozen=True)
 class MemoryPlan:
-    """Numbers of epmoe::MemoryPlan (include/epmoe/memory_plan.h); explain() prints every term."""
+    """Every field of epmoe::MemoryPlan (include/epmoe/memory_plan.h) as an attribute and in fields;
+    explain() prints every term."""
 
     fields: dict
     _explain: str
@@ -33,11 +34,16 @@ class MemoryPlan:
         return self._explain
 
 
-def _number(text: str):
-    try:
-        return int(text)
-    except ValueError:
-        return float(text)
+def _value(text: str):
+    """A field's value: int, float (exact: max_digits10 digits), bool, or a name (slot_sizing)."""
+    if text in ("true", "false"):
+        return text == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def plan_memory(config: Config, ep_size: int, *, device=None) -> MemoryPlan:
@@ -49,5 +55,5 @@ def plan_memory(config: Config, ep_size: int, *, device=None) -> MemoryPlan:
     config.local_experts(ep_size)
     native = config.to_native()
     lines = ops._plan_fields(native, ep_size).strip().splitlines()
-    fields = {k: _number(v) for k, v in (line.split("=", 1) for line in lines)}
+    fields = {k: _value(v) for k, v in (line.split("=", 1) for line in lines)}
     return MemoryPlan(fields, ops._plan_explain(native, ep_size))

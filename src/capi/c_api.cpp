@@ -36,6 +36,7 @@ Config to_config(const epmoe_config& c) {
   f.wgrad_dtype = c.wgrad_f32 ? DType::f32 : DType::bf16;
   f.barrier_timeout_ms = c.barrier_timeout_ms;
   f.arrival_gated_w13 = c.arrival_gated_w13 != 0;
+  if (c.scratch_device_bytes != -1) f.scratch_device_bytes = c.scratch_device_bytes;
   return Config(f);
 }
 
@@ -74,6 +75,7 @@ epmoe_config epmoe_config_default(int64_t T, int64_t D, int64_t F, int32_t K, in
   c.wgrad_f32 = 0;
   c.barrier_timeout_ms = d.barrier_timeout_ms;
   c.arrival_gated_w13 = d.arrival_gated_w13 ? 1 : 0;
+  c.scratch_device_bytes = -1;
   return c;
 }
 

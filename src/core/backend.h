@@ -28,6 +28,17 @@ class Backend {
   // ---- memory of the compute device ----
   virtual void* allocate(std::size_t bytes) = 0;  // zero-filled
   virtual void release(void* ptr) = 0;
+  // The arena with host-backed scratch (Config.scratch_device_bytes): one zero-filled range of
+  // device_bytes of device memory followed by host_bytes of pinned host memory, the host part
+  // starting exactly at ptr + device_bytes. *_held: physical bytes held for each part (CUDA:
+  // rounded up to the VMM allocation granularity). Freed with release_host_backed(ptr).
+  struct HostBacked {
+    void* ptr = nullptr;
+    std::size_t device_held_bytes = 0;
+    std::size_t host_held_bytes = 0;
+  };
+  virtual HostBacked allocate_host_backed(std::size_t device_bytes, std::size_t host_bytes) = 0;
+  virtual void release_host_backed(void* ptr) = 0;
   virtual void copy_to_device(void* dst, const void* src, std::size_t bytes) = 0;  // blocking
   virtual void copy_to_host(void* dst, const void* src, std::size_t bytes) = 0;    // blocking
   // Waits for the work of `stream`; nullptr: for all work of the device.

@@ -55,10 +55,10 @@ void validate_activation(const Activation& a) {
 void validate_precision(Precision p) {
   const bool known = p == Precision::bf16 || p == Precision::fp8_block || p == Precision::mxfp8 ||
                      p == Precision::nvfp4;
-  EPMOE_CHECK_ARG(known, "Config.precision", "bf16", enum_value(p));
-  // The other formats are reserved in the API; their GEMMs do not exist yet.
-  EPMOE_CHECK_ARG(p == Precision::bf16, "Config.precision",
-                  "bf16 (" + std::string(to_string(p)) + " is not available yet in this build)",
+  EPMOE_CHECK_ARG(known, "Config.precision", "bf16, fp8_block or nvfp4", enum_value(p));
+  // MXFP8 is a format (codecs, prepared weights); no GEMM path runs it yet.
+  EPMOE_CHECK_ARG(p != Precision::mxfp8, "Config.precision",
+                  "bf16, fp8_block or nvfp4 (mxfp8 is not available yet as a GEMM precision)",
                   to_string(p));
 }
 
@@ -117,6 +117,24 @@ Config::Config(const ConfigFields& fields) : f_(fields) {
                   f_.top_k);
   validate_activation(f_.activation);
   validate_precision(f_.precision);
+  if (f_.precision == Precision::fp8_block) {
+    // The received E4M3 rows and their scales live in the bf16 x_gathered space, which holds
+    // them (alignment included) for every row count when D >= 4 (core/fp8_terms.h).
+    EPMOE_CHECK_ARG(f_.hidden_dim >= 4, "Config.hidden_dim", ">= 4 with precision fp8_block",
+                    f_.hidden_dim);
+    EPMOE_CHECK_ARG(!f_.inference, "Config.inference", "false with precision fp8_block (training)",
+                    "true");
+  }
+  if (f_.precision == Precision::nvfp4) {
+    // Weight-only NVFP4 inference: the caller's prepared weights, bf16 activations, no backward.
+    EPMOE_CHECK_ARG(f_.inference, "Config.inference",
+                    "true with precision nvfp4 (weight-only inference)", "false");
+    EPMOE_CHECK_ARG(f_.prepared_weights, "Config.prepared_weights",
+                    "true with precision nvfp4 (the caller prepares the NVFP4 weights)", "false");
+  }
+  EPMOE_CHECK_ARG(!f_.prepared_weights || f_.precision != Precision::bf16,
+                  "Config.prepared_weights", "false with precision bf16 (bf16 weights are used as "
+                  "given)", "true");
   EPMOE_CHECK_ARG(std::isfinite(f_.capacity_factor) && f_.capacity_factor > 0.0,
                   "Config.capacity_factor", "a finite value > 0", number(f_.capacity_factor));
   validate_slots(f_.slots, f_.inference);
@@ -126,6 +144,10 @@ Config::Config(const ConfigFields& fields) : f_(fields) {
   EPMOE_CHECK_ARG(wgrad_ok, "Config.wgrad_dtype", "bf16 or f32", epmoe::to_string(f_.wgrad_dtype));
   EPMOE_CHECK_ARG(f_.barrier_timeout_ms > 0, "Config.barrier_timeout_ms", "> 0",
                   f_.barrier_timeout_ms);
+  if (f_.scratch_device_bytes) {
+    EPMOE_CHECK_ARG(*f_.scratch_device_bytes >= 0, "Config.scratch_device_bytes",
+                    ">= 0 (or unset: all scratch in device memory)", *f_.scratch_device_bytes);
+  }
 }
 
 int Config::local_experts(int ep_size) const {
@@ -159,7 +181,10 @@ std::string Config::to_string() const {
       ", check_inputs=", f_.check_inputs ? "true" : "false",
       ", barrier_timeout_ms=", f_.barrier_timeout_ms,
       ", fuse_epilogues=", f_.fuse_epilogues ? "true" : "false",
-      ", arrival_gated_w13=", f_.arrival_gated_w13 ? "true" : "false", "}");
+      ", arrival_gated_w13=", f_.arrival_gated_w13 ? "true" : "false",
+      ", prepared_weights=", f_.prepared_weights ? "true" : "false",
+      ", scratch_device_bytes=",
+      f_.scratch_device_bytes ? std::to_string(*f_.scratch_device_bytes) : "unset", "}");
 }
 
 }  // namespace epmoe

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/fp8_terms.h"
 #include "core/status_word.h"
 #include "core/plan_terms.h"
 #include "core/slot_plan.h"
@@ -25,7 +26,7 @@ struct ConfigFingerprint {
   float alpha, limit;
   double capacity_factor;
   int32_t num_slots, layers_per_slot, inference, fuse_epilogues;
-  int32_t arrival_gated_w13, reserved;
+  int32_t arrival_gated_w13, prepared_weights;
   int64_t slot_bytes;
 };
 
@@ -47,6 +48,7 @@ ConfigFingerprint fingerprint(const Config& c, int64_t slot_bytes) {
   f.inference = x.inference;
   f.fuse_epilogues = x.fuse_epilogues;
   f.arrival_gated_w13 = x.arrival_gated_w13;
+  f.prepared_weights = x.prepared_weights;
   f.slot_bytes = slot_bytes;
   return f;
 }
@@ -68,6 +70,7 @@ struct Context::Impl {
   bf16_t** combine_R = nullptr;
 
   char* arena = nullptr;
+  ArenaMemory arena_memory;  // arena_memory.host_bytes > 0: from allocate_host_backed
   Status* status = nullptr;
   char* planner_state = nullptr;  // SlotState [N] | saved bytes [N, R] (planner_state_layout)
   SlotLayout slot_geometry_bytes{};
@@ -111,12 +114,67 @@ struct Context::Impl {
     return arena + static_cast<int64_t>(slot) * plan.slot_bytes +
            layer * slot_geometry_bytes.layer_metadata;
   }
-  // Scratch: the call scratch first (its x_gathered on a granule, plan_terms.h), then the route's.
+  // Scratch (MemoryPlan order): route scratch, the pad that puts the call scratch's x_gathered on
+  // the granule (plan_terms.h), the call scratch, then the FP8 regions. The route scratch and the
+  // call scratch's layout lead: with Config.scratch_device_bytes they are the device prefix.
   char* scratch_base() const { return arena + plan.activation_bytes; }
-  char* call_scratch() const { return scratch_base(); }
-  char* route_scratch() const {
-    return call_scratch() +
-           call_scratch_layout(dims, plan.recv_capacity_rows, !config.fields().fuse_epilogues).total;
+  char* route_scratch() const { return scratch_base(); }
+  char* call_scratch() const {
+    return route_scratch() + plan.route_scratch_bytes + plan.call_scratch_pad_bytes;
+  }
+  // FP8 operands, then the per-call weights, after the call scratch (MemoryPlan order).
+  char* fp8_scratch() const { return call_scratch() + plan.backward_scratch_bytes; }
+  char* fp8_weights() const { return fp8_scratch() + plan.fp8_scratch_bytes; }
+  bool fp8() const { return config.fields().precision == Precision::fp8_block; }
+
+  // The E4M3 weights a call reads: the caller's prepared ones, or the bf16 ones quantized into
+  // the context's scratch by a quantize_weights stage (the same codec, so the same bits).
+  void bind_weights(Step& s, const TensorRef& w13_EFD, const TensorRef& w2_EDF,
+                    const PreparedWeights* w13_prepared, const PreparedWeights* w2_prepared) {
+    if (config.fields().precision == Precision::nvfp4) {
+      // Weight-only NVFP4 (validated: both prepared, format nvfp4); activations stay bf16.
+      s.nvfp4 = true;
+      s.w13_nvfp4_EFP = w13_prepared->data.as<uint8_t>();
+      s.w13_nvfp4_scales_EFS = w13_prepared->scales.as<uint8_t>();
+      s.w13_nvfp4_global_E = w13_prepared->global_scale.as<float>();
+      s.w2_nvfp4_EDP = w2_prepared->data.as<uint8_t>();
+      s.w2_nvfp4_scales_EDS = w2_prepared->scales.as<uint8_t>();
+      s.w2_nvfp4_global_E = w2_prepared->global_scale.as<float>();
+      return;
+    }
+    if (!fp8()) return;
+    s.fp8 = true;
+    s.fp8_scratch = fp8_scratch();
+    if (w13_prepared != nullptr) {
+      s.w13_q_EFD = w13_prepared->data.as<uint8_t>();
+      s.w13_scales_EBS = w13_prepared->scales.as<float>();
+      s.w2_q_EDF = w2_prepared->data.as<uint8_t>();
+      s.w2_scales_EBS = w2_prepared->scales.as<float>();
+      return;
+    }
+    const Fp8WeightLayout l = fp8_weight_layout(dims);
+    const Device dev = backend->device();
+    const PreparedWeightShapes s13 = prepared_weight_shapes(WeightFormat::fp8_block_fp32, dims.E,
+                                                            2 * dims.F, dims.D);
+    const PreparedWeightShapes s2 =
+        prepared_weight_shapes(WeightFormat::fp8_block_fp32, dims.E, dims.D, dims.F);
+    char* base = fp8_weights();
+    PreparedWeights p13{WeightFormat::fp8_block_fp32, dims.E, 2 * dims.F, dims.D, s13.data,
+                        s13.scales, {}};
+    PreparedWeights p2{WeightFormat::fp8_block_fp32, dims.E, dims.D, dims.F, s2.data, s2.scales, {}};
+    p13.data.data = base + l.w13_q;
+    p13.scales.data = base + l.w13_scales;
+    p2.data.data = base + l.w2_q;
+    p2.scales.data = base + l.w2_scales;
+    for (TensorRef* t : {&p13.data, &p13.scales, &p2.data, &p2.scales}) t->device = dev;
+    stage("quantize_weights", s.stream, [&] {
+      prepare_weights(w13_EFD, p13, s.stream);
+      prepare_weights(w2_EDF, p2, s.stream);
+    });
+    s.w13_q_EFD = p13.data.as<uint8_t>();
+    s.w13_scales_EBS = p13.scales.as<float>();
+    s.w2_q_EDF = p2.data.as<uint8_t>();
+    s.w2_scales_EBS = p2.scales.as<float>();
   }
 
   SlotGeometry geometry(int slot) const {
@@ -275,7 +333,20 @@ std::unique_ptr<Context> Context::create(const Config& config, std::shared_ptr<T
   m.routing_R = m.peer_table<char>(m.routing);
   m.dispatch_R = m.peer_table<bf16_t>(m.dispatch);
   m.combine_R = m.peer_table<bf16_t>(m.combine);
-  m.arena = static_cast<char*>(m.backend->allocate(m.plan.arena_bytes));
+  m.arena_memory.device_bytes = m.plan.arena_device_bytes;
+  m.arena_memory.host_bytes = m.plan.arena_host_bytes;
+  if (m.plan.host_backed_scratch) {
+    const Backend::HostBacked a =
+        m.backend->allocate_host_backed(static_cast<std::size_t>(m.plan.arena_device_bytes),
+                                        static_cast<std::size_t>(m.plan.arena_host_bytes));
+    m.arena = static_cast<char*>(a.ptr);
+    m.arena_memory.device_held_bytes = static_cast<int64_t>(a.device_held_bytes);
+    m.arena_memory.host_held_bytes = static_cast<int64_t>(a.host_held_bytes);
+  } else {
+    m.arena = static_cast<char*>(m.backend->allocate(m.plan.arena_bytes));
+    m.arena_memory.device_held_bytes = m.plan.arena_bytes;
+  }
+  m.arena_memory.base = m.arena;
   m.status = static_cast<Status*>(m.backend->allocate(m.plan.status_bytes));
   if (m.plan.planner_state_bytes > 0) {  // zero-filled: every slot empty
     m.planner_state = static_cast<char*>(
@@ -330,6 +401,7 @@ SavedLayer Context::forward(const ForwardArgs& a) {
   bool slot_advanced = false;
   m.stage_times.clear();
   try {
+    m.bind_weights(s, a.w13_EFD, a.w2_EDF, a.w13_prepared, a.w2_prepared);
     m.stage("publish_forward", s.stream, [&] { b.publish_forward(s); });
     m.barrier(a.stream, 0);
     m.stage("route", s.stream, [&] { b.route(s); });
@@ -391,6 +463,7 @@ void Context::backward(const BackwardArgs& a) {
   const bool fused = m.config.fields().fuse_epilogues;
   stack.pop_back();  // the layer is consumed whether or not the step was skipped
   m.stage_times.resize(m.forward_stage_count);
+  m.bind_weights(s, a.w13_EFD, a.w2_EDF, a.w13_prepared, a.w2_prepared);
   if (m.places_saved_state) {
     m.stage("plan_backward", s.stream, [&] { b.plan_backward(s); });
   }
@@ -466,6 +539,7 @@ const MemoryPlan& Context::plan() const { return impl_->plan; }
 int Context::rank() const { return impl_->transport->rank(); }
 int Context::ep_size() const { return impl_->transport->size(); }
 Backend& Context::backend() { return *impl_->backend; }
+ArenaMemory Context::arena_memory() const { return impl_->arena_memory; }
 void Context::set_stage_timing(bool on) { impl_->stage_timing = on; }
 const std::vector<Context::StageTime>& Context::stage_times() const { return impl_->stage_times; }
 
@@ -478,7 +552,11 @@ void Context::close() {
   m.backend->release(m.routing_R);
   m.backend->release(m.dispatch_R);
   m.backend->release(m.combine_R);
-  m.backend->release(m.arena);
+  if (m.arena_memory.host_bytes > 0) {
+    m.backend->release_host_backed(m.arena);
+  } else {
+    m.backend->release(m.arena);
+  }
   m.backend->release(m.status);
   if (m.planner_state != nullptr) m.backend->release(m.planner_state);
   m.transport->release_symmetric(m.combine);

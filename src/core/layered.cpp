@@ -144,6 +144,9 @@ std::unique_ptr<Layered> Layered::create(Context& context, std::shared_ptr<Trans
                       " of " + std::to_string(context.ep_size()) + ")",
                   "rank " + std::to_string(transport->rank()) + " of " +
                       std::to_string(transport->size()));
+  // The layered stages exchange bf16 rows; the FP8 path exists only inside Context's fused call.
+  EPMOE_CHECK_ARG(context.config().fields().precision == Precision::bf16, "Config.precision",
+                  "bf16 for the layered API", to_string(context.config().fields().precision));
   auto impl = std::make_unique<Impl>();
   Impl& m = *impl;
   const Config& c = context.config();

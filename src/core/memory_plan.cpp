@@ -9,6 +9,7 @@
 #include <limits>
 #include <string>
 
+#include "core/fp8_terms.h"
 #include "core/layout.h"
 #include "core/plan_terms.h"
 #include "core/slot_plan.h"
@@ -119,7 +120,10 @@ MemoryPlan plan_memory(const Config& config, int ep_size) {
 
   // ---- symmetric buffers ----
   p.routing_buffer_bytes = routing_buffer_layout(T, K).bytes;
+  p.precision = c.precision;
+  const bool fp8 = c.precision == Precision::fp8_block;
   p.dispatch_buffer_bytes = align_bytes(T * D * 2);
+  if (fp8) p.dispatch_buffer_bytes = std::max(p.dispatch_buffer_bytes, fp8_dispatch_layout(T, D).total);
   p.combine_buffer_bytes = align_bytes(T * K * D * 2);
   p.symmetric_bytes = p.routing_buffer_bytes + p.dispatch_buffer_bytes + p.combine_buffer_bytes;
 
@@ -182,14 +186,24 @@ MemoryPlan plan_memory(const Config& config, int ep_size) {
     p.planner_state_bytes = planner_state_layout(p.num_slots, R).total;
   }
 
-  // ---- scratch (Context: the call scratch, then the route scratch) ----
+  // ---- scratch (Context: route scratch, pad, call scratch, fp8 operands, fp8 weights) ----
   const bool unfused = !c.fuse_epilogues;
   const CallScratchLayout call = call_scratch_layout(d, M, unfused);
   p.route_scratch_bytes = route_scratch_layout(d, M).total;
-  // The forward touches x_gathered..h (recompute mode) and, unfused, rows_MD; the backward all.
+  // activation_bytes is a multiple of the granule, so the pad puts x_gathered on a whole row.
+  p.call_scratch_pad_bytes =
+      call_scratch_pad_bytes(p.route_scratch_bytes, call.x_gathered, p.packing_granule_bytes);
+  // The forward touches layout..h (recompute mode) and, unfused, rows_MD; the backward all of it.
   p.forward_scratch_bytes = call.grad_h3 + (unfused ? align_bytes(M * D * 2) : 0);
   p.backward_scratch_bytes = call.total;
-  p.scratch_bytes = p.route_scratch_bytes + p.backward_scratch_bytes;
+  if (fp8) {
+    p.fp8_scratch_bytes = fp8_scratch_layout(d, M).total;
+    // The h rows are the forward's too.
+    p.forward_scratch_bytes += align_bytes(fp8_rows_bytes(M, F));
+    p.fp8_weight_scratch_bytes = c.prepared_weights ? 0 : fp8_weight_layout(d).total;
+  }
+  p.scratch_bytes = p.route_scratch_bytes + p.call_scratch_pad_bytes + p.backward_scratch_bytes +
+                    p.fp8_scratch_bytes + p.fp8_weight_scratch_bytes;
 
   // ---- the rest ----
   p.status_bytes = align_bytes(static_cast<int64_t>(sizeof(Status)));
@@ -197,6 +211,28 @@ MemoryPlan plan_memory(const Config& config, int ep_size) {
   p.arena_bytes = p.activation_bytes + p.scratch_bytes;
   p.total_bytes = p.arena_bytes + p.symmetric_bytes + p.status_bytes + p.peer_table_bytes +
                   p.planner_state_bytes;
+
+  // ---- device / host split of the arena ----
+  // Route kernels count with atomics into the route scratch and the layout: they stay on device
+  // (with the pad between them, the scratch's first bytes).
+  p.scratch_device_minimum_bytes =
+      p.route_scratch_bytes + p.call_scratch_pad_bytes + call.x_gathered;
+  p.scratch_device_bytes = p.scratch_bytes;
+  if (c.scratch_device_bytes) {
+    const int64_t cap = *c.scratch_device_bytes / kAlignment * kAlignment;
+    EPMOE_CHECK_ARG(cap >= p.scratch_device_minimum_bytes, "Config.scratch_device_bytes",
+                    ">= " + std::to_string(p.scratch_device_minimum_bytes) +
+                        " (route scratch " + std::to_string(p.route_scratch_bytes) +
+                        " + pad " + std::to_string(p.call_scratch_pad_bytes) +
+                        " + layout " + std::to_string(call.x_gathered) +
+                        " bytes stay in device memory)",
+                    *c.scratch_device_bytes);
+    p.scratch_device_bytes = std::min(cap, p.scratch_bytes);
+  }
+  p.arena_device_bytes = p.activation_bytes + p.scratch_device_bytes;
+  p.arena_host_bytes = p.scratch_bytes - p.scratch_device_bytes;
+  p.host_backed_scratch = p.arena_host_bytes > 0;
+  p.device_total_bytes = p.total_bytes - p.arena_host_bytes;
   return p;
 }
 
@@ -221,7 +257,12 @@ std::string MemoryPlan::explain() const {
 
   line("  symmetric buffers per rank: " + bytes_text(symmetric_bytes));
   line("    routing (header + ids + scores [T,K]): " + bytes_text(routing_buffer_bytes));
-  line("    dispatch x / grad_y [T,D] bf16: " + bytes_text(dispatch_buffer_bytes));
+  if (precision == Precision::fp8_block) {
+    line("    dispatch x [T,D] E4M3 + scales [T,ceil(D/128)] f32 / grad_y [T,D] bf16: " +
+         bytes_text(dispatch_buffer_bytes));
+  } else {
+    line("    dispatch x / grad_y [T,D] bf16: " + bytes_text(dispatch_buffer_bytes));
+  }
   line("    combine [T,K,D] bf16: " + bytes_text(combine_buffer_bytes));
 
   line("  saved per layer:");
@@ -263,13 +304,36 @@ std::string MemoryPlan::explain() const {
     }
   }
 
-  line("  scratch: " + bytes_text(scratch_bytes) + " = route " + bytes_text(route_scratch_bytes) +
-       " + call " + bytes_text(backward_scratch_bytes));
+  if (precision == Precision::fp8_block) {
+    line("  scratch: " + bytes_text(scratch_bytes) + " = route " + bytes_text(route_scratch_bytes) +
+         " + pad " + bytes_text(call_scratch_pad_bytes) + " + call " +
+         bytes_text(backward_scratch_bytes) + " + fp8 operands " +
+         bytes_text(fp8_scratch_bytes) + " + fp8 weights " + bytes_text(fp8_weight_scratch_bytes));
+    const Dims d{tokens, hidden, intermediate, top_k, experts_local, ep_size};
+    const Fp8ScratchLayout l = fp8_scratch_layout(d, recv_capacity_rows);
+    line("    fp8 operands (E4M3 + fp32 scales): h rows " + bytes_text(l.grad_h3_q - l.h_q) +
+         ", grad_h3 rows " + bytes_text(l.grad_h13_q - l.grad_h3_q) + ", grad_h13 rows " +
+         bytes_text(l.col_a - l.grad_h13_q) + ", WGRAD columns (128 rows per block) " +
+         bytes_text(l.total - l.col_a));
+    line(fp8_weight_scratch_bytes > 0
+             ? "    fp8 weights quantized per call (w13, w2 + 128x128 scales): " +
+                   bytes_text(fp8_weight_scratch_bytes)
+             : "    fp8 weights: prepared by the caller (Config.prepared_weights)");
+  } else {
+    line("  scratch: " + bytes_text(scratch_bytes) + " = route " + bytes_text(route_scratch_bytes) +
+         " + pad " + bytes_text(call_scratch_pad_bytes) + " + call " +
+         bytes_text(backward_scratch_bytes));
+    if (precision == Precision::nvfp4) {
+      line("    nvfp4 weights: prepared by the caller (weight-only; activations stay bf16)");
+    }
+  }
   {
     const Dims d{tokens, hidden, intermediate, top_k, experts_local, ep_size};
     const RouteScratchLayout rl = route_scratch_layout(d, recv_capacity_rows);
     line("    route: of which pull numbering " + bytes_text(rl.arrivals - rl.pull_of_token) +
          ", dispatch arrival counters (per 128 rows) " + bytes_text(rl.total - rl.arrivals));
+    line("    pad: puts the call scratch's x_gathered (after its layout) on the packing granule: " +
+         bytes_text(call_scratch_pad_bytes));
   }
   line("    forward (recompute mode): " + bytes_text(forward_scratch_bytes) +
        "; backward: " + bytes_text(backward_scratch_bytes));
@@ -278,6 +342,16 @@ std::string MemoryPlan::explain() const {
   line("  arena (slots + scratch): " + bytes_text(arena_bytes));
   line("  total (arena + symmetric + status + peer tables + planner state): " +
        bytes_text(total_bytes));
+  if (host_backed_scratch) {
+    line("  host-backed scratch (Config.scratch_device_bytes): device " +
+         bytes_text(scratch_device_bytes) + " + pinned host " + bytes_text(arena_host_bytes) +
+         "; routing part kept on device " + bytes_text(scratch_device_minimum_bytes));
+    line("    arena: device " + bytes_text(arena_device_bytes) + " (slots + device scratch), then host " +
+         bytes_text(arena_host_bytes) + " in the same virtual range");
+    line("    device total: " + bytes_text(device_total_bytes) + " (total minus host scratch)");
+  } else {
+    line("  all scratch in device memory; device total " + bytes_text(device_total_bytes));
+  }
 
   if (inference) {
     line("  scratch-only inference; no saved activations");

@@ -91,21 +91,20 @@ inline RouteScratchLayout route_scratch_layout(const Dims& d, int64_t M) {
   return l;
 }
 
-// Call scratch at M rows (the scratch's first part, right after the slots). Forward and backward
-// share the region; the recompute tensors (x_gathered, layout, h13) come first so backward can
-// rebuild them in place. x_gathered leads: the scratch starts at N * slot_bytes, a multiple of
-// the packing granule, so it starts on a whole row of the arena viewed as rows of D bf16, as
-// every saved x_gathered does (one TMA descriptor over the arena on CUDA).
-//   x_gathered [M,D] | layout(M) | h13 [M,2F] | h [M,F] | grad_h3 [M,D] | grad_h13 [M,2F]
+// Call scratch at M rows (after the route scratch and its granule pad). Forward and backward
+// share the region; the recompute tensors (layout, x_gathered, h13) come first so backward can
+// rebuild them in place, and the layout leads so that the routing part (route scratch, pad,
+// layout) is one device-memory prefix of the scratch (Config.scratch_device_bytes).
+//   layout(M) | x_gathered [M,D] | h13 [M,2F] | h [M,F] | grad_h3 [M,D] | grad_h13 [M,2F]
 //   | unfused only: rows_MD [M,D] (W2 / W13-DGRAD output before its scatter) | grad_h [M,F]
 struct CallScratchLayout {
-  int64_t x_gathered, layout, h13, h, grad_h3, grad_h13, rows_MD, grad_h, total;
+  int64_t layout, x_gathered, h13, h, grad_h3, grad_h13, rows_MD, grad_h, total;
 };
 inline CallScratchLayout call_scratch_layout(const Dims& d, int64_t M, bool unfused) {
   CallScratchLayout l;
-  l.x_gathered = 0;
-  l.layout = l.x_gathered + align_bytes(M * d.D * 2);
-  l.h13 = l.layout + layout_bytes(M, d.T, d.K, d.E, d.R).total;
+  l.layout = 0;
+  l.x_gathered = l.layout + layout_bytes(M, d.T, d.K, d.E, d.R).total;
+  l.h13 = l.x_gathered + align_bytes(M * d.D * 2);
   l.h = l.h13 + align_bytes(M * 2 * d.F * 2);
   l.grad_h3 = l.h + align_bytes(M * d.F * 2);
   l.grad_h13 = l.grad_h3 + align_bytes(M * d.D * 2);
@@ -113,6 +112,16 @@ inline CallScratchLayout call_scratch_layout(const Dims& d, int64_t M, bool unfu
   l.grad_h = l.rows_MD + (unfused ? align_bytes(M * d.D * 2) : 0);
   l.total = l.grad_h + (unfused ? align_bytes(M * d.F * 2) : 0);
   return l;
+}
+
+// Zero bytes between the route scratch and the call scratch so that the call scratch's
+// x_gathered starts on the packing granule G: the scratch starts at N * slot_bytes (a multiple
+// of G), so x_gathered then starts on a whole row of the arena viewed as rows of D bf16, as every
+// saved x_gathered does (one TMA descriptor over the arena on CUDA). Multiple of kAlignment, < G.
+inline int64_t call_scratch_pad_bytes(int64_t route_scratch_bytes, int64_t call_x_gathered,
+                                      int64_t granule) {
+  const int64_t r = (route_scratch_bytes + call_x_gathered) % granule;
+  return r == 0 ? 0 : granule - r;
 }
 
 }  // namespace epmoe

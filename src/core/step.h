@@ -79,6 +79,26 @@ struct Step {
   bf16_t* rows_MD = nullptr;        // unfused only
   bf16_t* grad_h_MF = nullptr;      // unfused only
 
+  // ---- FP8 block-scaled path (Config.precision = fp8_block; docs/formats.md "FP8 training") ----
+  // The dispatch buffers then hold x as E4M3 rows + scales (fp8_dispatch_layout) and x_gathered
+  // the received E4M3 rows + S-major scales (fp8_rows_bytes at the received rows).
+  bool fp8 = false;
+  const uint8_t* w13_q_EFD = nullptr;     // [E, 2F, D] E4M3
+  const float* w13_scales_EBS = nullptr;  // [E, S_2F, S_D] fp32, one per 128x128 block
+  const uint8_t* w2_q_EDF = nullptr;      // [E, D, F] E4M3
+  const float* w2_scales_EBS = nullptr;   // [E, S_D, S_F]
+  char* fp8_scratch = nullptr;            // fp8_scratch_layout(dims, capacity_rows)
+
+  // ---- NVFP4 weight-only inference (Config.precision = nvfp4; docs/formats.md) ----
+  // The GEMMs read these instead of w13_EFD / w2_EDF; activations stay bf16.
+  bool nvfp4 = false;
+  const uint8_t* w13_nvfp4_EFP = nullptr;         // [E, 2F, ceil(D/2)] packed E2M1
+  const uint8_t* w13_nvfp4_scales_EFS = nullptr;  // [E, 2F, ceil(D/16)] E4M3
+  const float* w13_nvfp4_global_E = nullptr;      // [E] fp32
+  const uint8_t* w2_nvfp4_EDP = nullptr;          // [E, D, ceil(F/2)] packed E2M1
+  const uint8_t* w2_nvfp4_scales_EDS = nullptr;   // [E, D, ceil(F/16)] E4M3
+  const float* w2_nvfp4_global_E = nullptr;       // [E] fp32
+
   Status* status = nullptr;
 };
 

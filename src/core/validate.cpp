@@ -25,6 +25,52 @@ int64_t check_rows(const TensorRef& x, const char* name, const Config& c) {
   return x.shape[0];
 }
 
+// The format of the prepared weights a call reads: fp8_block_fp32 (FP8 training), nvfp4
+// (weight-only inference).
+WeightFormat prepared_format(const Config& c) {
+  return c.fields().precision == Precision::nvfp4 ? WeightFormat::nvfp4
+                                                  : WeightFormat::fp8_block_fp32;
+}
+
+// The prepared weights a call reads (Config.prepared_weights), or none.
+void check_prepared_args(const PreparedWeights* w13, const PreparedWeights* w2, const char* args,
+                         const Config& c, int E, const Device& dev) {
+  const std::string n13 = std::string(args) + ".w13_prepared", n2 = std::string(args) + ".w2_prepared";
+  if (!c.fields().prepared_weights) {
+    const std::string why = "nullptr (Config.prepared_weights = false)";
+    EPMOE_CHECK_ARG(w13 == nullptr, n13, why, "prepared weights");
+    EPMOE_CHECK_ARG(w2 == nullptr, n2, why, "prepared weights");
+    return;
+  }
+  const WeightFormat format = prepared_format(c);
+  const std::string want =
+      std::string(to_string(format)) + " prepared weights (Config.prepared_weights = true)";
+  EPMOE_CHECK_ARG(w13 != nullptr, n13, want, "nullptr");
+  EPMOE_CHECK_ARG(w2 != nullptr, n2, want, "nullptr");
+  auto check = [&](const PreparedWeights& p, const std::string& name, int64_t N, int64_t L) {
+    EPMOE_CHECK_ARG(p.format == format, name + ".format", to_string(format), to_string(p.format));
+    const std::string shape = detail::concat("[", E, ", ", N, ", ", L, "]");
+    const std::string got = detail::concat("[", p.G, ", ", p.N, ", ", p.L, "]");
+    EPMOE_CHECK_ARG(p.G == E && p.N == N && p.L == L, name + ".G/N/L", shape, got);
+    check_prepared_weights(p, name.c_str(), dev);
+  };
+  check(*w13, n13, 2 * c.F(), c.D());
+  check(*w2, n2, c.D(), c.F());
+}
+
+// The bf16 weights: required, except with nvfp4, which reads only the prepared weights (then
+// they may be left empty, data == nullptr; given ones are still checked).
+void check_bf16_weights(const TensorRef& w13_EFD, const TensorRef& w2_EDF, const Config& c, int E,
+                        const Device& dev) {
+  const bool optional = c.fields().precision == Precision::nvfp4;
+  if (!optional || w13_EFD.data != nullptr) {
+    check_tensor(w13_EFD, "w13_EFD", {DType::bf16}, {E, 2 * c.F(), c.D()}, dev);
+  }
+  if (!optional || w2_EDF.data != nullptr) {
+    check_tensor(w2_EDF, "w2_EDF", {DType::bf16}, {E, c.D(), c.F()}, dev);
+  }
+}
+
 }  // namespace
 
 void check_tensor(const TensorRef& t, const char* name, std::initializer_list<DType> dtypes,
@@ -51,9 +97,9 @@ int64_t validate_forward(const ForwardArgs& a, const Config& c, int ep_size, con
   check_live_count(a.num_tokens_1, "num_tokens_1", dev);
   check_tensor(a.topk_ids_TK, "topk_ids_TK", {DType::i32, DType::i64}, {T, c.K()}, dev);
   check_tensor(a.topk_scores_TK, "topk_scores_TK", {DType::f32, DType::bf16}, {T, c.K()}, dev);
-  check_tensor(a.w13_EFD, "w13_EFD", {DType::bf16}, {E, 2 * c.F(), c.D()}, dev);
-  check_tensor(a.w2_EDF, "w2_EDF", {DType::bf16}, {E, c.D(), c.F()}, dev);
+  check_bf16_weights(a.w13_EFD, a.w2_EDF, c, E, dev);
   check_tensor(a.y_TD, "y_TD", {DType::bf16}, {T, c.D()}, dev);
+  check_prepared_args(a.w13_prepared, a.w2_prepared, "ForwardArgs", c, E, dev);
   EPMOE_CHECK_ARG(!(a.save_for_backward && c.fields().inference), "ForwardArgs.save_for_backward",
                   "false for an inference context", "true");
   const int slots = c.fields().inference ? 0 : c.fields().slots.num_slots;
@@ -63,6 +109,9 @@ int64_t validate_forward(const ForwardArgs& a, const Config& c, int ep_size, con
 }
 
 void validate_backward(const BackwardArgs& a, const Config& c, int ep_size, const Device& dev) {
+  EPMOE_CHECK_ARG(c.fields().precision != Precision::nvfp4, "Config.precision",
+                  "bf16 or fp8_block for backward (nvfp4 is weight-only inference, forward only)",
+                  to_string(c.fields().precision));
   EPMOE_CHECK_ARG(!c.fields().inference, "Context", "a training context for backward",
                   "an inference context");
   const int64_t T = check_rows(a.grad_y_TD, "grad_y_TD", c);
@@ -80,6 +129,7 @@ void validate_backward(const BackwardArgs& a, const Config& c, int ep_size, cons
   check_tensor(a.grad_scores_TK, "grad_scores_TK", {DType::f32}, {T, c.K()}, dev);
   check_tensor(a.grad_w13_EFD, "grad_w13_EFD", {wg}, {E, 2 * c.F(), c.D()}, dev);
   check_tensor(a.grad_w2_EDF, "grad_w2_EDF", {wg}, {E, c.D(), c.F()}, dev);
+  check_prepared_args(a.w13_prepared, a.w2_prepared, "BackwardArgs", c, E, dev);
 }
 
 }  // namespace epmoe

@@ -26,6 +26,13 @@ void* CpuBackend::allocate(std::size_t bytes) {
 
 void CpuBackend::release(void* ptr) { std::free(ptr); }
 
+Backend::HostBacked CpuBackend::allocate_host_backed(std::size_t device_bytes,
+                                                     std::size_t host_bytes) {
+  return {allocate(device_bytes + host_bytes), device_bytes, host_bytes};
+}
+
+void CpuBackend::release_host_backed(void* ptr) { release(ptr); }
+
 void CpuBackend::copy_to_device(void* dst, const void* src, std::size_t bytes) {
   if (bytes > 0) std::memcpy(dst, src, bytes);
 }

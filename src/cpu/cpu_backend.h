@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/backend.h"
 #include "core/layout.h"
@@ -18,6 +19,10 @@ class CpuBackend final : public Backend {
 
   void* allocate(std::size_t bytes) override;
   void release(void* ptr) override;
+  // Host memory for both parts (the CPU's 'device' memory is host memory): one allocation of the
+  // same total, reporting the requested split.
+  HostBacked allocate_host_backed(std::size_t device_bytes, std::size_t host_bytes) override;
+  void release_host_backed(void* ptr) override;
   void copy_to_device(void* dst, const void* src, std::size_t bytes) override;
   void copy_to_host(void* dst, const void* src, std::size_t bytes) override;
   void synchronize(void* stream) override;
@@ -120,6 +125,34 @@ void record_input_error(RoutingHeader& h, StatusCode code, StatusArg arg, int64_
 // the live count up to Config T) and scores (f32; 0 past the live count) into its routing buffer.
 // errors != nullptr: the first out-of-range id is recorded there.
 void publish_routing(const Step& s, int64_t live, RoutingHeader* errors);
+
+// ---- FP8 path (stages_fp8.cpp; the steps themselves are in fp8_steps.h) ----
+// live rows of x (bf16) quantized into this rank's dispatch buffer (codes + row-major scales).
+void fp8_publish_rows(const Step& s, const bf16_t* x_TD, int64_t live);
+// Received rows: codes and scales pulled from the owners into x_gathered.
+void fp8_dispatch(const Step& s);
+// h13 = W13 FPROP of the received rows (bf16, rounded once).
+void fp8_w13(const Step& s);
+// h quantized along F for the W2 FPROP (from the bf16 h, after SwiGLU).
+void fp8_quantize_h(const Step& s);
+// W2 FPROP: into rows_MD or, with scatter, the owners' combine slots.
+void fp8_w2(const Step& s, bool scatter);
+// grad_h3 quantized along D for the W2 DGRAD (from the bf16 grad_h3).
+void fp8_quantize_grad_h3(const Step& s);
+// W2 DGRAD: grad_h_MF [rows, F] (bf16) for every received row.
+void fp8_w2_dgrad(const Step& s, bf16_t* grad_h_MF);
+// grad_h13 quantized along 2F for the W13 DGRAD (from the bf16 grad_h13).
+void fp8_quantize_grad_h13(const Step& s);
+// W13 DGRAD: into rows_MD or, with scatter, the owners' combine slots.
+void fp8_w13_dgrad(const Step& s, bool scatter);
+// Weight gradients from column-quantized operands: W2 (grad_h3, h) and W13 (grad_h13, x).
+void fp8_w2_wgrad(const Step& s);
+void fp8_w13_wgrad(const Step& s);
+
+// ---- NVFP4 weight-only inference (stages_nvfp4.cpp) ----
+// Expert e's W13 [2F, D] / W2 [D, F] decoded from the NVFP4 prepared weights into fp32.
+std::vector<float> nvfp4_w13_of(const Step& s, int e);
+std::vector<float> nvfp4_w2_of(const Step& s, int e);
 
 // Writes the status word unless an earlier error of this step is already there.
 inline void report(const Step& s, const Status& st) {

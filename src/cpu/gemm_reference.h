@@ -24,6 +24,20 @@ inline void row_times_nt(const bf16_t* a_K, const bf16_t* w_NK, int64_t N, int64
   }
 }
 
+// The same with fp32 weights (NVFP4 weights decoded by the codec): the same order and roundings,
+// so bf16-valued weights give the bf16 overload's bits.
+inline void row_times_nt(const bf16_t* a_K, const float* w_NK, int64_t N, int64_t K,
+                         float* out_N) {
+  std::vector<float> a(static_cast<size_t>(K));
+  for (int64_t k = 0; k < K; ++k) a[k] = bf16_to_float(a_K[k]);
+  for (int64_t n = 0; n < N; ++n) {
+    const float* w = w_NK + n * K;
+    float acc = 0.0f;
+    for (int64_t k = 0; k < K; ++k) acc += a[k] * w[k];
+    out_N[n] = acc;
+  }
+}
+
 // out_N[n] = sum_{k = 0..K-1} a_K[k] * w_KN[k, n]      (row times a weight; same order per n)
 inline void row_times_nn(const bf16_t* a_K, const bf16_t* w_KN, int64_t K, int64_t N,
                          float* out_N) {

@@ -33,6 +33,18 @@ void swiglu_backward_row(const Step& s, int64_t m, const bf16_t* grad_h_F) {
 // the SwiGLU backward of the row (fused, same values).
 void w2_dgrad_rows(const Step& s, bool fuse_swiglu) {
   const int64_t D = s.dims.D, F = s.dims.F;
+  if (s.fp8) {
+    // FP8: the DGRAD over all experts into bf16 grad_h, then (fused) the SwiGLU backward of each
+    // row and grad_h13 quantized for the W13 DGRAD, as the unfused stages do.
+    std::vector<bf16_t> rows;
+    if (fuse_swiglu) rows.resize(static_cast<size_t>(received_rows(s) * F));
+    bf16_t* grad_h_MF = fuse_swiglu ? rows.data() : s.grad_h_MF;
+    fp8_w2_dgrad(s, grad_h_MF);
+    if (!fuse_swiglu) return;
+    for (int64_t m = 0; m < received_rows(s); ++m) swiglu_backward_row(s, m, grad_h_MF + m * F);
+    fp8_quantize_grad_h13(s);
+    return;
+  }
   std::vector<float> acc(static_cast<size_t>(F));
   std::vector<bf16_t> row(static_cast<size_t>(F));
   for (int e = 0; e < s.dims.E; ++e) {
@@ -47,6 +59,10 @@ void w2_dgrad_rows(const Step& s, bool fuse_swiglu) {
 
 // Input-gradient row m = bf16(grad_h13[m] @ w13[e]), into rows_MD[m] or the owner's combine slot.
 void w13_dgrad_rows(const Step& s, bool scatter) {
+  if (s.fp8) {
+    fp8_w13_dgrad(s, scatter);
+    return;
+  }
   const int64_t D = s.dims.D, F = s.dims.F;
   std::vector<float> acc(static_cast<size_t>(D));
   for (int e = 0; e < s.dims.E; ++e) {
@@ -133,6 +149,7 @@ void CpuBackend::gather_grad(const Step& s) {
       for (int64_t d = 0; d < D; ++d) out[d] = float_to_bf16(score * bf16_to_float(g[d]));
     }
   }
+  if (s.fp8) fp8_quantize_grad_h3(s);  // rows along D for the W2 DGRAD
 }
 
 void CpuBackend::w2_dgrad(const Step& step) {
@@ -147,6 +164,7 @@ void CpuBackend::swiglu_backward(const Step& step) {
   for (int64_t m = 0; m < received_rows(s); ++m) {
     swiglu_backward_row(s, m, s.grad_h_MF + m * s.dims.F);
   }
+  if (s.fp8) fp8_quantize_grad_h13(s);  // rows along 2F for the W13 DGRAD
 }
 
 void CpuBackend::w2_dgrad_swiglu(const Step& step) {
@@ -156,6 +174,10 @@ void CpuBackend::w2_dgrad_swiglu(const Step& step) {
 }
 
 void CpuBackend::w2_wgrad(const Step& s) {
+  if (s.fp8 && !skipped(s)) {
+    fp8_w2_wgrad(s);
+    return;
+  }
   // grad_w2[e][d, f] = sum_m grad_h3[m, d] * h[m, f]
   weight_grad(s, s.grad_h3_MD, s.dims.D, s.h_MF, s.dims.F, s.grad_w2_EDF);
 }
@@ -172,6 +194,10 @@ void CpuBackend::w13_dgrad_scatter(const Step& s) {
 
 void CpuBackend::w13_wgrad(const Step& step) {
   const Step s = placed(step);
+  if (s.fp8 && !skipped(s)) {
+    fp8_w13_wgrad(s);
+    return;
+  }
   // grad_w13[e][j, d] = sum_m grad_h13[m, j] * x_gathered[m, d]
   weight_grad(s, s.grad_h13_M2F, 2 * s.dims.F, s.x_gathered_MD, s.dims.D, s.grad_w13_EFD);
 }

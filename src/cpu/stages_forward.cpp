@@ -93,7 +93,11 @@ void CpuBackend::publish_forward(const Step& s) {
       }
     }
   }
-  if (live > 0) std::memcpy(s.dispatch_R[s.rank], s.x_TD, static_cast<size_t>(live * D) * 2);
+  if (s.fp8) {
+    fp8_publish_rows(s, s.x_TD, live);  // x crosses ranks as E4M3 rows + scales
+  } else if (live > 0) {
+    std::memcpy(s.dispatch_R[s.rank], s.x_TD, static_cast<size_t>(live * D) * 2);
+  }
   *v.header = h;
 }
 
@@ -153,6 +157,10 @@ void CpuBackend::route(const Step& s) {
 void CpuBackend::dispatch(const Step& step) {
   const Step s = placed(step);
   if (skipped(s)) return;
+  if (s.fp8) {
+    fp8_dispatch(s);
+    return;
+  }
   const int64_t D = s.dims.D, T = s.dims.T;
   const int K = s.dims.K;
   uint32_t* arrived_B = arrivals_B(s);
@@ -170,34 +178,82 @@ void CpuBackend::dispatch(const Step& step) {
 
 namespace {
 
-// h13[m] = bf16(x_gathered[m] @ w13[e]^T) for every row of expert e; with h_MF also
-// h[m] = bf16(act(h13[m])) from the rounded h13 (the fused stage, same values as unfused).
-void w13_rows(const Step& s, bf16_t* h_MF) {
-  const int64_t D = s.dims.D, F = s.dims.F;
-  std::vector<float> acc(static_cast<size_t>(2 * F));
-  for (int e = 0; e < s.dims.E; ++e) {
-    for (int64_t m = expert_first_row(s, e); m < expert_last_row(s, e); ++m) {
-      row_times_nt(s.x_gathered_MD + m * D, w13_of(s, e), 2 * F, D, acc.data());
-      bf16_t* h13 = s.h13_M2F + m * 2 * F;
-      store_bf16(acc.data(), 2 * F, h13);
-      if (h_MF == nullptr) continue;
-      for (int64_t f = 0; f < F; ++f) {
-        h_MF[m * F + f] = float_to_bf16(
-            epmoe::swiglu_forward(bf16_to_float(h13[f]), bf16_to_float(h13[F + f]), s.act));
-      }
+// h[m] = bf16(act(h13[m])) for every received row.
+void swiglu_rows(const Step& s) {
+  const int64_t F = s.dims.F;
+  for (int64_t m = 0; m < received_rows(s); ++m) {
+    const bf16_t* h13 = s.h13_M2F + m * 2 * F;
+    for (int64_t f = 0; f < F; ++f) {
+      s.h_MF[m * F + f] = float_to_bf16(
+          epmoe::swiglu_forward(bf16_to_float(h13[f]), bf16_to_float(h13[F + f]), s.act));
     }
   }
 }
 
-// Row m of W2: bf16(h[m] @ w2[e]^T), into rows_MD[m] or, with scatter, the owner's combine slot.
-void w2_rows(const Step& s, bool scatter) {
+// Rows of expert e through W13 (w_NK: bf16 as given, or fp32 decoded NVFP4): h13[m] =
+// bf16(x_gathered[m] @ w13[e]^T); with h_MF also h[m] = bf16(act(h13[m])) from the rounded h13
+// (the fused stage, same values as unfused).
+template <class W>
+void w13_expert_rows(const Step& s, int e, const W* w_NK, bf16_t* h_MF, float* acc_2F) {
   const int64_t D = s.dims.D, F = s.dims.F;
-  std::vector<float> acc(static_cast<size_t>(D));
+  for (int64_t m = expert_first_row(s, e); m < expert_last_row(s, e); ++m) {
+    row_times_nt(s.x_gathered_MD + m * D, w_NK, 2 * F, D, acc_2F);
+    bf16_t* h13 = s.h13_M2F + m * 2 * F;
+    store_bf16(acc_2F, 2 * F, h13);
+    if (h_MF == nullptr) continue;
+    for (int64_t f = 0; f < F; ++f) {
+      h_MF[m * F + f] = float_to_bf16(
+          epmoe::swiglu_forward(bf16_to_float(h13[f]), bf16_to_float(h13[F + f]), s.act));
+    }
+  }
+}
+
+void w13_rows(const Step& s, bf16_t* h_MF) {
+  if (s.fp8) {
+    // FP8: the GEMM over all experts, then SwiGLU of the rounded h13 and h quantized for W2.
+    fp8_w13(s);
+    if (h_MF == nullptr) return;
+    swiglu_rows(s);
+    fp8_quantize_h(s);
+    return;
+  }
+  std::vector<float> acc(static_cast<size_t>(2 * s.dims.F));
   for (int e = 0; e < s.dims.E; ++e) {
-    for (int64_t m = expert_first_row(s, e); m < expert_last_row(s, e); ++m) {
-      row_times_nt(s.h_MF + m * F, w2_of(s, e), D, F, acc.data());
-      bf16_t* out = scatter ? combine_slot(s, row_source(s, m)) : s.rows_MD + m * D;
-      store_bf16(acc.data(), D, out);
+    if (s.nvfp4) {
+      if (expert_first_row(s, e) == expert_last_row(s, e)) continue;
+      const std::vector<float> w = nvfp4_w13_of(s, e);
+      w13_expert_rows(s, e, w.data(), h_MF, acc.data());
+    } else {
+      w13_expert_rows(s, e, w13_of(s, e), h_MF, acc.data());
+    }
+  }
+}
+
+// Row m of W2 (w_NK as in W13): bf16(h[m] @ w2[e]^T), into rows_MD[m] or, with scatter, the
+// owner's combine slot.
+template <class W>
+void w2_expert_rows(const Step& s, int e, const W* w_NK, bool scatter, float* acc_D) {
+  const int64_t D = s.dims.D, F = s.dims.F;
+  for (int64_t m = expert_first_row(s, e); m < expert_last_row(s, e); ++m) {
+    row_times_nt(s.h_MF + m * F, w_NK, D, F, acc_D);
+    bf16_t* out = scatter ? combine_slot(s, row_source(s, m)) : s.rows_MD + m * D;
+    store_bf16(acc_D, D, out);
+  }
+}
+
+void w2_rows(const Step& s, bool scatter) {
+  if (s.fp8) {
+    fp8_w2(s, scatter);
+    return;
+  }
+  std::vector<float> acc(static_cast<size_t>(s.dims.D));
+  for (int e = 0; e < s.dims.E; ++e) {
+    if (s.nvfp4) {
+      if (expert_first_row(s, e) == expert_last_row(s, e)) continue;
+      const std::vector<float> w = nvfp4_w2_of(s, e);
+      w2_expert_rows(s, e, w.data(), scatter, acc.data());
+    } else {
+      w2_expert_rows(s, e, w2_of(s, e), scatter, acc.data());
     }
   }
 }
@@ -213,14 +269,8 @@ void CpuBackend::w13_gemm(const Step& step) {
 void CpuBackend::swiglu_forward(const Step& step) {
   const Step s = placed(step);
   if (skipped(s)) return;
-  const int64_t F = s.dims.F;
-  for (int64_t m = 0; m < received_rows(s); ++m) {
-    const bf16_t* h13 = s.h13_M2F + m * 2 * F;
-    for (int64_t f = 0; f < F; ++f) {
-      s.h_MF[m * F + f] = float_to_bf16(
-          epmoe::swiglu_forward(bf16_to_float(h13[f]), bf16_to_float(h13[F + f]), s.act));
-    }
-  }
+  swiglu_rows(s);
+  if (s.fp8) fp8_quantize_h(s);
 }
 
 void CpuBackend::w13_swiglu(const Step& step) {

@@ -31,7 +31,12 @@ void CpuBackend::restore_input(const Step& s) {
   // The replayed dispatch counts its rows again: the counters restart from zero (as after route).
   if (s.route_scratch != nullptr) std::fill_n(arrivals_B(s), arrival_blocks(s.capacity_rows), 0u);
   const int64_t live = s.layout.header[kLayoutLive];
-  std::memcpy(s.dispatch_R[s.rank], s.arena + p.x_offset, static_cast<size_t>(live * s.dims.D) * 2);
+  const bf16_t* x_TD = reinterpret_cast<const bf16_t*>(s.arena + p.x_offset);
+  if (s.fp8) {
+    fp8_publish_rows(s, x_TD, live);  // the forward's quantization again: the same bits
+    return;
+  }
+  std::memcpy(s.dispatch_R[s.rank], x_TD, static_cast<size_t>(live * s.dims.D) * 2);
 }
 
 }  // namespace epmoe::cpu

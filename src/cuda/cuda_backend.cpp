@@ -35,6 +35,12 @@ CudaBackend::CudaBackend(int device_ordinal) : ordinal_(device_ordinal) {
 }
 
 void CudaBackend::validate(const Config& config, int ep_size) const {
+  // The FP8 training and NVFP4 weight-only inference paths are defined by the CPU reference
+  // (docs/formats.md); their kernels are not wired into the CUDA stages yet.
+  EPMOE_CHECK_ARG(config.fields().precision == Precision::bf16, "Config.precision",
+                  "bf16 on the CUDA backend (fp8_block training and nvfp4 weight-only inference "
+                  "run on the CPU backend only so far)",
+                  to_string(config.fields().precision));
   EPMOE_CHECK_ARG(config.D() % 8 == 0, "Config.hidden_dim",
                   "a multiple of 8 on CUDA (16-byte bf16 rows for TMA and vector loads)", config.D());
   EPMOE_CHECK_ARG(config.F() % 8 == 0, "Config.intermediate_dim",
@@ -61,6 +67,25 @@ void CudaBackend::release(void* ptr) {
   if (ptr == nullptr) return;
   DeviceScope scope(ordinal_);
   EPMOE_CUDA_CHECK(cudaFree(ptr));
+}
+
+Backend::HostBacked CudaBackend::allocate_host_backed(std::size_t device_bytes,
+                                                      std::size_t host_bytes) {
+  const HostBackedArena a = create_host_backed_arena(ordinal_, device_bytes, host_bytes);
+  host_backed_.push_back(a);
+  return {a.ptr, a.device_held, a.host_held};
+}
+
+void CudaBackend::release_host_backed(void* ptr) {
+  for (auto it = host_backed_.begin(); it != host_backed_.end(); ++it) {
+    if (it->ptr != ptr) continue;
+    const HostBackedArena a = *it;
+    host_backed_.erase(it);
+    DeviceScope scope(ordinal_);
+    destroy_host_backed_arena(a);
+    return;
+  }
+  EPMOE_EXPECT(false, internal, "ptr", "a range from allocate_host_backed", "an unknown pointer");
 }
 
 void CudaBackend::copy_to_device(void* dst, const void* src, std::size_t bytes) {

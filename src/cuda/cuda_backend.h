@@ -5,8 +5,10 @@
 
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 #include "core/backend.h"
+#include "cuda/host_backed_arena.h"
 
 namespace epmoe::cuda {
 
@@ -24,6 +26,9 @@ class CudaBackend final : public Backend {
 
   void* allocate(std::size_t bytes) override;
   void release(void* ptr) override;
+  // One VMM range: device memory, then pinned host memory (cuda/host_backed_arena.h).
+  HostBacked allocate_host_backed(std::size_t device_bytes, std::size_t host_bytes) override;
+  void release_host_backed(void* ptr) override;
   void copy_to_device(void* dst, const void* src, std::size_t bytes) override;
   void copy_to_host(void* dst, const void* src, std::size_t bytes) override;
   void synchronize(void* stream) override;
@@ -57,6 +62,7 @@ class CudaBackend final : public Backend {
 
  private:
   int ordinal_;
+  std::vector<HostBackedArena> host_backed_;  // live allocate_host_backed ranges
 };
 
 }  // namespace epmoe::cuda

@@ -1,5 +1,6 @@
 // Built when epmoe is configured without CUDA.
 #include "core/backend.h"
+#include "core/prepared_device.h"
 #include "epmoe/cuda.h"
 #include "epmoe/error.h"
 
@@ -17,6 +18,12 @@ std::shared_ptr<Transport> make_single_gpu_transport(int device) {
   EPMOE_EXPECT(false, backend, "Device", "a build with the CUDA backend (EPMOE_CUDA=ON)",
                "a CPU-only build asked for cuda:" + std::to_string(device));
   return nullptr;
+}
+
+void prepare_weights_cuda(const TensorRef& w_GNL, const PreparedWeights& /*prepared*/,
+                          void* /*stream*/) {
+  EPMOE_EXPECT(false, backend, "w_GNL", "a build with the CUDA backend (EPMOE_CUDA=ON)",
+               "a CPU-only build asked for cuda:" + std::to_string(w_GNL.device.index));
 }
 
 }  // namespace epmoe

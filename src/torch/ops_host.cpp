@@ -2,6 +2,8 @@
 // traced): they create or destroy state, or only read the config.
 #include <torch/library.h>
 
+#include <iomanip>
+#include <limits>
 #include <sstream>
 
 #include "core/layout.h"
@@ -135,19 +137,48 @@ std::string plan_explain(const std::string& config_text, int64_t ep_size) {
   return guarded([&] { return plan_memory(parse_config(config_text), static_cast<int>(ep_size)).explain(); });
 }
 
-// The plan's numbers as "name=value" lines (python/epmoe/plan.py builds MemoryPlan from them).
+const char* slot_sizing_name(SlotSizing s) {
+  switch (s) {
+    case SlotSizing::none: return "none";
+    case SlotSizing::maximum_useful: return "maximum_useful";
+    case SlotSizing::exact: return "exact";
+    case SlotSizing::factor: return "factor";
+  }
+  return "unknown";
+}
+
+// Every field of the plan, in memory_plan.h's order, as "name=value" lines (python/epmoe/plan.py
+// builds MemoryPlan from them). Doubles with max_digits10 digits, so Python reads the same double.
 std::string plan_fields(const std::string& config_text, int64_t ep_size) {
   return guarded([&] {
     const MemoryPlan p = plan_memory(parse_config(config_text), static_cast<int>(ep_size));
     std::ostringstream os;
+    os << std::setprecision(std::numeric_limits<double>::max_digits10) << std::boolalpha;
 #define EPMOE_FIELD(name) os << #name << '=' << p.name << '\n'
     EPMOE_FIELD(ep_size); EPMOE_FIELD(tokens); EPMOE_FIELD(hidden); EPMOE_FIELD(intermediate);
     EPMOE_FIELD(top_k); EPMOE_FIELD(experts_global); EPMOE_FIELD(experts_local);
-    EPMOE_FIELD(balanced_recv_rows); EPMOE_FIELD(max_recv_rows); EPMOE_FIELD(capacity_factor);
-    EPMOE_FIELD(recv_capacity_rows); EPMOE_FIELD(symmetric_bytes); EPMOE_FIELD(num_slots);
-    EPMOE_FIELD(layers_per_slot); EPMOE_FIELD(minimum_slot_bytes); EPMOE_FIELD(slot_bytes);
-    EPMOE_FIELD(activation_bytes); EPMOE_FIELD(scratch_bytes); EPMOE_FIELD(arena_bytes);
-    EPMOE_FIELD(total_bytes);
+    EPMOE_FIELD(balanced_recv_rows); EPMOE_FIELD(max_recv_rows); EPMOE_FIELD(requested_capacity_factor);
+    EPMOE_FIELD(capacity_factor); EPMOE_FIELD(recv_capacity_rows);
+    EPMOE_FIELD(routing_buffer_bytes); EPMOE_FIELD(dispatch_buffer_bytes); EPMOE_FIELD(combine_buffer_bytes);
+    EPMOE_FIELD(symmetric_bytes);
+    EPMOE_FIELD(packing_granule_bytes); EPMOE_FIELD(routing_metadata_bytes); EPMOE_FIELD(layer_metadata_bytes);
+    EPMOE_FIELD(saved_input_bytes_per_layer); EPMOE_FIELD(saved_full_bytes_balanced);
+    EPMOE_FIELD(saved_full_bytes_capacity);
+    EPMOE_FIELD(num_slots); EPMOE_FIELD(layers_per_slot); EPMOE_FIELD(slot_metadata_bytes);
+    EPMOE_FIELD(minimum_slot_bytes); EPMOE_FIELD(balanced_full_save_slot_bytes);
+    EPMOE_FIELD(maximum_useful_slot_bytes);
+    os << "slot_sizing=" << slot_sizing_name(p.slot_sizing) << '\n';
+    EPMOE_FIELD(slot_capacity_factor); EPMOE_FIELD(slot_bytes); EPMOE_FIELD(activation_bytes);
+    EPMOE_FIELD(planner_state_bytes);
+    EPMOE_FIELD(route_scratch_bytes); EPMOE_FIELD(call_scratch_pad_bytes);
+    EPMOE_FIELD(forward_scratch_bytes); EPMOE_FIELD(backward_scratch_bytes);
+    EPMOE_FIELD(fp8_scratch_bytes); EPMOE_FIELD(fp8_weight_scratch_bytes); EPMOE_FIELD(scratch_bytes);
+    EPMOE_FIELD(status_bytes); EPMOE_FIELD(peer_table_bytes); EPMOE_FIELD(arena_bytes); EPMOE_FIELD(total_bytes);
+    EPMOE_FIELD(host_backed_scratch); EPMOE_FIELD(scratch_device_minimum_bytes);
+    EPMOE_FIELD(scratch_device_bytes); EPMOE_FIELD(arena_device_bytes); EPMOE_FIELD(arena_host_bytes);
+    EPMOE_FIELD(device_total_bytes);
+    EPMOE_FIELD(inference);
+    os << "precision=" << epmoe::to_string(p.precision) << '\n';
 #undef EPMOE_FIELD
     return os.str();
   });

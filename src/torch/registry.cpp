@@ -66,6 +66,7 @@ Config parse_config(const std::string& text) {
       else if (k == "barrier_timeout_ms") f.barrier_timeout_ms = static_cast<int>(x);
       else if (k == "fuse_epilogues") f.fuse_epilogues = x != 0;
       else if (k == "arrival_gated_w13") f.arrival_gated_w13 = x != 0;
+      else if (k == "scratch_device_bytes") f.scratch_device_bytes = static_cast<int64_t>(x);
       else EPMOE_CHECK_ARG(false, "config", "a known Config field", "'" + k + "'");
     }
   }

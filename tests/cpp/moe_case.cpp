@@ -31,6 +31,9 @@ Config Problem::config() const {
   f.barrier_timeout_ms = barrier_timeout_ms;
   f.fuse_epilogues = fused;
   f.arrival_gated_w13 = arrival_gated_w13;
+  f.precision = precision;
+  f.prepared_weights = prepared_weights;
+  f.scratch_device_bytes = scratch_device_bytes;
   return Config(f);
 }
 
@@ -39,7 +42,8 @@ std::string Problem::name() const {
   os << "R=" << ranks << " T=" << max_tokens << " D=" << hidden << " F=" << intermediate
      << " K=" << top_k << " experts=" << experts
      << (act.kind == ActivationKind::swiglu_clamped ? " clamped" : " swiglu")
-     << (fused ? " fused" : " unfused") << (arrival_gated_w13 ? "" : " staged") << " wgrad=" << epmoe::to_string(wgrad_dtype);
+     << (fused ? " fused" : " unfused") << (arrival_gated_w13 ? "" : " staged") << " wgrad=" << epmoe::to_string(wgrad_dtype)
+     << " " << epmoe::to_string(precision) << (prepared_weights ? " prepared" : "");
   return os.str();
 }
 
@@ -156,6 +160,20 @@ RankCall::RankCall(const Problem& problem, const RankInputs& inputs) : p(problem
   const size_t wsize = element_size(p.wgrad_dtype);
   grad_w13.assign(static_cast<size_t>(E * 2 * F * D) * wsize, char(0x7f));
   grad_w2.assign(static_cast<size_t>(E * D * F) * wsize, char(0x7f));
+  if (!p.prepared_weights) return;
+  auto prepare = [&](std::vector<bf16_t>& w, int64_t N, int64_t L, std::vector<uint8_t>& q,
+                     std::vector<float>& scales, PreparedWeights& out) {
+    const PreparedWeightShapes shapes =
+        prepared_weight_shapes(WeightFormat::fp8_block_fp32, E, N, L);
+    q.assign(static_cast<size_t>(shapes.data.numel()), 0);
+    scales.assign(static_cast<size_t>(shapes.scales.numel()), 0.0f);
+    out = PreparedWeights{WeightFormat::fp8_block_fp32, E, N, L, shapes.data, shapes.scales, {}};
+    out.data.data = q.data();
+    out.scales.data = scales.data();
+    prepare_weights(TensorRef::contiguous(w.data(), DType::bf16, {E, N, L}), out);
+  };
+  prepare(in.w13_EFD, 2 * F, D, w13_q, w13_scales, w13_prepared);
+  prepare(in.w2_EDF, D, F, w2_q, w2_scales, w2_prepared);
 }
 
 ForwardArgs RankCall::forward_args(int slot) {
@@ -171,6 +189,10 @@ ForwardArgs RankCall::forward_args(int slot) {
   a.w13_EFD = TensorRef::contiguous(in.w13_EFD.data(), DType::bf16, {E, 2 * F, D});
   a.w2_EDF = TensorRef::contiguous(in.w2_EDF.data(), DType::bf16, {E, D, F});
   a.y_TD = TensorRef::contiguous(y.data(), DType::bf16, {T, D});
+  if (p.prepared_weights) {
+    a.w13_prepared = &w13_prepared;
+    a.w2_prepared = &w2_prepared;
+  }
   a.slot = slot;
   return a;
 }
@@ -192,6 +214,8 @@ BackwardArgs RankCall::backward_args(const SavedLayer& saved, bool accumulate) {
   b.grad_w13_EFD = TensorRef::contiguous(grad_w13.data(), p.wgrad_dtype, {E, 2 * F, D});
   b.grad_w2_EDF = TensorRef::contiguous(grad_w2.data(), p.wgrad_dtype, {E, D, F});
   b.accumulate_wgrad = accumulate;
+  b.w13_prepared = f.w13_prepared;
+  b.w2_prepared = f.w2_prepared;
   return b;
 }
 
@@ -297,7 +321,8 @@ std::vector<reference::RankOutputs> reference_layer(const Problem& p,
 std::string OutputErrors::to_string() const {
   std::ostringstream os;
   for (int o = 0; o < kNumOutputs; ++o) {
-    os << (o ? ", " : "") << test::to_string(static_cast<Output>(o)) << " " << value[o];
+    os << (o ? ", " : "") << test::to_string(static_cast<Output>(o)) << " " << value[o]
+       << " (1-cos " << 1.0 - cosine[o] << ", max " << max_abs[o] << ")";
   }
   return os.str();
 }
@@ -349,9 +374,35 @@ OutputErrors measure(const std::vector<RankOutputs>& got,
     }
   }
   OutputErrors e;
-  for (int o = 0; o < kNumOutputs; ++o) e.value[o] = reference::rel_l2(r[o], g[o]);
+  for (int o = 0; o < kNumOutputs; ++o) {
+    e.value[o] = reference::rel_l2(r[o], g[o]);
+    double dot = 0.0, gg = 0.0, rr = 0.0, worst = 0.0;
+    for (size_t i = 0; i < r[o].size(); ++i) {
+      dot += g[o][i] * r[o][i];
+      gg += g[o][i] * g[o][i];
+      rr += r[o][i] * r[o][i];
+      worst = std::max(worst, std::fabs(g[o][i] - r[o][i]));
+    }
+    e.cosine[o] = gg > 0.0 && rr > 0.0 ? dot / std::sqrt(gg * rr) : (gg == rr ? 1.0 : 0.0);
+    e.max_abs[o] = worst;
+  }
   e.value[static_cast<int>(Output::grad_scores)] = floored_rel_l2(r[2], g[2], scores_scale2);
   return e;
+}
+
+OutputErrors measure_against(const std::vector<RankOutputs>& got,
+                             const std::vector<RankOutputs>& base,
+                             const std::vector<reference::RankOutputs>& ref,
+                             const std::vector<RankInputs>& in) {
+  std::vector<reference::RankOutputs> as_ref = ref;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    as_ref[i].y_TD = widen(base[i].y_TD);
+    as_ref[i].grad_x_TD = widen(base[i].grad_x_TD);
+    as_ref[i].grad_scores_TK = widen(base[i].grad_scores_TK);
+    as_ref[i].grad_w13_EFD = widen(base[i].grad_w13_EFD);
+    as_ref[i].grad_w2_EDF = widen(base[i].grad_w2_EDF);
+  }
+  return measure(got, as_ref, in);
 }
 
 void report_errors(const std::string& what, const OutputErrors& errors) {
@@ -362,11 +413,26 @@ void report_errors(const std::string& what, const OutputErrors& errors) {
   }
 }
 
-void expect_within_tolerance(const OutputErrors& errors, const std::string& what) {
+void expect_within_training_tolerance(const OutputErrors& errors, Precision format, bool clamped,
+                                      Against against, const std::string& what) {
   report_errors(what, errors);
   for (int o = 0; o < kNumOutputs; ++o) {
     const auto out = static_cast<Output>(o);
-    const double bound = rel_l2_bound(Precision::bf16, out);
+    const TrainingTolerance* t = training_tolerance(format, clamped, out, against);
+    ASSERT_NE(t, nullptr) << "no tolerance for " << to_string(out);
+    EXPECT_LE(errors[out], t->rel_l2) << what << ": rel-L2 of " << to_string(out);
+    EXPECT_GE(errors.cosine[o], t->cosine) << what << ": cosine of " << to_string(out);
+    EXPECT_LE(errors.max_abs[o], t->atol) << what << ": max abs error of " << to_string(out);
+    EXPECT_FALSE(std::isnan(errors[out])) << what << ": " << to_string(out);
+  }
+}
+
+void expect_within_tolerance(const OutputErrors& errors, const std::string& what,
+                             Precision precision) {
+  report_errors(what, errors);
+  for (int o = 0; o < kNumOutputs; ++o) {
+    const auto out = static_cast<Output>(o);
+    const double bound = rel_l2_bound(precision, out);
     EXPECT_LE(errors[out], bound) << what << ": rel-L2 of " << to_string(out) << " ("
                                   << errors.to_string() << ")";
     EXPECT_FALSE(std::isnan(errors[out])) << what << ": " << to_string(out);
@@ -396,7 +462,13 @@ std::vector<RankOutputs> run_and_check(const Problem& p, const std::vector<RankI
                                        const std::string& what) {
   std::vector<RankOutputs> got = run_layer(p, in);
   const OutputErrors errors = measure(got, reference_layer(p, in), in);
-  expect_within_tolerance(errors, what + " [" + p.name() + "]");
+  if (p.precision == Precision::bf16) {
+    expect_within_tolerance(errors, what + " [" + p.name() + "]");
+  } else {
+    expect_within_training_tolerance(errors, p.precision,
+                                     p.act.kind == ActivationKind::swiglu_clamped, Against::float64,
+                                     what + " [" + p.name() + "]");
+  }
   return got;
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -31,6 +32,9 @@ struct Problem {
   int layers_per_slot = 1;
   OverflowPolicy overflow = OverflowPolicy::report;
   int barrier_timeout_ms = 30000;
+  Precision precision = Precision::bf16;
+  bool prepared_weights = false;  // fp8_block: RankCall prepares the weights, the calls take them
+  std::optional<int64_t> scratch_device_bytes;  // Config.scratch_device_bytes (unset: all device)
 
   int local_experts() const { return experts / ranks; }
   Config config() const;
@@ -83,6 +87,10 @@ struct RankCall {
   std::vector<bf16_t> y, grad_x;
   std::vector<float> grad_scores;
   std::vector<char> grad_w13, grad_w2;  // Config.wgrad_dtype
+  // Problem::prepared_weights: fp8_block_fp32 copies of the weights (prepare_weights).
+  std::vector<uint8_t> w13_q, w2_q;
+  std::vector<float> w13_scales, w2_scales;
+  PreparedWeights w13_prepared, w2_prepared;
 };
 
 // fn(rank, context) on every rank with one fresh context each; closes the contexts afterwards.
@@ -99,19 +107,31 @@ std::vector<reference::RankOutputs> reference_layer(const Problem& p,
 // product whose bf16 error scales with sqrt(sum_d (grad_y h3)^2), not with its (possibly
 // cancelled) value: each element's squared denominator is max(ref^2, sum_d (grad_y h3)^2).
 struct OutputErrors {
-  double value[kNumOutputs] = {};
+  double value[kNumOutputs] = {};   // rel-L2 (grad_scores: floored as above)
+  double cosine[kNumOutputs] = {};  // cos(got, ref)
+  double max_abs[kNumOutputs] = {}; // max |got - ref|
   double operator[](Output o) const { return value[static_cast<int>(o)]; }
   std::string to_string() const;
 };
 OutputErrors measure(const std::vector<RankOutputs>& got,
                      const std::vector<reference::RankOutputs>& ref,
                      const std::vector<RankInputs>& in);
+// The same with `base` (e.g. the bf16 path's outputs) in place of the reference's values; the
+// grad_scores floor still comes from the reference.
+OutputErrors measure_against(const std::vector<RankOutputs>& got,
+                             const std::vector<RankOutputs>& base,
+                             const std::vector<reference::RankOutputs>& ref,
+                             const std::vector<RankInputs>& in);
 
 // Prints the measurement when EPMOE_REPORT_ERRORS=1 (evidence for tolerances.h).
 void report_errors(const std::string& what, const OutputErrors& errors);
 
 // gtest checks (call from the test thread).
-void expect_within_tolerance(const OutputErrors& errors, const std::string& what);
+void expect_within_tolerance(const OutputErrors& errors, const std::string& what,
+                             Precision precision = Precision::bf16);
+// fp8_block (tolerances.h kTrainingTolerances): rel-L2, cosine and atol of every output.
+void expect_within_training_tolerance(const OutputErrors& errors, Precision format, bool clamped,
+                                      Against against, const std::string& what);
 void expect_bitwise_equal(const std::vector<RankOutputs>& a, const std::vector<RankOutputs>& b,
                           const std::string& what);
 // Runs the layer and checks it against the reference; returns the outputs.

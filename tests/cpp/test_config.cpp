@@ -107,19 +107,47 @@ TEST(Config, ClampedActivationNeedsFinitePositiveAlphaAndLimit) {
   expect_config_error(f, "Config.activation.kind", "5");
 }
 
-TEST(Config, OnlyBf16IsAvailable) {
+TEST(Config, Bf16Fp8BlockAndNvfp4AreAvailable) {
   ConfigFields f = tiny();
-  for (Precision p : {Precision::fp8_block, Precision::mxfp8, Precision::nvfp4}) {
-    f.precision = p;
-    expect_config_error(f, "Config.precision", to_string(p));
-    try {
-      Config c(f);
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("not available yet"), std::string::npos) << e.what();
-    }
+  f.precision = Precision::fp8_block;
+  EXPECT_NO_THROW(Config c(f));
+  f.precision = Precision::mxfp8;
+  expect_config_error(f, "Config.precision", "mxfp8");
+  try {
+    Config c(f);
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not available yet"), std::string::npos) << e.what();
   }
   f.precision = static_cast<Precision>(9);
   expect_config_error(f, "Config.precision", "9");
+}
+
+// NVFP4 is weight-only inference from the caller's prepared weights.
+TEST(Config, Nvfp4NeedsInferenceAndPreparedWeights) {
+  ConfigFields f = tiny();
+  f.precision = Precision::nvfp4;
+  f.prepared_weights = true;
+  expect_config_error(f, "Config.inference", "false");
+  f.inference = true;
+  EXPECT_NO_THROW(Config c(f));
+  f.prepared_weights = false;
+  expect_config_error(f, "Config.prepared_weights", "false");
+}
+
+TEST(Config, Fp8BlockLimits) {
+  ConfigFields f = tiny();
+  f.precision = Precision::fp8_block;
+  f.hidden_dim = 3;  // the received rows (D codes + 4-byte scales) must fit the bf16 row space
+  expect_config_error(f, "Config.hidden_dim", "3");
+  f.hidden_dim = 4;
+  EXPECT_NO_THROW(Config c(f));
+  f.inference = true;
+  expect_config_error(f, "Config.inference", "true");
+  f.inference = false;
+  f.prepared_weights = true;
+  EXPECT_NO_THROW(Config c(f));
+  f.precision = Precision::bf16;
+  expect_config_error(f, "Config.prepared_weights", "true");
 }
 
 TEST(Config, PrecisionNames) {
@@ -206,6 +234,17 @@ TEST(Config, OverflowPolicyAndBarrierTimeout) {
   expect_config_error(f, "Config.barrier_timeout_ms", "-100");
 }
 
+TEST(Config, ScratchDeviceBytes) {
+  ConfigFields f = tiny();
+  EXPECT_FALSE(Config(f).fields().scratch_device_bytes.has_value());  // default: all device
+  f.scratch_device_bytes = 0;
+  EXPECT_EQ(Config(f).fields().scratch_device_bytes, 0);
+  f.scratch_device_bytes = 4096;
+  EXPECT_NE(Config(f).to_string().find("scratch_device_bytes=4096"), std::string::npos);
+  f.scratch_device_bytes = -1;
+  expect_config_error(f, "Config.scratch_device_bytes", "-1");
+}
+
 TEST(Config, LocalExperts) {
   Config c(tiny());
   EXPECT_EQ(c.local_experts(1), 8);
@@ -235,7 +274,7 @@ TEST(Config, ToStringListsEveryField) {
         "capacity_factor=1.25", "num_slots=3", "max_layers_per_slot=4", "slot_bytes=unset",
         "slot_capacity_factor=0.5", "overflow=trap", "wgrad_dtype=f32", "inference=false",
         "check_inputs=true", "barrier_timeout_ms=30000", "fuse_epilogues=false",
-        "arrival_gated_w13=true"}) {
+        "arrival_gated_w13=true", "prepared_weights=false", "scratch_device_bytes=unset"}) {
     EXPECT_NE(s.find(part), std::string::npos) << part << " missing in " << s;
   }
 }

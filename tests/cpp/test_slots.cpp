@@ -157,6 +157,25 @@ TEST_P(Slots, MinimumBudgetReplaysEveryLayerBitwise) {
   }
 }
 
+// FP8: the replay re-quantizes the saved bf16 x into the dispatch buffer (the forward's codec on
+// the same values), so replayed layers give the full save's bits too.
+TEST_P(Slots, Fp8MinimumBudgetReplaysEveryLayerBitwise) {
+  const auto [R, fused] = GetParam();
+  Problem p = stack_problem(R, fused);
+  p.precision = Precision::fp8_block;
+  const auto in = stack_inputs(p);
+  const MemoryPlan plan = plan_memory(p.config(), R);
+  const StackRun saved = run_stack(p, in, -1);
+  const StackRun replayed = run_stack(p, in, plan.minimum_slot_bytes);
+  EXPECT_EQ(replayed.recomputed, std::vector<bool>(kLayers, true));
+  expect_same_bits(saved, replayed, p.name() + " minimum budget vs full save");
+  for (int l = 0; l < kLayers; ++l) {
+    const OutputErrors errors = measure(saved.out[l], reference_layer(p, in[l]), in[l]);
+    expect_within_training_tolerance(errors, Precision::fp8_block, false, Against::float64,
+                                     p.name() + " layer " + std::to_string(l));
+  }
+}
+
 TEST_P(Slots, MixedBudgetRecomputesSomeLayers) {
   const auto [R, fused] = GetParam();
   const Problem p = stack_problem(R, fused);
@@ -224,13 +243,36 @@ TEST(SlotsBudget, GatheredRowsStartOnWholeArenaRows) {
       EXPECT_EQ(plan.slot_bytes % plan.packing_granule_bytes, 0) << what;
       EXPECT_EQ(plan.slot_metadata_bytes % plan.packing_granule_bytes, 0) << what;
       EXPECT_EQ(plan.saved_input_bytes_per_layer % plan.packing_granule_bytes, 0) << what;
-      // The call scratch starts right after the slots, x_gathered first.
+      // The scratch starts after the slots: route scratch, pad, then the call scratch, whose
+      // x_gathered follows its layout (fused and unfused alike).
       const Dims d{p.max_tokens, D, p.intermediate, p.top_k, p.local_experts(), 2};
-      EXPECT_EQ(call_scratch_layout(d, plan.recv_capacity_rows, false).x_gathered, 0) << what;
-      EXPECT_EQ(call_scratch_layout(d, plan.recv_capacity_rows, true).x_gathered, 0) << what;
-      EXPECT_EQ(plan.activation_bytes % row, 0) << what;
+      EXPECT_EQ(plan.activation_bytes % plan.packing_granule_bytes, 0) << what;
+      EXPECT_LT(plan.call_scratch_pad_bytes, plan.packing_granule_bytes) << what;
+      for (bool unfused : {false, true}) {
+        const CallScratchLayout call = call_scratch_layout(d, plan.recv_capacity_rows, unfused);
+        const int64_t x_gathered = plan.activation_bytes + plan.route_scratch_bytes +
+                                   plan.call_scratch_pad_bytes + call.x_gathered;
+        EXPECT_EQ(x_gathered % row, 0) << what << ", unfused " << unfused;
+        EXPECT_EQ(x_gathered % plan.packing_granule_bytes, 0) << what << ", unfused " << unfused;
+      }
     }
   }
+}
+
+// 2D = 272 (granule 2176): the call scratch needs a pad after the route scratch. The Context
+// asserts that x_gathered lands on the granule; replaying every layer from the call scratch gives
+// the full-save bits.
+TEST(SlotsBudget, PaddedCallScratchReplaysBitwise) {
+  Problem p = stack_problem(2, true);
+  p.hidden = 136;
+  const auto in = stack_inputs(p);
+  const MemoryPlan plan = plan_memory(p.config(), 2);
+  ASSERT_EQ(plan.packing_granule_bytes, 2176);
+  ASSERT_GT(plan.call_scratch_pad_bytes, 0);
+  const StackRun saved = run_stack(p, in, -1);
+  const StackRun replayed = run_stack(p, in, plan.minimum_slot_bytes);
+  EXPECT_EQ(replayed.recomputed, std::vector<bool>(kLayers, true));
+  expect_same_bits(saved, replayed, p.name() + " padded call scratch");
 }
 
 TEST(SlotsBudget, BelowTheMinimumNamesTheField) {

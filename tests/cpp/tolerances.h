@@ -75,8 +75,8 @@ inline double rel_l2_bound(Precision precision, Output output) {
 }
 
 // ---- Block-scaled formats: bounds keyed by (format, direction) ----
-// Directions so far are the codec round trips, dequantize(quantize(x)) vs x; the GEMM directions
-// (forward, grad_x, grad_w) join this table when the block-scaled GEMMs land.
+// Directions here are the codec round trips, dequantize(quantize(x)) vs x; the training directions
+// (forward, grad_x, grad_scores, grad_w13, grad_w2) are kTrainingTolerances below.
 enum class Direction : int {
   roundtrip_rows,     // 1 x block along a row (activations; MXFP8 / NVFP4 weights too)
   roundtrip_weights,  // 128 x 128 blocks (FP8 weights)
@@ -117,6 +117,96 @@ inline constexpr FormatTolerance kFormatTolerances[] = {
 inline const FormatTolerance* format_tolerance(Precision format, Direction direction) {
   for (const FormatTolerance& t : kFormatTolerances) {
     if (t.format == format && t.direction == direction) return &t;
+  }
+  return nullptr;
+}
+
+// ---- Training and inference through Context: bounds keyed by (format, direction = output,
+// reference) ----
+enum class Against : int {
+  float64,          // the float64 reference (no fake quantization)
+  bf16_path,        // the bf16 pipeline on the same inputs
+  float64_decoded,  // the float64 reference on the weights the format decodes to (same math)
+};
+
+struct TrainingTolerance {
+  Precision format;
+  bool clamped;   // SwiGLU clamped (GPT-OSS) inputs: h13 reaches the kinks (see below)
+  Output output;  // the direction: forward (y), grad_x, grad_scores, grad_w13, grad_w2
+  Against against;
+  double rel_l2;  // bound on ||got - ref|| / ||ref|| (grad_scores floored as in moe_case.h)
+  double cosine;  // bound below on cos(got, ref)
+  double atol;    // bound on max |got - ref| for make_inputs' data (x, grad_y in [-1, 1])
+};
+
+// FP8 block-scaled training (Config.precision = fp8_block), CPU backend, through Context.
+// Measured by test_fp8_training (EPMOE_FP8_SEEDS=20 EPMOE_REPORT_ERRORS=1): plain SwiGLU over 4
+// shapes x 20 seeds (R 1-2, T 16-100, D 32-136, F 24-72, 2-8 experts, up to 200 rows per expert)
+// + D = 256, F = 200 x 6 seeds (66 runs); clamped SwiGLU (D = 111, F = 40, K = 3) x 20 seeds:
+//   output        plain: rel-L2 (min..max)  1-cos max  max|err|   clamped: rel-L2   1-cos   max|err|
+//   y             5.2e-2 .. 7.2e-2          2.6e-3     0.40       6.1e-2 .. 6.8e-2  2.3e-3  8.5
+//   grad_x        5.4e-2 .. 7.8e-2          3.0e-3     0.59       8.8e-2 .. 0.172   1.5e-2  45
+//   grad_scores   3.7e-2 .. 7.0e-2          4.1e-3     2.1        4.7e-2 .. 5.9e-2  2.9e-3  33
+//   grad_w13      5.5e-2 .. 7.1e-2          2.5e-3     1.6        8.9e-2 .. 0.170   1.4e-2  21
+//   grad_w2       4.7e-2 .. 6.6e-2          2.2e-3     1.05       6.0e-2 .. 6.5e-2  2.1e-3  10.6
+// Against the bf16 path the numbers agree to the second digit (the FP8 error dominates the bf16
+// one, ~5e-3). Each quantization of a unit-spread operand costs ~2.6e-2 (kFormatTolerances); an
+// output passes through 2-4 of them. Clamped SwiGLU has its own rows: its inputs keep h13 0.05 away
+// from the kinks (make_inputs), enough for bf16 but not for the E4M3 error of x (~1/16 relative),
+// so some elements take the other branch and their gradient jumps (grad_x, grad_w13); its data is
+// larger (h13 spread ~5), hence the atol. Bounds: ~1.25x the worst rel-L2, 1.5x the worst
+// (1 - cos) and max |err|. Never widen one without new measurements.
+inline constexpr TrainingTolerance kTrainingTolerances[] = {
+    {Precision::fp8_block, false, Output::y, Against::float64, 0.090, 0.996, 0.6},
+    {Precision::fp8_block, false, Output::grad_x, Against::float64, 0.095, 0.9955, 0.9},
+    {Precision::fp8_block, false, Output::grad_scores, Against::float64, 0.090, 0.994, 3.2},
+    {Precision::fp8_block, false, Output::grad_w13, Against::float64, 0.090, 0.996, 2.4},
+    {Precision::fp8_block, false, Output::grad_w2, Against::float64, 0.085, 0.9965, 1.6},
+    {Precision::fp8_block, false, Output::y, Against::bf16_path, 0.090, 0.996, 0.6},
+    {Precision::fp8_block, false, Output::grad_x, Against::bf16_path, 0.095, 0.9955, 0.9},
+    {Precision::fp8_block, false, Output::grad_scores, Against::bf16_path, 0.090, 0.994, 3.2},
+    {Precision::fp8_block, false, Output::grad_w13, Against::bf16_path, 0.090, 0.996, 2.4},
+    {Precision::fp8_block, false, Output::grad_w2, Against::bf16_path, 0.085, 0.9965, 1.6},
+    {Precision::fp8_block, true, Output::y, Against::float64, 0.085, 0.9965, 13.0},
+    {Precision::fp8_block, true, Output::grad_x, Against::float64, 0.21, 0.978, 68.0},
+    {Precision::fp8_block, true, Output::grad_scores, Against::float64, 0.075, 0.9955, 50.0},
+    {Precision::fp8_block, true, Output::grad_w13, Against::float64, 0.21, 0.978, 32.0},
+    {Precision::fp8_block, true, Output::grad_w2, Against::float64, 0.082, 0.9965, 16.0},
+    {Precision::fp8_block, true, Output::y, Against::bf16_path, 0.085, 0.9965, 13.0},
+    {Precision::fp8_block, true, Output::grad_x, Against::bf16_path, 0.21, 0.978, 68.0},
+    {Precision::fp8_block, true, Output::grad_scores, Against::bf16_path, 0.075, 0.9955, 50.0},
+    {Precision::fp8_block, true, Output::grad_w13, Against::bf16_path, 0.21, 0.978, 32.0},
+    {Precision::fp8_block, true, Output::grad_w2, Against::bf16_path, 0.082, 0.9965, 16.0},
+    // NVFP4 weight-only inference: forward only (y); see the measurements below.
+    {Precision::nvfp4, false, Output::y, Against::float64_decoded, 7.5e-3, 0.99997, 0.06},
+    {Precision::nvfp4, true, Output::y, Against::float64_decoded, 5.0e-3, 0.99999, 1.0},
+    {Precision::nvfp4, false, Output::y, Against::bf16_path, 0.235, 0.975, 1.9},
+    {Precision::nvfp4, true, Output::y, Against::bf16_path, 0.24, 0.973, 43.0},
+};
+
+// NVFP4 weight-only inference (Config.precision = nvfp4), CPU backend, y only. Measured by
+// test_nvfp4_inference (EPMOE_NVFP4_SEEDS=20 EPMOE_REPORT_ERRORS=1): 8 shapes x 20 seeds (R 1-2,
+// T 1-128, live count < T, D 64-256 incl. 111, F 40-200, K 2-4; plain and clamped SwiGLU):
+//   against                           rel-L2 (min..max)     1-cos max   max|err|
+//   float64 on the decoded weights    plain 2.9e-3 .. 5.9e-3  1.6e-5      0.037
+//                                     clamped 3.2e-3 .. 3.3e-3 5.5e-6     0.66
+//   bf16 path on the original weights plain 0.174 .. 0.188    1.7e-2      1.23
+//                                     clamped 0.177 .. 0.191  1.8e-2      28.8
+// Against the decoded weights only the pipeline's bf16 roundings (h13, h, the combine rows, y)
+// remain: the same size as the bf16 path's own error (kTolerances y). Against the bf16 path the
+// NVFP4 error of both weights dominates: make_inputs' uniform weights lose ~9.5% each to the
+// format (kFormatTolerances nvfp4), and the two GEMMs and SwiGLU compound it. The upper T = 1
+// decoded numbers come from single rows (64 values), hence the plain bound. Bounds: ~1.25x the
+// worst rel-L2, ~1.5-2x the worst (1 - cos) and max |err|. Never widen one without new
+// measurements.
+
+// The entry for (format, output, against); nullptr (a test bug) when there is none.
+inline const TrainingTolerance* training_tolerance(Precision format, bool clamped, Output output,
+                                                  Against against) {
+  for (const TrainingTolerance& t : kTrainingTolerances) {
+    if (t.format == format && t.clamped == clamped && t.output == output && t.against == against) {
+      return &t;
+    }
   }
   return nullptr;
 }

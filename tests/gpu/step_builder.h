@@ -25,14 +25,7 @@
 #include "core/plan_terms.h"
 #include "core/step.h"
 #include "epmoe/cuda.h"
-
-// First statement of every GPU test.
-#define EPMOE_REQUIRE_GPU()                                       \
-  do {                                                            \
-    if (::epmoe::cuda_device_count() == 0) {                      \
-      GTEST_SKIP() << "no CUDA device: GPU tests skipped";        \
-    }                                                             \
-  } while (0)
+#include "require_gpu.h"
 
 namespace epmoe::test {
 

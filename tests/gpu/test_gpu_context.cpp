@@ -16,17 +16,11 @@
 #include "epmoe/error.h"
 #include "device_call.h"
 #include "moe_case.h"
+#include "require_gpu.h"
 #include "tolerances.h"
 
 namespace epmoe::test {
 namespace {
-
-#define EPMOE_REQUIRE_GPU()                                  \
-  do {                                                       \
-    if (cuda_device_count() == 0) {                          \
-      GTEST_SKIP() << "no CUDA device: GPU tests skipped";   \
-    }                                                        \
-  } while (0)
 
 #define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
 

@@ -29,47 +29,13 @@
 #include "cpu/gemm_fp8_reference.h"
 #include "cuda/formats/formats.h"
 #include "cuda/gemm/fp8_gemm.h"
+#include "device_buffer.h"
 #include "epmoe/cuda.h"
 #include "epmoe/error.h"
-
-#define EPMOE_REQUIRE_GPU()                                       \
-  do {                                                            \
-    if (::epmoe::cuda_device_count() == 0) {                      \
-      GTEST_SKIP() << "no CUDA device: GPU tests skipped";        \
-    }                                                             \
-  } while (0)
+#include "require_gpu.h"
 
 namespace epmoe::test {
 namespace {
-
-// Device copy of a host vector, or n elements of 0xA5 bytes (a missed or stray write shows).
-template <class T>
-struct Dev {
-  explicit Dev(size_t n) : size(n) {
-    void* p = nullptr;
-    EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess);
-    ptr = static_cast<T*>(p);
-    EXPECT_EQ(cudaMemset(ptr, 0xA5, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess);
-  }
-  explicit Dev(const std::vector<T>& host) : Dev(host.size()) {
-    if (!host.empty()) {
-      EXPECT_EQ(cudaMemcpy(ptr, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-    }
-  }
-  ~Dev() { cudaFree(ptr); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  std::vector<T> get() const {
-    std::vector<T> host(size);
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    if (size != 0) {
-      EXPECT_EQ(cudaMemcpy(host.data(), ptr, size * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    }
-    return host;
-  }
-  T* ptr = nullptr;
-  size_t size = 0;
-};
 
 struct Shape {
   std::vector<int32_t> rows_E;  // rows per expert

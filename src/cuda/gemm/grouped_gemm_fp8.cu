@@ -2,7 +2,6 @@
 // 128-deep k-blocks, 6 stages (32.5 KiB each), cooperative consumers, plain bf16 row epilogue.
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -65,17 +64,10 @@ void fp8_grouped_gemm(const Fp8GroupedGemmArgs& args, void* stream) {
   const Fp8WeightScales sb{args.b_scales_EBS, B, S};
   const typename Epilogue::Params epi{plain(args.out_MN), args.ld_out, args.N};
 
-  auto kernel = &grouped_gemm_fp8_kernel<Traits, Epilogue, decltype(tma_a), decltype(tma_b)>;
+  constexpr auto kernel = &grouped_gemm_fp8_kernel<Traits, Epilogue, decltype(tma_a), decltype(tma_b)>;
   constexpr int kSmem = static_cast<int>(sizeof(Fp8SharedStorage<Traits, Epilogue::kSmemBytesPerWarpgroup>));
   static_assert(kSmem <= 227 * 1024, "shared memory of one CTA on sm_90 is at most 227 KiB");
-  static std::atomic<uint64_t> attribute_set_on{0};  // bit d: set on device d (as launch.cuh)
-  int device = 0;
-  EPMOE_CUDA_CHECK(cudaGetDevice(&device));
-  const uint64_t bit = uint64_t{1} << (device % 64);
-  if ((attribute_set_on.load(std::memory_order_acquire) & bit) == 0) {
-    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    attribute_set_on.fetch_or(bit, std::memory_order_release);
-  }
+  set_shared_memory_limit<kernel>(kSmem);
   kernel<<<device_sm_count(), Traits::kThreads, kSmem, static_cast<cudaStream_t>(stream)>>>(
       tma_a, tma_b, groups, sa, sb, epi, a.rows, a.cols, b.rows, b.cols);
   EPMOE_CUDA_LAUNCH_CHECK();

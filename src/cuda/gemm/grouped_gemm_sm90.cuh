@@ -202,7 +202,6 @@ __device__ TileScheduler<Traits> make_scheduler(Smem& smem, const GroupArgs& g) 
   return s;
 }
 
-// Named barriers (ids above CUTLASS's reserved ones).
 // Named barriers (ids above CUTLASS's reserved ones), one per consumer warpgroup where needed.
 enum class GemmBarrier : uint32_t { k_tail_wg0 = 1, epilogue_wg0 = 3, mainloop_turn_wg0 = 5 };
 

@@ -51,6 +51,20 @@ auto make_tma(const Operand& o) {
   }
 }
 
+// The shared-memory limit is a per-device attribute of a kernel: sets it once per device (several
+// GPUs, one thread each, share this process). The record is per kKernel, so per instantiation.
+template <auto kKernel>
+void set_shared_memory_limit(int bytes) {
+  static std::atomic<uint64_t> set_on{0};  // bit d: set on device d
+  int device = 0;
+  EPMOE_CUDA_CHECK(cudaGetDevice(&device));
+  const uint64_t bit = uint64_t{1} << (device % 64);
+  if ((set_on.load(std::memory_order_acquire) & bit) == 0) {
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    set_on.fetch_or(bit, std::memory_order_release);
+  }
+}
+
 // Launches one grouped GEMM: A and B as described, groups from the device, epilogue params.
 // programmatic: a programmatic dependent launch (it may start while the previous kernel of the
 // stream runs; only for a kernel that waits on that kernel's data itself, e.g. the arrival gate).
@@ -61,20 +75,11 @@ void launch_grouped_gemm(const Operand& a, const Operand& b, const GroupArgs& gr
   constexpr int kRankB = Traits::kGrouping == Grouping::rows ? 3 : 2;
   auto tma_a = make_tma<Traits, kMajorA, Traits::BLOCK_M, 2>(a);
   auto tma_b = make_tma<Traits, kMajorB, Traits::BLOCK_N, kRankB>(b);
-  auto kernel = &grouped_gemm_kernel<Traits, Epilogue, decltype(tma_a), decltype(tma_b)>;
+  constexpr auto kernel = &grouped_gemm_kernel<Traits, Epilogue, decltype(tma_a), decltype(tma_b)>;
   constexpr int kSmem =
       static_cast<int>(sizeof(SharedStorage<Traits, Epilogue::kSmemBytesPerWarpgroup>));
   static_assert(kSmem <= 227 * 1024, "shared memory of one CTA on sm_90 is at most 227 KiB");
-  // The shared-memory limit is a per-device attribute of the kernel: set it once per device
-  // (several GPUs, one thread each, share this process).
-  static std::atomic<uint64_t> attribute_set_on{0};  // bit d: set on device d
-  int device = 0;
-  EPMOE_CUDA_CHECK(cudaGetDevice(&device));
-  const uint64_t bit = uint64_t{1} << (device % 64);
-  if ((attribute_set_on.load(std::memory_order_acquire) & bit) == 0) {
-    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    attribute_set_on.fetch_or(bit, std::memory_order_release);
-  }
+  set_shared_memory_limit<kernel>(kSmem);
   const int grid = device_sm_count();
   if (programmatic) {
     cudaLaunchAttribute attribute{};

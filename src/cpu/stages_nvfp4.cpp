@@ -1,0 +1,35 @@
+// CPU reference of the NVFP4 weight-only inference path (Config.precision = nvfp4): the W13 and
+// W2 stages read each expert's weight decoded by the codec (core/formats/nvfp4.h: E2M1 element
+// x (E4M3 block scale x fp32 global scale)), then run the bf16 path's fp32 row loops on it.
+#include <vector>
+
+#include "core/formats/codecs.h"
+#include "cpu/cpu_backend.h"
+
+namespace epmoe::cpu {
+
+namespace {
+
+// Expert e of an NVFP4 weight [E, N, L] decoded into fp32 [N, L].
+std::vector<float> decode_expert(const uint8_t* q_ENP, const uint8_t* scales_ENS,
+                                 const float* global_E, int e, int64_t N, int64_t L) {
+  const int64_t P = nvfp4_packed_bytes(L), S = scale_blocks(L, kNvfp4Block);
+  std::vector<float> w_NL(static_cast<size_t>(N * L));
+  nvfp4_dequantize_rows(q_ENP + e * N * P, scales_ENS + e * N * S, global_E + e, 1, N, L,
+                        w_NL.data());
+  return w_NL;
+}
+
+}  // namespace
+
+std::vector<float> nvfp4_w13_of(const Step& s, int e) {
+  return decode_expert(s.w13_nvfp4_EFP, s.w13_nvfp4_scales_EFS, s.w13_nvfp4_global_E, e,
+                       2 * s.dims.F, s.dims.D);
+}
+
+std::vector<float> nvfp4_w2_of(const Step& s, int e) {
+  return decode_expert(s.w2_nvfp4_EDP, s.w2_nvfp4_scales_EDS, s.w2_nvfp4_global_E, e, s.dims.D,
+                       s.dims.F);
+}
+
+}  // namespace epmoe::cpu

@@ -1,0 +1,183 @@
+// The steps of the FP8 training path one by one (src/cpu/fp8_steps.h): row quantization with
+// S-major scales is the codec's, column blocks start at every expert's first row, DGRAD reads the
+// 128x128 weight blocks transposed (bitwise the FPROP twin on the transposed weight), WGRAD sums
+// 128-row blocks of each expert; GEMMs on exactly representable data equal the float64 result.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "core/formats/codecs.h"
+#include "core/fp8_terms.h"
+#include "cpu/fp8_steps.h"
+#include "cpu/gemm_fp8_reference.h"
+
+namespace epmoe::cpu {
+namespace {
+
+std::vector<bf16_t> random_bf16(std::mt19937_64& rng, int64_t n, double sigma) {
+  std::normal_distribution<double> d(0.0, sigma);
+  std::vector<bf16_t> v(static_cast<size_t>(n));
+  for (auto& x : v) x = float_to_bf16(static_cast<float>(d(rng)));
+  return v;
+}
+
+// E4M3 codes of values in {+-0.5, +-1, +-1.5, +-2}: products and 128-term sums stay exact in fp32.
+std::vector<uint8_t> small_codes(std::mt19937_64& rng, int64_t n) {
+  const float values[] = {0.5f, 1.0f, 1.5f, 2.0f, -0.5f, -1.0f, -1.5f, -2.0f};
+  std::uniform_int_distribution<int> pick(0, 7);
+  std::vector<uint8_t> v(static_cast<size_t>(n));
+  for (auto& c : v) c = e4m3_from_float(values[pick(rng)]);
+  return v;
+}
+// Powers of two in [2^-2, 2^2]: scale products are exact, and a total over 3 blocks spans at
+// most 2^15 / 2^-6 (21 bits): every fp32 step is exact.
+std::vector<float> pow2_scales(std::mt19937_64& rng, int64_t n) {
+  std::uniform_int_distribution<int> e(-2, 2);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& s : v) s = std::ldexp(1.0f, e(rng));
+  return v;
+}
+
+TEST(Fp8Steps, RowsSMajorAreTheCodecsRows) {
+  std::mt19937_64 rng(1);
+  const int64_t rows = 5, L = 300, S = 3, ld = 7;
+  const std::vector<bf16_t> x = random_bf16(rng, rows * L, 3.0);
+  std::vector<uint8_t> q(rows * L), q_ref(rows * L);
+  std::vector<float> scales(S * ld, -1.0f), scales_ref(rows * S), wide(rows * L), back(rows * L);
+  fp8_quantize_rows_s_major(x.data(), rows, L, q.data(), scales.data(), ld);
+  for (int64_t i = 0; i < rows * L; ++i) wide[i] = bf16_to_float(x[i]);
+  fp8_quantize_rows(wide.data(), rows, L, q_ref.data(), scales_ref.data());
+  EXPECT_EQ(q, q_ref);
+  for (int64_t m = 0; m < rows; ++m) {
+    for (int64_t s = 0; s < S; ++s) EXPECT_EQ(scales[s * ld + m], scales_ref[m * S + s]) << m << "," << s;
+  }
+  EXPECT_EQ(scales[5], -1.0f);  // rows [rows, ld) of each block untouched
+  fp8_dequantize_rows_s_major(q.data(), scales.data(), ld, rows, L, back.data());
+  std::vector<float> back_ref(rows * L);
+  fp8_dequantize_rows(q_ref.data(), scales_ref.data(), rows, L, back_ref.data());
+  EXPECT_EQ(back, back_ref);
+}
+
+TEST(Fp8Steps, ColumnBlocksStartAtEveryExpertsFirstRow) {
+  // Experts of 3, 0, 197 and 130 rows: blocks [0,3) | - | [3,131) [131,200) | [200,328) [328,330).
+  const int32_t offsets[] = {0, 3, 3, 200, 330};
+  const int E = 4;
+  const int64_t M = 330, L = 5;
+  EXPECT_EQ(fp8_col_block_base(offsets, 0), 0);
+  EXPECT_EQ(fp8_col_block_base(offsets, 1), 1);
+  EXPECT_EQ(fp8_col_block_base(offsets, 2), 1);
+  EXPECT_EQ(fp8_col_block_base(offsets, 3), 3);
+  EXPECT_EQ(fp8_col_block_base(offsets, 4), 5);
+  // x[m, l] = (m + 1) * (l + 1) / 64: the block amax is its last row's value.
+  std::vector<float> x(M * L);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t l = 0; l < L; ++l) x[m * L + l] = static_cast<float>((m + 1) * (l + 1)) / 64.0f;
+  }
+  std::vector<uint8_t> q(M * L);
+  std::vector<float> scales(5 * L);
+  fp8_quantize_cols(x.data(), L, offsets, E, q.data(), scales.data());
+  const int64_t block_last_row[] = {2, 130, 199, 327, 329};
+  const int64_t block_first_row[] = {0, 3, 131, 200, 328};
+  for (int b = 0; b < 5; ++b) {
+    for (int64_t l = 0; l < L; ++l) {
+      const float amax = x[block_last_row[b] * L + l];
+      EXPECT_EQ(scales[b * L + l], amax / 448.0f) << "block " << b << " column " << l;
+      for (int64_t m = block_first_row[b]; m <= block_last_row[b]; ++m) {
+        ASSERT_EQ(q[m * L + l], e4m3_from_float(x[m * L + l] / scales[b * L + l])) << m << "," << l;
+      }
+      EXPECT_EQ(q[block_last_row[b] * L + l], 0x7E) << "the amax encodes as 448";
+    }
+  }
+}
+
+TEST(Fp8Steps, DgradIsTheFpropTwinOnTheTransposedWeight) {
+  std::mt19937_64 rng(2);
+  const int E = 2;
+  const int64_t K = 300, N = 130, SK = 3, SN = 2, M = 9;
+  const int32_t offsets[] = {0, 4, 9};
+  std::vector<uint8_t> a(M * K), w_EKN(E * K * N), w_ENK(E * N * K);
+  std::uniform_int_distribution<int> code(0, 0x7E);
+  for (auto& c : a) c = static_cast<uint8_t>(code(rng) | ((rng() & 1) != 0 ? 0x80 : 0));
+  for (auto& c : w_EKN) c = static_cast<uint8_t>(code(rng));
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  std::vector<float> sa(SK * M), sw_EKN(E * SK * SN), sw_ENK(E * SN * SK);
+  for (auto& s : sa) s = std::fabs(n01(rng)) + 0.1f;
+  for (auto& s : sw_EKN) s = std::fabs(n01(rng)) + 0.1f;
+  for (int e = 0; e < E; ++e) {
+    for (int64_t k = 0; k < K; ++k) {
+      for (int64_t n = 0; n < N; ++n) w_ENK[(e * N + n) * K + k] = w_EKN[(e * K + k) * N + n];
+    }
+    for (int64_t i = 0; i < SK; ++i) {
+      for (int64_t j = 0; j < SN; ++j) sw_ENK[(e * SN + j) * SK + i] = sw_EKN[(e * SK + i) * SN + j];
+    }
+  }
+  std::vector<bf16_t> dgrad(M * N), fprop(M * N);
+  fp8_grouped_dgrad_reference(a.data(), sa.data(), M, w_EKN.data(), sw_EKN.data(), offsets, E, K, N,
+                              dgrad.data(), N);
+  fp8_grouped_gemm_reference(a.data(), sa.data(), M, w_ENK.data(), sw_ENK.data(), offsets, E, N, K,
+                             fprop.data(), N);
+  EXPECT_EQ(dgrad, fprop);
+}
+
+TEST(Fp8Steps, DgradAndWgradEqualFloat64OnExactData) {
+  std::mt19937_64 rng(3);
+  const int E = 3;
+  const int32_t offsets[] = {0, 130, 130, 301};  // an empty expert; partial row blocks
+  const int64_t M = 301, K = 260, N = 140;
+  const std::vector<uint8_t> a = small_codes(rng, M * K), w = small_codes(rng, E * K * N);
+  const std::vector<float> sa = pow2_scales(rng, 3 * M), sw = pow2_scales(rng, E * 3 * 2);
+  std::vector<bf16_t> out(M * N);
+  fp8_grouped_dgrad_reference(a.data(), sa.data(), M, w.data(), sw.data(), offsets, E, K, N,
+                              out.data(), N);
+  for (int e = 0; e < E; ++e) {
+    for (int64_t m = offsets[e]; m < offsets[e + 1]; ++m) {
+      for (int64_t n = 0; n < N; ++n) {
+        double ref = 0.0;
+        for (int64_t k = 0; k < K; ++k) {
+          ref += static_cast<double>(e4m3_to_float(a[m * K + k])) * sa[(k / 128) * M + m] *
+                 e4m3_to_float(w[(e * K + k) * N + n]) * sw[(e * 3 + k / 128) * 2 + n / 128];
+        }
+        ASSERT_EQ(out[m * N + n], float_to_bf16(static_cast<float>(ref))) << m << "," << n;
+      }
+    }
+  }
+  // WGRAD over the same rows: a [M, P] and b [M, Q] column-quantized, per expert.
+  const int64_t P = 7, Q = 5, B = 2 + 0 + 2;
+  const std::vector<uint8_t> ca = small_codes(rng, M * P), cb = small_codes(rng, M * Q);
+  const std::vector<float> csa = pow2_scales(rng, B * P), csb = pow2_scales(rng, B * Q);
+  for (int e = 0; e < E; ++e) {
+    std::vector<float> acc(P * Q, -1.0f);
+    fp8_wgrad_expert_reference(ca.data(), csa.data(), P, cb.data(), csb.data(), Q, offsets, e,
+                               acc.data());
+    const int64_t b0 = fp8_col_block_base(offsets, e);
+    for (int64_t p = 0; p < P; ++p) {
+      for (int64_t q = 0; q < Q; ++q) {
+        double ref = 0.0;
+        for (int64_t m = offsets[e]; m < offsets[e + 1]; ++m) {
+          const int64_t b = b0 + (m - offsets[e]) / 128;
+          ref += static_cast<double>(e4m3_to_float(ca[m * P + p])) * csa[b * P + p] *
+                 e4m3_to_float(cb[m * Q + q]) * csb[b * Q + q];
+        }
+        ASSERT_EQ(acc[p * Q + q], static_cast<float>(ref)) << "expert " << e << " " << p << "," << q;
+      }
+    }
+  }
+}
+
+// The received E4M3 rows + scales take the place of the bf16 x_gathered rows in the saved state and
+// the call scratch: they must fit for every row count once D >= 4 (Config's limit for fp8_block).
+TEST(Fp8Steps, ReceivedRowsFitTheBf16RowSpace) {
+  for (int64_t D = 4; D <= 1100; ++D) {
+    for (int64_t rows = 0; rows <= 700; ++rows) {
+      ASSERT_LE(fp8_rows_bytes(rows, D), align_bytes(rows * D * 2)) << "D " << D << " rows " << rows;
+    }
+  }
+  // Why D = 3 is refused: 17 rows need 64 bytes of codes + 80 of scales, more than A(102) = 128.
+  EXPECT_GT(fp8_rows_bytes(17, 3), align_bytes(17 * 3 * 2));
+}
+
+}  // namespace
+}  // namespace epmoe::cpu

@@ -1,0 +1,199 @@
+// FP8 block-scaled training (Config.precision = fp8_block) through Context on CPU thread ranks:
+// every output against the float64 reference and against the bf16 path (tolerances.h), fused ==
+// unfused, repeated calls, prepared == per-call quantized weights, R = 2 == R = 1, bitwise.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "epmoe/error.h"
+#include "epmoe/layered.h"
+#include "harness.h"
+#include "moe_case.h"
+
+namespace epmoe::test {
+namespace {
+
+struct Shape {
+  int ranks;
+  int64_t T, D, F;
+  int K, experts;
+  bool clamped;
+  DType wgrad;
+  // false: too few elements for the statistical bounds of tolerances.h (T = 1, D = F = 8: one
+  // 8-element row, whose rel-L2 swings 2-11% with the seed); bitwise checks only.
+  bool statistical = true;
+};
+
+// gtest prints a parameter without PrintTo as its raw bytes, padding included (not stable).
+void PrintTo(const Shape& s, std::ostream* os) {
+  *os << "R" << s.ranks << " T" << s.T << " D" << s.D << " F" << s.F << " K" << s.K << " E"
+      << s.experts << (s.clamped ? " clamped" : " swiglu") << (s.wgrad == DType::f32 ? " wgrad f32" : "");
+}
+
+// Seeds per shape: EPMOE_FP8_SEEDS (default 3; the tolerance measurements used 20).
+int seed_count() {
+  const char* v = std::getenv("EPMOE_FP8_SEEDS");
+  return v != nullptr ? std::atoi(v) : 3;
+}
+
+Problem fp8_problem(const Shape& s) {
+  Problem p;
+  p.ranks = s.ranks;
+  p.max_tokens = s.T;
+  p.hidden = s.D;
+  p.intermediate = s.F;
+  p.top_k = s.K;
+  p.experts = s.experts;
+  p.act = s.clamped ? Activation::swiglu_clamped() : Activation::swiglu();
+  p.wgrad_dtype = s.wgrad;
+  p.precision = Precision::fp8_block;
+  return p;
+}
+
+// Forward + backward twice on one context group: the second call must repeat the first's bits.
+std::vector<RankOutputs> run_twice(const Problem& p, const std::vector<RankInputs>& in) {
+  std::vector<RankOutputs> out(p.ranks), again(p.ranks);
+  with_contexts(p, [&](int rank, Context& ctx) {
+    for (int pass = 0; pass < 2; ++pass) {
+      RankCall call(p, in[rank]);
+      const SavedLayer saved = ctx.forward(call.forward_args());
+      ctx.backward(call.backward_args(saved));
+      (pass == 0 ? out : again)[rank] = call.outputs();
+    }
+  });
+  expect_bitwise_equal(out, again, p.name() + ": second call on the same context");
+  return out;
+}
+
+class Fp8Training : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(Fp8Training, MatchesReferenceAndBf16PathFusedEqualsUnfusedPreparedEqualsPerCall) {
+  const Problem p = fp8_problem(GetParam());
+  const bool clamped = GetParam().clamped, statistical = GetParam().statistical;
+  for (uint64_t seed = 11; seed < 11u + static_cast<uint64_t>(seed_count()); ++seed) {
+    const std::vector<RankInputs> in = make_inputs(p, seed, p.max_tokens);
+    const auto ref = reference_layer(p, in);
+    const std::string what = p.name() + " seed " + std::to_string(seed);
+    const std::vector<RankOutputs> fp8 = run_twice(p, in);
+    Problem bf = p;
+    bf.precision = Precision::bf16;
+    const std::vector<RankOutputs> bf16 = run_layer(bf, in);
+    if (statistical) {
+      expect_within_training_tolerance(measure(fp8, ref, in), Precision::fp8_block, clamped,
+                                       Against::float64, "fp8 vs float64 | " + what);
+      expect_within_training_tolerance(measure_against(fp8, bf16, ref, in), Precision::fp8_block,
+                                       clamped, Against::bf16_path, "fp8 vs bf16 | " + what);
+    }
+    if (seed != 11u) continue;  // the bitwise checks once per shape
+    Problem unfused = p;
+    unfused.fused = false;
+    expect_bitwise_equal(run_layer(unfused, in), fp8, what + ": unfused vs fused");
+    Problem prepared = p;
+    prepared.prepared_weights = true;
+    expect_bitwise_equal(run_layer(prepared, in), fp8, what + ": prepared vs per-call weights");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, Fp8Training,
+    ::testing::Values(Shape{1, 16, 32, 24, 2, 8, false, DType::bf16},
+                      Shape{2, 16, 32, 24, 2, 8, false, DType::bf16},
+                      Shape{2, 19, 111, 40, 3, 6, true, DType::bf16},
+                      Shape{2, 24, 256, 200, 2, 4, false, DType::f32},   // 2 and partial blocks
+                      Shape{2, 100, 136, 72, 2, 2, false, DType::bf16},  // 200 rows per expert
+                      Shape{1, 1, 8, 8, 1, 1, false, DType::bf16, false}));
+
+// R = 2 and R = 1 on the same global problem: rank r's tokens are rows [r*T, (r+1)*T) of the one
+// rank, its experts the one rank's [r*E, (r+1)*E). Every expert receives the same rows in the same
+// order (source rank, then token), so the 128-row column blocks of the weight gradients coincide
+// and every output matches bitwise.
+TEST(Fp8Training, TwoRanksEqualOneRank) {
+  const Problem p2 = fp8_problem({2, 100, 136, 72, 2, 4, false, DType::bf16});
+  Problem p1 = p2;
+  p1.ranks = 1;
+  p1.max_tokens = 2 * p2.max_tokens;
+  const std::vector<RankInputs> in2 = make_inputs(p2, 21, p2.max_tokens);
+  std::vector<RankInputs> in1(1);
+  RankInputs& one = in1[0];
+  one.tokens = p1.max_tokens;
+  for (const RankInputs& r : in2) {
+    auto append = [](auto& dst, const auto& src) { dst.insert(dst.end(), src.begin(), src.end()); };
+    append(one.x_TD, r.x_TD);
+    append(one.grad_y_TD, r.grad_y_TD);
+    append(one.ids_TK, r.ids_TK);
+    append(one.scores_TK, r.scores_TK);
+    append(one.w13_EFD, r.w13_EFD);
+    append(one.w2_EDF, r.w2_EDF);
+  }
+  const std::vector<RankOutputs> two = run_layer(p2, in2);
+  const std::vector<RankOutputs> single = run_layer(p1, in1);
+  std::vector<RankOutputs> joined(1);
+  for (const RankOutputs& r : two) {
+    auto append = [](auto& dst, const auto& src) { dst.insert(dst.end(), src.begin(), src.end()); };
+    append(joined[0].y_TD, r.y_TD);
+    append(joined[0].grad_x_TD, r.grad_x_TD);
+    append(joined[0].grad_scores_TK, r.grad_scores_TK);
+    append(joined[0].grad_w13_EFD, r.grad_w13_EFD);
+    append(joined[0].grad_w2_EDF, r.grad_w2_EDF);
+  }
+  expect_bitwise_equal(single, joined, "R = 1 vs R = 2 joined");
+}
+
+TEST(Fp8Training, PreparedWeightsAreChecked) {
+  Problem p = fp8_problem({1, 4, 32, 24, 1, 2, false, DType::bf16});
+  const std::vector<RankInputs> in = make_inputs(p, 5, p.max_tokens);
+  with_contexts(p, [&](int rank, Context& ctx) {
+    Problem prepared = p;
+    prepared.prepared_weights = true;
+    RankCall call(prepared, in[rank]);
+    ForwardArgs a = call.forward_args();  // prepared weights, but the config quantizes per call
+    try {
+      ctx.forward(a);
+      ADD_FAILURE() << "prepared weights accepted with Config.prepared_weights = false";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "ForwardArgs.w13_prepared") << e.what();
+    }
+  });
+  p.prepared_weights = true;
+  with_contexts(p, [&](int rank, Context& ctx) {
+    RankCall call(p, in[rank]);
+    ForwardArgs a = call.forward_args();
+    a.w2_prepared = nullptr;
+    try {
+      ctx.forward(a);
+      ADD_FAILURE() << "missing w2_prepared accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "ForwardArgs.w2_prepared") << e.what();
+    }
+    PreparedWeights wrong = call.w13_prepared;
+    wrong.N = p.hidden;  // w2's shape
+    a = call.forward_args();
+    a.w13_prepared = &wrong;
+    try {
+      ctx.forward(a);
+      ADD_FAILURE() << "w13 prepared with the wrong shape accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "ForwardArgs.w13_prepared.G/N/L") << e.what();
+    }
+  });
+}
+
+TEST(Fp8Training, LayeredApiRefusesFp8) {
+  const Problem p = fp8_problem({1, 4, 32, 24, 1, 2, false, DType::bf16});
+  run_on_ranks(1, [&](int, std::shared_ptr<Transport> transport) {
+    auto ctx = Context::create(p.config(), transport);
+    try {
+      Layered::create(*ctx, transport);
+      ADD_FAILURE() << "the layered API accepted an fp8_block context";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "Config.precision") << e.what();
+    }
+    ctx->close();
+  });
+}
+
+}  // namespace
+}  // namespace epmoe::test

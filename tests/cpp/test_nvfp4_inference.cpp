@@ -1,0 +1,409 @@
+// NVFP4 weight-only inference (Config.precision = nvfp4, inference, prepared weights) through
+// Context on CPU thread ranks: y against the float64 reference on the decoded NVFP4 weights (the
+// same math) and against the bf16 path on the original weights (tolerances.h); T = 1 and 128, live
+// count < T; fused == unfused; the bf16 weights are not read; R = 2 == R = 1 bitwise; errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "core/formats/codecs.h"
+#include "epmoe/error.h"
+#include "epmoe/layered.h"
+#include "harness.h"
+#include "moe_case.h"
+
+namespace epmoe::test {
+namespace {
+
+// One NVFP4 prepared weight [E, N, L] in host vectors.
+struct Nvfp4Weight {
+  Nvfp4Weight(const std::vector<bf16_t>& w_ENL, int64_t E, int64_t N, int64_t L) {
+    const PreparedWeightShapes s = prepared_weight_shapes(WeightFormat::nvfp4, E, N, L);
+    q.assign(static_cast<size_t>(s.data.numel()), 0);
+    scales.assign(static_cast<size_t>(s.scales.numel()), 0);
+    global.assign(static_cast<size_t>(E), 0.0f);
+    view = PreparedWeights{WeightFormat::nvfp4, E, N, L, s.data, s.scales, s.global_scale};
+    view.data.data = q.data();
+    view.scales.data = scales.data();
+    view.global_scale.data = global.data();
+    std::vector<bf16_t> w = w_ENL;  // prepare_weights takes a mutable view
+    prepare_weights(TensorRef::contiguous(w.data(), DType::bf16, {E, N, L}), view);
+  }
+  // The values the format decodes to (codec: element x (block scale x global)).
+  std::vector<double> decoded() const {
+    std::vector<float> x(static_cast<size_t>(view.G * view.N * view.L));
+    nvfp4_dequantize_rows(q.data(), scales.data(), global.data(), view.G, view.G * view.N, view.L,
+                          x.data());
+    return {x.begin(), x.end()};
+  }
+  std::vector<uint8_t> q, scales;
+  std::vector<float> global;
+  PreparedWeights view;
+};
+
+struct Shape {
+  int ranks;
+  int64_t T, D, F;
+  int K, experts;
+  bool clamped;
+  int64_t live;  // -1: all T rows (num_tokens_1 = nullptr)
+  // false: too few elements for the statistical bound against the bf16 path (T = 1: one row).
+  bool statistical = true;
+};
+
+std::string shape_name(const Shape& s) {
+  return "R=" + std::to_string(s.ranks) + " T=" + std::to_string(s.T) + " D=" +
+         std::to_string(s.D) + " F=" + std::to_string(s.F) + " K=" + std::to_string(s.K) +
+         " experts=" + std::to_string(s.experts) + (s.clamped ? " clamped" : " swiglu") +
+         " live=" + std::to_string(s.live);
+}
+
+// gtest prints parameters in test names: a readable one, without the struct's padding bytes.
+void PrintTo(const Shape& s, std::ostream* os) { *os << shape_name(s); }
+
+Problem problem_of(const Shape& s) {
+  Problem p;
+  p.ranks = s.ranks;
+  p.max_tokens = s.T;
+  p.hidden = s.D;
+  p.intermediate = s.F;
+  p.top_k = s.K;
+  p.experts = s.experts;
+  p.act = s.clamped ? Activation::swiglu_clamped() : Activation::swiglu();
+  return p;
+}
+
+// The inference config of `p` (bf16) or its weight-only NVFP4 twin.
+Config inference_config(const Problem& p, Precision precision) {
+  ConfigFields f = p.config().fields();
+  f.inference = true;
+  f.precision = precision;
+  f.prepared_weights = precision == Precision::nvfp4;
+  return Config(f);
+}
+
+struct RunOptions {
+  Precision precision = Precision::nvfp4;
+  bool fused = true;
+  bool pass_bf16_weights = true;  // nvfp4: also pass w13_EFD / w2_EDF (never read)
+};
+
+// y of every rank from one forward on a fresh inference context group.
+std::vector<std::vector<bf16_t>> run_forward(const Problem& problem,
+                                             const std::vector<RankInputs>& in,
+                                             const RunOptions& o = {}) {
+  Problem p = problem;
+  p.fused = o.fused;
+  const Config config = inference_config(p, o.precision);
+  const int64_t E = p.local_experts(), D = p.hidden, F = p.intermediate;
+  std::vector<std::vector<bf16_t>> y(p.ranks);
+  run_on_ranks(p.ranks, [&](int rank, std::shared_ptr<Transport> transport) {
+    auto ctx = Context::create(config, std::move(transport));
+    RankCall call(p, in[rank]);
+    const Nvfp4Weight w13(in[rank].w13_EFD, E, 2 * F, D), w2(in[rank].w2_EDF, E, D, F);
+    ForwardArgs a = call.forward_args();
+    a.save_for_backward = false;
+    if (o.precision == Precision::nvfp4) {
+      a.w13_prepared = &w13.view;
+      a.w2_prepared = &w2.view;
+      if (!o.pass_bf16_weights) a.w13_EFD = a.w2_EDF = TensorRef{};
+    }
+    ctx->forward(a);
+    y[rank] = call.y;
+    ctx->close();
+  });
+  return y;
+}
+
+// Float64 reference of the forward with every rank's weights replaced by their NVFP4 decoding.
+std::vector<std::vector<double>> decoded_reference(const Problem& p,
+                                                   const std::vector<RankInputs>& in) {
+  reference::LayerShape shape;
+  shape.ranks = p.ranks;
+  shape.local_experts = p.local_experts();
+  shape.tokens = in[0].tokens;
+  shape.hidden = p.hidden;
+  shape.intermediate = p.intermediate;
+  shape.top_k = p.top_k;
+  reference::ActivationSpec act;
+  act.clamped = p.act.kind == ActivationKind::swiglu_clamped;
+  act.alpha = p.act.alpha;
+  act.limit = p.act.limit;
+  const int64_t E = p.local_experts(), D = p.hidden, F = p.intermediate;
+  std::vector<reference::RankInputs> ref(p.ranks);
+  for (int r = 0; r < p.ranks; ++r) {
+    ref[r].x_TD = widen(in[r].x_TD);
+    ref[r].topk_ids_TK = in[r].ids_TK;
+    ref[r].topk_scores_TK = widen(in[r].scores_TK);
+    ref[r].live = in[r].live;
+    ref[r].w13_EFD = Nvfp4Weight(in[r].w13_EFD, E, 2 * F, D).decoded();
+    ref[r].w2_EDF = Nvfp4Weight(in[r].w2_EDF, E, D, F).decoded();
+  }
+  std::vector<std::vector<double>> y;
+  for (const reference::RankOutputs& o : reference::routed_experts(shape, act, ref)) {
+    y.push_back(o.y_TD);
+  }
+  return y;
+}
+
+struct Errors {
+  double rel_l2 = 0.0, cosine = 1.0, max_abs = 0.0;
+};
+
+// Pooled over ranks.
+Errors compare(const std::vector<std::vector<bf16_t>>& got,
+               const std::vector<std::vector<double>>& ref) {
+  std::vector<double> g, r;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const std::vector<double> w = widen(got[i]);
+    g.insert(g.end(), w.begin(), w.end());
+    r.insert(r.end(), ref[i].begin(), ref[i].end());
+  }
+  Errors e;
+  e.rel_l2 = reference::rel_l2(r, g);
+  double dot = 0.0, gg = 0.0, rr = 0.0;
+  for (size_t i = 0; i < r.size(); ++i) {
+    dot += g[i] * r[i];
+    gg += g[i] * g[i];
+    rr += r[i] * r[i];
+    e.max_abs = std::max(e.max_abs, std::fabs(g[i] - r[i]));
+  }
+  e.cosine = gg > 0.0 && rr > 0.0 ? dot / std::sqrt(gg * rr) : (gg == rr ? 1.0 : 0.0);
+  return e;
+}
+
+std::vector<std::vector<double>> widen_all(const std::vector<std::vector<bf16_t>>& y) {
+  std::vector<std::vector<double>> out;
+  for (const auto& v : y) out.push_back(widen(v));
+  return out;
+}
+
+void expect_within(const Errors& e, bool clamped, Against against, const std::string& what) {
+  const char* flag = std::getenv("EPMOE_REPORT_ERRORS");
+  if (flag != nullptr && flag[0] == '1') {
+    std::printf("nvfp4 y | %s | rel_l2 %.4g 1-cos %.4g max %.4g\n", what.c_str(), e.rel_l2,
+                1.0 - e.cosine, e.max_abs);
+  }
+  const TrainingTolerance* t = training_tolerance(Precision::nvfp4, clamped, Output::y, against);
+  ASSERT_NE(t, nullptr) << "no tolerance row for " << what;
+  EXPECT_LE(e.rel_l2, t->rel_l2) << what << ": rel-L2 of y";
+  EXPECT_GE(e.cosine, t->cosine) << what << ": cosine of y";
+  EXPECT_LE(e.max_abs, t->atol) << what << ": max abs error of y";
+  EXPECT_FALSE(std::isnan(e.rel_l2)) << what;
+}
+
+void expect_bitwise(const std::vector<std::vector<bf16_t>>& a,
+                    const std::vector<std::vector<bf16_t>>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t r = 0; r < a.size(); ++r) EXPECT_EQ(a[r], b[r]) << what << ": y differs on rank " << r;
+}
+
+// Seeds per shape: EPMOE_NVFP4_SEEDS (default 3; the tolerance measurements used 20).
+int seed_count() {
+  const char* v = std::getenv("EPMOE_NVFP4_SEEDS");
+  return v != nullptr ? std::atoi(v) : 3;
+}
+
+class Nvfp4Inference : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(Nvfp4Inference, MatchesDecodedReferenceAndBf16Path) {
+  const Shape& s = GetParam();
+  const Problem p = problem_of(s);
+  for (uint64_t seed = 31; seed < 31u + static_cast<uint64_t>(seed_count()); ++seed) {
+    std::vector<RankInputs> in = make_inputs(p, seed, p.max_tokens);
+    for (RankInputs& r : in) r.live = s.live;
+    const std::string what = shape_name(s) + " seed " + std::to_string(seed);
+    const std::vector<std::vector<bf16_t>> y = run_forward(p, in);
+    for (size_t r = 0; r < y.size(); ++r) {  // rows past the live count are zero
+      const int64_t live = s.live < 0 ? p.max_tokens : s.live;
+      for (int64_t i = live * p.hidden; i < p.max_tokens * p.hidden; ++i) {
+        ASSERT_EQ(y[r][static_cast<size_t>(i)], 0) << what << ": padding row on rank " << r;
+      }
+    }
+    expect_within(compare(y, decoded_reference(p, in)), s.clamped, Against::float64_decoded,
+                  "nvfp4 vs float64 of the decoded weights | " + what);
+    if (s.statistical) {
+      RunOptions bf16;
+      bf16.precision = Precision::bf16;
+      expect_within(compare(y, widen_all(run_forward(p, in, bf16))), s.clamped,
+                    Against::bf16_path, "nvfp4 vs bf16 | " + what);
+    }
+    if (seed != 31u) continue;  // the bitwise checks once per shape
+    RunOptions unfused;
+    unfused.fused = false;
+    expect_bitwise(run_forward(p, in, unfused), y, what + ": unfused vs fused");
+    RunOptions without_bf16;
+    without_bf16.pass_bf16_weights = false;
+    expect_bitwise(run_forward(p, in, without_bf16), y, what + ": without the bf16 weights");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, Nvfp4Inference,
+    ::testing::Values(Shape{1, 1, 64, 48, 2, 4, false, -1, false},   // decode: one token
+                      Shape{2, 1, 64, 48, 2, 4, false, -1, false},
+                      Shape{2, 1, 64, 48, 2, 4, false, 0, false},    // no live token
+                      Shape{1, 128, 64, 48, 2, 4, false, -1},        // decode batch of 128
+                      Shape{2, 128, 64, 48, 2, 8, false, 100},       // live count < T
+                      Shape{2, 128, 111, 40, 3, 6, true, 77},        // odd D, partial blocks
+                      Shape{2, 64, 256, 200, 2, 4, false, -1},
+                      Shape{1, 32, 160, 96, 4, 8, true, -1}));
+
+// R = 2 and R = 1 on the same global problem: rank r's tokens are rows [r*T, (r+1)*T) of the one
+// rank, its experts the one rank's [r*E, (r+1)*E). The global scale is per expert, so the decoded
+// weights coincide, and every expert receives the same rows in the same order: y matches bitwise.
+TEST(Nvfp4Inference, TwoRanksEqualOneRank) {
+  const Problem p2 = problem_of({2, 128, 136, 72, 2, 4, false, -1});
+  Problem p1 = p2;
+  p1.ranks = 1;
+  p1.max_tokens = 2 * p2.max_tokens;
+  const std::vector<RankInputs> in2 = make_inputs(p2, 41, p2.max_tokens);
+  std::vector<RankInputs> in1(1);
+  RankInputs& one = in1[0];
+  one.tokens = p1.max_tokens;
+  auto append = [](auto& dst, const auto& src) { dst.insert(dst.end(), src.begin(), src.end()); };
+  for (const RankInputs& r : in2) {
+    append(one.x_TD, r.x_TD);
+    append(one.ids_TK, r.ids_TK);
+    append(one.scores_TK, r.scores_TK);
+    append(one.w13_EFD, r.w13_EFD);
+    append(one.w2_EDF, r.w2_EDF);
+  }
+  const std::vector<std::vector<bf16_t>> two = run_forward(p2, in2);
+  std::vector<std::vector<bf16_t>> joined(1);
+  for (const auto& y : two) append(joined[0], y);
+  expect_bitwise(run_forward(p1, in1), joined, "R = 1 vs R = 2 joined");
+}
+
+// Weights whose NVFP4 decoding is exact in bf16 (each expert's amax 2688 * 2^-12, so its global
+// scale is 2^-12 and every decoded value has at most 5 significant bits): the NVFP4 path on them
+// equals the bf16 path on their decoded values bitwise, the same fp32 accumulation as its twin.
+TEST(Nvfp4Inference, EqualsBf16PathOnBf16ExactDecodedWeights) {
+  const Problem p = problem_of({2, 64, 64, 48, 2, 8, false, 50});
+  const int64_t E = p.local_experts(), D = p.hidden, F = p.intermediate;
+  std::vector<RankInputs> in = make_inputs(p, 51, p.max_tokens);
+  std::vector<RankInputs> decoded = in;
+  const float amax = 2688.0f * 0x1p-12f;  // above every weight of make_inputs here (< 0.44)
+  for (size_t r = 0; r < in.size(); ++r) {
+    in[r].live = decoded[r].live = 50;
+    for (int64_t e = 0; e < E; ++e) {
+      in[r].w13_EFD[static_cast<size_t>(e * 2 * F * D + 5)] = float_to_bf16(-amax);
+      in[r].w2_EDF[static_cast<size_t>(e * D * F + 7)] = float_to_bf16(amax);
+    }
+    auto to_bf16 = [](const std::vector<double>& v) {
+      std::vector<bf16_t> out;
+      for (double x : v) {
+        out.push_back(float_to_bf16(static_cast<float>(x)));
+        EXPECT_EQ(bf16_to_float(out.back()), x) << "decoded value not exact in bf16";
+      }
+      return out;
+    };
+    decoded[r].w13_EFD = to_bf16(Nvfp4Weight(in[r].w13_EFD, E, 2 * F, D).decoded());
+    decoded[r].w2_EDF = to_bf16(Nvfp4Weight(in[r].w2_EDF, E, D, F).decoded());
+  }
+  RunOptions bf16;
+  bf16.precision = Precision::bf16;
+  expect_bitwise(run_forward(p, in), run_forward(p, decoded, bf16),
+                 "nvfp4 vs bf16 on the decoded weights");
+}
+
+// Runs fn on a one-rank nvfp4 inference context; fn must throw an Error naming `argument`.
+void expect_forward_error(const std::function<void(Context&, RankCall&, const Nvfp4Weight&,
+                                                   const Nvfp4Weight&)>& fn,
+                          const std::string& argument) {
+  const Problem p = problem_of({1, 4, 32, 24, 1, 2, false, -1});
+  const std::vector<RankInputs> in = make_inputs(p, 5, p.max_tokens);
+  const int64_t E = p.local_experts(), D = p.hidden, F = p.intermediate;
+  run_on_ranks(1, [&](int, std::shared_ptr<Transport> transport) {
+    auto ctx = Context::create(inference_config(p, Precision::nvfp4), std::move(transport));
+    RankCall call(p, in[0]);
+    const Nvfp4Weight w13(in[0].w13_EFD, E, 2 * F, D), w2(in[0].w2_EDF, E, D, F);
+    try {
+      fn(*ctx, call, w13, w2);
+      ADD_FAILURE() << "accepted; expected an error naming " << argument;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), argument) << e.what();
+    }
+    ctx->close();
+  });
+}
+
+ForwardArgs nvfp4_args(RankCall& call, const Nvfp4Weight& w13, const Nvfp4Weight& w2) {
+  ForwardArgs a = call.forward_args();
+  a.save_for_backward = false;
+  a.w13_prepared = &w13.view;
+  a.w2_prepared = &w2.view;
+  return a;
+}
+
+TEST(Nvfp4Inference, MissingOrMismatchedPreparedWeightsAreRefused) {
+  using W = const Nvfp4Weight&;
+  expect_forward_error([](Context& ctx, RankCall& call, W w13, W w2) {
+    ForwardArgs a = nvfp4_args(call, w13, w2);
+    a.w13_prepared = nullptr;
+    ctx.forward(a);
+  }, "ForwardArgs.w13_prepared");
+  expect_forward_error([](Context& ctx, RankCall& call, W w13, W w2) {
+    ForwardArgs a = nvfp4_args(call, w13, w2);
+    a.w2_prepared = nullptr;
+    ctx.forward(a);
+  }, "ForwardArgs.w2_prepared");
+  expect_forward_error([](Context& ctx, RankCall& call, W w13, W w2) {
+    ForwardArgs a = nvfp4_args(call, w13, w2);
+    PreparedWeights fp8 = w13.view;  // an FP8 training format instead of nvfp4
+    fp8.format = WeightFormat::fp8_block_fp32;
+    a.w13_prepared = &fp8;
+    ctx.forward(a);
+  }, "ForwardArgs.w13_prepared.format");
+  expect_forward_error([](Context& ctx, RankCall& call, W w13, W w2) {
+    ForwardArgs a = nvfp4_args(call, w13, w2);
+    a.w13_prepared = &w2.view;  // w2's [E, D, F] where w13's [E, 2F, D] belongs
+    ctx.forward(a);
+  }, "ForwardArgs.w13_prepared.G/N/L");
+  expect_forward_error([](Context& ctx, RankCall& call, W w13, W w2) {
+    ForwardArgs a = nvfp4_args(call, w13, w2);
+    PreparedWeights no_global = w2.view;
+    no_global.global_scale = TensorRef{};
+    a.w2_prepared = &no_global;
+    ctx.forward(a);
+  }, "ForwardArgs.w2_prepared.global_scale");
+  expect_forward_error([](Context& ctx, RankCall& call, W w13, W w2) {
+    ForwardArgs a = nvfp4_args(call, w13, w2);
+    a.w2_EDF.shape[1] += 1;  // given bf16 weights are still checked
+    ctx.forward(a);
+  }, "w2_EDF");
+  expect_forward_error([](Context& ctx, RankCall& call, W w13, W w2) {
+    ForwardArgs a = nvfp4_args(call, w13, w2);
+    a.save_for_backward = true;
+    ctx.forward(a);
+  }, "ForwardArgs.save_for_backward");
+}
+
+TEST(Nvfp4Inference, BackwardIsRefused) {
+  expect_forward_error([](Context& ctx, RankCall& call, const Nvfp4Weight&, const Nvfp4Weight&) {
+    ctx.backward(call.backward_args(SavedLayer{0, 0, 1, call.in.tokens}));
+  }, "Config.precision");
+}
+
+TEST(Nvfp4Inference, LayeredApiIsRefused) {
+  const Problem p = problem_of({1, 4, 32, 24, 1, 2, false, -1});
+  run_on_ranks(1, [&](int, std::shared_ptr<Transport> transport) {
+    auto ctx = Context::create(inference_config(p, Precision::nvfp4), transport);
+    try {
+      Layered::create(*ctx, transport);
+      ADD_FAILURE() << "the layered API accepted an nvfp4 context";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "Config.precision") << e.what();
+    }
+    ctx->close();
+  });
+}
+
+}  // namespace
+}  // namespace epmoe::test

@@ -1,0 +1,137 @@
+// prepare_weights on CUDA tensors (the codec kernels of src/cuda/formats/) against the host path,
+// bitwise for every format, including a refill in place after the weights change; and the CUDA
+// backend's refusal of Config.precision = fp8_block and nvfp4 (their stages do not exist yet).
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/numeric.h"
+#include "epmoe/context.h"
+#include "epmoe/cuda.h"
+#include "epmoe/error.h"
+#include "epmoe/prepared_weights.h"
+
+#define EPMOE_REQUIRE_GPU()                                       \
+  do {                                                            \
+    if (::epmoe::cuda_device_count() == 0) {                      \
+      GTEST_SKIP() << "no CUDA device: GPU tests skipped";        \
+    }                                                             \
+  } while (0)
+
+namespace epmoe {
+namespace {
+
+constexpr int64_t G = 3, N = 200, L = 260;
+
+// The three tensors of one prepared weight as byte vectors (host) or device allocations.
+struct Buffers {
+  PreparedWeights view;
+  std::vector<std::vector<uint8_t>> host;  // data, scales, global
+  std::vector<void*> device;
+  Buffers(WeightFormat f, Device where) {
+    const PreparedWeightShapes s = prepared_weight_shapes(f, G, N, L);
+    view = PreparedWeights{f, G, N, L, s.data, s.scales, s.global_scale};
+    TensorRef* parts[] = {&view.data, &view.scales, &view.global_scale};
+    for (TensorRef* t : parts) {
+      if (t->ndim == 0) continue;
+      t->device = where;
+      if (where.type == DeviceType::cuda) {
+        void* p = nullptr;
+        EXPECT_EQ(cudaMalloc(&p, t->nbytes()), cudaSuccess);
+        EXPECT_EQ(cudaMemset(p, 0xAA, t->nbytes()), cudaSuccess);
+        device.push_back(p);
+        t->data = p;
+      } else {
+        host.emplace_back(t->nbytes(), 0xAA);
+        t->data = host.back().data();
+      }
+    }
+  }
+  ~Buffers() {
+    for (void* p : device) cudaFree(p);
+  }
+  std::vector<std::vector<uint8_t>> download() const {
+    std::vector<std::vector<uint8_t>> out;
+    for (const TensorRef* t : {&view.data, &view.scales, &view.global_scale}) {
+      if (t->ndim == 0) continue;
+      std::vector<uint8_t> h(t->nbytes());
+      EXPECT_EQ(cudaMemcpy(h.data(), t->data, h.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+      out.push_back(std::move(h));
+    }
+    return out;
+  }
+};
+
+std::vector<bf16_t> normal_bf16(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<bf16_t> v(static_cast<size_t>(G * N * L));
+  for (auto& x : v) x = float_to_bf16(d(rng));
+  return v;
+}
+
+TEST(GpuPreparedWeights, DeviceEqualsHostAndRefillsInPlace) {
+  EPMOE_REQUIRE_GPU();
+  for (WeightFormat f : {WeightFormat::fp8_block_fp32, WeightFormat::fp8_block_ue8m0,
+                         WeightFormat::mxfp8, WeightFormat::nvfp4}) {
+    Buffers on_device(f, Device::cuda(0));
+    void* w_dev = nullptr;
+    const size_t bytes = static_cast<size_t>(G * N * L) * 2;
+    ASSERT_EQ(cudaMalloc(&w_dev, bytes), cudaSuccess);
+    for (uint64_t seed : {1u, 2u}) {  // the second call refills the same buffers
+      std::vector<bf16_t> w = normal_bf16(seed);
+      ASSERT_EQ(cudaMemcpy(w_dev, w.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+      prepare_weights(TensorRef::contiguous(w_dev, DType::bf16, {G, N, L}, Device::cuda(0)),
+                      on_device.view, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      Buffers on_host(f, Device::cpu());
+      prepare_weights(TensorRef::contiguous(w.data(), DType::bf16, {G, N, L}), on_host.view);
+      EXPECT_EQ(on_device.download(), on_host.host) << to_string(f) << " seed " << seed;
+    }
+    cudaFree(w_dev);
+  }
+}
+
+TEST(GpuPreparedWeights, CudaBackendRefusesFp8Block) {
+  EPMOE_REQUIRE_GPU();
+  ConfigFields f;
+  f.max_tokens_per_rank = 16;
+  f.hidden_dim = 128;
+  f.intermediate_dim = 128;
+  f.top_k = 2;
+  f.num_experts = 4;
+  f.precision = Precision::fp8_block;
+  try {
+    Context::create(Config(f), make_single_gpu_transport(0));
+    ADD_FAILURE() << "the CUDA backend accepted Config.precision = fp8_block";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "Config.precision") << e.what();
+  }
+}
+
+// NVFP4 weight-only inference is defined on the CPU backend only until its mixed-input GEMM exists.
+TEST(GpuPreparedWeights, CudaBackendRefusesNvfp4) {
+  EPMOE_REQUIRE_GPU();
+  ConfigFields f;
+  f.max_tokens_per_rank = 16;
+  f.hidden_dim = 128;
+  f.intermediate_dim = 128;
+  f.top_k = 2;
+  f.num_experts = 4;
+  f.precision = Precision::nvfp4;
+  f.inference = true;
+  f.prepared_weights = true;
+  try {
+    Context::create(Config(f), make_single_gpu_transport(0));
+    ADD_FAILURE() << "the CUDA backend accepted Config.precision = nvfp4";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "Config.precision") << e.what();
+    EXPECT_NE(std::string(e.what()).find("nvfp4"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace epmoe
