@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 
 _ACTIVATIONS = ("swiglu", "swiglu_clamped")
+_PRECISIONS = ("bf16", "fp8_block")  # nvfp4 inference needs prepared weights, not exposed yet
 
 
 def _positive_int(name: str, value) -> None:
@@ -58,6 +59,9 @@ class Config:
     check_inputs: bool = True  # device-side checks of ids range and finite x / scores
     barrier_timeout_ms: int = 30000
     fuse_epilogues: bool = True
+    # "bf16", or "fp8_block": FP8 block-scaled training (E4M3, 1x128 activation / 128x128 weight
+    # scales; the weights are quantized from the bf16 ones on every call). CPU backend only so far.
+    precision: str = "bf16"
     arrival_gated_w13: bool = False  # CUDA: W13 overlaps dispatch, gated by row arrival counters
     # Most scratch bytes in device memory; the rest is pinned host memory in the same range. None: all device.
     scratch_device_bytes: Optional[int] = None
@@ -88,6 +92,8 @@ class Config:
             _finite_positive("swiglu_limit", self.swiglu_limit)
         if self.wgrad_dtype not in (None, torch.bfloat16, torch.float32):
             raise TypeError(f"Config.wgrad_dtype: expected None, torch.bfloat16 or torch.float32, got {self.wgrad_dtype!r}")
+        if self.precision not in _PRECISIONS:
+            raise ValueError(f"Config.precision: expected one of {_PRECISIONS}, got {self.precision!r}")
         if self.overflow not in ("report", "trap"):
             raise ValueError(f"Config.overflow: expected 'report' or 'trap', got {self.overflow!r}")
         for name in ("inference", "check_inputs", "fuse_epilogues", "arrival_gated_w13"):
@@ -120,6 +126,7 @@ class Config:
             "wgrad_dtype": "f32" if self.wgrad_dtype == torch.float32 else "bf16",
             "inference": int(self.inference),
             "overflow": self.overflow,
+            "precision": self.precision,
             "check_inputs": int(self.check_inputs),
             "barrier_timeout_ms": self.barrier_timeout_ms,
             "fuse_epilogues": int(self.fuse_epilogues),

@@ -44,6 +44,11 @@ Config parse_config(const std::string& text) {
     } else if (k == "wgrad_dtype") {
       EPMOE_CHECK_ARG(v == "bf16" || v == "f32", "Config.wgrad_dtype", "bf16 or f32", v);
       f.wgrad_dtype = v == "bf16" ? DType::bf16 : DType::f32;
+    } else if (k == "precision") {
+      EPMOE_CHECK_ARG(v == "bf16" || v == "fp8_block", "Config.precision",
+                      "'bf16' or 'fp8_block' (nvfp4 needs prepared weights, not exposed to Python yet)",
+                      "'" + v + "'");
+      f.precision = v == "bf16" ? Precision::bf16 : Precision::fp8_block;
     } else if (k == "overflow") {
       EPMOE_CHECK_ARG(v == "report" || v == "trap", "Config.overflow", "report or trap", v);
       f.overflow = v == "report" ? OverflowPolicy::report : OverflowPolicy::trap;

@@ -103,3 +103,41 @@ def test_several_layers_backward_in_reverse_order():
         assert x.grad is not None and torch.isfinite(x.grad.float()).all()
     finally:
         ctx.close()
+
+
+def test_fp8_block_training_on_cpu_is_close_to_bf16():
+    """precision="fp8_block" reaches the C++ FP8 path: different bits from bf16, within the bound
+    tests/cpp/tolerances.h sets for FP8 against the bf16 path (rel-L2 <= 0.095 for y and grad_x)."""
+    T, D, F, K, E = 16, 128, 64, 2, 4
+    torch.manual_seed(5)
+    x = torch.randn(T, D).bfloat16()
+    ids = torch.stack([torch.randperm(E)[:K] for _ in range(T)]).int()
+    s = torch.rand(T, K).softmax(-1)
+    w13 = (torch.randn(E, 2 * F, D) / D ** 0.5).bfloat16()
+    w2 = (torch.randn(E, D, F) / F ** 0.5).bfloat16()
+    gy = torch.randn(T, D).bfloat16()
+    out = {}
+    for precision in ("bf16", "fp8_block"):
+        cfg = epmoe.Config(max_num_local_input_tokens=T, hidden_dim=D, intermediate_dim=F, top_k=K,
+                           num_experts=E, precision=precision)
+        ctx = epmoe.create_context(None, cfg, "cpu")
+        xi = x.clone().requires_grad_(True)
+        y = epmoe.routed_experts(xi, ids, s, w13, w2, ctx)
+        y.backward(gy)
+        out[precision] = (y.detach().float(), xi.grad.float())
+        ctx.close()
+
+    def rel(a, b):
+        return float((a - b).norm() / b.norm())
+
+    for i, name in enumerate(("y", "grad_x")):
+        a, b = out["fp8_block"][i], out["bf16"][i]
+        assert torch.isfinite(a).all(), name
+        assert not torch.equal(a, b), f"{name}: fp8_block gave the bf16 bits"
+        assert rel(a, b) <= 0.095, f"{name}: rel-L2 {rel(a, b):.3g} vs the bf16 path"
+
+
+def test_precision_errors_name_the_field():
+    with pytest.raises(ValueError, match="Config.precision"):
+        epmoe.Config(max_num_local_input_tokens=8, hidden_dim=64, intermediate_dim=32, top_k=2,
+                     num_experts=4, precision="nvfp4")
