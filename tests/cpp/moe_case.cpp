@@ -12,6 +12,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "epmoe/error.h"
+#include "epmoe/layered.h"
 #include "harness.h"
 
 namespace epmoe::test {
@@ -288,8 +290,20 @@ std::vector<double> widen(const std::vector<bf16_t>& v) {
 
 std::vector<double> widen(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
-std::vector<reference::RankOutputs> reference_layer(const Problem& p,
-                                                    const std::vector<RankInputs>& in) {
+void expect_layered_refuses_precision(const Config& config) {
+  run_on_ranks(1, [&](int, std::shared_ptr<Transport> transport) {
+    auto ctx = Context::create(config, transport);
+    try {
+      Layered::create(*ctx, transport);
+      ADD_FAILURE() << "the layered API accepted " << config.to_string();
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "Config.precision") << e.what();
+    }
+    ctx->close();
+  });
+}
+
+reference::LayerShape reference_shape(const Problem& p, const std::vector<RankInputs>& in) {
   reference::LayerShape shape;
   shape.ranks = p.ranks;
   shape.local_experts = p.local_experts();
@@ -297,10 +311,21 @@ std::vector<reference::RankOutputs> reference_layer(const Problem& p,
   shape.hidden = p.hidden;
   shape.intermediate = p.intermediate;
   shape.top_k = p.top_k;
+  return shape;
+}
+
+reference::ActivationSpec reference_activation(const Problem& p) {
   reference::ActivationSpec act;
   act.clamped = p.act.kind == ActivationKind::swiglu_clamped;
   act.alpha = p.act.alpha;
   act.limit = p.act.limit;
+  return act;
+}
+
+std::vector<reference::RankOutputs> reference_layer(const Problem& p,
+                                                    const std::vector<RankInputs>& in) {
+  const reference::LayerShape shape = reference_shape(p, in);
+  const reference::ActivationSpec act = reference_activation(p);
   std::vector<reference::RankInputs> ref(p.ranks);
   for (int r = 0; r < p.ranks; ++r) {
     const RankInputs& i = in[r];

@@ -100,6 +100,13 @@ void with_contexts(const Problem& p, const std::function<void(int rank, Context&
 std::vector<RankOutputs> run_layer(const Problem& p, const std::vector<RankInputs>& in);
 
 // Float64 reference of the same inputs (scores as passed: bf16-rounded when scores_bf16).
+// The layered API refuses a context of this config (one rank), naming Config.precision.
+void expect_layered_refuses_precision(const Config& config);
+
+// The float64 reference's description of the problem (shape of the calls in `in`, activation).
+reference::LayerShape reference_shape(const Problem& p, const std::vector<RankInputs>& in);
+reference::ActivationSpec reference_activation(const Problem& p);
+
 std::vector<reference::RankOutputs> reference_layer(const Problem& p,
                                                     const std::vector<RankInputs>& in);
 

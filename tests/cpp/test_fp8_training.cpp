@@ -182,17 +182,7 @@ TEST(Fp8Training, PreparedWeightsAreChecked) {
 }
 
 TEST(Fp8Training, LayeredApiRefusesFp8) {
-  const Problem p = fp8_problem({1, 4, 32, 24, 1, 2, false, DType::bf16});
-  run_on_ranks(1, [&](int, std::shared_ptr<Transport> transport) {
-    auto ctx = Context::create(p.config(), transport);
-    try {
-      Layered::create(*ctx, transport);
-      ADD_FAILURE() << "the layered API accepted an fp8_block context";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.argument(), "Config.precision") << e.what();
-    }
-    ctx->close();
-  });
+  expect_layered_refuses_precision(fp8_problem({1, 4, 32, 24, 1, 2, false, DType::bf16}).config());
 }
 
 }  // namespace

@@ -124,17 +124,8 @@ std::vector<std::vector<bf16_t>> run_forward(const Problem& problem,
 // Float64 reference of the forward with every rank's weights replaced by their NVFP4 decoding.
 std::vector<std::vector<double>> decoded_reference(const Problem& p,
                                                    const std::vector<RankInputs>& in) {
-  reference::LayerShape shape;
-  shape.ranks = p.ranks;
-  shape.local_experts = p.local_experts();
-  shape.tokens = in[0].tokens;
-  shape.hidden = p.hidden;
-  shape.intermediate = p.intermediate;
-  shape.top_k = p.top_k;
-  reference::ActivationSpec act;
-  act.clamped = p.act.kind == ActivationKind::swiglu_clamped;
-  act.alpha = p.act.alpha;
-  act.limit = p.act.limit;
+  const reference::LayerShape shape = reference_shape(p, in);
+  const reference::ActivationSpec act = reference_activation(p);
   const int64_t E = p.local_experts(), D = p.hidden, F = p.intermediate;
   std::vector<reference::RankInputs> ref(p.ranks);
   for (int r = 0; r < p.ranks; ++r) {
@@ -392,17 +383,8 @@ TEST(Nvfp4Inference, BackwardIsRefused) {
 }
 
 TEST(Nvfp4Inference, LayeredApiIsRefused) {
-  const Problem p = problem_of({1, 4, 32, 24, 1, 2, false, -1});
-  run_on_ranks(1, [&](int, std::shared_ptr<Transport> transport) {
-    auto ctx = Context::create(inference_config(p, Precision::nvfp4), transport);
-    try {
-      Layered::create(*ctx, transport);
-      ADD_FAILURE() << "the layered API accepted an nvfp4 context";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.argument(), "Config.precision") << e.what();
-    }
-    ctx->close();
-  });
+  expect_layered_refuses_precision(
+      inference_config(problem_of({1, 4, 32, 24, 1, 2, false, -1}), Precision::nvfp4));
 }
 
 }  // namespace
