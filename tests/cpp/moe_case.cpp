@@ -18,6 +18,18 @@
 
 namespace epmoe::test {
 
+Problem make_problem(int ranks, int64_t T, int64_t D, int64_t F, int K, int experts, Activation act) {
+  Problem p;
+  p.ranks = ranks;
+  p.max_tokens = T;
+  p.hidden = D;
+  p.intermediate = F;
+  p.top_k = K;
+  p.experts = experts;
+  p.act = act;
+  return p;
+}
+
 Config Problem::config() const {
   ConfigFields f;
   f.max_tokens_per_rank = max_tokens;

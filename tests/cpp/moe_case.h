@@ -41,6 +41,10 @@ struct Problem {
   std::string name() const;  // for failure messages
 };
 
+// A problem of these sizes; every other field at its default.
+Problem make_problem(int ranks, int64_t T, int64_t D, int64_t F, int K, int experts,
+                     Activation act = Activation::swiglu());
+
 // Global expert id of route (rank, t, k).
 using Router = std::function<int64_t(int rank, int64_t t, int k, std::mt19937_64& rng)>;
 // K distinct experts per token, uniform (what a top-k router produces).

@@ -40,14 +40,8 @@ int seed_count() {
 }
 
 Problem fp8_problem(const Shape& s) {
-  Problem p;
-  p.ranks = s.ranks;
-  p.max_tokens = s.T;
-  p.hidden = s.D;
-  p.intermediate = s.F;
-  p.top_k = s.K;
-  p.experts = s.experts;
-  p.act = s.clamped ? Activation::swiglu_clamped() : Activation::swiglu();
+  Problem p = make_problem(s.ranks, s.T, s.D, s.F, s.K, s.experts,
+                           s.clamped ? Activation::swiglu_clamped() : Activation::swiglu());
   p.wgrad_dtype = s.wgrad;
   p.precision = Precision::fp8_block;
   return p;

@@ -68,15 +68,8 @@ std::string shape_name(const Shape& s) {
 void PrintTo(const Shape& s, std::ostream* os) { *os << shape_name(s); }
 
 Problem problem_of(const Shape& s) {
-  Problem p;
-  p.ranks = s.ranks;
-  p.max_tokens = s.T;
-  p.hidden = s.D;
-  p.intermediate = s.F;
-  p.top_k = s.K;
-  p.experts = s.experts;
-  p.act = s.clamped ? Activation::swiglu_clamped() : Activation::swiglu();
-  return p;
+  return make_problem(s.ranks, s.T, s.D, s.F, s.K, s.experts,
+                      s.clamped ? Activation::swiglu_clamped() : Activation::swiglu());
 }
 
 // The inference config of `p` (bf16) or its weight-only NVFP4 twin.

@@ -44,15 +44,8 @@ void PrintTo(const Shape& s, std::ostream* os) {
 }
 
 Problem problem(const Shape& s, bool clamped) {
-  Problem p;
-  p.ranks = s.R;
-  p.max_tokens = s.T;
-  p.hidden = s.D;
-  p.intermediate = s.F;
-  p.top_k = s.K;
-  p.experts = s.experts;
-  p.act = clamped ? Activation::swiglu_clamped(1.702f, 7.0f) : Activation::swiglu();
-  return p;
+  return make_problem(s.R, s.T, s.D, s.F, s.K, s.experts,
+                      clamped ? Activation::swiglu_clamped(1.702f, 7.0f) : Activation::swiglu());
 }
 
 class RoutedExperts : public ::testing::TestWithParam<std::tuple<Shape, bool>> {};

@@ -73,14 +73,7 @@ void expect_gpu_matches_cpu(const Problem& p, const RankInputs& in, const std::s
 }
 
 Problem problem(int64_t T, int64_t D, int64_t F, int experts, int K) {
-  Problem p;
-  p.ranks = 1;
-  p.max_tokens = T;
-  p.hidden = D;
-  p.intermediate = F;
-  p.experts = experts;
-  p.top_k = K;
-  return p;
+  return make_problem(1, T, D, F, K, experts);
 }
 
 TEST(GpuContext, MatchesCpuBackendAndReference) {

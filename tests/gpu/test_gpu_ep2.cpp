@@ -142,14 +142,7 @@ void expect_matches_cpu(const Problem& p, const std::vector<RankInputs>& in,
 }
 
 Problem problem(int64_t T, int64_t D, int64_t F, int experts, int K) {
-  Problem p;
-  p.ranks = kRanks;
-  p.max_tokens = T;
-  p.hidden = D;
-  p.intermediate = F;
-  p.experts = experts;
-  p.top_k = K;
-  return p;
+  return make_problem(kRanks, T, D, F, K, experts);
 }
 
 void expect_timeout_naming(const std::function<void()>& fn, const std::string& rank_text,

@@ -23,14 +23,7 @@ namespace epmoe::test {
 namespace {
 
 Problem problem(int64_t T, int64_t D, int64_t F, int experts, int K) {
-  Problem p;
-  p.ranks = 1;
-  p.max_tokens = T;
-  p.hidden = D;
-  p.intermediate = F;
-  p.experts = experts;
-  p.top_k = K;
-  return p;
+  return make_problem(1, T, D, F, K, experts);
 }
 
 // share 0: the routing part alone on the device; 0.5: the device part ends inside the call scratch.
