@@ -67,13 +67,15 @@ struct MemoryPlan {
   int64_t planner_state_bytes = 0;          // per-slot planner state (separate allocation)
 
   // Scratch (reused within one call), sized at capacity rows.
+  // Scratch order (Context): route | pad | call (layout, x_gathered, ...) | fp8 ops | fp8 weights
   int64_t route_scratch_bytes = 0;     // global routing layout computation
+  int64_t call_scratch_pad_bytes = 0;  // puts the call scratch's x_gathered on the granule (< G)
   int64_t forward_scratch_bytes = 0;   // worst forward (recompute mode)
   int64_t backward_scratch_bytes = 0;  // worst backward (recompute mode)
   // fp8_block only (0 otherwise), after the call scratch (core/fp8_terms.h):
   int64_t fp8_scratch_bytes = 0;         // E4M3 operands: h, grad_h3, grad_h13 rows, WGRAD columns
   int64_t fp8_weight_scratch_bytes = 0;  // weights quantized per call (Config.prepared_weights off)
-  int64_t scratch_bytes = 0;           // route + backward (+ fp8 terms); backward's holds forward's
+  int64_t scratch_bytes = 0;           // route + pad + backward (+ fp8); backward's holds forward's
 
   int64_t status_bytes = 0;            // device status word
   int64_t peer_table_bytes = 0;        // 3 peer-pointer tables [R] (routing, dispatch, combine)
@@ -84,7 +86,7 @@ struct MemoryPlan {
   // of the scratch in device memory, the rest of the scratch in pinned host memory mapped right
   // behind it (one virtual range). Without the field everything is device memory.
   bool host_backed_scratch = false;          // arena_host_bytes > 0
-  int64_t scratch_device_minimum_bytes = 0;  // route scratch + layout(M): always device memory
+  int64_t scratch_device_minimum_bytes = 0;  // route scratch + pad + layout(M): always device
   int64_t scratch_device_bytes = 0;          // min(floor128(Config.scratch_device_bytes), scratch)
   int64_t arena_device_bytes = 0;            // activation_bytes + scratch_device_bytes
   int64_t arena_host_bytes = 0;              // scratch_bytes - scratch_device_bytes

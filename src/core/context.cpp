@@ -114,9 +114,13 @@ struct Context::Impl {
     return arena + static_cast<int64_t>(slot) * plan.slot_bytes +
            layer * slot_geometry_bytes.layer_metadata;
   }
+  // Scratch (MemoryPlan order): route scratch, the pad that puts the call scratch's x_gathered on
+  // the granule (plan_terms.h), the call scratch, then the FP8 regions. The route scratch and the
+  // call scratch's layout lead: with Config.scratch_device_bytes they are the device prefix.
   char* scratch_base() const { return arena + plan.activation_bytes; }
+  char* route_scratch() const { return scratch_base(); }
   char* call_scratch() const {
-    return scratch_base() + route_scratch_layout(dims, plan.recv_capacity_rows).total;
+    return route_scratch() + plan.route_scratch_bytes + plan.call_scratch_pad_bytes;
   }
   // FP8 operands, then the per-call weights, after the call scratch (MemoryPlan order).
   char* fp8_scratch() const { return call_scratch() + plan.backward_scratch_bytes; }
@@ -189,6 +193,8 @@ struct Context::Impl {
     const int64_t call = call_scratch() - arena;
     g.scratch_x_gathered = call + cl.x_gathered;
     g.scratch_h13 = call + cl.h13;
+    // Whole rows of D bf16 wherever x_gathered lives (CUDA reads it through one arena descriptor).
+    EPMOE_ASSERT(g.packed_base % g.granule == 0 && g.scratch_x_gathered % g.granule == 0);
     return g;
   }
 
@@ -209,11 +215,9 @@ struct Context::Impl {
     s.dispatch_R = dispatch_R;
     s.combine_R = combine_R;
     s.status = status;
-    char* scratch = scratch_base();
     const bool unfused = !config.fields().fuse_epilogues;
-    const RouteScratchLayout rl = route_scratch_layout(dims, plan.recv_capacity_rows);
-    s.route_scratch = scratch;
-    char* call = scratch + rl.total;
+    s.route_scratch = route_scratch();
+    char* call = call_scratch();
     const CallScratchLayout cl = call_scratch_layout(dims, plan.recv_capacity_rows, unfused);
     s.h_MF = reinterpret_cast<bf16_t*>(call + cl.h);
     s.grad_h3_MD = reinterpret_cast<bf16_t*>(call + cl.grad_h3);
@@ -239,6 +243,7 @@ struct Context::Impl {
     char* meta = layer_metadata(slot, layer);
     s.layout = carve_layout(meta + kAlignment, M, dims.T, dims.K, dims.E, dims.R);
     s.arena = arena;
+    s.arena_bytes = plan.arena_bytes;
     s.layer_plan = reinterpret_cast<LayerPlan*>(meta);
     const PlannerStateLayout pl = planner_state_layout(plan.num_slots, dims.R);
     s.slot_state = reinterpret_cast<SlotState*>(planner_state + pl.states) + slot;

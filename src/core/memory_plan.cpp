@@ -186,10 +186,13 @@ MemoryPlan plan_memory(const Config& config, int ep_size) {
     p.planner_state_bytes = planner_state_layout(p.num_slots, R).total;
   }
 
-  // ---- scratch (Context: route scratch, then the call scratch) ----
+  // ---- scratch (Context: route scratch, pad, call scratch, fp8 operands, fp8 weights) ----
   const bool unfused = !c.fuse_epilogues;
   const CallScratchLayout call = call_scratch_layout(d, M, unfused);
   p.route_scratch_bytes = route_scratch_layout(d, M).total;
+  // activation_bytes is a multiple of the granule, so the pad puts x_gathered on a whole row.
+  p.call_scratch_pad_bytes =
+      call_scratch_pad_bytes(p.route_scratch_bytes, call.x_gathered, p.packing_granule_bytes);
   // The forward touches layout..h (recompute mode) and, unfused, rows_MD; the backward all of it.
   p.forward_scratch_bytes = call.grad_h3 + (unfused ? align_bytes(M * D * 2) : 0);
   p.backward_scratch_bytes = call.total;
@@ -199,8 +202,8 @@ MemoryPlan plan_memory(const Config& config, int ep_size) {
     p.forward_scratch_bytes += align_bytes(fp8_rows_bytes(M, F));
     p.fp8_weight_scratch_bytes = c.prepared_weights ? 0 : fp8_weight_layout(d).total;
   }
-  p.scratch_bytes = p.route_scratch_bytes + p.backward_scratch_bytes + p.fp8_scratch_bytes +
-                    p.fp8_weight_scratch_bytes;
+  p.scratch_bytes = p.route_scratch_bytes + p.call_scratch_pad_bytes + p.backward_scratch_bytes +
+                    p.fp8_scratch_bytes + p.fp8_weight_scratch_bytes;
 
   // ---- the rest ----
   p.status_bytes = align_bytes(static_cast<int64_t>(sizeof(Status)));
@@ -210,14 +213,17 @@ MemoryPlan plan_memory(const Config& config, int ep_size) {
                   p.planner_state_bytes;
 
   // ---- device / host split of the arena ----
-  // Route kernels count with atomics into the route scratch and the layout: they stay on device.
-  p.scratch_device_minimum_bytes = p.route_scratch_bytes + call.x_gathered;
+  // Route kernels count with atomics into the route scratch and the layout: they stay on device
+  // (with the pad between them, the scratch's first bytes).
+  p.scratch_device_minimum_bytes =
+      p.route_scratch_bytes + p.call_scratch_pad_bytes + call.x_gathered;
   p.scratch_device_bytes = p.scratch_bytes;
   if (c.scratch_device_bytes) {
     const int64_t cap = *c.scratch_device_bytes / kAlignment * kAlignment;
     EPMOE_CHECK_ARG(cap >= p.scratch_device_minimum_bytes, "Config.scratch_device_bytes",
                     ">= " + std::to_string(p.scratch_device_minimum_bytes) +
                         " (route scratch " + std::to_string(p.route_scratch_bytes) +
+                        " + pad " + std::to_string(p.call_scratch_pad_bytes) +
                         " + layout " + std::to_string(call.x_gathered) +
                         " bytes stay in device memory)",
                     *c.scratch_device_bytes);
@@ -300,7 +306,8 @@ std::string MemoryPlan::explain() const {
 
   if (precision == Precision::fp8_block) {
     line("  scratch: " + bytes_text(scratch_bytes) + " = route " + bytes_text(route_scratch_bytes) +
-         " + call " + bytes_text(backward_scratch_bytes) + " + fp8 operands " +
+         " + pad " + bytes_text(call_scratch_pad_bytes) + " + call " +
+         bytes_text(backward_scratch_bytes) + " + fp8 operands " +
          bytes_text(fp8_scratch_bytes) + " + fp8 weights " + bytes_text(fp8_weight_scratch_bytes));
     const Dims d{tokens, hidden, intermediate, top_k, experts_local, ep_size};
     const Fp8ScratchLayout l = fp8_scratch_layout(d, recv_capacity_rows);
@@ -314,7 +321,8 @@ std::string MemoryPlan::explain() const {
              : "    fp8 weights: prepared by the caller (Config.prepared_weights)");
   } else {
     line("  scratch: " + bytes_text(scratch_bytes) + " = route " + bytes_text(route_scratch_bytes) +
-         " + call " + bytes_text(backward_scratch_bytes));
+         " + pad " + bytes_text(call_scratch_pad_bytes) + " + call " +
+         bytes_text(backward_scratch_bytes));
     if (precision == Precision::nvfp4) {
       line("    nvfp4 weights: prepared by the caller (weight-only; activations stay bf16)");
     }
@@ -324,6 +332,8 @@ std::string MemoryPlan::explain() const {
     const RouteScratchLayout rl = route_scratch_layout(d, recv_capacity_rows);
     line("    route: of which pull numbering " + bytes_text(rl.arrivals - rl.pull_of_token) +
          ", dispatch arrival counters (per 128 rows) " + bytes_text(rl.total - rl.arrivals));
+    line("    pad: puts the call scratch's x_gathered (after its layout) on the packing granule: " +
+         bytes_text(call_scratch_pad_bytes));
   }
   line("    forward (recompute mode): " + bytes_text(forward_scratch_bytes) +
        "; backward: " + bytes_text(backward_scratch_bytes));

@@ -91,8 +91,10 @@ inline RouteScratchLayout route_scratch_layout(const Dims& d, int64_t M) {
   return l;
 }
 
-// Call scratch at M rows (after the route scratch). Forward and backward share the region; the
-// recompute tensors (layout, x_gathered, h13) come first so backward can rebuild them in place.
+// Call scratch at M rows (after the route scratch and its granule pad). Forward and backward
+// share the region; the recompute tensors (layout, x_gathered, h13) come first so backward can
+// rebuild them in place, and the layout leads so that the routing part (route scratch, pad,
+// layout) is one device-memory prefix of the scratch (Config.scratch_device_bytes).
 //   layout(M) | x_gathered [M,D] | h13 [M,2F] | h [M,F] | grad_h3 [M,D] | grad_h13 [M,2F]
 //   | unfused only: rows_MD [M,D] (W2 / W13-DGRAD output before its scatter) | grad_h [M,F]
 struct CallScratchLayout {
@@ -110,6 +112,16 @@ inline CallScratchLayout call_scratch_layout(const Dims& d, int64_t M, bool unfu
   l.grad_h = l.rows_MD + (unfused ? align_bytes(M * d.D * 2) : 0);
   l.total = l.grad_h + (unfused ? align_bytes(M * d.F * 2) : 0);
   return l;
+}
+
+// Zero bytes between the route scratch and the call scratch so that the call scratch's
+// x_gathered starts on the packing granule G: the scratch starts at N * slot_bytes (a multiple
+// of G), so x_gathered then starts on a whole row of the arena viewed as rows of D bf16, as every
+// saved x_gathered does (one TMA descriptor over the arena on CUDA). Multiple of kAlignment, < G.
+inline int64_t call_scratch_pad_bytes(int64_t route_scratch_bytes, int64_t call_x_gathered,
+                                      int64_t granule) {
+  const int64_t r = (route_scratch_bytes + call_x_gathered) % granule;
+  return r == 0 ? 0 : granule - r;
 }
 
 }  // namespace epmoe

@@ -63,6 +63,7 @@ struct Step {
   // With a layer plan, stages take x_gathered, h13, h3 and the saved x from arena + the plan's
   // offsets at run time (device memory on CUDA), never from the pointers above.
   char* arena = nullptr;
+  int64_t arena_bytes = 0;           // CUDA: the arena is one TMA operand of rows of 2D bytes
   LayerPlan* layer_plan = nullptr;   // this layer's record in its slot's metadata
   SlotState* slot_state = nullptr;   // the slot's planner state
   int64_t* slot_saved_R = nullptr;   // [R]: the slot's bytes saved as if on each rank

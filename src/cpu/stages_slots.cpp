@@ -1,5 +1,7 @@
 // CPU reference of the activation-slot stages: the forward and backward planners (the rule of
-// core/slot_plan.h, called directly) and the input copies of recompute layers.
+// core/slot_plan.h, called directly) and the input copies of recompute layers (the restore also
+// zeroes the dispatch arrival counters for the replayed dispatch, as the CUDA twin does).
+#include <algorithm>
 #include <cstring>
 
 #include "cpu/cpu_backend.h"
@@ -26,6 +28,8 @@ void CpuBackend::plan_backward(const Step& s) {
 void CpuBackend::restore_input(const Step& s) {
   const LayerPlan& p = *s.layer_plan;
   if (p.replay_skip != 0) return;
+  // The replayed dispatch counts its rows again: the counters restart from zero (as after route).
+  if (s.route_scratch != nullptr) std::fill_n(arrivals_B(s), arrival_blocks(s.capacity_rows), 0u);
   const int64_t live = s.layout.header[kLayoutLive];
   const bf16_t* x_TD = reinterpret_cast<const bf16_t*>(s.arena + p.x_offset);
   if (s.fp8) {

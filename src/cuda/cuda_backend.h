@@ -18,9 +18,9 @@ class CudaBackend final : public Backend {
 
   Device device() const override { return Device::cuda(ordinal_); }
   const char* name() const override { return "cuda"; }
-  // Not yet: the GEMMs and stage kernels still take x_gathered, h13, h3 from the Step's pointers
-  // (the planner and input-copy kernels are ready, cuda/slots.cu).
-  bool places_saved_state() const override { return false; }
+  // The kernels read x_gathered, h13, h3 at arena + the layer plan's offsets (cuda/placed.h; the
+  // GEMMs through one descriptor over the arena plus a row shift read on the device).
+  bool places_saved_state() const override { return true; }
   // 16-byte rows (D % 8, F % 8), E*R within the route kernels' limit, encode_src in int32.
   void validate(const Config& config, int ep_size) const override;
 

@@ -6,6 +6,7 @@
 #include "cuda/dispatch.h"
 
 #include "cuda/kernel_common.cuh"
+#include "cuda/placed.h"
 
 namespace epmoe::cuda {
 namespace {
@@ -18,7 +19,8 @@ struct PullParams {
   const int32_t* header;         // layout header
   const int32_t* pull_src_P;     // [pull capacity] encode_pull of each pull
   const int32_t* pull_rows_PK;   // [pull capacity, K] local row of each route, -1 = none
-  bf16_t* out_MD;                // [capacity, D] bf16
+  Placed out;                    // [capacity, D] bf16: x_gathered (placed by the layer plan) or grad_h3
+  const int32_t* replay_skip;    // nullable: the backward replay's predicate (placed.h)
   uint32_t* arrivals_B;          // [ceil(capacity / 128)] arrival counters; nullptr: not counted
   int64_t T, D, pull_capacity, scores_offset;
   int K;
@@ -34,7 +36,8 @@ __global__ void __launch_bounds__(kThreads) pull_rows_kernel(const PullParams p)
   // A programmatically dependent W13 may launch once every CTA of this grid has started: it waits
   // on the arrival counters, never on this grid's end, and these CTAs are all resident by then.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  if (layout_skip(p.header)) return;
+  if (layout_skip(p.header) || replay_skipped(p.replay_skip)) return;
+  bf16_t* out_MD = p.out.get<bf16_t>();  // [capacity, D]
   const int64_t pulls = p.header[kLayoutPulls];
   const int64_t P = pulls < 0 ? 0 : (pulls < p.pull_capacity ? pulls : p.pull_capacity);
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -61,7 +64,7 @@ __global__ void __launch_bounds__(kThreads) pull_rows_kernel(const PullParams p)
       for (int k = 0; k < p.K; ++k) {
         const int64_t m = rows_K[k];
         if (m < 0) continue;
-        bf16_t* out_D = p.out_MD + m * p.D;  // [D] local row m
+        bf16_t* out_D = out_MD + m * p.D;  // [D] local row m
         float score = 0.0f;
         if constexpr (kScale) score = __ldcg(scores_K + k);
 #pragma unroll
@@ -93,14 +96,15 @@ __global__ void __launch_bounds__(kThreads) pull_rows_kernel(const PullParams p)
 }
 
 template <bool kScale>
-void launch_pulls(const Step& s, bf16_t* out_MD, uint32_t* arrivals) {
+void launch_pulls(const Step& s, Placed out, uint32_t* arrivals) {
   PullParams p{};
   p.routing_R = s.routing_R;
   p.dispatch_R = s.dispatch_R;
   p.header = s.layout.header;
   p.pull_src_P = s.layout.pull_src_P;
   p.pull_rows_PK = s.layout.pull_rows_PK;
-  p.out_MD = out_MD;
+  p.out = out;
+  p.replay_skip = kScale ? nullptr : replay_skip_flag(s);
   p.arrivals_B = arrivals;
   p.T = s.dims.T;
   p.D = s.dims.D;
@@ -116,7 +120,7 @@ void launch_pulls(const Step& s, bf16_t* out_MD, uint32_t* arrivals) {
 
 }  // namespace
 
-void dispatch(const Step& s) { launch_pulls<false>(s, s.x_gathered_MD, arrivals_B(s)); }
-void gather_grad(const Step& s) { launch_pulls<true>(s, s.grad_h3_MD, nullptr); }
+void dispatch(const Step& s) { launch_pulls<false>(s, placed_x_gathered(s), arrivals_B(s)); }
+void gather_grad(const Step& s) { launch_pulls<true>(s, plain(s.grad_h3_MD), nullptr); }
 
 }  // namespace epmoe::cuda

@@ -4,6 +4,7 @@
 #include "cuda/reduce.h"
 
 #include "cuda/kernel_common.cuh"
+#include "cuda/placed.h"
 
 namespace epmoe::cuda {
 namespace {
@@ -14,7 +15,7 @@ struct ReduceParams {
   const int32_t* header;         // layout header
   const int32_t* route_row_TK;   // [T * K] row of each own route in its receiver, -1 = inactive
   bf16_t* out_TD;                // [T', D] bf16: y or grad_x
-  bf16_t* h3_TKD;                // [T, K, D] bf16, nullable: saved copy of the combine slots
+  Placed h3;                     // [T, K, D] bf16 (layer plan), nullable: saved copy of the slots
   int64_t tokens, D, scores_offset;
   int K, rank;
 };
@@ -32,6 +33,7 @@ __global__ void __launch_bounds__(kThreads) reduce_kernel(const ReduceParams p) 
   const bf16_t* combine_TKD = p.combine_R[p.rank];  // [T, K, D] own slots, written by peers
   const float* scores_TK =
       reinterpret_cast<const float*>(p.routing_R[p.rank] + p.scores_offset);  // [T, K] own, f32
+  bf16_t* h3_TKD = kScaled ? p.h3.get<bf16_t>() : nullptr;  // [T, K, D], nullable
   const int64_t vecs_per_row = p.D / kVec;
   const int64_t total = p.tokens * vecs_per_row;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -48,7 +50,7 @@ __global__ void __launch_bounds__(kThreads) reduce_kernel(const ReduceParams p) 
         const uint4 u = load_vec_cg(combine_TKD + slot * p.D + col);
         const Bf16x8 c = unpack8(u);
         if constexpr (kScaled) {
-          if (p.h3_TKD != nullptr) store_vec(p.h3_TKD + slot * p.D + col, u);
+          if (h3_TKD != nullptr) store_vec(h3_TKD + slot * p.D + col, u);
           const float score = scores_TK[slot];
 #pragma unroll
           for (int e = 0; e < kVec; ++e) acc.v[e] = __fadd_rn(acc.v[e], __fmul_rn(score, c.v[e]));
@@ -71,7 +73,7 @@ void launch_reduce(const Step& s, bf16_t* out_TD, const char* out_name) {
   p.header = s.layout.header;
   p.route_row_TK = s.layout.route_row_TK;
   p.out_TD = out_TD;
-  p.h3_TKD = kScaled ? s.h3_TKD : nullptr;
+  p.h3 = kScaled ? placed_h3(s) : plain(nullptr);
   p.tokens = s.tokens;
   p.D = s.dims.D;
   p.scores_offset = routing_buffer_layout(s.dims.T, s.dims.K).scores_offset;
@@ -94,7 +96,7 @@ struct DotParams {
   const int32_t* header;         // layout header
   const int32_t* route_row_TK;   // [T * K]
   const bf16_t* grad_y_TD;       // [T', D] bf16
-  const bf16_t* h3_TKD;          // [T, K, D] bf16, nullable: then the own combine buffer
+  Placed h3;                     // [T, K, D] bf16 (layer plan), nullable: the own combine buffer
   bf16_t* const* combine_R;      // [R] combine buffers [T, K, D] bf16
   float* grad_scores_TK;         // [T', K] f32
   int64_t tokens, D;
@@ -105,7 +107,8 @@ __global__ void __launch_bounds__(kDotThreads) grad_scores_kernel(const DotParam
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const bool skip = layout_skip(p.header);
   const int64_t live = live_rows(p.header, p.tokens);
-  const bf16_t* h3_TKD = p.h3_TKD != nullptr ? p.h3_TKD : p.combine_R[p.rank];  // [T, K, D] bf16
+  const bf16_t* saved_TKD = p.h3.get<const bf16_t>();
+  const bf16_t* h3_TKD = saved_TKD != nullptr ? saved_TKD : p.combine_R[p.rank];  // [T, K, D] bf16
   const int64_t vecs = p.D / kVec;
   const int64_t warps_total = static_cast<int64_t>(gridDim.x) * kDotWarps;
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * kDotWarps + threadIdx.x / 32; t < p.tokens;
@@ -151,7 +154,7 @@ void grad_scores(const Step& s) {
   p.header = s.layout.header;
   p.route_row_TK = s.layout.route_row_TK;
   p.grad_y_TD = s.grad_y_TD;
-  p.h3_TKD = s.h3_TKD;
+  p.h3 = placed_h3(s);
   p.combine_R = s.combine_R;
   p.grad_scores_TK = s.grad_scores_TK;
   p.tokens = s.tokens;

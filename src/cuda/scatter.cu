@@ -3,6 +3,7 @@
 #include "cuda/scatter.h"
 
 #include "cuda/kernel_common.cuh"
+#include "cuda/placed.h"
 
 namespace epmoe::cuda {
 namespace {
@@ -12,12 +13,13 @@ struct ScatterParams {
   const int32_t* header;       // layout header
   const int32_t* recv_src_M;   // [capacity] encode_src of each received row
   const bf16_t* rows_MD;       // [capacity, D] bf16
+  const int32_t* replay_skip;  // nullable: the backward replay's predicate (placed.h)
   int64_t T, D, capacity;
   int K;
 };
 
 __global__ void __launch_bounds__(kThreads) scatter_rows_kernel(const ScatterParams p) {
-  if (layout_skip(p.header)) return;
+  if (layout_skip(p.header) || replay_skipped(p.replay_skip)) return;
   const int64_t M = layout_rows(p.header, p.capacity);
   const int64_t vecs_per_row = p.D / kVec;
   const int64_t total = M * vecs_per_row;
@@ -39,6 +41,7 @@ void scatter_rows(const Step& s) {
   p.header = s.layout.header;
   p.recv_src_M = s.layout.recv_src_M;
   p.rows_MD = s.rows_MD;
+  p.replay_skip = replay_skip_flag(s);
   p.T = s.dims.T;
   p.D = s.dims.D;
   p.capacity = s.capacity_rows;

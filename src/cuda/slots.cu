@@ -36,10 +36,18 @@ __global__ void save_kernel(const LayerPlan* plan, const int32_t* header, char* 
 
 cudaStream_t stream_of(const Step& s) { return static_cast<cudaStream_t>(s.stream); }
 
-// The saved x back into this rank's dispatch buffer (its address read from the peer table).
+// The saved x back into this rank's dispatch buffer (its address read from the peer table), and
+// the dispatch arrival counters back to zero: route zeroed them for this layer's forward, but the
+// replayed dispatch counts again (and later layers' calls reused them), so an arrival-gated
+// replayed W13 would otherwise see stale full counts and read rows before they land.
 __global__ void restore_kernel(const LayerPlan* plan, const int32_t* header, char* arena,
-                               bf16_t* const* dispatch_R, int rank, int64_t D) {
+                               bf16_t* const* dispatch_R, int rank, int64_t D,
+                               uint32_t* arrivals_B, int64_t arrival_count) {
   if (plan->replay_skip != 0) return;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < arrival_count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    arrivals_B[i] = 0u;
+  }
   const bf16_t* saved_TD = reinterpret_cast<const bf16_t*>(arena + plan->x_offset);  // [T, D]
   bf16_t* own_TD = dispatch_R[rank];                                                 // [T, D]
   const int64_t vectors = header[kLayoutLive] * D / kVec;
@@ -77,7 +85,9 @@ void restore_input(const Step& s) {
   check_aligned16(s.arena, "arena");
   const int64_t items = s.dims.T * s.dims.D / kVec;
   restore_kernel<<<grid_for(items, kThreads), kThreads, 0, stream_of(s)>>>(
-      s.layer_plan, s.layout.header, s.arena, s.dispatch_R, s.rank, s.dims.D);
+      s.layer_plan, s.layout.header, s.arena, s.dispatch_R, s.rank, s.dims.D,
+      s.route_scratch != nullptr ? arrivals_B(s) : nullptr,
+      s.route_scratch != nullptr ? arrival_blocks(s.capacity_rows) : 0);
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -12,7 +12,8 @@ void plan_forward(const Step& s);
 void plan_backward(const Step& s);
 // layer_plan->replay_skip == 0: x [live, D] into arena + x_offset (else no work).
 void save_input(const Step& s);
-// layer_plan->replay_skip == 0: arena + x_offset into dispatch_R[rank] (else no work).
+// layer_plan->replay_skip == 0: arena + x_offset into dispatch_R[rank], and the dispatch arrival
+// counters zeroed for the replayed dispatch (else no work).
 void restore_input(const Step& s);
 
 }  // namespace epmoe::cuda

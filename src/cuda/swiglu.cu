@@ -5,13 +5,15 @@
 
 #include "core/activation.h"
 #include "cuda/kernel_common.cuh"
+#include "cuda/placed.h"
 
 namespace epmoe::cuda {
 namespace {
 
 struct SwigluParams {
   const int32_t* header;      // layout header
-  const bf16_t* h13_M2F;      // [capacity, 2F] bf16: gate [0, F) | up [F, 2F)
+  Placed h13;                 // [capacity, 2F] bf16: gate [0, F) | up [F, 2F) (layer plan)
+  const int32_t* replay_skip; // nullable: the backward replay's predicate (placed.h)
   const bf16_t* grad_h_MF;    // [capacity, F] bf16 (backward)
   bf16_t* h_MF;               // [capacity, F] bf16
   bf16_t* grad_h13_M2F;       // [capacity, 2F] bf16 (backward)
@@ -21,7 +23,8 @@ struct SwigluParams {
 
 template <bool kBackward>
 __global__ void __launch_bounds__(kThreads) swiglu_kernel(const SwigluParams p) {
-  if (layout_skip(p.header)) return;
+  if (layout_skip(p.header) || replay_skipped(p.replay_skip)) return;
+  const bf16_t* h13_M2F = p.h13.get<const bf16_t>();  // [capacity, 2F]
   const int64_t M = layout_rows(p.header, p.capacity);
   const int64_t vecs_per_row = p.F / kVec;
   const int64_t total = M * vecs_per_row;
@@ -29,7 +32,7 @@ __global__ void __launch_bounds__(kThreads) swiglu_kernel(const SwigluParams p) 
   for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < total; j += stride) {
     const int64_t m = j / vecs_per_row;
     const int64_t f = (j % vecs_per_row) * kVec;
-    const bf16_t* row_2F = p.h13_M2F + m * 2 * p.F;  // [2F]
+    const bf16_t* row_2F = h13_M2F + m * 2 * p.F;  // [2F]
     const Bf16x8 gate = unpack8(load_vec(row_2F + f));
     const Bf16x8 up = unpack8(load_vec(row_2F + p.F + f));
     Bf16x8 h;
@@ -54,7 +57,8 @@ template <bool kBackward>
 void launch_swiglu(const Step& s) {
   SwigluParams p{};
   p.header = s.layout.header;
-  p.h13_M2F = s.h13_M2F;
+  p.h13 = placed_h13(s);
+  p.replay_skip = kBackward ? nullptr : replay_skip_flag(s);
   p.grad_h_MF = s.grad_h_MF;
   p.h_MF = s.h_MF;
   p.grad_h13_M2F = s.grad_h13_M2F;

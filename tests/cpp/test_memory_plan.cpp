@@ -13,10 +13,15 @@
 //   | unfused: + A(M*D*2) + A(M*F*2).
 // Route scratch: A(R*T*K*4) + A(R*Eg*4) + A(R*ceil(T*K/2048)*Eg*4) + A(R*T*4) pull of each token
 //   + A(R*ceil(T/1024)*4) pulls per token chunk + A(ceil(M/128)*4) dispatch arrival counters.
+// Scratch = route | pad | call scratch (| fp8 terms); the pad is the least multiple of 128 that
+// makes route + pad + layout(M) a multiple of G (the slots are too), so x_gathered, right after
+// the call scratch's layout, starts on a whole row of D bf16.
 // E.g. ci-tiny, R=1 (M=128, P_cap=64): layout 1408 + A(64*4)=256 + A(64*2*4)=512 = 2176; route
 // scratch 768 + A(64*4)=256 + A(1*4)=128 + A(1*4)=128 = 1280. R=2 (P_cap=128): layout 1408 + 512
 // + 1024 = 2944; route scratch 1280 + 512 + 128 + 128 = 2048. small(), R=2 (M=8, P_cap=8): layout
 // 640 + 128 + 128 = 896; route scratch 384 + 128 + 128 + 128 = 768. Every total below adds these.
+// Pads (G = 256 at D = 128): ci-tiny R=1 1280 + 2176 = 3456 = 13.5 G -> 128; R=2 2048 + 2944 =
+// 4992 = 19.5 G -> 128; small() R=2 768 + 896 = 1664 = 6.5 G -> 128.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -98,14 +103,15 @@ TEST(MemoryPlan, CiTinyOneRank) {
   EXPECT_EQ(p.planner_state_bytes, 256);  // A(32) + A(1*1*8)
   // A(1*128*4)=512 + A(1*8*4)=128 + A(1*1*8*4)=128   (1 chunk of 2048 routes)
   EXPECT_EQ(p.route_scratch_bytes, 1280);
+  EXPECT_EQ(p.call_scratch_pad_bytes, 128);  // 1280 + layout 2176 = 3456 = 13.5 * 256
   // 1408 + x_gathered 32768 + h13 49152 + h A(128*96*2)=24576
   EXPECT_EQ(p.forward_scratch_bytes, 108672);
   EXPECT_EQ(p.backward_scratch_bytes, 190592);
-  EXPECT_EQ(p.scratch_bytes, 191872);
+  EXPECT_EQ(p.scratch_bytes, 192000);           // 1280 + 128 + 190592
   EXPECT_EQ(p.status_bytes, 128);               // A(40)
   EXPECT_EQ(p.peer_table_bytes, 384);           // 3 * A(1*8)
-  EXPECT_EQ(p.arena_bytes, 308864);             // 116992 + 191872
-  EXPECT_EQ(p.total_bytes, 359936);             // 308864 + 50304 + 128 + 384 + 256
+  EXPECT_EQ(p.arena_bytes, 308992);             // 116992 + 192000
+  EXPECT_EQ(p.total_bytes, 360064);             // 308992 + 50304 + 128 + 384 + 256
   EXPECT_FALSE(p.inference);
 }
 
@@ -122,12 +128,13 @@ TEST(MemoryPlan, CiTinyTwoRanks) {
   EXPECT_EQ(p.slot_bytes, 117760);                 // metadata 128 + 2944 = 12*256, + 114688
   // A(2*128*4)=1024 + A(2*8*4)=128 + A(2*1*8*4)=128
   EXPECT_EQ(p.route_scratch_bytes, 2048);
+  EXPECT_EQ(p.call_scratch_pad_bytes, 128);     // 2048 + layout 2944 = 4992 = 19.5 * 256
   EXPECT_EQ(p.backward_scratch_bytes, 191360);
-  EXPECT_EQ(p.scratch_bytes, 193408);
+  EXPECT_EQ(p.scratch_bytes, 193536);           // 2048 + 128 + 191360
   EXPECT_EQ(p.peer_table_bytes, 384);           // 3 * A(2*8)
   EXPECT_EQ(p.planner_state_bytes, 256);        // A(32) + A(1*2*8)
-  EXPECT_EQ(p.arena_bytes, 311168);             // 117760 + 193408
-  EXPECT_EQ(p.total_bytes, 362240);             // 311168 + 50304 + 128 + 384 + 256
+  EXPECT_EQ(p.arena_bytes, 311296);             // 117760 + 193536
+  EXPECT_EQ(p.total_bytes, 362368);             // 311296 + 50304 + 128 + 384 + 256
 }
 
 TEST(MemoryPlan, SmallTwoRanksTwoLayers) {
@@ -159,26 +166,28 @@ TEST(MemoryPlan, SmallTwoRanksTwoLayers) {
   // A(2*8*4)=128 + A(2*4*4)=128 + A(2*1*4*4)=128 + pull of each token A(2*4*4)=128
   //   + pulls per chunk A(2*1*4)=128 + arrival counters A(1*4)=128
   EXPECT_EQ(p.route_scratch_bytes, 768);
+  EXPECT_EQ(p.call_scratch_pad_bytes, 128);    // 768 + layout 896 = 1664 = 6.5 * 256
   // 896 + x_gathered 2048 + h13 4096 + h A(8*128*2)=2048
   EXPECT_EQ(p.forward_scratch_bytes, 9088);
   EXPECT_EQ(p.backward_scratch_bytes, 15232);  // 9088 + grad_h3 2048 + grad_h13 4096
-  EXPECT_EQ(p.scratch_bytes, 16000);           // 768 + 15232
+  EXPECT_EQ(p.scratch_bytes, 16128);           // 768 + 128 + 15232
   EXPECT_EQ(p.peer_table_bytes, 384);          // 3 * A(16)
-  EXPECT_EQ(p.arena_bytes, 34432);             // 18432 + 16000
-  EXPECT_EQ(p.total_bytes, 38656);             // 34432 + 3456 + 128 + 384 + 256
+  EXPECT_EQ(p.arena_bytes, 34560);             // 18432 + 16128
+  EXPECT_EQ(p.total_bytes, 38784);             // 34560 + 3456 + 128 + 384 + 256
 }
 
-// small() at R=2: activations 18,432, scratch 16,000 = route 768 + call 15,232 (layout 896 first),
-// total 38,656 (SmallTwoRanksTwoLayers).
+// small() at R=2: activations 18,432, scratch 16,128 = route 768 + pad 128 + call 15,232 (layout
+// 896 first, then x_gathered at 18432 + 768 + 128 + 896 = 20224 = 79 * 256), total 38,784
+// (SmallTwoRanksTwoLayers). The device floor is route + pad + layout = 768 + 128 + 896 = 1,792.
 TEST(MemoryPlan, AllScratchOnDeviceByDefault) {
   const MemoryPlan p = plan_memory(Config(small()), 2);
   EXPECT_FALSE(p.host_backed_scratch);
-  EXPECT_EQ(p.scratch_device_minimum_bytes, 1664);  // route 768 + layout 896
-  EXPECT_EQ(p.scratch_device_bytes, 16000);
-  EXPECT_EQ(p.arena_device_bytes, 34432);
+  EXPECT_EQ(p.scratch_device_minimum_bytes, 1792);  // route 768 + pad 128 + layout 896
+  EXPECT_EQ(p.scratch_device_bytes, 16128);
+  EXPECT_EQ(p.arena_device_bytes, 34560);
   EXPECT_EQ(p.arena_host_bytes, 0);
-  EXPECT_EQ(p.device_total_bytes, 38656);
-  expect_contains(p.explain(), "all scratch in device memory; device total 0.000 GiB (38,656 bytes)");
+  EXPECT_EQ(p.device_total_bytes, 38784);
+  expect_contains(p.explain(), "all scratch in device memory; device total 0.000 GiB (38,784 bytes)");
 }
 
 TEST(MemoryPlan, HostBackedScratchSplitsTheArena) {
@@ -186,50 +195,58 @@ TEST(MemoryPlan, HostBackedScratchSplitsTheArena) {
   f.scratch_device_bytes = 10000;  // rounded down to 9,984 (78 * 128)
   const MemoryPlan p = plan_memory(Config(f), 2);
   EXPECT_TRUE(p.host_backed_scratch);
-  EXPECT_EQ(p.scratch_bytes, 16000);  // the plan's other terms do not move
-  EXPECT_EQ(p.arena_bytes, 34432);
-  EXPECT_EQ(p.total_bytes, 38656);
+  EXPECT_EQ(p.scratch_bytes, 16128);  // the plan's other terms do not move
+  EXPECT_EQ(p.arena_bytes, 34560);
+  EXPECT_EQ(p.total_bytes, 38784);
   EXPECT_EQ(p.scratch_device_bytes, 9984);
   EXPECT_EQ(p.arena_device_bytes, 28416);  // 18432 + 9984
-  EXPECT_EQ(p.arena_host_bytes, 6016);     // 16000 - 9984
-  EXPECT_EQ(p.device_total_bytes, 32640);  // 38656 - 6016
+  EXPECT_EQ(p.arena_host_bytes, 6144);     // 16128 - 9984
+  EXPECT_EQ(p.device_total_bytes, 32640);  // 38784 - 6144
   const std::string text = p.explain();
   expect_contains(text, "host-backed scratch (Config.scratch_device_bytes): device 0.000 GiB "
-                        "(9,984 bytes) + pinned host 0.000 GiB (6,016 bytes); routing part kept "
-                        "on device 0.000 GiB (1,664 bytes)");
+                        "(9,984 bytes) + pinned host 0.000 GiB (6,144 bytes); routing part kept "
+                        "on device 0.000 GiB (1,792 bytes)");
   expect_contains(text, "arena: device 0.000 GiB (28,416 bytes) (slots + device scratch), then "
-                        "host 0.000 GiB (6,016 bytes)");
+                        "host 0.000 GiB (6,144 bytes)");
   expect_contains(text, "device total: 0.000 GiB (32,640 bytes)");
 }
 
 TEST(MemoryPlan, HostBackedScratchAtTheRoutingMinimum) {
   ConfigFields f = small();
-  f.scratch_device_bytes = 1664 + 127;  // floor to 128: the minimum itself
+  f.scratch_device_bytes = 1792 + 127;  // floor to 128: the minimum itself
   const MemoryPlan p = plan_memory(Config(f), 2);
-  EXPECT_EQ(p.scratch_device_bytes, 1664);
-  EXPECT_EQ(p.arena_host_bytes, 14336);  // 16000 - 1664
+  EXPECT_EQ(p.scratch_device_bytes, 1792);
+  EXPECT_EQ(p.arena_host_bytes, 14336);  // 16128 - 1792
   f.inference = true;                    // no slots: the arena starts with the scratch
   f.slots.num_slots = 0;
   const MemoryPlan q = plan_memory(Config(f), 2);
-  EXPECT_EQ(q.arena_device_bytes, 1664);
+  EXPECT_EQ(q.call_scratch_pad_bytes, 128);  // the same 768 + 896 = 6.5 * 256
+  EXPECT_EQ(q.arena_device_bytes, 1792);
   EXPECT_EQ(q.arena_host_bytes, 14336);
 }
 
 TEST(MemoryPlan, ScratchDeviceBytesAboveTheScratchKeepsAllOnDevice) {
   ConfigFields f = small();
-  f.scratch_device_bytes = 16000;
+  f.scratch_device_bytes = 16128;
   EXPECT_FALSE(plan_memory(Config(f), 2).host_backed_scratch);
+  f.scratch_device_bytes = 16000;  // 128 short of the scratch: its last 128 bytes on the host
+  EXPECT_EQ(plan_memory(Config(f), 2).arena_host_bytes, 128);
   f.scratch_device_bytes = int64_t{1} << 40;
   const MemoryPlan p = plan_memory(Config(f), 2);
   EXPECT_FALSE(p.host_backed_scratch);
-  EXPECT_EQ(p.scratch_device_bytes, 16000);
+  EXPECT_EQ(p.scratch_device_bytes, 16128);
   EXPECT_EQ(p.arena_host_bytes, 0);
 }
 
 TEST(MemoryPlan, ScratchDeviceBytesBelowTheRoutingPartFail) {
   ConfigFields f = small();
-  f.scratch_device_bytes = 1663;
-  expect_plan_error(f, 2, "Config.scratch_device_bytes", "1663");
+  f.scratch_device_bytes = 1791;  // floors to 1664 < route 768 + pad 128 + layout 896 = 1792
+  expect_plan_error(f, 2, "Config.scratch_device_bytes", "1791");
+  try {
+    (void)plan_memory(Config(f), 2);
+  } catch (const Error& e) {
+    expect_contains(e.what(), ">= 1792 (route scratch 768 + pad 128 + layout 896 bytes");
+  }
   f.scratch_device_bytes = 0;
   expect_plan_error(f, 2, "Config.scratch_device_bytes", "0");
 }
@@ -242,12 +259,13 @@ TEST(MemoryPlan, UnfusedScratchAddsRowsAndGradH) {
   EXPECT_EQ(p.forward_scratch_bytes, 11136);
   // fused 15232 + rows_MD 2048 + grad_h A(8*128*2)=2048
   EXPECT_EQ(p.backward_scratch_bytes, 19328);
-  EXPECT_EQ(p.scratch_bytes, 20096);   // 768 + 19328
-  EXPECT_EQ(p.arena_bytes, 38528);     // 18432 + 20096
-  EXPECT_EQ(p.total_bytes, 42752);     // 38528 + 3456 + 128 + 384 + 256
-  // Everything outside the call scratch is unchanged.
+  EXPECT_EQ(p.scratch_bytes, 20224);   // 768 + pad 128 + 19328
+  EXPECT_EQ(p.arena_bytes, 38656);     // 18432 + 20224
+  EXPECT_EQ(p.total_bytes, 42880);     // 38656 + 3456 + 128 + 384 + 256
+  // Everything outside the call scratch is unchanged (the pad only depends on route + layout).
   EXPECT_EQ(p.slot_bytes, 18432);
   EXPECT_EQ(p.route_scratch_bytes, 768);
+  EXPECT_EQ(p.call_scratch_pad_bytes, 128);
 }
 
 TEST(MemoryPlan, CapacityFactorAboveRIsClamped) {
@@ -269,9 +287,10 @@ TEST(MemoryPlan, CapacityFactorAboveRIsClamped) {
   // 896 + 4096 + 8192 + h A(16*128*2)=4096
   EXPECT_EQ(p.forward_scratch_bytes, 17280);
   EXPECT_EQ(p.backward_scratch_bytes, 29568);  // 17280 + 4096 + 8192
-  EXPECT_EQ(p.scratch_bytes, 30336);           // 768 + 29568 (the route scratch: 6 x 128)
-  EXPECT_EQ(p.arena_bytes, 61056);             // 30720 + 30336
-  EXPECT_EQ(p.total_bytes, 65280);             // 61056 + 3456 + 128 + 384 + 256
+  EXPECT_EQ(p.call_scratch_pad_bytes, 128);    // route 768 (6 x 128) + layout 896 = 6.5 * 256
+  EXPECT_EQ(p.scratch_bytes, 30464);           // 768 + 128 + 29568
+  EXPECT_EQ(p.arena_bytes, 61184);             // 30720 + 30464
+  EXPECT_EQ(p.total_bytes, 65408);             // 61184 + 3456 + 128 + 384 + 256
   const std::string text = p.explain();
   expect_contains(text, "capacity factor: 2 (requested 3, clamped to R");
   // A factor of exactly R is not clamped.
@@ -315,8 +334,8 @@ TEST(MemoryPlan, ExactSlotBytesAreAligned) {
   EXPECT_EQ(p.slot_bytes, 5120);          // 5000 rounded up to G = 256: 20*256
   EXPECT_EQ(p.activation_bytes, 15360);   // 3 * 5120
   EXPECT_EQ(p.planner_state_bytes, 256);  // A(3*32) + A(3*2*8)
-  EXPECT_EQ(p.arena_bytes, 31360);        // 15360 + scratch 16000
-  EXPECT_EQ(p.total_bytes, 35584);        // 31360 + 3456 + 128 + 384 + 256
+  EXPECT_EQ(p.arena_bytes, 31488);        // 15360 + scratch 16128
+  EXPECT_EQ(p.total_bytes, 35712);        // 31488 + 3456 + 128 + 384 + 256
   // 4096 < 5120 < balanced 18432
   expect_contains(p.explain(), "some layers recompute at balanced routing");
 }
@@ -351,7 +370,7 @@ TEST(MemoryPlan, SlotCapacityFactor) {
   // 4096 + ceil(0.3 * (18432 - 4096) = 4300.8) = 4096 + 4301 = 8397 -> G = 8448 (33*256)
   EXPECT_EQ(p.slot_bytes, 8448);
   EXPECT_EQ(p.activation_bytes, 8448);
-  EXPECT_EQ(p.total_bytes, 28672);  // 8448 + 16000 + 3456 + 128 + 384 + 256
+  EXPECT_EQ(p.total_bytes, 28800);  // 8448 + 16128 + 3456 + 128 + 384 + 256
 
   f.slots.slot_capacity_factor = 0.5;  // 4096 + 7168 = 11264 (44*256)
   EXPECT_EQ(plan_memory(Config(f), 2).slot_bytes, 11264);
@@ -387,9 +406,9 @@ TEST(MemoryPlan, Inference) {
   EXPECT_EQ(p.slot_bytes, 0);
   EXPECT_EQ(p.activation_bytes, 0);
   EXPECT_EQ(p.recv_capacity_rows, 8);
-  EXPECT_EQ(p.scratch_bytes, 16000);
-  EXPECT_EQ(p.arena_bytes, 16000);
-  EXPECT_EQ(p.total_bytes, 19968);
+  EXPECT_EQ(p.scratch_bytes, 16128);  // as in training: 768 + pad 128 + 15232
+  EXPECT_EQ(p.arena_bytes, 16128);
+  EXPECT_EQ(p.total_bytes, 20096);    // 16128 + 3456 + 128 + 384 (no planner state)
   const std::string text = p.explain();
   expect_contains(text, "activation slots: 0 slots (inference)");
   expect_contains(text, "scratch-only inference; no saved activations");
@@ -406,8 +425,8 @@ TEST(MemoryPlan, Nvfp4InferenceAsBf16Inference) {
   EXPECT_EQ(p.dispatch_buffer_bytes, 1024);  // A(4*128*2), bf16 rows
   EXPECT_EQ(p.fp8_scratch_bytes, 0);
   EXPECT_EQ(p.fp8_weight_scratch_bytes, 0);
-  EXPECT_EQ(p.scratch_bytes, 16000);  // as MemoryPlan.Inference
-  EXPECT_EQ(p.total_bytes, 19968);
+  EXPECT_EQ(p.scratch_bytes, 16128);  // as MemoryPlan.Inference
+  EXPECT_EQ(p.total_bytes, 20096);
   expect_contains(p.explain(), "nvfp4 weights: prepared by the caller");
 }
 
@@ -441,16 +460,18 @@ TEST(MemoryPlan, DeepSeekV3Like) {
   // 8*32768*4=1048576 + 8*256*4=8192 + 8*16*256*4=131072   (16 chunks of 2048 routes)
   //   + pull of each token 8*4096*4=131072 + pulls per chunk A(8*4*4)=128 + counters 384*4=1536
   EXPECT_EQ(p.route_scratch_bytes, 1320576);
+  // route 1320576 + layout 1507840 = 2828416 = 197 * 14336 + 4224 -> pad 14336 - 4224 = 10112
+  EXPECT_EQ(p.call_scratch_pad_bytes, 10112);
   // 1507840 + 704643072 + 402653184 + h 49152*2048*2=201326592
   EXPECT_EQ(p.forward_scratch_bytes, 1310130688);
   // + grad_h3 704643072 + grad_h13 402653184
   EXPECT_EQ(p.backward_scratch_bytes, 2417426944);
-  EXPECT_EQ(p.scratch_bytes, 2418747520);
+  EXPECT_EQ(p.scratch_bytes, 2418757632);   // 1320576 + 10112 + 2417426944
   EXPECT_EQ(p.peer_table_bytes, 384);       // 3 * A(8*8)
-  EXPECT_EQ(p.arena_bytes, 3997327488);     // 1578579968 + 2418747520
-  EXPECT_EQ(p.total_bytes, 4526072832);     // 3997327488 + 528744576 + 128 + 384 + 256
-  // 4,526,072,832 / 2^30 = 4.2152...
-  expect_contains(p.explain(), "4.215 GiB (4,526,072,832 bytes)");
+  EXPECT_EQ(p.arena_bytes, 3997337600);     // 1578579968 + 2418757632
+  EXPECT_EQ(p.total_bytes, 4526082944);     // 3997337600 + 528744576 + 128 + 384 + 256
+  // 4,526,082,944 / 2^30 = 4.2152...
+  expect_contains(p.explain(), "4.215 GiB (4,526,082,944 bytes)");
 }
 
 TEST(MemoryPlan, ExplainPrintsEveryTerm) {
@@ -477,22 +498,24 @@ TEST(MemoryPlan, ExplainPrintsEveryTerm) {
            "slot metadata (L layers): 0.000 GiB (2,048 bytes); planner state: 0.000 GiB (256 bytes)",
            "minimum/balanced full-save/maximum useful: 0.000 GiB (4,096 bytes) / 0.000 GiB (18,432 "
            "bytes) / 0.000 GiB (18,432 bytes)",
-           "scratch: 0.000 GiB (16,000 bytes) = route 0.000 GiB (768 bytes) + call 0.000 GiB "
-           "(15,232 bytes)",
+           "scratch: 0.000 GiB (16,128 bytes) = route 0.000 GiB (768 bytes) + pad 0.000 GiB "
+           "(128 bytes) + call 0.000 GiB (15,232 bytes)",
+           "pad: puts the call scratch's x_gathered (after its layout) on the packing granule: "
+           "0.000 GiB (128 bytes)",
            "route: of which pull numbering 0.000 GiB (256 bytes), dispatch arrival counters (per 128 "
            "rows) 0.000 GiB (128 bytes)",
            "forward (recompute mode): 0.000 GiB (9,088 bytes)",
            "status word: 0.000 GiB (128 bytes)",
            "peer tables (3 x [R] pointers): 0.000 GiB (384 bytes)",
-           "arena (slots + scratch): 0.000 GiB (52,864 bytes)",  // 36864 + 16000
+           "arena (slots + scratch): 0.000 GiB (52,992 bytes)",  // 36864 + 16128
            // + 3456 + 128 + 384 + 256
-           "total (arena + symmetric + status + peer tables + planner state): 0.000 GiB (57,088 "
+           "total (arena + symmetric + status + peer tables + planner state): 0.000 GiB (57,216 "
            "bytes)",
            "every layer saves everything (no recompute)",
        }) {
     expect_contains(text, part);
   }
-  EXPECT_EQ(p.total_bytes, 57088);  // 52864 + 3456 + 128 + 384 + 256
+  EXPECT_EQ(p.total_bytes, 57216);  // 52992 + 3456 + 128 + 384 + 256
 }
 
 TEST(MemoryPlan, SourceIdsMustFitInt32) {
@@ -538,6 +561,7 @@ TEST(MemoryPlan, Fp8BlockTermsExactBytes) {
   EXPECT_EQ(fp8.dispatch_buffer_bytes, 1024);
   EXPECT_EQ(fp8.fp8_scratch_bytes, 7936);
   EXPECT_EQ(fp8.fp8_weight_scratch_bytes, 9472);
+  EXPECT_EQ(fp8.call_scratch_pad_bytes, 0);  // G = lcm(128, 64) = 128: never a pad
   EXPECT_EQ(fp8.scratch_bytes, bf16.scratch_bytes + 7936 + 9472);
   EXPECT_EQ(fp8.forward_scratch_bytes, bf16.forward_scratch_bytes + 896);
   EXPECT_EQ(fp8.arena_bytes, bf16.arena_bytes + 7936 + 9472);
@@ -608,6 +632,7 @@ TEST(MemoryPlan, IsPure) {
   EPMOE_SAME(activation_bytes);
   EPMOE_SAME(planner_state_bytes);
   EPMOE_SAME(route_scratch_bytes);
+  EPMOE_SAME(call_scratch_pad_bytes);
   EPMOE_SAME(forward_scratch_bytes);
   EPMOE_SAME(backward_scratch_bytes);
   EPMOE_SAME(scratch_bytes);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "epmoe/error.h"
+#include "core/plan_terms.h"
 #include "epmoe/memory_plan.h"
 #include "harness.h"
 #include "moe_case.h"
@@ -221,6 +222,57 @@ TEST(SlotsBudget, PacksByActualRows) {
   const StackRun run = run_stack(p, in, plan.slot_metadata_bytes + packed);
   EXPECT_EQ(run.recomputed, std::vector<bool>(kLayers, false));
   EXPECT_EQ(run.peak, packed);
+}
+
+// CUDA reads x_gathered through one descriptor over the arena as rows of D bf16: wherever the
+// planner puts it (a slot's packed region, or the call scratch of a recompute layer) it must
+// start on a whole row, for any D and any budget.
+TEST(SlotsBudget, GatheredRowsStartOnWholeArenaRows) {
+  for (int64_t D : {32, 136, 200, 1000}) {
+    for (double factor : {0.0, 0.3, 1.0}) {
+      Problem p = stack_problem(2, true);
+      p.hidden = D;
+      ConfigFields f = p.config().fields();
+      if (factor > 0.0) f.slots.slot_capacity_factor = factor;
+      f.slots.num_slots = 3;
+      const Config config(f);
+      const MemoryPlan plan = plan_memory(config, 2);
+      const int64_t row = 2 * D;
+      const std::string what = "D " + std::to_string(D) + ", factor " + std::to_string(factor);
+      EXPECT_EQ(plan.packing_granule_bytes % row, 0) << what;
+      EXPECT_EQ(plan.slot_bytes % plan.packing_granule_bytes, 0) << what;
+      EXPECT_EQ(plan.slot_metadata_bytes % plan.packing_granule_bytes, 0) << what;
+      EXPECT_EQ(plan.saved_input_bytes_per_layer % plan.packing_granule_bytes, 0) << what;
+      // The scratch starts after the slots: route scratch, pad, then the call scratch, whose
+      // x_gathered follows its layout (fused and unfused alike).
+      const Dims d{p.max_tokens, D, p.intermediate, p.top_k, p.local_experts(), 2};
+      EXPECT_EQ(plan.activation_bytes % plan.packing_granule_bytes, 0) << what;
+      EXPECT_LT(plan.call_scratch_pad_bytes, plan.packing_granule_bytes) << what;
+      for (bool unfused : {false, true}) {
+        const CallScratchLayout call = call_scratch_layout(d, plan.recv_capacity_rows, unfused);
+        const int64_t x_gathered = plan.activation_bytes + plan.route_scratch_bytes +
+                                   plan.call_scratch_pad_bytes + call.x_gathered;
+        EXPECT_EQ(x_gathered % row, 0) << what << ", unfused " << unfused;
+        EXPECT_EQ(x_gathered % plan.packing_granule_bytes, 0) << what << ", unfused " << unfused;
+      }
+    }
+  }
+}
+
+// 2D = 272 (granule 2176): the call scratch needs a pad after the route scratch. The Context
+// asserts that x_gathered lands on the granule; replaying every layer from the call scratch gives
+// the full-save bits.
+TEST(SlotsBudget, PaddedCallScratchReplaysBitwise) {
+  Problem p = stack_problem(2, true);
+  p.hidden = 136;
+  const auto in = stack_inputs(p);
+  const MemoryPlan plan = plan_memory(p.config(), 2);
+  ASSERT_EQ(plan.packing_granule_bytes, 2176);
+  ASSERT_GT(plan.call_scratch_pad_bytes, 0);
+  const StackRun saved = run_stack(p, in, -1);
+  const StackRun replayed = run_stack(p, in, plan.minimum_slot_bytes);
+  EXPECT_EQ(replayed.recomputed, std::vector<bool>(kLayers, true));
+  expect_same_bits(saved, replayed, p.name() + " padded call scratch");
 }
 
 TEST(SlotsBudget, BelowTheMinimumNamesTheField) {

@@ -3,7 +3,8 @@
 // with budgets, symmetric buffers in both peer-access modes, the stream barrier and its timeout
 // status), then the whole layer against the CPU backend with 2 thread ranks on identical global
 // inputs (tolerance tables), different live counts per rank, CUDA-graph capture and replay on both
-// ranks, overflow on one rank reported on both with the step skipped on both, and a rank that
+// ranks (also at the minimum slot budget, every backward replaying its forward), a stack of layers
+// in one activation slot whose recomputed results equal the saved ones bitwise, overflow on one rank reported on both with the step skipped on both, and a rank that
 // never enters the call (the other rank gets a timeout naming it instead of hanging). Every test
 // skips with "fewer than 2 CUDA devices: EP tests skipped" where fewer than 2 GPUs exist.
 #include <cuda_runtime.h>
@@ -29,7 +30,9 @@
 #include "epmoe/nccl.h"
 #include "epmoe/status.h"
 #include "device_call.h"
+#include "epmoe/memory_plan.h"
 #include "moe_case.h"
+#include "slot_stack.h"
 #include "tolerances.h"
 
 namespace epmoe::test {
@@ -538,6 +541,141 @@ TEST(GpuEp2, GraphReplayOnBothRanksEqualsEager) {
     const auto in = routing(replays[i].seed, replays[i].live0, replays[i].live1);
     const OutputErrors err = compare(eager[i], run_layer(p, in));
     EXPECT_LE(err[Output::y], backend_rel_l2_bound(Precision::bf16, Output::y)) << err.to_string();
+  }
+}
+
+// Packed activation slots at EP = 2: a stack of 4 layers at the minimum and at a mixed budget
+// equals the full save bitwise on both ranks (the replay re-runs dispatch and the W2 scatter
+// across ranks, with barriers), and both ranks take the decisions the rule gives from the
+// fullest rank's rows.
+TEST(GpuEp2, RecomputeStackEqualsFullSaveBitwise) {
+  EPMOE_REQUIRE_2GPUS();
+  const int64_t tokens[kStackLayers] = {96, 29, 96, 61};
+  for (bool fused : {true, false}) {
+    Problem p = problem(96, 136, 104, 8, 2);  // 2D = 272: granule 2176; h13 rows of 416 bytes
+    p.fused = fused;
+    p.layers_per_slot = kStackLayers;
+    SCOPED_TRACE(p.name());
+    std::vector<std::vector<RankInputs>> in;  // [layer][rank]
+    for (int l = 0; l < kStackLayers; ++l) {
+      in.push_back(make_inputs(p, 700 + static_cast<uint64_t>(l), tokens[l]));
+    }
+    const MemoryPlan plan = plan_memory(stack_config(p, -1), kRanks);
+    const int64_t G = plan.packing_granule_bytes;
+    const auto rows = stack_rows(p, in);
+    const int64_t mixed_packed = stack_mixed_packed(p, rows, G);
+    const std::vector<bool> expected = stack_decisions(p, rows, mixed_packed, G);
+    ASSERT_NE(std::count(expected.begin(), expected.end(), true), 0);
+    ASSERT_NE(std::count(expected.begin(), expected.end(), false), 0);
+    auto run = [&](int64_t slot_bytes) {
+      std::vector<StackResult> res(kRanks);
+      run_on_gpus([&](int r, std::shared_ptr<Transport> t) {
+        auto ctx = Context::create(stack_config(p, slot_bytes), t);
+        std::vector<RankInputs> mine;
+        for (int l = 0; l < kStackLayers; ++l) mine.push_back(in[static_cast<size_t>(l)][static_cast<size_t>(r)]);
+        auto calls = stack_calls(p, mine, r);
+        res[static_cast<size_t>(r)] = run_stack(*ctx, calls, nullptr);
+        ctx->close();
+      });
+      return res;
+    };
+    const std::vector<StackResult> saved = run(-1);
+    const std::vector<StackResult> minimum = run(plan.minimum_slot_bytes);
+    const std::vector<StackResult> mixed = run(plan.slot_metadata_bytes + mixed_packed);
+    for (int r = 0; r < kRanks; ++r) {
+      const size_t i = static_cast<size_t>(r);
+      const std::string rank = "rank " + std::to_string(r);
+      EXPECT_EQ(saved[i].recomputed, std::vector<bool>(kStackLayers, false)) << rank;
+      EXPECT_EQ(minimum[i].recomputed, std::vector<bool>(kStackLayers, true)) << rank;
+      EXPECT_EQ(mixed[i].recomputed, expected) << rank;
+      EXPECT_EQ(mixed[i].peak, mixed[0].peak) << rank << ": the ranks' slot accounts differ";
+      EXPECT_LE(mixed[i].peak, mixed_packed) << rank;
+      expect_stack_bitwise_equal(saved[i], minimum[i], rank + " minimum budget vs full save");
+      expect_stack_bitwise_equal(saved[i], mixed[i], rank + " mixed budget vs full save");
+    }
+    // The saved results are right: each layer's both ranks against the CPU backend.
+    for (int l = 0; l < kStackLayers; ++l) {
+      const std::vector<RankOutputs> gpu{saved[0].out[static_cast<size_t>(l)],
+                                         saved[1].out[static_cast<size_t>(l)]};
+      expect_matches_cpu(p, in[static_cast<size_t>(l)], gpu, "stack layer " + std::to_string(l));
+    }
+  }
+}
+
+// One layer at the minimum slot budget (it always saves only its input, so every backward
+// replays the forward across both ranks), captured once and replayed with new routings and live
+// counts: equal to eager on a second context group with the same budget, on both ranks.
+TEST(GpuEp2, GraphReplayWithRecomputeEqualsEager) {
+  EPMOE_REQUIRE_2GPUS();
+  Problem p = problem(256, 256, 192, 16, 4);
+  p.capacity_factor = 2.0;
+  const MemoryPlan plan = plan_memory(p.config(), kRanks);
+  ConfigFields f = p.config().fields();
+  f.slots.slot_bytes = plan.minimum_slot_bytes;
+  const Config config(f);
+  auto routing = [&](uint64_t seed, int64_t live0, int64_t live1) {
+    auto in = make_inputs(p, 100, 256);
+    const auto fresh = make_inputs(p, seed, 256);
+    for (int r = 0; r < kRanks; ++r) {
+      in[static_cast<size_t>(r)].ids_TK = fresh[static_cast<size_t>(r)].ids_TK;
+      in[static_cast<size_t>(r)].scores_TK = fresh[static_cast<size_t>(r)].scores_TK;
+      in[static_cast<size_t>(r)].live = r == 0 ? live0 : live1;
+    }
+    return in;
+  };
+  struct Replay {
+    uint64_t seed;
+    int64_t live0, live1;
+  };
+  const std::vector<Replay> replays = {{2, 256, 256}, {3, 100, 200}, {4, 1, 0}, {5, 256, 17}};
+  const auto first = routing(1, 256, 256);
+  std::vector<std::vector<RankOutputs>> replayed(replays.size(), std::vector<RankOutputs>(kRanks));
+  std::vector<std::vector<RankOutputs>> eager(replays.size(), std::vector<RankOutputs>(kRanks));
+  std::vector<int> replayed_layers(kRanks, 0);
+  run_on_gpus([&](int r, std::shared_ptr<Transport> t) {
+    auto graph_ctx = Context::create(config, t);
+    auto eager_ctx = Context::create(config, t);  // same transport: same stream order below
+    DeviceCall call(p, first[static_cast<size_t>(r)], r);
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreate(&stream));
+    run_once(*graph_ctx, call, stream);  // warm-up outside capture
+    cudaGraph_t graph;
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    const SavedLayer saved = graph_ctx->forward(call.forward_args(stream));
+    graph_ctx->backward(call.backward_args(saved, stream));
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec;
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (size_t i = 0; i < replays.size(); ++i) {
+      const auto in = routing(replays[i].seed, replays[i].live0, replays[i].live1);
+      call.set_routing(in[static_cast<size_t>(r)]);
+      call.poison();
+      CUDA_OK(cudaGraphLaunch(exec, stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      graph_ctx->check();
+      replayed_layers[static_cast<size_t>(r)] += graph_ctx->recomputes(saved) ? 1 : 0;
+      replayed[i][static_cast<size_t>(r)] = call.outputs();
+      DeviceCall eager_call(p, in[static_cast<size_t>(r)], r);
+      eager[i][static_cast<size_t>(r)] = run_once(*eager_ctx, eager_call, stream);
+    }
+    graph_ctx->close();
+    eager_ctx->close();
+    CUDA_OK(cudaGraphExecDestroy(exec));
+    CUDA_OK(cudaGraphDestroy(graph));
+    CUDA_OK(cudaStreamDestroy(stream));
+  });
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(replayed_layers[static_cast<size_t>(r)], static_cast<int>(replays.size()))
+        << "rank " << r << ": the minimum budget recomputes every call";
+  }
+  for (size_t i = 0; i < replays.size(); ++i) {
+    expect_bitwise_equal(replayed[i], eager[i],
+                         "graph replay with recompute, routing seed " + std::to_string(replays[i].seed));
+    const auto in = routing(replays[i].seed, replays[i].live0, replays[i].live1);
+    const OutputErrors err = compare(eager[i], run_layer(p, in));
+    EXPECT_LE(err[Output::y], backend_rel_l2_bound(Precision::bf16, Output::y)) << err.to_string();
+    EXPECT_LE(err[Output::grad_x], backend_rel_l2_bound(Precision::bf16, Output::grad_x))
+        << err.to_string();
   }
 }
 

@@ -35,13 +35,17 @@ Problem with_device_share(Problem p, double share) {
   return p;
 }
 
-std::vector<RankOutputs> run_gpu_layer(const Problem& p, const RankInputs& in) {
-  auto ctx = Context::create(p.config(), make_single_gpu_transport(0));
+std::vector<RankOutputs> run_gpu_layer(const Config& config, const Problem& p,
+                                       const RankInputs& in) {
+  auto ctx = Context::create(config, make_single_gpu_transport(0));
   DeviceCall call(p, in);
   std::vector<RankOutputs> out{run_once(*ctx, call, nullptr)};
   out.push_back(run_once(*ctx, call, nullptr));  // the same context again: scratch reused
   ctx->close();
   return out;
+}
+std::vector<RankOutputs> run_gpu_layer(const Problem& p, const RankInputs& in) {
+  return run_gpu_layer(p.config(), p, in);
 }
 
 TEST(GpuHostBackedScratch, SameBitsAsAllDevice) {
@@ -61,6 +65,29 @@ TEST(GpuHostBackedScratch, SameBitsAsAllDevice) {
                            p.name() + " host-backed scratch, device share " + std::to_string(share));
     }
   }
+}
+
+// Both at once: the minimum slot budget (the layer recomputes; backward's replay rebuilds
+// x_gathered in the call scratch and the W13 GEMMs read it through the arena descriptor) with
+// only the routing part on the device, so that x_gathered lies in host pages. 2D = 272 (granule
+// 2176): the call scratch sits behind a non-zero pad. Same bits as the full save on the device.
+TEST(GpuHostBackedScratch, RecomputeFromHostBackedCallScratch) {
+  EPMOE_REQUIRE_GPU();
+  const Problem p = problem(96, 136, 104, 8, 2);
+  const auto in = make_inputs(p, 47, 61);
+  const MemoryPlan plan = plan_memory(p.config(), 1);
+  ASSERT_EQ(plan.packing_granule_bytes, 2176);
+  ASSERT_GT(plan.call_scratch_pad_bytes, 0);
+  const auto all_device = run_gpu_layer(p, in[0]);
+  ConfigFields f = p.config().fields();
+  f.slots.slot_bytes = plan.minimum_slot_bytes;
+  f.scratch_device_bytes = plan.scratch_device_minimum_bytes;
+  const Config config(f);
+  const MemoryPlan split = plan_memory(config, 1);
+  ASSERT_TRUE(split.host_backed_scratch);
+  ASSERT_EQ(split.scratch_device_bytes, split.scratch_device_minimum_bytes);
+  expect_bitwise_equal(all_device, run_gpu_layer(config, p, in[0]),
+                       p.name() + " recompute from a host-backed call scratch");
 }
 
 TEST(GpuHostBackedScratch, HostPartIsHostMemory) {

@@ -1,6 +1,7 @@
 // Activation-slot kernels (cuda/slots.cu) against their CPU twins: the one-thread forward and
 // backward planners give the same LayerPlan and slot state bit for bit over a stack of layers,
-// and the input copies move the live rows of x only when the layer replays.
+// and the input copies move the live rows of x (and the replay's restore zeroes the dispatch
+// arrival counters) only when the layer replays.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -172,6 +173,11 @@ TEST(GpuSlots, InputCopiesRunOnlyForReplayingLayers) {
 
   Step s;
   s.dims = Dims{T, D, 96, 4, 1, 1};
+  s.capacity_rows = 300;  // 3 dispatch arrival counters, which the replay's restore zeroes
+  const RouteScratchLayout rl = route_scratch_layout(s.dims, s.capacity_rows);
+  auto* route_scratch = static_cast<char*>(dev->allocate(static_cast<size_t>(rl.total)));
+  s.route_scratch = route_scratch;
+  const std::vector<uint32_t> stale(static_cast<size_t>(arrival_blocks(s.capacity_rows)), 0xffffffffu);
   s.rank = 0;
   s.arena = arena;
   s.x_TD = x_TD;
@@ -187,6 +193,7 @@ TEST(GpuSlots, InputCopiesRunOnlyForReplayingLayers) {
     const std::vector<bf16_t> zeros(static_cast<size_t>(T * D), 0);
     dev->copy_to_device(arena + p.x_offset, zeros.data(), static_cast<size_t>(x_bytes));
     dev->copy_to_device(dispatch_TD, zeros.data(), static_cast<size_t>(x_bytes));
+    dev->copy_to_device(arrivals_B(s), stale.data(), stale.size() * 4);
     dev->save_input(s);
     dev->restore_input(s);
     dev->synchronize(nullptr);
@@ -198,10 +205,15 @@ TEST(GpuSlots, InputCopiesRunOnlyForReplayingLayers) {
       ASSERT_EQ(slot[static_cast<size_t>(i)], want) << "slot, replay " << replay << ", element " << i;
       ASSERT_EQ(back[static_cast<size_t>(i)], want) << "dispatch, replay " << replay << ", element " << i;
     }
+    std::vector<uint32_t> counters(stale.size());
+    dev->copy_to_host(counters.data(), arrivals_B(s), counters.size() * 4);
+    EXPECT_EQ(counters, replay ? std::vector<uint32_t>(stale.size(), 0u) : stale)
+        << "arrival counters, replay " << replay;
   }
   for (void* ptr : {static_cast<void*>(arena), static_cast<void*>(x_TD),
                     static_cast<void*>(dispatch_TD), static_cast<void*>(dispatch_R),
-                    static_cast<void*>(header), static_cast<void*>(plan)}) {
+                    static_cast<void*>(header), static_cast<void*>(plan),
+                    static_cast<void*>(route_scratch)}) {
     dev->release(ptr);
   }
 }

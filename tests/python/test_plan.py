@@ -49,7 +49,8 @@ def explained(text):
     grab("input only (recompute)", "saved_input_bytes_per_layer")
     grab("full save (x_gathered", "saved_full_bytes_balanced")
     grab("full save at capacity rows", "saved_full_bytes_capacity")
-    grab("scratch:", "scratch_bytes", "route_scratch_bytes", "backward_scratch_bytes")
+    grab("scratch:", "scratch_bytes", "route_scratch_bytes", "call_scratch_pad_bytes",
+         "backward_scratch_bytes")
     grab("forward (recompute mode)", "forward_scratch_bytes", "backward_scratch_bytes")
     grab("status word", "status_bytes")
     grab("peer tables", "peer_table_bytes")
@@ -116,7 +117,8 @@ def test_plan_sums(overrides, ep_size):
                              + p.planner_state_bytes)
     assert p.arena_bytes == p.activation_bytes + p.scratch_bytes
     assert p.symmetric_bytes == p.routing_buffer_bytes + p.dispatch_buffer_bytes + p.combine_buffer_bytes
-    assert p.scratch_bytes == p.route_scratch_bytes + p.backward_scratch_bytes
+    assert p.scratch_bytes == p.route_scratch_bytes + p.call_scratch_pad_bytes + p.backward_scratch_bytes
+    assert 0 <= p.call_scratch_pad_bytes < p.packing_granule_bytes
     assert p.activation_bytes == p.num_slots * p.slot_bytes
     assert p.peer_table_bytes == 3 * -(-ep_size * 8 // 128) * 128
     if not p.inference:

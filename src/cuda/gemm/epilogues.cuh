@@ -16,6 +16,7 @@
 #include "core/layout.h"
 #include "core/numeric.h"
 #include "cuda/gemm/grouped_gemm_sm90.cuh"
+#include "cuda/placed.h"
 
 namespace epmoe::cuda::gemm {
 
@@ -106,16 +107,17 @@ __device__ __forceinline__ int clamp_bytes(int64_t cols_left, int elem_bytes) {
 template <class Traits>
 struct RowsEpilogue {
   struct Params {
-    bf16_t* out;  // [capacity, ld]
+    Placed out;   // [capacity, ld] bf16 (h13 of W13 placed by the layer plan)
     int64_t ld;
     int64_t n;    // columns
   };
   static constexpr int kSmemBytesPerWarpgroup = Stage<Traits>::kBytes;
   Params p;
+  bf16_t* out;  // p.out resolved once, before the mainloop
   Stage<Traits> stage;
   __device__ void finish() const {}
   __device__ RowsEpilogue(const Params& params, char* smem, int wg, int row_block, int tid)
-      : p(params), stage{smem, wg, row_block, tid} {}
+      : p(params), out(params.out.template get<bf16_t>()), stage{smem, wg, row_block, tid} {}
 
   template <class Acc0, class Acc1>
   __device__ void store(const TileCoord& t, const Acc0& acc, const Acc1&) const {
@@ -127,7 +129,7 @@ struct RowsEpilogue {
       stage.write_rows(clamp_bytes(p.n - col0 - 64 * C, 2), [&](int r, int) -> char* {
         const int m = 64 * stage.row_block + r;
         if (m >= t.rows_valid) return nullptr;
-        return reinterpret_cast<char*>(p.out + (t.row0 + m) * p.ld + col0 + 64 * C);
+        return reinterpret_cast<char*>(out + (t.row0 + m) * p.ld + col0 + 64 * C);
       });
       stage.sync();
     });
@@ -186,17 +188,18 @@ struct ScatterEpilogue {
 template <class Traits>
 struct SwigluEpilogue {
   struct Params {
-    bf16_t* h13;  // [capacity, 2F]
+    Placed h13;   // [capacity, 2F] (placed by the layer plan)
     bf16_t* h;    // [capacity, F]
     int64_t F;
     ActivationParams act;
   };
   static constexpr int kSmemBytesPerWarpgroup = Stage<Traits>::kBytes;
   Params p;
+  bf16_t* h13;  // p.h13 resolved once, before the mainloop
   Stage<Traits> stage;
   __device__ void finish() const {}
   __device__ SwigluEpilogue(const Params& params, char* smem, int wg, int row_block, int tid)
-      : p(params), stage{smem, wg, row_block, tid} {}
+      : p(params), h13(params.h13.template get<bf16_t>()), stage{smem, wg, row_block, tid} {}
 
   // part 0: write the staged gate rows, keeping this thread's segments in gate_seg.
   // part 1: write the staged up rows and h = act(gate_seg, up).
@@ -213,10 +216,10 @@ struct SwigluEpilogue {
       const uint4 v = *reinterpret_cast<const uint4*>(stage.smem + r * Stage<Traits>::kPitch + seg * 16);
       if (part == 0) {
         gate_seg[pass] = v;
-        *reinterpret_cast<uint4*>(p.h13 + row * 2 * p.F + f) = v;
+        *reinterpret_cast<uint4*>(h13 + row * 2 * p.F + f) = v;
         continue;
       }
-      *reinterpret_cast<uint4*>(p.h13 + row * 2 * p.F + p.F + f) = v;
+      *reinterpret_cast<uint4*>(h13 + row * 2 * p.F + p.F + f) = v;
       const bf16_t* g8 = reinterpret_cast<const bf16_t*>(&gate_seg[pass]);
       const bf16_t* u8 = reinterpret_cast<const bf16_t*>(&v);
       uint4 h;
@@ -257,7 +260,7 @@ struct SwigluEpilogue {
 template <class Traits>
 struct SwigluBackwardEpilogue {
   struct Params {
-    const bf16_t* h13;  // [capacity, 2F] saved
+    Placed h13;         // [capacity, 2F] saved (placed by the layer plan)
     bf16_t* grad_h13;   // [capacity, 2F]
     bf16_t* h;          // [capacity, F]
     int64_t F;
@@ -265,10 +268,11 @@ struct SwigluBackwardEpilogue {
   };
   static constexpr int kSmemBytesPerWarpgroup = Stage<Traits>::kBytes;
   Params p;
+  const bf16_t* h13;  // p.h13 resolved once, before the mainloop
   Stage<Traits> stage;
   __device__ void finish() const {}
   __device__ SwigluBackwardEpilogue(const Params& params, char* smem, int wg, int row_block, int tid)
-      : p(params), stage{smem, wg, row_block, tid} {}
+      : p(params), h13(params.h13.template get<const bf16_t>()), stage{smem, wg, row_block, tid} {}
 
   // The staged grad_h rows of columns [c0, c0 + 64) of the tile: SwiGLU backward and the stores.
   __device__ __forceinline__ void rows_out(const TileCoord& t, int64_t c0) const {
@@ -282,8 +286,8 @@ struct SwigluBackwardEpilogue {
       if (m >= t.rows_valid) continue;
       const int64_t row = t.row0 + m;
       const uint4 gh = *reinterpret_cast<const uint4*>(stage.smem + r * Stage<Traits>::kPitch + seg * 16);
-      const uint4 g = *reinterpret_cast<const uint4*>(p.h13 + row * 2 * p.F + f);
-      const uint4 u = *reinterpret_cast<const uint4*>(p.h13 + row * 2 * p.F + p.F + f);
+      const uint4 g = *reinterpret_cast<const uint4*>(h13 + row * 2 * p.F + f);
+      const uint4 u = *reinterpret_cast<const uint4*>(h13 + row * 2 * p.F + p.F + f);
       const bf16_t* gh8 = reinterpret_cast<const bf16_t*>(&gh);
       const bf16_t* g8 = reinterpret_cast<const bf16_t*>(&g);
       const bf16_t* u8 = reinterpret_cast<const bf16_t*>(&u);

@@ -4,9 +4,14 @@
 
 #include <cuda_runtime.h>
 
+#include <climits>
+#include <string>
+
 #include "core/step.h"
 #include "cuda/gemm/gemm_config.h"
 #include "cuda/gemm/grouped_gemm_sm90.cuh"
+#include "cuda/placed.h"
+#include "epmoe/error.h"
 
 namespace epmoe::cuda::gemm {
 
@@ -17,11 +22,13 @@ void check_groups(const Step& s);
 // measurements), else the measured table in gemm_config.cpp.
 Schedule select_schedule(GemmKind kind, const Step& s);
 
-// Groups = local experts; sizes from the layout on the device; the step's skip flag empties them.
+// Groups = local experts; sizes from the layout on the device; the step's skip flag (and, in
+// backward's replay, the layer plan's replay_skip) empties them.
 inline GroupArgs step_groups(const Step& s, int64_t n, int64_t k, int64_t m_out = 0) {
   GroupArgs g;
   g.offsets = s.layout.expert_offsets_E1;
   g.skip = s.layout.header + kLayoutSkip;
+  g.replay_skip = replay_skip_flag(s);
   g.groups = s.dims.E;
   g.n = n;
   g.k = k;
@@ -30,6 +37,28 @@ inline GroupArgs step_groups(const Step& s, int64_t n, int64_t k, int64_t m_out 
 }
 
 inline cudaStream_t stream_of(const Step& s) { return static_cast<cudaStream_t>(s.stream); }
+
+// x_gathered [rows, D] as a TMA operand. With a layer plan its place is known only on the device:
+// the descriptor spans the whole arena as rows of D bf16 and the kernel shifts the row coordinate
+// by the plan's x_gathered_offset / 2D (a whole row: every saved region and the call scratch's
+// x_gathered start on the packing granule lcm(128, 2D), core/slot_plan.h). Without a plan: the
+// Step's [capacity, D] buffer, unshifted.
+struct GatheredRows {
+  const void* ptr;
+  int64_t rows;
+  RowShift shift;
+};
+inline GatheredRows x_gathered_rows(const Step& s) {
+  const int64_t pitch = 2 * s.dims.D;
+  if (s.layer_plan == nullptr) return {s.x_gathered_MD, s.capacity_rows, RowShift{}};
+  const int64_t rows = s.arena_bytes / pitch;
+  EPMOE_CHECK_ARG(rows <= INT_MAX, "Config.slots.slot_bytes",
+                  "an activation arena of at most " + std::to_string(INT_MAX) +
+                      " rows of 2 * hidden_dim bytes (int32 TMA row coordinates)",
+                  std::to_string(rows) + " rows");
+  return {s.arena, rows,
+          RowShift{plan_field<int64_t>(s, offsetof(LayerPlan, x_gathered_offset)), pitch}};
+}
 
 // Rows-grouping tile configs: cooperative 128-row tiles (4 stages) or ping-pong 64-row tiles
 // (5 stages: a stage holds one 64-row tile's k-block).

@@ -16,11 +16,12 @@ void w2_dgrad_with(const Step& s, bool swiglu_backward) {
   const Operand b{s.w2_EDF, F, D, 1, F, s.dims.E, D * F};
   using T = RowsTraits<kPingPong, 256, Major::MN, 1>;
   if (swiglu_backward) {
-    const typename SwigluBackwardEpilogue<T>::Params epi{s.h13_M2F, s.grad_h13_M2F, s.h_MF, F, s.act};
+    const typename SwigluBackwardEpilogue<T>::Params epi{placed_h13(s), s.grad_h13_M2F, s.h_MF,
+                                                         F, s.act};
     launch_grouped_gemm<T, Major::K, Major::MN, SwigluBackwardEpilogue<T>>(a, b, step_groups(s, F, D),
                                                                            epi, stream_of(s));
   } else {
-    const typename RowsEpilogue<T>::Params epi{s.grad_h_MF, F, F};
+    const typename RowsEpilogue<T>::Params epi{plain(s.grad_h_MF), F, F};
     launch_grouped_gemm<T, Major::K, Major::MN, RowsEpilogue<T>>(a, b, step_groups(s, F, D), epi,
                                                                  stream_of(s));
   }
@@ -40,7 +41,7 @@ void w13_dgrad_with(const Step& s, bool scatter) {
     launch_grouped_gemm<T, Major::K, Major::MN, ScatterEpilogue<T>>(a, b, step_groups(s, D, 2 * F),
                                                                     epi, stream_of(s));
   } else {
-    const typename RowsEpilogue<T>::Params epi{s.rows_MD, D, D};
+    const typename RowsEpilogue<T>::Params epi{plain(s.rows_MD), D, D};
     launch_grouped_gemm<T, Major::K, Major::MN, RowsEpilogue<T>>(a, b, step_groups(s, D, 2 * F), epi,
                                                                  stream_of(s));
   }

@@ -13,12 +13,14 @@ static_assert(kArrivalGateBlockRows == kArrivalBlockRows, "the gate reads dispat
 template <bool kPingPong>
 void w13_fprop_with(const Step& s, bool swiglu) {
   check_groups(s);
-  const int64_t D = s.dims.D, F = s.dims.F, M = s.capacity_rows;
-  const Operand a{s.x_gathered_MD, M, D, D, 1};
+  const int64_t D = s.dims.D, F = s.dims.F;
+  const GatheredRows x = x_gathered_rows(s);  // the saved x_gathered, or the Step's buffer
+  const Operand a{x.ptr, x.rows, D, D, 1};
   const Operand b{s.w13_EFD, 2 * F, D, D, 1, s.dims.E, 2 * F * D};
   if (swiglu) {
     using T = RowsTraits<kPingPong, 128, Major::K, 2>;
     GroupArgs g = step_groups(s, F, D);
+    g.a_shift = x.shift;
     g.b_second_offset = F;  // up rows follow the F gate rows
     if (s.arrival_gated_w13) {  // overlapped with dispatch, the launch right before this one
       g.arrival.arrivals_B = arrivals_B(s);
@@ -26,14 +28,15 @@ void w13_fprop_with(const Step& s, bool swiglu) {
       g.arrival.budget_ns = static_cast<uint64_t>(s.barrier_timeout_ms) * 1000000u;
       g.arrival.rank = s.rank;
     }
-    const typename SwigluEpilogue<T>::Params epi{s.h13_M2F, s.h_MF, F, s.act};
+    const typename SwigluEpilogue<T>::Params epi{placed_h13(s), s.h_MF, F, s.act};
     launch_grouped_gemm<T, Major::K, Major::K, SwigluEpilogue<T>>(a, b, g, epi, stream_of(s),
                                                                   s.arrival_gated_w13);
   } else {
     using T = RowsTraits<kPingPong, 256, Major::K, 1>;
-    const typename RowsEpilogue<T>::Params epi{s.h13_M2F, 2 * F, 2 * F};
-    launch_grouped_gemm<T, Major::K, Major::K, RowsEpilogue<T>>(a, b, step_groups(s, 2 * F, D), epi,
-                                                                stream_of(s));
+    GroupArgs g = step_groups(s, 2 * F, D);
+    g.a_shift = x.shift;
+    const typename RowsEpilogue<T>::Params epi{placed_h13(s), 2 * F, 2 * F};
+    launch_grouped_gemm<T, Major::K, Major::K, RowsEpilogue<T>>(a, b, g, epi, stream_of(s));
   }
 }
 
@@ -51,7 +54,7 @@ void w2_fprop_with(const Step& s, bool scatter) {
     launch_grouped_gemm<T, Major::K, Major::K, ScatterEpilogue<T>>(a, b, step_groups(s, D, F), epi,
                                                                    stream_of(s));
   } else {
-    const typename RowsEpilogue<T>::Params epi{s.rows_MD, D, D};
+    const typename RowsEpilogue<T>::Params epi{plain(s.rows_MD), D, D};
     launch_grouped_gemm<T, Major::K, Major::K, RowsEpilogue<T>>(a, b, step_groups(s, D, F), epi,
                                                                 stream_of(s));
   }

@@ -26,15 +26,17 @@ auto make_wgrad_store(void* out, int64_t m_out, int64_t n_out, int groups) {
   return make_tma_atom(SM90_TMA_STORE{}, tensor, Box{}, Shape<_64, _64>{});
 }
 
-// grad_w[e] [m_out, n_out] (+)= a[rows of e]^T b[rows of e], a: [M, m_out], b: [M, n_out].
+// grad_w[e] [m_out, n_out] (+)= a[rows of e]^T b[rows of e], a: [M, m_out], b: [b.rows, n_out]
+// from row b.shift on (x_gathered placed by the layer plan; else [M, n_out] unshifted).
 template <bool kPingPong>
-void wgrad(const Step& s, const bf16_t* a_rows, int64_t m_out, const bf16_t* b_rows, int64_t n_out,
-           void* out) {
+void wgrad(const Step& s, const bf16_t* a_rows, int64_t m_out, const GatheredRows& b_rows,
+           int64_t n_out, void* out) {
   check_groups(s);
   const int64_t M = s.capacity_rows;
   const Operand a{a_rows, m_out, M, 1, m_out};
-  const Operand b{b_rows, n_out, M, 1, n_out};
-  const GroupArgs g = step_groups(s, n_out, 0, m_out);
+  const Operand b{b_rows.ptr, n_out, b_rows.rows, 1, n_out};
+  GroupArgs g = step_groups(s, n_out, 0, m_out);
+  g.b_shift = b_rows.shift;
   const int accumulate = s.accumulate_wgrad ? 1 : 0;
   if (s.wgrad_dtype == DType::bf16 && !accumulate) {
     using T = WgradTmaTraits<kPingPong>;
@@ -61,15 +63,16 @@ void wgrad(const Step& s, const bf16_t* a_rows, int64_t m_out, const bf16_t* b_r
 // grad_w2[e] [D, F] = grad_h3[e]^T [D, rows] . h[e] [rows, F]
 void w2_wgrad(const Step& s) {
   dispatch_schedule(GemmKind::w2_wgrad, s, [&](auto pingpong) {
-    wgrad<decltype(pingpong)::value>(s, s.grad_h3_MD, s.dims.D, s.h_MF, s.dims.F, s.grad_w2_EDF);
+    const GatheredRows h{s.h_MF, s.capacity_rows, RowShift{}};
+    wgrad<decltype(pingpong)::value>(s, s.grad_h3_MD, s.dims.D, h, s.dims.F, s.grad_w2_EDF);
   });
 }
 
 // grad_w13[e] [2F, D] = grad_h13[e]^T [2F, rows] . x_gathered[e] [rows, D]
 void w13_wgrad(const Step& s) {
   dispatch_schedule(GemmKind::w13_wgrad, s, [&](auto pingpong) {
-    wgrad<decltype(pingpong)::value>(s, s.grad_h13_M2F, 2 * s.dims.F, s.x_gathered_MD, s.dims.D,
-                                     s.grad_w13_EFD);
+    wgrad<decltype(pingpong)::value>(s, s.grad_h13_M2F, 2 * s.dims.F, x_gathered_rows(s),
+                                     s.dims.D, s.grad_w13_EFD);
   });
 }
 

@@ -62,7 +62,7 @@ void fp8_grouped_gemm(const Fp8GroupedGemmArgs& args, void* stream) {
   groups.k = args.K;
   const Fp8ActScales sa{args.a_scales_SM, args.ld_a_scales, args.M};
   const Fp8WeightScales sb{args.b_scales_EBS, B, S};
-  const typename Epilogue::Params epi{args.out_MN, args.ld_out, args.N};
+  const typename Epilogue::Params epi{plain(args.out_MN), args.ld_out, args.N};
 
   constexpr auto kernel = &grouped_gemm_fp8_kernel<Traits, Epilogue, decltype(tma_a), decltype(tma_b)>;
   constexpr int kSmem = static_cast<int>(sizeof(Fp8SharedStorage<Traits, Epilogue::kSmemBytesPerWarpgroup>));

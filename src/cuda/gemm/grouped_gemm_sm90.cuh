@@ -79,10 +79,23 @@ struct alignas(1024) SharedStorage {
   int tile_prefix[kMaxGroups + 1];    // rows grouping: first tile of each group
 };
 
-// Device view of the groups: row offsets [groups + 1] on the device, and an optional skip flag.
+// A saved-state operand in the activation arena (x_gathered, core/slot_plan.h): its descriptor
+// spans the whole arena as rows of pitch_bytes, and the operand's row 0 is arena row
+// *offset / pitch_bytes (the planner's byte offset, always a whole row; device memory, read once
+// per CTA by the producer). offset == nullptr: no shift (the descriptor is the operand itself).
+struct RowShift {
+  const int64_t* offset = nullptr;
+  int64_t pitch_bytes = 1;
+  __device__ int rows() const { return offset == nullptr ? 0 : static_cast<int>(*offset / pitch_bytes); }
+};
+
+// Device view of the groups: row offsets [groups + 1] on the device, and optional skip flags.
 struct GroupArgs {
   const int32_t* offsets = nullptr;
-  const int32_t* skip = nullptr;  // non-zero: the step is skipped, every group is empty
+  const int32_t* skip = nullptr;         // non-zero: the step is skipped, every group is empty
+  const int32_t* replay_skip = nullptr;  // the same, for backward's replay (LayerPlan::replay_skip)
+  RowShift a_shift;               // rows grouping: A's rows (W13 forward reads x_gathered)
+  RowShift b_shift;               // reduction grouping: B's rows, the k axis (W13 WGRAD)
   int groups = 0;
   int64_t n = 0;                  // output columns (per B operand)
   int64_t m_out = 0;              // reduction: output rows
@@ -147,7 +160,8 @@ struct TileScheduler {
 template <class Traits, class Smem>
 __device__ TileScheduler<Traits> make_scheduler(Smem& smem, const GroupArgs& g) {
   constexpr int BM = Traits::BLOCK_M, BN = Traits::BLOCK_N, BK = Traits::BLOCK_K;
-  const bool skip = g.skip != nullptr && *g.skip != 0;
+  const bool skip = (g.skip != nullptr && *g.skip != 0) ||
+                    (g.replay_skip != nullptr && *g.replay_skip != 0);
   for (int i = threadIdx.x; i <= g.groups; i += blockDim.x) {
     smem.group_offsets[i] = skip ? 0 : g.offsets[i];
   }
@@ -241,6 +255,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (warp_in_group == 0 && lane_predicate) {
       PipelineState write_state = cutlass::make_producer_start_state<Pipeline>();
       [[maybe_unused]] bool arrival_gave_up = false;
+      const int a_shift = group_args.a_shift.rows();  // saved-state operands: arena rows
+      [[maybe_unused]] const int b_shift = group_args.b_shift.rows();
       for (int tile = blockIdx.x; tile < sched.total; tile += gridDim.x) {
         const TileCoord t = sched.at(tile);
         if (t.k_tiles == 0) continue;
@@ -251,10 +267,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         // (BM, BK, k) views of A and (BN, BK, k) views of each B operand for this tile.
         Tensor gA = [&] {
           if constexpr (Traits::kGrouping == Grouping::rows) {
-            return local_tile(domain_offset(make_coord(t.row0, 0), mA), Shape<Int<BM>, Int<BK>>{},
-                              make_coord(0, _));
+            return local_tile(domain_offset(make_coord(t.row0 + a_shift, 0), mA),
+                              Shape<Int<BM>, Int<BK>>{}, make_coord(0, _));
           } else {  // A is (M_out, rows): output rows along mode 0, group rows along K
-            return local_tile(domain_offset(make_coord(t.m_tile * BM, t.row0), mA),
+            return local_tile(domain_offset(make_coord(t.m_tile * BM, t.row0 + a_shift), mA),
                               Shape<Int<BM>, Int<BK>>{}, make_coord(0, _));
           }
         }();
@@ -275,7 +291,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                 return local_tile(domain_offset(make_coord(n0, 0, t.group), mB)(_, _, 0),
                                   Shape<Int<BN>, Int<BK>>{}, make_coord(0, _));
               } else {  // B is (N_out, rows)
-                return local_tile(domain_offset(make_coord(t.n_tile * BN, t.row0), mB),
+                return local_tile(domain_offset(make_coord(t.n_tile * BN, t.row0 + b_shift), mB),
                                   Shape<Int<BN>, Int<BK>>{}, make_coord(0, _));
               }
             }();
