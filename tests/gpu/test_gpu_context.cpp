@@ -182,6 +182,47 @@ TEST(GpuContext, PingPongScheduleEqualsCooperativeBitwise) {
   }
 }
 
+// CTA pairs multicasting B (EPMOE_GEMM_CLUSTER=2) give the bits of single CTAs, under both
+// schedules: odd m-tile counts (a pair's tile past the group, rows and reduction grouping), experts
+// with no rows, one m-tile per expert, many tiles per CTA, f32 weight gradients.
+TEST(GpuContext, ClusterPairsEqualSingleCtasBitwise) {
+  EPMOE_REQUIRE_GPU();
+  struct Case {
+    Problem p;
+    int64_t tokens;
+  };
+  std::vector<Case> cases;
+  cases.push_back({problem(333, 256, 520, 16, 4), 333});  // 2F = 1040: 9 WGRAD m-tiles
+  cases.push_back({problem(2048, 1024, 768, 4, 2), 2048});
+  cases.push_back({problem(40, 128, 96, 64, 2), 40});     // most experts empty
+  Problem clamped = problem(300, 512, 256, 8, 2);
+  clamped.act = Activation::swiglu_clamped();
+  cases.push_back({clamped, 300});
+  Problem f32 = problem(200, 256, 192, 6, 3);
+  f32.wgrad_dtype = DType::f32;
+  cases.push_back({f32, 200});
+  uint64_t seed = 91;
+  for (const char* schedule : {"cooperative", "pingpong"}) {
+    for (const Case& c : cases) {
+      const auto in = make_inputs(c.p, seed++, c.tokens);
+      setenv("EPMOE_GEMM_SCHEDULE", schedule, 1);
+      std::vector<RankOutputs> single, pairs;
+      try {
+        single = run_gpu_layer(c.p, in[0]);
+        setenv("EPMOE_GEMM_CLUSTER", "2", 1);
+        pairs = run_gpu_layer(c.p, in[0]);
+      } catch (const Error& e) {
+        unsetenv("EPMOE_GEMM_SCHEDULE");
+        unsetenv("EPMOE_GEMM_CLUSTER");
+        GTEST_SKIP() << "clustered kernels not in this build (EPMOE_GEMM_CONFIGS=CI): " << e.what();
+      }
+      unsetenv("EPMOE_GEMM_SCHEDULE");
+      unsetenv("EPMOE_GEMM_CLUSTER");
+      expect_bitwise_equal(pairs, single, c.p.name() + " " + schedule + " pairs vs single CTAs");
+    }
+  }
+}
+
 TEST(GpuContext, RepeatRunsAreBitwiseEqual) {
   EPMOE_REQUIRE_GPU();
   const Problem p = problem(300, 512, 256, 16, 4);

@@ -22,6 +22,17 @@ void check_groups(const Step& s);
 // measurements), else the measured table in gemm_config.cpp.
 Schedule select_schedule(GemmKind kind, const Step& s);
 
+// CTAs that share each B tile (1, or a pair multicasting it): EPMOE_GEMM_CLUSTER=1|2 forces it,
+// else the measured table in gemm_config.cpp.
+int select_cluster(GemmKind kind, const Step& s);
+
+// A kernel configuration chosen at run time, as a type: the consumer schedule and the cluster.
+template <bool kPingPong, int kCluster>
+struct Sched {
+  static constexpr bool pingpong = kPingPong;
+  static constexpr int cluster = kCluster;
+};
+
 // Groups = local experts; sizes from the layout on the device; the step's skip flag (and, in
 // backward's replay, the layer plan's replay_skip) empties them.
 inline GroupArgs step_groups(const Step& s, int64_t n, int64_t k, int64_t m_out = 0) {
@@ -62,21 +73,22 @@ inline GatheredRows x_gathered_rows(const Step& s) {
 
 // Rows-grouping tile configs: cooperative 128-row tiles (4 stages) or ping-pong 64-row tiles
 // (5 stages: a stage holds one 64-row tile's k-block).
-template <bool kPingPong, int kBlockN, Major kMajorB, int kNumB>
-using RowsTraits = GemmTraits<kPingPong ? 64 : 128, kBlockN, kPingPong ? 5 : 4, Grouping::rows,
-                              Major::K, kMajorB, kNumB, kPingPong>;
+template <class S, int kBlockN, Major kMajorB, int kNumB>
+using RowsTraits = GemmTraits<S::pingpong ? 64 : 128, kBlockN, S::pingpong ? 5 : 4, Grouping::rows,
+                              Major::K, kMajorB, kNumB, S::pingpong, S::cluster>;
 
-// Calls fn(std::bool_constant<ping-pong>) with the schedule select_schedule() picks. Builds with
-// EPMOE_GEMM_CONFIGS=CI instantiate the cooperative schedule only.
+// Calls fn(Sched<ping-pong, cluster>{}) with what select_schedule() and select_cluster() pick.
+// Builds with EPMOE_GEMM_CONFIGS=CI instantiate the cooperative, unclustered kernel only.
 template <class Fn>
 void dispatch_schedule([[maybe_unused]] GemmKind kind, [[maybe_unused]] const Step& s, Fn&& fn) {
 #if defined(EPMOE_GEMM_ALL_CONFIGS)
-  if (select_schedule(kind, s) == Schedule::pingpong) {
-    fn(std::true_type{});
-    return;
-  }
+  const bool pingpong = select_schedule(kind, s) == Schedule::pingpong;
+  const bool pair = select_cluster(kind, s) == 2;
+  if (pingpong && pair) return fn(Sched<true, 2>{});
+  if (pingpong) return fn(Sched<true, 1>{});
+  if (pair) return fn(Sched<false, 2>{});
 #endif
-  fn(std::false_type{});
+  fn(Sched<false, 1>{});
 }
 
 

@@ -10,7 +10,7 @@ using namespace gemm;
 static_assert(kArrivalGateBlockRows == kArrivalBlockRows, "the gate reads dispatch's counters");
 
 // x_gathered [M, D] (K-major) times w13 [E, 2F, D] (K-major).
-template <bool kPingPong>
+template <class S>
 void w13_fprop_with(const Step& s, bool swiglu) {
   check_groups(s);
   const int64_t D = s.dims.D, F = s.dims.F;
@@ -18,7 +18,7 @@ void w13_fprop_with(const Step& s, bool swiglu) {
   const Operand a{x.ptr, x.rows, D, D, 1};
   const Operand b{s.w13_EFD, 2 * F, D, D, 1, s.dims.E, 2 * F * D};
   if (swiglu) {
-    using T = RowsTraits<kPingPong, 128, Major::K, 2>;
+    using T = RowsTraits<S, 128, Major::K, 2>;
     GroupArgs g = step_groups(s, F, D);
     g.a_shift = x.shift;
     g.b_second_offset = F;  // up rows follow the F gate rows
@@ -32,7 +32,7 @@ void w13_fprop_with(const Step& s, bool swiglu) {
     launch_grouped_gemm<T, Major::K, Major::K, SwigluEpilogue<T>>(a, b, g, epi, stream_of(s),
                                                                   s.arrival_gated_w13);
   } else {
-    using T = RowsTraits<kPingPong, 256, Major::K, 1>;
+    using T = RowsTraits<S, 256, Major::K, 1>;
     GroupArgs g = step_groups(s, 2 * F, D);
     g.a_shift = x.shift;
     const typename RowsEpilogue<T>::Params epi{placed_h13(s), 2 * F, 2 * F};
@@ -41,13 +41,13 @@ void w13_fprop_with(const Step& s, bool swiglu) {
 }
 
 // h [M, F] (K-major) times w2 [E, D, F] (K-major).
-template <bool kPingPong>
+template <class S>
 void w2_fprop_with(const Step& s, bool scatter) {
   check_groups(s);
   const int64_t D = s.dims.D, F = s.dims.F, M = s.capacity_rows;
   const Operand a{s.h_MF, M, F, F, 1};
   const Operand b{s.w2_EDF, D, F, F, 1, s.dims.E, D * F};
-  using T = RowsTraits<kPingPong, 256, Major::K, 1>;
+  using T = RowsTraits<S, 256, Major::K, 1>;
   if (scatter) {
     const typename ScatterEpilogue<T>::Params epi{s.combine_R, s.layout.recv_src_M, s.dims.T,
                                                   s.dims.K, D};
@@ -61,11 +61,11 @@ void w2_fprop_with(const Step& s, bool scatter) {
 }
 
 void w13_fprop(const Step& s, bool swiglu) {
-  dispatch_schedule(GemmKind::w13_fprop, s, [&](auto pingpong) { w13_fprop_with<decltype(pingpong)::value>(s, swiglu); });
+  dispatch_schedule(GemmKind::w13_fprop, s, [&](auto sched) { w13_fprop_with<decltype(sched)>(s, swiglu); });
 }
 
 void w2_fprop(const Step& s, bool scatter) {
-  dispatch_schedule(GemmKind::w2_fprop, s, [&](auto pingpong) { w2_fprop_with<decltype(pingpong)::value>(s, scatter); });
+  dispatch_schedule(GemmKind::w2_fprop, s, [&](auto sched) { w2_fprop_with<decltype(sched)>(s, scatter); });
 }
 
 }  // namespace epmoe::cuda

@@ -9,17 +9,17 @@ using namespace gemm;
 
 namespace {
 
-template <bool kPingPong>
-using WgradTraits = GemmTraits<kPingPong ? 64 : 128, 256, kPingPong ? 5 : 4, Grouping::reduction,
-                               Major::MN, Major::MN, 1, kPingPong>;
+template <class S>
+using WgradTraits = GemmTraits<S::pingpong ? 64 : 128, 256, S::pingpong ? 5 : 4, Grouping::reduction,
+                               Major::MN, Major::MN, 1, S::pingpong, S::cluster>;
 // Three stages leave room for the TMA-store staging (2 x 32 KiB); WGRAD's k-loops are short.
-template <bool kPingPong>
-using WgradTmaTraits = GemmTraits<kPingPong ? 64 : 128, 256, 3, Grouping::reduction, Major::MN,
-                                  Major::MN, 1, kPingPong>;
+template <class S>
+using WgradTmaTraits = GemmTraits<S::pingpong ? 64 : 128, 256, 3, Grouping::reduction, Major::MN,
+                                  Major::MN, 1, S::pingpong, S::cluster>;
 
 // TMA-store descriptor of grad_w [groups, m_out, n_out] bf16 in 64 x 64 boxes.
 auto make_wgrad_store(void* out, int64_t m_out, int64_t n_out, int groups) {
-  using Box = typename WgradTmaEpilogue<WgradTmaTraits<false>, int>::SmemLayoutBox;
+  using Box = typename WgradTmaEpilogue<WgradTmaTraits<Sched<false, 1>>, int>::SmemLayoutBox;
   auto tensor = make_tensor(make_gmem_ptr(static_cast<cutlass::bfloat16_t*>(out)),
                             make_layout(make_shape(m_out, n_out, static_cast<int64_t>(groups)),
                                         make_stride(n_out, Int<1>{}, m_out * n_out)));
@@ -28,7 +28,7 @@ auto make_wgrad_store(void* out, int64_t m_out, int64_t n_out, int groups) {
 
 // grad_w[e] [m_out, n_out] (+)= a[rows of e]^T b[rows of e], a: [M, m_out], b: [b.rows, n_out]
 // from row b.shift on (x_gathered placed by the layer plan; else [M, n_out] unshifted).
-template <bool kPingPong>
+template <class S>
 void wgrad(const Step& s, const bf16_t* a_rows, int64_t m_out, const GatheredRows& b_rows,
            int64_t n_out, void* out) {
   check_groups(s);
@@ -39,14 +39,14 @@ void wgrad(const Step& s, const bf16_t* a_rows, int64_t m_out, const GatheredRow
   g.b_shift = b_rows.shift;
   const int accumulate = s.accumulate_wgrad ? 1 : 0;
   if (s.wgrad_dtype == DType::bf16 && !accumulate) {
-    using T = WgradTmaTraits<kPingPong>;
+    using T = WgradTmaTraits<S>;
     auto store = make_wgrad_store(out, m_out, n_out, s.dims.E);
     using Epi = WgradTmaEpilogue<T, decltype(store)>;
     const typename Epi::Params epi{store, m_out, n_out, s.dims.E};
     launch_grouped_gemm<T, Major::MN, Major::MN, Epi>(a, b, g, epi, stream_of(s));
     return;
   }
-  using T = WgradTraits<kPingPong>;
+  using T = WgradTraits<S>;
   if (s.wgrad_dtype == DType::f32) {
     using Epi = WgradEpilogue<T, float>;
     const typename Epi::Params epi{static_cast<float*>(out), m_out, n_out, accumulate};
@@ -62,16 +62,16 @@ void wgrad(const Step& s, const bf16_t* a_rows, int64_t m_out, const GatheredRow
 
 // grad_w2[e] [D, F] = grad_h3[e]^T [D, rows] . h[e] [rows, F]
 void w2_wgrad(const Step& s) {
-  dispatch_schedule(GemmKind::w2_wgrad, s, [&](auto pingpong) {
+  dispatch_schedule(GemmKind::w2_wgrad, s, [&](auto sched) {
     const GatheredRows h{s.h_MF, s.capacity_rows, RowShift{}};
-    wgrad<decltype(pingpong)::value>(s, s.grad_h3_MD, s.dims.D, h, s.dims.F, s.grad_w2_EDF);
+    wgrad<decltype(sched)>(s, s.grad_h3_MD, s.dims.D, h, s.dims.F, s.grad_w2_EDF);
   });
 }
 
 // grad_w13[e] [2F, D] = grad_h13[e]^T [2F, rows] . x_gathered[e] [rows, D]
 void w13_wgrad(const Step& s) {
-  dispatch_schedule(GemmKind::w13_wgrad, s, [&](auto pingpong) {
-    wgrad<decltype(pingpong)::value>(s, s.grad_h13_M2F, 2 * s.dims.F, x_gathered_rows(s),
+  dispatch_schedule(GemmKind::w13_wgrad, s, [&](auto sched) {
+    wgrad<decltype(sched)>(s, s.grad_h13_M2F, 2 * s.dims.F, x_gathered_rows(s),
                                      s.dims.D, s.grad_w13_EFD);
   });
 }

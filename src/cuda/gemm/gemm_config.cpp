@@ -90,6 +90,23 @@ Schedule select_schedule(GemmKind kind, const Step& s) {
   return Schedule::cooperative;
 }
 
+// Pairs of CTAs multicasting B (grouped_gemm_sm90.cuh) are measured against single CTAs per GEMM
+// kind with EPMOE_GEMM_CLUSTER; until a kind's row in bench/RESULTS.md shows a gain it runs unpaired.
+int select_cluster(GemmKind kind, const Step& s) {
+  (void)kind;
+  (void)s;
+  const char* env = std::getenv("EPMOE_GEMM_CLUSTER");
+  if (env != nullptr) {
+    if (std::strcmp(env, "1") == 0) return 1;
+    EPMOE_CHECK_ARG(std::strcmp(env, "2") == 0, "EPMOE_GEMM_CLUSTER", "1 or 2", env);
+#if !defined(EPMOE_GEMM_ALL_CONFIGS)
+    EPMOE_CHECK_ARG(false, "EPMOE_GEMM_CLUSTER", "1 in a build with EPMOE_GEMM_CONFIGS=CI", env);
+#endif
+    return 2;
+  }
+  return 1;
+}
+
 int device_sm_count() {
   static std::mutex mu;
   static std::vector<int> counts;

@@ -41,6 +41,7 @@ struct Fp8GemmTraits {
   static constexpr Grouping kGrouping = Grouping::rows;  // the scheduler's grouping
   static constexpr int kNumB = 1;
   static constexpr bool kPingPong = false;
+  static constexpr int kClusterM = 1;       // the scheduler's tiles: one CTA each
   static constexpr int kWarpgroupsPerTile = BLOCK_M / 64;
   static constexpr int kConsumerWarpgroups = BLOCK_M / 64;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);

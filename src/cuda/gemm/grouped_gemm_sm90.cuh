@@ -10,6 +10,12 @@
 //
 // With NumB == 2 the tile has two B operands (W13's gate and up rows) and two accumulators that
 // hold the same (row, column) in the same thread, so SwiGLU is thread-local in the epilogue.
+//
+// CLUSTER_M == 2: CTAs run in pairs (a 2 x 1 x 1 cluster) on the two m-tiles of one (group,
+// n-tile) and share its B tile: each CTA loads half of every B k-block and multicasts it to both,
+// which halves B's L2 -> shared-memory traffic (the weights in forward and DGRAD, the x / h rows
+// in WGRAD). A pair's second m-tile may lie past the group's rows (odd m-tile counts): it is
+// loaded and computed like any tile and its epilogue masks every row (TMA stores clip it).
 #pragma once
 
 #include <cute/arch/mma_sm90.hpp>
@@ -29,7 +35,7 @@ using namespace cute;
 // PINGPONG: each of the two consumer warpgroups owns alternate 64-row tiles, so one warpgroup's
 // epilogue overlaps the other's MMA. Otherwise (cooperative) BLOCK_M / 64 warpgroups share a tile.
 template <int BLOCK_M_, int BLOCK_N_, int STAGES_, Grouping GROUPING_, Major A_MAJOR_,
-          Major B_MAJOR_, int NUM_B_, bool PINGPONG_ = false>
+          Major B_MAJOR_, int NUM_B_, bool PINGPONG_ = false, int CLUSTER_M_ = 1>
 struct GemmTraits {
   static constexpr int BLOCK_M = BLOCK_M_;
   static constexpr int BLOCK_N = BLOCK_N_;  // per B operand
@@ -38,12 +44,15 @@ struct GemmTraits {
   static constexpr Grouping kGrouping = GROUPING_;
   static constexpr int kNumB = NUM_B_;
   static constexpr bool kPingPong = PINGPONG_;
+  static constexpr int kClusterM = CLUSTER_M_;  // CTAs sharing each B tile (multicast)
   static constexpr int kWarpgroupsPerTile = kPingPong ? 1 : BLOCK_M / 64;
   static constexpr int kConsumerWarpgroups = kPingPong ? 2 : BLOCK_M / 64;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   static_assert(BLOCK_M == 64 || BLOCK_M == 128, "one or two consumer warpgroups of 64 rows");
   static_assert(!kPingPong || BLOCK_M == 64, "ping-pong: one warpgroup per 64-row tile");
   static_assert(kNumB == 1 || kNumB == 2, "one B operand, or W13's gate and up halves");
+  static_assert(kClusterM == 1 || kClusterM == 2, "B shared by one or two CTAs");
+  using ClusterShape = Shape<Int<kClusterM>, _1, _1>;
 
   using Element = cutlass::bfloat16_t;
   static constexpr GMMA::Major kMajorA = A_MAJOR_ == Major::K ? GMMA::Major::K : GMMA::Major::MN;
@@ -114,13 +123,17 @@ struct TileCoord {
   int k_tiles;
 };
 
+// Tiles are numbered per cluster: with kClusterM == 2, tile i of the schedule is a pair of m-tiles
+// (2 m + rank) of one (group, n-tile), and `rank` (the CTA's rank in its cluster) picks one.
 template <class Traits>
 struct TileScheduler {
   static constexpr int BM = Traits::BLOCK_M, BN = Traits::BLOCK_N, BK = Traits::BLOCK_K;
+  static constexpr int CM = Traits::kClusterM;
   const int* offsets;  // shared memory
   const int* prefix;   // shared memory
   int groups, n_tiles, m_tiles_out, total;
   int k_tiles_rows;
+  int rank;            // this CTA's rank in its cluster
 
   __device__ TileCoord at(int tile) const {
     TileCoord t;
@@ -135,18 +148,19 @@ struct TileScheduler {
       // m fastest: the m-tiles that share one weight slice run side by side and read it once
       // from HBM (expert groups are often just over a tile: a second, sparse m-tile).
       const int local = tile - prefix[lo];
-      const int m_tiles = (offsets[lo + 1] - offsets[lo] + BM - 1) / BM;
+      const int m_tiles = ((offsets[lo + 1] - offsets[lo] + BM - 1) / BM + CM - 1) / CM;
       t.group = lo;
-      t.m_tile = local % m_tiles;
+      t.m_tile = (local % m_tiles) * CM + rank;
       t.n_tile = local / m_tiles;
       t.row0 = offsets[lo] + t.m_tile * BM;
-      t.rows_valid = min(BM, offsets[lo + 1] - t.row0);
+      t.rows_valid = min(BM, offsets[lo + 1] - t.row0);  // <= 0: a pair's tile past the group
       t.k_tiles = k_tiles_rows;
     } else {
-      const int per_group = m_tiles_out * n_tiles;
+      const int m_tiles = (m_tiles_out + CM - 1) / CM;
+      const int per_group = m_tiles * n_tiles;
       t.group = tile / per_group;
       const int local = tile % per_group;
-      t.m_tile = local / n_tiles;
+      t.m_tile = (local / n_tiles) * CM + rank;  // >= m_tiles_out: outside, stores clipped
       t.n_tile = local % n_tiles;
       t.row0 = offsets[t.group];
       t.rows_valid = offsets[t.group + 1] - t.row0;
@@ -176,7 +190,7 @@ __device__ TileScheduler<Traits> make_scheduler(Smem& smem, const GroupArgs& g) 
         int tiles = 0;
         if (grp < g.groups) {
           const int rows = smem.group_offsets[grp + 1] - smem.group_offsets[grp];
-          tiles = (rows + BM - 1) / BM * n_tiles;
+          tiles = ((rows + BM - 1) / BM + Traits::kClusterM - 1) / Traits::kClusterM * n_tiles;
         }
         int incl = tiles;
         for (int d = 1; d < 32; d *= 2) {
@@ -197,8 +211,11 @@ __device__ TileScheduler<Traits> make_scheduler(Smem& smem, const GroupArgs& g) 
   s.n_tiles = n_tiles;
   s.m_tiles_out = static_cast<int>((g.m_out + BM - 1) / BM);
   s.k_tiles_rows = static_cast<int>((g.k + BK - 1) / BK);
-  s.total = Traits::kGrouping == Grouping::rows ? smem.tile_prefix[g.groups]
-                                                : g.groups * s.m_tiles_out * n_tiles;
+  s.rank = Traits::kClusterM == 1 ? 0 : static_cast<int>(cute::block_rank_in_cluster());
+  constexpr int CM = Traits::kClusterM;
+  s.total = Traits::kGrouping == Grouping::rows
+                ? smem.tile_prefix[g.groups]
+                : g.groups * ((s.m_tiles_out + CM - 1) / CM) * n_tiles;
   return s;
 }
 
@@ -230,7 +247,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                     : Pipeline::ThreadCategory::Consumer;
   pipe_params.is_leader = warpgroup == 0 && warp_in_group == 0 && lane_predicate;
   pipe_params.num_consumers = 128 * Traits::kWarpgroupsPerTile;  // who releases a stage
-  Pipeline pipeline(smem.pipeline, pipe_params, Shape<_1, _1, _1>{});
+  Pipeline pipeline(smem.pipeline, pipe_params, typename Traits::ClusterShape{});
+  if constexpr (Traits::kClusterM > 1) {  // the peer's barriers are initialised before any multicast
+    cute::cluster_arrive_relaxed();
+    cute::cluster_wait();
+  }
+  constexpr int kCluster = Traits::kClusterM;
+  const int first_tile = static_cast<int>(blockIdx.x) / kCluster;  // tiles are per cluster
+  const int tile_stride = static_cast<int>(gridDim.x) / kCluster;
 
   if (threadIdx.x == 0) {
     cute::prefetch_tma_descriptor(tma_a.get_tma_descriptor());
@@ -257,7 +281,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       [[maybe_unused]] bool arrival_gave_up = false;
       const int a_shift = group_args.a_shift.rows();  // saved-state operands: arena rows
       [[maybe_unused]] const int b_shift = group_args.b_shift.rows();
-      for (int tile = blockIdx.x; tile < sched.total; tile += gridDim.x) {
+      for (int tile = first_tile; tile < sched.total; tile += tile_stride) {
         const TileCoord t = sched.at(tile);
         if (t.k_tiles == 0) continue;
         if constexpr (Traits::kNumB == 2 && Traits::kGrouping == Grouping::rows) {  // W13 only
@@ -295,13 +319,23 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                   Shape<Int<BN>, Int<BK>>{}, make_coord(0, _));
               }
             }();
-            auto [tBgB, tBsB] = tma_partition(tma_b, Int<0>{}, Layout<_1>{},
-                                              group_modes<0, 2>(sB), group_modes<0, 2>(gB));
-            copy(tma_b.with(*barrier), tBgB(_, kt), tBsB(_, stage));
+            if constexpr (kCluster == 1) {
+              auto [tBgB, tBsB] = tma_partition(tma_b, Int<0>{}, Layout<_1>{},
+                                                group_modes<0, 2>(sB), group_modes<0, 2>(gB));
+              copy(tma_b.with(*barrier), tBgB(_, kt), tBsB(_, stage));
+            } else {  // this CTA's half of the B tile, written into both CTAs' stage
+              auto [tBgB, tBsB] = tma_partition(tma_b, sched.rank, Layout<Int<kCluster>>{},
+                                                group_modes<0, 2>(sB), group_modes<0, 2>(gB));
+              constexpr uint16_t kAllCtas = (1u << kCluster) - 1;
+              copy(tma_b.with(*barrier, kAllCtas), tBgB(_, kt), tBsB(_, stage));
+            }
           }
           ++write_state;
         }
       }
+      // A CTA of a pair stays until the peer's consumers have released every stage this CTA's
+      // barriers track (their arrivals target this CTA's shared memory).
+      if constexpr (kCluster > 1) pipeline.producer_tail(write_state);
     }
   } else {
     // ---------------- consumers: wgmma on the tile, then the epilogue ----------------
@@ -328,7 +362,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     Epilogue epilogue(epi_params, smem.epilogue[wg], wg, row_block, consumer_tid % 128);
     PipelineState read_state;
     int sequence = 0;  // this CTA's tiles in order; ping-pong: warpgroup (sequence % 2) owns one
-    for (int tile = blockIdx.x; tile < sched.total; tile += gridDim.x, ++sequence) {
+    for (int tile = first_tile; tile < sched.total; tile += tile_stride, ++sequence) {
       const TileCoord t = sched.at(tile);
       if constexpr (Traits::kPingPong) {
         if ((sequence & 1) != wg) {  // the other warpgroup's tile: skip its stages
@@ -410,7 +444,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         pipeline.consumer_release(release_state);
       }
       if constexpr (Traits::kPingPong) {  // the next tile's mainloop may start
-        if (tile + static_cast<int>(gridDim.x) < sched.total) {
+        if (tile + tile_stride < sched.total) {
           cutlass::arch::NamedBarrier::arrive(
               256, static_cast<uint32_t>(GemmBarrier::mainloop_turn_wg0) + static_cast<uint32_t>(1 - wg));
         }

@@ -4,8 +4,10 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <string>
 
 #include "cuda/check.h"
 #include "cuda/gemm/epilogues.cuh"
@@ -25,8 +27,9 @@ struct Operand {
   int64_t stride_groups = 0;
 };
 
-// kRank 2: (rows, cols); kRank 3: (rows, cols, groups) for per-expert weights.
-template <class Traits, Major kMajor, int kTileRows, int kRank>
+// kRank 2: (rows, cols); kRank 3: (rows, cols, groups) for per-expert weights. kMulticast > 1:
+// the tile is loaded in kMulticast slices, each multicast to the CTAs of the cluster.
+template <class Traits, Major kMajor, int kTileRows, int kRank, int kMulticast = 1>
 auto make_tma(const Operand& o) {
   using Element = typename Traits::Element;
   const auto* ptr = static_cast<const Element*>(o.ptr);
@@ -39,16 +42,53 @@ auto make_tma(const Operand& o) {
     if constexpr (kMajor == Major::K) return make_stride(o.stride_rows, Int<1>{});
     else return make_stride(Int<1>{}, o.stride_cols);
   }();
+  auto atom = [&](auto tensor) {
+    if constexpr (kMulticast == 1) {
+      return make_tma_atom(SM90_TMA_LOAD{}, tensor, smem, tile);
+    } else {
+      return make_tma_atom(SM90_TMA_LOAD_MULTICAST{}, tensor, smem, tile, Int<kMulticast>{});
+    }
+  };
   if constexpr (kRank == 2) {
-    auto tensor = make_tensor(make_gmem_ptr(ptr), make_layout(make_shape(o.rows, o.cols), stride2));
-    return make_tma_atom(SM90_TMA_LOAD{}, tensor, smem, tile);
+    return atom(make_tensor(make_gmem_ptr(ptr), make_layout(make_shape(o.rows, o.cols), stride2)));
   } else {
-    auto tensor = make_tensor(
+    return atom(make_tensor(
         make_gmem_ptr(ptr),
         make_layout(make_shape(o.rows, o.cols, static_cast<int64_t>(o.groups)),
-                    append(stride2, o.stride_groups)));
-    return make_tma_atom(SM90_TMA_LOAD{}, tensor, smem, tile);
+                    append(stride2, o.stride_groups))));
   }
+}
+
+// Persistent grid of a clustered launch: as many clusters as can be resident at once (clusters
+// of two need two free SMs of one GPC, so that can be fewer than SMs / 2). Cached per device.
+template <auto kKernel, int kCluster>
+int resident_cluster_grid(int threads, int smem_bytes) {
+  static std::atomic<int> grids[64] = {};
+  int device = 0;
+  EPMOE_CUDA_CHECK(cudaGetDevice(&device));
+  std::atomic<int>& cached = grids[device % 64];
+  int grid = cached.load(std::memory_order_acquire);
+  if (grid == 0) {
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = kCluster;
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>(device_sm_count()));
+    config.blockDim = dim3(static_cast<unsigned>(threads));
+    config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    int clusters = 0;
+    EPMOE_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config));
+    EPMOE_CHECK_ARG(clusters > 0, "grouped GEMM cluster launch",
+                    "at least one resident cluster of " + std::to_string(kCluster) + " CTAs",
+                    clusters);
+    grid = std::min(clusters, device_sm_count() / kCluster) * kCluster;
+    cached.store(grid, std::memory_order_release);
+  }
+  return grid;
 }
 
 // The shared-memory limit is a per-device attribute of a kernel: sets it once per device (several
@@ -74,28 +114,40 @@ void launch_grouped_gemm(const Operand& a, const Operand& b, const GroupArgs& gr
                          bool programmatic = false) {
   constexpr int kRankB = Traits::kGrouping == Grouping::rows ? 3 : 2;
   auto tma_a = make_tma<Traits, kMajorA, Traits::BLOCK_M, 2>(a);
-  auto tma_b = make_tma<Traits, kMajorB, Traits::BLOCK_N, kRankB>(b);
+  auto tma_b = make_tma<Traits, kMajorB, Traits::BLOCK_N, kRankB, Traits::kClusterM>(b);
   constexpr auto kernel = &grouped_gemm_kernel<Traits, Epilogue, decltype(tma_a), decltype(tma_b)>;
   constexpr int kSmem =
       static_cast<int>(sizeof(SharedStorage<Traits, Epilogue::kSmemBytesPerWarpgroup>));
   static_assert(kSmem <= 227 * 1024, "shared memory of one CTA on sm_90 is at most 227 KiB");
   set_shared_memory_limit<kernel>(kSmem);
-  const int grid = device_sm_count();
-  if (programmatic) {
-    cudaLaunchAttribute attribute{};
-    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = 1;
+  constexpr int kCluster = Traits::kClusterM;
+  if (programmatic || kCluster > 1) {
+    cudaLaunchAttribute attributes[2] = {};
+    unsigned count = 0;
+    if (programmatic) {
+      attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attributes[count++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (kCluster > 1) {
+      attributes[count].id = cudaLaunchAttributeClusterDimension;
+      attributes[count].val.clusterDim.x = kCluster;
+      attributes[count].val.clusterDim.y = 1;
+      attributes[count++].val.clusterDim.z = 1;
+    }
     cudaLaunchConfig_t config{};
-    config.gridDim = dim3(static_cast<unsigned>(grid));
+    config.gridDim = dim3(static_cast<unsigned>(
+        kCluster > 1 ? resident_cluster_grid<kernel, kCluster>(Traits::kThreads, kSmem)
+                     : device_sm_count()));
     config.blockDim = dim3(Traits::kThreads);
     config.dynamicSmemBytes = kSmem;
     config.stream = stream;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
+    config.attrs = attributes;
+    config.numAttrs = count;
     EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, tma_a, tma_b, groups, epi, a.rows, a.cols,
                                         b.rows, b.cols));
     return;
   }
+  const int grid = device_sm_count();
   kernel<<<grid, Traits::kThreads, kSmem, stream>>>(tma_a, tma_b, groups, epi, a.rows, a.cols,
                                                      b.rows, b.cols);
   EPMOE_CUDA_CHECK(cudaGetLastError());
