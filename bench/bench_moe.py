@@ -54,9 +54,13 @@ def ceilings():
     dst = torch.empty_like(src)
     ms_copy, _, _ = timed(lambda: dst.copy_(src))
     copy_GBps = 2 * src.numel() / ms_copy / 1e6
+    # Write-only stream: the roof of GEMMs whose output outweighs their operands (WGRAD with few
+    # rows per expert writes more bytes of weight gradient than it reads).
+    ms_fill, _, _ = timed(lambda: dst.fill_(7))
+    write_GBps = dst.numel() / ms_fill / 1e6
     del a, b, src, dst
     return {"bf16_matmul_tflops": bf16, "fp8_matmul_tflops": None, "peer_store_GBps": None,
-            "hbm_copy_GBps": copy_GBps}
+            "hbm_copy_GBps": copy_GBps, "hbm_write_GBps": write_GBps}
 
 
 def rel_l2_parts(a, b, chunk=1 << 26):
