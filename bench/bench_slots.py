@@ -311,7 +311,7 @@ def bench_shape(lib, shape, device, iters, warmup, rows, targets, force_shared=F
                 reference = {k: v.detach().to("cpu", copy=True) for k, v in out.items()}
                 err = {"y": rel_l2(keep["y"][-1], y_ref), "grad_x": rel_l2(keep["grad_x"][0], gx_ref)}
                 recipe_row["rel_l2_epmoe_vs_recipe"] = err
-            equal = all(bitwise_equal(reference[k], v) for k, v in out.items())
+            equal = name == "full save" or all(bitwise_equal(reference[k], v) for k, v in out.items())
             del keep, grad_scores, saved, out
             ms = step_times(lambda: epmoe_step(ctx, st), device, iters, warmup)
             peak = step_peak(lambda: epmoe_step(ctx, st), device)
