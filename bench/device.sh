@@ -5,6 +5,8 @@
 #   bash bench/device.sh ep [bench_ep args...]   EP = 2 on 2 GPUs: builds only what it needs
 #       (libepmoe, libepmoe_nccl, ep_peer_store, the C ABI test), runs the C ABI test, then
 #       bench/bench_ep.py under torchrun: $OUT/bench_ep.json, $OUT/bench_ep.log
+#   bash bench/device.sh slots [bench_slots args...]   activation slots, EP = 1: builds libepmoe
+#       and the C ABI test, runs it, then bench/bench_slots.py: $OUT/bench_slots.json, .log, .md
 # CUTLASS headers and GoogleTest sources travel in third_party/ (git-ignored; name it in carry).
 set -uo pipefail
 mode=${1:-all}
@@ -25,6 +27,8 @@ fi
 targets=()
 if [[ $mode == ep ]]; then
   EPMOE_BUILD_TARGETS=${EPMOE_BUILD_TARGETS:-epmoe epmoe_nccl ep_peer_store test_gpu_capi_nccl}
+elif [[ $mode == slots ]]; then
+  EPMOE_BUILD_TARGETS=${EPMOE_BUILD_TARGETS:-epmoe test_c_api}
 fi
 for t in ${EPMOE_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
 if ! cmake --build "$build" -j "$(nproc)" "${targets[@]}" > "$OUT/build.log" 2>&1; then
@@ -67,5 +71,17 @@ if [[ $mode == ep ]]; then
   tail -120 "$OUT/bench_ep.log"
   [[ -f $OUT/bench_ep.json ]] && python3 bench/results_table.py "$OUT/bench_ep.json" > "$OUT/bench_ep.md"
   echo "bench_ep: $(( $(date +%s) - t0 )) s, status $status"
+fi
+if [[ $mode == slots ]]; then
+  "$build/tests/cpp/test_c_api" > "$OUT/c_api.log" 2>&1 || status=1
+  grep -E "PASSED|FAILED" "$OUT/c_api.log" | head -10
+  t0=$(date +%s)
+  PYTHONUNBUFFERED=1 timeout -k 10 "${EPMOE_SLOTS_TIMEOUT:-420}" python3 bench/bench_slots.py \
+      --out "$OUT/bench_slots.json" --lib "$build/src/libepmoe.so" "$@" > "$OUT/bench_slots.log" 2>&1 ||
+    status=1
+  tail -60 "$OUT/bench_slots.log"
+  [[ -f $OUT/bench_slots.json ]] &&
+    python3 bench/results_table.py "$OUT/bench_slots.json" > "$OUT/bench_slots.md"
+  echo "bench_slots: $(( $(date +%s) - t0 )) s, status $status"
 fi
 exit $status

@@ -17,7 +17,23 @@ class Config(ctypes.Structure):
         ("wgrad_f32", ctypes.c_int32), ("barrier_timeout_ms", ctypes.c_int32),
         ("arrival_gated_w13", ctypes.c_int32),
         ("scratch_device_bytes", ctypes.c_int64),  # -1: all scratch in device memory
+        ("slot_capacity_factor", ctypes.c_double),  # < 0: unset
+        ("slot_bytes", ctypes.c_int64),  # < 0: unset (neither: the maximum useful slot)
     ]
+
+
+class SlotPlan(ctypes.Structure):
+    """epmoe_slot_plan: the slot terms of plan_memory."""
+    _fields_ = [(name, ctypes.c_int64) for name in (
+        "minimum_slot_bytes", "balanced_full_save_slot_bytes", "maximum_useful_slot_bytes",
+        "slot_bytes", "activation_bytes", "scratch_bytes", "arena_bytes", "total_bytes",
+        "device_total_bytes")]
+
+
+class ContextMemory(ctypes.Structure):
+    """epmoe_context_memory: what a context holds for its lifetime."""
+    _fields_ = [(name, ctypes.c_int64) for name in (
+        "device_bytes", "host_bytes", "device_held_bytes", "host_held_bytes", "other_device_bytes")]
 
 
 class Saved(ctypes.Structure):
@@ -56,6 +72,7 @@ def load(path=None):
                                          ctypes.c_int32, ctypes.c_int32]
     lib.epmoe_context_create_single_gpu.argtypes = [ctypes.POINTER(Config), ctypes.c_int,
                                                     ctypes.POINTER(ctypes.c_void_p)]
+    lib.epmoe_context_create_cpu.argtypes = [ctypes.POINTER(Config), ctypes.POINTER(ctypes.c_void_p)]
     lib.epmoe_context_destroy.argtypes = [ctypes.c_void_p]
     lib.epmoe_forward.argtypes = [ctypes.c_void_p, ctypes.POINTER(ForwardArgs), ctypes.POINTER(Saved)]
     lib.epmoe_backward.argtypes = [ctypes.c_void_p, ctypes.POINTER(BackwardArgs)]
@@ -66,7 +83,21 @@ def load(path=None):
                                       ctypes.POINTER(ctypes.c_int)]
     lib.epmoe_explain_plan.argtypes = [ctypes.POINTER(Config), ctypes.c_int, ctypes.c_char_p,
                                        ctypes.c_size_t]
+    lib.epmoe_plan_slots.argtypes = [ctypes.POINTER(Config), ctypes.c_int, ctypes.POINTER(SlotPlan)]
+    lib.epmoe_context_memory_held.argtypes = [ctypes.c_void_p, ctypes.POINTER(ContextMemory)]
+    lib.epmoe_recomputes.argtypes = [ctypes.c_void_p, ctypes.POINTER(Saved),
+                                     ctypes.POINTER(ctypes.c_int32)]
+    lib.epmoe_slot_peak_bytes.argtypes = [ctypes.c_void_p, ctypes.c_int,
+                                          ctypes.POINTER(ctypes.c_int64)]
     return lib
+
+
+def plan_slots(lib, config, ep_size=1):
+    """SlotPlan of plan_memory(config, ep_size) as a dict."""
+    p = SlotPlan()
+    if lib.epmoe_plan_slots(ctypes.byref(config), ep_size, ctypes.byref(p)) != 0:
+        raise RuntimeError(lib.epmoe_last_error().decode())
+    return {name: getattr(p, name) for name, _ in SlotPlan._fields_}
 
 
 NCCL_UNIQUE_ID_BYTES = 128  # EPMOE_NCCL_UNIQUE_ID_BYTES of include/epmoe/c_api_nccl.h
@@ -97,14 +128,18 @@ def _ptr(t):
 
 
 class Context:
-    """EP = 1 context on cuda:device; Context.create_nccl for one rank of EP over the NCCL transport."""
+    """EP = 1 context on cuda:device (device = "cpu": the CPU backend, host tensors);
+    Context.create_nccl for one rank of EP over the NCCL transport."""
 
-    def __init__(self, lib, config: Config, device: int = 0, nccl=None):
+    def __init__(self, lib, config: Config, device=0, nccl=None):
         self.lib = lib
         self.config = config
         self.nccl_lib = nccl
+        self.cpu = device == "cpu"
         self.handle = ctypes.c_void_p()
-        if nccl is None:
+        if self.cpu:
+            self._ok(lib.epmoe_context_create_cpu(ctypes.byref(config), ctypes.byref(self.handle)))
+        elif nccl is None:
             self._ok(lib.epmoe_context_create_single_gpu(ctypes.byref(config), device,
                                                          ctypes.byref(self.handle)))
 
@@ -135,11 +170,14 @@ class Context:
             self.lib.epmoe_context_destroy(self.handle)
             self.handle = ctypes.c_void_p()
 
-    def forward(self, x, ids, scores, w13, w2, y, save=True, num_tokens=None):
+    def _stream(self):
+        return None if self.cpu else ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+    def forward(self, x, ids, scores, w13, w2, y, save=True, num_tokens=None, slot=0):
         a = ForwardArgs(_ptr(x), x.shape[0], _ptr(num_tokens), _ptr(ids),
                         int(ids.dtype == torch.int64), _ptr(scores),
                         int(scores.dtype == torch.bfloat16), _ptr(w13), _ptr(w2), _ptr(y),
-                        int(save), 0, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+                        int(save), slot, self._stream())
         saved = Saved()
         self._ok(self.lib.epmoe_forward(self.handle, ctypes.byref(a), ctypes.byref(saved)))
         return saved
@@ -150,7 +188,7 @@ class Context:
                          int(ids.dtype == torch.int64), _ptr(scores),
                          int(scores.dtype == torch.bfloat16), _ptr(w13), _ptr(w2), _ptr(grad_x),
                          _ptr(grad_scores), _ptr(grad_w13), _ptr(grad_w2), int(accumulate),
-                         ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+                         self._stream())
         self._ok(self.lib.epmoe_backward(self.handle, ctypes.byref(a)))
 
     def check(self):
@@ -165,6 +203,23 @@ class Context:
         n = ctypes.c_int()
         self._ok(self.lib.epmoe_stage_times(self.handle, names, ms, 64, ctypes.byref(n)))
         return [(names[i].decode(), ms[i]) for i in range(min(n.value, 64))]
+
+    def memory_held(self):
+        """ContextMemory of this context as a dict (arena split and held bytes, the rest)."""
+        m = ContextMemory()
+        self._ok(self.lib.epmoe_context_memory_held(self.handle, ctypes.byref(m)))
+        return {name: getattr(m, name) for name, _ in ContextMemory._fields_}
+
+    def recomputes(self, saved):
+        """True when the planner made this saved layer recompute (synchronises)."""
+        r = ctypes.c_int32(-1)
+        self._ok(self.lib.epmoe_recomputes(self.handle, ctypes.byref(saved), ctypes.byref(r)))
+        return bool(r.value)
+
+    def slot_peak_bytes(self, slot=0):
+        b = ctypes.c_int64()
+        self._ok(self.lib.epmoe_slot_peak_bytes(self.handle, slot, ctypes.byref(b)))
+        return b.value
 
     def explain(self, ep_size=1):
         buf = ctypes.create_string_buffer(1 << 16)

@@ -1,5 +1,5 @@
 """Markdown tables of a bench/results JSON (MEASURE.md schema) for bench/RESULTS.md, EP = 1
-(bench_moe.py) or EP = 2 (bench_ep.py):
+(bench_moe.py) or EP = 2 (bench_ep.py), or the activation-slot stack (bench_slots.py):
     python3 bench/results_table.py bench/results/<file>.json"""
 import json
 import sys
@@ -11,6 +11,9 @@ def fmt(v, spec):
 
 def main(path):
     d = json.load(open(path))
+    if d.get("benchmark") == "slots":
+        slots_table(path, d)
+        return
     if d["rows"] and d["rows"][0]["ep"] == 2:
         ep_tables(path, d)
         return
@@ -70,6 +73,40 @@ def stage_columns(stages):
         seen[name] = seen.get(name, 0) + 1
         names.append(name if seen[name] == 1 else f"{name}.{seen[name]}")
     return names, [ms for _, ms in stages]
+
+
+def slots_table(path, d):
+    """bench_slots.py: a 4-layer stack per shape at each slot budget against the recipe."""
+    rows = d["rows"]
+    print(f"### {d['date']} · {d['sha'][:7]} · {d['gpu']} · EP = 1 · activation slots, "
+          f"{rows[0]['layers'] if rows else 4}-layer stack fwd+bwd · torch {d['versions']['torch']}\n")
+    print("Peak = torch allocations of the step above the allocation before its forward + the "
+          "context's device bytes; the recipe's peak also less one w13-gradient temporary "
+          f"(the target's measure). File: `{path}`.\n")
+    print("| shape | T | impl | budget | slot MiB | recomputed layers | fwd+bwd ms | vs full save | "
+          "peak MiB | vs recipe peak | vs recipe less wgrad | bitwise = full save |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    mib = 1 << 20
+    for r in rows:
+        slot = r.get("slot_bytes")
+        peak = r.get("peak_mem_bytes")
+        extra = ""
+        if r["impl"] != "epmoe" and r.get("activation_peak_bytes") is not None:
+            extra = f" ({fmt(r['activation_peak_bytes'] / mib, '.0f')} less wgrad)"
+        print(f"| {r['shape']} | {r['tokens_per_rank']} | {r['impl']} | {r.get('budget') or '-'} | "
+              f"{fmt(None if slot is None else slot / mib, '.1f')} | {r.get('recomputed_layers', '-')} | "
+              f"{fmt(r['median_ms'], '.3f')} | {fmt(r.get('time_ratio_to_full_save'), '.3f')} | "
+              f"{fmt(None if peak is None else peak / mib, '.0f')}{extra} | "
+              f"{fmt(r.get('ratio_to_recipe_peak'), '.3f')} | "
+              f"{fmt(r.get('ratio_to_recipe_activation_peak'), '.3f')} | "
+              f"{r.get('bitwise_equal_to_full_save', '-')} |")
+    if d.get("targets"):
+        print("\n| shape | target | value | verdict |\n|---|---|---|---|")
+        for t in d["targets"]:
+            v = t["value"]
+            verdict = "n/a" if t["met"] is None else ("met" if t["met"] else "missed")
+            print(f"| {t['shape']} | {t['target']} | {fmt(v, '.3f') if isinstance(v, float) else v} | "
+                  f"{verdict} |")
 
 
 def ep_tables(path, d):

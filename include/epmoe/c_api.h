@@ -32,6 +32,12 @@ typedef struct {
   int32_t arrival_gated_w13;   /* 1: W13 waits on dispatch arrivals, overlapped; 0: staged (default) */
   int64_t scratch_device_bytes; /* most scratch bytes in device memory, the rest pinned host memory
                                    in the same range; -1: all device (default) */
+  /* Activation slot budget (Config.slots; docs/memory.md), at most one of the two set:
+   * slot_capacity_factor f >= 0: minimum + f * (balanced full save - minimum); < 0: unset.
+   * slot_bytes >= 0: exact bytes per slot (rounded up to the packing granule); < 0: unset.
+   * Neither set (the default): the maximum useful size, no layer ever recomputes. */
+  double slot_capacity_factor;
+  int64_t slot_bytes;
 } epmoe_config;
 
 /* Defaults of the C++ Config for the four required fields. */
@@ -67,6 +73,8 @@ int epmoe_cuda_device_count(void);
 
 /* EP = 1 on cuda:device. */
 int epmoe_context_create_single_gpu(const epmoe_config* config, int device, epmoe_context** out);
+/* EP = 1 on the CPU backend (host pointers; `stream` is ignored). Every build has it. */
+int epmoe_context_create_cpu(const epmoe_config* config, epmoe_context** out);
 void epmoe_context_destroy(epmoe_context* ctx);
 
 int epmoe_forward(epmoe_context* ctx, const epmoe_forward_args* args, epmoe_saved* saved);
@@ -80,6 +88,37 @@ int epmoe_stage_times(epmoe_context* ctx, const char** names, double* ms, int ca
 
 /* plan_memory(config, ep_size).explain() into buf (truncated to len - 1). */
 int epmoe_explain_plan(const epmoe_config* config, int ep_size, char* buf, size_t len);
+
+/* Slot terms of plan_memory(config, ep_size) (MemoryPlan fields of the same names). */
+typedef struct {
+  int64_t minimum_slot_bytes;            /* every layer recomputes */
+  int64_t balanced_full_save_slot_bytes; /* balanced routing never recomputes */
+  int64_t maximum_useful_slot_bytes;     /* no routing ever recomputes */
+  int64_t slot_bytes;                    /* chosen by the budget fields of the config */
+  int64_t activation_bytes;              /* num_slots * slot_bytes */
+  int64_t scratch_bytes;
+  int64_t arena_bytes;                   /* activation + scratch */
+  int64_t total_bytes;                   /* arena + symmetric + status + peer tables + planner */
+  int64_t device_total_bytes;            /* total less the host-backed part of the scratch */
+} epmoe_slot_plan;
+int epmoe_plan_slots(const epmoe_config* config, int ep_size, epmoe_slot_plan* out);
+
+/* Memory a context holds for its lifetime (Context::arena_memory; planned = held except for a
+ * host-backed arena, whose parts are rounded up to the VMM granule). */
+typedef struct {
+  int64_t device_bytes, host_bytes;            /* planned arena split */
+  int64_t device_held_bytes, host_held_bytes;  /* physical bytes held by the arena */
+  int64_t other_device_bytes;  /* outside the arena: symmetric buffers, status word, peer tables,
+                                  planner state (MemoryPlan::total_bytes - arena_bytes) */
+} epmoe_context_memory;
+int epmoe_context_memory_held(const epmoe_context* ctx, epmoe_context_memory* out);
+
+/* The planner's decision for a saved layer: *recompute = 1 when its forward saved only its input
+ * and its backward replays the forward (Context::recomputes; synchronises). Readable after the
+ * backward too, until a later forward reuses the layer's place in the slot. */
+int epmoe_recomputes(epmoe_context* ctx, const epmoe_saved* saved, int32_t* recompute);
+/* High-water mark of the slot's packed bytes since the context was created (synchronises). */
+int epmoe_slot_peak_bytes(epmoe_context* ctx, int slot, int64_t* bytes);
 
 #ifdef __cplusplus
 }

@@ -9,7 +9,9 @@
 
 #include "capi/c_api_internal.h"
 #include "epmoe/cuda.h"
+#include "epmoe/error.h"
 #include "epmoe/memory_plan.h"
+#include "epmoe/transport.h"
 
 namespace epmoe::capi {
 
@@ -37,6 +39,9 @@ Config to_config(const epmoe_config& c) {
   f.barrier_timeout_ms = c.barrier_timeout_ms;
   f.arrival_gated_w13 = c.arrival_gated_w13 != 0;
   if (c.scratch_device_bytes != -1) f.scratch_device_bytes = c.scratch_device_bytes;
+  // Negative: unset. NaN is passed on, so that Config names it.
+  if (!(c.slot_capacity_factor < 0.0)) f.slots.slot_capacity_factor = c.slot_capacity_factor;
+  if (c.slot_bytes >= 0) f.slots.slot_bytes = c.slot_bytes;
   return Config(f);
 }
 
@@ -76,6 +81,8 @@ epmoe_config epmoe_config_default(int64_t T, int64_t D, int64_t F, int32_t K, in
   c.barrier_timeout_ms = d.barrier_timeout_ms;
   c.arrival_gated_w13 = d.arrival_gated_w13 ? 1 : 0;
   c.scratch_device_bytes = -1;
+  c.slot_capacity_factor = -1.0;
+  c.slot_bytes = -1;
   return c;
 }
 
@@ -88,6 +95,17 @@ int epmoe_context_create_single_gpu(const epmoe_config* config, int device, epmo
     auto h = std::make_unique<epmoe_context>();
     h->ctx = epmoe::Context::create(to_config(*config), epmoe::make_single_gpu_transport(device));
     h->device = epmoe::Device::cuda(device);
+    *out = h.release();
+  });
+}
+
+int epmoe_context_create_cpu(const epmoe_config* config, epmoe_context** out) {
+  return guarded([&] {
+    EPMOE_CHECK_ARG(config != nullptr, "config", "an epmoe_config", "nullptr");
+    epmoe::ThreadTransportGroup group(1);  // its transport keeps the shared state alive
+    auto h = std::make_unique<epmoe_context>();
+    h->ctx = epmoe::Context::create(to_config(*config), group.transport(0));
+    h->device = epmoe::Device::cpu();
     *out = h.release();
   });
 }
@@ -168,6 +186,43 @@ int epmoe_explain_plan(const epmoe_config* config, int ep_size, char* buf, size_
     const size_t n = s.size() < len - 1 ? s.size() : len - 1;
     std::memcpy(buf, s.data(), n);
     buf[n] = '\0';
+  });
+}
+
+int epmoe_plan_slots(const epmoe_config* config, int ep_size, epmoe_slot_plan* out) {
+  return guarded([&] {
+    EPMOE_CHECK_ARG(config != nullptr, "config", "an epmoe_config", "nullptr");
+    EPMOE_CHECK_ARG(out != nullptr, "out", "an epmoe_slot_plan", "nullptr");
+    const epmoe::MemoryPlan p = epmoe::plan_memory(to_config(*config), ep_size);
+    *out = epmoe_slot_plan{p.minimum_slot_bytes, p.balanced_full_save_slot_bytes,
+                           p.maximum_useful_slot_bytes, p.slot_bytes, p.activation_bytes,
+                           p.scratch_bytes, p.arena_bytes, p.total_bytes, p.device_total_bytes};
+  });
+}
+
+int epmoe_context_memory_held(const epmoe_context* h, epmoe_context_memory* out) {
+  return guarded([&] {
+    EPMOE_CHECK_ARG(out != nullptr, "out", "an epmoe_context_memory", "nullptr");
+    const epmoe::ArenaMemory a = h->ctx->arena_memory();
+    const epmoe::MemoryPlan& p = h->ctx->plan();
+    *out = epmoe_context_memory{a.device_bytes, a.host_bytes, a.device_held_bytes,
+                                a.host_held_bytes, p.total_bytes - p.arena_bytes};
+  });
+}
+
+int epmoe_recomputes(epmoe_context* h, const epmoe_saved* saved, int32_t* recompute) {
+  return guarded([&] {
+    EPMOE_CHECK_ARG(saved != nullptr, "saved", "an epmoe_saved", "nullptr");
+    EPMOE_CHECK_ARG(recompute != nullptr, "recompute", "an int32_t to write", "nullptr");
+    const epmoe::SavedLayer s{saved->slot, saved->layer, saved->step, saved->tokens};
+    *recompute = h->ctx->recomputes(s) ? 1 : 0;
+  });
+}
+
+int epmoe_slot_peak_bytes(epmoe_context* h, int slot, int64_t* bytes) {
+  return guarded([&] {
+    EPMOE_CHECK_ARG(bytes != nullptr, "bytes", "an int64_t to write", "nullptr");
+    *bytes = h->ctx->slot_peak_bytes(slot);
   });
 }
 
