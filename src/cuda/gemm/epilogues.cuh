@@ -413,10 +413,8 @@ struct WgradEpilogue {
 // ---- reduction grouping, bf16 output overwritten: TMA bulk-tensor stores ----
 // Each warpgroup stages its 64 x BLOCK_N block as 64 x 64 boxes in the 128-byte swizzle the TMA
 // expects, and one thread issues the box stores. They drain while the warpgroup runs the next
-// tile's MMA. Each box is its own bulk group, so before a box's stage is rewritten only that
-// box's store of the previous tile must have read it (the kBoxes - 1 later ones may still be in
-// flight): with few rows per expert WGRAD writes more than it reads, and the stores are what
-// bound it. Output bounds are the tensor map's, so edge tiles need no masking.
+// tile's MMA; the stage is reused only after the stores have read it. Output bounds are the
+// tensor map's, so edge tiles need no masking.
 template <class Traits, class TmaStore>
 struct WgradTmaEpilogue {
   static constexpr int kBoxes = Traits::BLOCK_N / 64;
@@ -450,46 +448,41 @@ struct WgradTmaEpilogue {
 
   template <class Acc0, class Acc1>
   __device__ void store(const TileCoord& t, const Acc0& acc, const Acc1&) const {
+    if (tid == 0) tma_store_wait<0>();  // the previous tile's stores have read the stage
+    sync();
     const int warp = tid / 32, lane = tid % 32;
-    const int m_blk = (t.m_tile * Traits::BLOCK_M) / 64 + row_block;
-    CUTE_UNROLL
-    for (int j = 0; j < kBoxes; ++j) {
-      // One bulk group per box, every tile (empty when the box lies past n_out): the group
-      // kBoxes back is this box's store of the previous tile.
-      if (tid == 0) tma_store_wait<kBoxes - 1>();
-      sync();
-      char* box = smem + j * kBoxBytes;
-      if (t.k_tiles == 0) {  // an expert with no rows: zeros, without reading the accumulators
-        for (int i = tid; i < kBoxBytes / 16; i += 128) {
-          reinterpret_cast<uint4*>(box)[i] = make_uint4(0, 0, 0, 0);
-        }
-      } else {
+    if (t.k_tiles == 0) {  // an expert with no rows: zeros, without reading the accumulators
+      for (int i = tid; i < kSmemBytesPerWarpgroup / 16; i += 128) {
+        reinterpret_cast<uint4*>(smem)[i] = make_uint4(0, 0, 0, 0);
+      }
+    } else {
+      CUTE_UNROLL
+      for (int g = 0; g < Traits::BLOCK_N / 8; ++g) {
         CUTE_UNROLL
-        for (int gg = 0; gg < 8; ++gg) {
-          const int g = 8 * j + gg;
-          CUTE_UNROLL
-          for (int h = 0; h < 2; ++h) {
-            const int i = 4 * g + 2 * h;
-            const int row = 16 * warp + lane / 4 + 8 * h, col = 8 * g + 2 * (lane % 4);
-            *reinterpret_cast<uint32_t*>(smem + offset(row, col)) = pack_bf16x2(acc(i), acc(i + 1));
-          }
+        for (int h = 0; h < 2; ++h) {
+          const int i = 4 * g + 2 * h;
+          const int row = 16 * warp + lane / 4 + 8 * h, col = 8 * g + 2 * (lane % 4);
+          *reinterpret_cast<uint32_t*>(smem + offset(row, col)) = pack_bf16x2(acc(i), acc(i + 1));
         }
       }
-      cutlass::arch::fence_view_async_shared();  // generic-proxy writes before the TMA reads them
-      sync();
-      if (tid == 0) {
+    }
+    cutlass::arch::fence_view_async_shared();  // generic-proxy writes before the TMA reads them
+    sync();
+    if (tid == 0) {
+      Tensor mC = p.tma.get_tma_tensor(make_shape(p.m_out, p.n_out, p.groups));  // (m, n, e)
+      const int m_blk = (t.m_tile * Traits::BLOCK_M) / 64 + row_block;
+      CUTE_UNROLL
+      for (int j = 0; j < kBoxes; ++j) {
         const int n_blk = (t.n_tile * Traits::BLOCK_N) / 64 + j;
-        if (static_cast<int64_t>(n_blk) * 64 < p.n_out) {
-          Tensor mC = p.tma.get_tma_tensor(make_shape(p.m_out, p.n_out, p.groups));  // (m, n, e)
-          Tensor gC = local_tile(mC(_, _, t.group), Shape<_64, _64>{}, make_coord(m_blk, n_blk));
-          Tensor sC = make_tensor(make_smem_ptr(reinterpret_cast<cutlass::bfloat16_t*>(box)),
-                                  SmemLayoutBox{});
-          auto [tCgC, tCsC] = tma_partition(p.tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sC),
-                                            group_modes<0, 2>(gC));
-          copy(p.tma, tCsC, tCgC);
-        }
-        tma_store_arrive();
+        if (static_cast<int64_t>(n_blk) * 64 >= p.n_out) break;
+        Tensor gC = local_tile(mC(_, _, t.group), Shape<_64, _64>{}, make_coord(m_blk, n_blk));
+        Tensor sC = make_tensor(make_smem_ptr(reinterpret_cast<cutlass::bfloat16_t*>(smem + j * kBoxBytes)),
+                                SmemLayoutBox{});
+        auto [tCgC, tCsC] = tma_partition(p.tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sC),
+                                          group_modes<0, 2>(gC));
+        copy(p.tma, tCsC, tCgC);
       }
+      tma_store_arrive();
     }
   }
 
