@@ -8,6 +8,8 @@
 #   bash bench/device.sh slots [bench_slots args...]   activation slots, EP = 1: builds libepmoe
 #       and the C ABI test, runs it, then bench/bench_slots.py: $OUT/bench_slots.json, .log, .md
 # CUTLASS headers and GoogleTest sources travel in third_party/ (git-ignored; name it in carry).
+# The JSON files record EPMOE_SHA when set: the device machine's copy of .git can be older than the
+# working tree it runs, so pass the commit from the calling machine (EPMOE_SHA=<sha> bash ...).
 set -uo pipefail
 mode=${1:-all}
 shift || true
