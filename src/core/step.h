@@ -52,6 +52,7 @@ struct Step {
   char* const* routing_R = nullptr;     // RoutingHeader + ids + scores
   bf16_t* const* dispatch_R = nullptr;  // [T, D]
   bf16_t* const* combine_R = nullptr;   // [T, K, D]
+  char* dispatch_local = nullptr;       // this rank's dispatch buffer (dispatch_R[rank], host-known)
 
   // ---- this layer's state (saved slot or scratch) ----
   LayoutView layout;
