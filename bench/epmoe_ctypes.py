@@ -17,6 +17,9 @@ class Config(ctypes.Structure):
         ("wgrad_f32", ctypes.c_int32), ("barrier_timeout_ms", ctypes.c_int32),
         ("arrival_gated_w13", ctypes.c_int32),
         ("scratch_device_bytes", ctypes.c_int64),  # -1: all scratch in device memory
+        ("precision", ctypes.c_int32),  # 0 bf16, 1 fp8_block
+        ("inference", ctypes.c_int32),  # 1: forward only (no slots)
+        ("prepared_weights", ctypes.c_int32),  # fp8_block: forward takes prepared weights
     ]
 
 
@@ -32,6 +35,8 @@ class ForwardArgs(ctypes.Structure):
         ("topk_scores_TK", ctypes.c_void_p), ("scores_bf16", ctypes.c_int32),
         ("w13_EFD", ctypes.c_void_p), ("w2_EDF", ctypes.c_void_p), ("y_TD", ctypes.c_void_p),
         ("save_for_backward", ctypes.c_int32), ("slot", ctypes.c_int32), ("stream", ctypes.c_void_p),
+        ("w13_q", ctypes.c_void_p), ("w13_scales", ctypes.c_void_p),
+        ("w2_q", ctypes.c_void_p), ("w2_scales", ctypes.c_void_p),
     ]
 
 
@@ -66,7 +71,30 @@ def load(path=None):
                                       ctypes.POINTER(ctypes.c_int)]
     lib.epmoe_explain_plan.argtypes = [ctypes.POINTER(Config), ctypes.c_int, ctypes.c_char_p,
                                        ctypes.c_size_t]
+    lib.epmoe_prepare_weights_fp8.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                              ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                                              ctypes.c_int, ctypes.c_void_p]
     return lib
+
+
+class PreparedFp8:
+    """fp8_block_fp32 prepared weights of a bf16 [G, N, L] tensor on cuda:device
+    (epmoe_prepare_weights_fp8; refill() after the bf16 weights change)."""
+
+    def __init__(self, lib, w, device=0):
+        G, N, L = w.shape
+        self.lib, self.w, self.device = lib, w, device
+        self.q = torch.empty(G, N, L, dtype=torch.uint8, device=w.device)
+        self.scales = torch.empty(G, (N + 127) // 128, (L + 127) // 128, dtype=torch.float32,
+                                  device=w.device)
+        self.refill()
+
+    def refill(self):
+        G, N, L = self.w.shape
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        if self.lib.epmoe_prepare_weights_fp8(_ptr(self.w), G, N, L, _ptr(self.q), _ptr(self.scales),
+                                              self.device, stream) != 0:
+            raise RuntimeError(self.lib.epmoe_last_error().decode())
 
 
 NCCL_UNIQUE_ID_BYTES = 128  # EPMOE_NCCL_UNIQUE_ID_BYTES of include/epmoe/c_api_nccl.h
@@ -135,11 +163,16 @@ class Context:
             self.lib.epmoe_context_destroy(self.handle)
             self.handle = ctypes.c_void_p()
 
-    def forward(self, x, ids, scores, w13, w2, y, save=True, num_tokens=None):
+    def forward(self, x, ids, scores, w13, w2, y, save=True, num_tokens=None, prepared=None):
+        """prepared: (w13, w2) PreparedFp8 for a Config with prepared_weights."""
         a = ForwardArgs(_ptr(x), x.shape[0], _ptr(num_tokens), _ptr(ids),
                         int(ids.dtype == torch.int64), _ptr(scores),
                         int(scores.dtype == torch.bfloat16), _ptr(w13), _ptr(w2), _ptr(y),
                         int(save), 0, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+        if prepared is not None:
+            p13, p2 = prepared
+            a.w13_q, a.w13_scales = _ptr(p13.q), _ptr(p13.scales)
+            a.w2_q, a.w2_scales = _ptr(p2.q), _ptr(p2.scales)
         saved = Saved()
         self._ok(self.lib.epmoe_forward(self.handle, ctypes.byref(a), ctypes.byref(saved)))
         return saved

@@ -296,8 +296,8 @@ std::vector<RankOutputs> run_layer(const Problem& p, const std::vector<RankInput
   return out;
 }
 
-std::vector<std::vector<bf16_t>> run_forward(const Problem& p, const std::vector<RankInputs>& in,
-                                             int calls) {
+std::vector<std::vector<bf16_t>> forward_y(const Problem& p, const std::vector<RankInputs>& in,
+                                 int calls) {
   std::vector<std::vector<bf16_t>> y(p.ranks);
   with_contexts(p, [&](int rank, Context& ctx) {
     for (int c = 0; c < calls; ++c) {

@@ -105,8 +105,8 @@ void with_contexts(const Problem& p, const std::function<void(int rank, Context&
 std::vector<RankOutputs> run_layer(const Problem& p, const std::vector<RankInputs>& in);
 // y of every rank from `calls` forwards (save_for_backward = false) on one fresh context group;
 // every call after the first must repeat the first's bits.
-std::vector<std::vector<bf16_t>> run_forward(const Problem& p, const std::vector<RankInputs>& in,
-                                             int calls = 1);
+std::vector<std::vector<bf16_t>> forward_y(const Problem& p, const std::vector<RankInputs>& in,
+                                 int calls = 1);
 
 // Float64 reference of the same inputs (scores as passed: bf16-rounded when scores_bf16).
 // The layered API refuses a context of this config (one rank), naming Config.precision.

@@ -154,7 +154,7 @@ TEST(Fp8Training, InferenceForwardEqualsTrainingForwardBitwise) {
         q.inference = true;
         q.fused = fused;
         q.prepared_weights = prepared;
-        const std::vector<std::vector<bf16_t>> y = run_forward(q, in, 2);
+        const std::vector<std::vector<bf16_t>> y = forward_y(q, in, 2);
         std::vector<RankOutputs> got(p.ranks);
         for (int r = 0; r < p.ranks; ++r) got[r].y_TD = y[r];
         expect_bitwise_equal(got, expected, q.name() + ": inference vs training forward");
