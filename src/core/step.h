@@ -88,7 +88,7 @@ struct Step {
   const float* w13_scales_EBS = nullptr;  // [E, S_2F, S_D] fp32, one per 128x128 block
   const uint8_t* w2_q_EDF = nullptr;      // [E, D, F] E4M3
   const float* w2_scales_EBS = nullptr;   // [E, S_D, S_F]
-  char* fp8_scratch = nullptr;            // fp8_scratch_layout(dims, capacity_rows)
+  char* fp8_scratch = nullptr;            // fp8_scratch_layout(dims, capacity_rows); inference: h rows only
 
   // ---- NVFP4 weight-only inference (Config.precision = nvfp4; docs/formats.md) ----
   // The GEMMs read these instead of w13_EFD / w2_EDF; activations stay bf16.

@@ -82,6 +82,22 @@ std::vector<bf16_t> download_y(const DeviceCall& call) {
   return download(call.y, call.host.y.size());
 }
 
+// First differing element, for failure messages.
+std::string first_difference(const std::vector<bf16_t>& a, const std::vector<bf16_t>& b,
+                             int64_t D) {
+  if (a.size() != b.size()) return "sizes " + std::to_string(a.size()) + " vs " + std::to_string(b.size());
+  int64_t count = 0, first = -1;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] == b[i]) continue;
+    if (first < 0) first = static_cast<int64_t>(i);
+    ++count;
+  }
+  if (first < 0) return "equal";
+  return std::to_string(count) + " elements differ; first at t " + std::to_string(first / D) +
+         " d " + std::to_string(first % D) + ": " + std::to_string(bf16_to_float(a[first])) +
+         " vs " + std::to_string(bf16_to_float(b[first]));
+}
+
 // y of `calls` forwards on one fresh single-GPU context (every later call must repeat the first).
 std::vector<bf16_t> gpu_forward(const Problem& p, const RankInputs& in, int calls = 1) {
   auto ctx = Context::create(p.config(), make_single_gpu_transport(0));
@@ -97,7 +113,8 @@ std::vector<bf16_t> gpu_forward(const Problem& p, const RankInputs& in, int call
     if (c == 0) {
       first = y;
     } else {
-      EXPECT_EQ(y, first) << p.name() << ": call " << c << " on the same context";
+      EXPECT_TRUE(y == first) << p.name() << ": call " << c << " on the same context: "
+                              << first_difference(y, first, p.hidden);
     }
   }
   ctx->close();
@@ -106,22 +123,6 @@ std::vector<bf16_t> gpu_forward(const Problem& p, const RankInputs& in, int call
 
 std::vector<bf16_t> cpu_forward(const Problem& p, const RankInputs& in) {
   return forward_y(p, {in})[0];
-}
-
-// First differing element, for failure messages.
-std::string first_difference(const std::vector<bf16_t>& a, const std::vector<bf16_t>& b,
-                             int64_t D) {
-  if (a.size() != b.size()) return "sizes " + std::to_string(a.size()) + " vs " + std::to_string(b.size());
-  int64_t count = 0, first = -1;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i] == b[i]) continue;
-    if (first < 0) first = static_cast<int64_t>(i);
-    ++count;
-  }
-  if (first < 0) return "equal";
-  return std::to_string(count) + " elements differ; first at t " + std::to_string(first / D) +
-         " d " + std::to_string(first % D) + ": " + std::to_string(bf16_to_float(a[first])) +
-         " vs " + std::to_string(bf16_to_float(b[first]));
 }
 
 void expect_same_y(const std::vector<bf16_t>& a, const std::vector<bf16_t>& b, int64_t D,
