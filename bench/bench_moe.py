@@ -3,6 +3,9 @@ recipe in the same process on the same inputs, the dense-matmul ceiling and the 
 measured in the same run, per-stage breakdown, grouped GEMM alone, decode against the roofline.
 
     python3 bench/bench_moe.py --out results.json [--shapes a,b] [--routings balanced,skew]
+
+Each shape also gets epmoe-fp8 rows (fp8_block inference forward with prepared weights, train T
+and decode T) beside the bf16 forward; --no-fp8 leaves them out.
 """
 import argparse
 import datetime
@@ -59,8 +62,23 @@ def ceilings():
     ms_fill, _, _ = timed(lambda: dst.fill_(7))
     write_GBps = dst.numel() / ms_fill / 1e6
     del a, b, src, dst
-    return {"bf16_matmul_tflops": bf16, "fp8_matmul_tflops": None, "peer_store_GBps": None,
+    return {"bf16_matmul_tflops": bf16, "fp8_matmul_tflops": fp8_ceiling(), "peer_store_GBps": None,
             "hbm_copy_GBps": copy_GBps, "hbm_write_GBps": write_GBps}
+
+
+def fp8_ceiling():
+    """Dense 8192^3 e4m3 matmul with per-tensor scales (torch._scaled_mm), TFLOP/s; None where
+    this torch has no fp8 matmul."""
+    try:
+        a = torch.randn(8192, 8192, device="cuda").to(torch.float8_e4m3fn)
+        b = torch.randn(8192, 8192, device="cuda").to(torch.float8_e4m3fn).t()  # column-major
+        one = torch.ones((), device="cuda")
+        ms, _, _ = timed(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one,
+                                                  out_dtype=torch.bfloat16))
+        return 2 * 8192 ** 3 / ms / 1e9
+    except (RuntimeError, AttributeError, TypeError) as e:
+        print(f"fp8 ceiling unavailable: {e}", flush=True)
+        return None
 
 
 def rel_l2_parts(a, b, chunk=1 << 26):
@@ -87,7 +105,9 @@ SCRATCH_DEVICE_BYTES = -1
 class Layer:
     """Inputs, outputs and an epmoe context for one shape and routing at EP = 1."""
 
-    def __init__(self, lib, shape, routing, T, seed=0, fused=True):
+    def __init__(self, lib, shape, routing, T, seed=0, fused=True, precision="bf16"):
+        """precision "fp8": an fp8_block inference context (forward only) with the weights
+        prepared once (epmoe_prepare_weights_fp8), as an inference server holds them."""
         D, F, E, K, _, _ = S.SHAPES[shape]
         g = torch.Generator(device="cuda").manual_seed(seed)
         self.D, self.F, self.E, self.K, self.T = D, F, E, K, T
@@ -97,18 +117,24 @@ class Layer:
         self.ids, self.scores = S.route(routing, T, E, K, generator=g)
         self.grad_y = torch.randn(T, D, device="cuda", generator=g).to(torch.bfloat16)
         self.y = torch.empty_like(self.x)
-        self.grad_x = torch.empty_like(self.x)
-        self.grad_scores = torch.empty(T, K, device="cuda")
-        self.grad_w13 = torch.empty_like(self.w13)
-        self.grad_w2 = torch.empty_like(self.w2)
+        self.prepared = None
         cfg = lib.epmoe_config_default(T, D, F, K, E)
         cfg.fuse_epilogues = int(fused)
         cfg.scratch_device_bytes = SCRATCH_DEVICE_BYTES
+        if precision == "fp8":
+            cfg.precision, cfg.inference, cfg.prepared_weights = 1, 1, 1
+            self.prepared = (epmoe_ctypes.PreparedFp8(lib, self.w13), epmoe_ctypes.PreparedFp8(lib, self.w2))
+        else:
+            self.grad_x = torch.empty_like(self.x)
+            self.grad_scores = torch.empty(T, K, device="cuda")
+            self.grad_w13 = torch.empty_like(self.w13)
+            self.grad_w2 = torch.empty_like(self.w2)
         self.ctx = epmoe_ctypes.Context(lib, cfg)
         self.routes = S.useful_routes(self.ids)
 
     def forward(self, save=True):
-        return self.ctx.forward(self.x, self.ids, self.scores, self.w13, self.w2, self.y, save=save)
+        return self.ctx.forward(self.x, self.ids, self.scores, self.w13, self.w2, self.y,
+                                save=save and self.prepared is None, prepared=self.prepared)
 
     def step(self):
         saved = self.forward(True)
@@ -141,12 +167,13 @@ def row(impl, shape, routing, phase, T, ms, flops=None, GBps=None, **extra):
     return r
 
 
-def stage_times(layer, steps=3):
-    """Stage -> list of ms over `steps` forward + backward steps (stages serialised by syncs)."""
+def stage_times(layer, steps=3, fn=None):
+    """Stage -> list of ms over `steps` forward + backward steps, or calls of fn (stages
+    serialised by syncs)."""
     layer.ctx.stage_timing(True)
     stage_ms = {}
     for _ in range(steps):
-        layer.step()
+        (fn or layer.step)()
         for name, ms in layer.ctx.stage_times():
             stage_ms.setdefault(name, []).append(ms)
     layer.ctx.stage_timing(False)
@@ -178,7 +205,54 @@ def bench_epmoe_only(lib, shape, routing, rows, iters, impl):
     return {}
 
 
-def bench_shape(lib, shape, routing, ceil, rows, iters):
+def bench_fp8_forward(lib, shape, routing, ceil, rows, iters, y_bf16, t_fwd_bf16):
+    """epmoe-fp8: the fp8_block forward of an inference context with prepared weights, on the
+    inputs of the bf16 rows (same seed); useful FLOPs as bf16 (MEASURE.md). y_bf16 / t_fwd_bf16:
+    the bf16 forward's output and times, for the error and the speed-up."""
+    D, F, E, K, T_train, T_decode = S.SHAPES[shape]
+    L = Layer(lib, shape, routing, T_train, precision="fp8")
+    N = L.routes
+    L.forward(False)
+    L.ctx.check()
+    err = rel_l2(L.y, y_bf16)
+    t = timed(lambda: L.forward(False), iters)
+    flops = 6 * N * D * F
+    fp8_ceil = ceil.get("fp8_matmul_tflops")
+    rows.append(row("epmoe-fp8", shape, routing, "fwd", T_train, t, flops, precision="fp8",
+                    ratio_to_bf16=t_fwd_bf16[0] / t[0], rel_l2_vs_bf16={"y": err},
+                    ratio_to_ceiling=(flops / t[0] / 1e9 / fp8_ceil) if fp8_ceil else None))
+    stage_ms = stage_times(L, fn=lambda: L.forward(False))
+    breakdown = {k: statistics.median(v) for k, v in stage_ms.items()}
+    rows.append({"impl": "epmoe-fp8", "shape": shape, "ep": 1, "routing": routing, "precision": "fp8",
+                 "phase": "stage-breakdown-fwd", "tokens_per_rank": T_train, "stages_ms": breakdown})
+    print(f"{shape} {routing} fp8 fwd {t[0]:.3f} ms ({flops / t[0] / 1e9:.0f} TFLOP/s, "
+          f"x{t_fwd_bf16[0] / t[0]:.2f} vs bf16), y rel-L2 vs bf16 {err:.3e}; stages (ms): " +
+          ", ".join(f"{k} {v:.3f}" for k, v in breakdown.items()), flush=True)
+    L.close()
+    del L
+    torch.cuda.empty_cache()
+
+    Ld = Layer(lib, shape, routing, T_decode, seed=1, precision="fp8")
+    t_dec = timed(lambda: Ld.forward(False), max(iters, 20))
+    graph = torch.cuda.CUDAGraph()
+    Ld.forward(False)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        Ld.forward(False)
+    t_dec_graph = timed(graph.replay, max(iters, 20))
+    active = int(torch.unique(Ld.ids[Ld.ids >= 0]).numel())
+    weight_bytes = active * 3 * D * F  # E4M3 (scales: 4 bytes per 128x128 block, negligible)
+    for impl, td in (("epmoe-fp8", t_dec), ("epmoe-fp8-graph", t_dec_graph)):
+        rows.append(row(impl, shape, routing, "decode-fwd", T_decode, td, 6 * Ld.routes * D * F,
+                        GBps=weight_bytes / td[0] / 1e6, precision="fp8",
+                        roofline_fraction=weight_bytes / (ceil["hbm_copy_GBps"] * 1e6) / td[0],
+                        weight_bytes=weight_bytes))
+    Ld.close()
+    del Ld, graph
+    torch.cuda.empty_cache()
+
+
+def bench_shape(lib, shape, routing, ceil, rows, iters, fp8=True):
     D, F, E, K, T_train, T_decode = S.SHAPES[shape]
     L = Layer(lib, shape, routing, T_train)
     N = L.routes
@@ -196,6 +270,8 @@ def bench_shape(lib, shape, routing, ceil, rows, iters):
 
     t_fwd = timed(lambda: L.forward(False), iters)
     t_step = timed(L.step, iters)
+    L.forward(False)
+    y_bf16 = L.y.clone()  # the epmoe-fp8 rows' reference (same inputs)
     torch.cuda.reset_peak_memory_stats()
     r_fwd = timed(lambda: recipe_step(L, False), iters)
     r_step = timed(lambda: recipe_step(L, True), iters)
@@ -262,6 +338,8 @@ def bench_shape(lib, shape, routing, ceil, rows, iters):
     Ld.close()
     del Ld, graph
     torch.cuda.empty_cache()
+    if fp8:
+        bench_fp8_forward(lib, shape, routing, ceil, rows, iters, y_bf16, t_fwd)
     return err
 
 
@@ -287,6 +365,8 @@ def main():
     ap.add_argument("--lib", default=None)
     ap.add_argument("--epmoe-only", default=None, metavar="IMPL",
                     help="time epmoe alone, rows named IMPL (e.g. epmoe-pingpong)")
+    ap.add_argument("--no-fp8", action="store_true",
+                    help="leave out the epmoe-fp8 rows (fp8_block inference forward)")
     ap.add_argument("--scratch-device-bytes", type=int, default=-1,
                     help="Config.scratch_device_bytes of the epmoe contexts (-1: all scratch on device)")
     args = ap.parse_args()
@@ -302,7 +382,7 @@ def main():
                 bench_epmoe_only(lib, shape, routing, rows, args.iters, args.epmoe_only)
                 write_results(args.out, ceil, rows)
                 continue
-            err = bench_shape(lib, shape, routing, ceil, rows, args.iters)
+            err = bench_shape(lib, shape, routing, ceil, rows, args.iters, fp8=not args.no_fp8)
             for r in rows:
                 if r["shape"] == shape and r["routing"] == routing and r.get("median_ms") is not None:
                     tf = r["useful_tflops"]

@@ -50,6 +50,13 @@ if [[ $mode == all || $mode == test ]]; then
       --gtest_filter='GpuContext.RepeatRunsAreBitwiseEqual:GpuContext.OverflowIsReported*' \
       > "$OUT/memcheck.log" 2>&1 || status=1
   tail -5 "$OUT/memcheck.log"
+  # The fp8_block forward: measured CUDA-vs-CPU errors (kBackendTolerances evidence), and its
+  # kernels (E4M3 dispatch, counted quantization, FP8 GEMMs) under memcheck on a small case.
+  EPMOE_REPORT_ERRORS=1 "$build/tests/gpu/test_gpu_fp8_forward" > "$OUT/gpu_fp8_forward.log" 2>&1 || status=1
+  grep -E "rel-L2|FAILED|PASSED" "$OUT/gpu_fp8_forward.log" | head -20
+  compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/gpu/test_gpu_fp8_forward" \
+      --gtest_filter='GpuFp8Forward.OverflowIsReported*' > "$OUT/memcheck_fp8.log" 2>&1 || status=1
+  tail -3 "$OUT/memcheck_fp8.log"
   # The format codec kernels (partial blocks, odd packed rows) under memcheck.
   compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/gpu/test_gpu_formats" \
       --gtest_filter='GpuFormats.*BitwiseVsCpu' > "$OUT/memcheck_formats.log" 2>&1 || status=1

@@ -19,6 +19,9 @@ class Config(ctypes.Structure):
         ("scratch_device_bytes", ctypes.c_int64),  # -1: all scratch in device memory
         ("slot_capacity_factor", ctypes.c_double),  # < 0: unset
         ("slot_bytes", ctypes.c_int64),  # < 0: unset (neither: the maximum useful slot)
+        ("precision", ctypes.c_int32),  # 0 bf16, 1 fp8_block
+        ("inference", ctypes.c_int32),  # 1: forward only (no slots)
+        ("prepared_weights", ctypes.c_int32),  # fp8_block: forward takes prepared weights
     ]
 
 
@@ -48,6 +51,8 @@ class ForwardArgs(ctypes.Structure):
         ("topk_scores_TK", ctypes.c_void_p), ("scores_bf16", ctypes.c_int32),
         ("w13_EFD", ctypes.c_void_p), ("w2_EDF", ctypes.c_void_p), ("y_TD", ctypes.c_void_p),
         ("save_for_backward", ctypes.c_int32), ("slot", ctypes.c_int32), ("stream", ctypes.c_void_p),
+        ("w13_q", ctypes.c_void_p), ("w13_scales", ctypes.c_void_p),
+        ("w2_q", ctypes.c_void_p), ("w2_scales", ctypes.c_void_p),
     ]
 
 
@@ -89,6 +94,9 @@ def load(path=None):
                                      ctypes.POINTER(ctypes.c_int32)]
     lib.epmoe_slot_peak_bytes.argtypes = [ctypes.c_void_p, ctypes.c_int,
                                           ctypes.POINTER(ctypes.c_int64)]
+    lib.epmoe_prepare_weights_fp8.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                              ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                                              ctypes.c_int, ctypes.c_void_p]
     return lib
 
 
@@ -98,6 +106,26 @@ def plan_slots(lib, config, ep_size=1):
     if lib.epmoe_plan_slots(ctypes.byref(config), ep_size, ctypes.byref(p)) != 0:
         raise RuntimeError(lib.epmoe_last_error().decode())
     return {name: getattr(p, name) for name, _ in SlotPlan._fields_}
+
+
+class PreparedFp8:
+    """fp8_block_fp32 prepared weights of a bf16 [G, N, L] tensor on cuda:device
+    (epmoe_prepare_weights_fp8; refill() after the bf16 weights change)."""
+
+    def __init__(self, lib, w, device=0):
+        G, N, L = w.shape
+        self.lib, self.w, self.device = lib, w, device
+        self.q = torch.empty(G, N, L, dtype=torch.uint8, device=w.device)
+        self.scales = torch.empty(G, (N + 127) // 128, (L + 127) // 128, dtype=torch.float32,
+                                  device=w.device)
+        self.refill()
+
+    def refill(self):
+        G, N, L = self.w.shape
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        if self.lib.epmoe_prepare_weights_fp8(_ptr(self.w), G, N, L, _ptr(self.q), _ptr(self.scales),
+                                              self.device, stream) != 0:
+            raise RuntimeError(self.lib.epmoe_last_error().decode())
 
 
 NCCL_UNIQUE_ID_BYTES = 128  # EPMOE_NCCL_UNIQUE_ID_BYTES of include/epmoe/c_api_nccl.h
@@ -173,11 +201,16 @@ class Context:
     def _stream(self):
         return None if self.cpu else ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
-    def forward(self, x, ids, scores, w13, w2, y, save=True, num_tokens=None, slot=0):
+    def forward(self, x, ids, scores, w13, w2, y, save=True, num_tokens=None, slot=0, prepared=None):
+        """prepared: (w13, w2) PreparedFp8 for a Config with prepared_weights."""
         a = ForwardArgs(_ptr(x), x.shape[0], _ptr(num_tokens), _ptr(ids),
                         int(ids.dtype == torch.int64), _ptr(scores),
                         int(scores.dtype == torch.bfloat16), _ptr(w13), _ptr(w2), _ptr(y),
                         int(save), slot, self._stream())
+        if prepared is not None:
+            p13, p2 = prepared
+            a.w13_q, a.w13_scales = _ptr(p13.q), _ptr(p13.scales)
+            a.w2_q, a.w2_scales = _ptr(p2.q), _ptr(p2.scales)
         saved = Saved()
         self._ok(self.lib.epmoe_forward(self.handle, ctypes.byref(a), ctypes.byref(saved)))
         return saved

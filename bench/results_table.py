@@ -60,6 +60,23 @@ def main(path):
         for r in stage_rows:
             print(f"| {r['shape']} | {r['routing']} | " +
                   " | ".join(f"{r['stages_ms'].get(n, 0):.3f}" for n in names) + " |")
+    fp8 = [k for k in keys if get(*k, "epmoe-fp8", "fwd")]
+    if fp8:
+        fp8_ceil = c.get("fp8_matmul_tflops")
+        print(f"\nFP8 forward (fp8_block inference, prepared weights) against the bf16 forward; "
+              f"dense fp8 matmul ceiling {fmt(fp8_ceil, '.0f')} TFLOP/s:\n")
+        print("| shape | routing | bf16 fwd ms | fp8 fwd ms | fp8 fwd TFLOP/s | speed-up | vs fp8 ceiling | "
+              "y rel-L2 vs bf16 | fp8 decode fwd (graph) ms | decode % HBM roofline |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for shape, routing in fp8:
+            b, f = get(shape, routing, "epmoe", "fwd"), get(shape, routing, "epmoe-fp8", "fwd")
+            dec = get(shape, routing, "epmoe-fp8-graph", "decode-fwd")
+            err = (f.get("rel_l2_vs_bf16") or {}).get("y")
+            print(f"| {shape} | {routing} | {fmt(b.get('median_ms'), '.3f')} | {fmt(f.get('median_ms'), '.3f')} | "
+                  f"{fmt(f.get('useful_tflops'), '.0f')} | {fmt(f.get('ratio_to_bf16'), '.2f')}x | "
+                  f"{fmt(f.get('ratio_to_ceiling'), '.2f')} | {fmt(err, '.2e')} | "
+                  f"{fmt(dec.get('median_ms'), '.3f')} | "
+                  f"{fmt(100 * dec['roofline_fraction'] if dec else None, '.0f')} |")
 
 
 def pct(ratio):

@@ -38,6 +38,10 @@ typedef struct {
    * Neither set (the default): the maximum useful size, no layer ever recomputes. */
   double slot_capacity_factor;
   int64_t slot_bytes;
+  int32_t precision;           /* 0 bf16 (default), 1 fp8_block (E4M3, 1x128 / 128x128 fp32 scales) */
+  int32_t inference;           /* 1: forward only, no activation slots; 0: training (default) */
+  int32_t prepared_weights;    /* fp8_block: 1: forward takes prepared weights (below); 0: the bf16
+                                  weights are quantized on every call (default) */
 } epmoe_config;
 
 /* Defaults of the C++ Config for the four required fields. */
@@ -51,6 +55,9 @@ typedef struct {
   void* y_TD;
   int32_t save_for_backward; int32_t slot;
   void* stream;
+  /* Config.prepared_weights: fp8_block_fp32 weights from epmoe_prepare_weights_fp8 (E4M3 codes
+     [E, N, L] and f32 scales [E, ceil(N/128), ceil(L/128)]; w13: N = 2F, L = D; w2: N = D, L = F). */
+  const void* w13_q; const float* w13_scales; const void* w2_q; const float* w2_scales;
 } epmoe_forward_args;
 
 typedef struct {
@@ -85,6 +92,11 @@ int epmoe_check(epmoe_context* ctx);
 /* Stage timing (serialises stages); times of the last forward then backward. */
 int epmoe_set_stage_timing(epmoe_context* ctx, int on);
 int epmoe_stage_times(epmoe_context* ctx, const char** names, double* ms, int capacity, int* count);
+
+/* prepare_weights for fp8_block_fp32 on cuda:device: bf16 w_GNL [G, N, L] -> E4M3 q_GNL and f32
+   scales_GBS [G, ceil(N/128), ceil(L/128)], enqueued on stream (graph-capturable). */
+int epmoe_prepare_weights_fp8(const void* w_GNL, int64_t G, int64_t N, int64_t L, void* q_GNL,
+                              float* scales_GBS, int device, void* stream);
 
 /* plan_memory(config, ep_size).explain() into buf (truncated to len - 1). */
 int epmoe_explain_plan(const epmoe_config* config, int ep_size, char* buf, size_t len);

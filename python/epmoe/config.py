@@ -60,7 +60,8 @@ class Config:
     barrier_timeout_ms: int = 30000
     fuse_epilogues: bool = True
     # "bf16", or "fp8_block": FP8 block-scaled training (E4M3, 1x128 activation / 128x128 weight
-    # scales; the weights are quantized from the bf16 ones on every call). CPU backend only so far.
+    # scales; the weights are quantized from the bf16 ones on every call). Training on the CPU
+    # backend only so far; inference (inference=True, the forward) on CPU and CUDA.
     precision: str = "bf16"
     arrival_gated_w13: bool = False  # CUDA: W13 overlaps dispatch, gated by row arrival counters
     # Most scratch bytes in device memory; the rest is pinned host memory in the same range. None: all device.

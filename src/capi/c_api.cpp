@@ -12,6 +12,7 @@
 #include "epmoe/error.h"
 #include "epmoe/memory_plan.h"
 #include "epmoe/transport.h"
+#include "epmoe/prepared_weights.h"
 
 namespace epmoe::capi {
 
@@ -42,6 +43,11 @@ Config to_config(const epmoe_config& c) {
   // Negative: unset. NaN is passed on, so that Config names it.
   if (!(c.slot_capacity_factor < 0.0)) f.slots.slot_capacity_factor = c.slot_capacity_factor;
   if (c.slot_bytes >= 0) f.slots.slot_bytes = c.slot_bytes;
+  EPMOE_CHECK_ARG(c.precision == 0 || c.precision == 1, "epmoe_config.precision",
+                  "0 (bf16) or 1 (fp8_block)", c.precision);
+  f.precision = c.precision == 1 ? Precision::fp8_block : Precision::bf16;
+  f.inference = c.inference != 0;
+  f.prepared_weights = c.prepared_weights != 0;
   return Config(f);
 }
 
@@ -55,6 +61,18 @@ using epmoe::capi::to_config;
 epmoe::TensorRef ref(const void* p, epmoe::DType dtype, std::initializer_list<int64_t> shape,
                      const epmoe::Device& device) {
   return epmoe::TensorRef::contiguous(const_cast<void*>(p), dtype, shape, device);
+}
+
+// fp8_block_fp32 prepared-weight views of caller memory.
+epmoe::PreparedWeights prepared_fp8(const void* q, const float* scales, int64_t G, int64_t N,
+                                    int64_t L, const epmoe::Device& device) {
+  const epmoe::PreparedWeightShapes sh =
+      epmoe::prepared_weight_shapes(epmoe::WeightFormat::fp8_block_fp32, G, N, L);
+  epmoe::PreparedWeights p{epmoe::WeightFormat::fp8_block_fp32, G, N, L, sh.data, sh.scales, {}};
+  p.data.data = const_cast<void*>(q);
+  p.scales.data = const_cast<float*>(scales);
+  p.data.device = p.scales.device = device;
+  return p;
 }
 
 }  // namespace
@@ -83,10 +101,22 @@ epmoe_config epmoe_config_default(int64_t T, int64_t D, int64_t F, int32_t K, in
   c.scratch_device_bytes = -1;
   c.slot_capacity_factor = -1.0;
   c.slot_bytes = -1;
+  c.precision = 0;
+  c.inference = d.inference ? 1 : 0;
+  c.prepared_weights = d.prepared_weights ? 1 : 0;
   return c;
 }
 
 const char* epmoe_last_error(void) { return epmoe::capi::g_last_error.c_str(); }
+
+int epmoe_prepare_weights_fp8(const void* w_GNL, int64_t G, int64_t N, int64_t L, void* q_GNL,
+                              float* scales_GBS, int device, void* stream) {
+  return guarded([&] {
+    const epmoe::Device dev = epmoe::Device::cuda(device);
+    epmoe::prepare_weights(ref(w_GNL, epmoe::DType::bf16, {G, N, L}, dev),
+                           prepared_fp8(q_GNL, scales_GBS, G, N, L, dev), stream);
+  });
+}
 
 int epmoe_cuda_device_count(void) { return epmoe::cuda_device_count(); }
 
@@ -130,6 +160,13 @@ int epmoe_forward(epmoe_context* h, const epmoe_forward_args* a, epmoe_saved* sa
     f.save_for_backward = a->save_for_backward != 0;
     f.slot = a->slot;
     f.stream = a->stream;
+    epmoe::PreparedWeights w13, w2;
+    if (c.fields().prepared_weights) {
+      w13 = prepared_fp8(a->w13_q, a->w13_scales, E, 2 * c.F(), c.D(), h->device);
+      w2 = prepared_fp8(a->w2_q, a->w2_scales, E, c.D(), c.F(), h->device);
+      f.w13_prepared = &w13;
+      f.w2_prepared = &w2;
+    }
     const epmoe::SavedLayer s = h->ctx->forward(f);
     if (saved) *saved = epmoe_saved{s.slot, s.layer, s.step, s.tokens};
   });

@@ -122,8 +122,6 @@ Config::Config(const ConfigFields& fields) : f_(fields) {
     // them (alignment included) for every row count when D >= 4 (core/fp8_terms.h).
     EPMOE_CHECK_ARG(f_.hidden_dim >= 4, "Config.hidden_dim", ">= 4 with precision fp8_block",
                     f_.hidden_dim);
-    EPMOE_CHECK_ARG(!f_.inference, "Config.inference", "false with precision fp8_block (training)",
-                    "true");
   }
   if (f_.precision == Precision::nvfp4) {
     // Weight-only NVFP4 inference: the caller's prepared weights, bf16 activations, no backward.

@@ -214,6 +214,7 @@ struct Context::Impl {
     s.routing_R = routing_R;
     s.dispatch_R = dispatch_R;
     s.combine_R = combine_R;
+    s.dispatch_local = static_cast<char*>(dispatch.local);
     s.status = status;
     const bool unfused = !config.fields().fuse_epilogues;
     s.route_scratch = route_scratch();

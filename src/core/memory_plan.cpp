@@ -197,7 +197,9 @@ MemoryPlan plan_memory(const Config& config, int ep_size) {
   p.forward_scratch_bytes = call.grad_h3 + (unfused ? align_bytes(M * D * 2) : 0);
   p.backward_scratch_bytes = call.total;
   if (fp8) {
-    p.fp8_scratch_bytes = fp8_scratch_layout(d, M).total;
+    // An inference context runs the forward only: of the FP8 operands it needs the h rows (the
+    // first region of fp8_scratch_layout, so the carve is the same).
+    p.fp8_scratch_bytes = c.inference ? align_bytes(fp8_rows_bytes(M, F)) : fp8_scratch_layout(d, M).total;
     // The h rows are the forward's too.
     p.forward_scratch_bytes += align_bytes(fp8_rows_bytes(M, F));
     p.fp8_weight_scratch_bytes = c.prepared_weights ? 0 : fp8_weight_layout(d).total;
@@ -311,10 +313,15 @@ std::string MemoryPlan::explain() const {
          bytes_text(fp8_scratch_bytes) + " + fp8 weights " + bytes_text(fp8_weight_scratch_bytes));
     const Dims d{tokens, hidden, intermediate, top_k, experts_local, ep_size};
     const Fp8ScratchLayout l = fp8_scratch_layout(d, recv_capacity_rows);
-    line("    fp8 operands (E4M3 + fp32 scales): h rows " + bytes_text(l.grad_h3_q - l.h_q) +
-         ", grad_h3 rows " + bytes_text(l.grad_h13_q - l.grad_h3_q) + ", grad_h13 rows " +
-         bytes_text(l.col_a - l.grad_h13_q) + ", WGRAD columns (128 rows per block) " +
-         bytes_text(l.total - l.col_a));
+    if (inference) {
+      line("    fp8 operands (E4M3 + fp32 scales): h rows " + bytes_text(fp8_scratch_bytes) +
+           " (inference: forward only)");
+    } else {
+      line("    fp8 operands (E4M3 + fp32 scales): h rows " + bytes_text(l.grad_h3_q - l.h_q) +
+           ", grad_h3 rows " + bytes_text(l.grad_h13_q - l.grad_h3_q) + ", grad_h13 rows " +
+           bytes_text(l.col_a - l.grad_h13_q) + ", WGRAD columns (128 rows per block) " +
+           bytes_text(l.total - l.col_a));
+    }
     line(fp8_weight_scratch_bytes > 0
              ? "    fp8 weights quantized per call (w13, w2 + 128x128 scales): " +
                    bytes_text(fp8_weight_scratch_bytes)

@@ -52,6 +52,7 @@ struct Step {
   char* const* routing_R = nullptr;     // RoutingHeader + ids + scores
   bf16_t* const* dispatch_R = nullptr;  // [T, D]
   bf16_t* const* combine_R = nullptr;   // [T, K, D]
+  char* dispatch_local = nullptr;       // this rank's dispatch buffer (dispatch_R[rank], host-known)
 
   // ---- this layer's state (saved slot or scratch) ----
   LayoutView layout;
@@ -87,7 +88,7 @@ struct Step {
   const float* w13_scales_EBS = nullptr;  // [E, S_2F, S_D] fp32, one per 128x128 block
   const uint8_t* w2_q_EDF = nullptr;      // [E, D, F] E4M3
   const float* w2_scales_EBS = nullptr;   // [E, S_D, S_F]
-  char* fp8_scratch = nullptr;            // fp8_scratch_layout(dims, capacity_rows)
+  char* fp8_scratch = nullptr;            // fp8_scratch_layout(dims, capacity_rows); inference: h rows only
 
   // ---- NVFP4 weight-only inference (Config.precision = nvfp4; docs/formats.md) ----
   // The GEMMs read these instead of w13_EFD / w2_EDF; activations stay bf16.

@@ -8,6 +8,7 @@
 #include "cuda/check.h"
 #include "cuda/device_scope.h"
 #include "cuda/dispatch.h"
+#include "cuda/fp8_forward.h"
 #include "cuda/gemm/expert_gemm.h"
 #include "cuda/publish.h"
 #include "cuda/reduce.h"
@@ -35,12 +36,25 @@ CudaBackend::CudaBackend(int device_ordinal) : ordinal_(device_ordinal) {
 }
 
 void CudaBackend::validate(const Config& config, int ep_size) const {
-  // The FP8 training and NVFP4 weight-only inference paths are defined by the CPU reference
-  // (docs/formats.md); their kernels are not wired into the CUDA stages yet.
-  EPMOE_CHECK_ARG(config.fields().precision == Precision::bf16, "Config.precision",
-                  "bf16 on the CUDA backend (fp8_block training and nvfp4 weight-only inference "
-                  "run on the CPU backend only so far)",
-                  to_string(config.fields().precision));
+  // The FP8 and NVFP4 paths are defined by the CPU reference (docs/formats.md). The FP8 forward
+  // runs on CUDA (inference contexts); its backward stages and NVFP4's mixed-input GEMM do not
+  // exist here yet.
+  const Precision precision = config.fields().precision;
+  const bool inference = config.fields().inference;
+  EPMOE_CHECK_ARG(precision == Precision::bf16 || (precision == Precision::fp8_block && inference),
+                  "Config.precision",
+                  "bf16, or fp8_block with Config.inference = true, on the CUDA backend (the "
+                  "fp8_block backward for training and nvfp4 weight-only inference run on the CPU "
+                  "backend only so far)",
+                  std::string(to_string(precision)) + (inference ? " (inference)" : " (training)"));
+  if (precision == Precision::fp8_block) {
+    EPMOE_CHECK_ARG(config.D() % 16 == 0, "Config.hidden_dim",
+                    "a multiple of 16 with fp8_block on CUDA (16-byte E4M3 rows; the FP8 GEMM's K)",
+                    config.D());
+    EPMOE_CHECK_ARG(config.F() % 16 == 0, "Config.intermediate_dim",
+                    "a multiple of 16 with fp8_block on CUDA (16-byte E4M3 rows; the FP8 GEMM's K)",
+                    config.F());
+  }
   EPMOE_CHECK_ARG(config.D() % 8 == 0, "Config.hidden_dim",
                   "a multiple of 8 on CUDA (16-byte bf16 rows for TMA and vector loads)", config.D());
   EPMOE_CHECK_ARG(config.F() % 8 == 0, "Config.intermediate_dim",
@@ -119,12 +133,13 @@ EPMOE_STAGE(route, cuda::route(s))
 EPMOE_STAGE(plan_forward, cuda::plan_forward(s))
 EPMOE_STAGE(save_input, cuda::save_input(s))
 EPMOE_STAGE(dispatch, cuda::dispatch(s))
-EPMOE_STAGE(w13_gemm, cuda::w13_fprop(s, false))
-EPMOE_STAGE(swiglu_forward, cuda::swiglu_forward(s))
-EPMOE_STAGE(w13_swiglu, cuda::w13_fprop(s, true))
-EPMOE_STAGE(w2_gemm, cuda::w2_fprop(s, false))
+// FP8 (s.fp8): the E4M3 GEMMs, and h quantized after the unfused SwiGLU (fp8_forward.h).
+EPMOE_STAGE(w13_gemm, if (s.fp8) cuda::fp8_w13_fprop(s); else cuda::w13_fprop(s, false))
+EPMOE_STAGE(swiglu_forward, cuda::swiglu_forward(s); if (s.fp8) cuda::fp8_quantize_h(s))
+EPMOE_STAGE(w13_swiglu, if (s.fp8) cuda::fp8_w13_swiglu(s); else cuda::w13_fprop(s, true))
+EPMOE_STAGE(w2_gemm, if (s.fp8) cuda::fp8_w2_fprop(s, false); else cuda::w2_fprop(s, false))
 EPMOE_STAGE(scatter_rows, cuda::scatter_rows(s))
-EPMOE_STAGE(w2_scatter, cuda::w2_fprop(s, true))
+EPMOE_STAGE(w2_scatter, if (s.fp8) cuda::fp8_w2_fprop(s, true); else cuda::w2_fprop(s, true))
 EPMOE_STAGE(reduce_forward, cuda::reduce_forward(s))
 
 EPMOE_STAGE(plan_backward, cuda::plan_backward(s))

@@ -5,6 +5,7 @@
 // per-128-row arrival counters, which an arrival-gated W13 acquires (gemm/arrival_gate.cuh).
 #include "cuda/dispatch.h"
 
+#include "core/fp8_terms.h"
 #include "cuda/kernel_common.cuh"
 #include "cuda/placed.h"
 
@@ -118,9 +119,109 @@ void launch_pulls(const Step& s, Placed out, uint32_t* arrivals) {
   EPMOE_CUDA_LAUNCH_CHECK();
 }
 
+// FP8 (Config.precision = fp8_block): the source rows are E4M3 codes [T, D] with row-major fp32
+// scales [T, S] (fp8_dispatch_layout); the received rows go to x_gathered as codes [rows, D] then
+// S-major scales [S, ld] (fp8_rows_bytes at the received rows, core/fp8_terms.h).
+struct Fp8PullParams {
+  char* const* dispatch_R;       // [R] dispatch buffers: codes [T, D] u8 | scales [T, S] f32
+  const int32_t* header;         // layout header
+  const int32_t* pull_src_P;     // [pull capacity]
+  const int32_t* pull_rows_PK;   // [pull capacity, K]
+  Placed out;                    // x_gathered space: codes [rows, D] | scales [S, ld] f32
+  const int32_t* replay_skip;    // nullable (placed.h)
+  uint32_t* arrivals_B;          // [ceil(capacity / 128)] arrival counters
+  int64_t T, D, S, capacity, pull_capacity, scales_offset;
+  int K;
+};
+
+__global__ void __launch_bounds__(kThreads) pull_fp8_rows_kernel(const Fp8PullParams p) {
+  if (layout_skip(p.header) || replay_skipped(p.replay_skip)) return;
+  const int64_t rows = layout_rows(p.header, p.capacity);
+  char* out = p.out.get<char>();
+  uint8_t* q_MD = reinterpret_cast<uint8_t*>(out);                                        // [rows, D]
+  float* scales_SM = reinterpret_cast<float*>(out + fp8_rows_scales_offset(rows, p.D));  // [S, ld]
+  const int64_t ld = fp8_rows_ld(rows);
+  const int64_t pulls = p.header[kLayoutPulls];
+  const int64_t P = pulls < 0 ? 0 : (pulls < p.pull_capacity ? pulls : p.pull_capacity);
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  const int64_t vecs = p.D / 16;  // D % 16 == 0 (CudaBackend::validate for fp8_block)
+  for (int64_t pull = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; pull < P;
+       pull += warps) {
+    const int32_t src = p.pull_src_P[pull];
+    const char* base = p.dispatch_R[src / p.T];  // rank r's buffer (peer)
+    const int64_t t = src % p.T;
+    const uint4* codes_V = reinterpret_cast<const uint4*>(base + t * p.D);                // [D / 16]
+    const float* scales_S = reinterpret_cast<const float*>(base + p.scales_offset) + t * p.S;  // [S]
+    const int32_t* rows_K = p.pull_rows_PK + pull * p.K;  // [K]
+    for (int64_t v0 = lane; v0 < vecs; v0 += 32 * kBatch) {
+      uint4 u[kBatch];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int64_t v = v0 + 32 * b;
+        if (v < vecs) u[b] = __ldcg(codes_V + v);
+      }
+      for (int k = 0; k < p.K; ++k) {
+        const int64_t m = rows_K[k];
+        if (m < 0) continue;
+        uint4* out_V = reinterpret_cast<uint4*>(q_MD + m * p.D);  // [D / 16] local row m
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+          const int64_t v = v0 + 32 * b;
+          if (v < vecs) out_V[v] = u[b];
+        }
+      }
+    }
+    for (int64_t b = lane; b < p.S; b += 32) {
+      const float scale = __ldcg(scales_S + b);
+      for (int k = 0; k < p.K; ++k) {
+        const int64_t m = rows_K[k];
+        if (m >= 0) scales_SM[b * ld + m] = scale;
+      }
+    }
+    // Counted as the bf16 dispatch counts (the CPU twin counts the same; no FP8 GEMM waits on them).
+    __threadfence();
+    __syncwarp();
+    for (int k = lane; k < p.K; k += 32) {
+      const int32_t m = rows_K[k];
+      if (m >= 0) release_add(p.arrivals_B + m / kArrivalBlockRows, 1u);
+    }
+  }
+}
+
+void launch_fp8_pulls(const Step& s) {
+  Fp8PullParams p{};
+  p.dispatch_R = reinterpret_cast<char* const*>(s.dispatch_R);
+  p.header = s.layout.header;
+  p.pull_src_P = s.layout.pull_src_P;
+  p.pull_rows_PK = s.layout.pull_rows_PK;
+  p.out = placed_x_gathered(s);
+  p.replay_skip = replay_skip_flag(s);
+  p.arrivals_B = arrivals_B(s);
+  p.T = s.dims.T;
+  p.D = s.dims.D;
+  p.S = fp8_blocks(s.dims.D);
+  p.capacity = s.capacity_rows;
+  p.pull_capacity = pull_capacity(s.capacity_rows, s.dims.T, s.dims.R);
+  p.scales_offset = fp8_dispatch_layout(s.dims.T, s.dims.D).scales;
+  p.K = s.dims.K;
+  EPMOE_CHECK_ARG(p.D % 16 == 0, "Config.hidden_dim", "a multiple of 16 with precision fp8_block",
+                  p.D);
+  const int64_t threads = p.pull_capacity * 32;
+  pull_fp8_rows_kernel<<<grid_for(threads, kThreads), kThreads, 0,
+                         static_cast<cudaStream_t>(s.stream)>>>(p);
+  EPMOE_CUDA_LAUNCH_CHECK();
+}
+
 }  // namespace
 
-void dispatch(const Step& s) { launch_pulls<false>(s, placed_x_gathered(s), arrivals_B(s)); }
+void dispatch(const Step& s) {
+  if (s.fp8) {
+    launch_fp8_pulls(s);
+    return;
+  }
+  launch_pulls<false>(s, placed_x_gathered(s), arrivals_B(s));
+}
 void gather_grad(const Step& s) { launch_pulls<true>(s, plain(s.grad_h3_MD), nullptr); }
 
 }  // namespace epmoe::cuda

@@ -11,6 +11,8 @@
 
 #include <cstddef>
 
+#include "core/fp8_terms.h"
+#include "cuda/formats/formats.h"
 #include "cuda/kernel_common.cuh"
 
 namespace epmoe::cuda {
@@ -44,6 +46,7 @@ struct PublishParams {
   int64_t sequence;
   int K, experts_global, rank;
   int ids_i64, scores_bf16, check_inputs;
+  int store_rows;  // 0: the rows are only checked (FP8: quantized into the dispatch buffer after)
 };
 
 __device__ __forceinline__ unsigned long long* check_key_word(char* routing_buffer) {
@@ -113,7 +116,7 @@ __global__ void __launch_bounds__(kThreads) publish_kernel(const PublishParams p
       if (t >= live) continue;  // padding rows cost nothing
       const int64_t col = (j % vecs_per_row) * kVec;
       const uint4 u = load_vec(p.rows_TD + t * p.D + col);
-      store_vec(rows_out_TD + t * p.D + col, u);
+      if (p.store_rows) store_vec(rows_out_TD + t * p.D + col, u);
       if (p.check_inputs) {
         const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
@@ -212,12 +215,26 @@ void publish(const Step& s, const bf16_t* rows_TD, const char* rows_name, bool b
   p.ids_i64 = s.ids_dtype == DType::i64 ? 1 : 0;
   p.scores_bf16 = s.scores_dtype == DType::bf16 ? 1 : 0;
   p.check_inputs = (s.check_inputs && !backward) ? 1 : 0;  // backward reuses the forward's routes
+  // FP8 forward: x crosses ranks as E4M3 rows + scales, quantized below; the kernel only checks it.
+  const bool fp8_rows = s.fp8 && !backward;
+  p.store_rows = fp8_rows ? 0 : 1;
   auto stream = static_cast<cudaStream_t>(s.stream);
-  const int64_t items = s.dims.T * s.dims.K + s.tokens * (s.dims.D / kVec);
+  const bool row_items = p.store_rows != 0 || p.check_inputs != 0;
+  const int64_t items = s.dims.T * s.dims.K + (row_items ? s.tokens * (s.dims.D / kVec) : 0);
   publish_kernel<<<grid_for(items, kThreads), kThreads, 0, stream>>>(p);
   EPMOE_CUDA_LAUNCH_CHECK();
   publish_header_kernel<<<1, 1, 0, stream>>>(p);
   EPMOE_CUDA_LAUNCH_CHECK();
+  if (fp8_rows) {
+    // The live rows (the caller's count, clamped to [0, T'] as the kernels above clamp it), 1x128
+    // blocks along D: codes [T, D] | scales [T, S_D] row-major (fp8_dispatch_layout).
+    EPMOE_CHECK_ARG(s.dispatch_local != nullptr, "Step.dispatch_local", "this rank's dispatch buffer",
+                    "nullptr");
+    const Fp8DispatchLayout l = fp8_dispatch_layout(s.dims.T, s.dims.D);
+    fp8_quantize_rows_counted(rows_TD, s.tokens, s.dims.D, s.num_tokens_1, nullptr,
+                              reinterpret_cast<uint8_t*>(s.dispatch_local + l.codes),
+                              reinterpret_cast<float*>(s.dispatch_local + l.scales), 0, s.stream);
+  }
 }
 
 }  // namespace

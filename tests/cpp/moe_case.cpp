@@ -48,6 +48,7 @@ Config Problem::config() const {
   f.precision = precision;
   f.prepared_weights = prepared_weights;
   f.scratch_device_bytes = scratch_device_bytes;
+  f.inference = inference;
   return Config(f);
 }
 
@@ -57,7 +58,8 @@ std::string Problem::name() const {
      << " K=" << top_k << " experts=" << experts
      << (act.kind == ActivationKind::swiglu_clamped ? " clamped" : " swiglu")
      << (fused ? " fused" : " unfused") << (arrival_gated_w13 ? "" : " staged") << " wgrad=" << epmoe::to_string(wgrad_dtype)
-     << " " << epmoe::to_string(precision) << (prepared_weights ? " prepared" : "");
+     << " " << epmoe::to_string(precision) << (prepared_weights ? " prepared" : "")
+     << (inference ? " inference" : "");
   return os.str();
 }
 
@@ -292,6 +294,25 @@ std::vector<RankOutputs> run_layer(const Problem& p, const std::vector<RankInput
     out[rank] = call.outputs();
   });
   return out;
+}
+
+std::vector<std::vector<bf16_t>> forward_y(const Problem& p, const std::vector<RankInputs>& in,
+                                 int calls) {
+  std::vector<std::vector<bf16_t>> y(p.ranks);
+  with_contexts(p, [&](int rank, Context& ctx) {
+    for (int c = 0; c < calls; ++c) {
+      RankCall call(p, in[rank]);
+      ForwardArgs a = call.forward_args();
+      a.save_for_backward = false;
+      ctx.forward(a);
+      if (c == 0) {
+        y[rank] = call.y;
+      } else {
+        EXPECT_TRUE(call.y == y[rank]) << p.name() << ": call " << c << " of rank " << rank;
+      }
+    }
+  });
+  return y;
 }
 
 std::vector<double> widen(const std::vector<bf16_t>& v) {

@@ -35,6 +35,7 @@ struct Problem {
   Precision precision = Precision::bf16;
   bool prepared_weights = false;  // fp8_block: RankCall prepares the weights, the calls take them
   std::optional<int64_t> scratch_device_bytes;  // Config.scratch_device_bytes (unset: all device)
+  bool inference = false;  // Config.inference: forward only (run_forward), no slots
 
   int local_experts() const { return experts / ranks; }
   Config config() const;
@@ -102,6 +103,10 @@ void with_contexts(const Problem& p, const std::function<void(int rank, Context&
 
 // Forward + backward of one layer on a fresh context group.
 std::vector<RankOutputs> run_layer(const Problem& p, const std::vector<RankInputs>& in);
+// y of every rank from `calls` forwards (save_for_backward = false) on one fresh context group;
+// every call after the first must repeat the first's bits.
+std::vector<std::vector<bf16_t>> forward_y(const Problem& p, const std::vector<RankInputs>& in,
+                                 int calls = 1);
 
 // Float64 reference of the same inputs (scores as passed: bf16-rounded when scores_bf16).
 // The layered API refuses a context of this config (one rank), naming Config.precision.

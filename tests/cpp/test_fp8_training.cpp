@@ -136,6 +136,33 @@ TEST(Fp8Training, TwoRanksEqualOneRank) {
   expect_bitwise_equal(single, joined, "R = 1 vs R = 2 joined");
 }
 
+// An inference context (Config.inference = true: the FP8 forward alone, its scratch trimmed to the
+// h rows) computes the training context's y bitwise: fused and unfused, per-call and prepared
+// weights, R = 1 and 2, a live count below T, repeated calls.
+TEST(Fp8Training, InferenceForwardEqualsTrainingForwardBitwise) {
+  for (const Shape& shape : {Shape{1, 19, 111, 40, 3, 6, true, DType::bf16},
+                             Shape{2, 24, 256, 200, 2, 4, false, DType::bf16}}) {
+    const Problem p = fp8_problem(shape);
+    std::vector<RankInputs> in = make_inputs(p, 31, p.max_tokens);
+    in[0].live = p.max_tokens - 5;
+    const std::vector<RankOutputs> training = run_layer(p, in);
+    std::vector<RankOutputs> expected(p.ranks);
+    for (int r = 0; r < p.ranks; ++r) expected[r].y_TD = training[r].y_TD;
+    for (bool fused : {true, false}) {
+      for (bool prepared : {false, true}) {
+        Problem q = p;
+        q.inference = true;
+        q.fused = fused;
+        q.prepared_weights = prepared;
+        const std::vector<std::vector<bf16_t>> y = forward_y(q, in, 2);
+        std::vector<RankOutputs> got(p.ranks);
+        for (int r = 0; r < p.ranks; ++r) got[r].y_TD = y[r];
+        expect_bitwise_equal(got, expected, q.name() + ": inference vs training forward");
+      }
+    }
+  }
+}
+
 TEST(Fp8Training, PreparedWeightsAreChecked) {
   Problem p = fp8_problem({1, 4, 32, 24, 1, 2, false, DType::bf16});
   const std::vector<RankInputs> in = make_inputs(p, 5, p.max_tokens);

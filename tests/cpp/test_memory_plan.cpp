@@ -591,6 +591,35 @@ TEST(MemoryPlan, Fp8BlockTermsExactBytes) {
   EXPECT_EQ(plan_memory(Config(f), 8).dispatch_buffer_bytes, 4096 * 7168 * 2);
 }
 
+// An fp8_block inference context (the same shape as above) keeps, of the FP8 operands, the h rows
+// only (A(32*24 + 1*32*4) = 896); the dispatch buffer and the per-call weights are as in training.
+TEST(MemoryPlan, Fp8BlockInferenceKeepsTheHRowsOnly) {
+  ConfigFields f = fields(16, 32, 24, 8, 2);
+  f.inference = true;
+  const MemoryPlan bf16 = plan_memory(Config(f), 2);
+  f.precision = Precision::fp8_block;
+  const MemoryPlan fp8 = plan_memory(Config(f), 2);
+  EXPECT_EQ(fp8.recv_capacity_rows, 32);
+  EXPECT_EQ(fp8.activation_bytes, 0);
+  EXPECT_EQ(fp8.dispatch_buffer_bytes, 1024);
+  EXPECT_EQ(fp8.fp8_scratch_bytes, 896);
+  EXPECT_EQ(fp8.fp8_weight_scratch_bytes, 9472);
+  EXPECT_EQ(fp8.forward_scratch_bytes, bf16.forward_scratch_bytes + 896);
+  EXPECT_EQ(fp8.scratch_bytes, bf16.scratch_bytes + 896 + 9472);
+  EXPECT_EQ(fp8.arena_bytes, bf16.arena_bytes + 896 + 9472);
+  EXPECT_EQ(fp8.total_bytes, bf16.total_bytes + 896 + 9472);
+  const std::string text = fp8.explain();
+  for (const char* part : {"+ fp8 operands 0.000 GiB (896 bytes) + fp8 weights 0.000 GiB (9,472 bytes)",
+                           "h rows 0.000 GiB (896 bytes) (inference: forward only)"}) {
+    EXPECT_NE(text.find(part), std::string::npos) << part << " missing in\n" << text;
+  }
+  EXPECT_EQ(text.find("grad_h3 rows"), std::string::npos) << text;
+  f.prepared_weights = true;
+  const MemoryPlan prepared = plan_memory(Config(f), 2);
+  EXPECT_EQ(prepared.fp8_weight_scratch_bytes, 0);
+  EXPECT_EQ(prepared.arena_bytes, bf16.arena_bytes + 896);
+}
+
 TEST(MemoryPlan, IsPure) {
   const Config c(small());
   const MemoryPlan a = plan_memory(c, 2);

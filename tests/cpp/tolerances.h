@@ -57,6 +57,13 @@ inline constexpr Tolerance kBackendTolerances[] = {
     {Precision::bf16, Output::grad_scores, 5.0e-3},
     {Precision::bf16, Output::grad_w13, 5.0e-3},
     {Precision::bf16, Output::grad_w2, 5.0e-3},
+    // fp8_block forward (inference contexts; the CUDA backward does not exist yet). The FP8 steps
+    // are the same functions on both backends; the tensor core sums each 128-deep block with
+    // reduced precision and expf differs by ulps, which flip single bf16 roundings of h13 / h and,
+    // through h's 1x128 scale (when the block amax flips), re-round a whole block of h codes.
+    // Conservative (about a third of the FP8 error itself, kTrainingTolerances y ~7e-2): awaits
+    // measurement on the H200 (test_gpu_fp8_forward, EPMOE_REPORT_ERRORS=1).
+    {Precision::fp8_block, Output::y, 2.5e-2},
 };
 
 inline double backend_rel_l2_bound(Precision precision, Output output) {

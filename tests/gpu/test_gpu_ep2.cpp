@@ -4,7 +4,8 @@
 // status), then the whole layer against the CPU backend with 2 thread ranks on identical global
 // inputs (tolerance tables), different live counts per rank, CUDA-graph capture and replay on both
 // ranks (also at the minimum slot budget, every backward replaying its forward), a stack of layers
-// in one activation slot whose recomputed results equal the saved ones bitwise, overflow on one rank reported on both with the step skipped on both, and a rank that
+// in one activation slot whose recomputed results equal the saved ones bitwise, the fp8_block
+// inference forward against the CPU backend, overflow on one rank reported on both with the step skipped on both, and a rank that
 // never enters the call (the other rank gets a timeout naming it instead of hanging). Every test
 // skips with "fewer than 2 CUDA devices: EP tests skipped" where fewer than 2 GPUs exist.
 #include <cuda_runtime.h>
@@ -30,6 +31,7 @@
 #include "epmoe/nccl.h"
 #include "epmoe/status.h"
 #include "device_call.h"
+#include "fp8_exact_inputs.h"
 #include "epmoe/memory_plan.h"
 #include "moe_case.h"
 #include "slot_stack.h"
@@ -374,6 +376,55 @@ TEST(GpuEp2, MatchesCpuBackendAndReference) {
   for (const Case& c : cases) {
     const auto in = make_inputs(c.p, seed++, c.tokens);
     expect_matches_cpu(c.p, in, run_gpu_layer(c.p, in), c.p.name());
+  }
+}
+
+// The fp8_block forward of an inference context on 2 GPUs against 2 CPU thread ranks on the same
+// inputs: bitwise on exact blocks (fp8_exact_inputs.h), within kBackendTolerances on random data;
+// fused and unfused; different live counts per rank.
+TEST(GpuEp2, Fp8InferenceForwardMatchesCpu) {
+  EPMOE_REQUIRE_2GPUS();
+  for (bool exact : {true, false}) {
+    for (bool fused : {true, false}) {
+      Problem p = problem(exact ? 200 : 333, 256, exact ? 160 : 528, 16, 4);
+      p.precision = Precision::fp8_block;
+      p.inference = true;
+      p.fused = fused;
+      std::vector<RankInputs> in = make_inputs(p, exact ? 41 : 42, p.max_tokens);
+      in[1].live = p.max_tokens - 37;
+      if (exact) {
+        for (int r = 0; r < kRanks; ++r) make_exact(p, in[r], 43 + static_cast<uint64_t>(r));
+      }
+      std::vector<std::vector<bf16_t>> gpu(kRanks);
+      run_on_gpus([&](int r, std::shared_ptr<Transport> t) {
+        auto ctx = Context::create(p.config(), t);
+        DeviceCall call(p, in[r], r);
+        ForwardArgs a = call.forward_args(nullptr);
+        a.save_for_backward = false;
+        ctx->forward(a);
+        ctx->check();
+        gpu[r] = download(call.y, call.host.y.size());
+        ctx->close();
+      });
+      const std::vector<std::vector<bf16_t>> cpu = forward_y(p, in);
+      double num = 0, den = 0;
+      for (int r = 0; r < kRanks; ++r) {
+        if (exact) {
+          EXPECT_TRUE(gpu[r] == cpu[r]) << p.name() << ": rank " << r << " y differs (exact blocks)";
+        }
+        for (size_t i = 0; i < cpu[r].size(); ++i) {
+          const double g = bf16_to_float(gpu[r][i]), c = bf16_to_float(cpu[r][i]);
+          num += (g - c) * (g - c);
+          den += c * c;
+        }
+      }
+      const double rel = std::sqrt(num / std::max(den, 1e-300));
+      if (std::getenv("EPMOE_REPORT_ERRORS") != nullptr) {
+        std::printf("%s: y EP=2 CUDA vs CPU rel-L2 %.3e\n", p.name().c_str(), rel);
+      }
+      EXPECT_LE(rel, backend_rel_l2_bound(Precision::fp8_block, Output::y))
+          << p.name() << ": y EP=2 CUDA vs CPU backend";
+    }
   }
 }
 

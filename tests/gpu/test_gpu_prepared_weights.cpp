@@ -1,6 +1,6 @@
 // prepare_weights on CUDA tensors (the codec kernels of src/cuda/formats/) against the host path,
 // bitwise for every format, including a refill in place after the weights change; and the CUDA
-// backend's refusal of Config.precision = fp8_block and nvfp4 (their stages do not exist yet).
+// backend's refusal of fp8_block training (its backward stages do not exist yet) and of nvfp4.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -95,7 +95,9 @@ TEST(GpuPreparedWeights, DeviceEqualsHostAndRefillsInPlace) {
   }
 }
 
-TEST(GpuPreparedWeights, CudaBackendRefusesFp8Block) {
+// fp8_block runs on CUDA for inference contexts (the forward); training contexts are refused
+// until the FP8 backward stages exist, and E4M3 rows need D and F multiples of 16.
+TEST(GpuPreparedWeights, CudaBackendRefusesFp8BlockTraining) {
   EPMOE_REQUIRE_GPU();
   ConfigFields f;
   f.max_tokens_per_rank = 16;
@@ -106,9 +108,19 @@ TEST(GpuPreparedWeights, CudaBackendRefusesFp8Block) {
   f.precision = Precision::fp8_block;
   try {
     Context::create(Config(f), make_single_gpu_transport(0));
-    ADD_FAILURE() << "the CUDA backend accepted Config.precision = fp8_block";
+    ADD_FAILURE() << "the CUDA backend accepted Config.precision = fp8_block for training";
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "Config.precision") << e.what();
+    EXPECT_NE(std::string(e.what()).find("backward"), std::string::npos) << e.what();
+  }
+  f.inference = true;
+  EXPECT_NO_THROW(Context::create(Config(f), make_single_gpu_transport(0))->close());
+  f.hidden_dim = 136;  // a multiple of 8, not of 16
+  try {
+    Context::create(Config(f), make_single_gpu_transport(0));
+    ADD_FAILURE() << "the CUDA backend accepted fp8_block with hidden_dim 136";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "Config.hidden_dim") << e.what();
   }
 }
 

@@ -22,6 +22,13 @@ void fp8_quantize_rows_s_major(const float* x_NL, int64_t N, int64_t L, uint8_t*
                                int64_t ld, void* stream);
 void fp8_quantize_rows_s_major(const bf16_t* x_NL, int64_t N, int64_t L, uint8_t* q_NL, float* scales_SN,
                                int64_t ld, void* stream);
+// bf16 rows whose count is known only on the device (a stage's live or received rows): rows
+// [0, clamp(*count_1, 0, N)) are quantized (all N when count_1 is null), none when *skip_1 != 0
+// (nullable); N sizes the launch and the buffers, so one launch serves every count (CUDA graphs).
+// Scales fp32, S-major at scales[s * ld + n] when ld > 0 (ld >= N), row-major [N, S] when ld == 0.
+void fp8_quantize_rows_counted(const bf16_t* x_NL, int64_t N, int64_t L, const int32_t* count_1,
+                               const int32_t* skip_1, uint8_t* q_NL, float* scales, int64_t ld,
+                               void* stream);
 void fp8_dequantize_rows(const uint8_t* q_NL, const float* scales_NS, int64_t N, int64_t L, float* x_NL,
                          void* stream);
 void fp8_dequantize_rows(const uint8_t* q_NL, const uint8_t* scales_NS, int64_t N, int64_t L, float* x_NL,

@@ -32,12 +32,25 @@ __device__ __forceinline__ uint32_t group_max(uint32_t v) {
   return v;
 }
 
+// A row count known only on the device (a stage's live or received rows): rows
+// [0, clamp(*count_1, 0, N)) are encoded, none when *skip_1 != 0; both nullable. The grid is sized
+// for N, so one launch serves every count (graph-capturable).
+struct DeviceRows {
+  const int32_t* count_1 = nullptr;
+  const int32_t* skip_1 = nullptr;
+};
+
 template <class Policy, int kBlock, int kLanes, class T>
 __global__ void __launch_bounds__(kThreads)
     quantize_row_blocks_kernel(const T* __restrict__ x_NL, int64_t N, int64_t L, uint8_t* __restrict__ q_NL,
                                typename Policy::Scale* __restrict__ scales, int64_t scale_stride_n,
-                               int64_t scale_stride_s) {
+                               int64_t scale_stride_s, const DeviceRows rows) {
   static_assert(kBlock % kLanes == 0 && 32 % kLanes == 0, "lanes divide the block and the warp");
+  if (rows.skip_1 != nullptr && *rows.skip_1 != 0) return;  // uniform over the grid
+  if (rows.count_1 != nullptr) {
+    const int64_t count = *rows.count_1;
+    N = count < 0 ? 0 : (count < N ? count : N);
+  }
   constexpr int kPerLane = kBlock / kLanes;
   constexpr int kBlocksPerWarp = 32 / kLanes;
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -94,7 +107,8 @@ __global__ void __launch_bounds__(kThreads)
 // scales_NS [N, S], or with ld_sn > 0 S-major: scale of (n, s) at scales[s * ld_sn + n], ld_sn >= N.
 template <class Policy, int kBlock, int kLanes, class T>
 void launch_quantize_row_blocks(const T* x_NL, int64_t N, int64_t L, uint8_t* q_NL,
-                                typename Policy::Scale* scales, void* stream, int64_t ld_sn = 0) {
+                                typename Policy::Scale* scales, void* stream, int64_t ld_sn = 0,
+                                DeviceRows rows = {}) {
   check_codec_shape(N, L, "N", "L");
   const int64_t S = scale_blocks(L, kBlock);
   check_codec_pointer(x_NL, N * L, "x_NL");
@@ -109,7 +123,7 @@ void launch_quantize_row_blocks(const T* x_NL, int64_t N, int64_t L, uint8_t* q_
   const int64_t tiles = (N * S + (32 / kLanes) - 1) / (32 / kLanes);
   quantize_row_blocks_kernel<Policy, kBlock, kLanes, T>
       <<<grid_for(tiles * 32, kThreads), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-          x_NL, N, L, q_NL, scales, ld_sn > 0 ? 1 : S, ld_sn > 0 ? ld_sn : 1);
+          x_NL, N, L, q_NL, scales, ld_sn > 0 ? 1 : S, ld_sn > 0 ? ld_sn : 1, rows);
   EPMOE_CUDA_LAUNCH_CHECK();
 }
 

@@ -22,15 +22,25 @@ struct Fp8GroupedGemmArgs {
   const float* b_scales_EBS = nullptr;    // [E, B, S] 128x128 scales (fp8_quantize_weights' layout)
   const int32_t* offsets_E1 = nullptr;    // device [E + 1], non-decreasing, offsets_E1[E] <= M
   const int32_t* skip = nullptr;          // nullable device flag: non-zero = every group is empty
+  // Nullable device count: A is a received-rows operand (core/fp8_terms.h fp8_rows_bytes) of
+  // clamp(*a_rows_1, 0, M) rows whose scales follow its codes (fp8_rows_scales_offset, ld
+  // fp8_rows_ld), both known only on the device; a_scales_SM and ld_a_scales are then unused.
+  const int32_t* a_rows_1 = nullptr;
   int E = 0;
   int64_t M = 0, N = 0, K = 0;
   bf16_t* out_MN = nullptr;               // row pitch ld_out; rows outside the groups untouched
   int64_t ld_out = 0;
+  // Set instead of out_MN: row m goes to its owner's combine slot, combine_R[rank of src] at slot
+  // (t, k) of src = recv_src_M[m] (core/layout.h encode_src; [T, K, N] bf16 buffers, peer pointers).
+  bf16_t* const* combine_R = nullptr;     // device [R] table
+  const int32_t* recv_src_M = nullptr;    // device [M]
+  int64_t T = 0;
+  int top_k = 0;
 };
 
 // Requirements (checked; Error(invalid_argument) naming the field): 1 <= E <= 512, K > 0 and
-// K % 16 == 0, N > 0 and N % 8 == 0, ld_out >= N and ld_out % 8 == 0, ld_a_scales as above,
-// 16-byte aligned pointers. The launch is persistent (one CTA per SM) and graph-capturable.
+// K % 16 == 0, N > 0 and N % 8 == 0, ld_out >= N and ld_out % 8 == 0 (or the combine fields),
+// ld_a_scales as above (or a_rows_1), 16-byte aligned pointers. The launch is persistent (one CTA per SM) and graph-capturable.
 void fp8_grouped_gemm(const Fp8GroupedGemmArgs& args, void* stream);
 
 }  // namespace epmoe::cuda

@@ -1,5 +1,6 @@
-// Launcher and the one instantiation of the FP8 block-scaled grouped GEMM: 128 x 128 tiles,
-// 128-deep k-blocks, 6 stages (32.5 KiB each), cooperative consumers, plain bf16 row epilogue.
+// Launcher and the two instantiations of the FP8 block-scaled grouped GEMM: 128 x 128 tiles,
+// 128-deep k-blocks, 6 stages (32.5 KiB each), cooperative consumers; plain bf16 rows, or rows
+// stored into their owners' combine slots (the W2 forward).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -30,24 +31,37 @@ void check_args(const Fp8GroupedGemmArgs& a) {
   EPMOE_CHECK_ARG(a.M >= 0, "M", ">= 0", a.M);
   EPMOE_CHECK_ARG(a.K > 0 && a.K % 16 == 0, "K", "> 0 and a multiple of 16", a.K);
   EPMOE_CHECK_ARG(a.N > 0 && a.N % 8 == 0, "N", "> 0 and a multiple of 8", a.N);
-  EPMOE_CHECK_ARG(a.ld_out >= a.N && a.ld_out % 8 == 0, "ld_out", ">= N and a multiple of 8", a.ld_out);
-  EPMOE_CHECK_ARG(a.ld_a_scales >= a.M && a.ld_a_scales % 4 == 0, "ld_a_scales", ">= M and a multiple of 4",
-                  a.ld_a_scales);
+  const bool scatter = a.combine_R != nullptr;
+  if (scatter) {
+    EPMOE_CHECK_ARG(a.out_MN == nullptr, "out_MN", "nullptr with combine_R (one destination)",
+                    "a pointer");
+    EPMOE_CHECK_ARG(a.T >= 1 && a.top_k >= 1, "T, top_k", ">= 1 with combine_R",
+                    std::to_string(a.T) + ", " + std::to_string(a.top_k));
+  } else {
+    EPMOE_CHECK_ARG(a.ld_out >= a.N && a.ld_out % 8 == 0, "ld_out", ">= N and a multiple of 8",
+                    a.ld_out);
+  }
+  // With a_rows_1 the scales follow the codes at fp8_rows_scales_offset (16-byte aligned).
+  if (a.a_rows_1 == nullptr) {
+    EPMOE_CHECK_ARG(a.ld_a_scales >= a.M && a.ld_a_scales % 4 == 0, "ld_a_scales",
+                    ">= M and a multiple of 4", a.ld_a_scales);
+  }
   check_aligned(a.b_ENK, "b_ENK");
   check_aligned(a.b_scales_EBS, "b_scales_EBS");
   check_aligned(a.offsets_E1, "offsets_E1");
   if (a.M == 0) return;
   check_aligned(a.a_MK, "a_MK");
-  check_aligned(a.a_scales_SM, "a_scales_SM");
-  check_aligned(a.out_MN, "out_MN");
+  if (a.a_rows_1 == nullptr) check_aligned(a.a_scales_SM, "a_scales_SM");
+  if (scatter) {
+    check_aligned(a.combine_R, "combine_R");
+    check_aligned(a.recv_src_M, "recv_src_M");
+  } else {
+    check_aligned(a.out_MN, "out_MN");
+  }
 }
 
-}  // namespace
-
-void fp8_grouped_gemm(const Fp8GroupedGemmArgs& args, void* stream) {
-  check_args(args);
-  if (args.M == 0) return;  // no rows: every group is empty
-  using Epilogue = RowsEpilogue<Traits>;
+template <class Epilogue>
+void launch(const Fp8GroupedGemmArgs& args, const typename Epilogue::Params& epi, void* stream) {
   const int64_t S = (args.K + Traits::BLOCK_K - 1) / Traits::BLOCK_K;
   const int64_t B = (args.N + 127) / 128;
   const Operand a{args.a_MK, args.M, args.K, args.K, 1};
@@ -60,9 +74,14 @@ void fp8_grouped_gemm(const Fp8GroupedGemmArgs& args, void* stream) {
   groups.groups = args.E;
   groups.n = args.N;
   groups.k = args.K;
-  const Fp8ActScales sa{args.a_scales_SM, args.ld_a_scales, args.M};
+  Fp8ActScales sa{args.a_scales_SM, args.ld_a_scales, args.M};
+  if (args.a_rows_1 != nullptr) {
+    sa.scales_SM = reinterpret_cast<const float*>(args.a_MK);  // resolved on the device
+    sa.ld = 0;
+    sa.rows_1 = args.a_rows_1;
+    sa.k = args.K;
+  }
   const Fp8WeightScales sb{args.b_scales_EBS, B, S};
-  const typename Epilogue::Params epi{plain(args.out_MN), args.ld_out, args.N};
 
   constexpr auto kernel = &grouped_gemm_fp8_kernel<Traits, Epilogue, decltype(tma_a), decltype(tma_b)>;
   constexpr int kSmem = static_cast<int>(sizeof(Fp8SharedStorage<Traits, Epilogue::kSmemBytesPerWarpgroup>));
@@ -71,6 +90,21 @@ void fp8_grouped_gemm(const Fp8GroupedGemmArgs& args, void* stream) {
   kernel<<<device_sm_count(), Traits::kThreads, kSmem, static_cast<cudaStream_t>(stream)>>>(
       tma_a, tma_b, groups, sa, sb, epi, a.rows, a.cols, b.rows, b.cols);
   EPMOE_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void fp8_grouped_gemm(const Fp8GroupedGemmArgs& args, void* stream) {
+  check_args(args);
+  if (args.M == 0) return;  // no rows: every group is empty
+  if (args.combine_R != nullptr) {
+    const typename ScatterEpilogue<Traits>::Params epi{args.combine_R, args.recv_src_M, args.T,
+                                                       args.top_k, args.N};
+    launch<ScatterEpilogue<Traits>>(args, epi, stream);
+  } else {
+    const typename RowsEpilogue<Traits>::Params epi{plain(args.out_MN), args.ld_out, args.N};
+    launch<RowsEpilogue<Traits>>(args, epi, stream);
+  }
 }
 
 }  // namespace epmoe::cuda

@@ -25,6 +25,7 @@
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "core/fp8_terms.h"
 #include "cuda/gemm/gemm_config.h"
 #include "cuda/gemm/grouped_gemm_sm90.cuh"
 
@@ -71,12 +72,29 @@ struct alignas(1024) Fp8SharedStorage {
   int tile_prefix[kMaxGroups + 1];
 };
 
-// Activation scales as the consumers read them: [k_blocks, ld] fp32, rows < `rows` valid.
+// Activation scales as the consumers read them: [k_blocks, ld] fp32, rows < `rows` valid. With
+// rows_1 set, the operand holds a row count known only on the device (received rows,
+// core/fp8_terms.h): rows = clamp(*rows_1, 0, rows), and its scales follow its codes, at
+// codes + fp8_rows_scales_offset(rows, k) with ld = fp8_rows_ld(rows); scales_SM is then the codes.
 struct Fp8ActScales {
   const float* scales_SM;
   int64_t ld;
   int64_t rows;
+  const int32_t* rows_1 = nullptr;
+  int64_t k = 0;  // the operand's row length (codes bytes per row), with rows_1
 };
+
+// Resolved once per consumer thread, before any tile.
+__device__ __forceinline__ Fp8ActScales resolve_act_scales(const Fp8ActScales& sa) {
+  if (sa.rows_1 == nullptr) return sa;
+  const int64_t count = *sa.rows_1;
+  Fp8ActScales r = sa;
+  r.rows = count < 0 ? 0 : (count < sa.rows ? count : sa.rows);
+  r.scales_SM = reinterpret_cast<const float*>(reinterpret_cast<const char*>(sa.scales_SM) +
+                                               fp8_rows_scales_offset(r.rows, sa.k));
+  r.ld = fp8_rows_ld(r.rows);
+  return r;
+}
 
 // Weight scales as the consumers read them: [groups, n_blocks, k_blocks] fp32.
 struct Fp8WeightScales {
@@ -88,7 +106,7 @@ struct Fp8WeightScales {
 template <class Traits, class Epilogue, class TmaA, class TmaB>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     grouped_gemm_fp8_kernel(CUTE_GRID_CONSTANT const TmaA tma_a, CUTE_GRID_CONSTANT const TmaB tma_b,
-                            const GroupArgs group_args, const Fp8ActScales sa,
+                            const GroupArgs group_args, const Fp8ActScales sa_args,
                             const Fp8WeightScales sb, CUTE_GRID_CONSTANT const typename Epilogue::Params epi_params,
                             int64_t a_rows, int64_t a_cols, int64_t b_rows, int64_t b_cols) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -163,6 +181,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // This thread's two fragment rows within the tile (value i = j + 2 h + 4 g is in row
     // 16 w + l / 4 + 8 h of the warpgroup's 64; epilogues.cuh).
     const int scale_row0 = 64 * wg + 16 * (tid / 32) + (tid % 32) / 4;
+    const Fp8ActScales sa = resolve_act_scales(sa_args);
     // Rows past the last one read no scale (their outputs are masked by the epilogue).
     auto act_scale = [&](int64_t row, int kb) {
       return row < sa.rows ? __ldg(sa.scales_SM + kb * sa.ld + row) : 0.0f;

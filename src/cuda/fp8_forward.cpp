@@ -1,0 +1,86 @@
+#include "cuda/fp8_forward.h"
+
+#include "core/fp8_terms.h"
+#include "cuda/formats/formats.h"
+#include "cuda/gemm/fp8_gemm.h"
+#include "cuda/swiglu.h"
+#include "epmoe/error.h"
+
+namespace epmoe::cuda {
+namespace {
+
+// The FP8 stages read no layer plan: only inference contexts run them (CudaBackend::validate).
+void check_unplaced(const Step& s) {
+  EPMOE_CHECK_ARG(s.layer_plan == nullptr && !s.replay, "Config.inference",
+                  "true with precision fp8_block on the CUDA backend (no saved state)", "false");
+}
+
+// Groups and skip flag of the step; A, B and the output are the caller's.
+Fp8GroupedGemmArgs step_gemm(const Step& s, int64_t N, int64_t K) {
+  Fp8GroupedGemmArgs a;
+  a.offsets_E1 = s.layout.expert_offsets_E1;
+  a.skip = s.layout.header + kLayoutSkip;
+  a.E = s.dims.E;
+  a.M = s.capacity_rows;
+  a.N = N;
+  a.K = K;
+  return a;
+}
+
+}  // namespace
+
+void fp8_w13_fprop(const Step& s) {
+  check_unplaced(s);
+  const int64_t D = s.dims.D, F = s.dims.F;
+  Fp8GroupedGemmArgs a = step_gemm(s, 2 * F, D);
+  // codes [rows, D] | S-major scales at the received rows (fp8_rows_bytes), both placed by the
+  // device count: dispatch wrote them there.
+  a.a_MK = reinterpret_cast<const uint8_t*>(s.x_gathered_MD);
+  a.a_rows_1 = s.layout.header + kLayoutRows;
+  a.b_ENK = s.w13_q_EFD;
+  a.b_scales_EBS = s.w13_scales_EBS;
+  a.out_MN = s.h13_M2F;
+  a.ld_out = 2 * F;
+  fp8_grouped_gemm(a, s.stream);
+}
+
+void fp8_quantize_h(const Step& s) {
+  check_unplaced(s);
+  const int64_t F = s.dims.F, M = s.capacity_rows;
+  char* h = s.fp8_scratch + fp8_scratch_layout(s.dims, M).h_q;
+  fp8_quantize_rows_counted(s.h_MF, M, F, s.layout.header + kLayoutRows,
+                            s.layout.header + kLayoutSkip, reinterpret_cast<uint8_t*>(h),
+                            reinterpret_cast<float*>(h + fp8_rows_scales_offset(M, F)),
+                            fp8_rows_ld(M), s.stream);
+}
+
+void fp8_w13_swiglu(const Step& s) {
+  fp8_w13_fprop(s);
+  swiglu_forward(s);
+  fp8_quantize_h(s);
+}
+
+void fp8_w2_fprop(const Step& s, bool scatter) {
+  check_unplaced(s);
+  const int64_t D = s.dims.D, F = s.dims.F, M = s.capacity_rows;
+  Fp8GroupedGemmArgs a = step_gemm(s, D, F);
+  const char* h = s.fp8_scratch + fp8_scratch_layout(s.dims, M).h_q;
+  a.a_MK = reinterpret_cast<const uint8_t*>(h);
+  a.a_scales_SM = reinterpret_cast<const float*>(h + fp8_rows_scales_offset(M, F));
+  a.ld_a_scales = fp8_rows_ld(M);
+  a.b_ENK = s.w2_q_EDF;
+  a.b_scales_EBS = s.w2_scales_EBS;
+  if (scatter) {
+    a.combine_R = s.combine_R;
+    a.recv_src_M = s.layout.recv_src_M;
+    a.T = s.dims.T;
+    a.top_k = s.dims.K;
+  } else {
+    EPMOE_CHECK_ARG(s.rows_MD != nullptr, "Step.rows_MD", "the unfused rows buffer", "nullptr");
+    a.out_MN = s.rows_MD;
+    a.ld_out = D;
+  }
+  fp8_grouped_gemm(a, s.stream);
+}
+
+}  // namespace epmoe::cuda

@@ -1,0 +1,23 @@
+// The FP8 block-scaled forward stages on CUDA (Config.precision = fp8_block, inference contexts):
+// the same steps as the CPU reference's cpu/stages_fp8.cpp (docs/formats.md, "FP8 training").
+// publish and dispatch move E4M3 rows themselves (publish.cu, dispatch.cu); these launchers run
+// the expert stages. Launchers only (no CUDA types).
+#pragma once
+
+#include "core/step.h"
+
+namespace epmoe::cuda {
+
+// h13 = bf16(x @ w13[e]^T): the received E4M3 x rows (in the x_gathered space at the received
+// rows) times the 128x128-scaled E4M3 w13 (gemm/fp8_gemm.h).
+void fp8_w13_fprop(const Step& s);
+// h (the SwiGLU of the rounded h13, already in s.h_MF) quantized 1x128 along F into the FP8
+// scratch at capacity rows (fp8_scratch_layout().h_q), the received rows only.
+void fp8_quantize_h(const Step& s);
+// The fused stage: fp8_w13_fprop, the unfused SwiGLU kernel, fp8_quantize_h.
+void fp8_w13_swiglu(const Step& s);
+// rows = bf16(h @ w2[e]^T) from the E4M3 h rows; scatter: into the owners' combine slots,
+// otherwise into s.rows_MD.
+void fp8_w2_fprop(const Step& s, bool scatter);
+
+}  // namespace epmoe::cuda

@@ -1,0 +1,45 @@
+// The C ABI's config (include/epmoe/c_api.h) without a device: defaults of the appended fields,
+// fp8_block inference with prepared weights reaching the planner, and a bad precision refused
+// naming the field.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "epmoe/c_api.h"
+
+namespace {
+
+std::string explain(const epmoe_config& c, int ep_size) {
+  std::vector<char> buf(1 << 16);
+  EXPECT_EQ(epmoe_explain_plan(&c, ep_size, buf.data(), buf.size()), 0) << epmoe_last_error();
+  return buf.data();
+}
+
+TEST(CapiConfig, Fp8BlockInferenceWithPreparedWeightsReachesThePlanner) {
+  epmoe_config c = epmoe_config_default(16, 32, 24, 2, 8);
+  EXPECT_EQ(c.precision, 0);
+  EXPECT_EQ(c.inference, 0);
+  EXPECT_EQ(c.prepared_weights, 0);
+  EXPECT_EQ(explain(c, 2).find("fp8"), std::string::npos);
+  c.precision = 1;
+  c.inference = 1;
+  std::string text = explain(c, 2);
+  EXPECT_NE(text.find("h rows 0.000 GiB (896 bytes) (inference: forward only)"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("fp8 weights quantized per call"), std::string::npos) << text;
+  c.prepared_weights = 1;
+  text = explain(c, 2);
+  EXPECT_NE(text.find("fp8 weights: prepared by the caller"), std::string::npos) << text;
+}
+
+TEST(CapiConfig, UnknownPrecisionIsRefusedNamingTheField) {
+  epmoe_config c = epmoe_config_default(16, 32, 24, 2, 8);
+  c.precision = 3;
+  std::vector<char> buf(256);
+  EXPECT_NE(epmoe_explain_plan(&c, 2, buf.data(), buf.size()), 0);
+  const std::string error = epmoe_last_error();
+  EXPECT_NE(error.find("epmoe_config.precision"), std::string::npos) << error;
+}
+
+}  // namespace
