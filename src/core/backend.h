@@ -71,8 +71,14 @@ class Backend {
   virtual void scatter_rows(const Step& s) = 0;
   // Fused: W2 GEMM whose epilogue stores each row into its owner's combine slot.
   virtual void w2_scatter(const Step& s) = 0;
+  // Per-rank combine (Step::combine_per_rank), after w2_gemm: for every pull (s, t), the routes'
+  // rows_MD summed in ascending k as fp32 sum of score[t,k] * row, rounded to bf16 once, into
+  // combine_R[s][t * R + rank] (one row per (token, rank) crosses to the owner).
+  virtual void combine_send_forward(const Step& s) = 0;
   // After the combine barrier: y[t] = sum_k score[t,k] * combine[t,k] (fp32, one rounding);
   // rows past the live count are zero; h3_TKD (if set) = copy of this rank's combine slots.
+  // Per-rank combine: y[t] = sum over the ranks q holding >= 1 of t's routes, ascending q, of
+  // combine[t, q] (fp32, one rounding).
   virtual void reduce_forward(const Step& s) = 0;
 
   // ---- backward ----

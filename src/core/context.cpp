@@ -26,7 +26,7 @@ struct ConfigFingerprint {
   float alpha, limit;
   double capacity_factor;
   int32_t num_slots, layers_per_slot, inference, fuse_epilogues;
-  int32_t arrival_gated_w13, prepared_weights;
+  int32_t arrival_gated_w13, prepared_weights, combine, reserved;
   int64_t slot_bytes;
 };
 
@@ -49,6 +49,7 @@ ConfigFingerprint fingerprint(const Config& c, int64_t slot_bytes) {
   f.fuse_epilogues = x.fuse_epilogues;
   f.arrival_gated_w13 = x.arrival_gated_w13;
   f.prepared_weights = x.prepared_weights;
+  f.combine = static_cast<int32_t>(x.combine);
   f.slot_bytes = slot_bytes;
   return f;
 }
@@ -126,6 +127,7 @@ struct Context::Impl {
   char* fp8_scratch() const { return call_scratch() + plan.backward_scratch_bytes; }
   char* fp8_weights() const { return fp8_scratch() + plan.fp8_scratch_bytes; }
   bool fp8() const { return config.fields().precision == Precision::fp8_block; }
+  bool per_rank() const { return config.fields().combine == CombineMode::per_rank; }
 
   // The E4M3 weights a call reads: the caller's prepared ones, or the bf16 ones quantized into
   // the context's scratch by a quantize_weights stage (the same codec, so the same bits).
@@ -188,8 +190,8 @@ struct Context::Impl {
     g.granule = plan.packing_granule_bytes;
     g.packed_bytes = plan.slot_bytes - slot_geometry_bytes.packed;
     g.packed_base = static_cast<int64_t>(slot) * plan.slot_bytes + slot_geometry_bytes.packed;
-    const CallScratchLayout cl =
-        call_scratch_layout(dims, plan.recv_capacity_rows, !config.fields().fuse_epilogues);
+    const CallScratchLayout cl = call_scratch_layout(dims, plan.recv_capacity_rows,
+                                                     !config.fields().fuse_epilogues, per_rank());
     const int64_t call = call_scratch() - arena;
     g.scratch_x_gathered = call + cl.x_gathered;
     g.scratch_h13 = call + cl.h13;
@@ -209,6 +211,7 @@ struct Context::Impl {
     s.check_inputs = config.fields().check_inputs;
     s.trap_on_overflow = config.fields().overflow == OverflowPolicy::trap;
     s.arrival_gated_w13 = config.fields().arrival_gated_w13;
+    s.combine_per_rank = per_rank();
     s.barrier_timeout_ms = config.fields().barrier_timeout_ms;
     s.stream = stream;
     s.routing_R = routing_R;
@@ -218,11 +221,12 @@ struct Context::Impl {
     const bool unfused = !config.fields().fuse_epilogues;
     s.route_scratch = route_scratch();
     char* call = call_scratch();
-    const CallScratchLayout cl = call_scratch_layout(dims, plan.recv_capacity_rows, unfused);
+    const CallScratchLayout cl =
+        call_scratch_layout(dims, plan.recv_capacity_rows, unfused, per_rank());
     s.h_MF = reinterpret_cast<bf16_t*>(call + cl.h);
     s.grad_h3_MD = reinterpret_cast<bf16_t*>(call + cl.grad_h3);
     s.grad_h13_M2F = reinterpret_cast<bf16_t*>(call + cl.grad_h13);
-    s.rows_MD = unfused ? reinterpret_cast<bf16_t*>(call + cl.rows_MD) : nullptr;
+    s.rows_MD = unfused || per_rank() ? reinterpret_cast<bf16_t*>(call + cl.rows_MD) : nullptr;
     s.grad_h_MF = unfused ? reinterpret_cast<bf16_t*>(call + cl.grad_h) : nullptr;
     return s;
   }
@@ -232,7 +236,8 @@ struct Context::Impl {
   void bind_layer_state(Step& s, int slot, int layer) const {
     const int64_t M = plan.recv_capacity_rows;
     char* call = call_scratch();
-    const CallScratchLayout cl = call_scratch_layout(dims, M, !config.fields().fuse_epilogues);
+    const CallScratchLayout cl =
+        call_scratch_layout(dims, M, !config.fields().fuse_epilogues, per_rank());
     s.x_gathered_MD = reinterpret_cast<bf16_t*>(call + cl.x_gathered);
     s.h13_M2F = reinterpret_cast<bf16_t*>(call + cl.h13);
     s.h3_TKD = nullptr;
@@ -264,9 +269,22 @@ struct Context::Impl {
   }
 
   // Forward of W13, SwiGLU, W2 and the scatter to the owners (fused or not), as in forward; the
-  // replay in backward runs the very same stages.
+  // replay in backward runs the very same stages. Per-rank combine: W2 stores its rows locally
+  // and the send stage stores one summed row per pull into the owner's [T, R, D] buffer.
   void expert_stages(Backend& b, const Step& s) {
-    if (config.fields().fuse_epilogues) {
+    const bool fused = config.fields().fuse_epilogues;
+    if (per_rank()) {
+      if (fused) {
+        stage("w13_swiglu", s.stream, [&] { b.w13_swiglu(s); });
+      } else {
+        stage("w13_gemm", s.stream, [&] { b.w13_gemm(s); });
+        stage("swiglu_forward", s.stream, [&] { b.swiglu_forward(s); });
+      }
+      stage("w2_gemm", s.stream, [&] { b.w2_gemm(s); });
+      stage("combine_send", s.stream, [&] { b.combine_send_forward(s); });
+      return;
+    }
+    if (fused) {
       stage("w13_swiglu", s.stream, [&] { b.w13_swiglu(s); });
       stage("w2_scatter", s.stream, [&] { b.w2_scatter(s); });
     } else {

@@ -96,11 +96,13 @@ inline RouteScratchLayout route_scratch_layout(const Dims& d, int64_t M) {
 // rebuild them in place, and the layout leads so that the routing part (route scratch, pad,
 // layout) is one device-memory prefix of the scratch (Config.scratch_device_bytes).
 //   layout(M) | x_gathered [M,D] | h13 [M,2F] | h [M,F] | grad_h3 [M,D] | grad_h13 [M,2F]
-//   | unfused only: rows_MD [M,D] (W2 / W13-DGRAD output before its scatter) | grad_h [M,F]
+//   | unfused or per-rank combine: rows_MD [M,D] (W2 / W13-DGRAD output before its scatter or
+//     its per-rank send) | unfused only: grad_h [M,F]
 struct CallScratchLayout {
   int64_t layout, x_gathered, h13, h, grad_h3, grad_h13, rows_MD, grad_h, total;
 };
-inline CallScratchLayout call_scratch_layout(const Dims& d, int64_t M, bool unfused) {
+inline CallScratchLayout call_scratch_layout(const Dims& d, int64_t M, bool unfused,
+                                             bool per_rank_combine = false) {
   CallScratchLayout l;
   l.layout = 0;
   l.x_gathered = l.layout + layout_bytes(M, d.T, d.K, d.E, d.R).total;
@@ -109,7 +111,7 @@ inline CallScratchLayout call_scratch_layout(const Dims& d, int64_t M, bool unfu
   l.grad_h3 = l.h + align_bytes(M * d.F * 2);
   l.grad_h13 = l.grad_h3 + align_bytes(M * d.D * 2);
   l.rows_MD = l.grad_h13 + align_bytes(M * 2 * d.F * 2);
-  l.grad_h = l.rows_MD + (unfused ? align_bytes(M * d.D * 2) : 0);
+  l.grad_h = l.rows_MD + (unfused || per_rank_combine ? align_bytes(M * d.D * 2) : 0);
   l.total = l.grad_h + (unfused ? align_bytes(M * d.F * 2) : 0);
   return l;
 }

@@ -38,6 +38,7 @@ class CpuBackend final : public Backend {
   void w2_gemm(const Step& s) override;
   void scatter_rows(const Step& s) override;
   void w2_scatter(const Step& s) override;
+  void combine_send_forward(const Step& s) override;
   void reduce_forward(const Step& s) override;
 
   void plan_backward(const Step& s) override;
@@ -148,6 +149,13 @@ void fp8_w13_dgrad(const Step& s, bool scatter);
 // Weight gradients from column-quantized operands: W2 (grad_h3, h) and W13 (grad_h13, x).
 void fp8_w2_wgrad(const Step& s);
 void fp8_w13_wgrad(const Step& s);
+
+// ---- per-rank combine (stages_combine.cpp) ----
+// Each pull's routes summed (score-weighted when scaled) into one row of its owner's [T, R, D]
+// combine buffer at [t, this rank].
+void send_partials(const Step& s, bool scaled);
+// out[t] = the sum of the partial rows of t's ranks, ascending rank (fp32, one rounding).
+void reduce_partials(const Step& s, bf16_t* out_TD);
 
 // ---- NVFP4 weight-only inference (stages_nvfp4.cpp) ----
 // Expert e's W13 [2F, D] / W2 [D, F] decoded from the NVFP4 prepared weights into fp32.

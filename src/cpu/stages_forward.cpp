@@ -299,6 +299,10 @@ void CpuBackend::w2_scatter(const Step& s) {
 
 void CpuBackend::reduce_forward(const Step& step) {
   const Step s = placed(step);
+  if (s.combine_per_rank) {
+    reduce_partials(s, s.y_TD);
+    return;
+  }
   const int64_t D = s.dims.D, K = s.dims.K;
   std::memset(s.y_TD, 0, static_cast<size_t>(s.tokens * D) * 2);
   if (skipped(s)) return;

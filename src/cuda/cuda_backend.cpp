@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cuda/check.h"
+#include "cuda/combine_partials.h"
 #include "cuda/device_scope.h"
 #include "cuda/dispatch.h"
 #include "cuda/gemm/expert_gemm.h"
@@ -125,7 +126,9 @@ EPMOE_STAGE(w13_swiglu, cuda::w13_fprop(s, true))
 EPMOE_STAGE(w2_gemm, cuda::w2_fprop(s, false))
 EPMOE_STAGE(scatter_rows, cuda::scatter_rows(s))
 EPMOE_STAGE(w2_scatter, cuda::w2_fprop(s, true))
-EPMOE_STAGE(reduce_forward, cuda::reduce_forward(s))
+EPMOE_STAGE(combine_send_forward, cuda::send_partials(s, true))
+EPMOE_STAGE(reduce_forward,
+            s.combine_per_rank ? cuda::reduce_partials(s, s.y_TD, "y_TD") : cuda::reduce_forward(s))
 
 EPMOE_STAGE(plan_backward, cuda::plan_backward(s))
 EPMOE_STAGE(restore_input, cuda::restore_input(s))

@@ -48,6 +48,8 @@ Config Problem::config() const {
   f.precision = precision;
   f.prepared_weights = prepared_weights;
   f.scratch_device_bytes = scratch_device_bytes;
+  f.inference = inference;
+  f.combine = combine;
   return Config(f);
 }
 
@@ -57,7 +59,8 @@ std::string Problem::name() const {
      << " K=" << top_k << " experts=" << experts
      << (act.kind == ActivationKind::swiglu_clamped ? " clamped" : " swiglu")
      << (fused ? " fused" : " unfused") << (arrival_gated_w13 ? "" : " staged") << " wgrad=" << epmoe::to_string(wgrad_dtype)
-     << " " << epmoe::to_string(precision) << (prepared_weights ? " prepared" : "");
+     << " " << epmoe::to_string(precision) << (prepared_weights ? " prepared" : "")
+     << (inference ? " inference" : "") << " combine=" << epmoe::to_string(combine);
   return os.str();
 }
 

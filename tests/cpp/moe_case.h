@@ -35,6 +35,8 @@ struct Problem {
   Precision precision = Precision::bf16;
   bool prepared_weights = false;  // fp8_block: RankCall prepares the weights, the calls take them
   std::optional<int64_t> scratch_device_bytes;  // Config.scratch_device_bytes (unset: all device)
+  bool inference = false;                        // Config.inference (forward only)
+  CombineMode combine = CombineMode::per_route;  // Config.combine
 
   int local_experts() const { return experts / ranks; }
   Config config() const;

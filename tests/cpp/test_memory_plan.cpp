@@ -414,6 +414,44 @@ TEST(MemoryPlan, Inference) {
   expect_contains(text, "scratch-only inference; no saved activations");
 }
 
+// Per-rank combine (inference): the combine buffer holds one row per (token, source rank)
+// [T, R, D], and the call scratch keeps W2's rows [M, D] (rows_MD) for the send stage.
+TEST(MemoryPlan, PerRankCombineInference) {
+  ConfigFields f = small();
+  f.inference = true;
+  f.combine = CombineMode::per_rank;
+  const MemoryPlan p = plan_memory(Config(f), 2);
+  EXPECT_EQ(p.combine, CombineMode::per_rank);
+  EXPECT_EQ(p.combine_buffer_bytes, 2048);     // A(4*2*128*2): R = K = 2, as per_route
+  EXPECT_EQ(p.symmetric_bytes, 3456);          // as MemoryPlan.Inference
+  EXPECT_EQ(p.forward_scratch_bytes, 11136);   // fused 9088 + rows_MD A(8*128*2)=2048
+  EXPECT_EQ(p.backward_scratch_bytes, 17280);  // fused 15232 + rows_MD 2048 (no grad_h)
+  EXPECT_EQ(p.scratch_bytes, 18176);           // 768 + pad 128 + 17280
+  EXPECT_EQ(p.arena_bytes, 18176);
+  EXPECT_EQ(p.total_bytes, 22144);             // 18176 + 3456 + 128 + 384
+  expect_contains(p.explain(), "combine [T,R,D] bf16 (one partial row per source rank): ");
+}
+
+// ci-tiny at R = 4 (K = 2): [T, R, D] is twice [T, K, D]; unfused adds only grad_h (rows_MD is
+// there already).
+TEST(MemoryPlan, PerRankCombineAtFourRanks) {
+  ConfigFields f = ci_tiny();
+  f.inference = true;
+  const MemoryPlan route = plan_memory(Config(f), 4);
+  f.combine = CombineMode::per_rank;
+  const MemoryPlan rank = plan_memory(Config(f), 4);
+  EXPECT_EQ(route.combine_buffer_bytes, 32768);  // A(64*2*128*2)
+  EXPECT_EQ(rank.combine_buffer_bytes, 65536);   // A(64*4*128*2)
+  const int64_t rows_MD = align_bytes(route.recv_capacity_rows * 128 * 2);
+  EXPECT_EQ(rows_MD, 32768);  // M = 128 rows
+  EXPECT_EQ(rank.backward_scratch_bytes, route.backward_scratch_bytes + rows_MD);
+  EXPECT_EQ(rank.total_bytes, route.total_bytes + 32768 + rows_MD);
+  f.fuse_epilogues = false;
+  const MemoryPlan unfused = plan_memory(Config(f), 4);
+  EXPECT_EQ(unfused.backward_scratch_bytes,
+            rank.backward_scratch_bytes + align_bytes(route.recv_capacity_rows * 96 * 2));
+}
+
 // NVFP4 weight-only inference adds no bytes: the caller owns the weights, activations are bf16.
 TEST(MemoryPlan, Nvfp4InferenceAsBf16Inference) {
   ConfigFields f = small();

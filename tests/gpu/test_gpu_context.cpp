@@ -240,6 +240,84 @@ TEST(GpuContext, GraphReplayWithNewRoutingsEqualsEager) {
   CUDA_OK(cudaStreamDestroy(stream));
 }
 
+// Per-rank combine (Config.combine = per_rank, inference) at EP = 1: one partial per token, so
+// y is bitwise the per-route combine's; fused == unfused bitwise; against the CPU backend's
+// per-rank y (tolerance table); a captured forward replayed with new routings equals eager.
+TEST(GpuContext, PerRankCombineEqualsPerRouteBitwiseAndReplays) {
+  EPMOE_REQUIRE_GPU();
+  Problem p = problem(256, 256, 192, 8, 4);
+  p.inference = true;
+  p.combine = CombineMode::per_rank;
+  auto routing = [&](uint64_t seed, int64_t live) {
+    auto in = make_inputs(p, 100, 256)[0];  // same x and weights every time
+    const auto fresh = make_inputs(p, seed, 256)[0];
+    in.ids_TK = fresh.ids_TK;
+    in.scores_TK = fresh.scores_TK;
+    in.live = live;
+    return in;
+  };
+  auto forward_y = [&](const Problem& q, const RankInputs& in) {
+    auto ctx = gpu_context(q);
+    DeviceCall call(q, in);
+    std::vector<bf16_t> y = run_forward_once(*ctx, call, nullptr);
+    ctx->close();
+    return y;
+  };
+  const RankInputs first = routing(1, 256);
+  const std::vector<bf16_t> per_rank = forward_y(p, first);
+  Problem q = p;
+  q.combine = CombineMode::per_route;
+  EXPECT_EQ(per_rank, forward_y(q, first)) << "per_rank vs per_route at EP = 1";
+  q = p;
+  q.fused = false;
+  EXPECT_EQ(per_rank, forward_y(q, first)) << "per_rank fused vs unfused";
+  {
+    std::vector<RankOutputs> gpu(1), cpu(1);
+    gpu[0].y_TD = per_rank;
+    with_contexts(p, [&](int, Context& ctx) {
+      RankCall call(p, first);
+      ForwardArgs a = call.forward_args();
+      a.save_for_backward = false;
+      ctx.forward(a);
+      cpu[0].y_TD = call.y;
+    });
+    const double err = compare(gpu, cpu)[Output::y];
+    EXPECT_LE(err, backend_rel_l2_bound(Precision::bf16, Output::y)) << "per_rank CUDA vs CPU y";
+  }
+
+  auto graph_ctx = gpu_context(p);
+  DeviceCall call(p, first);
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreate(&stream));
+  run_forward_once(*graph_ctx, call, stream);  // warm-up outside capture
+  cudaGraph_t graph;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  ForwardArgs a = call.forward_args(stream);
+  a.save_for_backward = false;
+  graph_ctx->forward(a);
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  auto eager_ctx = gpu_context(p);
+  for (const auto& [seed, live] : std::vector<std::pair<uint64_t, int64_t>>{{2, 256}, {3, 100}, {4, 1}, {5, 256}}) {
+    const RankInputs in = routing(seed, live);
+    call.set_routing(in);
+    call.poison();
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    graph_ctx->check();
+    const std::vector<bf16_t> replayed = download(call.y, call.host.y.size());
+    DeviceCall eager_call(p, in);
+    EXPECT_EQ(replayed, run_forward_once(*eager_ctx, eager_call, nullptr))
+        << "per_rank graph replay, routing seed " << seed << " live " << live;
+  }
+  graph_ctx->close();
+  eager_ctx->close();
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
+  CUDA_OK(cudaStreamDestroy(stream));
+}
+
 TEST(GpuContext, EdgeRoutingsMatchCpu) {
   EPMOE_REQUIRE_GPU();
   const Problem p = problem(130, 128, 96, 8, 2);

@@ -544,6 +544,126 @@ TEST(GpuEp2, GraphReplayOnBothRanksEqualsEager) {
   }
 }
 
+// Per-rank combine (Config.combine = per_rank, inference) at EP = 2: y against the CPU backend's
+// per-rank y with 2 thread ranks (tolerance table; the send and reduce kernels sum in the CPU's
+// order, the GEMMs differ in accumulation order) and the float64 reference, close to the
+// per-route combine, repeat calls bitwise, and a captured forward replayed with new routings and
+// live counts equal to eager on both ranks.
+TEST(GpuEp2, PerRankCombineMatchesCpuAndGraphReplays) {
+  EPMOE_REQUIRE_2GPUS();
+  Problem p = problem(256, 256, 192, 16, 4);
+  p.capacity_factor = 2.0;
+  p.inference = true;
+  p.combine = CombineMode::per_rank;
+  auto routing = [&](uint64_t seed, int64_t live0, int64_t live1) {
+    auto in = make_inputs(p, 100, 256);
+    const auto fresh = make_inputs(p, seed, 256);
+    for (int r = 0; r < kRanks; ++r) {
+      in[r].ids_TK = fresh[r].ids_TK;
+      in[r].scores_TK = fresh[r].scores_TK;
+      in[r].live = r == 0 ? live0 : live1;
+    }
+    return in;
+  };
+  auto y_error = [](const std::vector<std::vector<bf16_t>>& a,
+                    const std::vector<std::vector<bf16_t>>& b) {
+    std::vector<RankOutputs> x(kRanks), z(kRanks);
+    for (int r = 0; r < kRanks; ++r) {
+      x[r].y_TD = a[r];
+      z[r].y_TD = b[r];
+    }
+    return compare(x, z)[Output::y];
+  };
+  auto gpu_forward = [&](const Problem& q, const std::vector<RankInputs>& in) {
+    std::vector<std::vector<bf16_t>> y(kRanks);
+    run_on_gpus([&](int r, std::shared_ptr<Transport> t) {
+      auto ctx = Context::create(q.config(), t);
+      DeviceCall call(q, in[r], r);
+      y[r] = run_forward_once(*ctx, call, nullptr);
+      EXPECT_EQ(run_forward_once(*ctx, call, nullptr), y[r]) << "repeat call, rank " << r;
+      ctx->close();
+    });
+    return y;
+  };
+  auto cpu_forward = [&](const Problem& q, const std::vector<RankInputs>& in) {
+    std::vector<std::vector<bf16_t>> y(kRanks);
+    with_contexts(q, [&](int r, Context& ctx) {
+      RankCall call(q, in[r]);
+      ForwardArgs a = call.forward_args();
+      a.save_for_backward = false;
+      ctx.forward(a);
+      y[r] = call.y;
+    });
+    return y;
+  };
+  const auto first = routing(1, 256, 256);
+  const auto gpu = gpu_forward(p, first);
+  const double vs_cpu = y_error(gpu, cpu_forward(p, first));
+  EXPECT_LE(vs_cpu, backend_rel_l2_bound(Precision::bf16, Output::y)) << "per_rank CUDA vs CPU";
+  std::vector<RankOutputs> got(kRanks);
+  for (int r = 0; r < kRanks; ++r) got[r].y_TD = gpu[r];
+  const auto ref = reference_layer(p, first);
+  std::vector<double> g, f;
+  for (int r = 0; r < kRanks; ++r) {
+    const auto w = widen(gpu[r]);
+    g.insert(g.end(), w.begin(), w.end());
+    f.insert(f.end(), ref[r].y_TD.begin(), ref[r].y_TD.end());
+  }
+  EXPECT_LE(reference::rel_l2(f, g), rel_l2_bound(Precision::bf16, Output::y)) << "vs float64";
+  Problem q = p;
+  q.combine = CombineMode::per_route;
+  EXPECT_LE(y_error(gpu, gpu_forward(q, first)), backend_rel_l2_bound(Precision::bf16, Output::y))
+      << "per_rank vs per_route on CUDA";
+
+  struct Replay {
+    uint64_t seed;
+    int64_t live0, live1;
+  };
+  const std::vector<Replay> replays = {{2, 256, 256}, {3, 100, 200}, {4, 1, 0}, {5, 256, 17}};
+  std::vector<std::vector<std::vector<bf16_t>>> replayed(
+      replays.size(), std::vector<std::vector<bf16_t>>(kRanks));
+  std::vector<std::vector<std::vector<bf16_t>>> eager(replays.size(),
+                                                      std::vector<std::vector<bf16_t>>(kRanks));
+  run_on_gpus([&](int r, std::shared_ptr<Transport> t) {
+    auto graph_ctx = Context::create(p.config(), t);
+    auto eager_ctx = Context::create(p.config(), t);  // same transport: same stream order below
+    DeviceCall call(p, first[r], r);
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreate(&stream));
+    run_forward_once(*graph_ctx, call, stream);  // warm-up outside capture
+    cudaGraph_t graph;
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    ForwardArgs a = call.forward_args(stream);
+    a.save_for_backward = false;
+    graph_ctx->forward(a);
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec;
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (size_t i = 0; i < replays.size(); ++i) {
+      const auto in = routing(replays[i].seed, replays[i].live0, replays[i].live1);
+      call.set_routing(in[r]);
+      call.poison();
+      CUDA_OK(cudaGraphLaunch(exec, stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      graph_ctx->check();
+      replayed[i][r] = download(call.y, call.host.y.size());
+      DeviceCall eager_call(p, in[r], r);
+      eager[i][r] = run_forward_once(*eager_ctx, eager_call, stream);
+    }
+    graph_ctx->close();
+    eager_ctx->close();
+    CUDA_OK(cudaGraphExecDestroy(exec));
+    CUDA_OK(cudaGraphDestroy(graph));
+    CUDA_OK(cudaStreamDestroy(stream));
+  });
+  for (size_t i = 0; i < replays.size(); ++i) {
+    EXPECT_EQ(replayed[i], eager[i]) << "per_rank graph replay, seed " << replays[i].seed;
+    const auto in = routing(replays[i].seed, replays[i].live0, replays[i].live1);
+    EXPECT_LE(y_error(eager[i], cpu_forward(p, in)), backend_rel_l2_bound(Precision::bf16, Output::y))
+        << "per_rank CUDA vs CPU, seed " << replays[i].seed;
+  }
+}
+
 // Packed activation slots at EP = 2: a stack of 4 layers at the minimum and at a mixed budget
 // equals the full save bitwise on both ranks (the replay re-runs dispatch and the W2 scatter
 // across ranks, with barriers), and both ranks take the decisions the rule gives from the

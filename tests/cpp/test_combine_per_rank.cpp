@@ -1,0 +1,171 @@
+// Per-rank combine (Config.combine = per_rank) through Context on 1-8 CPU thread ranks: y within
+// the bf16 tolerance of the float64 reference; R = 1 bitwise equal to the per-route combine;
+// fused == unfused and repeated calls bitwise; rows that cross ranks counted for both modes;
+// the configurations it does not support yet are refused naming the field.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <ostream>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "epmoe/error.h"
+#include "epmoe/layered.h"
+#include "harness.h"
+#include "moe_case.h"
+
+namespace epmoe::test {
+namespace {
+
+struct Shape {
+  int R;
+  int64_t T, D, F;
+  int K, experts;
+  bool clamped;
+};
+
+void PrintTo(const Shape& s, std::ostream* os) {
+  *os << "R=" << s.R << " T=" << s.T << " D=" << s.D << " F=" << s.F << " K=" << s.K
+      << " experts=" << s.experts << (s.clamped ? " clamped" : " swiglu");
+}
+
+Problem inference_problem(const Shape& s, CombineMode combine) {
+  Problem p = make_problem(s.R, s.T, s.D, s.F, s.K, s.experts,
+                           s.clamped ? Activation::swiglu_clamped() : Activation::swiglu());
+  p.inference = true;
+  p.combine = combine;
+  return p;
+}
+
+// y of every rank from `calls` forwards on one inference context group (the last call's y;
+// every call's y must be the same bits).
+std::vector<std::vector<bf16_t>> run_forward(const Problem& p, const std::vector<RankInputs>& in,
+                                             int calls = 1) {
+  std::vector<std::vector<bf16_t>> y(p.ranks);
+  with_contexts(p, [&](int rank, Context& ctx) {
+    RankCall call(p, in[rank]);
+    for (int c = 0; c < calls; ++c) {
+      ForwardArgs a = call.forward_args();
+      a.save_for_backward = false;
+      ctx.forward(a);
+      if (c > 0) {
+        EXPECT_EQ(call.y, y[rank]) << "call " << c << " rank " << rank << " " << p.name();
+      }
+      y[rank] = call.y;
+    }
+  });
+  return y;
+}
+
+double y_rel_l2(const std::vector<std::vector<bf16_t>>& got,
+                const std::vector<reference::RankOutputs>& ref) {
+  std::vector<double> g, r;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const std::vector<double> w = widen(got[i]);
+    g.insert(g.end(), w.begin(), w.end());
+    r.insert(r.end(), ref[i].y_TD.begin(), ref[i].y_TD.end());
+  }
+  return reference::rel_l2(r, g);
+}
+
+class CombinePerRank : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(CombinePerRank, ForwardMatchesReferenceFusedEqualsUnfusedAndRepeats) {
+  const Shape shape = GetParam();
+  Problem p = inference_problem(shape, CombineMode::per_rank);
+  const auto in = make_inputs(p, 4321 + static_cast<uint64_t>(shape.T * 5 + shape.R), p.max_tokens);
+  const auto ref = reference_layer(p, in);
+  const auto fused = run_forward(p, in, 2);
+  const double err = y_rel_l2(fused, ref);
+  EXPECT_LE(err, rel_l2_bound(Precision::bf16, Output::y)) << p.name();
+  p.fused = false;
+  EXPECT_EQ(run_forward(p, in), fused) << "fused vs unfused " << p.name();
+  // Against the per-route combine: bitwise at R = 1 (one partial per token: the owner's sum of one
+  // rounded row is that row), within the tolerance otherwise (one more rounding per partial).
+  p.fused = true;
+  p.combine = CombineMode::per_route;
+  const auto per_route = run_forward(p, in);
+  if (shape.R == 1) {
+    EXPECT_EQ(fused, per_route) << "per_rank vs per_route at R = 1 " << p.name();
+  } else {
+    EXPECT_LE(y_rel_l2(per_route, ref), rel_l2_bound(Precision::bf16, Output::y)) << p.name();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CombinePerRank,
+    ::testing::Values(Shape{1, 16, 32, 24, 4, 8, false}, Shape{1, 9, 40, 16, 2, 4, true},
+                      Shape{2, 16, 32, 24, 4, 8, false}, Shape{2, 19, 111, 40, 3, 6, true},
+                      Shape{4, 12, 64, 32, 4, 8, false}, Shape{4, 7, 16, 8, 1, 4, false},
+                      Shape{8, 10, 48, 24, 8, 16, true}, Shape{8, 5, 32, 16, 4, 8, false}));
+
+TEST(CombinePerRankLive, PaddingRowsAreZeroAndLiveRowsMatchReference) {
+  Problem p = inference_problem({2, 16, 32, 24, 4, 8, false}, CombineMode::per_rank);
+  auto in = make_inputs(p, 77, p.max_tokens);
+  for (RankInputs& r : in) r.live = 11;
+  const auto y = run_forward(p, in);
+  EXPECT_LE(y_rel_l2(y, reference_layer(p, in)), rel_l2_bound(Precision::bf16, Output::y));
+  for (int r = 0; r < p.ranks; ++r) {
+    for (int64_t i = 11 * p.hidden; i < p.max_tokens * p.hidden; ++i) {
+      ASSERT_EQ(y[r][i], 0) << "rank " << r << " element " << i;
+    }
+  }
+}
+
+// Rows that cross to the owner per call: per_route one per active route, per_rank one per
+// (token, rank holding >= 1 of its routes). K = 4 of 8 experts on 2 ranks: most tokens have
+// two or more routes on one rank.
+TEST(CombinePerRankRows, PerRankSendsOneRowPerTokenAndRank) {
+  const Problem p = inference_problem({2, 64, 32, 24, 4, 8, false}, CombineMode::per_rank);
+  const auto in = make_inputs(p, 5, p.max_tokens);
+  int64_t route_rows = 0, rank_rows = 0;
+  for (const RankInputs& r : in) {
+    for (int64_t t = 0; t < r.tokens; ++t) {
+      std::set<int64_t> ranks;
+      for (int k = 0; k < p.top_k; ++k) {
+        const int64_t id = r.ids_TK[t * p.top_k + k];
+        if (id < 0) continue;
+        ++route_rows;
+        ranks.insert(id / p.local_experts());
+      }
+      rank_rows += static_cast<int64_t>(ranks.size());
+    }
+  }
+  EXPECT_EQ(route_rows, 2 * 64 * 4);
+  EXPECT_LT(rank_rows, route_rows);
+  EXPECT_GE(rank_rows, 2 * 64);  // >= one rank per token
+  std::printf("combine rows per call (R=2, T=64, K=4, 8 experts): per_route %lld, per_rank %lld\n",
+              static_cast<long long>(route_rows), static_cast<long long>(rank_rows));
+}
+
+TEST(CombinePerRankConfig, TrainingAndLayeredAreRefusedNamingTheField) {
+  Problem p = inference_problem({2, 8, 32, 16, 2, 4, false}, CombineMode::per_rank);
+  p.inference = false;
+  try {
+    (void)p.config();
+    ADD_FAILURE() << "per_rank training accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "Config.inference") << e.what();
+  }
+  p.inference = true;
+  p.ranks = 1;
+  p.experts = 4;
+  const Config config = p.config();
+  EXPECT_NE(config.to_string().find("combine=per_rank"), std::string::npos);
+  run_on_ranks(1, [&](int, std::shared_ptr<Transport> transport) {
+    auto ctx = Context::create(config, transport);
+    EXPECT_EQ(ctx->plan().combine_buffer_bytes, align_bytes(8 * 1 * 32 * 2));
+    try {
+      Layered::create(*ctx, transport);
+      ADD_FAILURE() << "the layered API accepted per_rank";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "Config.combine") << e.what();
+    }
+    ctx->close();
+  });
+}
+
+}  // namespace
+}  // namespace epmoe::test
