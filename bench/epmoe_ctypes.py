@@ -17,6 +17,7 @@ class Config(ctypes.Structure):
         ("wgrad_f32", ctypes.c_int32), ("barrier_timeout_ms", ctypes.c_int32),
         ("arrival_gated_w13", ctypes.c_int32),
         ("scratch_device_bytes", ctypes.c_int64),  # -1: all scratch in device memory
+        ("combine", ctypes.c_int32),  # 0: per_route, 1: per_rank
     ]
 
 

@@ -32,6 +32,7 @@ typedef struct {
   int32_t arrival_gated_w13;   /* 1: W13 waits on dispatch arrivals, overlapped; 0: staged (default) */
   int64_t scratch_device_bytes; /* most scratch bytes in device memory, the rest pinned host memory
                                    in the same range; -1: all device (default) */
+  int32_t combine;             /* 0: per_route (default); 1: per_rank (one row per token and rank) */
 } epmoe_config;
 
 /* Defaults of the C++ Config for the four required fields. */

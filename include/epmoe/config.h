@@ -40,8 +40,8 @@ const char* to_string(Precision precision);
 //   per_rank:  the expert side sums the routes of each (token, source rank) pull in fp32, rounds
 //              once, and stores one row per (token, rank) into the owner's [T, R, D] buffer; the
 //              owner sums its R partials in rank order. Sends (ranks holding >= 1 route) rows per
-//              token instead of K. Training is not built yet: per_rank needs inference = true and
-//              precision bf16.
+//              token instead of K. Backward: grad_x the same way; grad_scores computed on the
+//              expert side (which keeps h3 [rows, D]). Needs precision bf16.
 enum class CombineMode : int { per_route, per_rank };
 const char* to_string(CombineMode mode);
 

@@ -37,6 +37,7 @@ Config to_config(const epmoe_config& c) {
   f.barrier_timeout_ms = c.barrier_timeout_ms;
   f.arrival_gated_w13 = c.arrival_gated_w13 != 0;
   if (c.scratch_device_bytes != -1) f.scratch_device_bytes = c.scratch_device_bytes;
+  f.combine = static_cast<CombineMode>(c.combine);  // Config validates the value
   return Config(f);
 }
 
@@ -76,6 +77,7 @@ epmoe_config epmoe_config_default(int64_t T, int64_t D, int64_t F, int32_t K, in
   c.barrier_timeout_ms = d.barrier_timeout_ms;
   c.arrival_gated_w13 = d.arrival_gated_w13 ? 1 : 0;
   c.scratch_device_bytes = -1;
+  c.combine = static_cast<int32_t>(d.combine);
   return c;
 }
 

@@ -156,9 +156,6 @@ Config::Config(const ConfigFields& fields) : f_(fields) {
       f_.combine == CombineMode::per_route || f_.combine == CombineMode::per_rank;
   EPMOE_CHECK_ARG(combine_ok, "Config.combine", "per_route or per_rank", enum_value(f_.combine));
   if (f_.combine == CombineMode::per_rank) {
-    // The per-rank backward (grad_x partials, grad_scores on the expert side) is not built yet.
-    EPMOE_CHECK_ARG(f_.inference, "Config.inference",
-                    "true with combine per_rank (its backward is not built yet)", "false");
     EPMOE_CHECK_ARG(f_.precision == Precision::bf16, "Config.precision",
                     "bf16 with combine per_rank", epmoe::to_string(f_.precision));
   }

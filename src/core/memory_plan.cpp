@@ -116,7 +116,8 @@ MemoryPlan plan_memory(const Config& config, int ep_size) {
   p.recv_capacity_rows = std::max<int64_t>(1, std::min(wanted, p.max_recv_rows));
   const int64_t M = p.recv_capacity_rows;
 
-  const Dims d{T, D, F, K, E, R};
+  const bool per_rank = c.combine == CombineMode::per_rank;
+  const Dims d{T, D, F, K, E, R, per_rank};
 
   // ---- symmetric buffers ----
   p.routing_buffer_bytes = routing_buffer_layout(T, K).bytes;
@@ -124,10 +125,10 @@ MemoryPlan plan_memory(const Config& config, int ep_size) {
   const bool fp8 = c.precision == Precision::fp8_block;
   p.dispatch_buffer_bytes = align_bytes(T * D * 2);
   if (fp8) p.dispatch_buffer_bytes = std::max(p.dispatch_buffer_bytes, fp8_dispatch_layout(T, D).total);
-  const bool per_rank = c.combine == CombineMode::per_rank;
   p.combine = c.combine;
-  // One row per (token, route) [T, K, D], or per (token, source rank) [T, R, D].
-  p.combine_buffer_bytes = align_bytes(T * (per_rank ? R : K) * D * 2);
+  // One row per (token, route) [T, K, D], or per (token, source rank) [T, R, D] (+ grad_scores
+  // [T, K] f32 in training).
+  p.combine_buffer_bytes = combine_buffer_bytes(T, K, R, D, per_rank, !c.inference);
   p.symmetric_bytes = p.routing_buffer_bytes + p.dispatch_buffer_bytes + p.combine_buffer_bytes;
 
   // ---- per-layer saved state ----

@@ -13,10 +13,20 @@ namespace epmoe {
 struct Dims {
   int64_t T = 0, D = 0, F = 0;
   int K = 0, E = 0, R = 0;  // E = local experts
+  bool h3_rows = false;     // per-rank combine: the saved h3 is [rows, D], not [T, K, D]
 };
 
+// Combine buffer (symmetric): [T, K, D] bf16 per route, or with the per-rank combine [T, R, D]
+// bf16 partials, then (training) the grad_scores [T, K] f32 the expert ranks compute.
+inline int64_t combine_scores_offset(int64_t T, int R, int64_t D) { return align_bytes(T * R * D * 2); }
+inline int64_t combine_buffer_bytes(int64_t T, int K, int R, int64_t D, bool per_rank,
+                                    bool training) {
+  if (!per_rank) return align_bytes(T * K * D * 2);
+  return combine_scores_offset(T, R, D) + (training ? align_bytes(T * K * 4) : 0);
+}
+
 // One layer's whole state at M rows in one block (stage tests carve their buffers with it):
-//   layout(M) | x_gathered [M, D] | h13 [M, 2F] | h3 [T, K, D]      (bf16)
+//   layout(M) | x_gathered [M, D] | h13 [M, 2F] | h3 [T, K, D] or [M, D] (Dims::h3_rows)  (bf16)
 struct SavedFullLayout {
   int64_t layout, x_gathered, h13, h3, total;  // offsets from the layer's start; total = bytes
 };
@@ -26,7 +36,7 @@ inline SavedFullLayout saved_full_layout(const Dims& d, int64_t M) {
   l.x_gathered = l.layout + layout_bytes(M, d.T, d.K, d.E, d.R).total;
   l.h13 = l.x_gathered + align_bytes(M * d.D * 2);
   l.h3 = l.h13 + align_bytes(M * 2 * d.F * 2);
-  l.total = l.h3 + align_bytes(d.T * d.K * d.D * 2);
+  l.total = l.h3 + align_bytes((d.h3_rows ? M : d.T * d.K) * d.D * 2);
   return l;
 }
 
@@ -36,7 +46,7 @@ inline int64_t saved_input_bytes(const Dims& d) {
 }
 // Full save in the packed region at `rows` received rows (no layout: that sits in the metadata).
 inline int64_t saved_full_bytes(const Dims& d, int64_t rows) {
-  return full_save_layout(rows, d.T, d.D, d.F, d.K, packing_granule(d.D)).total;
+  return full_save_layout(rows, d.T, d.D, d.F, d.K, packing_granule(d.D), d.h3_rows).total;
 }
 
 // One slot: metadata of L layers (LayerPlan | layout(M) each), then the packed region.

@@ -61,6 +61,7 @@ struct Step {
   bf16_t* x_gathered_MD = nullptr;  // [capacity, D]
   bf16_t* h13_M2F = nullptr;        // [capacity, 2F]
   bf16_t* h3_TKD = nullptr;         // saved copy of this rank's combine slots (nullable)
+  bf16_t* h3_MD = nullptr;          // per-rank combine: W2 rows [capacity, D] (rows_MD unplaced)
 
   // ---- activation slot (save_for_backward; all null otherwise) ----
   // With a layer plan, stages take x_gathered, h13, h3 and the saved x from arena + the plan's

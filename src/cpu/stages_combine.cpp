@@ -13,7 +13,7 @@ namespace epmoe::cpu {
 
 // Rows of each pull (s, t): sum over its routes k (ascending) of [score[t,k] *] rows_MD[m_k],
 // rounded once, into combine_R[s][t * R + rank].
-void send_partials(const Step& s, bool scaled) {
+void send_partials(const Step& s, const bf16_t* rows_MD, bool scaled) {
   if (skipped(s)) return;
   const int64_t D = s.dims.D, T = s.dims.T;
   const int K = s.dims.K, R = s.dims.R;
@@ -27,7 +27,7 @@ void send_partials(const Step& s, bool scaled) {
     for (int k = 0; k < K; ++k) {
       const int32_t m = s.layout.pull_rows_PK[p * K + k];
       if (m < 0) continue;
-      const bf16_t* row_D = s.rows_MD + m * D;
+      const bf16_t* row_D = rows_MD + m * D;
       if (scaled) {
         const float score = scores_K[k];
         for (int64_t d = 0; d < D; ++d) acc[d] += score * bf16_to_float(row_D[d]);
@@ -60,6 +60,24 @@ void reduce_partials(const Step& s, bf16_t* out_TD) {
   }
 }
 
-void CpuBackend::combine_send_forward(const Step& s) { send_partials(s, true); }
+// grad_scores[t,k] = the expert rank's dot for active routes of live rows, else 0.
+void copy_grad_scores(const Step& s) {
+  const int64_t K = s.dims.K;
+  for (int64_t i = 0; i < s.tokens * K; ++i) s.grad_scores_TK[i] = 0.0f;
+  if (skipped(s)) return;
+  const float* scores_TK = reinterpret_cast<const float*>(
+      reinterpret_cast<const char*>(s.combine_R[s.rank]) +
+      combine_scores_offset(s.dims.T, s.dims.R, s.dims.D));
+  for (int64_t i = 0; i < live_rows(s) * K; ++i) {
+    if (s.layout.route_row_TK[i] >= 0) s.grad_scores_TK[i] = scores_TK[i];
+  }
+}
+
+// W2 wrote the rows into h3 (placed: the slot or the call scratch).
+void CpuBackend::combine_send_forward(const Step& step) {
+  const Step s = placed(step);
+  send_partials(s, s.h3_MD, true);
+}
+void CpuBackend::combine_send_backward(const Step& s) { send_partials(s, s.rows_MD, false); }
 
 }  // namespace epmoe::cpu

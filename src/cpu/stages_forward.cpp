@@ -279,8 +279,10 @@ void CpuBackend::w13_swiglu(const Step& step) {
   w13_rows(s, s.h_MF);
 }
 
-void CpuBackend::w2_gemm(const Step& s) {
+void CpuBackend::w2_gemm(const Step& step) {
+  Step s = placed(step);
   if (skipped(s)) return;
+  if (s.combine_per_rank) s.rows_MD = s.h3_MD;  // per-rank combine: the rows are h3, kept here
   w2_rows(s, false);
 }
 

@@ -20,7 +20,7 @@ struct SendParams {
   const int32_t* header;         // layout header
   const int32_t* pull_src_P;     // [pull capacity] encode_pull of each pull
   const int32_t* pull_rows_PK;   // [pull capacity, K] local row of each route, -1 = none
-  const bf16_t* rows_MD;         // [capacity, D] bf16: W2 (or W13 DGRAD) rows of this rank
+  Placed rows;                   // [capacity, D] bf16: h3 (W2, placed) or W13 DGRAD rows_MD
   const int32_t* replay_skip;    // nullable: the backward replay's predicate (placed.h)
   int64_t T, D, pull_capacity, scores_offset;
   int K, R, rank;
@@ -34,6 +34,7 @@ __global__ void __launch_bounds__(kThreads) send_partials_kernel(const SendParam
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   const int64_t vecs = p.D / kVec;
+  const bf16_t* rows_MD = p.rows.get<const bf16_t>();
   for (int64_t pull = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; pull < P;
        pull += warps) {  // warp-uniform
     const int32_t src = p.pull_src_P[pull];
@@ -55,7 +56,7 @@ __global__ void __launch_bounds__(kThreads) send_partials_kernel(const SendParam
       for (int k = 0; k < p.K; ++k) {
         const int64_t m = rows_K[k];
         if (m < 0) continue;
-        const bf16_t* row_D = p.rows_MD + m * p.D;  // [D] local row m
+        const bf16_t* row_D = rows_MD + m * p.D;  // [D] local row m
         float score = 1.0f;
         if constexpr (kScaled) score = __ldcg(scores_K + k);
 #pragma unroll
@@ -86,8 +87,10 @@ struct ReduceParams {
   char* const* routing_R;      // [R] routing buffers (own: ids [T, K] i32)
   bf16_t* const* combine_R;    // [R] combine buffers [T, R, D] bf16 (own: written by peers)
   const int32_t* header;       // layout header
+  const int32_t* route_row_TK; // [T * K] row of each own route in its receiver, -1 = inactive
   bf16_t* out_TD;              // [T', D] bf16: y or grad_x
-  int64_t tokens, D, ids_offset;
+  float* grad_scores_TK;       // [T', K] f32 (backward) or nullptr
+  int64_t tokens, D, ids_offset, scores_offset;  // scores_offset: combine_scores_offset
   int K, E, R, rank;
 };
 
@@ -117,19 +120,26 @@ __global__ void __launch_bounds__(kThreads) reduce_partials_kernel(const ReduceP
     }
     store_vec(p.out_TD + t * p.D + col, pack8(acc));
   }
+  if (p.grad_scores_TK == nullptr) return;
+  const float* owner_TK = reinterpret_cast<const float*>(
+      reinterpret_cast<const char*>(combine_TRD) + p.scores_offset);  // [T, K], written by peers
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.tokens * p.K;
+       i += stride) {
+    const bool active = !skip && i / p.K < live && p.route_row_TK[i] >= 0;
+    p.grad_scores_TK[i] = active ? __ldcg(owner_TK + i) : 0.0f;
+  }
 }
 
 }  // namespace
 
 void send_partials(const Step& s, bool scaled) {
-  check_aligned16(s.rows_MD, "rows_MD");
   SendParams p{};
   p.routing_R = s.routing_R;
   p.combine_R = s.combine_R;
   p.header = s.layout.header;
   p.pull_src_P = s.layout.pull_src_P;
   p.pull_rows_PK = s.layout.pull_rows_PK;
-  p.rows_MD = s.rows_MD;
+  p.rows = scaled ? placed_h3_rows(s) : plain(s.rows_MD);
   p.replay_skip = replay_skip_flag(s);
   p.T = s.dims.T;
   p.D = s.dims.D;
@@ -149,16 +159,19 @@ void send_partials(const Step& s, bool scaled) {
   EPMOE_CUDA_LAUNCH_CHECK();
 }
 
-void reduce_partials(const Step& s, bf16_t* out_TD, const char* out_name) {
+void reduce_partials(const Step& s, bf16_t* out_TD, const char* out_name, float* grad_scores_TK) {
   check_aligned16(out_TD, out_name);
   ReduceParams p{};
   p.routing_R = s.routing_R;
   p.combine_R = s.combine_R;
   p.header = s.layout.header;
+  p.route_row_TK = s.layout.route_row_TK;
   p.out_TD = out_TD;
+  p.grad_scores_TK = grad_scores_TK;
   p.tokens = s.tokens;
   p.D = s.dims.D;
   p.ids_offset = routing_buffer_layout(s.dims.T, s.dims.K).ids_offset;
+  p.scores_offset = combine_scores_offset(s.dims.T, s.dims.R, s.dims.D);
   p.K = s.dims.K;
   p.E = s.dims.E;
   p.R = s.dims.R;

@@ -127,8 +127,9 @@ EPMOE_STAGE(w2_gemm, cuda::w2_fprop(s, false))
 EPMOE_STAGE(scatter_rows, cuda::scatter_rows(s))
 EPMOE_STAGE(w2_scatter, cuda::w2_fprop(s, true))
 EPMOE_STAGE(combine_send_forward, cuda::send_partials(s, true))
-EPMOE_STAGE(reduce_forward,
-            s.combine_per_rank ? cuda::reduce_partials(s, s.y_TD, "y_TD") : cuda::reduce_forward(s))
+EPMOE_STAGE(reduce_forward, s.combine_per_rank
+                                ? cuda::reduce_partials(s, s.y_TD, "y_TD", nullptr)
+                                : cuda::reduce_forward(s))
 
 EPMOE_STAGE(plan_backward, cuda::plan_backward(s))
 EPMOE_STAGE(restore_input, cuda::restore_input(s))
@@ -142,7 +143,11 @@ EPMOE_STAGE(w2_wgrad, cuda::w2_wgrad(s))
 EPMOE_STAGE(w13_dgrad, cuda::w13_dgrad(s, false))
 EPMOE_STAGE(w13_dgrad_scatter, cuda::w13_dgrad(s, true))
 EPMOE_STAGE(w13_wgrad, cuda::w13_wgrad(s))
-EPMOE_STAGE(reduce_backward, cuda::reduce_backward(s))
+EPMOE_STAGE(combine_send_backward, cuda::send_partials(s, false))
+EPMOE_STAGE(reduce_backward, s.combine_per_rank
+                                 ? cuda::reduce_partials(s, s.grad_x_TD, "grad_x_TD",
+                                                         s.grad_scores_TK)
+                                 : cuda::reduce_backward(s))
 
 #undef EPMOE_STAGE
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -14,6 +15,11 @@
 #include "epmoe/context.h"
 #include "moe_reference.h"
 #include "tolerances.h"
+
+namespace epmoe {
+// Readable test names for parameters that hold a CombineMode.
+inline void PrintTo(CombineMode mode, std::ostream* os) { *os << to_string(mode); }
+}  // namespace epmoe
 
 namespace epmoe::test {
 

@@ -318,6 +318,65 @@ TEST(GpuContext, PerRankCombineEqualsPerRouteBitwiseAndReplays) {
   CUDA_OK(cudaStreamDestroy(stream));
 }
 
+// Training with the per-rank combine at EP = 1: every output bitwise the per-route combine's
+// (one partial per token; grad_scores in the same order on the expert side), against the CPU
+// backend and the float64 reference, and a captured forward + backward replayed with new
+// routings equal to eager.
+TEST(GpuContext, PerRankCombineTrainingEqualsPerRouteBitwiseAndReplays) {
+  EPMOE_REQUIRE_GPU();
+  Problem p = problem(256, 256, 192, 8, 4);
+  p.combine = CombineMode::per_rank;
+  const RankInputs first = make_inputs(p, 100, 256)[0];
+  const auto per_rank = run_gpu_layer(p, first);
+  Problem q = p;
+  q.combine = CombineMode::per_route;
+  expect_bitwise_equal(per_rank, run_gpu_layer(q, first), "per_rank vs per_route at EP = 1");
+  q = p;
+  q.fused = false;
+  expect_bitwise_equal(per_rank, run_gpu_layer(q, first), "per_rank fused vs unfused");
+  expect_gpu_matches_cpu(p, first, "per_rank");
+
+  auto routing = [&](uint64_t seed, int64_t live) {
+    auto in = make_inputs(p, 100, 256)[0];
+    const auto fresh = make_inputs(p, seed, 256)[0];
+    in.ids_TK = fresh.ids_TK;
+    in.scores_TK = fresh.scores_TK;
+    in.live = live;
+    return in;
+  };
+  auto graph_ctx = gpu_context(p);
+  DeviceCall call(p, first);
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreate(&stream));
+  run_once(*graph_ctx, call, stream);  // warm-up outside capture
+  cudaGraph_t graph;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const SavedLayer saved = graph_ctx->forward(call.forward_args(stream));
+  graph_ctx->backward(call.backward_args(saved, stream));
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  auto eager_ctx = gpu_context(p);
+  for (const auto& [seed, live] : std::vector<std::pair<uint64_t, int64_t>>{{2, 256}, {3, 100}, {4, 1}, {5, 256}}) {
+    const RankInputs in = routing(seed, live);
+    call.set_routing(in);
+    call.poison();
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    graph_ctx->check();
+    const std::vector<RankOutputs> replayed{call.outputs()};
+    DeviceCall eager_call(p, in);
+    const std::vector<RankOutputs> eager{run_once(*eager_ctx, eager_call, nullptr)};
+    expect_bitwise_equal(replayed, eager, "per_rank graph replay, routing seed " +
+                                              std::to_string(seed) + " live " + std::to_string(live));
+  }
+  graph_ctx->close();
+  eager_ctx->close();
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
+  CUDA_OK(cudaStreamDestroy(stream));
+}
+
 TEST(GpuContext, EdgeRoutingsMatchCpu) {
   EPMOE_REQUIRE_GPU();
   const Problem p = problem(130, 128, 96, 8, 2);

@@ -549,6 +549,28 @@ TEST(GpuEp2, GraphReplayOnBothRanksEqualsEager) {
 // order, the GEMMs differ in accumulation order) and the float64 reference, close to the
 // per-route combine, repeat calls bitwise, and a captured forward replayed with new routings and
 // live counts equal to eager on both ranks.
+// Training with the per-rank combine at EP = 2: every output against the CPU backend's per-rank
+// outputs and the float64 reference (tolerance tables); grad_scores and both weight gradients
+// bitwise equal to the per-route combine's (the same dots and GEMMs, now on the expert side).
+TEST(GpuEp2, PerRankCombineTrainingMatchesCpuAndPerRoute) {
+  EPMOE_REQUIRE_2GPUS();
+  Problem p = problem(256, 256, 192, 16, 4);
+  p.capacity_factor = 2.0;
+  p.combine = CombineMode::per_rank;
+  const auto in = make_inputs(p, 31, 256);
+  const auto gpu = run_gpu_layer(p, in);
+  expect_matches_cpu(p, in, gpu, "per_rank");
+  Problem q = p;
+  q.combine = CombineMode::per_route;
+  const auto route = run_gpu_layer(q, in);
+  for (int r = 0; r < kRanks; ++r) {
+    const size_t i = static_cast<size_t>(r);
+    EXPECT_EQ(gpu[i].grad_scores_TK, route[i].grad_scores_TK) << "grad_scores rank " << r;
+    EXPECT_EQ(gpu[i].grad_w13_EFD, route[i].grad_w13_EFD) << "grad_w13 rank " << r;
+    EXPECT_EQ(gpu[i].grad_w2_EDF, route[i].grad_w2_EDF) << "grad_w2 rank " << r;
+  }
+}
+
 TEST(GpuEp2, PerRankCombineMatchesCpuAndGraphReplays) {
   EPMOE_REQUIRE_2GPUS();
   Problem p = problem(256, 256, 192, 16, 4);
@@ -671,9 +693,15 @@ TEST(GpuEp2, PerRankCombineMatchesCpuAndGraphReplays) {
 TEST(GpuEp2, RecomputeStackEqualsFullSaveBitwise) {
   EPMOE_REQUIRE_2GPUS();
   const int64_t tokens[kStackLayers] = {96, 29, 96, 61};
-  for (bool fused : {true, false}) {
+  struct Variant {
+    bool fused;
+    CombineMode combine;
+  };
+  for (const Variant v : {Variant{true, CombineMode::per_route}, Variant{false, CombineMode::per_route},
+                          Variant{true, CombineMode::per_rank}}) {
     Problem p = problem(96, 136, 104, 8, 2);  // 2D = 272: granule 2176; h13 rows of 416 bytes
-    p.fused = fused;
+    p.fused = v.fused;
+    p.combine = v.combine;
     p.layers_per_slot = kStackLayers;
     SCOPED_TRACE(p.name());
     std::vector<std::vector<RankInputs>> in;  // [layer][rank]
@@ -725,10 +753,11 @@ TEST(GpuEp2, RecomputeStackEqualsFullSaveBitwise) {
 // One layer at the minimum slot budget (it always saves only its input, so every backward
 // replays the forward across both ranks), captured once and replayed with new routings and live
 // counts: equal to eager on a second context group with the same budget, on both ranks.
-TEST(GpuEp2, GraphReplayWithRecomputeEqualsEager) {
-  EPMOE_REQUIRE_2GPUS();
+void graph_replay_with_recompute(CombineMode combine) {
   Problem p = problem(256, 256, 192, 16, 4);
   p.capacity_factor = 2.0;
+  p.combine = combine;
+  SCOPED_TRACE(p.name());
   const MemoryPlan plan = plan_memory(p.config(), kRanks);
   ConfigFields f = p.config().fields();
   f.slots.slot_bytes = plan.minimum_slot_bytes;
@@ -797,6 +826,18 @@ TEST(GpuEp2, GraphReplayWithRecomputeEqualsEager) {
     EXPECT_LE(err[Output::grad_x], backend_rel_l2_bound(Precision::bf16, Output::grad_x))
         << err.to_string();
   }
+}
+
+TEST(GpuEp2, GraphReplayWithRecomputeEqualsEager) {
+  EPMOE_REQUIRE_2GPUS();
+  graph_replay_with_recompute(CombineMode::per_route);
+}
+
+// The same with the per-rank combine: the replay rebuilds h3 on the expert side (no send), and
+// gather_grad's grad_scores read it from the call scratch.
+TEST(GpuEp2, PerRankGraphReplayWithRecomputeEqualsEager) {
+  EPMOE_REQUIRE_2GPUS();
+  graph_replay_with_recompute(CombineMode::per_rank);
 }
 
 TEST(GpuEp2, OverflowOnOneRankIsReportedOnBothAndTheStepSkipped) {
