@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/layout.h"
 #include "epmoe/error.h"
 #include "epmoe/layered.h"
 #include "harness.h"
@@ -141,30 +142,51 @@ TEST(CombinePerRankLive, PaddingRowsAreZeroAndLiveRowsMatchReference) {
   }
 }
 
-// Rows that cross to the owner per call: per_route one per active route, per_rank one per
-// (token, rank holding >= 1 of its routes). K = 4 of 8 experts on 2 ranks: most tokens have
-// two or more routes on one rank.
+// Rows that cross to the owner per call: per_route one per active route (the layout's received
+// rows M, which the scatter stores), per_rank one per (token, rank holding >= 1 of its routes)
+// (the layout's pulls P, which the send stage walks). Counted from the ids and from the layouts
+// build_layout_reference gives every receiver. K = 4 of 8 experts on 2 and 4 ranks: most tokens
+// have two or more routes on one rank.
 TEST(CombinePerRankRows, PerRankSendsOneRowPerTokenAndRank) {
-  const Problem p = inference_problem({2, 64, 32, 24, 4, 8, false}, CombineMode::per_rank);
-  const auto in = make_inputs(p, 5, p.max_tokens);
-  int64_t route_rows = 0, rank_rows = 0;
-  for (const RankInputs& r : in) {
-    for (int64_t t = 0; t < r.tokens; ++t) {
-      std::set<int64_t> ranks;
-      for (int k = 0; k < p.top_k; ++k) {
-        const int64_t id = r.ids_TK[t * p.top_k + k];
-        if (id < 0) continue;
-        ++route_rows;
-        ranks.insert(id / p.local_experts());
+  for (int R : {2, 4}) {
+    const Problem p = inference_problem({R, 64, 32, 24, 4, 8, false}, CombineMode::per_rank);
+    const auto in = make_inputs(p, 5, p.max_tokens);
+    const int64_t T = p.max_tokens;
+    const int K = p.top_k, E = p.local_experts();
+    int64_t route_rows = 0, rank_rows = 0;
+    std::vector<std::vector<int32_t>> ids(static_cast<size_t>(R));
+    for (int r = 0; r < R; ++r) {
+      for (int64_t t = 0; t < T; ++t) {
+        std::set<int64_t> ranks;
+        for (int k = 0; k < K; ++k) {
+          const int64_t id = in[r].ids_TK[t * K + k];
+          ids[r].push_back(static_cast<int32_t>(id));
+          if (id < 0) continue;
+          ++route_rows;
+          ranks.insert(id / E);
+        }
+        rank_rows += static_cast<int64_t>(ranks.size());
       }
-      rank_rows += static_cast<int64_t>(ranks.size());
     }
+    EXPECT_EQ(route_rows, R * T * K);
+    EXPECT_LT(rank_rows, route_rows);
+    EXPECT_GE(rank_rows, R * T);  // >= one rank per token
+    std::vector<const int32_t*> ids_R;
+    for (const auto& v : ids) ids_R.push_back(v.data());
+    const int64_t capacity = R * T * K;
+    int64_t layout_rows = 0, layout_pulls = 0;
+    for (int q = 0; q < R; ++q) {
+      std::vector<int32_t> storage(static_cast<size_t>(layout_bytes(capacity, T, K, E, R).total) / 4);
+      const LayoutView view = carve_layout(storage.data(), capacity, T, K, E, R);
+      build_layout_reference(ids_R.data(), T, K, E, R, q, capacity, view);
+      layout_rows += view.header[kLayoutRows];
+      layout_pulls += view.header[kLayoutPulls];
+    }
+    EXPECT_EQ(layout_rows, route_rows) << "R = " << R;
+    EXPECT_EQ(layout_pulls, rank_rows) << "R = " << R;
+    std::printf("combine rows per call (R=%d, T=64, K=4, 8 experts): per_route %lld, per_rank %lld\n",
+                R, static_cast<long long>(route_rows), static_cast<long long>(rank_rows));
   }
-  EXPECT_EQ(route_rows, 2 * 64 * 4);
-  EXPECT_LT(rank_rows, route_rows);
-  EXPECT_GE(rank_rows, 2 * 64);  // >= one rank per token
-  std::printf("combine rows per call (R=2, T=64, K=4, 8 experts): per_route %lld, per_rank %lld\n",
-              static_cast<long long>(route_rows), static_cast<long long>(rank_rows));
 }
 
 TEST(CombinePerRankConfig, Fp8AndLayeredAreRefusedNamingTheField) {
