@@ -269,8 +269,8 @@ std::string MemoryPlan::explain() const {
     line("    dispatch x / grad_y [T,D] bf16: " + bytes_text(dispatch_buffer_bytes));
   }
   if (combine == CombineMode::per_rank) {
-    line("    combine [T,R,D] bf16 (one partial row per source rank): " +
-         bytes_text(combine_buffer_bytes));
+    line(std::string("    combine [T,R,D] bf16 (one partial row per source rank)") +
+         (inference ? "" : " + grad_scores [T,K] f32") + ": " + bytes_text(combine_buffer_bytes));
   } else {
     line("    combine [T,K,D] bf16: " + bytes_text(combine_buffer_bytes));
   }

@@ -449,6 +449,8 @@ TEST(MemoryPlan, PerRankCombineTraining) {
   EXPECT_EQ(p.scratch_bytes, 18176);           // 768 + 128 + 17280
   EXPECT_EQ(p.arena_bytes, 36608);             // 18432 + 18176
   EXPECT_EQ(p.total_bytes, 40960);             // 36608 + 3584 + 128 + 384 + 256
+  expect_contains(p.explain(),
+                  "combine [T,R,D] bf16 (one partial row per source rank) + grad_scores [T,K] f32: ");
   // At 16 capacity rows h3 grows with the rows: A(16*128*2)=4096 instead of A(4*2*128*2)=2048.
   f.capacity_factor = 2.0;
   const MemoryPlan wide = plan_memory(Config(f), 2);
