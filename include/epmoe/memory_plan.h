@@ -44,7 +44,7 @@ struct MemoryPlan {
                                       // the larger of that and x as E4M3 rows + scales
   int64_t combine_buffer_bytes = 0;   // [T, K, D] bf16: route outputs (fwd), route input grads (bwd);
                                       // combine per_rank: [T, R, D], one partial per source rank
-  CombineMode combine = CombineMode::per_route;
+                                      // (+ grad_scores [T, K] f32 in training)
   int64_t symmetric_bytes = 0;
 
   // Per-layer saved state.
@@ -96,6 +96,7 @@ struct MemoryPlan {
 
   bool inference = false;
   Precision precision = Precision::bf16;
+  CombineMode combine = CombineMode::per_route;
 
   // Multi-line, human-readable account of every term above.
   std::string explain() const;
