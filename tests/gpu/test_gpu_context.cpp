@@ -379,7 +379,7 @@ TEST(GpuContext, PerRankCombineTrainingEqualsPerRouteBitwiseAndReplays) {
 
 TEST(GpuContext, EdgeRoutingsMatchCpu) {
   EPMOE_REQUIRE_GPU();
-  const Problem p = problem(130, 128, 96, 8, 2);
+  const Problem base_problem = problem(130, 128, 96, 8, 2);
   struct Edge {
     const char* name;
     Router router;
@@ -392,25 +392,31 @@ TEST(GpuContext, EdgeRoutingsMatchCpu) {
       {"live count below T", distinct_router(8, 2), 77},
       {"no live tokens", distinct_router(8, 2), 0},
   };
-  uint64_t seed = 40;
-  for (const Edge& e : edges) {
-    auto in = make_inputs(p, seed++, 130, e.router)[0];
-    in.live = e.live;
-    const std::vector<RankInputs> all{in};
-    const auto gpu = run_gpu_layer(p, in);
-    const auto cpu = run_layer(p, all);
-    const OutputErrors err = compare(gpu, cpu);
-    for (int o = 0; o < kNumOutputs; ++o) {
-      const Output out = static_cast<Output>(o);
-      // Outputs that are all zero compare as 0 / 0 -> check exact equality instead.
-      if (std::isnan(err[out])) continue;
-      EXPECT_LE(err[out], backend_rel_l2_bound(Precision::bf16, out)) << e.name << " " << to_string(out);
-    }
-    if (e.live >= 0) {  // padding rows are exactly zero
-      for (int64_t t = e.live; t < 130; ++t) {
-        for (int64_t d = 0; d < p.hidden; ++d) {
-          ASSERT_EQ(gpu[0].y_TD[t * p.hidden + d], 0) << e.name << " y row " << t;
-          ASSERT_EQ(gpu[0].grad_x_TD[t * p.hidden + d], 0) << e.name << " grad_x row " << t;
+  // Both combines: the per-rank one sums each token's routes before its row returns.
+  for (const CombineMode combine : {CombineMode::per_route, CombineMode::per_rank}) {
+    Problem p = base_problem;
+    p.combine = combine;
+    SCOPED_TRACE(p.name());
+    uint64_t seed = 40;
+    for (const Edge& e : edges) {
+      auto in = make_inputs(p, seed++, 130, e.router)[0];
+      in.live = e.live;
+      const std::vector<RankInputs> all{in};
+      const auto gpu = run_gpu_layer(p, in);
+      const auto cpu = run_layer(p, all);
+      const OutputErrors err = compare(gpu, cpu);
+      for (int o = 0; o < kNumOutputs; ++o) {
+        const Output out = static_cast<Output>(o);
+        // Outputs that are all zero compare as 0 / 0 -> check exact equality instead.
+        if (std::isnan(err[out])) continue;
+        EXPECT_LE(err[out], backend_rel_l2_bound(Precision::bf16, out)) << e.name << " " << to_string(out);
+      }
+      if (e.live >= 0) {  // padding rows are exactly zero
+        for (int64_t t = e.live; t < 130; ++t) {
+          for (int64_t d = 0; d < p.hidden; ++d) {
+            ASSERT_EQ(gpu[0].y_TD[t * p.hidden + d], 0) << e.name << " y row " << t;
+            ASSERT_EQ(gpu[0].grad_x_TD[t * p.hidden + d], 0) << e.name << " grad_x row " << t;
+          }
         }
       }
     }

@@ -388,7 +388,7 @@ TEST(GpuEp2, CudaIpcPeerAccessMatchesCpu) {
 
 TEST(GpuEp2, EdgeRoutingsAndDifferentLiveCountsPerRank) {
   EPMOE_REQUIRE_2GPUS();
-  const Problem p = problem(130, 128, 96, 8, 2);
+  const Problem base_problem = problem(130, 128, 96, 8, 2);
   struct Edge {
     const char* name;
     Router router;
@@ -410,28 +410,34 @@ TEST(GpuEp2, EdgeRoutingsAndDifferentLiveCountsPerRank) {
        },
        -1, 50},
   };
-  uint64_t seed = 60;
-  for (const Edge& e : edges) {
-    auto in = make_inputs(p, seed++, 130, e.router);
-    in[0].live = e.live0;
-    in[1].live = e.live1;
-    const auto gpu = run_gpu_layer(p, in);
-    const auto cpu = run_layer(p, in);
-    const OutputErrors err = compare(gpu, cpu);
-    for (int o = 0; o < kNumOutputs; ++o) {
-      const Output out = static_cast<Output>(o);
-      if (std::isnan(err[out])) continue;  // all-zero outputs: 0 / 0
-      EXPECT_LE(err[out], backend_rel_l2_bound(Precision::bf16, out))
-          << e.name << " " << to_string(out);
-    }
-    for (int r = 0; r < kRanks; ++r) {
-      const int64_t live = in[r].live;
-      if (live < 0) continue;
-      for (int64_t t = live; t < 130; ++t) {  // padding rows are exactly zero
-        for (int64_t d = 0; d < p.hidden; ++d) {
-          ASSERT_EQ(gpu[r].y_TD[t * p.hidden + d], 0) << e.name << " rank " << r << " y row " << t;
-          ASSERT_EQ(gpu[r].grad_x_TD[t * p.hidden + d], 0)
-              << e.name << " rank " << r << " grad_x row " << t;
+  for (const CombineMode combine : {CombineMode::per_route, CombineMode::per_rank}) {
+    Problem p = base_problem;
+    p.combine = combine;
+    SCOPED_TRACE(p.name());
+    uint64_t seed = 60;
+    for (const Edge& e : edges) {
+      auto in = make_inputs(p, seed++, 130, e.router);
+      in[0].live = e.live0;
+      in[1].live = e.live1;
+      const auto gpu = run_gpu_layer(p, in);
+      const auto cpu = run_layer(p, in);
+      const OutputErrors err = compare(gpu, cpu);
+      for (int o = 0; o < kNumOutputs; ++o) {
+        const Output out = static_cast<Output>(o);
+        if (std::isnan(err[out])) continue;  // all-zero outputs: 0 / 0
+        EXPECT_LE(err[out], backend_rel_l2_bound(Precision::bf16, out))
+            << e.name << " " << to_string(out);
+      }
+      for (int r = 0; r < kRanks; ++r) {
+        const int64_t live = in[r].live;
+        if (live < 0) continue;
+        for (int64_t t = live; t < 130; ++t) {  // padding rows are exactly zero
+          for (int64_t d = 0; d < p.hidden; ++d) {
+            ASSERT_EQ(gpu[r].y_TD[t * p.hidden + d], 0)
+                << e.name << " rank " << r << " y row " << t;
+            ASSERT_EQ(gpu[r].grad_x_TD[t * p.hidden + d], 0)
+                << e.name << " rank " << r << " grad_x row " << t;
+          }
         }
       }
     }
@@ -681,7 +687,8 @@ TEST(GpuEp2, PerRankCombineMatchesCpuAndGraphReplays) {
   for (size_t i = 0; i < replays.size(); ++i) {
     EXPECT_EQ(replayed[i], eager[i]) << "per_rank graph replay, seed " << replays[i].seed;
     const auto in = routing(replays[i].seed, replays[i].live0, replays[i].live1);
-    EXPECT_LE(y_error(eager[i], cpu_forward(p, in)), backend_rel_l2_bound(Precision::bf16, Output::y))
+    EXPECT_LE(y_error(eager[i], cpu_forward(p, in)),
+              backend_rel_l2_bound(Precision::bf16, Output::y))
         << "per_rank CUDA vs CPU, seed " << replays[i].seed;
   }
 }
@@ -697,7 +704,8 @@ TEST(GpuEp2, RecomputeStackEqualsFullSaveBitwise) {
     bool fused;
     CombineMode combine;
   };
-  for (const Variant v : {Variant{true, CombineMode::per_route}, Variant{false, CombineMode::per_route},
+  for (const Variant v : {Variant{true, CombineMode::per_route},
+                          Variant{false, CombineMode::per_route},
                           Variant{true, CombineMode::per_rank}}) {
     Problem p = problem(96, 136, 104, 8, 2);  // 2D = 272: granule 2176; h13 rows of 416 bytes
     p.fused = v.fused;
