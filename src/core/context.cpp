@@ -323,7 +323,7 @@ std::unique_ptr<Context> Context::create(const Config& config, std::shared_ptr<T
   m.plan = plan_memory(config, R);
   m.transport = std::move(transport);
   m.budget = std::chrono::milliseconds(config.fields().barrier_timeout_ms);
-  m.dims = Dims{config.T(),  config.D(), config.F(), config.K(), config.local_experts(R), R,
+  m.dims = Dims{config.T(), config.D(), config.F(), config.K(), config.local_experts(R), R,
                 config.fields().combine == CombineMode::per_rank};
 
   // Every rank must hold the same config.
