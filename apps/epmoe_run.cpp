@@ -97,6 +97,7 @@ struct Options {
   double capacity = 0;  // 0: R (no overflow for any routing)
   CheckPolicy check = CheckPolicy::auto_;
   bool force = false;
+  epmoe::CombineMode combine = epmoe::CombineMode::per_route;
 };
 
 const char* routing_name(Routing r) {
@@ -128,6 +129,8 @@ constexpr const char* kUsage =
     "  --capacity F          receive capacity factor (default R: no routing can overflow)\n"
     "  --check POLICY        auto | always | never: float64 reference check (default auto:\n"
     "                        skipped when the reference would take over a minute)\n"
+    "  --combine MODE        per_route | per_rank: one combine row per route, or per token\n"
+    "                        and rank (default per_route)\n"
     "  --force               run on the CPU even when one step would take over a minute\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -194,6 +197,13 @@ Options parse_options(int argc, char** argv) {
       char* end = nullptr;
       o.capacity = std::strtod(v.c_str(), &end);
       if (*end != '\0' || !(o.capacity > 0)) usage_error("--capacity expects a number > 0");
+    } else if (flag == "--combine") {
+      if (v == "per_route")
+        o.combine = epmoe::CombineMode::per_route;
+      else if (v == "per_rank")
+        o.combine = epmoe::CombineMode::per_rank;
+      else
+        usage_error("unknown combine mode '" + v + "'");
     } else if (flag == "--check") {
       if (v == "auto")
         o.check = CheckPolicy::auto_;
@@ -600,6 +610,7 @@ int run(const Options& o) {
   f.num_experts = p.E_global;
   f.activation = o.activation;
   f.capacity_factor = o.capacity > 0 ? o.capacity : p.R;
+  f.combine = o.combine;
   const epmoe::Config config(f);
   const epmoe::MemoryPlan plan = epmoe::plan_memory(config, p.R);
 
@@ -625,11 +636,12 @@ int run(const Options& o) {
 
   std::printf(
       "epmoe_run: shape %s  T=%lld K=%d D=%lld F=%lld experts=%d (E=%d per rank)  R=%d  "
-      "routing %s  activation %s  capacity %g  device %s  iters %d  seed %llu\n\n",
+      "routing %s  activation %s  capacity %g  combine %s  device %s  iters %d  seed %llu\n\n",
       shape->name, static_cast<long long>(p.T), p.K, static_cast<long long>(p.D),
       static_cast<long long>(p.F), p.E_global, p.E, p.R, routing_name(o.routing),
       o.activation.kind == epmoe::ActivationKind::swiglu ? "swiglu" : "swiglu_clamped",
-      f.capacity_factor, use_cuda ? "cuda" : "cpu (thread ranks)", o.iters,
+      f.capacity_factor, epmoe::to_string(f.combine), use_cuda ? "cuda" : "cpu (thread ranks)",
+      o.iters,
       static_cast<unsigned long long>(o.seed));
   std::printf("%s\n", plan.explain().c_str());
 

@@ -34,9 +34,15 @@ import shapes as S  # noqa: E402
 import torch_recipe  # noqa: E402
 
 OUTPUTS = ("y", "grad_x", "grad_scores", "grad_w13", "grad_w2")
-# row name: (Config.fuse_epilogues, Config.arrival_gated_w13). "epmoe" is the default (fused
-# epilogues, dispatch then W13); "epmoe-gated" overlaps W13 with dispatch through arrival counters.
-VARIANTS = {"epmoe": (True, False), "epmoe-gated": (True, True), "epmoe-unfused": (False, False)}
+# row name: (Config.fuse_epilogues, Config.arrival_gated_w13, Config.combine: 0 per_route,
+# 1 per_rank). "epmoe" is the default (fused epilogues, dispatch then W13, one combine row per
+# route); "epmoe-gated" overlaps W13 with dispatch through arrival counters; "epmoe-per-rank"
+# sends one combine row per (token, rank) (forward and grad_x) and computes grad_scores on the
+# expert side.
+VARIANTS = {"epmoe": (True, False, 0), "epmoe-gated": (True, True, 0),
+            "epmoe-unfused": (False, False, 0), "epmoe-per-rank": (True, False, 1)}
+# Variants whose stage list times the combine's cross-rank stores as a stage of their own.
+BANDWIDTH_VARIANTS = ("epmoe-unfused", "epmoe-per-rank")
 
 
 # ---- accounting (pure; checked by --self-check) ----
@@ -72,21 +78,29 @@ def traffic(C_RR, tokens_RR=None):
     return out
 
 
-def dispatch_combine_GBps(stage_lists, remote_rows, remote_token_rows, D, elem_bytes=2):
-    """Dispatch + combine bandwidth of the unfused chain from each rank's stage times (forward then
-    backward, in launch order): forward dispatch + scatter_rows, backward gather_grad +
-    scatter_rows. Per phase rank r moves remote_token_rows[r] rows of D elements in dispatch /
-    gather_grad (one read per source token) and remote_rows[r] in scatter_rows (one per route).
+def dispatch_combine_GBps(stage_lists, remote_rows, remote_token_rows, D, elem_bytes=2,
+                          per_rank=False):
+    """Dispatch + combine bandwidth from each rank's stage times (forward then backward, in launch
+    order): forward dispatch + the combine stage, backward gather_grad + the combine stage. Per
+    phase rank r moves remote_token_rows[r] rows of D elements in dispatch / gather_grad (one read
+    per source token) and, in the combine, remote_rows[r] rows (per route: scatter_rows of the
+    unfused chain) or, per_rank, remote_token_rows[r] rows (combine_send: one per token and rank)
+    plus, backward, remote_rows[r] fp32 grad_scores (4 bytes each, stored by gather_grad): the
+    bytes that cross between GPUs in each mode.
     Returns {phase: (GBps over ranks = sum bytes / sum time, [GBps per rank], [ms per rank])}."""
     out = {}
-    for phase, names in (("dispatch+combine", ("dispatch", "scatter_rows")),
-                         ("dispatch+combine-bwd", ("gather_grad", "scatter_rows"))):
+    combine = "combine_send" if per_rank else "scatter_rows"
+    for phase, names in (("dispatch+combine", ("dispatch", combine)),
+                         ("dispatch+combine-bwd", ("gather_grad", combine))):
         ms_R, gbps_R, total_bytes, total_ms = [], [], 0, 0.0
         for r, stages in enumerate(stage_lists):
             cut = [i for i, (n, _) in enumerate(stages) if n == "reduce_forward"][0] + 1
             part = stages[:cut] if phase == "dispatch+combine" else stages[cut:]
             ms = sum(t for n, t in part if n in names)
-            nbytes = (remote_token_rows[r] + remote_rows[r]) * D * elem_bytes
+            combine_rows = remote_token_rows[r] if per_rank else remote_rows[r]
+            nbytes = (remote_token_rows[r] + combine_rows) * D * elem_bytes
+            if per_rank and phase == "dispatch+combine-bwd":
+                nbytes += remote_rows[r] * 4
             ms_R.append(ms)
             gbps_R.append(nbytes / ms / 1e6 if ms > 0 else None)
             total_bytes += nbytes
@@ -165,10 +179,11 @@ class EpmoeRun:
     """An epmoe context over the NCCL transport and its output buffers."""
 
     def __init__(self, lib, nccl, ranks, inp, variant, capacity_factor):
-        fused, gated = variant
+        fused, gated, combine = variant
         cfg = lib.epmoe_config_default(inp.T, inp.D, inp.F, inp.K, inp.E)
         cfg.fuse_epilogues = int(fused)
         cfg.arrival_gated_w13 = int(gated)
+        cfg.combine = combine
         cfg.capacity_factor = capacity_factor
         uid = epmoe_ctypes.nccl_unique_id(lib, nccl) if ranks.rank == 0 else None
         uid = ranks.gather(uid)[0]
@@ -290,15 +305,21 @@ def bench_shape(lib, nccl, ranks, shape, routing, ceil, args):
             rows.append({"impl": impl, "shape": shape, "ep": 2, "routing": routing,
                          "precision": "bf16", "phase": "stage-breakdown", "tokens_per_rank": T,
                          "rank": r, "stages_ms": st, **tr})
-    if "epmoe-unfused" in stages:
-        bw = dispatch_combine_GBps(stages["epmoe-unfused"], tr["remote_rows"], tr["remote_token_rows"], D)
+    for impl in BANDWIDTH_VARIANTS:
+        if impl not in stages:
+            continue
+        per_rank = VARIANTS[impl][2] == 1
+        bw = dispatch_combine_GBps(stages[impl], tr["remote_rows"], tr["remote_token_rows"], D,
+                                   per_rank=per_rank)
         peer = ceil.get("peer_store_GBps")
         for phase, (gbps, gbps_R, ms_R) in bw.items():
             ms = (max(ms_R),) * 3
-            rows.append(row("epmoe-unfused", shape, routing, phase, T, ms, GBps=gbps,
+            rows.append(row(impl, shape, routing, phase, T, ms, GBps=gbps,
                             GBps_per_rank=gbps_R, ms_per_rank=ms_R,
                             remote_rows_per_rank=tr["remote_rows"],
                             remote_token_rows_per_rank=tr["remote_token_rows"],
+                            combine_rows_per_rank=(tr["remote_token_rows"] if per_rank
+                                                   else tr["remote_rows"]),
                             ratio_to_peer_store=gbps / peer if gbps and peer else None, **common))
     del ref, inp
     torch.cuda.empty_cache()
@@ -315,7 +336,7 @@ def imbalance_rows(rows, shape):
                 return r
         return None
 
-    for impl in ("epmoe", "epmoe-gated", "epmoe-unfused", "torch-native"):
+    for impl in ("epmoe", "epmoe-gated", "epmoe-unfused", "epmoe-per-rank", "torch-native"):
         bal, skew = get(impl, "balanced", "fwd+bwd"), get(impl, "skew", "fwd+bwd")
         if not bal or not skew:
             continue
@@ -490,6 +511,15 @@ def self_check():
     want = (1500 + 1000) * 1024 * 2 / 4.0 / 1e6
     if abs(bw["dispatch+combine"][0] - want) > 1e-9 or bw["dispatch+combine-bwd"][2] != [4.0, 4.0]:
         print(f"self-check: dispatch_combine_GBps FAILED: {bw}", flush=True)
+        failures += 1
+    st = [[("dispatch", 1.0), ("combine_send", 1.0), ("reduce_forward", 0.1), ("gather_grad", 2.0),
+           ("combine_send", 2.0)]] * 2
+    bw = dispatch_combine_GBps(st, [1000, 500], [600, 400], 1024, per_rank=True)
+    want_fwd = (600 + 600 + 400 + 400) * 1024 * 2 / 4.0 / 1e6
+    want_bwd = ((600 + 600 + 400 + 400) * 1024 * 2 + (1000 + 500) * 4) / 8.0 / 1e6
+    if (abs(bw["dispatch+combine"][0] - want_fwd) > 1e-9 or
+            abs(bw["dispatch+combine-bwd"][0] - want_bwd) > 1e-9):
+        print(f"self-check: dispatch_combine_GBps per_rank FAILED: {bw}", flush=True)
         failures += 1
     if step_stats([[1.0, 5.0, 3.0], [2.0, 4.0, 3.5]]) != (3.5, 2.0, 5.0):
         print("self-check: step_stats FAILED", flush=True)

@@ -22,6 +22,7 @@ class Config(ctypes.Structure):
         ("precision", ctypes.c_int32),  # 0 bf16, 1 fp8_block
         ("inference", ctypes.c_int32),  # 1: forward only (no slots)
         ("prepared_weights", ctypes.c_int32),  # fp8_block: forward takes prepared weights
+        ("combine", ctypes.c_int32),  # 0: per_route, 1: per_rank
     ]
 
 

@@ -147,7 +147,7 @@ def ep_tables(path, d):
     for r in rows:
         if (r["shape"], r["routing"]) not in keys and r["phase"] in ("fwd", "fwd+bwd"):
             keys.append((r["shape"], r["routing"]))
-    impls = [i for i in ("epmoe", "epmoe-gated", "epmoe-staged", "epmoe-unfused", "torch-native") if any(r["impl"] == i for r in rows)]
+    impls = [i for i in ("epmoe", "epmoe-gated", "epmoe-staged", "epmoe-unfused", "epmoe-per-rank", "torch-native") if any(r["impl"] == i for r in rows)]
     print("| shape | routing | impl | fwd ms | fwd TFLOP/s | fwd+bwd ms (min–max) | fwd+bwd TFLOP/s | "
           "vs ceiling | vs torch-native (fwd / fwd+bwd) | max rel-L2 vs recipe |")
     print("|---|---|---|---|---|---|---|---|---|---|")

@@ -42,6 +42,7 @@ typedef struct {
   int32_t inference;           /* 1: forward only, no activation slots; 0: training (default) */
   int32_t prepared_weights;    /* fp8_block: 1: forward takes prepared weights (below); 0: the bf16
                                   weights are quantized on every call (default) */
+  int32_t combine;             /* 0: per_route (default); 1: per_rank (one row per token and rank) */
 } epmoe_config;
 
 /* Defaults of the C++ Config for the four required fields. */

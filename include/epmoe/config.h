@@ -34,6 +34,17 @@ struct Activation {
 enum class Precision : int { bf16, fp8_block, mxfp8, nvfp4 };
 const char* to_string(Precision precision);
 
+// How expert outputs return to their token's rank (docs/cuda_backend.md "Combine").
+//   per_route: every route's row is stored into the owner's combine slot [T, K, D]; the owner
+//              sums the K slots (score-weighted in forward) in fp32 and rounds once.
+//   per_rank:  the expert side sums the routes of each (token, source rank) pull in fp32, rounds
+//              once, and stores one row per (token, rank) into the owner's [T, R, D] buffer; the
+//              owner sums its R partials in rank order. Sends (ranks holding >= 1 route) rows per
+//              token instead of K. Backward: grad_x the same way; grad_scores computed on the
+//              expert side (which keeps h3 [rows, D]). Needs precision bf16.
+enum class CombineMode : int { per_route, per_rank };
+const char* to_string(CombineMode mode);
+
 // What happens when a rank receives more rows than its planned capacity.
 //   report: no out-of-bounds access; the status word records (rank, required, available), every
 //           rank skips the step consistently, Context::check() throws; the context stays usable.
@@ -85,6 +96,7 @@ struct ConfigFields {
   // VMM; docs/memory.md "Host-backed scratch"). At least the routing part (route scratch + one
   // layout), which stays in device memory. Unset: everything in device memory (plain cudaMalloc).
   std::optional<int64_t> scratch_device_bytes{};
+  CombineMode combine = CombineMode::per_route;
 };
 
 class Config {

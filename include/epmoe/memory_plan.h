@@ -42,7 +42,9 @@ struct MemoryPlan {
   int64_t routing_buffer_bytes = 0;   // header + ids [T,K] i32 + scores [T,K] f32
   int64_t dispatch_buffer_bytes = 0;  // [T, D] bf16: x (forward), grad_y (backward); fp8_block:
                                       // the larger of that and x as E4M3 rows + scales
-  int64_t combine_buffer_bytes = 0;   // [T, K, D] bf16: route outputs (fwd), route input grads (bwd)
+  int64_t combine_buffer_bytes = 0;   // [T, K, D] bf16: route outputs (fwd), route input grads (bwd);
+                                      // combine per_rank: [T, R, D], one partial per source rank
+                                      // (+ grad_scores [T, K] f32 in training)
   int64_t symmetric_bytes = 0;
 
   // Per-layer saved state.
@@ -94,6 +96,7 @@ struct MemoryPlan {
 
   bool inference = false;
   Precision precision = Precision::bf16;
+  CombineMode combine = CombineMode::per_route;
 
   // Multi-line, human-readable account of every term above.
   std::string explain() const;

@@ -15,6 +15,7 @@ import torch
 
 _ACTIVATIONS = ("swiglu", "swiglu_clamped")
 _PRECISIONS = ("bf16", "fp8_block")  # nvfp4 inference needs prepared weights, not exposed yet
+_COMBINES = ("per_route", "per_rank")
 
 
 def _positive_int(name: str, value) -> None:
@@ -66,6 +67,9 @@ class Config:
     arrival_gated_w13: bool = False  # CUDA: W13 overlaps dispatch, gated by row arrival counters
     # Most scratch bytes in device memory; the rest is pinned host memory in the same range. None: all device.
     scratch_device_bytes: Optional[int] = None
+    # "per_route": one combine row per route crosses back to the token's rank; "per_rank": one row
+    # per (token, rank holding its routes), summed on the expert side (bf16 only).
+    combine: str = "per_route"
 
     def __post_init__(self) -> None:
         for name in ("max_num_local_input_tokens", "hidden_dim", "intermediate_dim", "top_k",
@@ -95,6 +99,8 @@ class Config:
             raise TypeError(f"Config.wgrad_dtype: expected None, torch.bfloat16 or torch.float32, got {self.wgrad_dtype!r}")
         if self.precision not in _PRECISIONS:
             raise ValueError(f"Config.precision: expected one of {_PRECISIONS}, got {self.precision!r}")
+        if self.combine not in _COMBINES:
+            raise ValueError(f"Config.combine: expected one of {_COMBINES}, got {self.combine!r}")
         if self.overflow not in ("report", "trap"):
             raise ValueError(f"Config.overflow: expected 'report' or 'trap', got {self.overflow!r}")
         for name in ("inference", "check_inputs", "fuse_epilogues", "arrival_gated_w13"):
@@ -132,6 +138,7 @@ class Config:
             "barrier_timeout_ms": self.barrier_timeout_ms,
             "fuse_epilogues": int(self.fuse_epilogues),
             "arrival_gated_w13": int(self.arrival_gated_w13),
+            "combine": self.combine,
         }
         if self.activation_slot_bytes is not None:
             fields["activation_slot_bytes"] = self.activation_slot_bytes

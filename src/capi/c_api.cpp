@@ -48,6 +48,7 @@ Config to_config(const epmoe_config& c) {
   f.precision = c.precision == 1 ? Precision::fp8_block : Precision::bf16;
   f.inference = c.inference != 0;
   f.prepared_weights = c.prepared_weights != 0;
+  f.combine = static_cast<CombineMode>(c.combine);  // Config validates the value
   return Config(f);
 }
 
@@ -104,6 +105,7 @@ epmoe_config epmoe_config_default(int64_t T, int64_t D, int64_t F, int32_t K, in
   c.precision = 0;
   c.inference = d.inference ? 1 : 0;
   c.prepared_weights = d.prepared_weights ? 1 : 0;
+  c.combine = static_cast<int32_t>(d.combine);
   return c;
 }
 

@@ -71,8 +71,17 @@ class Backend {
   virtual void scatter_rows(const Step& s) = 0;
   // Fused: W2 GEMM whose epilogue stores each row into its owner's combine slot.
   virtual void w2_scatter(const Step& s) = 0;
+  // Per-rank combine (Step::combine_per_rank), after w2_gemm: for every pull (s, t), the routes'
+  // rows_MD summed in ascending k as fp32 sum of score[t,k] * row, rounded to bf16 once, into
+  // combine_R[s][t * R + rank] (one row per (token, rank) crosses to the owner).
+  virtual void combine_send_forward(const Step& s) = 0;
+  // Per-rank combine, after w13_dgrad: the same send of rows_MD, unscaled (the score is in
+  // grad_h3 already).
+  virtual void combine_send_backward(const Step& s) = 0;
   // After the combine barrier: y[t] = sum_k score[t,k] * combine[t,k] (fp32, one rounding);
   // rows past the live count are zero; h3_TKD (if set) = copy of this rank's combine slots.
+  // Per-rank combine: y[t] = sum over the ranks q holding >= 1 of t's routes, ascending q, of
+  // combine[t, q] (fp32, one rounding).
   virtual void reduce_forward(const Step& s) = 0;
 
   // ---- backward ----
@@ -87,6 +96,8 @@ class Backend {
   // grad_scores[t,k] = <grad_y[t], h3[t,k]> in fp32 (0 for inactive routes and padding rows).
   virtual void grad_scores(const Step& s) = 0;
   // After the publish barrier: grad_h3[m] = bf16(score[t,k] * grad_y[t]) pulled from the owner.
+  // Per-rank combine: also grad_scores[t,k] = <grad_y[t], h3 row of (t,k)> (fp32, the order of
+  // grad_scores), stored into the owner's combine buffer (combine_scores_offset) for its reduce.
   virtual void gather_grad(const Step& s) = 0;
   // grad_h = grad_h3 @ w2[e] (unfused).
   virtual void w2_dgrad(const Step& s) = 0;
@@ -103,6 +114,8 @@ class Backend {
   // grad_w13[e] (+)= grad_h13[e]^T @ x_gathered[e].
   virtual void w13_wgrad(const Step& s) = 0;
   // After the combine barrier: grad_x[t] = sum over active k of combine[t,k] (fp32, one rounding).
+  // Per-rank combine: grad_x[t] = the sum of t's ranks' partials (ascending rank), and
+  // grad_scores = the expert ranks' results (0 for inactive routes and padding rows).
   virtual void reduce_backward(const Step& s) = 0;
 };
 

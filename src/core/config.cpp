@@ -106,6 +106,14 @@ const char* to_string(Precision precision) {
   return "invalid";
 }
 
+const char* to_string(CombineMode mode) {
+  switch (mode) {
+    case CombineMode::per_route: return "per_route";
+    case CombineMode::per_rank: return "per_rank";
+  }
+  return "invalid";
+}
+
 Config::Config(const ConfigFields& fields) : f_(fields) {
   EPMOE_CHECK_ARG(f_.max_tokens_per_rank >= 1, "Config.max_tokens_per_rank", ">= 1",
                   f_.max_tokens_per_rank);
@@ -142,6 +150,13 @@ Config::Config(const ConfigFields& fields) : f_(fields) {
   EPMOE_CHECK_ARG(wgrad_ok, "Config.wgrad_dtype", "bf16 or f32", epmoe::to_string(f_.wgrad_dtype));
   EPMOE_CHECK_ARG(f_.barrier_timeout_ms > 0, "Config.barrier_timeout_ms", "> 0",
                   f_.barrier_timeout_ms);
+  const bool combine_ok =
+      f_.combine == CombineMode::per_route || f_.combine == CombineMode::per_rank;
+  EPMOE_CHECK_ARG(combine_ok, "Config.combine", "per_route or per_rank", enum_value(f_.combine));
+  if (f_.combine == CombineMode::per_rank) {
+    EPMOE_CHECK_ARG(f_.precision == Precision::bf16, "Config.precision",
+                    "bf16 with combine per_rank", epmoe::to_string(f_.precision));
+  }
   if (f_.scratch_device_bytes) {
     EPMOE_CHECK_ARG(*f_.scratch_device_bytes >= 0, "Config.scratch_device_bytes",
                     ">= 0 (or unset: all scratch in device memory)", *f_.scratch_device_bytes);
@@ -182,7 +197,8 @@ std::string Config::to_string() const {
       ", arrival_gated_w13=", f_.arrival_gated_w13 ? "true" : "false",
       ", prepared_weights=", f_.prepared_weights ? "true" : "false",
       ", scratch_device_bytes=",
-      f_.scratch_device_bytes ? std::to_string(*f_.scratch_device_bytes) : "unset", "}");
+      f_.scratch_device_bytes ? std::to_string(*f_.scratch_device_bytes) : "unset",
+      ", combine=", epmoe::to_string(f_.combine), "}");
 }
 
 }  // namespace epmoe

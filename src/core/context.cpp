@@ -26,7 +26,7 @@ struct ConfigFingerprint {
   float alpha, limit;
   double capacity_factor;
   int32_t num_slots, layers_per_slot, inference, fuse_epilogues;
-  int32_t arrival_gated_w13, prepared_weights;
+  int32_t arrival_gated_w13, prepared_weights, combine, reserved;
   int64_t slot_bytes;
 };
 
@@ -49,6 +49,7 @@ ConfigFingerprint fingerprint(const Config& c, int64_t slot_bytes) {
   f.fuse_epilogues = x.fuse_epilogues;
   f.arrival_gated_w13 = x.arrival_gated_w13;
   f.prepared_weights = x.prepared_weights;
+  f.combine = static_cast<int32_t>(x.combine);
   f.slot_bytes = slot_bytes;
   return f;
 }
@@ -126,6 +127,7 @@ struct Context::Impl {
   char* fp8_scratch() const { return call_scratch() + plan.backward_scratch_bytes; }
   char* fp8_weights() const { return fp8_scratch() + plan.fp8_scratch_bytes; }
   bool fp8() const { return config.fields().precision == Precision::fp8_block; }
+  bool per_rank() const { return config.fields().combine == CombineMode::per_rank; }
 
   // The E4M3 weights a call reads: the caller's prepared ones, or the bf16 ones quantized into
   // the context's scratch by a quantize_weights stage (the same codec, so the same bits).
@@ -188,11 +190,13 @@ struct Context::Impl {
     g.granule = plan.packing_granule_bytes;
     g.packed_bytes = plan.slot_bytes - slot_geometry_bytes.packed;
     g.packed_base = static_cast<int64_t>(slot) * plan.slot_bytes + slot_geometry_bytes.packed;
-    const CallScratchLayout cl =
-        call_scratch_layout(dims, plan.recv_capacity_rows, !config.fields().fuse_epilogues);
+    const CallScratchLayout cl = call_scratch_layout(dims, plan.recv_capacity_rows,
+                                                     !config.fields().fuse_epilogues, per_rank());
     const int64_t call = call_scratch() - arena;
     g.scratch_x_gathered = call + cl.x_gathered;
     g.scratch_h13 = call + cl.h13;
+    g.scratch_rows = call + cl.rows_MD;
+    g.h3_rows = per_rank() ? 1 : 0;
     // Whole rows of D bf16 wherever x_gathered lives (CUDA reads it through one arena descriptor).
     EPMOE_ASSERT(g.packed_base % g.granule == 0 && g.scratch_x_gathered % g.granule == 0);
     return g;
@@ -209,6 +213,7 @@ struct Context::Impl {
     s.check_inputs = config.fields().check_inputs;
     s.trap_on_overflow = config.fields().overflow == OverflowPolicy::trap;
     s.arrival_gated_w13 = config.fields().arrival_gated_w13;
+    s.combine_per_rank = per_rank();
     s.barrier_timeout_ms = config.fields().barrier_timeout_ms;
     s.stream = stream;
     s.routing_R = routing_R;
@@ -219,11 +224,13 @@ struct Context::Impl {
     const bool unfused = !config.fields().fuse_epilogues;
     s.route_scratch = route_scratch();
     char* call = call_scratch();
-    const CallScratchLayout cl = call_scratch_layout(dims, plan.recv_capacity_rows, unfused);
+    const CallScratchLayout cl =
+        call_scratch_layout(dims, plan.recv_capacity_rows, unfused, per_rank());
     s.h_MF = reinterpret_cast<bf16_t*>(call + cl.h);
     s.grad_h3_MD = reinterpret_cast<bf16_t*>(call + cl.grad_h3);
     s.grad_h13_M2F = reinterpret_cast<bf16_t*>(call + cl.grad_h13);
-    s.rows_MD = unfused ? reinterpret_cast<bf16_t*>(call + cl.rows_MD) : nullptr;
+    s.rows_MD = unfused || per_rank() ? reinterpret_cast<bf16_t*>(call + cl.rows_MD) : nullptr;
+    s.h3_MD = per_rank() ? s.rows_MD : nullptr;  // a layer plan may place it in its slot
     s.grad_h_MF = unfused ? reinterpret_cast<bf16_t*>(call + cl.grad_h) : nullptr;
     return s;
   }
@@ -233,7 +240,8 @@ struct Context::Impl {
   void bind_layer_state(Step& s, int slot, int layer) const {
     const int64_t M = plan.recv_capacity_rows;
     char* call = call_scratch();
-    const CallScratchLayout cl = call_scratch_layout(dims, M, !config.fields().fuse_epilogues);
+    const CallScratchLayout cl =
+        call_scratch_layout(dims, M, !config.fields().fuse_epilogues, per_rank());
     s.x_gathered_MD = reinterpret_cast<bf16_t*>(call + cl.x_gathered);
     s.h13_M2F = reinterpret_cast<bf16_t*>(call + cl.h13);
     s.h3_TKD = nullptr;
@@ -255,19 +263,34 @@ struct Context::Impl {
       // A backend that does not read the plans yet: every layer saves everything at capacity
       // rows, at host-known offsets (Context::create demands the maximum useful budget).
       const int64_t full = saved_full_bytes(dims, M);
-      const FullSaveLayout l =
-          full_save_layout(M, dims.T, dims.D, dims.F, dims.K, plan.packing_granule_bytes);
+      const FullSaveLayout l = full_save_layout(M, dims.T, dims.D, dims.F, dims.K,
+                                                plan.packing_granule_bytes, dims.h3_rows);
       char* base = arena + s.slot_geometry.packed_base + layer * full;
       s.x_gathered_MD = reinterpret_cast<bf16_t*>(base + l.x_gathered);
       s.h13_M2F = reinterpret_cast<bf16_t*>(base + l.h13);
-      s.h3_TKD = reinterpret_cast<bf16_t*>(base + l.h3);
+      s.h3_TKD = dims.h3_rows ? nullptr : reinterpret_cast<bf16_t*>(base + l.h3);
+      if (dims.h3_rows) s.h3_MD = reinterpret_cast<bf16_t*>(base + l.h3);
     }
   }
 
   // Forward of W13, SwiGLU, W2 and the scatter to the owners (fused or not), as in forward; the
-  // replay in backward runs the very same stages.
+  // replay in backward runs the very same stages. Per-rank combine: W2 stores its rows locally
+  // and the send stage stores one summed row per pull into the owner's [T, R, D] buffer.
+  // The replay needs only h3 back (the expert side's rows): it sends nothing.
   void expert_stages(Backend& b, const Step& s) {
-    if (config.fields().fuse_epilogues) {
+    const bool fused = config.fields().fuse_epilogues;
+    if (per_rank()) {
+      if (fused) {
+        stage("w13_swiglu", s.stream, [&] { b.w13_swiglu(s); });
+      } else {
+        stage("w13_gemm", s.stream, [&] { b.w13_gemm(s); });
+        stage("swiglu_forward", s.stream, [&] { b.swiglu_forward(s); });
+      }
+      stage("w2_gemm", s.stream, [&] { b.w2_gemm(s); });
+      if (!s.replay) stage("combine_send", s.stream, [&] { b.combine_send_forward(s); });
+      return;
+    }
+    if (fused) {
       stage("w13_swiglu", s.stream, [&] { b.w13_swiglu(s); });
       stage("w2_scatter", s.stream, [&] { b.w2_scatter(s); });
     } else {
@@ -301,7 +324,8 @@ std::unique_ptr<Context> Context::create(const Config& config, std::shared_ptr<T
   m.plan = plan_memory(config, R);
   m.transport = std::move(transport);
   m.budget = std::chrono::milliseconds(config.fields().barrier_timeout_ms);
-  m.dims = Dims{config.T(), config.D(), config.F(), config.K(), config.local_experts(R), R};
+  m.dims = Dims{config.T(), config.D(), config.F(), config.K(), config.local_experts(R), R,
+                config.fields().combine == CombineMode::per_rank};
 
   // Every rank must hold the same config.
   ConfigFingerprint mine = fingerprint(config, m.plan.slot_bytes);
@@ -480,7 +504,8 @@ void Context::backward(const BackwardArgs& a) {
     m.barrier(a.stream, 5);
   }
   m.stage("publish_backward", s.stream, [&] { b.publish_backward(s); });
-  m.stage("grad_scores", s.stream, [&] { b.grad_scores(s); });
+  // Per-rank combine: gather_grad computes grad_scores on the expert side.
+  if (!m.per_rank()) m.stage("grad_scores", s.stream, [&] { b.grad_scores(s); });
   m.barrier(a.stream, 2);
   m.stage("gather_grad", s.stream, [&] { b.gather_grad(s); });
   if (fused) {
@@ -490,7 +515,10 @@ void Context::backward(const BackwardArgs& a) {
     m.stage("swiglu_backward", s.stream, [&] { b.swiglu_backward(s); });
   }
   m.stage("w2_wgrad", s.stream, [&] { b.w2_wgrad(s); });
-  if (fused) {
+  if (m.per_rank()) {
+    m.stage("w13_dgrad", s.stream, [&] { b.w13_dgrad(s); });
+    m.stage("combine_send", s.stream, [&] { b.combine_send_backward(s); });
+  } else if (fused) {
     m.stage("w13_dgrad_scatter", s.stream, [&] { b.w13_dgrad_scatter(s); });
   } else {
     m.stage("w13_dgrad", s.stream, [&] { b.w13_dgrad(s); });

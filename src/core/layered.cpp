@@ -147,6 +147,9 @@ std::unique_ptr<Layered> Layered::create(Context& context, std::shared_ptr<Trans
   // The layered stages exchange bf16 rows; the FP8 path exists only inside Context's fused call.
   EPMOE_CHECK_ARG(context.config().fields().precision == Precision::bf16, "Config.precision",
                   "bf16 for the layered API", to_string(context.config().fields().precision));
+  // The layered combine sends one row per route into [T, K, D] buffers.
+  EPMOE_CHECK_ARG(context.config().fields().combine == CombineMode::per_route, "Config.combine",
+                  "per_route for the layered API", to_string(context.config().fields().combine));
   auto impl = std::make_unique<Impl>();
   Impl& m = *impl;
   const Config& c = context.config();

@@ -116,7 +116,8 @@ MemoryPlan plan_memory(const Config& config, int ep_size) {
   p.recv_capacity_rows = std::max<int64_t>(1, std::min(wanted, p.max_recv_rows));
   const int64_t M = p.recv_capacity_rows;
 
-  const Dims d{T, D, F, K, E, R};
+  const bool per_rank = c.combine == CombineMode::per_rank;
+  const Dims d{T, D, F, K, E, R, per_rank};
 
   // ---- symmetric buffers ----
   p.routing_buffer_bytes = routing_buffer_layout(T, K).bytes;
@@ -124,7 +125,10 @@ MemoryPlan plan_memory(const Config& config, int ep_size) {
   const bool fp8 = c.precision == Precision::fp8_block;
   p.dispatch_buffer_bytes = align_bytes(T * D * 2);
   if (fp8) p.dispatch_buffer_bytes = std::max(p.dispatch_buffer_bytes, fp8_dispatch_layout(T, D).total);
-  p.combine_buffer_bytes = align_bytes(T * K * D * 2);
+  p.combine = c.combine;
+  // One row per (token, route) [T, K, D], or per (token, source rank) [T, R, D] (+ grad_scores
+  // [T, K] f32 in training).
+  p.combine_buffer_bytes = combine_buffer_bytes(T, K, R, D, per_rank, !c.inference);
   p.symmetric_bytes = p.routing_buffer_bytes + p.dispatch_buffer_bytes + p.combine_buffer_bytes;
 
   // ---- per-layer saved state ----
@@ -188,13 +192,14 @@ MemoryPlan plan_memory(const Config& config, int ep_size) {
 
   // ---- scratch (Context: route scratch, pad, call scratch, fp8 operands, fp8 weights) ----
   const bool unfused = !c.fuse_epilogues;
-  const CallScratchLayout call = call_scratch_layout(d, M, unfused);
+  const CallScratchLayout call = call_scratch_layout(d, M, unfused, per_rank);
   p.route_scratch_bytes = route_scratch_layout(d, M).total;
   // activation_bytes is a multiple of the granule, so the pad puts x_gathered on a whole row.
   p.call_scratch_pad_bytes =
       call_scratch_pad_bytes(p.route_scratch_bytes, call.x_gathered, p.packing_granule_bytes);
-  // The forward touches layout..h (recompute mode) and, unfused, rows_MD; the backward all of it.
-  p.forward_scratch_bytes = call.grad_h3 + (unfused ? align_bytes(M * D * 2) : 0);
+  // The forward touches layout..h (recompute mode) and, unfused or per-rank, rows_MD; the
+  // backward all of it.
+  p.forward_scratch_bytes = call.grad_h3 + (unfused || per_rank ? align_bytes(M * D * 2) : 0);
   p.backward_scratch_bytes = call.total;
   if (fp8) {
     // An inference context runs the forward only: of the FP8 operands it needs the h rows (the
@@ -265,7 +270,12 @@ std::string MemoryPlan::explain() const {
   } else {
     line("    dispatch x / grad_y [T,D] bf16: " + bytes_text(dispatch_buffer_bytes));
   }
-  line("    combine [T,K,D] bf16: " + bytes_text(combine_buffer_bytes));
+  if (combine == CombineMode::per_rank) {
+    line(std::string("    combine [T,R,D] bf16 (one partial row per source rank)") +
+         (inference ? "" : " + grad_scores [T,K] f32") + ": " + bytes_text(combine_buffer_bytes));
+  } else {
+    line("    combine [T,K,D] bf16: " + bytes_text(combine_buffer_bytes));
+  }
 
   line("  saved per layer:");
   line("    metadata (planner record + layout at capacity rows): " +

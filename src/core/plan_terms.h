@@ -13,10 +13,20 @@ namespace epmoe {
 struct Dims {
   int64_t T = 0, D = 0, F = 0;
   int K = 0, E = 0, R = 0;  // E = local experts
+  bool h3_rows = false;     // per-rank combine: the saved h3 is [rows, D], not [T, K, D]
 };
 
+// Combine buffer (symmetric): [T, K, D] bf16 per route, or with the per-rank combine [T, R, D]
+// bf16 partials, then (training) the grad_scores [T, K] f32 the expert ranks compute.
+inline int64_t combine_scores_offset(int64_t T, int R, int64_t D) { return align_bytes(T * R * D * 2); }
+inline int64_t combine_buffer_bytes(int64_t T, int K, int R, int64_t D, bool per_rank,
+                                    bool training) {
+  if (!per_rank) return align_bytes(T * K * D * 2);
+  return combine_scores_offset(T, R, D) + (training ? align_bytes(T * K * 4) : 0);
+}
+
 // One layer's whole state at M rows in one block (stage tests carve their buffers with it):
-//   layout(M) | x_gathered [M, D] | h13 [M, 2F] | h3 [T, K, D]      (bf16)
+//   layout(M) | x_gathered [M, D] | h13 [M, 2F] | h3 [T, K, D] or [M, D] (Dims::h3_rows)  (bf16)
 struct SavedFullLayout {
   int64_t layout, x_gathered, h13, h3, total;  // offsets from the layer's start; total = bytes
 };
@@ -26,7 +36,7 @@ inline SavedFullLayout saved_full_layout(const Dims& d, int64_t M) {
   l.x_gathered = l.layout + layout_bytes(M, d.T, d.K, d.E, d.R).total;
   l.h13 = l.x_gathered + align_bytes(M * d.D * 2);
   l.h3 = l.h13 + align_bytes(M * 2 * d.F * 2);
-  l.total = l.h3 + align_bytes(d.T * d.K * d.D * 2);
+  l.total = l.h3 + align_bytes((d.h3_rows ? M : d.T * d.K) * d.D * 2);
   return l;
 }
 
@@ -36,7 +46,7 @@ inline int64_t saved_input_bytes(const Dims& d) {
 }
 // Full save in the packed region at `rows` received rows (no layout: that sits in the metadata).
 inline int64_t saved_full_bytes(const Dims& d, int64_t rows) {
-  return full_save_layout(rows, d.T, d.D, d.F, d.K, packing_granule(d.D)).total;
+  return full_save_layout(rows, d.T, d.D, d.F, d.K, packing_granule(d.D), d.h3_rows).total;
 }
 
 // One slot: metadata of L layers (LayerPlan | layout(M) each), then the packed region.
@@ -96,11 +106,13 @@ inline RouteScratchLayout route_scratch_layout(const Dims& d, int64_t M) {
 // rebuild them in place, and the layout leads so that the routing part (route scratch, pad,
 // layout) is one device-memory prefix of the scratch (Config.scratch_device_bytes).
 //   layout(M) | x_gathered [M,D] | h13 [M,2F] | h [M,F] | grad_h3 [M,D] | grad_h13 [M,2F]
-//   | unfused only: rows_MD [M,D] (W2 / W13-DGRAD output before its scatter) | grad_h [M,F]
+//   | unfused or per-rank combine: rows_MD [M,D] (W2 / W13-DGRAD output before its scatter or
+//     its per-rank send) | unfused only: grad_h [M,F]
 struct CallScratchLayout {
   int64_t layout, x_gathered, h13, h, grad_h3, grad_h13, rows_MD, grad_h, total;
 };
-inline CallScratchLayout call_scratch_layout(const Dims& d, int64_t M, bool unfused) {
+inline CallScratchLayout call_scratch_layout(const Dims& d, int64_t M, bool unfused,
+                                             bool per_rank_combine = false) {
   CallScratchLayout l;
   l.layout = 0;
   l.x_gathered = l.layout + layout_bytes(M, d.T, d.K, d.E, d.R).total;
@@ -109,7 +121,7 @@ inline CallScratchLayout call_scratch_layout(const Dims& d, int64_t M, bool unfu
   l.grad_h3 = l.h + align_bytes(M * d.F * 2);
   l.grad_h13 = l.grad_h3 + align_bytes(M * d.D * 2);
   l.rows_MD = l.grad_h13 + align_bytes(M * 2 * d.F * 2);
-  l.grad_h = l.rows_MD + (unfused ? align_bytes(M * d.D * 2) : 0);
+  l.grad_h = l.rows_MD + (unfused || per_rank_combine ? align_bytes(M * d.D * 2) : 0);
   l.total = l.grad_h + (unfused ? align_bytes(M * d.F * 2) : 0);
   return l;
 }

@@ -6,7 +6,7 @@
 //   metadata: L x [LayerPlan | layout(M)]      host-known addresses (layer l of the slot)
 //   packed:   layers' saved buffers, LIFO      device-decided offsets (this file)
 // A layer saves either everything  x_gathered [rows,D] | h13 [rows,2F] | h3 [T,K,D]  at its
-// actual rows, or only its input x [T,D] (recompute: backward replays the forward). Every packed
+// actual rows (per-rank combine: h3 [rows,D], the expert side's W2 rows), or only its input x [T,D] (recompute: backward replays the forward). Every packed
 // allocation is a multiple of the packing granule lcm(128, 2D), so x_gathered always starts on a
 // whole row of an arena viewed as rows of D bf16 (one TMA descriptor for the whole arena).
 #pragma once
@@ -31,6 +31,7 @@ struct LayerPlan {
   int64_t x_gathered_offset = -1;    // [rows, D]: slot (full save) or call scratch (recompute)
   int64_t h13_offset = -1;           // [rows, 2F]: slot or call scratch
   int64_t h3_offset = -1;            // [T, K, D]: slot; -1: this rank's combine buffer (replayed)
+                                     // per-rank combine: [rows, D]: slot or call scratch rows_MD
   int64_t reserved[9] = {};
 };
 static_assert(sizeof(LayerPlan) == kAlignment, "LayerPlan fills one aligned block");
@@ -52,6 +53,9 @@ struct SlotGeometry {
   int64_t packed_base = 0;        // arena offset of this slot's packed region
   int64_t scratch_x_gathered = 0; // arena offsets of the recompute buffers (call scratch)
   int64_t scratch_h13 = 0;
+  int64_t scratch_rows = 0;       // per-rank combine: the call scratch's rows_MD (replayed h3)
+  int32_t h3_rows = 0;            // 1: per-rank combine, h3 is [rows, D] (else [T, K, D])
+  int32_t reserved = 0;
 };
 
 EPMOE_HD int64_t round_up(int64_t n, int64_t multiple) {
@@ -71,16 +75,18 @@ EPMOE_HD int64_t packing_granule(int64_t D) {
 }
 
 // Full save of a layer that received `rows` rows: x_gathered | h13 | h3 (offsets from its start).
+// h3 is the owner's [T, K, D] copy of its routes' outputs, or with h3_rows (per-rank combine) the
+// expert side's W2 rows [rows, D].
 struct FullSaveLayout {
   int64_t x_gathered, h13, h3, total;  // total: rounded up to the granule
 };
 EPMOE_HD FullSaveLayout full_save_layout(int64_t rows, int64_t T, int64_t D, int64_t F, int K,
-                                         int64_t granule) {
+                                         int64_t granule, bool h3_rows = false) {
   FullSaveLayout l;
   l.x_gathered = 0;
   l.h13 = align_bytes(rows * D * 2);
   l.h3 = l.h13 + align_bytes(rows * 2 * F * 2);
-  l.total = round_up(l.h3 + align_bytes(T * K * D * 2), granule);
+  l.total = round_up(l.h3 + align_bytes((h3_rows ? rows : T * K) * D * 2), granule);
   return l;
 }
 // Input-only save: x [T, D].
@@ -100,7 +106,8 @@ EPMOE_HD void plan_forward_layer(const SlotGeometry& g, const int32_t* recv_rows
   const int64_t layers_after = g.layers_per_slot - 1 - state.layers;
   int64_t need = 0;
   for (int r = 0; r < g.R; ++r) {
-    const int64_t full_r = full_save_layout(recv_rows_R[r], g.T, g.D, g.F, g.K, g.granule).total;
+    const int64_t full_r =
+        full_save_layout(recv_rows_R[r], g.T, g.D, g.F, g.K, g.granule, g.h3_rows != 0).total;
     const int64_t v = saved_R[r] + full_r;
     need = v > need ? v : need;
   }
@@ -116,8 +123,10 @@ EPMOE_HD void plan_forward_layer(const SlotGeometry& g, const int32_t* recv_rows
     p.x_offset = g.packed_base + begin;
     p.x_gathered_offset = g.scratch_x_gathered;
     p.h13_offset = g.scratch_h13;
+    if (g.h3_rows != 0) p.h3_offset = g.scratch_rows;  // the replayed W2 rows
   } else {
-    const FullSaveLayout l = full_save_layout(recv_rows_R[self], g.T, g.D, g.F, g.K, g.granule);
+    const FullSaveLayout l =
+        full_save_layout(recv_rows_R[self], g.T, g.D, g.F, g.K, g.granule, g.h3_rows != 0);
     p.x_gathered_offset = g.packed_base + begin + l.x_gathered;
     p.h13_offset = g.packed_base + begin + l.h13;
     p.h3_offset = g.packed_base + begin + l.h3;
@@ -125,7 +134,9 @@ EPMOE_HD void plan_forward_layer(const SlotGeometry& g, const int32_t* recv_rows
   int64_t peak = 0;
   for (int r = 0; r < g.R; ++r) {
     saved_R[r] += recompute ? x_b
-                            : full_save_layout(recv_rows_R[r], g.T, g.D, g.F, g.K, g.granule).total;
+                            : full_save_layout(recv_rows_R[r], g.T, g.D, g.F, g.K, g.granule,
+                                               g.h3_rows != 0)
+                                  .total;
     peak = saved_R[r] > peak ? saved_R[r] : peak;
   }
   state.layers += 1;
@@ -141,7 +152,9 @@ EPMOE_HD void plan_backward_layer(const SlotGeometry& g, const int32_t* recv_row
   for (int r = 0; r < g.R; ++r) {
     saved_R[r] -= p.recompute != 0
                       ? x_b
-                      : full_save_layout(recv_rows_R[r], g.T, g.D, g.F, g.K, g.granule).total;
+                      : full_save_layout(recv_rows_R[r], g.T, g.D, g.F, g.K, g.granule,
+                                         g.h3_rows != 0)
+                            .total;
   }
   state.layers -= 1;
 }

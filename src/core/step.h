@@ -25,6 +25,9 @@ struct Step {
   bool check_inputs = true;
   bool trap_on_overflow = false;
   bool arrival_gated_w13 = false;  // CUDA: W13 starts on rows as dispatch stores them (PDL)
+  // Config.combine = per_rank: W2 / W13 DGRAD store rows_MD, a send stage sums each pull's routes
+  // into one row of the owner's combine buffer [T, R, D]; otherwise combine is [T, K, D].
+  bool combine_per_rank = false;
   int barrier_timeout_ms = 30000;  // budget of in-step waits (W13 on dispatch arrivals)
   void* stream = nullptr;     // cudaStream_t (CUDA)
 
@@ -51,7 +54,7 @@ struct Step {
   // ---- symmetric buffers: tables of R pointers, [r] = rank r's copy ----
   char* const* routing_R = nullptr;     // RoutingHeader + ids + scores
   bf16_t* const* dispatch_R = nullptr;  // [T, D]
-  bf16_t* const* combine_R = nullptr;   // [T, K, D]
+  bf16_t* const* combine_R = nullptr;   // [T, K, D]; per-rank combine: [T, R, D]
   char* dispatch_local = nullptr;       // this rank's dispatch buffer (dispatch_R[rank], host-known)
 
   // ---- this layer's state (saved slot or scratch) ----
@@ -59,6 +62,7 @@ struct Step {
   bf16_t* x_gathered_MD = nullptr;  // [capacity, D]
   bf16_t* h13_M2F = nullptr;        // [capacity, 2F]
   bf16_t* h3_TKD = nullptr;         // saved copy of this rank's combine slots (nullable)
+  bf16_t* h3_MD = nullptr;          // per-rank combine: W2 rows [capacity, D] (rows_MD unplaced)
 
   // ---- activation slot (save_for_backward; all null otherwise) ----
   // With a layer plan, stages take x_gathered, h13, h3 and the saved x from arena + the plan's
@@ -77,7 +81,7 @@ struct Step {
   bf16_t* h_MF = nullptr;           // [capacity, F]
   bf16_t* grad_h3_MD = nullptr;     // [capacity, D]
   bf16_t* grad_h13_M2F = nullptr;   // [capacity, 2F]
-  bf16_t* rows_MD = nullptr;        // unfused only
+  bf16_t* rows_MD = nullptr;        // unfused or per-rank combine
   bf16_t* grad_h_MF = nullptr;      // unfused only
 
   // ---- FP8 block-scaled path (Config.precision = fp8_block; docs/formats.md "FP8 training") ----

@@ -38,6 +38,8 @@ class CpuBackend final : public Backend {
   void w2_gemm(const Step& s) override;
   void scatter_rows(const Step& s) override;
   void w2_scatter(const Step& s) override;
+  void combine_send_forward(const Step& s) override;
+  void combine_send_backward(const Step& s) override;
   void reduce_forward(const Step& s) override;
 
   void plan_backward(const Step& s) override;
@@ -81,7 +83,12 @@ inline Step placed(const Step& s) {
   const LayerPlan& p = *s.layer_plan;
   r.x_gathered_MD = reinterpret_cast<bf16_t*>(s.arena + p.x_gathered_offset);
   r.h13_M2F = reinterpret_cast<bf16_t*>(s.arena + p.h13_offset);
-  r.h3_TKD = p.h3_offset >= 0 ? reinterpret_cast<bf16_t*>(s.arena + p.h3_offset) : nullptr;
+  bf16_t* h3 = p.h3_offset >= 0 ? reinterpret_cast<bf16_t*>(s.arena + p.h3_offset) : nullptr;
+  if (s.combine_per_rank) {
+    r.h3_MD = h3;  // [rows, D]: the slot, or the call scratch's rows_MD for a replayed layer
+  } else {
+    r.h3_TKD = h3;
+  }
   return r;
 }
 inline int64_t received_rows(const Step& s) { return s.layout.header[kLayoutRows]; }
@@ -148,6 +155,15 @@ void fp8_w13_dgrad(const Step& s, bool scatter);
 // Weight gradients from column-quantized operands: W2 (grad_h3, h) and W13 (grad_h13, x).
 void fp8_w2_wgrad(const Step& s);
 void fp8_w13_wgrad(const Step& s);
+
+// ---- per-rank combine (stages_combine.cpp) ----
+// Each pull's routes' rows_MD summed (score-weighted when scaled) into one row of its owner's
+// [T, R, D] combine buffer at [t, this rank].
+void send_partials(const Step& s, const bf16_t* rows_MD, bool scaled);
+// out[t] = the sum of the partial rows of t's ranks, ascending rank (fp32, one rounding).
+void reduce_partials(const Step& s, bf16_t* out_TD);
+// The owner's grad_scores from its combine buffer (written by the expert ranks' gather_grad).
+void copy_grad_scores(const Step& s);
 
 // ---- NVFP4 weight-only inference (stages_nvfp4.cpp) ----
 // Expert e's W13 [2F, D] / W2 [D, F] decoded from the NVFP4 prepared weights into fp32.

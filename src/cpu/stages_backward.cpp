@@ -131,7 +131,10 @@ void CpuBackend::grad_scores(const Step& step) {
 }
 
 // One read of each pulled grad_y row; every local row it feeds is scaled by its own route's score.
-void CpuBackend::gather_grad(const Step& s) {
+// Per-rank combine: the same read gives grad_scores[t,k] = <grad_y[t], h3[m]> (d ascending, as
+// grad_scores), stored into the owner's combine buffer.
+void CpuBackend::gather_grad(const Step& step) {
+  const Step s = placed(step);
   if (skipped(s)) return;
   const int64_t D = s.dims.D, T = s.dims.T;
   const int K = s.dims.K;
@@ -147,6 +150,13 @@ void CpuBackend::gather_grad(const Step& s) {
       const float score = scores_TK[t * K + k];
       bf16_t* out = s.grad_h3_MD + m * D;
       for (int64_t d = 0; d < D; ++d) out[d] = float_to_bf16(score * bf16_to_float(g[d]));
+      if (!s.combine_per_rank) continue;
+      const bf16_t* h = s.h3_MD + m * D;
+      float acc = 0.0f;
+      for (int64_t d = 0; d < D; ++d) acc += bf16_to_float(g[d]) * bf16_to_float(h[d]);
+      float* owner_TK = reinterpret_cast<float*>(reinterpret_cast<char*>(s.combine_R[rank]) +
+                                                 combine_scores_offset(T, s.dims.R, D));
+      owner_TK[t * K + k] = acc;
     }
   }
   if (s.fp8) fp8_quantize_grad_h3(s);  // rows along D for the W2 DGRAD
@@ -203,6 +213,11 @@ void CpuBackend::w13_wgrad(const Step& step) {
 }
 
 void CpuBackend::reduce_backward(const Step& s) {
+  if (s.combine_per_rank) {
+    reduce_partials(s, s.grad_x_TD);
+    copy_grad_scores(s);
+    return;
+  }
   const int64_t D = s.dims.D, K = s.dims.K;
   std::memset(s.grad_x_TD, 0, static_cast<size_t>(s.tokens * D) * 2);
   if (skipped(s)) return;

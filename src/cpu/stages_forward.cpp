@@ -279,8 +279,10 @@ void CpuBackend::w13_swiglu(const Step& step) {
   w13_rows(s, s.h_MF);
 }
 
-void CpuBackend::w2_gemm(const Step& s) {
+void CpuBackend::w2_gemm(const Step& step) {
+  Step s = placed(step);
   if (skipped(s)) return;
+  if (s.combine_per_rank) s.rows_MD = s.h3_MD;  // per-rank combine: the rows are h3, kept here
   w2_rows(s, false);
 }
 
@@ -299,6 +301,10 @@ void CpuBackend::w2_scatter(const Step& s) {
 
 void CpuBackend::reduce_forward(const Step& step) {
   const Step s = placed(step);
+  if (s.combine_per_rank) {
+    reduce_partials(s, s.y_TD);
+    return;
+  }
   const int64_t D = s.dims.D, K = s.dims.K;
   std::memset(s.y_TD, 0, static_cast<size_t>(s.tokens * D) * 2);
   if (skipped(s)) return;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cuda/check.h"
+#include "cuda/combine_partials.h"
 #include "cuda/device_scope.h"
 #include "cuda/dispatch.h"
 #include "cuda/fp8_forward.h"
@@ -140,7 +141,10 @@ EPMOE_STAGE(w13_swiglu, if (s.fp8) cuda::fp8_w13_swiglu(s); else cuda::w13_fprop
 EPMOE_STAGE(w2_gemm, if (s.fp8) cuda::fp8_w2_fprop(s, false); else cuda::w2_fprop(s, false))
 EPMOE_STAGE(scatter_rows, cuda::scatter_rows(s))
 EPMOE_STAGE(w2_scatter, if (s.fp8) cuda::fp8_w2_fprop(s, true); else cuda::w2_fprop(s, true))
-EPMOE_STAGE(reduce_forward, cuda::reduce_forward(s))
+EPMOE_STAGE(combine_send_forward, cuda::send_partials(s, true))
+EPMOE_STAGE(reduce_forward, s.combine_per_rank
+                                ? cuda::reduce_partials(s, s.y_TD, "y_TD", nullptr)
+                                : cuda::reduce_forward(s))
 
 EPMOE_STAGE(plan_backward, cuda::plan_backward(s))
 EPMOE_STAGE(restore_input, cuda::restore_input(s))
@@ -154,7 +158,11 @@ EPMOE_STAGE(w2_wgrad, cuda::w2_wgrad(s))
 EPMOE_STAGE(w13_dgrad, cuda::w13_dgrad(s, false))
 EPMOE_STAGE(w13_dgrad_scatter, cuda::w13_dgrad(s, true))
 EPMOE_STAGE(w13_wgrad, cuda::w13_wgrad(s))
-EPMOE_STAGE(reduce_backward, cuda::reduce_backward(s))
+EPMOE_STAGE(combine_send_backward, cuda::send_partials(s, false))
+EPMOE_STAGE(reduce_backward, s.combine_per_rank
+                                 ? cuda::reduce_partials(s, s.grad_x_TD, "grad_x_TD",
+                                                         s.grad_scores_TK)
+                                 : cuda::reduce_backward(s))
 
 #undef EPMOE_STAGE
 

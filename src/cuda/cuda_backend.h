@@ -44,6 +44,8 @@ class CudaBackend final : public Backend {
   void w2_gemm(const Step& s) override;
   void scatter_rows(const Step& s) override;
   void w2_scatter(const Step& s) override;
+  void combine_send_forward(const Step& s) override;
+  void combine_send_backward(const Step& s) override;
   void reduce_forward(const Step& s) override;
 
   void plan_backward(const Step& s) override;

@@ -51,6 +51,13 @@ inline Placed placed_h3(const Step& s) {
   return Placed{s.arena, plan_field<int64_t>(s, offsetof(LayerPlan, h3_offset))};
 }
 
+// Per-rank combine: the W2 rows [capacity, D] (h3), in the slot or the call scratch's rows_MD as
+// the plan says (never -1), or Step::h3_MD without a plan.
+inline Placed placed_h3_rows(const Step& s) {
+  if (s.layer_plan == nullptr) return plain(s.h3_MD);
+  return Placed{s.arena, plan_field<int64_t>(s, offsetof(LayerPlan, h3_offset))};
+}
+
 // The replayed stages of backward (Step::replay) skip unless the plan says the layer replays:
 // the plan's replay_skip in device memory; nullptr outside the replay (never skip for it).
 inline const int32_t* replay_skip_flag(const Step& s) {

@@ -179,6 +179,7 @@ std::string plan_fields(const std::string& config_text, int64_t ep_size) {
     EPMOE_FIELD(device_total_bytes);
     EPMOE_FIELD(inference);
     os << "precision=" << epmoe::to_string(p.precision) << '\n';
+    os << "combine=" << epmoe::to_string(p.combine) << '\n';
 #undef EPMOE_FIELD
     return os.str();
   });

@@ -49,6 +49,10 @@ Config parse_config(const std::string& text) {
                       "'bf16' or 'fp8_block' (nvfp4 needs prepared weights, not exposed to Python yet)",
                       "'" + v + "'");
       f.precision = v == "bf16" ? Precision::bf16 : Precision::fp8_block;
+    } else if (k == "combine") {
+      EPMOE_CHECK_ARG(v == "per_route" || v == "per_rank", "Config.combine",
+                      "'per_route' or 'per_rank'", "'" + v + "'");
+      f.combine = v == "per_route" ? CombineMode::per_route : CombineMode::per_rank;
     } else if (k == "overflow") {
       EPMOE_CHECK_ARG(v == "report" || v == "trap", "Config.overflow", "report or trap", v);
       f.overflow = v == "report" ? OverflowPolicy::report : OverflowPolicy::trap;

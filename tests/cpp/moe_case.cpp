@@ -49,6 +49,7 @@ Config Problem::config() const {
   f.prepared_weights = prepared_weights;
   f.scratch_device_bytes = scratch_device_bytes;
   f.inference = inference;
+  f.combine = combine;
   return Config(f);
 }
 
@@ -59,7 +60,7 @@ std::string Problem::name() const {
      << (act.kind == ActivationKind::swiglu_clamped ? " clamped" : " swiglu")
      << (fused ? " fused" : " unfused") << (arrival_gated_w13 ? "" : " staged") << " wgrad=" << epmoe::to_string(wgrad_dtype)
      << " " << epmoe::to_string(precision) << (prepared_weights ? " prepared" : "")
-     << (inference ? " inference" : "");
+     << (inference ? " inference" : "") << " combine=" << epmoe::to_string(combine);
   return os.str();
 }
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -14,6 +15,11 @@
 #include "epmoe/context.h"
 #include "moe_reference.h"
 #include "tolerances.h"
+
+namespace epmoe {
+// Readable test names for parameters that hold a CombineMode.
+inline void PrintTo(CombineMode mode, std::ostream* os) { *os << to_string(mode); }
+}  // namespace epmoe
 
 namespace epmoe::test {
 
@@ -36,6 +42,7 @@ struct Problem {
   bool prepared_weights = false;  // fp8_block: RankCall prepares the weights, the calls take them
   std::optional<int64_t> scratch_device_bytes;  // Config.scratch_device_bytes (unset: all device)
   bool inference = false;  // Config.inference: forward only (run_forward), no slots
+  CombineMode combine = CombineMode::per_route;  // Config.combine
 
   int local_experts() const { return experts / ranks; }
   Config config() const;

@@ -49,6 +49,7 @@ struct BadCall {
   std::function<void(int rank, RankInputs&)> edit_inputs;             // data errors
   std::function<void(int rank, ForwardArgs&, RankCall&)> edit_args;  // host-checked errors
   OverflowPolicy overflow = OverflowPolicy::report;
+  CombineMode combine = CombineMode::per_route;
 };
 
 void PrintTo(const BadCall& c, std::ostream* os) { *os << c.name; }
@@ -59,6 +60,7 @@ TEST_P(BadInputs, EveryRankReportsItAndTheNextCallIsExact) {
   const BadCall& bad = GetParam();
   Problem p = base();
   p.overflow = bad.overflow;
+  p.combine = bad.combine;
   const auto good = good_inputs(p);
   auto bad_in = good;
   if (bad.edit_inputs) {
@@ -148,6 +150,14 @@ std::vector<BadCall> bad_calls() {
   c.push_back({"CapacityOverflowTrapPolicy", ErrorKind::capacity_overflow, "topk_ids_TK",
                {"rank 0", "expected at most 24 received rows", "got 48"}, all_to_expert_0, {},
                OverflowPolicy::trap});
+  // The per-rank combine skips the step the same way (its send, reduce and backward stages too).
+  c.push_back({"CapacityOverflowPerRankCombine", ErrorKind::capacity_overflow, "topk_ids_TK",
+               {"rank 0", "expected at most 24 received rows", "got 48"}, all_to_expert_0, {},
+               OverflowPolicy::report, CombineMode::per_rank});
+  c.push_back({"IdOutOfRangePerRankCombine", ErrorKind::invalid_routing, "topk_ids_TK",
+               {"rank 1", "[-1, 4)", "got 4", "index 7"},
+               [](int r, RankInputs& in) { if (r == 1) in.ids_TK[7] = kExperts; }, {},
+               OverflowPolicy::report, CombineMode::per_rank});
   // ---- host-checked argument errors: thrown before any collective, on every rank ----
   c.push_back({"XWrongDtype", ErrorKind::invalid_argument, "x_TD", {"bf16", "f32"}, {},
                [](int, ForwardArgs& a, RankCall&) { a.x_TD.dtype = DType::f32; }});

@@ -414,6 +414,73 @@ TEST(MemoryPlan, Inference) {
   expect_contains(text, "scratch-only inference; no saved activations");
 }
 
+// Per-rank combine (inference): the combine buffer holds one row per (token, source rank)
+// [T, R, D], and the call scratch keeps W2's rows [M, D] (rows_MD) for the send stage.
+TEST(MemoryPlan, PerRankCombineInference) {
+  ConfigFields f = small();
+  f.inference = true;
+  f.combine = CombineMode::per_rank;
+  const MemoryPlan p = plan_memory(Config(f), 2);
+  EXPECT_EQ(p.combine, CombineMode::per_rank);
+  EXPECT_EQ(p.combine_buffer_bytes, 2048);     // A(4*2*128*2): R = K = 2, as per_route
+  EXPECT_EQ(p.symmetric_bytes, 3456);          // as MemoryPlan.Inference
+  EXPECT_EQ(p.forward_scratch_bytes, 11136);   // fused 9088 + rows_MD A(8*128*2)=2048
+  EXPECT_EQ(p.backward_scratch_bytes, 17280);  // fused 15232 + rows_MD 2048 (no grad_h)
+  EXPECT_EQ(p.scratch_bytes, 18176);           // 768 + pad 128 + 17280
+  EXPECT_EQ(p.arena_bytes, 18176);
+  EXPECT_EQ(p.total_bytes, 22144);             // 18176 + 3456 + 128 + 384
+  expect_contains(p.explain(), "combine [T,R,D] bf16 (one partial row per source rank): ");
+}
+
+// Per-rank combine in training: the combine buffer adds the expert ranks' grad_scores [T, K] f32,
+// and a full save keeps h3 as the expert side's rows [rows, D] instead of the owner's [T, K, D].
+TEST(MemoryPlan, PerRankCombineTraining) {
+  ConfigFields f = small();
+  f.combine = CombineMode::per_rank;
+  const MemoryPlan p = plan_memory(Config(f), 2);
+  EXPECT_EQ(p.combine_buffer_bytes, 2176);     // A(4*2*128*2)=2048 + A(4*2*4)=128
+  EXPECT_EQ(p.symmetric_bytes, 3584);          // 384 + 1024 + 2176
+  // A(8*128*2)=2048 + A(8*256*2)=4096 + h3 rows A(8*128*2)=2048: T*K = M = 8 rows, as per_route
+  EXPECT_EQ(p.saved_full_bytes_balanced, 8192);
+  EXPECT_EQ(p.saved_full_bytes_capacity, 8192);
+  EXPECT_EQ(p.slot_bytes, 18432);              // 2048 + 2 * 8192
+  EXPECT_EQ(p.forward_scratch_bytes, 11136);   // 9088 + rows_MD 2048
+  EXPECT_EQ(p.backward_scratch_bytes, 17280);  // 15232 + rows_MD 2048
+  EXPECT_EQ(p.scratch_bytes, 18176);           // 768 + 128 + 17280
+  EXPECT_EQ(p.arena_bytes, 36608);             // 18432 + 18176
+  EXPECT_EQ(p.total_bytes, 40960);             // 36608 + 3584 + 128 + 384 + 256
+  expect_contains(p.explain(),
+                  "combine [T,R,D] bf16 (one partial row per source rank) + grad_scores [T,K] f32: ");
+  // At 16 capacity rows h3 grows with the rows: A(16*128*2)=4096 instead of A(4*2*128*2)=2048.
+  f.capacity_factor = 2.0;
+  const MemoryPlan wide = plan_memory(Config(f), 2);
+  EXPECT_EQ(wide.recv_capacity_rows, 16);
+  EXPECT_EQ(wide.saved_full_bytes_capacity, 16384);  // 4096 + 8192 + 4096
+  EXPECT_EQ(wide.saved_full_bytes_balanced, 8192);
+  f.combine = CombineMode::per_route;
+  EXPECT_EQ(plan_memory(Config(f), 2).saved_full_bytes_capacity, 14336);  // 4096 + 8192 + 2048
+}
+
+// ci-tiny at R = 4 (K = 2): [T, R, D] is twice [T, K, D]; unfused adds only grad_h (rows_MD is
+// there already).
+TEST(MemoryPlan, PerRankCombineAtFourRanks) {
+  ConfigFields f = ci_tiny();
+  f.inference = true;
+  const MemoryPlan route = plan_memory(Config(f), 4);
+  f.combine = CombineMode::per_rank;
+  const MemoryPlan rank = plan_memory(Config(f), 4);
+  EXPECT_EQ(route.combine_buffer_bytes, 32768);  // A(64*2*128*2)
+  EXPECT_EQ(rank.combine_buffer_bytes, 65536);   // A(64*4*128*2)
+  const int64_t rows_MD = align_bytes(route.recv_capacity_rows * 128 * 2);
+  EXPECT_EQ(rows_MD, 32768);  // M = 128 rows
+  EXPECT_EQ(rank.backward_scratch_bytes, route.backward_scratch_bytes + rows_MD);
+  EXPECT_EQ(rank.total_bytes, route.total_bytes + 32768 + rows_MD);
+  f.fuse_epilogues = false;
+  const MemoryPlan unfused = plan_memory(Config(f), 4);
+  EXPECT_EQ(unfused.backward_scratch_bytes,
+            rank.backward_scratch_bytes + align_bytes(route.recv_capacity_rows * 96 * 2));
+}
+
 // NVFP4 weight-only inference adds no bytes: the caller owns the weights, activations are bf16.
 TEST(MemoryPlan, Nvfp4InferenceAsBf16Inference) {
   ConfigFields f = small();

@@ -1,6 +1,6 @@
 // Routing edge cases through Context: experts with no tokens, every route to one expert, -1
 // routes, live counts below T (padding rows hold garbage and come out zero), a rank that receives
-// nothing, a call with fewer rows than Config T.
+// nothing, a call with fewer rows than Config T; each with the per-route and the per-rank combine.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,8 +11,9 @@
 namespace epmoe::test {
 namespace {
 
-Problem base(int R, int64_t T, int K, int experts) {
+Problem base(int R, int64_t T, int K, int experts, CombineMode combine) {
   Problem p;
+  p.combine = combine;
   p.ranks = R;
   p.max_tokens = T;
   p.hidden = 40;
@@ -33,8 +34,10 @@ void expect_expert_grads_zero(const Problem& p, const RankOutputs& out, int e, c
   }
 }
 
-TEST(RoutingEdgeCases, ExpertsWithZeroTokens) {
-  const Problem p = base(2, 15, 2, 8);
+class RoutingEdgeCases : public ::testing::TestWithParam<CombineMode> {};
+
+TEST_P(RoutingEdgeCases, ExpertsWithZeroTokens) {
+  const Problem p = base(2, 15, 2, 8, GetParam());
   // Only experts 0, 2 and 5 are picked: 1, 3 (rank 0) and 4, 6, 7 (rank 1) get no rows.
   const int64_t used[3] = {0, 2, 5};
   Router router = [&](int, int64_t t, int k, std::mt19937_64&) { return used[(t + k) % 3]; };
@@ -45,10 +48,10 @@ TEST(RoutingEdgeCases, ExpertsWithZeroTokens) {
   for (int e : {0, 2, 3}) expect_expert_grads_zero(p, out[1], e, "rank 1");  // globals 4, 6, 7
 }
 
-TEST(RoutingEdgeCases, EveryRouteToOneExpert) {
+TEST_P(RoutingEdgeCases, EveryRouteToOneExpert) {
   // 3 ranks x 12 tokens x K = 2, all to global expert 4 (rank 2): every token picks it twice,
   // so rank 2 receives T*K*R = 72 rows (its whole capacity) and the other ranks none.
-  Problem p = base(3, 12, 2, 6);
+  Problem p = base(3, 12, 2, 6, GetParam());
   Router router = [](int, int64_t, int, std::mt19937_64&) -> int64_t { return 4; };
   const auto in = make_inputs(p, 41, p.max_tokens, router);
   const auto out = run_and_check(p, in, "all routes to one expert");
@@ -60,9 +63,9 @@ TEST(RoutingEdgeCases, EveryRouteToOneExpert) {
   expect_bitwise_equal(out, run_layer(p, in), "fused vs unfused, one expert");
 }
 
-TEST(RoutingEdgeCases, InactiveRoutes) {
+TEST_P(RoutingEdgeCases, InactiveRoutes) {
   // About 40% of routes are -1; tokens 0 and 5 have no active route at all.
-  const Problem p = base(2, 14, 3, 8);
+  const Problem p = base(2, 14, 3, 8, GetParam());
   auto in = make_inputs(p, 51, p.max_tokens);
   std::mt19937_64 rng(52);
   std::bernoulli_distribution drop(0.4);
@@ -89,10 +92,10 @@ TEST(RoutingEdgeCases, InactiveRoutes) {
   }
 }
 
-TEST(RoutingEdgeCases, LiveCountBelowTokensPaddingRowsAreZero) {
+TEST_P(RoutingEdgeCases, LiveCountBelowTokensPaddingRowsAreZero) {
   // Config T = 16, the call passes T' = 13 rows; live counts 7, 0 and 13. Padding rows hold NaN x,
   // NaN scores and ids out of range: all ignored, and their y / grad_x / grad_scores are zero.
-  const Problem p = base(3, 16, 2, 6);
+  const Problem p = base(3, 16, 2, 6, GetParam());
   const int64_t tokens = 13;
   const int64_t live[3] = {7, 0, 13};
   auto in = make_inputs(p, 61, tokens);
@@ -118,9 +121,9 @@ TEST(RoutingEdgeCases, LiveCountBelowTokensPaddingRowsAreZero) {
   }
 }
 
-TEST(RoutingEdgeCases, RankThatReceivesNothing) {
+TEST_P(RoutingEdgeCases, RankThatReceivesNothing) {
   // Nobody routes to rank 1's experts (2, 3): it still sends its tokens and gets their results.
-  const Problem p = base(3, 9, 2, 6);
+  const Problem p = base(3, 9, 2, 6, GetParam());
   const int64_t allowed[4] = {0, 1, 4, 5};
   Router router = [&](int, int64_t, int k, std::mt19937_64& rng) {
     std::uniform_int_distribution<int> pick(0, 1);  // k = 0 from {0, 1}, k = 1 from {4, 5}
@@ -135,10 +138,13 @@ TEST(RoutingEdgeCases, RankThatReceivesNothing) {
   EXPECT_GT(norm, 0.0) << "rank 1's own tokens were served by the other ranks";
 }
 
-TEST(RoutingEdgeCases, SingleTokenFourRanks) {
-  const Problem p = base(4, 1, 1, 4);
+TEST_P(RoutingEdgeCases, SingleTokenFourRanks) {
+  const Problem p = base(4, 1, 1, 4, GetParam());
   run_and_check(p, make_inputs(p, 81, 1), "T = 1, R = 4, K = 1");
 }
+
+INSTANTIATE_TEST_SUITE_P(Combine, RoutingEdgeCases,
+                         ::testing::Values(CombineMode::per_route, CombineMode::per_rank));
 
 }  // namespace
 }  // namespace epmoe::test

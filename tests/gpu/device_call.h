@@ -166,4 +166,14 @@ inline RankOutputs run_once(Context& ctx, DeviceCall& call, cudaStream_t stream)
   return call.outputs();
 }
 
+// Forward only (nothing saved: an inference context); check() on success; returns y.
+inline std::vector<bf16_t> run_forward_once(Context& ctx, DeviceCall& call, cudaStream_t stream) {
+  call.poison();
+  ForwardArgs a = call.forward_args(stream);
+  a.save_for_backward = false;
+  ctx.forward(a);
+  ctx.check();
+  return download(call.y, call.host.y.size());
+}
+
 }  // namespace epmoe::test

@@ -281,9 +281,146 @@ TEST(GpuContext, GraphReplayWithNewRoutingsEqualsEager) {
   CUDA_OK(cudaStreamDestroy(stream));
 }
 
+// Per-rank combine (Config.combine = per_rank, inference) at EP = 1: one partial per token, so
+// y is bitwise the per-route combine's; fused == unfused bitwise; against the CPU backend's
+// per-rank y (tolerance table); a captured forward replayed with new routings equals eager.
+TEST(GpuContext, PerRankCombineEqualsPerRouteBitwiseAndReplays) {
+  EPMOE_REQUIRE_GPU();
+  Problem p = problem(256, 256, 192, 8, 4);
+  p.inference = true;
+  p.combine = CombineMode::per_rank;
+  auto routing = [&](uint64_t seed, int64_t live) {
+    auto in = make_inputs(p, 100, 256)[0];  // same x and weights every time
+    const auto fresh = make_inputs(p, seed, 256)[0];
+    in.ids_TK = fresh.ids_TK;
+    in.scores_TK = fresh.scores_TK;
+    in.live = live;
+    return in;
+  };
+  auto forward_y = [&](const Problem& q, const RankInputs& in) {
+    auto ctx = gpu_context(q);
+    DeviceCall call(q, in);
+    std::vector<bf16_t> y = run_forward_once(*ctx, call, nullptr);
+    ctx->close();
+    return y;
+  };
+  const RankInputs first = routing(1, 256);
+  const std::vector<bf16_t> per_rank = forward_y(p, first);
+  Problem q = p;
+  q.combine = CombineMode::per_route;
+  EXPECT_EQ(per_rank, forward_y(q, first)) << "per_rank vs per_route at EP = 1";
+  q = p;
+  q.fused = false;
+  EXPECT_EQ(per_rank, forward_y(q, first)) << "per_rank fused vs unfused";
+  {
+    std::vector<RankOutputs> gpu(1), cpu(1);
+    gpu[0].y_TD = per_rank;
+    with_contexts(p, [&](int, Context& ctx) {
+      RankCall call(p, first);
+      ForwardArgs a = call.forward_args();
+      a.save_for_backward = false;
+      ctx.forward(a);
+      cpu[0].y_TD = call.y;
+    });
+    const double err = compare(gpu, cpu)[Output::y];
+    EXPECT_LE(err, backend_rel_l2_bound(Precision::bf16, Output::y)) << "per_rank CUDA vs CPU y";
+  }
+
+  auto graph_ctx = gpu_context(p);
+  DeviceCall call(p, first);
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreate(&stream));
+  run_forward_once(*graph_ctx, call, stream);  // warm-up outside capture
+  cudaGraph_t graph;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  ForwardArgs a = call.forward_args(stream);
+  a.save_for_backward = false;
+  graph_ctx->forward(a);
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  auto eager_ctx = gpu_context(p);
+  for (const auto& [seed, live] : std::vector<std::pair<uint64_t, int64_t>>{{2, 256}, {3, 100}, {4, 1}, {5, 256}}) {
+    const RankInputs in = routing(seed, live);
+    call.set_routing(in);
+    call.poison();
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    graph_ctx->check();
+    const std::vector<bf16_t> replayed = download(call.y, call.host.y.size());
+    DeviceCall eager_call(p, in);
+    EXPECT_EQ(replayed, run_forward_once(*eager_ctx, eager_call, nullptr))
+        << "per_rank graph replay, routing seed " << seed << " live " << live;
+  }
+  graph_ctx->close();
+  eager_ctx->close();
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
+  CUDA_OK(cudaStreamDestroy(stream));
+}
+
+// Training with the per-rank combine at EP = 1: every output bitwise the per-route combine's
+// (one partial per token; grad_scores in the same order on the expert side), against the CPU
+// backend and the float64 reference, and a captured forward + backward replayed with new
+// routings equal to eager.
+TEST(GpuContext, PerRankCombineTrainingEqualsPerRouteBitwiseAndReplays) {
+  EPMOE_REQUIRE_GPU();
+  Problem p = problem(256, 256, 192, 8, 4);
+  p.combine = CombineMode::per_rank;
+  const RankInputs first = make_inputs(p, 100, 256)[0];
+  const auto per_rank = run_gpu_layer(p, first);
+  Problem q = p;
+  q.combine = CombineMode::per_route;
+  expect_bitwise_equal(per_rank, run_gpu_layer(q, first), "per_rank vs per_route at EP = 1");
+  q = p;
+  q.fused = false;
+  expect_bitwise_equal(per_rank, run_gpu_layer(q, first), "per_rank fused vs unfused");
+  expect_gpu_matches_cpu(p, first, "per_rank");
+
+  auto routing = [&](uint64_t seed, int64_t live) {
+    auto in = make_inputs(p, 100, 256)[0];
+    const auto fresh = make_inputs(p, seed, 256)[0];
+    in.ids_TK = fresh.ids_TK;
+    in.scores_TK = fresh.scores_TK;
+    in.live = live;
+    return in;
+  };
+  auto graph_ctx = gpu_context(p);
+  DeviceCall call(p, first);
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreate(&stream));
+  run_once(*graph_ctx, call, stream);  // warm-up outside capture
+  cudaGraph_t graph;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const SavedLayer saved = graph_ctx->forward(call.forward_args(stream));
+  graph_ctx->backward(call.backward_args(saved, stream));
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  auto eager_ctx = gpu_context(p);
+  for (const auto& [seed, live] : std::vector<std::pair<uint64_t, int64_t>>{{2, 256}, {3, 100}, {4, 1}, {5, 256}}) {
+    const RankInputs in = routing(seed, live);
+    call.set_routing(in);
+    call.poison();
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    graph_ctx->check();
+    const std::vector<RankOutputs> replayed{call.outputs()};
+    DeviceCall eager_call(p, in);
+    const std::vector<RankOutputs> eager{run_once(*eager_ctx, eager_call, nullptr)};
+    expect_bitwise_equal(replayed, eager, "per_rank graph replay, routing seed " +
+                                              std::to_string(seed) + " live " + std::to_string(live));
+  }
+  graph_ctx->close();
+  eager_ctx->close();
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
+  CUDA_OK(cudaStreamDestroy(stream));
+}
+
 TEST(GpuContext, EdgeRoutingsMatchCpu) {
   EPMOE_REQUIRE_GPU();
-  const Problem p = problem(130, 128, 96, 8, 2);
+  const Problem base_problem = problem(130, 128, 96, 8, 2);
   struct Edge {
     const char* name;
     Router router;
@@ -296,25 +433,31 @@ TEST(GpuContext, EdgeRoutingsMatchCpu) {
       {"live count below T", distinct_router(8, 2), 77},
       {"no live tokens", distinct_router(8, 2), 0},
   };
-  uint64_t seed = 40;
-  for (const Edge& e : edges) {
-    auto in = make_inputs(p, seed++, 130, e.router)[0];
-    in.live = e.live;
-    const std::vector<RankInputs> all{in};
-    const auto gpu = run_gpu_layer(p, in);
-    const auto cpu = run_layer(p, all);
-    const OutputErrors err = compare(gpu, cpu);
-    for (int o = 0; o < kNumOutputs; ++o) {
-      const Output out = static_cast<Output>(o);
-      // Outputs that are all zero compare as 0 / 0 -> check exact equality instead.
-      if (std::isnan(err[out])) continue;
-      EXPECT_LE(err[out], backend_rel_l2_bound(Precision::bf16, out)) << e.name << " " << to_string(out);
-    }
-    if (e.live >= 0) {  // padding rows are exactly zero
-      for (int64_t t = e.live; t < 130; ++t) {
-        for (int64_t d = 0; d < p.hidden; ++d) {
-          ASSERT_EQ(gpu[0].y_TD[t * p.hidden + d], 0) << e.name << " y row " << t;
-          ASSERT_EQ(gpu[0].grad_x_TD[t * p.hidden + d], 0) << e.name << " grad_x row " << t;
+  // Both combines: the per-rank one sums each token's routes before its row returns.
+  for (const CombineMode combine : {CombineMode::per_route, CombineMode::per_rank}) {
+    Problem p = base_problem;
+    p.combine = combine;
+    SCOPED_TRACE(p.name());
+    uint64_t seed = 40;
+    for (const Edge& e : edges) {
+      auto in = make_inputs(p, seed++, 130, e.router)[0];
+      in.live = e.live;
+      const std::vector<RankInputs> all{in};
+      const auto gpu = run_gpu_layer(p, in);
+      const auto cpu = run_layer(p, all);
+      const OutputErrors err = compare(gpu, cpu);
+      for (int o = 0; o < kNumOutputs; ++o) {
+        const Output out = static_cast<Output>(o);
+        // Outputs that are all zero compare as 0 / 0 -> check exact equality instead.
+        if (std::isnan(err[out])) continue;
+        EXPECT_LE(err[out], backend_rel_l2_bound(Precision::bf16, out)) << e.name << " " << to_string(out);
+      }
+      if (e.live >= 0) {  // padding rows are exactly zero
+        for (int64_t t = e.live; t < 130; ++t) {
+          for (int64_t d = 0; d < p.hidden; ++d) {
+            ASSERT_EQ(gpu[0].y_TD[t * p.hidden + d], 0) << e.name << " y row " << t;
+            ASSERT_EQ(gpu[0].grad_x_TD[t * p.hidden + d], 0) << e.name << " grad_x row " << t;
+          }
         }
       }
     }

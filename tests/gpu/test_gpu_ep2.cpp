@@ -439,7 +439,7 @@ TEST(GpuEp2, CudaIpcPeerAccessMatchesCpu) {
 
 TEST(GpuEp2, EdgeRoutingsAndDifferentLiveCountsPerRank) {
   EPMOE_REQUIRE_2GPUS();
-  const Problem p = problem(130, 128, 96, 8, 2);
+  const Problem base_problem = problem(130, 128, 96, 8, 2);
   struct Edge {
     const char* name;
     Router router;
@@ -461,28 +461,34 @@ TEST(GpuEp2, EdgeRoutingsAndDifferentLiveCountsPerRank) {
        },
        -1, 50},
   };
-  uint64_t seed = 60;
-  for (const Edge& e : edges) {
-    auto in = make_inputs(p, seed++, 130, e.router);
-    in[0].live = e.live0;
-    in[1].live = e.live1;
-    const auto gpu = run_gpu_layer(p, in);
-    const auto cpu = run_layer(p, in);
-    const OutputErrors err = compare(gpu, cpu);
-    for (int o = 0; o < kNumOutputs; ++o) {
-      const Output out = static_cast<Output>(o);
-      if (std::isnan(err[out])) continue;  // all-zero outputs: 0 / 0
-      EXPECT_LE(err[out], backend_rel_l2_bound(Precision::bf16, out))
-          << e.name << " " << to_string(out);
-    }
-    for (int r = 0; r < kRanks; ++r) {
-      const int64_t live = in[r].live;
-      if (live < 0) continue;
-      for (int64_t t = live; t < 130; ++t) {  // padding rows are exactly zero
-        for (int64_t d = 0; d < p.hidden; ++d) {
-          ASSERT_EQ(gpu[r].y_TD[t * p.hidden + d], 0) << e.name << " rank " << r << " y row " << t;
-          ASSERT_EQ(gpu[r].grad_x_TD[t * p.hidden + d], 0)
-              << e.name << " rank " << r << " grad_x row " << t;
+  for (const CombineMode combine : {CombineMode::per_route, CombineMode::per_rank}) {
+    Problem p = base_problem;
+    p.combine = combine;
+    SCOPED_TRACE(p.name());
+    uint64_t seed = 60;
+    for (const Edge& e : edges) {
+      auto in = make_inputs(p, seed++, 130, e.router);
+      in[0].live = e.live0;
+      in[1].live = e.live1;
+      const auto gpu = run_gpu_layer(p, in);
+      const auto cpu = run_layer(p, in);
+      const OutputErrors err = compare(gpu, cpu);
+      for (int o = 0; o < kNumOutputs; ++o) {
+        const Output out = static_cast<Output>(o);
+        if (std::isnan(err[out])) continue;  // all-zero outputs: 0 / 0
+        EXPECT_LE(err[out], backend_rel_l2_bound(Precision::bf16, out))
+            << e.name << " " << to_string(out);
+      }
+      for (int r = 0; r < kRanks; ++r) {
+        const int64_t live = in[r].live;
+        if (live < 0) continue;
+        for (int64_t t = live; t < 130; ++t) {  // padding rows are exactly zero
+          for (int64_t d = 0; d < p.hidden; ++d) {
+            ASSERT_EQ(gpu[r].y_TD[t * p.hidden + d], 0)
+                << e.name << " rank " << r << " y row " << t;
+            ASSERT_EQ(gpu[r].grad_x_TD[t * p.hidden + d], 0)
+                << e.name << " rank " << r << " grad_x row " << t;
+          }
         }
       }
     }
@@ -595,6 +601,149 @@ TEST(GpuEp2, GraphReplayOnBothRanksEqualsEager) {
   }
 }
 
+// Per-rank combine (Config.combine = per_rank, inference) at EP = 2: y against the CPU backend's
+// per-rank y with 2 thread ranks (tolerance table; the send and reduce kernels sum in the CPU's
+// order, the GEMMs differ in accumulation order) and the float64 reference, close to the
+// per-route combine, repeat calls bitwise, and a captured forward replayed with new routings and
+// live counts equal to eager on both ranks.
+// Training with the per-rank combine at EP = 2: every output against the CPU backend's per-rank
+// outputs and the float64 reference (tolerance tables); grad_scores and both weight gradients
+// bitwise equal to the per-route combine's (the same dots and GEMMs, now on the expert side).
+TEST(GpuEp2, PerRankCombineTrainingMatchesCpuAndPerRoute) {
+  EPMOE_REQUIRE_2GPUS();
+  Problem p = problem(256, 256, 192, 16, 4);
+  p.capacity_factor = 2.0;
+  p.combine = CombineMode::per_rank;
+  const auto in = make_inputs(p, 31, 256);
+  const auto gpu = run_gpu_layer(p, in);
+  expect_matches_cpu(p, in, gpu, "per_rank");
+  Problem q = p;
+  q.combine = CombineMode::per_route;
+  const auto route = run_gpu_layer(q, in);
+  for (int r = 0; r < kRanks; ++r) {
+    const size_t i = static_cast<size_t>(r);
+    EXPECT_EQ(gpu[i].grad_scores_TK, route[i].grad_scores_TK) << "grad_scores rank " << r;
+    EXPECT_EQ(gpu[i].grad_w13_EFD, route[i].grad_w13_EFD) << "grad_w13 rank " << r;
+    EXPECT_EQ(gpu[i].grad_w2_EDF, route[i].grad_w2_EDF) << "grad_w2 rank " << r;
+  }
+}
+
+TEST(GpuEp2, PerRankCombineMatchesCpuAndGraphReplays) {
+  EPMOE_REQUIRE_2GPUS();
+  Problem p = problem(256, 256, 192, 16, 4);
+  p.capacity_factor = 2.0;
+  p.inference = true;
+  p.combine = CombineMode::per_rank;
+  auto routing = [&](uint64_t seed, int64_t live0, int64_t live1) {
+    auto in = make_inputs(p, 100, 256);
+    const auto fresh = make_inputs(p, seed, 256);
+    for (int r = 0; r < kRanks; ++r) {
+      in[r].ids_TK = fresh[r].ids_TK;
+      in[r].scores_TK = fresh[r].scores_TK;
+      in[r].live = r == 0 ? live0 : live1;
+    }
+    return in;
+  };
+  auto y_error = [](const std::vector<std::vector<bf16_t>>& a,
+                    const std::vector<std::vector<bf16_t>>& b) {
+    std::vector<RankOutputs> x(kRanks), z(kRanks);
+    for (int r = 0; r < kRanks; ++r) {
+      x[r].y_TD = a[r];
+      z[r].y_TD = b[r];
+    }
+    return compare(x, z)[Output::y];
+  };
+  auto gpu_forward = [&](const Problem& q, const std::vector<RankInputs>& in) {
+    std::vector<std::vector<bf16_t>> y(kRanks);
+    run_on_gpus([&](int r, std::shared_ptr<Transport> t) {
+      auto ctx = Context::create(q.config(), t);
+      DeviceCall call(q, in[r], r);
+      y[r] = run_forward_once(*ctx, call, nullptr);
+      EXPECT_EQ(run_forward_once(*ctx, call, nullptr), y[r]) << "repeat call, rank " << r;
+      ctx->close();
+    });
+    return y;
+  };
+  auto cpu_forward = [&](const Problem& q, const std::vector<RankInputs>& in) {
+    std::vector<std::vector<bf16_t>> y(kRanks);
+    with_contexts(q, [&](int r, Context& ctx) {
+      RankCall call(q, in[r]);
+      ForwardArgs a = call.forward_args();
+      a.save_for_backward = false;
+      ctx.forward(a);
+      y[r] = call.y;
+    });
+    return y;
+  };
+  const auto first = routing(1, 256, 256);
+  const auto gpu = gpu_forward(p, first);
+  const double vs_cpu = y_error(gpu, cpu_forward(p, first));
+  EXPECT_LE(vs_cpu, backend_rel_l2_bound(Precision::bf16, Output::y)) << "per_rank CUDA vs CPU";
+  std::vector<RankOutputs> got(kRanks);
+  for (int r = 0; r < kRanks; ++r) got[r].y_TD = gpu[r];
+  const auto ref = reference_layer(p, first);
+  std::vector<double> g, f;
+  for (int r = 0; r < kRanks; ++r) {
+    const auto w = widen(gpu[r]);
+    g.insert(g.end(), w.begin(), w.end());
+    f.insert(f.end(), ref[r].y_TD.begin(), ref[r].y_TD.end());
+  }
+  EXPECT_LE(reference::rel_l2(f, g), rel_l2_bound(Precision::bf16, Output::y)) << "vs float64";
+  Problem q = p;
+  q.combine = CombineMode::per_route;
+  EXPECT_LE(y_error(gpu, gpu_forward(q, first)), backend_rel_l2_bound(Precision::bf16, Output::y))
+      << "per_rank vs per_route on CUDA";
+
+  struct Replay {
+    uint64_t seed;
+    int64_t live0, live1;
+  };
+  const std::vector<Replay> replays = {{2, 256, 256}, {3, 100, 200}, {4, 1, 0}, {5, 256, 17}};
+  std::vector<std::vector<std::vector<bf16_t>>> replayed(
+      replays.size(), std::vector<std::vector<bf16_t>>(kRanks));
+  std::vector<std::vector<std::vector<bf16_t>>> eager(replays.size(),
+                                                      std::vector<std::vector<bf16_t>>(kRanks));
+  run_on_gpus([&](int r, std::shared_ptr<Transport> t) {
+    auto graph_ctx = Context::create(p.config(), t);
+    auto eager_ctx = Context::create(p.config(), t);  // same transport: same stream order below
+    DeviceCall call(p, first[r], r);
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreate(&stream));
+    run_forward_once(*graph_ctx, call, stream);  // warm-up outside capture
+    cudaGraph_t graph;
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    ForwardArgs a = call.forward_args(stream);
+    a.save_for_backward = false;
+    graph_ctx->forward(a);
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec;
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (size_t i = 0; i < replays.size(); ++i) {
+      const auto in = routing(replays[i].seed, replays[i].live0, replays[i].live1);
+      call.set_routing(in[r]);
+      call.poison();
+      CUDA_OK(cudaGraphLaunch(exec, stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      graph_ctx->check();
+      replayed[i][r] = download(call.y, call.host.y.size());
+      DeviceCall eager_call(p, in[r], r);
+      eager[i][r] = run_forward_once(*eager_ctx, eager_call, stream);
+    }
+    graph_ctx->close();
+    eager_ctx->close();
+    CUDA_OK(cudaGraphExecDestroy(exec));
+    CUDA_OK(cudaGraphDestroy(graph));
+    CUDA_OK(cudaStreamDestroy(stream));
+  });
+  for (size_t i = 0; i < replays.size(); ++i) {
+    EXPECT_EQ(replayed[i], eager[i]) << "per_rank graph replay, seed " << replays[i].seed;
+    const auto in = routing(replays[i].seed, replays[i].live0, replays[i].live1);
+    EXPECT_LE(y_error(eager[i], cpu_forward(p, in)),
+              backend_rel_l2_bound(Precision::bf16, Output::y))
+        << "per_rank CUDA vs CPU, seed " << replays[i].seed;
+  }
+}
+
 // Packed activation slots at EP = 2: a stack of 4 layers at the minimum and at a mixed budget
 // equals the full save bitwise on both ranks (the replay re-runs dispatch and the W2 scatter
 // across ranks, with barriers), and both ranks take the decisions the rule gives from the
@@ -602,9 +751,16 @@ TEST(GpuEp2, GraphReplayOnBothRanksEqualsEager) {
 TEST(GpuEp2, RecomputeStackEqualsFullSaveBitwise) {
   EPMOE_REQUIRE_2GPUS();
   const int64_t tokens[kStackLayers] = {96, 29, 96, 61};
-  for (bool fused : {true, false}) {
+  struct Variant {
+    bool fused;
+    CombineMode combine;
+  };
+  for (const Variant v : {Variant{true, CombineMode::per_route},
+                          Variant{false, CombineMode::per_route},
+                          Variant{true, CombineMode::per_rank}}) {
     Problem p = problem(96, 136, 104, 8, 2);  // 2D = 272: granule 2176; h13 rows of 416 bytes
-    p.fused = fused;
+    p.fused = v.fused;
+    p.combine = v.combine;
     p.layers_per_slot = kStackLayers;
     SCOPED_TRACE(p.name());
     std::vector<std::vector<RankInputs>> in;  // [layer][rank]
@@ -656,10 +812,11 @@ TEST(GpuEp2, RecomputeStackEqualsFullSaveBitwise) {
 // One layer at the minimum slot budget (it always saves only its input, so every backward
 // replays the forward across both ranks), captured once and replayed with new routings and live
 // counts: equal to eager on a second context group with the same budget, on both ranks.
-TEST(GpuEp2, GraphReplayWithRecomputeEqualsEager) {
-  EPMOE_REQUIRE_2GPUS();
+void graph_replay_with_recompute(CombineMode combine) {
   Problem p = problem(256, 256, 192, 16, 4);
   p.capacity_factor = 2.0;
+  p.combine = combine;
+  SCOPED_TRACE(p.name());
   const MemoryPlan plan = plan_memory(p.config(), kRanks);
   ConfigFields f = p.config().fields();
   f.slots.slot_bytes = plan.minimum_slot_bytes;
@@ -728,6 +885,18 @@ TEST(GpuEp2, GraphReplayWithRecomputeEqualsEager) {
     EXPECT_LE(err[Output::grad_x], backend_rel_l2_bound(Precision::bf16, Output::grad_x))
         << err.to_string();
   }
+}
+
+TEST(GpuEp2, GraphReplayWithRecomputeEqualsEager) {
+  EPMOE_REQUIRE_2GPUS();
+  graph_replay_with_recompute(CombineMode::per_route);
+}
+
+// The same with the per-rank combine: the replay rebuilds h3 on the expert side (no send), and
+// gather_grad's grad_scores read it from the call scratch.
+TEST(GpuEp2, PerRankGraphReplayWithRecomputeEqualsEager) {
+  EPMOE_REQUIRE_2GPUS();
+  graph_replay_with_recompute(CombineMode::per_rank);
 }
 
 TEST(GpuEp2, OverflowOnOneRankIsReportedOnBothAndTheStepSkipped) {

@@ -37,8 +37,9 @@ namespace {
 
 #define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
 
-Problem stack_problem(bool fused, bool gated) {
+Problem stack_problem(bool fused, bool gated, CombineMode combine) {
   Problem p;
+  p.combine = combine;
   p.ranks = 1;
   p.max_tokens = 96;
   p.hidden = 136;       // 2D = 272 bytes: granule lcm(128, 272) = 2176
@@ -74,12 +75,12 @@ StackResult run_budget(const Problem& p, const std::vector<RankInputs>& in, int6
   return first;
 }
 
-class GpuRecompute : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
+class GpuRecompute : public ::testing::TestWithParam<std::tuple<bool, bool, CombineMode>> {};
 
 TEST_P(GpuRecompute, MinimumAndMixedBudgetsEqualFullSaveBitwise) {
   EPMOE_REQUIRE_GPU();
-  const auto [fused, gated] = GetParam();
-  const Problem p = stack_problem(fused, gated);
+  const auto [fused, gated, combine] = GetParam();
+  const Problem p = stack_problem(fused, gated, combine);
   const std::vector<RankInputs> in = layer_inputs(p, 300);
   const MemoryPlan plan = plan_memory(stack_config(p, -1), 1);
   const int64_t G = plan.packing_granule_bytes;
@@ -111,15 +112,18 @@ TEST_P(GpuRecompute, MinimumAndMixedBudgetsEqualFullSaveBitwise) {
 }
 
 INSTANTIATE_TEST_SUITE_P(FusedAndGated, GpuRecompute,
-                         ::testing::Values(std::make_tuple(true, false), std::make_tuple(false, false),
-                                           std::make_tuple(true, true)));
+                         ::testing::Values(std::make_tuple(true, false, CombineMode::per_route),
+                                           std::make_tuple(false, false, CombineMode::per_route),
+                                           std::make_tuple(true, true, CombineMode::per_route),
+                                           std::make_tuple(true, false, CombineMode::per_rank),
+                                           std::make_tuple(false, false, CombineMode::per_rank)));
 
 // The whole stack captured once (4 forwards, 4 backwards with their replay launches), replayed
 // with new routings and live counts: equal to eager on a second context with the same budget.
 // At the mixed budget the planner's decisions change with the routing between replays.
 TEST(GpuRecomputeGraph, ReplayWithNewRoutingsEqualsEager) {
   EPMOE_REQUIRE_GPU();
-  const Problem p = stack_problem(true, false);
+  const Problem p = stack_problem(true, false, CombineMode::per_route);
   const MemoryPlan plan = plan_memory(stack_config(p, -1), 1);
   const int64_t G = plan.packing_granule_bytes;
   const int64_t input_b = plan.saved_input_bytes_per_layer;

@@ -54,7 +54,10 @@ void w2_fprop_with(const Step& s, bool scatter) {
     launch_grouped_gemm<T, Major::K, Major::K, ScatterEpilogue<T>>(a, b, step_groups(s, D, F), epi,
                                                                    stream_of(s));
   } else {
-    const typename RowsEpilogue<T>::Params epi{plain(s.rows_MD), D, D};
+    // Per-rank combine: the rows are h3, kept on this rank (slot or scratch) for the send stage
+    // and grad_scores.
+    const Placed out = s.combine_per_rank ? placed_h3_rows(s) : plain(s.rows_MD);
+    const typename RowsEpilogue<T>::Params epi{out, D, D};
     launch_grouped_gemm<T, Major::K, Major::K, RowsEpilogue<T>>(a, b, step_groups(s, D, F), epi,
                                                                 stream_of(s));
   }
