@@ -284,6 +284,51 @@ TEST(SlotsBudget, PaddedCallScratchReplaysBitwise) {
   expect_same_bits(saved, replayed, p.name() + " padded call scratch");
 }
 
+// One layer (L = 1) at the minimum budget: a full save fits only when, on the fullest rank, it
+// is no larger than the input x [T, D]. Per-route, h3 [T, K, D] alone exceeds x, so every call
+// recomputes; per-rank, h3 is [rows, D], so a call with one live token on rank 0 and none on
+// rank 1 (at most K rows a rank) saves everything. Either way the default budget's bits.
+TEST(SlotsBudget, MinimumBudgetSavesAPerRankCallOfFewRows) {
+  struct Run {
+    std::vector<RankOutputs> out;
+    std::vector<bool> recomputed;  // [rank]
+  };
+  auto run = [](const Problem& p, const std::vector<RankInputs>& in, int64_t slot_bytes) {
+    ConfigFields f = p.config().fields();
+    if (slot_bytes >= 0) f.slots.slot_bytes = slot_bytes;
+    const Config config(f);
+    Run r{std::vector<RankOutputs>(2), std::vector<bool>(2)};
+    run_on_ranks(2, [&](int rank, std::shared_ptr<Transport> transport) {
+      auto ctx = Context::create(config, std::move(transport));
+      RankCall call(p, in[static_cast<size_t>(rank)]);
+      const SavedLayer saved = ctx->forward(call.forward_args(0));
+      r.recomputed[static_cast<size_t>(rank)] = ctx->recomputes(saved);
+      ctx->backward(call.backward_args(saved));
+      r.out[static_cast<size_t>(rank)] = call.outputs();
+      ctx->close();
+    });
+    return r;
+  };
+  for (const CombineMode combine : {CombineMode::per_route, CombineMode::per_rank}) {
+    Problem p = stack_problem(2, true, combine);
+    p.layers_per_slot = 1;
+    const MemoryPlan plan = plan_memory(p.config(), 2);
+    for (const int64_t live0 : {int64_t{16}, int64_t{1}}) {
+      std::vector<RankInputs> in = make_inputs(p, 7, 16);
+      in[0].live = live0;
+      in[1].live = live0 == 16 ? 16 : 0;
+      const std::string what = p.name() + " live " + std::to_string(in[0].live) + " and " +
+                               std::to_string(in[1].live);
+      const bool saves = combine == CombineMode::per_rank && live0 == 1;
+      const Run minimum = run(p, in, plan.minimum_slot_bytes);
+      EXPECT_EQ(minimum.recomputed, std::vector<bool>(2, !saves)) << what;
+      const Run full = run(p, in, -1);
+      EXPECT_EQ(full.recomputed, std::vector<bool>(2, false)) << what;
+      expect_bitwise_equal(minimum.out, full.out, what + ": minimum budget vs full save");
+    }
+  }
+}
+
 TEST(SlotsBudget, BelowTheMinimumNamesTheField) {
   const Problem p = stack_problem(2, true);
   const MemoryPlan plan = plan_memory(p.config(), 2);

@@ -76,8 +76,13 @@ struct DeviceCall {
     EXPECT_EQ(cudaMemset(grad_w2, 0xff, w2_bytes), cudaSuccess);
   }
 
-  // New ids, scores and live count at the same device addresses (graph replays see them).
+  // New ids, scores and live count at the same device addresses (graph replays see them). A call
+  // built with live = -1 passes num_tokens_1 = nullptr, so a graph captured from it never reads
+  // `live`: a live count given here would be ignored, and the replay would run all T tokens.
   void set_routing(const RankInputs& in) {
+    EXPECT_TRUE(host.in.live >= 0 || in.live < 0)
+        << "set_routing: live " << in.live
+        << " on a call built without num_tokens_1 (live = -1); build the call with live >= 0";
     RankCall next(p, in);
     EXPECT_EQ(cudaMemcpy(ids32, next.ids32.data(), next.ids32.size() * 4, cudaMemcpyHostToDevice),
               cudaSuccess);

@@ -386,7 +386,11 @@ TEST(GpuContext, PerRankCombineTrainingEqualsPerRouteBitwiseAndReplays) {
     return in;
   };
   auto graph_ctx = gpu_context(p);
-  DeviceCall call(p, first);
+  // The captured call passes num_tokens_1 (live = T): captured without it, the graph reads no
+  // live count and every replay runs all T tokens, whatever live set_routing writes.
+  RankInputs captured = first;
+  captured.live = 256;
+  DeviceCall call(p, captured);
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreate(&stream));
   run_once(*graph_ctx, call, stream);  // warm-up outside capture

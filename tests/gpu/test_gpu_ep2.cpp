@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/slot_plan.h"
 #include "epmoe/context.h"
 #include "epmoe/cuda.h"
 #include "epmoe/error.h"
@@ -809,9 +810,11 @@ TEST(GpuEp2, RecomputeStackEqualsFullSaveBitwise) {
   }
 }
 
-// One layer at the minimum slot budget (it always saves only its input, so every backward
-// replays the forward across both ranks), captured once and replayed with new routings and live
-// counts: equal to eager on a second context group with the same budget, on both ranks.
+// One layer at the minimum slot budget, captured once and replayed with new routings and live
+// counts: equal to eager on a second context group with the same budget, on both ranks. The
+// minimum fits one input x [T, D]; a full save fits only when it is no larger on the fullest rank
+// (slot_plan.h). Per-route, h3 [T, K, D] alone exceeds x, so every backward replays the forward;
+// per-rank, h3 is [rows, D] and a replay with few live tokens saves everything.
 void graph_replay_with_recompute(CombineMode combine) {
   Problem p = problem(256, 256, 192, 16, 4);
   p.capacity_factor = 2.0;
@@ -872,9 +875,40 @@ void graph_replay_with_recompute(CombineMode combine) {
     CUDA_OK(cudaGraphDestroy(graph));
     CUDA_OK(cudaStreamDestroy(stream));
   });
+  // The planner's rule for the first layer of an empty slot of the minimum budget: save
+  // everything only if the fullest rank's full save fits the packed region (L inputs) with the
+  // L - 1 later layers' inputs. Rows a rank receives: the live routes to its experts.
+  auto recomputes = [&](const std::vector<RankInputs>& in) {
+    std::vector<int64_t> rows_R(kRanks, 0);
+    for (const RankInputs& src : in) {
+      const int64_t live = src.live < 0 ? src.tokens : src.live;
+      for (int64_t i = 0; i < live * p.top_k; ++i) {
+        const int64_t id = src.ids_TK[static_cast<size_t>(i)];
+        if (id >= 0) ++rows_R[static_cast<size_t>(id / p.local_experts())];
+      }
+    }
+    const int64_t packed = plan.minimum_slot_bytes - plan.slot_metadata_bytes;
+    const int64_t later_inputs = (plan.layers_per_slot - 1) * plan.saved_input_bytes_per_layer;
+    for (const int64_t rows : rows_R) {
+      const int64_t full = full_save_layout(rows, p.max_tokens, p.hidden, p.intermediate, p.top_k,
+                                            plan.packing_granule_bytes,
+                                            combine == CombineMode::per_rank)
+                               .total;
+      if (full + later_inputs > packed) return true;
+    }
+    return false;
+  };
+  int expected_recomputes = 0;
+  for (const Replay& rp : replays) {
+    expected_recomputes += recomputes(routing(rp.seed, rp.live0, rp.live1)) ? 1 : 0;
+  }
+  // Per-route: all 4. Per-rank: 3 (the replay with live 1 and 0 receives at most K rows a rank).
+  EXPECT_EQ(expected_recomputes, combine == CombineMode::per_rank
+                                     ? static_cast<int>(replays.size()) - 1
+                                     : static_cast<int>(replays.size()));
   for (int r = 0; r < kRanks; ++r) {
-    EXPECT_EQ(replayed_layers[static_cast<size_t>(r)], static_cast<int>(replays.size()))
-        << "rank " << r << ": the minimum budget recomputes every call";
+    EXPECT_EQ(replayed_layers[static_cast<size_t>(r)], expected_recomputes)
+        << "rank " << r << ": replays that recompute at the minimum budget";
   }
   for (size_t i = 0; i < replays.size(); ++i) {
     expect_bitwise_equal(replayed[i], eager[i],
