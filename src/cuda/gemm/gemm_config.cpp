@@ -67,13 +67,16 @@ const char* to_string(GemmKind k) {
 //   WGRAD: cooperative (ping-pong was 1.3-1.6x slower on every shape).
 // EPMOE_GEMM_SCHEDULE (read on every launch, a getenv is ~100 ns) forces one, for measurements.
 Schedule select_schedule(GemmKind kind, const Step& s) {
-  const char* env = std::getenv("EPMOE_GEMM_SCHEDULE");
+  const bool wgrad = kind == GemmKind::w2_wgrad || kind == GemmKind::w13_wgrad;
+  // EPMOE_GEMM_SCHEDULE_WGRAD overrides the two WGRAD GEMMs only (measured apart from the rest).
+  const char* wgrad_env = wgrad ? std::getenv("EPMOE_GEMM_SCHEDULE_WGRAD") : nullptr;
+  const char* env = wgrad_env != nullptr ? wgrad_env : std::getenv("EPMOE_GEMM_SCHEDULE");
+  const char* name = wgrad_env != nullptr ? "EPMOE_GEMM_SCHEDULE_WGRAD" : "EPMOE_GEMM_SCHEDULE";
   if (env != nullptr) {
     if (std::strcmp(env, "cooperative") == 0) return Schedule::cooperative;
-    EPMOE_CHECK_ARG(std::strcmp(env, "pingpong") == 0, "EPMOE_GEMM_SCHEDULE",
-                    "cooperative or pingpong", env);
+    EPMOE_CHECK_ARG(std::strcmp(env, "pingpong") == 0, name, "cooperative or pingpong", env);
 #if !defined(EPMOE_GEMM_ALL_CONFIGS)
-    EPMOE_CHECK_ARG(false, "EPMOE_GEMM_SCHEDULE",
+    EPMOE_CHECK_ARG(false, name,
                     "cooperative in a build with EPMOE_GEMM_CONFIGS=CI", env);
 #endif
     return Schedule::pingpong;
