@@ -415,15 +415,11 @@ struct WgradEpilogue {
 // expects, and one thread issues the box stores. They drain while the warpgroup runs the next
 // tile's MMA; the stage is reused only after the stores have read it. Output bounds are the
 // tensor map's, so edge tiles need no masking.
-// kStageBoxes < kBoxes (ping-pong): the boxes go through kStageBoxes slots, one bulk group per box,
-// each slot rewritten once the store that last read it has (the other warpgroup's MMA runs
-// meanwhile); the smaller stage leaves shared memory for a fourth pipeline stage.
-template <class Traits, class TmaStore, int kStageBoxes = Traits::BLOCK_N / 64>
+template <class Traits, class TmaStore>
 struct WgradTmaEpilogue {
   static constexpr int kBoxes = Traits::BLOCK_N / 64;
   static constexpr int kBoxBytes = 64 * 128;
-  static_assert(kStageBoxes >= 1 && kStageBoxes <= kBoxes, "stage slots: 1 .. boxes per row block");
-  static constexpr int kSmemBytesPerWarpgroup = kStageBoxes * kBoxBytes;
+  static constexpr int kSmemBytesPerWarpgroup = kBoxes * kBoxBytes;
   using SmemLayoutBox = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<cutlass::bfloat16_t>{},
                                                Shape<_64, _64>{}));
   struct Params {
@@ -450,54 +446,8 @@ struct WgradTmaEpilogue {
     return (col / 64) * kBoxBytes + row * 128 + ((((col % 64) / 8) ^ (row % 8)) * 16) + (col % 8) * 2;
   }
 
-  // One box through its slot: wait for the slot, stage the box, issue its store as one group.
-  template <class Acc0>
-  __device__ void store_box(const TileCoord& t, const Acc0& acc, int j) const {
-    const int warp = tid / 32, lane = tid % 32;
-    char* slot = smem + (j % kStageBoxes) * kBoxBytes;
-    if (tid == 0) tma_store_wait<kStageBoxes - 1>();  // the slot's last store has read it
-    sync();
-    if (t.k_tiles == 0) {  // an expert with no rows: zeros, without reading the accumulators
-      for (int i = tid; i < kBoxBytes / 16; i += 128) {
-        reinterpret_cast<uint4*>(slot)[i] = make_uint4(0, 0, 0, 0);
-      }
-    } else {
-      CUTE_UNROLL
-      for (int gg = 0; gg < 8; ++gg) {
-        const int g = 8 * j + gg;
-        CUTE_UNROLL
-        for (int h = 0; h < 2; ++h) {
-          const int i = 4 * g + 2 * h;
-          const int row = 16 * warp + lane / 4 + 8 * h, col = 8 * g + 2 * (lane % 4);
-          *reinterpret_cast<uint32_t*>(slot + offset(row, col % 64)) = pack_bf16x2(acc(i), acc(i + 1));
-        }
-      }
-    }
-    cutlass::arch::fence_view_async_shared();  // generic-proxy writes before the TMA reads them
-    sync();
-    if (tid == 0) {
-      const int n_blk = (t.n_tile * Traits::BLOCK_N) / 64 + j;
-      if (static_cast<int64_t>(n_blk) * 64 < p.n_out) {
-        Tensor mC = p.tma.get_tma_tensor(make_shape(p.m_out, p.n_out, p.groups));  // (m, n, e)
-        const int m_blk = (t.m_tile * Traits::BLOCK_M) / 64 + row_block;
-        Tensor gC = local_tile(mC(_, _, t.group), Shape<_64, _64>{}, make_coord(m_blk, n_blk));
-        Tensor sC = make_tensor(make_smem_ptr(reinterpret_cast<cutlass::bfloat16_t*>(slot)),
-                                SmemLayoutBox{});
-        auto [tCgC, tCsC] = tma_partition(p.tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sC),
-                                          group_modes<0, 2>(gC));
-        copy(p.tma, tCsC, tCgC);
-      }
-      tma_store_arrive();  // one group per box, also when it lies past n_out
-    }
-  }
-
   template <class Acc0, class Acc1>
   __device__ void store(const TileCoord& t, const Acc0& acc, const Acc1&) const {
-    if constexpr (kStageBoxes < kBoxes) {
-      CUTE_UNROLL
-      for (int j = 0; j < kBoxes; ++j) store_box(t, acc, j);
-      return;
-    }
     if (tid == 0) tma_store_wait<0>();  // the previous tile's stores have read the stage
     sync();
     const int warp = tid / 32, lane = tid % 32;

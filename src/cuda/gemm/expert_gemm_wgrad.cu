@@ -12,15 +12,10 @@ namespace {
 template <class S>
 using WgradTraits = GemmTraits<S::pingpong ? 64 : 128, 256, S::pingpong ? 5 : 4, Grouping::reduction,
                                Major::MN, Major::MN, 1, S::pingpong, S::cluster>;
-// Cooperative: three stages leave room for the TMA-store staging (2 x 32 KiB); WGRAD's k-loops
-// are short. Ping-pong: four stages of 64-row tiles, and the store staged through two box slots per
-// warpgroup (2 x 16 KiB).
+// Three stages leave room for the TMA-store staging (2 x 32 KiB); WGRAD's k-loops are short.
 template <class S>
-using WgradTmaTraits = GemmTraits<S::pingpong ? 64 : 128, 256, S::pingpong ? 4 : 3,
-                                  Grouping::reduction, Major::MN, Major::MN, 1, S::pingpong,
-                                  S::cluster>;
-template <class S>
-constexpr int kWgradStageBoxes = S::pingpong ? 2 : 4;
+using WgradTmaTraits = GemmTraits<S::pingpong ? 64 : 128, 256, 3, Grouping::reduction, Major::MN,
+                                  Major::MN, 1, S::pingpong, S::cluster>;
 
 // TMA-store descriptor of grad_w [groups, m_out, n_out] bf16 in 64 x 64 boxes.
 auto make_wgrad_store(void* out, int64_t m_out, int64_t n_out, int groups) {
@@ -46,7 +41,7 @@ void wgrad(const Step& s, const bf16_t* a_rows, int64_t m_out, const GatheredRow
   if (s.wgrad_dtype == DType::bf16 && !accumulate) {
     using T = WgradTmaTraits<S>;
     auto store = make_wgrad_store(out, m_out, n_out, s.dims.E);
-    using Epi = WgradTmaEpilogue<T, decltype(store), kWgradStageBoxes<S>>;
+    using Epi = WgradTmaEpilogue<T, decltype(store)>;
     const typename Epi::Params epi{store, m_out, n_out, s.dims.E};
     launch_grouped_gemm<T, Major::MN, Major::MN, Epi>(a, b, g, epi, stream_of(s));
     return;
