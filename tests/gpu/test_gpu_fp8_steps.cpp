@@ -1,5 +1,7 @@
 // The FP8 backward's own kernels against their CPU twins, bitwise (cpu/fp8_steps.h):
-// - the 128x128-block weight transpose (the DGRAD operand): codes and scales;
+// - the 128x128-block weight transpose (the DGRAD operand): codes and scales; and the DGRAD as the
+//   backward runs it (transpose, then the FP8 grouped GEMM) against cpu::fp8_grouped_dgrad_reference
+//   on exact blocks (every 128-deep block sum a small integer);
 // - the 128x1 column quantization of the WGRAD operands (blocks from each expert's first row;
 //   empty experts, partial blocks, rows outside every expert), from bf16 rows and from E4M3 rows
 //   at a device-held offset, with the dequantized bf16 copy; and the skip flag.
@@ -19,6 +21,7 @@
 #include "core/numeric.h"
 #include "cpu/fp8_steps.h"
 #include "cuda/formats/formats.h"
+#include "cuda/gemm/fp8_gemm.h"
 #include "device_buffer.h"
 #include "epmoe/error.h"
 #include "require_gpu.h"
@@ -60,6 +63,60 @@ TEST(GpuFp8Steps, TransposeWeightsMatchesCpuBitwise) {
     const std::string what = std::to_string(s.G) + "x" + std::to_string(s.N) + "x" + std::to_string(s.L);
     EXPECT_TRUE(dqt.get() == qt) << what << ": codes";
     EXPECT_TRUE(dst.get() == st) << what << ": scales";
+  }
+}
+
+TEST(GpuFp8Steps, DgradOnTheTransposeMatchesCpuBitwiseOnExactBlocks) {
+  EPMOE_REQUIRE_GPU();
+  struct Case {
+    std::vector<int32_t> rows_E;
+    int64_t K, N;  // the weight [E, K, N]: K contracted (W2: D), N out (W2: F)
+  };
+  const uint8_t kInts[7] = {0xC8, 0xC0, 0xB8, 0x00, 0x38, 0x40, 0x48};  // e4m3 -3 -2 -1 0 1 2 3
+  std::mt19937 rng(21);
+  std::uniform_int_distribution<int> pick(0, 6);
+  std::uniform_real_distribution<float> scale(0.01f, 3.0f);
+  for (const Case& c : {Case{{300}, 256, 128}, Case{{0, 200, 1, 130}, 384, 272},
+                        Case{{40, 90, 0}, 144, 528}}) {
+    const int E = static_cast<int>(c.rows_E.size());
+    std::vector<int32_t> off(1, 0);
+    for (int32_t r : c.rows_E) off.push_back(off.back() + r);
+    const int64_t M = off.back() + 3, ld = fp8_rows_ld(M);
+    const int64_t SK = fp8_blocks(c.K), SN = fp8_blocks(c.N);
+    std::vector<uint8_t> a(static_cast<size_t>(M * c.K)), w(static_cast<size_t>(E * c.K * c.N));
+    for (auto& v : a) v = kInts[pick(rng)];
+    for (auto& v : w) v = kInts[pick(rng)];
+    std::vector<float> sa(static_cast<size_t>(SK * ld)), sw(static_cast<size_t>(E * SK * SN));
+    for (auto& v : sa) v = scale(rng);
+    for (auto& v : sw) v = scale(rng);
+    std::vector<bf16_t> cpu(static_cast<size_t>(M * c.N), static_cast<bf16_t>(0xA5A5));
+    cpu::fp8_grouped_dgrad_reference(a.data(), sa.data(), ld, w.data(), sw.data(), off.data(), E,
+                                     c.K, c.N, cpu.data(), c.N);
+    Dev<uint8_t> da(a), dw(w), dwt(w.size());
+    Dev<float> dsa(sa), dsw(sw), dswt(sw.size());
+    Dev<int32_t> doff(off);
+    Dev<bf16_t> dout(cpu.size());
+    cuda::fp8_transpose_weights(dw.ptr, dsw.ptr, E, c.K, c.N, dwt.ptr, dswt.ptr, nullptr);
+    cuda::Fp8GroupedGemmArgs args;
+    args.a_MK = da.ptr;
+    args.a_scales_SM = dsa.ptr;
+    args.ld_a_scales = ld;
+    args.b_ENK = dwt.ptr;  // [E, N, K]
+    args.b_scales_EBS = dswt.ptr;
+    args.offsets_E1 = doff.ptr;
+    args.E = E;
+    args.M = M;
+    args.N = c.N;
+    args.K = c.K;
+    args.out_MN = dout.ptr;
+    args.ld_out = c.N;
+    cuda::fp8_grouped_gemm(args, nullptr);
+    const std::vector<bf16_t> gpu = dout.get();
+    int64_t differ = 0;
+    for (int64_t m = 0; m < off.back(); ++m) {
+      for (int64_t n = 0; n < c.N; ++n) differ += gpu[static_cast<size_t>(m * c.N + n)] != cpu[static_cast<size_t>(m * c.N + n)];
+    }
+    EXPECT_EQ(differ, 0) << "K " << c.K << " N " << c.N << ": DGRAD outputs differ";
   }
 }
 
