@@ -5,7 +5,8 @@ measured in the same run, per-stage breakdown, grouped GEMM alone, decode agains
     python3 bench/bench_moe.py --out results.json [--shapes a,b] [--routings balanced,skew]
 
 Each shape also gets epmoe-fp8 rows (fp8_block inference forward with prepared weights, train T
-and decode T) beside the bf16 forward; --no-fp8 leaves them out.
+and decode T; fp8_block training fwd+bwd with prepared weights at train T) beside the bf16 rows;
+--no-fp8 leaves them out.
 """
 import argparse
 import datetime
@@ -107,7 +108,8 @@ class Layer:
 
     def __init__(self, lib, shape, routing, T, seed=0, fused=True, precision="bf16"):
         """precision "fp8": an fp8_block inference context (forward only) with the weights
-        prepared once (epmoe_prepare_weights_fp8), as an inference server holds them."""
+        prepared once (epmoe_prepare_weights_fp8), as an inference server holds them;
+        "fp8-train": an fp8_block training context with prepared weights (forward + backward)."""
         D, F, E, K, _, _ = S.SHAPES[shape]
         g = torch.Generator(device="cuda").manual_seed(seed)
         self.D, self.F, self.E, self.K, self.T = D, F, E, K, T
@@ -121,10 +123,11 @@ class Layer:
         cfg = lib.epmoe_config_default(T, D, F, K, E)
         cfg.fuse_epilogues = int(fused)
         cfg.scratch_device_bytes = SCRATCH_DEVICE_BYTES
-        if precision == "fp8":
-            cfg.precision, cfg.inference, cfg.prepared_weights = 1, 1, 1
+        self.inference = precision == "fp8"
+        if precision in ("fp8", "fp8-train"):
+            cfg.precision, cfg.inference, cfg.prepared_weights = 1, int(self.inference), 1
             self.prepared = (epmoe_ctypes.PreparedFp8(lib, self.w13), epmoe_ctypes.PreparedFp8(lib, self.w2))
-        else:
+        if not self.inference:
             self.grad_x = torch.empty_like(self.x)
             self.grad_scores = torch.empty(T, K, device="cuda")
             self.grad_w13 = torch.empty_like(self.w13)
@@ -134,12 +137,12 @@ class Layer:
 
     def forward(self, save=True):
         return self.ctx.forward(self.x, self.ids, self.scores, self.w13, self.w2, self.y,
-                                save=save and self.prepared is None, prepared=self.prepared)
+                                save=save and not self.inference, prepared=self.prepared)
 
     def step(self):
         saved = self.forward(True)
         self.ctx.backward(saved, self.grad_y, self.ids, self.scores, self.w13, self.w2, self.grad_x,
-                          self.grad_scores, self.grad_w13, self.grad_w2)
+                          self.grad_scores, self.grad_w13, self.grad_w2, prepared=self.prepared)
 
     def close(self):
         self.ctx.close()
@@ -252,6 +255,34 @@ def bench_fp8_forward(lib, shape, routing, ceil, rows, iters, y_bf16, t_fwd_bf16
     torch.cuda.empty_cache()
 
 
+def bench_fp8_train(lib, shape, routing, rows, iters, bf16_out, t_step_bf16):
+    """epmoe-fp8 fwd+bwd: an fp8_block training context with prepared weights (prepared once, as
+    an optimizer step would refill them) at training T, on the inputs of the bf16 rows; useful
+    FLOPs as bf16. bf16_out: the bf16 step's y, grad_x, grad_scores (errors); t_step_bf16 its
+    times."""
+    D, F, E, K, T_train, _ = S.SHAPES[shape]
+    L = Layer(lib, shape, routing, T_train, precision="fp8-train")
+    N = L.routes
+    L.step()
+    L.ctx.check()
+    err = {name: rel_l2(getattr(L, name), ref) for name, ref in bf16_out.items()}
+    t = timed(L.step, iters)
+    flops = 18 * N * D * F
+    rows.append(row("epmoe-fp8", shape, routing, "fwd+bwd", T_train, t, flops, precision="fp8",
+                    ratio_to_bf16=t_step_bf16[0] / t[0], rel_l2_vs_bf16=err))
+    stage_ms = stage_times(L)
+    breakdown = {k: statistics.median(v) for k, v in stage_ms.items()}
+    rows.append({"impl": "epmoe-fp8", "shape": shape, "ep": 1, "routing": routing, "precision": "fp8",
+                 "phase": "stage-breakdown", "tokens_per_rank": T_train, "stages_ms": breakdown})
+    print(f"{shape} {routing} fp8 fwd+bwd {t[0]:.3f} ms ({flops / t[0] / 1e9:.0f} TFLOP/s, "
+          f"x{t_step_bf16[0] / t[0]:.2f} vs bf16), rel-L2 vs bf16 " +
+          ", ".join(f"{k} {v:.3e}" for k, v in err.items()) + "; stages (ms): " +
+          ", ".join(f"{k} {v:.3f}" for k, v in breakdown.items()), flush=True)
+    L.close()
+    del L
+    torch.cuda.empty_cache()
+
+
 def bench_shape(lib, shape, routing, ceil, rows, iters, fp8=True):
     D, F, E, K, T_train, T_decode = S.SHAPES[shape]
     L = Layer(lib, shape, routing, T_train)
@@ -270,6 +301,9 @@ def bench_shape(lib, shape, routing, ceil, rows, iters, fp8=True):
 
     t_fwd = timed(lambda: L.forward(False), iters)
     t_step = timed(L.step, iters)
+    L.step()
+    # the epmoe-fp8 fwd+bwd row's reference (same inputs)
+    bf16_out = {"y": L.y.clone(), "grad_x": L.grad_x.clone(), "grad_scores": L.grad_scores.clone()}
     L.forward(False)
     y_bf16 = L.y.clone()  # the epmoe-fp8 rows' reference (same inputs)
     torch.cuda.reset_peak_memory_stats()
@@ -340,6 +374,7 @@ def bench_shape(lib, shape, routing, ceil, rows, iters, fp8=True):
     torch.cuda.empty_cache()
     if fp8:
         bench_fp8_forward(lib, shape, routing, ceil, rows, iters, y_bf16, t_fwd)
+        bench_fp8_train(lib, shape, routing, rows, iters, bf16_out, t_step)
     return err
 
 
@@ -366,7 +401,7 @@ def main():
     ap.add_argument("--epmoe-only", default=None, metavar="IMPL",
                     help="time epmoe alone, rows named IMPL (e.g. epmoe-pingpong)")
     ap.add_argument("--no-fp8", action="store_true",
-                    help="leave out the epmoe-fp8 rows (fp8_block inference forward)")
+                    help="leave out the epmoe-fp8 rows (fp8_block forward and fwd+bwd)")
     ap.add_argument("--scratch-device-bytes", type=int, default=-1,
                     help="Config.scratch_device_bytes of the epmoe contexts (-1: all scratch on device)")
     args = ap.parse_args()

@@ -66,6 +66,8 @@ class BackwardArgs(ctypes.Structure):
         ("grad_x_TD", ctypes.c_void_p), ("grad_scores_TK", ctypes.c_void_p),
         ("grad_w13_EFD", ctypes.c_void_p), ("grad_w2_EDF", ctypes.c_void_p),
         ("accumulate_wgrad", ctypes.c_int32), ("stream", ctypes.c_void_p),
+        ("w13_q", ctypes.c_void_p), ("w13_scales", ctypes.c_void_p),
+        ("w2_q", ctypes.c_void_p), ("w2_scales", ctypes.c_void_p),
     ]
 
 
@@ -217,12 +219,17 @@ class Context:
         return saved
 
     def backward(self, saved, grad_y, ids, scores, w13, w2, grad_x, grad_scores, grad_w13, grad_w2,
-                 num_tokens=None, accumulate=False):
+                 num_tokens=None, accumulate=False, prepared=None):
+        """prepared: the forward's (w13, w2) PreparedFp8 for a Config with prepared_weights."""
         a = BackwardArgs(saved, _ptr(grad_y), _ptr(num_tokens), _ptr(ids),
                          int(ids.dtype == torch.int64), _ptr(scores),
                          int(scores.dtype == torch.bfloat16), _ptr(w13), _ptr(w2), _ptr(grad_x),
                          _ptr(grad_scores), _ptr(grad_w13), _ptr(grad_w2), int(accumulate),
                          self._stream())
+        if prepared is not None:
+            p13, p2 = prepared
+            a.w13_q, a.w13_scales = _ptr(p13.q), _ptr(p13.scales)
+            a.w2_q, a.w2_scales = _ptr(p2.q), _ptr(p2.scales)
         self._ok(self.lib.epmoe_backward(self.handle, ctypes.byref(a)))
 
     def check(self):

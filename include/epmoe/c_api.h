@@ -74,6 +74,8 @@ typedef struct {
   void* grad_x_TD; float* grad_scores_TK; void* grad_w13_EFD; void* grad_w2_EDF;
   int32_t accumulate_wgrad;
   void* stream;
+  /* Config.prepared_weights: the forward's prepared weights (as in epmoe_forward_args). */
+  const void* w13_q; const float* w13_scales; const void* w2_q; const float* w2_scales;
 } epmoe_backward_args;
 
 const char* epmoe_last_error(void);

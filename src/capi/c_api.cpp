@@ -194,6 +194,13 @@ int epmoe_backward(epmoe_context* h, const epmoe_backward_args* a) {
     b.grad_w2_EDF = ref(a->grad_w2_EDF, wg, {E, c.D(), c.F()}, h->device);
     b.accumulate_wgrad = a->accumulate_wgrad != 0;
     b.stream = a->stream;
+    epmoe::PreparedWeights w13, w2;
+    if (c.fields().prepared_weights) {
+      w13 = prepared_fp8(a->w13_q, a->w13_scales, E, 2 * c.F(), c.D(), h->device);
+      w2 = prepared_fp8(a->w2_q, a->w2_scales, E, c.D(), c.F(), h->device);
+      b.w13_prepared = &w13;
+      b.w2_prepared = &w2;
+    }
     h->ctx->backward(b);
   });
 }

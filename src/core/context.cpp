@@ -147,6 +147,10 @@ struct Context::Impl {
     if (!fp8()) return;
     s.fp8 = true;
     s.fp8_scratch = fp8_scratch();
+    if (!config.fields().inference) {  // after the per-call weights (MemoryPlan order)
+      s.fp8_transposed =
+          fp8_weights() + (config.fields().prepared_weights ? 0 : fp8_weight_layout(dims).total);
+    }
     if (w13_prepared != nullptr) {
       s.w13_q_EFD = w13_prepared->data.as<uint8_t>();
       s.w13_scales_EBS = w13_prepared->scales.as<float>();

@@ -84,4 +84,18 @@ inline Fp8WeightLayout fp8_weight_layout(const Dims& d) {
   return l;
 }
 
+// One weight transposed for its DGRAD (training contexts): codes [E, K, N] | scales [E, S_K, S_N]
+// of a weight [E, N, K] (the FP8 grouped GEMM reads B as [E, N', K'] with N' = N, K' = K of the
+// DGRAD). W2's transpose and then W13's use the same region, sized for the larger, W13's.
+struct Fp8TransposedLayout {
+  int64_t codes, scales, total;
+};
+inline Fp8TransposedLayout fp8_transposed_layout(const Dims& d) {
+  Fp8TransposedLayout l;
+  l.codes = 0;
+  l.scales = align_bytes(d.E * 2 * d.F * d.D);
+  l.total = l.scales + align_bytes(d.E * fp8_blocks(2 * d.F) * fp8_blocks(d.D) * 4);
+  return l;
+}
+
 }  // namespace epmoe

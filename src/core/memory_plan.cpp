@@ -207,7 +207,10 @@ MemoryPlan plan_memory(const Config& config, int ep_size) {
     p.fp8_scratch_bytes = c.inference ? align_bytes(fp8_rows_bytes(M, F)) : fp8_scratch_layout(d, M).total;
     // The h rows are the forward's too.
     p.forward_scratch_bytes += align_bytes(fp8_rows_bytes(M, F));
-    p.fp8_weight_scratch_bytes = c.prepared_weights ? 0 : fp8_weight_layout(d).total;
+    // Per-call weights (none when prepared), then, for training, one transposed weight for the
+    // DGRADs (the CUDA backend's FP8 grouped GEMM reads B as [E, N, K]).
+    p.fp8_weight_scratch_bytes = (c.prepared_weights ? 0 : fp8_weight_layout(d).total) +
+                                 (c.inference ? 0 : fp8_transposed_layout(d).total);
   }
   p.scratch_bytes = p.route_scratch_bytes + p.call_scratch_pad_bytes + p.backward_scratch_bytes +
                     p.fp8_scratch_bytes + p.fp8_weight_scratch_bytes;
@@ -332,10 +335,15 @@ std::string MemoryPlan::explain() const {
            bytes_text(l.col_a - l.grad_h13_q) + ", WGRAD columns (128 rows per block) " +
            bytes_text(l.total - l.col_a));
     }
-    line(fp8_weight_scratch_bytes > 0
-             ? "    fp8 weights quantized per call (w13, w2 + 128x128 scales): " +
-                   bytes_text(fp8_weight_scratch_bytes)
-             : "    fp8 weights: prepared by the caller (Config.prepared_weights)");
+    const int64_t transposed = inference ? 0 : fp8_transposed_layout(d).total;
+    const int64_t per_call = fp8_weight_scratch_bytes - transposed;
+    line(per_call > 0 ? "    fp8 weights quantized per call (w13, w2 + 128x128 scales): " +
+                            bytes_text(per_call)
+                      : "    fp8 weights: prepared by the caller (Config.prepared_weights)");
+    if (transposed > 0) {
+      line("    fp8 weight transposed for the DGRADs (w2, then w13, one region): " +
+           bytes_text(transposed));
+    }
   } else {
     line("  scratch: " + bytes_text(scratch_bytes) + " = route " + bytes_text(route_scratch_bytes) +
          " + pad " + bytes_text(call_scratch_pad_bytes) + " + call " +

@@ -93,6 +93,7 @@ struct Step {
   const uint8_t* w2_q_EDF = nullptr;      // [E, D, F] E4M3
   const float* w2_scales_EBS = nullptr;   // [E, S_D, S_F]
   char* fp8_scratch = nullptr;            // fp8_scratch_layout(dims, capacity_rows); inference: h rows only
+  char* fp8_transposed = nullptr;         // training: fp8_transposed_layout(dims) (CUDA DGRAD operand)
 
   // ---- NVFP4 weight-only inference (Config.precision = nvfp4; docs/formats.md) ----
   // The GEMMs read these instead of w13_EFD / w2_EDF; activations stay bf16.

@@ -42,6 +42,19 @@ int64_t fp8_col_block_base(const int32_t* offsets_E1, int e) {
   return base;
 }
 
+void fp8_transpose_weights(const uint8_t* q_GNL, const float* scales_GBS, int64_t G, int64_t N,
+                           int64_t L, uint8_t* qt_GLN, float* scales_t_GSB) {
+  const int64_t B = blocks(N), S = blocks(L);
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t l = 0; l < L; ++l) qt_GLN[(g * L + l) * N + n] = q_GNL[(g * N + n) * L + l];
+    }
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t s = 0; s < S; ++s) scales_t_GSB[(g * S + s) * B + b] = scales_GBS[(g * B + b) * S + s];
+    }
+  }
+}
+
 void fp8_quantize_cols(const float* x_ML, int64_t L, const int32_t* offsets_E1, int E,
                        uint8_t* q_ML, float* scales_BL) {
   int64_t b = 0;

@@ -33,6 +33,12 @@ int64_t fp8_col_block_base(const int32_t* offsets_E1, int e);
 void fp8_quantize_cols(const float* x_ML, int64_t L, const int32_t* offsets_E1, int E,
                        uint8_t* q_ML, float* scales_BL);
 
+// The explicit transpose of G weights quantized in 128x128 blocks: codes q_GNL [G, N, L] ->
+// qt_GLN [G, L, N], scales [G, S_N, S_L] -> [G, S_L, S_N] (a block's scale is its transpose's):
+// the DGRAD operand of the CUDA backend, which runs the FPROP GEMM on it.
+void fp8_transpose_weights(const uint8_t* q_GNL, const float* scales_GBS, int64_t G, int64_t N,
+                           int64_t L, uint8_t* qt_GLN, float* scales_t_GSB);
+
 // ---- GEMM directions (two-level accumulation as gemm_fp8_reference.h: exact E4M3 products
 // summed per 128-deep block in ascending order, each block promoted into the total with one fma
 // by its two scales, ascending blocks, from +0) ----

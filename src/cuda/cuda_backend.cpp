@@ -9,6 +9,7 @@
 #include "cuda/combine_partials.h"
 #include "cuda/device_scope.h"
 #include "cuda/dispatch.h"
+#include "cuda/fp8_backward.h"
 #include "cuda/fp8_forward.h"
 #include "cuda/gemm/expert_gemm.h"
 #include "cuda/publish.h"
@@ -38,16 +39,13 @@ CudaBackend::CudaBackend(int device_ordinal) : ordinal_(device_ordinal) {
 
 void CudaBackend::validate(const Config& config, int ep_size) const {
   // The FP8 and NVFP4 paths are defined by the CPU reference (docs/formats.md). The FP8 forward
-  // runs on CUDA (inference contexts); its backward stages and NVFP4's mixed-input GEMM do not
-  // exist here yet.
+  // and backward run on CUDA; NVFP4's mixed-input GEMM does not exist here yet.
   const Precision precision = config.fields().precision;
-  const bool inference = config.fields().inference;
-  EPMOE_CHECK_ARG(precision == Precision::bf16 || (precision == Precision::fp8_block && inference),
+  EPMOE_CHECK_ARG(precision == Precision::bf16 || precision == Precision::fp8_block,
                   "Config.precision",
-                  "bf16, or fp8_block with Config.inference = true, on the CUDA backend (the "
-                  "fp8_block backward for training and nvfp4 weight-only inference run on the CPU "
-                  "backend only so far)",
-                  std::string(to_string(precision)) + (inference ? " (inference)" : " (training)"));
+                  "bf16 or fp8_block on the CUDA backend (nvfp4 weight-only inference runs on the "
+                  "CPU backend only so far)",
+                  std::string(to_string(precision)));
   if (precision == Precision::fp8_block) {
     EPMOE_CHECK_ARG(config.D() % 16 == 0, "Config.hidden_dim",
                     "a multiple of 16 with fp8_block on CUDA (16-byte E4M3 rows; the FP8 GEMM's K)",
@@ -150,14 +148,17 @@ EPMOE_STAGE(plan_backward, cuda::plan_backward(s))
 EPMOE_STAGE(restore_input, cuda::restore_input(s))
 EPMOE_STAGE(publish_backward, cuda::publish_backward(s))
 EPMOE_STAGE(grad_scores, cuda::grad_scores(s))
-EPMOE_STAGE(gather_grad, cuda::gather_grad(s))
-EPMOE_STAGE(w2_dgrad, cuda::w2_dgrad(s, false))
-EPMOE_STAGE(swiglu_backward, cuda::swiglu_backward(s))
-EPMOE_STAGE(w2_dgrad_swiglu, cuda::w2_dgrad(s, true))
-EPMOE_STAGE(w2_wgrad, cuda::w2_wgrad(s))
-EPMOE_STAGE(w13_dgrad, cuda::w13_dgrad(s, false))
-EPMOE_STAGE(w13_dgrad_scatter, cuda::w13_dgrad(s, true))
-EPMOE_STAGE(w13_wgrad, cuda::w13_wgrad(s))
+// FP8 (s.fp8): grad_h3 and grad_h13 quantized after the bf16 kernels that make them; the DGRADs
+// on the FP8 GEMM, the WGRADs on FP8-quantized operands (fp8_backward.h).
+EPMOE_STAGE(gather_grad, cuda::gather_grad(s); if (s.fp8) cuda::fp8_quantize_grad_h3(s))
+EPMOE_STAGE(w2_dgrad, if (s.fp8) cuda::fp8_w2_dgrad(s, false); else cuda::w2_dgrad(s, false))
+EPMOE_STAGE(swiglu_backward, cuda::swiglu_backward(s); if (s.fp8) cuda::fp8_quantize_grad_h13(s))
+EPMOE_STAGE(w2_dgrad_swiglu, if (s.fp8) cuda::fp8_w2_dgrad(s, true); else cuda::w2_dgrad(s, true))
+EPMOE_STAGE(w2_wgrad, if (s.fp8) cuda::fp8_w2_wgrad(s); else cuda::w2_wgrad(s))
+EPMOE_STAGE(w13_dgrad, if (s.fp8) cuda::fp8_w13_dgrad(s, false); else cuda::w13_dgrad(s, false))
+EPMOE_STAGE(w13_dgrad_scatter,
+            if (s.fp8) cuda::fp8_w13_dgrad(s, true); else cuda::w13_dgrad(s, true))
+EPMOE_STAGE(w13_wgrad, if (s.fp8) cuda::fp8_w13_wgrad(s); else cuda::w13_wgrad(s))
 EPMOE_STAGE(combine_send_backward, cuda::send_partials(s, false))
 EPMOE_STAGE(reduce_backward, s.combine_per_rank
                                  ? cuda::reduce_partials(s, s.grad_x_TD, "grad_x_TD",

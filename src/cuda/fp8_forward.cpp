@@ -3,23 +3,20 @@
 #include "core/fp8_terms.h"
 #include "cuda/formats/formats.h"
 #include "cuda/gemm/fp8_gemm.h"
+#include "cuda/placed_copy.h"
 #include "cuda/swiglu.h"
 #include "epmoe/error.h"
 
 namespace epmoe::cuda {
 namespace {
 
-// The FP8 stages read no layer plan: only inference contexts run them (CudaBackend::validate).
-void check_unplaced(const Step& s) {
-  EPMOE_CHECK_ARG(s.layer_plan == nullptr && !s.replay, "Config.inference",
-                  "true with precision fp8_block on the CUDA backend (no saved state)", "false");
-}
-
-// Groups and skip flag of the step; A, B and the output are the caller's.
+// Groups, skip flags of the step (the layout's, and the replay's in backward); A, B and the
+// output are the caller's.
 Fp8GroupedGemmArgs step_gemm(const Step& s, int64_t N, int64_t K) {
   Fp8GroupedGemmArgs a;
   a.offsets_E1 = s.layout.expert_offsets_E1;
   a.skip = s.layout.header + kLayoutSkip;
+  a.replay_skip = replay_skip_flag(s);
   a.E = s.dims.E;
   a.M = s.capacity_rows;
   a.N = N;
@@ -30,22 +27,32 @@ Fp8GroupedGemmArgs step_gemm(const Step& s, int64_t N, int64_t K) {
 }  // namespace
 
 void fp8_w13_fprop(const Step& s) {
-  check_unplaced(s);
-  const int64_t D = s.dims.D, F = s.dims.F;
+  const int64_t D = s.dims.D, F = s.dims.F, M = s.capacity_rows;
+  const int32_t* header = s.layout.header;
+  // With a layer plan, x_gathered and h13 sit in the layer's slot at device-known offsets: the GEMM
+  // (host-built TMA descriptors) reads and writes the call scratch's copies (no copy when the plan
+  // placed them there: recompute).
+  if (s.layer_plan != nullptr) {
+    copy_placed_rows(placed_x_gathered(s), plain(s.x_gathered_MD), header, M, 0, D,
+                     replay_skip_flag(s), s.stream);
+  }
   Fp8GroupedGemmArgs a = step_gemm(s, 2 * F, D);
   // codes [rows, D] | S-major scales at the received rows (fp8_rows_bytes), both placed by the
   // device count: dispatch wrote them there.
   a.a_MK = reinterpret_cast<const uint8_t*>(s.x_gathered_MD);
-  a.a_rows_1 = s.layout.header + kLayoutRows;
+  a.a_rows_1 = header + kLayoutRows;
   a.b_ENK = s.w13_q_EFD;
   a.b_scales_EBS = s.w13_scales_EBS;
   a.out_MN = s.h13_M2F;
   a.ld_out = 2 * F;
   fp8_grouped_gemm(a, s.stream);
+  if (s.layer_plan != nullptr) {
+    copy_placed_rows(plain(s.h13_M2F), placed_h13(s), header, M, 2 * F * 2, 0, replay_skip_flag(s),
+                     s.stream);
+  }
 }
 
 void fp8_quantize_h(const Step& s) {
-  check_unplaced(s);
   const int64_t F = s.dims.F, M = s.capacity_rows;
   char* h = s.fp8_scratch + fp8_scratch_layout(s.dims, M).h_q;
   fp8_quantize_rows_counted(s.h_MF, M, F, s.layout.header + kLayoutRows,
@@ -61,7 +68,6 @@ void fp8_w13_swiglu(const Step& s) {
 }
 
 void fp8_w2_fprop(const Step& s, bool scatter) {
-  check_unplaced(s);
   const int64_t D = s.dims.D, F = s.dims.F, M = s.capacity_rows;
   Fp8GroupedGemmArgs a = step_gemm(s, D, F);
   const char* h = s.fp8_scratch + fp8_scratch_layout(s.dims, M).h_q;
@@ -81,6 +87,12 @@ void fp8_w2_fprop(const Step& s, bool scatter) {
     a.ld_out = D;
   }
   fp8_grouped_gemm(a, s.stream);
+  // Per-rank combine: the rows are h3, kept where the layer plan placed them (send_partials and
+  // gather_grad read them there).
+  if (!scatter && s.combine_per_rank) {
+    copy_placed_rows(plain(s.rows_MD), placed_h3_rows(s), s.layout.header, M, D * 2, 0,
+                     replay_skip_flag(s), s.stream);
+  }
 }
 
 }  // namespace epmoe::cuda

@@ -1,4 +1,5 @@
-// The FP8 block-scaled forward stages on CUDA (Config.precision = fp8_block, inference contexts):
+// The FP8 block-scaled forward stages on CUDA (Config.precision = fp8_block; training contexts run
+// them with a layer plan and in backward's replay too):
 // the same steps as the CPU reference's cpu/stages_fp8.cpp (docs/formats.md, "FP8 training").
 // publish and dispatch move E4M3 rows themselves (publish.cu, dispatch.cu); these launchers run
 // the expert stages. Launchers only (no CUDA types).

@@ -4,8 +4,11 @@
 // device memory, so the host launches them whatever the planner decided (CUDA-graph safe).
 #include "cuda/slots.h"
 
+#include "core/fp8_terms.h"
 #include "core/slot_plan.h"
+#include "cuda/formats/formats.h"
 #include "cuda/kernel_common.cuh"
+#include "cuda/placed.h"
 
 namespace epmoe::cuda {
 
@@ -42,12 +45,13 @@ cudaStream_t stream_of(const Step& s) { return static_cast<cudaStream_t>(s.strea
 // replayed W13 would otherwise see stale full counts and read rows before they land.
 __global__ void restore_kernel(const LayerPlan* plan, const int32_t* header, char* arena,
                                bf16_t* const* dispatch_R, int rank, int64_t D,
-                               uint32_t* arrivals_B, int64_t arrival_count) {
+                               uint32_t* arrivals_B, int64_t arrival_count, int copy_rows) {
   if (plan->replay_skip != 0) return;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < arrival_count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     arrivals_B[i] = 0u;
   }
+  if (copy_rows == 0) return;
   const bf16_t* saved_TD = reinterpret_cast<const bf16_t*>(arena + plan->x_offset);  // [T, D]
   bf16_t* own_TD = dispatch_R[rank];                                                 // [T, D]
   const int64_t vectors = header[kLayoutLive] * D / kVec;
@@ -87,8 +91,20 @@ void restore_input(const Step& s) {
   restore_kernel<<<grid_for(items, kThreads), kThreads, 0, stream_of(s)>>>(
       s.layer_plan, s.layout.header, s.arena, s.dispatch_R, s.rank, s.dims.D,
       s.route_scratch != nullptr ? arrivals_B(s) : nullptr,
-      s.route_scratch != nullptr ? arrival_blocks(s.capacity_rows) : 0);
+      s.route_scratch != nullptr ? arrival_blocks(s.capacity_rows) : 0, s.fp8 ? 0 : 1);
   EPMOE_CUDA_CHECK(cudaGetLastError());
+  if (!s.fp8) return;
+  // FP8: the dispatch buffer holds E4M3 rows + scales, so the saved bf16 x is quantized again
+  // (the forward's publish step on the same rows: the same bits), straight from the slot.
+  EPMOE_CHECK_ARG(s.dispatch_local != nullptr, "Step.dispatch_local", "this rank's dispatch buffer",
+                  "nullptr");
+  const Fp8DispatchLayout l = fp8_dispatch_layout(s.dims.T, s.dims.D);
+  fp8_quantize_rows_counted_at(
+      reinterpret_cast<const bf16_t*>(s.arena), plan_field<int64_t>(s, offsetof(LayerPlan, x_offset)),
+      s.dims.T, s.dims.D, s.layout.header + kLayoutLive,
+      plan_field<int32_t>(s, offsetof(LayerPlan, replay_skip)),
+      reinterpret_cast<uint8_t*>(s.dispatch_local + l.codes),
+      reinterpret_cast<float*>(s.dispatch_local + l.scales), 0, s.stream);
 }
 
 }  // namespace epmoe::cuda

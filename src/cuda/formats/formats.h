@@ -29,6 +29,11 @@ void fp8_quantize_rows_s_major(const bf16_t* x_NL, int64_t N, int64_t L, uint8_t
 void fp8_quantize_rows_counted(const bf16_t* x_NL, int64_t N, int64_t L, const int32_t* count_1,
                                const int32_t* skip_1, uint8_t* q_NL, float* scales, int64_t ld,
                                void* stream);
+// The same with x at x_base + *x_offset_1 bytes (device memory): a layer's saved x, whose place
+// in the activation arena only the device knows.
+void fp8_quantize_rows_counted_at(const bf16_t* x_base, const int64_t* x_offset_1, int64_t N,
+                                  int64_t L, const int32_t* count_1, const int32_t* skip_1,
+                                  uint8_t* q_NL, float* scales, int64_t ld, void* stream);
 void fp8_dequantize_rows(const uint8_t* q_NL, const float* scales_NS, int64_t N, int64_t L, float* x_NL,
                          void* stream);
 void fp8_dequantize_rows(const uint8_t* q_NL, const uint8_t* scales_NS, int64_t N, int64_t L, float* x_NL,
@@ -47,6 +52,28 @@ void fp8_dequantize_weights(const uint8_t* q_GNL, const float* scales_GBS, int64
                             float* w_GNL, void* stream);
 void fp8_dequantize_weights(const uint8_t* q_GNL, const uint8_t* scales_GBS, int64_t G, int64_t N, int64_t L,
                             float* w_GNL, void* stream);
+
+// The explicit transpose of G weights in 128x128 blocks: codes [G, N, L] -> [G, L, N], scales
+// [G, S_N, S_L] -> [G, S_L, S_N] (cpu::fp8_transpose_weights; the CUDA DGRAD operand).
+void fp8_transpose_weights(const uint8_t* q_GNL, const float* scales_GBS, int64_t G, int64_t N,
+                           int64_t L, uint8_t* qt_GLN, float* scales_t_GSB, void* stream);
+
+// ---- FP8 E4M3, 128x1 column blocks along the rows of each expert (weight-gradient operands) ----
+// cpu::fp8_quantize_cols on the device: expert e's rows [offsets_E1[e], offsets_E1[e + 1]) in
+// blocks of 128 from its first row; codes q_ML [M, L] (rows outside every expert untouched),
+// scales_BL [blocks, L] fp32 with room for max_blocks (core/fp8_terms.h fp8_col_blocks). Nothing
+// when *skip_1 != 0 (nullable). out_ML (nullable, may alias x_ML): bf16(code * scale), the
+// dequantized operand the bf16 WGRAD reads.
+void fp8_quantize_cols(const bf16_t* x_ML, int64_t M, int64_t L, const int32_t* offsets_E1, int E,
+                       const int32_t* skip_1, uint8_t* q_ML, float* scales_BL, int64_t max_blocks,
+                       bf16_t* out_ML, void* stream);
+// The same on E4M3 rows decoded exactly (fp8_rows_bytes layout at clamp(*rows_1, 0, M) rows, at
+// rows + *rows_offset_1 bytes; rows_offset_1 nullable, both device memory): the received x rows.
+void fp8_quantize_cols_from_rows(const char* rows, const int64_t* rows_offset_1,
+                                 const int32_t* rows_1, int64_t M, int64_t L,
+                                 const int32_t* offsets_E1, int E, const int32_t* skip_1,
+                                 uint8_t* q_ML, float* scales_BL, int64_t max_blocks,
+                                 bf16_t* out_ML, void* stream);
 
 // ---- MXFP8: E4M3 + E8M0 per 1x32 ----
 void mxfp8_quantize_rows(const float* x_NL, int64_t N, int64_t L, uint8_t* q_NL, uint8_t* scales_NS, void* stream);

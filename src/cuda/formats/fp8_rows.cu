@@ -35,7 +35,14 @@ void fp8_quantize_rows_counted(const bf16_t* x_NL, int64_t N, int64_t L, const i
                                void* stream) {
   EPMOE_CHECK_ARG(ld >= 0, "ld", ">= 0 (0: row-major scales)", ld);
   launch_quantize_row_blocks<Fp8Fp32Scale, kFp8RowBlock, kLanes>(x_NL, N, L, q_NL, scales, stream, ld,
-                                                                 DeviceRows{count_1, skip_1});
+                                                                 DeviceRows{count_1, skip_1, nullptr});
+}
+void fp8_quantize_rows_counted_at(const bf16_t* x_base, const int64_t* x_offset_1, int64_t N,
+                                  int64_t L, const int32_t* count_1, const int32_t* skip_1,
+                                  uint8_t* q_NL, float* scales, int64_t ld, void* stream) {
+  EPMOE_CHECK_ARG(ld >= 0, "ld", ">= 0 (0: row-major scales)", ld);
+  launch_quantize_row_blocks<Fp8Fp32Scale, kFp8RowBlock, kLanes>(
+      x_base, N, L, q_NL, scales, stream, ld, DeviceRows{count_1, skip_1, x_offset_1});
 }
 void fp8_dequantize_rows(const uint8_t* q_NL, const float* scales_NS, int64_t N, int64_t L, float* x_NL,
                          void* stream) {

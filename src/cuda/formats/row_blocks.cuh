@@ -38,6 +38,7 @@ __device__ __forceinline__ uint32_t group_max(uint32_t v) {
 struct DeviceRows {
   const int32_t* count_1 = nullptr;
   const int32_t* skip_1 = nullptr;
+  const int64_t* x_offset_1 = nullptr;  // nullable: x starts this many bytes past the pointer given
 };
 
 template <class Policy, int kBlock, int kLanes, class T>
@@ -47,6 +48,9 @@ __global__ void __launch_bounds__(kThreads)
                                int64_t scale_stride_s, const DeviceRows rows) {
   static_assert(kBlock % kLanes == 0 && 32 % kLanes == 0, "lanes divide the block and the warp");
   if (rows.skip_1 != nullptr && *rows.skip_1 != 0) return;  // uniform over the grid
+  if (rows.x_offset_1 != nullptr) {
+    x_NL = reinterpret_cast<const T*>(reinterpret_cast<const char*>(x_NL) + *rows.x_offset_1);
+  }
   if (rows.count_1 != nullptr) {
     const int64_t count = *rows.count_1;
     N = count < 0 ? 0 : (count < N ? count : N);

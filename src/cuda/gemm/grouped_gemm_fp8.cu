@@ -71,6 +71,7 @@ void launch(const Fp8GroupedGemmArgs& args, const typename Epilogue::Params& epi
   GroupArgs groups;
   groups.offsets = args.offsets_E1;
   groups.skip = args.skip;
+  groups.replay_skip = args.replay_skip;
   groups.groups = args.E;
   groups.n = args.N;
   groups.k = args.K;

@@ -1,0 +1,166 @@
+#include "cuda/fp8_backward.h"
+
+#include "core/fp8_terms.h"
+#include "cuda/formats/formats.h"
+#include "cuda/gemm/expert_gemm.h"
+#include "cuda/gemm/fp8_gemm.h"
+#include "cuda/placed.h"
+#include "cuda/swiglu.h"
+#include "epmoe/error.h"
+
+namespace epmoe::cuda {
+namespace {
+
+// Row operand of the FP8 scratch at capacity rows (fp8_rows_bytes(M, L) at `offset`).
+struct ScratchRows {
+  uint8_t* codes;
+  float* scales_SM;
+  int64_t ld;
+};
+ScratchRows scratch_rows(const Step& s, int64_t offset, int64_t L) {
+  const int64_t M = s.capacity_rows;
+  char* base = s.fp8_scratch + offset;
+  return {reinterpret_cast<uint8_t*>(base),
+          reinterpret_cast<float*>(base + fp8_rows_scales_offset(M, L)), fp8_rows_ld(M)};
+}
+
+void quantize_rows(const Step& s, const bf16_t* x_ML, int64_t offset, int64_t L) {
+  const ScratchRows r = scratch_rows(s, offset, L);
+  fp8_quantize_rows_counted(x_ML, s.capacity_rows, L, s.layout.header + kLayoutRows,
+                            s.layout.header + kLayoutSkip, r.codes, r.scales_SM, r.ld, s.stream);
+}
+
+void check_training(const Step& s) {
+  EPMOE_CHECK_ARG(s.fp8_transposed != nullptr, "Step.fp8_transposed",
+                  "the transposed-weight scratch of a training context (fp8_transposed_layout)",
+                  "nullptr");
+}
+
+// out[m, :] = bf16(a[m, :] @ w[e]) for w [E, N, K] (E4M3, 128x128 scales [E, S_N, S_K]) read
+// transposed: w^T [E, K, N] is built into the transposed-weight scratch first, and the FP8 grouped
+// GEMM (FPROP form: B as [E, N', K'] = w^T) runs on it, contracting N (docs/formats.md: the DGRAD
+// is bitwise the FPROP twin applied to the explicit transpose). The same region serves both
+// DGRADs: stream order puts W13's transpose after W2's GEMM.
+Fp8GroupedGemmArgs dgrad_args(const Step& s, const ScratchRows& a_rows, const uint8_t* w_ENK,
+                              const float* w_scales_EBS, int64_t N, int64_t K) {
+  check_training(s);
+  const Fp8TransposedLayout l = fp8_transposed_layout(s.dims);
+  uint8_t* wt_EKN = reinterpret_cast<uint8_t*>(s.fp8_transposed + l.codes);
+  float* wt_scales = reinterpret_cast<float*>(s.fp8_transposed + l.scales);
+  fp8_transpose_weights(w_ENK, w_scales_EBS, s.dims.E, N, K, wt_EKN, wt_scales, s.stream);
+  Fp8GroupedGemmArgs a;
+  a.a_MK = a_rows.codes;
+  a.a_scales_SM = a_rows.scales_SM;
+  a.ld_a_scales = a_rows.ld;
+  a.b_ENK = wt_EKN;  // [E, K, N]: the GEMM's N is the weight's K
+  a.b_scales_EBS = wt_scales;
+  a.offsets_E1 = s.layout.expert_offsets_E1;
+  a.skip = s.layout.header + kLayoutSkip;
+  a.E = s.dims.E;
+  a.M = s.capacity_rows;
+  a.N = K;
+  a.K = N;
+  return a;
+}
+
+// The operands of one weight gradient, quantized 128x1 along each expert's rows into the
+// column scratch (col_a, col_b) and dequantized to bf16 into out_a / out_b.
+struct ColOperands {
+  uint8_t* qa;
+  float* sa;
+  uint8_t* qb;
+  float* sb;
+  int64_t max_blocks;
+};
+ColOperands col_operands(const Step& s) {
+  const Fp8ScratchLayout l = fp8_scratch_layout(s.dims, s.capacity_rows);
+  return {reinterpret_cast<uint8_t*>(s.fp8_scratch + l.col_a),
+          reinterpret_cast<float*>(s.fp8_scratch + l.col_a_scales),
+          reinterpret_cast<uint8_t*>(s.fp8_scratch + l.col_b),
+          reinterpret_cast<float*>(s.fp8_scratch + l.col_b_scales),
+          fp8_col_blocks(s.capacity_rows, s.dims.E)};
+}
+
+void quantize_cols(const Step& s, const bf16_t* x_ML, int64_t L, uint8_t* q, float* scales,
+                   int64_t max_blocks, bf16_t* out_ML) {
+  fp8_quantize_cols(x_ML, s.capacity_rows, L, s.layout.expert_offsets_E1, s.dims.E,
+                    s.layout.header + kLayoutSkip, q, scales, max_blocks, out_ML, s.stream);
+}
+
+}  // namespace
+
+void fp8_quantize_grad_h3(const Step& s) {
+  quantize_rows(s, s.grad_h3_MD, fp8_scratch_layout(s.dims, s.capacity_rows).grad_h3_q, s.dims.D);
+}
+
+void fp8_quantize_grad_h13(const Step& s) {
+  quantize_rows(s, s.grad_h13_M2F, fp8_scratch_layout(s.dims, s.capacity_rows).grad_h13_q,
+                2 * s.dims.F);
+}
+
+void fp8_w2_dgrad(const Step& s, bool swiglu_backward_after) {
+  const int64_t D = s.dims.D, F = s.dims.F;
+  const Fp8ScratchLayout l = fp8_scratch_layout(s.dims, s.capacity_rows);
+  const ScratchRows g = scratch_rows(s, l.grad_h3_q, D);
+  // w2 [E, D, F]: the DGRAD contracts D, so the GEMM reads w2^T [E, F, D].
+  Fp8GroupedGemmArgs a = dgrad_args(s, g, s.w2_q_EDF, s.w2_scales_EBS, D, F);
+  // Fused: grad_h goes to the column scratch (col_a holds M * max(D, 2F) >= M * F bf16 and is
+  // free until the WGRADs), then the unfused SwiGLU backward reads it.
+  bf16_t* grad_h_MF =
+      swiglu_backward_after ? reinterpret_cast<bf16_t*>(s.fp8_scratch + l.col_a) : s.grad_h_MF;
+  EPMOE_CHECK_ARG(grad_h_MF != nullptr, "Step.grad_h_MF", "the unfused grad_h buffer", "nullptr");
+  a.out_MN = grad_h_MF;
+  a.ld_out = F;
+  fp8_grouped_gemm(a, s.stream);
+  if (!swiglu_backward_after) return;
+  Step t = s;
+  t.grad_h_MF = grad_h_MF;
+  swiglu_backward(t);
+  fp8_quantize_grad_h13(s);
+}
+
+void fp8_w13_dgrad(const Step& s, bool scatter) {
+  const int64_t D = s.dims.D, F = s.dims.F;
+  const ScratchRows g = scratch_rows(s, fp8_scratch_layout(s.dims, s.capacity_rows).grad_h13_q, 2 * F);
+  // w13 [E, 2F, D]: the DGRAD contracts 2F, so the GEMM reads w13^T [E, D, 2F].
+  Fp8GroupedGemmArgs a = dgrad_args(s, g, s.w13_q_EFD, s.w13_scales_EBS, 2 * F, D);
+  if (scatter) {
+    a.combine_R = s.combine_R;
+    a.recv_src_M = s.layout.recv_src_M;
+    a.T = s.dims.T;
+    a.top_k = s.dims.K;
+  } else {
+    EPMOE_CHECK_ARG(s.rows_MD != nullptr, "Step.rows_MD", "the unfused rows buffer", "nullptr");
+    a.out_MN = s.rows_MD;
+    a.ld_out = D;
+  }
+  fp8_grouped_gemm(a, s.stream);
+}
+
+// grad_w2[e] [D, F] = grad_h3[e]^T h[e]: both operands quantized 128x1 (col_a: grad_h3 along D,
+// col_b: h along F) and dequantized in place, then the bf16 WGRAD.
+void fp8_w2_wgrad(const Step& s) {
+  const ColOperands c = col_operands(s);
+  quantize_cols(s, s.grad_h3_MD, s.dims.D, c.qa, c.sa, c.max_blocks, s.grad_h3_MD);
+  quantize_cols(s, s.h_MF, s.dims.F, c.qb, c.sb, c.max_blocks, s.h_MF);
+  w2_wgrad(s);
+}
+
+// grad_w13[e] [2F, D] = grad_h13[e]^T x[e]: col_a grad_h13 along 2F (dequantized in place), col_b x
+// decoded from the received E4M3 rows (where the layer plan placed them) along D, dequantized into
+// grad_h3's scratch (free after W2's WGRAD); the bf16 WGRAD then reads x there.
+void fp8_w13_wgrad(const Step& s) {
+  const int64_t D = s.dims.D, F = s.dims.F;
+  const ColOperands c = col_operands(s);
+  quantize_cols(s, s.grad_h13_M2F, 2 * F, c.qa, c.sa, c.max_blocks, s.grad_h13_M2F);
+  const Placed x = placed_x_gathered(s);
+  fp8_quantize_cols_from_rows(x.base, x.offset, s.layout.header + kLayoutRows, s.capacity_rows, D,
+                              s.layout.expert_offsets_E1, s.dims.E, s.layout.header + kLayoutSkip,
+                              c.qb, c.sb, c.max_blocks, s.grad_h3_MD, s.stream);
+  Step t = s;
+  t.layer_plan = nullptr;  // x is the plain bf16 copy now
+  t.x_gathered_MD = s.grad_h3_MD;
+  w13_wgrad(t);
+}
+
+}  // namespace epmoe::cuda

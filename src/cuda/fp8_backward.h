@@ -1,0 +1,27 @@
+// The FP8 block-scaled backward stages on CUDA (Config.precision = fp8_block, training contexts):
+// the steps of the CPU reference's cpu/stages_fp8.cpp (docs/formats.md, "FP8 training"), on the
+// FP8 grouped GEMM (DGRADs, through each weight's explicit transpose) and the bf16 WGRAD kernel
+// (on the FP8 column-quantized operands, dequantized to bf16). Launchers only (no CUDA types).
+#pragma once
+
+#include "core/step.h"
+
+namespace epmoe::cuda {
+
+// grad_h3 (bf16, gather_grad's) quantized 1x128 along D into the FP8 scratch (received rows).
+void fp8_quantize_grad_h3(const Step& s);
+// grad_h = bf16(grad_h3 @ w2[e]) on w2 transposed; swiglu_backward: then the unfused SwiGLU
+// backward and fp8_quantize_grad_h13, otherwise grad_h into s.grad_h_MF.
+void fp8_w2_dgrad(const Step& s, bool swiglu_backward);
+// grad_h13 (bf16, the SwiGLU backward's) quantized 1x128 along 2F into the FP8 scratch.
+void fp8_quantize_grad_h13(const Step& s);
+// grad rows = bf16(grad_h13 @ w13[e]) on w13 transposed; scatter: into the owners' combine slots,
+// otherwise into s.rows_MD.
+void fp8_w13_dgrad(const Step& s, bool scatter);
+// grad_w2[e] (+)= grad_h3^T h and grad_w13[e] (+)= grad_h13^T x over the expert's rows, both
+// operands quantized 128x1 along the rows as the CPU does, dequantized to bf16, then the bf16
+// WGRAD kernel. They overwrite grad_h3, h and grad_h13 (read by nothing after them).
+void fp8_w2_wgrad(const Step& s);
+void fp8_w13_wgrad(const Step& s);
+
+}  // namespace epmoe::cuda

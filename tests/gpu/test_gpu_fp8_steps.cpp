@@ -1,0 +1,264 @@
+// The FP8 backward's own kernels against their CPU twins, bitwise (cpu/fp8_steps.h):
+// - the 128x128-block weight transpose (the DGRAD operand): codes and scales; and the DGRAD as the
+//   backward runs it (transpose, then the FP8 grouped GEMM) against cpu::fp8_grouped_dgrad_reference
+//   on exact blocks (every 128-deep block sum a small integer);
+// - the 128x1 column quantization of the WGRAD operands (blocks from each expert's first row;
+//   empty experts, partial blocks, rows outside every expert), from bf16 rows and from E4M3 rows
+//   at a device-held offset, with the dequantized bf16 copy; and the skip flag.
+// Argument checks run without a GPU.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/formats/fp8_block.h"
+#include "core/fp8_terms.h"
+#include "core/numeric.h"
+#include "cpu/fp8_steps.h"
+#include "cuda/formats/formats.h"
+#include "cuda/gemm/fp8_gemm.h"
+#include "device_buffer.h"
+#include "epmoe/error.h"
+#include "require_gpu.h"
+
+namespace epmoe::test {
+namespace {
+
+std::vector<bf16_t> random_bf16(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<bf16_t> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    // Magnitudes over several binades, a few zeros: amaxes and scales vary per block.
+    const float x = dist(rng) * std::exp2(static_cast<float>(static_cast<int>(i % 7) - 3));
+    v[i] = float_to_bf16(i % 97 == 0 ? 0.0f : x);
+  }
+  return v;
+}
+
+TEST(GpuFp8Steps, TransposeWeightsMatchesCpuBitwise) {
+  EPMOE_REQUIRE_GPU();
+  struct Shape {
+    int64_t G, N, L;
+  };
+  for (const Shape& s : {Shape{1, 16, 16}, Shape{3, 48, 32}, Shape{2, 272, 144}, Shape{4, 256, 384},
+                         Shape{2, 130, 260}}) {
+    const int64_t B = fp8_blocks(s.N), S = fp8_blocks(s.L);
+    std::mt19937_64 rng(static_cast<uint64_t>(s.G * 1000 + s.N + s.L));
+    std::vector<uint8_t> q(static_cast<size_t>(s.G * s.N * s.L));
+    for (auto& b : q) b = static_cast<uint8_t>(rng());
+    std::vector<float> scales(static_cast<size_t>(s.G * B * S));
+    for (auto& x : scales) x = static_cast<float>(rng() % 1000) / 7.0f;
+    std::vector<uint8_t> qt(q.size());
+    std::vector<float> st(scales.size());
+    cpu::fp8_transpose_weights(q.data(), scales.data(), s.G, s.N, s.L, qt.data(), st.data());
+    Dev<uint8_t> dq(q), dqt(q.size());
+    Dev<float> ds(scales), dst(scales.size());
+    cuda::fp8_transpose_weights(dq.ptr, ds.ptr, s.G, s.N, s.L, dqt.ptr, dst.ptr, nullptr);
+    const std::string what = std::to_string(s.G) + "x" + std::to_string(s.N) + "x" + std::to_string(s.L);
+    EXPECT_TRUE(dqt.get() == qt) << what << ": codes";
+    EXPECT_TRUE(dst.get() == st) << what << ": scales";
+  }
+}
+
+TEST(GpuFp8Steps, DgradOnTheTransposeMatchesCpuBitwiseOnExactBlocks) {
+  EPMOE_REQUIRE_GPU();
+  struct Case {
+    std::vector<int32_t> rows_E;
+    int64_t K, N;  // the weight [E, K, N]: K contracted (W2: D), N out (W2: F)
+  };
+  const uint8_t kInts[7] = {0xC8, 0xC0, 0xB8, 0x00, 0x38, 0x40, 0x48};  // e4m3 -3 -2 -1 0 1 2 3
+  std::mt19937 rng(21);
+  std::uniform_int_distribution<int> pick(0, 6);
+  std::uniform_real_distribution<float> scale(0.01f, 3.0f);
+  for (const Case& c : {Case{{300}, 256, 128}, Case{{0, 200, 1, 130}, 384, 272},
+                        Case{{40, 90, 0}, 144, 528}}) {
+    const int E = static_cast<int>(c.rows_E.size());
+    std::vector<int32_t> off(1, 0);
+    for (int32_t r : c.rows_E) off.push_back(off.back() + r);
+    const int64_t M = off.back() + 3, ld = fp8_rows_ld(M);
+    const int64_t SK = fp8_blocks(c.K), SN = fp8_blocks(c.N);
+    std::vector<uint8_t> a(static_cast<size_t>(M * c.K)), w(static_cast<size_t>(E * c.K * c.N));
+    for (auto& v : a) v = kInts[pick(rng)];
+    for (auto& v : w) v = kInts[pick(rng)];
+    std::vector<float> sa(static_cast<size_t>(SK * ld)), sw(static_cast<size_t>(E * SK * SN));
+    for (auto& v : sa) v = scale(rng);
+    for (auto& v : sw) v = scale(rng);
+    std::vector<bf16_t> cpu(static_cast<size_t>(M * c.N), static_cast<bf16_t>(0xA5A5));
+    cpu::fp8_grouped_dgrad_reference(a.data(), sa.data(), ld, w.data(), sw.data(), off.data(), E,
+                                     c.K, c.N, cpu.data(), c.N);
+    Dev<uint8_t> da(a), dw(w), dwt(w.size());
+    Dev<float> dsa(sa), dsw(sw), dswt(sw.size());
+    Dev<int32_t> doff(off);
+    Dev<bf16_t> dout(cpu.size());
+    cuda::fp8_transpose_weights(dw.ptr, dsw.ptr, E, c.K, c.N, dwt.ptr, dswt.ptr, nullptr);
+    cuda::Fp8GroupedGemmArgs args;
+    args.a_MK = da.ptr;
+    args.a_scales_SM = dsa.ptr;
+    args.ld_a_scales = ld;
+    args.b_ENK = dwt.ptr;  // [E, N, K]
+    args.b_scales_EBS = dswt.ptr;
+    args.offsets_E1 = doff.ptr;
+    args.E = E;
+    args.M = M;
+    args.N = c.N;
+    args.K = c.K;
+    args.out_MN = dout.ptr;
+    args.ld_out = c.N;
+    cuda::fp8_grouped_gemm(args, nullptr);
+    const std::vector<bf16_t> gpu = dout.get();
+    int64_t differ = 0;
+    for (int64_t m = 0; m < off.back(); ++m) {
+      for (int64_t n = 0; n < c.N; ++n) differ += gpu[static_cast<size_t>(m * c.N + n)] != cpu[static_cast<size_t>(m * c.N + n)];
+    }
+    EXPECT_EQ(differ, 0) << "K " << c.K << " N " << c.N << ": DGRAD outputs differ";
+  }
+}
+
+struct ColsCase {
+  std::vector<int32_t> rows_E;  // rows per expert
+  int64_t M;                    // capacity (>= total rows: rows past them belong to no expert)
+  int64_t L;
+};
+
+std::vector<int32_t> offsets_of(const std::vector<int32_t>& rows_E) {
+  std::vector<int32_t> off(rows_E.size() + 1, 0);
+  for (size_t e = 0; e < rows_E.size(); ++e) off[e + 1] = off[e] + rows_E[e];
+  return off;
+}
+
+// Compares codes at expert rows, scales at the blocks that exist, and the dequantized copy.
+void expect_cols_equal(const ColsCase& c, const std::vector<int32_t>& off,
+                       const std::vector<uint8_t>& q_cpu, const std::vector<float>& s_cpu,
+                       const std::vector<uint8_t>& q_gpu, const std::vector<float>& s_gpu,
+                       const std::vector<bf16_t>& out_gpu, const std::string& what) {
+  const int E = static_cast<int>(c.rows_E.size());
+  const int64_t rows = off[static_cast<size_t>(E)];
+  const int64_t blocks = cpu::fp8_col_block_base(off.data(), E);
+  int64_t bad_q = 0, bad_s = 0, bad_out = 0;
+  for (int64_t m = 0; m < rows; ++m) {
+    // The block of row m: its expert's base + (m - first) / 128.
+    int e = 0;
+    while (off[static_cast<size_t>(e + 1)] <= m) ++e;
+    const int64_t b = cpu::fp8_col_block_base(off.data(), e) + (m - off[static_cast<size_t>(e)]) / 128;
+    for (int64_t l = 0; l < c.L; ++l) {
+      const size_t i = static_cast<size_t>(m * c.L + l);
+      bad_q += q_gpu[i] != q_cpu[i];
+      const float scale = s_cpu[static_cast<size_t>(b * c.L + l)];
+      bad_out += out_gpu[i] != float_to_bf16(fp8_decode_fp32(q_cpu[i], scale));
+    }
+  }
+  for (int64_t i = 0; i < blocks * c.L; ++i) {
+    bad_s += std::memcmp(&s_gpu[static_cast<size_t>(i)], &s_cpu[static_cast<size_t>(i)], 4) != 0;
+  }
+  EXPECT_EQ(bad_q, 0) << what << ": codes differ";
+  EXPECT_EQ(bad_s, 0) << what << ": scales differ";
+  EXPECT_EQ(bad_out, 0) << what << ": dequantized bf16 differs";
+}
+
+const std::vector<ColsCase>& cols_cases() {
+  static const std::vector<ColsCase> cases = {
+      {{5}, 8, 16},
+      {{0, 130, 0, 1, 256, 127}, 600, 48},  // empty experts, partial and whole blocks, spare rows
+      {{300, 17}, 320, 272},
+      {{0, 0, 0, 0}, 16, 32},               // no rows at all
+  };
+  return cases;
+}
+
+TEST(GpuFp8Steps, ColumnQuantizationOfBf16RowsMatchesCpuBitwise) {
+  EPMOE_REQUIRE_GPU();
+  uint64_t seed = 40;
+  for (const ColsCase& c : cols_cases()) {
+    const int E = static_cast<int>(c.rows_E.size());
+    const std::vector<int32_t> off = offsets_of(c.rows_E);
+    const std::vector<bf16_t> x = random_bf16(static_cast<size_t>(c.M * c.L), seed++);
+    std::vector<float> xf(x.size());
+    for (size_t i = 0; i < x.size(); ++i) xf[i] = bf16_to_float(x[i]);
+    const int64_t max_blocks = fp8_col_blocks(c.M, E);
+    std::vector<uint8_t> q(x.size(), 0);
+    std::vector<float> s(static_cast<size_t>(max_blocks * c.L), 0.0f);
+    cpu::fp8_quantize_cols(xf.data(), c.L, off.data(), E, q.data(), s.data());
+    const std::string what = "E " + std::to_string(E) + " M " + std::to_string(c.M) + " L " +
+                             std::to_string(c.L);
+    // Separate output, then in place (out aliases x).
+    for (bool in_place : {false, true}) {
+      Dev<bf16_t> dx(x), dout(x.size());
+      Dev<int32_t> doff(off);
+      Dev<uint8_t> dq(q.size());
+      Dev<float> ds(s.size());
+      bf16_t* out = in_place ? dx.ptr : dout.ptr;
+      cuda::fp8_quantize_cols(dx.ptr, c.M, c.L, doff.ptr, E, nullptr, dq.ptr, ds.ptr, max_blocks,
+                              out, nullptr);
+      expect_cols_equal(c, off, q, s, dq.get(), ds.get(), in_place ? dx.get() : dout.get(),
+                        what + (in_place ? " in place" : ""));
+    }
+    // A set skip flag: nothing written.
+    Dev<bf16_t> dx(x);
+    Dev<int32_t> doff(off), skip(std::vector<int32_t>{1});
+    Dev<uint8_t> dq(q.size());
+    Dev<float> ds(s.size());
+    cuda::fp8_quantize_cols(dx.ptr, c.M, c.L, doff.ptr, E, skip.ptr, dq.ptr, ds.ptr, max_blocks,
+                            nullptr, nullptr);
+    EXPECT_TRUE(dq.get() == std::vector<uint8_t>(q.size(), 0xA5)) << what << ": skipped";
+  }
+}
+
+TEST(GpuFp8Steps, ColumnQuantizationOfE4m3RowsMatchesCpuBitwise) {
+  EPMOE_REQUIRE_GPU();
+  uint64_t seed = 80;
+  for (const ColsCase& c : cols_cases()) {
+    if (c.L % 16 != 0) continue;
+    const int E = static_cast<int>(c.rows_E.size());
+    const std::vector<int32_t> off = offsets_of(c.rows_E);
+    const int64_t rows = off[static_cast<size_t>(E)];
+    // The received rows as the forward leaves them: E4M3 codes [rows, L] | S-major scales.
+    const std::vector<bf16_t> x = random_bf16(static_cast<size_t>(c.M * c.L), seed++);
+    const int64_t pad = 256;  // the rows start at a device-held byte offset
+    std::vector<char> buf(static_cast<size_t>(pad + fp8_rows_bytes(c.M, c.L)), 0);
+    uint8_t* codes = reinterpret_cast<uint8_t*>(buf.data() + pad);
+    float* scales = reinterpret_cast<float*>(buf.data() + pad + fp8_rows_scales_offset(rows, c.L));
+    cpu::fp8_quantize_rows_s_major(x.data(), rows, c.L, codes, scales, fp8_rows_ld(rows));
+    std::vector<float> decoded(static_cast<size_t>(c.M * c.L), 0.0f);
+    cpu::fp8_dequantize_rows_s_major(codes, scales, fp8_rows_ld(rows), rows, c.L, decoded.data());
+    const int64_t max_blocks = fp8_col_blocks(c.M, E);
+    std::vector<uint8_t> q(decoded.size(), 0);
+    std::vector<float> s(static_cast<size_t>(max_blocks * c.L), 0.0f);
+    cpu::fp8_quantize_cols(decoded.data(), c.L, off.data(), E, q.data(), s.data());
+    Dev<char> dbuf(buf);
+    Dev<int64_t> doffset(std::vector<int64_t>{pad});
+    Dev<int32_t> drows(std::vector<int32_t>{static_cast<int32_t>(rows)});
+    Dev<int32_t> doff(off);
+    Dev<uint8_t> dq(q.size());
+    Dev<float> ds(s.size());
+    Dev<bf16_t> dout(q.size());
+    cuda::fp8_quantize_cols_from_rows(dbuf.ptr, doffset.ptr, drows.ptr, c.M, c.L, doff.ptr, E,
+                                      nullptr, dq.ptr, ds.ptr, max_blocks, dout.ptr, nullptr);
+    expect_cols_equal(c, off, q, s, dq.get(), ds.get(), dout.get(),
+                      "E4M3 rows, E " + std::to_string(E) + " L " + std::to_string(c.L));
+  }
+}
+
+TEST(GpuFp8Steps, ArgumentErrorsNameTheArgument) {
+  try {
+    cuda::fp8_quantize_cols(nullptr, 4, 16, nullptr, 1, nullptr, nullptr, nullptr, 5, nullptr,
+                            nullptr);
+    ADD_FAILURE() << "accepted a null x_ML";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "x_ML") << e.what();
+  }
+  try {
+    cuda::fp8_transpose_weights(nullptr, nullptr, 1, 16, 16, nullptr, nullptr, nullptr);
+    ADD_FAILURE() << "accepted a null q_GNL";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "q_GNL") << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace epmoe::test

@@ -1,0 +1,284 @@
+// FP8 block-scaled training (Config.precision = fp8_block, a training context) on one GPU through
+// the public API, against the CPU backend on the same inputs:
+// - y and every gradient within kBackendTolerances (fp8_block) and the CPU path's float64 bounds
+//   (EPMOE_REPORT_ERRORS=1 prints the errors);
+// - fused == unfused, repeated calls, prepared == per-call weights, per-route == per-rank combine
+//   (EP = 1): bitwise;
+// - a stack of layers at the minimum slot budget (every layer replays its forward) == full save,
+//   bitwise; one forward + backward captured in a CUDA graph and replayed with new routings ==
+//   eager, bitwise.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "device_call.h"
+#include "epmoe/context.h"
+#include "epmoe/cuda.h"
+#include "epmoe/memory_plan.h"
+#include "epmoe/prepared_weights.h"
+#include "moe_case.h"
+#include "require_gpu.h"
+#include "slot_stack.h"
+#include "tolerances.h"
+
+namespace epmoe::test {
+namespace {
+
+#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
+
+Problem fp8_problem(int64_t T, int64_t D, int64_t F, int experts, int K, bool clamped = false) {
+  Problem p = make_problem(1, T, D, F, K, experts,
+                           clamped ? Activation::swiglu_clamped() : Activation::swiglu());
+  p.precision = Precision::fp8_block;
+  return p;
+}
+
+// The host-prepared fp8_block_fp32 weights of `in` (RankCall's prepare_weights), uploaded.
+struct DevicePrepared {
+  DevicePrepared(const Problem& p, const RankInputs& in) {
+    Problem q = p;
+    q.prepared_weights = true;
+    const RankCall host(q, in);
+    w13 = host.w13_prepared;
+    w2 = host.w2_prepared;
+    w13.data.data = w13_q = upload(host.w13_q);
+    w13.scales.data = w13_s = upload(host.w13_scales);
+    w2.data.data = w2_q = upload(host.w2_q);
+    w2.scales.data = w2_s = upload(host.w2_scales);
+    for (TensorRef* t : {&w13.data, &w13.scales, &w2.data, &w2.scales}) t->device = Device::cuda(0);
+  }
+  ~DevicePrepared() {
+    for (void* ptr : {(void*)w13_q, (void*)w13_s, (void*)w2_q, (void*)w2_s}) cudaFree(ptr);
+  }
+  DevicePrepared(const DevicePrepared&) = delete;
+  DevicePrepared& operator=(const DevicePrepared&) = delete;
+
+  PreparedWeights w13, w2;
+  uint8_t *w13_q, *w2_q;
+  float *w13_s, *w2_s;
+};
+
+// Forward + backward on `ctx` (with the prepared weights when given); check() on success.
+RankOutputs train_once(Context& ctx, DeviceCall& call, const DevicePrepared* w, cudaStream_t stream) {
+  call.poison();
+  ForwardArgs f = call.forward_args(stream);
+  if (w != nullptr) {
+    f.w13_prepared = &w->w13;
+    f.w2_prepared = &w->w2;
+  }
+  const SavedLayer saved = ctx.forward(f);
+  BackwardArgs b = call.backward_args(saved, stream);
+  if (w != nullptr) {
+    b.w13_prepared = &w->w13;
+    b.w2_prepared = &w->w2;
+  }
+  ctx.backward(b);
+  ctx.check();
+  return call.outputs();
+}
+
+// `calls` forward + backward calls on one fresh context; every later call must repeat the first.
+RankOutputs gpu_train(const Problem& p, const RankInputs& in, int calls = 1) {
+  auto ctx = Context::create(p.config(), make_single_gpu_transport(0));
+  DeviceCall call(p, in);
+  std::unique_ptr<DevicePrepared> prepared;
+  if (p.prepared_weights) prepared = std::make_unique<DevicePrepared>(p, in);
+  RankOutputs first;
+  for (int c = 0; c < calls; ++c) {
+    const RankOutputs out = train_once(*ctx, call, prepared.get(), nullptr);
+    if (c == 0) {
+      first = out;
+    } else {
+      expect_bitwise_equal({out}, {first}, p.name() + ": call " + std::to_string(c));
+    }
+  }
+  ctx->close();
+  return first;
+}
+
+OutputErrors compare(const RankOutputs& a, const RankOutputs& b) {
+  auto rel = [](const std::vector<double>& x, const std::vector<double>& y) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      num += (x[i] - y[i]) * (x[i] - y[i]);
+      den += y[i] * y[i];
+    }
+    return std::sqrt(num / std::max(den, 1e-300));
+  };
+  OutputErrors e;
+  e.value[0] = rel(widen(a.y_TD), widen(b.y_TD));
+  e.value[1] = rel(widen(a.grad_x_TD), widen(b.grad_x_TD));
+  e.value[2] = rel(widen(a.grad_scores_TK), widen(b.grad_scores_TK));
+  e.value[3] = rel(widen(a.grad_w13_EFD), widen(b.grad_w13_EFD));
+  e.value[4] = rel(widen(a.grad_w2_EDF), widen(b.grad_w2_EDF));
+  return e;
+}
+
+TEST(GpuFp8Training, MatchesCpuWithinBoundsAndVariantsBitwise) {
+  EPMOE_REQUIRE_GPU();
+  std::vector<Problem> cases = {
+      fp8_problem(64, 128, 96, 8, 2),     // ci-tiny
+      fp8_problem(333, 256, 528, 16, 4),  // ragged tiles in every dimension
+      fp8_problem(512, 1024, 768, 8, 2),  // many k-blocks, several tiles, > 128 rows per expert
+      fp8_problem(1, 64, 64, 4, 2),       // T = 1
+      fp8_problem(96, 192, 144, 8, 2, true),
+  };
+  Problem f32 = fp8_problem(80, 128, 64, 6, 3);
+  f32.wgrad_dtype = DType::f32;
+  cases.push_back(f32);
+  uint64_t seed = 900;
+  for (const Problem& p : cases) {
+    const std::vector<RankInputs> in = make_inputs(p, seed++, p.max_tokens);
+    const RankOutputs gpu = gpu_train(p, in[0], 2);
+    const RankOutputs cpu = run_layer(p, in)[0];
+    const OutputErrors vs_cpu = compare(gpu, cpu);
+    report_errors(p.name() + " fp8 gpu vs cpu", vs_cpu);
+    for (int o = 0; o < kNumOutputs; ++o) {
+      const Output out = static_cast<Output>(o);
+      EXPECT_LE(vs_cpu[out], backend_rel_l2_bound(Precision::fp8_block, out))
+          << p.name() << ": " << to_string(out) << " CUDA vs CPU backend (" << vs_cpu.to_string()
+          << ")";
+    }
+    Problem unfused = p;
+    unfused.fused = false;
+    expect_bitwise_equal({gpu_train(unfused, in[0])}, {gpu}, p.name() + ": unfused vs fused");
+    Problem prepared = p;
+    prepared.prepared_weights = true;
+    expect_bitwise_equal({gpu_train(prepared, in[0])}, {gpu}, p.name() + ": prepared vs per-call");
+    Problem per_rank = p;
+    per_rank.combine = CombineMode::per_rank;
+    expect_bitwise_equal({gpu_train(per_rank, in[0])}, {gpu}, p.name() + ": per-rank combine");
+  }
+}
+
+// Live counts below T and none, and a skewed routing (one expert with > 128 rows).
+TEST(GpuFp8Training, EdgeRoutingsMatchCpuWithinBounds) {
+  EPMOE_REQUIRE_GPU();
+  const Problem p = fp8_problem(300, 256, 160, 8, 2);
+  const auto one_expert = [](int, int64_t, int, std::mt19937_64&) -> int64_t { return 3; };
+  struct Case {
+    int64_t live;
+    Router router;
+  };
+  uint64_t seed = 950;
+  for (const Case& c : {Case{77, nullptr}, Case{0, nullptr}, Case{-1, one_expert}}) {
+    std::vector<RankInputs> in =
+        make_inputs(p, seed++, p.max_tokens, c.router ? c.router : distinct_router(p.experts, p.top_k));
+    in[0].live = c.live;
+    const RankOutputs gpu = gpu_train(p, in[0]);
+    const RankOutputs cpu = run_layer(p, in)[0];
+    const OutputErrors vs_cpu = compare(gpu, cpu);
+    const std::string what = p.name() + " live " + std::to_string(c.live);
+    report_errors(what + " fp8 gpu vs cpu", vs_cpu);
+    for (int o = 0; o < kNumOutputs; ++o) {
+      const Output out = static_cast<Output>(o);
+      if (c.live == 0) continue;  // all zeros on both sides: checked bitwise below
+      EXPECT_LE(vs_cpu[out], backend_rel_l2_bound(Precision::fp8_block, out))
+          << what << ": " << to_string(out) << " (" << vs_cpu.to_string() << ")";
+    }
+    if (c.live == 0) expect_bitwise_equal({gpu}, {cpu}, what + ": no live tokens");
+  }
+}
+
+// A stack of 4 layers in one slot: at the minimum budget every layer saves only x and backward
+// replays its forward (restore_input re-quantizes x; the FP8 stages copy to and from the placed
+// buffers); the result is bitwise the full save's.
+TEST(GpuFp8Training, RecomputeAtMinimumBudgetEqualsFullSaveBitwise) {
+  EPMOE_REQUIRE_GPU();
+  for (bool fused : {true, false}) {
+    for (CombineMode combine : {CombineMode::per_route, CombineMode::per_rank}) {
+      Problem p = fp8_problem(96, 144, 112, 8, 2);  // 2D = 288 bytes: granule lcm(128, 288)
+      p.fused = fused;
+      p.combine = combine;
+      p.layers_per_slot = kStackLayers;
+      const int64_t tokens[kStackLayers] = {96, 29, 96, 61};
+      std::vector<RankInputs> in;
+      for (int l = 0; l < kStackLayers; ++l) {
+        in.push_back(make_inputs(p, 970 + static_cast<uint64_t>(l), tokens[l])[0]);
+      }
+      const MemoryPlan plan = plan_memory(stack_config(p, -1), 1);
+      StackResult results[2];
+      int i = 0;
+      for (int64_t budget : {int64_t{-1}, plan.minimum_slot_bytes}) {
+        auto ctx = Context::create(stack_config(p, budget), make_single_gpu_transport(0));
+        auto calls = stack_calls(p, in, 0);
+        results[i] = run_stack(*ctx, calls, nullptr);
+        const StackResult again = run_stack(*ctx, calls, nullptr);
+        expect_stack_bitwise_equal(again, results[i], p.name() + ": second pass");
+        ctx->close();
+        ++i;
+      }
+      EXPECT_EQ(results[0].recomputed, std::vector<bool>(kStackLayers, false)) << p.name();
+      EXPECT_EQ(results[1].recomputed, std::vector<bool>(kStackLayers, true)) << p.name();
+      expect_stack_bitwise_equal(results[1], results[0], p.name() + ": recompute vs full save");
+    }
+  }
+}
+
+// One forward + backward captured in a graph, replayed with new routings and live counts.
+TEST(GpuFp8Training, GraphReplayWithNewRoutingsEqualsEager) {
+  EPMOE_REQUIRE_GPU();
+  for (bool prepared : {false, true}) {
+    Problem p = fp8_problem(256, 256, 192, 16, 4);
+    p.capacity_factor = 1.0;
+    p.prepared_weights = prepared;
+    auto routing = [&](uint64_t seed, int64_t live) {
+      auto in = make_inputs(p, 100, 256)[0];  // same x, grad_y and weights every time
+      const auto fresh = make_inputs(p, seed, 256)[0];
+      in.ids_TK = fresh.ids_TK;
+      in.scores_TK = fresh.scores_TK;
+      in.live = live;
+      return in;
+    };
+    const RankInputs first = routing(1, 256);
+    auto ctx = Context::create(p.config(), make_single_gpu_transport(0));
+    DeviceCall call(p, first);
+    DevicePrepared weights(p, first);
+    const DevicePrepared* w = prepared ? &weights : nullptr;
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreate(&stream));
+    train_once(*ctx, call, w, stream);  // warm-up outside capture
+    CUDA_OK(cudaStreamSynchronize(stream));
+    cudaGraph_t graph;
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    {
+      ForwardArgs f = call.forward_args(stream);
+      if (w != nullptr) {
+        f.w13_prepared = &w->w13;
+        f.w2_prepared = &w->w2;
+      }
+      const SavedLayer saved = ctx->forward(f);
+      BackwardArgs b = call.backward_args(saved, stream);
+      if (w != nullptr) {
+        b.w13_prepared = &w->w13;
+        b.w2_prepared = &w->w2;
+      }
+      ctx->backward(b);
+    }
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec;
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (const auto& [seed, live] :
+         std::vector<std::pair<uint64_t, int64_t>>{{2, 256}, {3, 100}, {4, 1}, {5, 0}, {6, 256}}) {
+      const RankInputs in = routing(seed, live);
+      call.set_routing(in);
+      call.poison();
+      CUDA_OK(cudaGraphLaunch(exec, stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      ctx->check();
+      expect_bitwise_equal({call.outputs()}, {gpu_train(p, in)},
+                           p.name() + ": graph replay, routing seed " + std::to_string(seed) +
+                               " live " + std::to_string(live));
+    }
+    ctx->close();
+    CUDA_OK(cudaGraphExecDestroy(exec));
+    CUDA_OK(cudaGraphDestroy(graph));
+    CUDA_OK(cudaStreamDestroy(stream));
+  }
+}
+
+}  // namespace
+}  // namespace epmoe::test
