@@ -14,7 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "captured_step.h"
 #include "device_call.h"
+#include "device_prepared.h"
 #include "epmoe/context.h"
 #include "epmoe/cuda.h"
 #include "epmoe/memory_plan.h"
@@ -36,34 +38,8 @@ Problem fp8_problem(int64_t T, int64_t D, int64_t F, int experts, int K, bool cl
   return p;
 }
 
-// The host-prepared fp8_block_fp32 weights of `in` (RankCall's prepare_weights), uploaded.
-struct DevicePrepared {
-  DevicePrepared(const Problem& p, const RankInputs& in) {
-    Problem q = p;
-    q.prepared_weights = true;
-    const RankCall host(q, in);
-    w13 = host.w13_prepared;
-    w2 = host.w2_prepared;
-    w13.data.data = w13_q = upload(host.w13_q);
-    w13.scales.data = w13_s = upload(host.w13_scales);
-    w2.data.data = w2_q = upload(host.w2_q);
-    w2.scales.data = w2_s = upload(host.w2_scales);
-    for (TensorRef* t : {&w13.data, &w13.scales, &w2.data, &w2.scales}) t->device = Device::cuda(0);
-  }
-  ~DevicePrepared() {
-    for (void* ptr : {(void*)w13_q, (void*)w13_s, (void*)w2_q, (void*)w2_s}) cudaFree(ptr);
-  }
-  DevicePrepared(const DevicePrepared&) = delete;
-  DevicePrepared& operator=(const DevicePrepared&) = delete;
-
-  PreparedWeights w13, w2;
-  uint8_t *w13_q, *w2_q;
-  float *w13_s, *w2_s;
-};
-
-// Forward + backward on `ctx` (with the prepared weights when given); check() on success.
-RankOutputs train_once(Context& ctx, DeviceCall& call, const DevicePrepared* w, cudaStream_t stream) {
-  call.poison();
+// Forward + backward on `ctx` (with the prepared weights when given), as enqueued on `stream`.
+void train_step(Context& ctx, DeviceCall& call, const DevicePrepared* w, cudaStream_t stream) {
   ForwardArgs f = call.forward_args(stream);
   if (w != nullptr) {
     f.w13_prepared = &w->w13;
@@ -76,6 +52,12 @@ RankOutputs train_once(Context& ctx, DeviceCall& call, const DevicePrepared* w, 
     b.w2_prepared = &w->w2;
   }
   ctx.backward(b);
+}
+
+// train_step on poisoned outputs; check() on success; returns the outputs.
+RankOutputs train_once(Context& ctx, DeviceCall& call, const DevicePrepared* w, cudaStream_t stream) {
+  call.poison();
+  train_step(ctx, call, w, stream);
   ctx.check();
   return call.outputs();
 }
@@ -235,45 +217,24 @@ TEST(GpuFp8Training, GraphReplayWithNewRoutingsEqualsEager) {
     DeviceCall call(p, first);
     DevicePrepared weights(p, first);
     const DevicePrepared* w = prepared ? &weights : nullptr;
-    cudaStream_t stream;
-    CUDA_OK(cudaStreamCreate(&stream));
-    train_once(*ctx, call, w, stream);  // warm-up outside capture
-    CUDA_OK(cudaStreamSynchronize(stream));
-    cudaGraph_t graph;
-    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    {
-      ForwardArgs f = call.forward_args(stream);
-      if (w != nullptr) {
-        f.w13_prepared = &w->w13;
-        f.w2_prepared = &w->w2;
-      }
-      const SavedLayer saved = ctx->forward(f);
-      BackwardArgs b = call.backward_args(saved, stream);
-      if (w != nullptr) {
-        b.w13_prepared = &w->w13;
-        b.w2_prepared = &w->w2;
-      }
-      ctx->backward(b);
-    }
-    CUDA_OK(cudaStreamEndCapture(stream, &graph));
-    cudaGraphExec_t exec;
-    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    StreamGraph graph(
+        [&](cudaStream_t stream) {
+          train_once(*ctx, call, w, stream);  // warm-up outside capture
+          CUDA_OK(cudaStreamSynchronize(stream));
+        },
+        [&](cudaStream_t stream) { train_step(*ctx, call, w, stream); });
     for (const auto& [seed, live] :
          std::vector<std::pair<uint64_t, int64_t>>{{2, 256}, {3, 100}, {4, 1}, {5, 0}, {6, 256}}) {
       const RankInputs in = routing(seed, live);
       call.set_routing(in);
       call.poison();
-      CUDA_OK(cudaGraphLaunch(exec, stream));
-      CUDA_OK(cudaStreamSynchronize(stream));
+      graph.launch();
       ctx->check();
       expect_bitwise_equal({call.outputs()}, {gpu_train(p, in)},
                            p.name() + ": graph replay, routing seed " + std::to_string(seed) +
                                " live " + std::to_string(live));
     }
     ctx->close();
-    CUDA_OK(cudaGraphExecDestroy(exec));
-    CUDA_OK(cudaGraphDestroy(graph));
-    CUDA_OK(cudaStreamDestroy(stream));
   }
 }
 
