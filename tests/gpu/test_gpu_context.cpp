@@ -14,6 +14,7 @@
 #include "epmoe/context.h"
 #include "epmoe/cuda.h"
 #include "epmoe/error.h"
+#include "captured_step.h"
 #include "device_call.h"
 #include "moe_case.h"
 #include "require_gpu.h"
@@ -21,8 +22,6 @@
 
 namespace epmoe::test {
 namespace {
-
-#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
 
 std::unique_ptr<Context> gpu_context(const Problem& p) {
   return Context::create(p.config(), make_single_gpu_transport(0));
@@ -250,25 +249,11 @@ TEST(GpuContext, GraphReplayWithNewRoutingsEqualsEager) {
   const RankInputs first = routing(1, 256);
   auto graph_ctx = gpu_context(p);
   DeviceCall call(p, first);
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreate(&stream));
-  run_once(*graph_ctx, call, stream);  // warm-up outside capture
-  cudaGraph_t graph;
-  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  const SavedLayer saved = graph_ctx->forward(call.forward_args(stream));
-  graph_ctx->backward(call.backward_args(saved, stream));
-  CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  CapturedStep step(*graph_ctx, call);
   auto eager_ctx = gpu_context(p);
   for (const auto& [seed, live] : std::vector<std::pair<uint64_t, int64_t>>{{2, 256}, {3, 100}, {4, 1}, {5, 256}}) {
     const RankInputs in = routing(seed, live);
-    call.set_routing(in);
-    call.poison();
-    CUDA_OK(cudaGraphLaunch(exec, stream));
-    CUDA_OK(cudaStreamSynchronize(stream));
-    graph_ctx->check();
-    const std::vector<RankOutputs> replayed{call.outputs()};
+    const std::vector<RankOutputs> replayed{step.replay(in)};
     DeviceCall eager_call(p, in);
     const std::vector<RankOutputs> eager{run_once(*eager_ctx, eager_call, nullptr)};
     expect_bitwise_equal(replayed, eager, "graph replay, routing seed " + std::to_string(seed) +
@@ -276,9 +261,6 @@ TEST(GpuContext, GraphReplayWithNewRoutingsEqualsEager) {
   }
   graph_ctx->close();
   eager_ctx->close();
-  CUDA_OK(cudaGraphExecDestroy(exec));
-  CUDA_OK(cudaGraphDestroy(graph));
-  CUDA_OK(cudaStreamDestroy(stream));
 }
 
 // Per-rank combine (Config.combine = per_rank, inference) at EP = 1: one partial per token, so
@@ -328,35 +310,17 @@ TEST(GpuContext, PerRankCombineEqualsPerRouteBitwiseAndReplays) {
 
   auto graph_ctx = gpu_context(p);
   DeviceCall call(p, first);
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreate(&stream));
-  run_forward_once(*graph_ctx, call, stream);  // warm-up outside capture
-  cudaGraph_t graph;
-  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  ForwardArgs a = call.forward_args(stream);
-  a.save_for_backward = false;
-  graph_ctx->forward(a);
-  CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  CapturedStep step(*graph_ctx, call, Pass::forward);
   auto eager_ctx = gpu_context(p);
   for (const auto& [seed, live] : std::vector<std::pair<uint64_t, int64_t>>{{2, 256}, {3, 100}, {4, 1}, {5, 256}}) {
     const RankInputs in = routing(seed, live);
-    call.set_routing(in);
-    call.poison();
-    CUDA_OK(cudaGraphLaunch(exec, stream));
-    CUDA_OK(cudaStreamSynchronize(stream));
-    graph_ctx->check();
-    const std::vector<bf16_t> replayed = download(call.y, call.host.y.size());
+    const std::vector<bf16_t> replayed = step.replay_y(in);
     DeviceCall eager_call(p, in);
     EXPECT_EQ(replayed, run_forward_once(*eager_ctx, eager_call, nullptr))
         << "per_rank graph replay, routing seed " << seed << " live " << live;
   }
   graph_ctx->close();
   eager_ctx->close();
-  CUDA_OK(cudaGraphExecDestroy(exec));
-  CUDA_OK(cudaGraphDestroy(graph));
-  CUDA_OK(cudaStreamDestroy(stream));
 }
 
 // Training with the per-rank combine at EP = 1: every output bitwise the per-route combine's
@@ -391,25 +355,11 @@ TEST(GpuContext, PerRankCombineTrainingEqualsPerRouteBitwiseAndReplays) {
   RankInputs captured = first;
   captured.live = 256;
   DeviceCall call(p, captured);
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreate(&stream));
-  run_once(*graph_ctx, call, stream);  // warm-up outside capture
-  cudaGraph_t graph;
-  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  const SavedLayer saved = graph_ctx->forward(call.forward_args(stream));
-  graph_ctx->backward(call.backward_args(saved, stream));
-  CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  CapturedStep step(*graph_ctx, call);
   auto eager_ctx = gpu_context(p);
   for (const auto& [seed, live] : std::vector<std::pair<uint64_t, int64_t>>{{2, 256}, {3, 100}, {4, 1}, {5, 256}}) {
     const RankInputs in = routing(seed, live);
-    call.set_routing(in);
-    call.poison();
-    CUDA_OK(cudaGraphLaunch(exec, stream));
-    CUDA_OK(cudaStreamSynchronize(stream));
-    graph_ctx->check();
-    const std::vector<RankOutputs> replayed{call.outputs()};
+    const std::vector<RankOutputs> replayed{step.replay(in)};
     DeviceCall eager_call(p, in);
     const std::vector<RankOutputs> eager{run_once(*eager_ctx, eager_call, nullptr)};
     expect_bitwise_equal(replayed, eager, "per_rank graph replay, routing seed " +
@@ -417,9 +367,6 @@ TEST(GpuContext, PerRankCombineTrainingEqualsPerRouteBitwiseAndReplays) {
   }
   graph_ctx->close();
   eager_ctx->close();
-  CUDA_OK(cudaGraphExecDestroy(exec));
-  CUDA_OK(cudaGraphDestroy(graph));
-  CUDA_OK(cudaStreamDestroy(stream));
 }
 
 TEST(GpuContext, EdgeRoutingsMatchCpu) {

@@ -31,6 +31,7 @@
 #include "epmoe/error.h"
 #include "epmoe/nccl.h"
 #include "epmoe/status.h"
+#include "captured_step.h"
 #include "device_call.h"
 #include "fp8_exact_inputs.h"
 #include "epmoe/memory_plan.h"
@@ -591,32 +592,15 @@ TEST(GpuEp2, GraphReplayOnBothRanksEqualsEager) {
     auto graph_ctx = Context::create(p.config(), t);
     auto eager_ctx = Context::create(p.config(), t);  // same transport: same stream order below
     DeviceCall call(p, first[r], r);
-    cudaStream_t stream;
-    CUDA_OK(cudaStreamCreate(&stream));
-    run_once(*graph_ctx, call, stream);  // warm-up outside capture
-    cudaGraph_t graph;
-    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    const SavedLayer saved = graph_ctx->forward(call.forward_args(stream));
-    graph_ctx->backward(call.backward_args(saved, stream));
-    CUDA_OK(cudaStreamEndCapture(stream, &graph));
-    cudaGraphExec_t exec;
-    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    CapturedStep step(*graph_ctx, call);
     for (size_t i = 0; i < replays.size(); ++i) {
       const auto in = routing(replays[i].seed, replays[i].live0, replays[i].live1);
-      call.set_routing(in[r]);
-      call.poison();
-      CUDA_OK(cudaGraphLaunch(exec, stream));
-      CUDA_OK(cudaStreamSynchronize(stream));
-      graph_ctx->check();
-      replayed[i][r] = call.outputs();
+      replayed[i][r] = step.replay(in[r]);
       DeviceCall eager_call(p, in[r], r);
-      eager[i][r] = run_once(*eager_ctx, eager_call, stream);
+      eager[i][r] = run_once(*eager_ctx, eager_call, step.stream());
     }
     graph_ctx->close();
     eager_ctx->close();
-    CUDA_OK(cudaGraphExecDestroy(exec));
-    CUDA_OK(cudaGraphDestroy(graph));
-    CUDA_OK(cudaStreamDestroy(stream));
   });
   for (size_t i = 0; i < replays.size(); ++i) {
     expect_bitwise_equal(replayed[i], eager[i],
@@ -733,33 +717,15 @@ TEST(GpuEp2, PerRankCombineMatchesCpuAndGraphReplays) {
     auto graph_ctx = Context::create(p.config(), t);
     auto eager_ctx = Context::create(p.config(), t);  // same transport: same stream order below
     DeviceCall call(p, first[r], r);
-    cudaStream_t stream;
-    CUDA_OK(cudaStreamCreate(&stream));
-    run_forward_once(*graph_ctx, call, stream);  // warm-up outside capture
-    cudaGraph_t graph;
-    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    ForwardArgs a = call.forward_args(stream);
-    a.save_for_backward = false;
-    graph_ctx->forward(a);
-    CUDA_OK(cudaStreamEndCapture(stream, &graph));
-    cudaGraphExec_t exec;
-    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    CapturedStep step(*graph_ctx, call, Pass::forward);
     for (size_t i = 0; i < replays.size(); ++i) {
       const auto in = routing(replays[i].seed, replays[i].live0, replays[i].live1);
-      call.set_routing(in[r]);
-      call.poison();
-      CUDA_OK(cudaGraphLaunch(exec, stream));
-      CUDA_OK(cudaStreamSynchronize(stream));
-      graph_ctx->check();
-      replayed[i][r] = download(call.y, call.host.y.size());
+      replayed[i][r] = step.replay_y(in[r]);
       DeviceCall eager_call(p, in[r], r);
-      eager[i][r] = run_forward_once(*eager_ctx, eager_call, stream);
+      eager[i][r] = run_forward_once(*eager_ctx, eager_call, step.stream());
     }
     graph_ctx->close();
     eager_ctx->close();
-    CUDA_OK(cudaGraphExecDestroy(exec));
-    CUDA_OK(cudaGraphDestroy(graph));
-    CUDA_OK(cudaStreamDestroy(stream));
   });
   for (size_t i = 0; i < replays.size(); ++i) {
     EXPECT_EQ(replayed[i], eager[i]) << "per_rank graph replay, seed " << replays[i].seed;
@@ -872,33 +838,17 @@ void graph_replay_with_recompute(CombineMode combine) {
     auto graph_ctx = Context::create(config, t);
     auto eager_ctx = Context::create(config, t);  // same transport: same stream order below
     DeviceCall call(p, first[static_cast<size_t>(r)], r);
-    cudaStream_t stream;
-    CUDA_OK(cudaStreamCreate(&stream));
-    run_once(*graph_ctx, call, stream);  // warm-up outside capture
-    cudaGraph_t graph;
-    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    const SavedLayer saved = graph_ctx->forward(call.forward_args(stream));
-    graph_ctx->backward(call.backward_args(saved, stream));
-    CUDA_OK(cudaStreamEndCapture(stream, &graph));
-    cudaGraphExec_t exec;
-    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    CapturedStep step(*graph_ctx, call);
     for (size_t i = 0; i < replays.size(); ++i) {
       const auto in = routing(replays[i].seed, replays[i].live0, replays[i].live1);
-      call.set_routing(in[static_cast<size_t>(r)]);
-      call.poison();
-      CUDA_OK(cudaGraphLaunch(exec, stream));
-      CUDA_OK(cudaStreamSynchronize(stream));
-      graph_ctx->check();
-      replayed_layers[static_cast<size_t>(r)] += graph_ctx->recomputes(saved) ? 1 : 0;
+      step.launch(in[static_cast<size_t>(r)]);
+      replayed_layers[static_cast<size_t>(r)] += graph_ctx->recomputes(step.saved()) ? 1 : 0;
       replayed[i][static_cast<size_t>(r)] = call.outputs();
       DeviceCall eager_call(p, in[static_cast<size_t>(r)], r);
-      eager[i][static_cast<size_t>(r)] = run_once(*eager_ctx, eager_call, stream);
+      eager[i][static_cast<size_t>(r)] = run_once(*eager_ctx, eager_call, step.stream());
     }
     graph_ctx->close();
     eager_ctx->close();
-    CUDA_OK(cudaGraphExecDestroy(exec));
-    CUDA_OK(cudaGraphDestroy(graph));
-    CUDA_OK(cudaStreamDestroy(stream));
   });
   // The planner's rule for the first layer of an empty slot of the minimum budget: save
   // everything only if the fullest rank's full save fits the packed region (L inputs) with the
