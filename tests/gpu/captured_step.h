@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <vector>
 
 #include "device_call.h"
@@ -128,5 +129,20 @@ class CapturedStep {
   SavedLayer saved_;  // before graph_: the capture writes it
   StreamGraph graph_;
 };
+
+// make_inputs(p, base_seed, tokens) with the ids and scores of make_inputs(p, seed, tokens) and
+// live count live_R[r] on ranks r < live_R.size(): the same x, weights and grad_y on every
+// replay, a new routing each time.
+inline std::vector<RankInputs> rerouted(const Problem& p, uint64_t base_seed, uint64_t seed,
+                                        int64_t tokens, const std::vector<int64_t>& live_R) {
+  std::vector<RankInputs> in = make_inputs(p, base_seed, tokens);
+  const std::vector<RankInputs> fresh = make_inputs(p, seed, tokens);
+  for (size_t r = 0; r < live_R.size(); ++r) {
+    in.at(r).ids_TK = fresh.at(r).ids_TK;
+    in.at(r).scores_TK = fresh.at(r).scores_TK;
+    in.at(r).live = live_R[r];
+  }
+  return in;
+}
 
 }  // namespace epmoe::test

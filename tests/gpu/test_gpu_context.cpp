@@ -238,13 +238,9 @@ TEST(GpuContext, GraphReplayWithNewRoutingsEqualsEager) {
   EPMOE_REQUIRE_GPU();
   Problem p = problem(256, 256, 192, 16, 4);
   p.capacity_factor = 1.0;
+  // Same x, weights, grad_y every time; a new routing per seed.
   auto routing = [&](uint64_t seed, int64_t live) {
-    auto in = make_inputs(p, 100, 256)[0];  // same x, weights, grad_y every time
-    const auto fresh = make_inputs(p, seed, 256)[0];
-    in.ids_TK = fresh.ids_TK;
-    in.scores_TK = fresh.scores_TK;
-    in.live = live;
-    return in;
+    return rerouted(p, 100, seed, 256, {live})[0];
   };
   const RankInputs first = routing(1, 256);
   auto graph_ctx = gpu_context(p);
@@ -271,13 +267,9 @@ TEST(GpuContext, PerRankCombineEqualsPerRouteBitwiseAndReplays) {
   Problem p = problem(256, 256, 192, 8, 4);
   p.inference = true;
   p.combine = CombineMode::per_rank;
+  // Same x and weights every time; a new routing per seed.
   auto routing = [&](uint64_t seed, int64_t live) {
-    auto in = make_inputs(p, 100, 256)[0];  // same x and weights every time
-    const auto fresh = make_inputs(p, seed, 256)[0];
-    in.ids_TK = fresh.ids_TK;
-    in.scores_TK = fresh.scores_TK;
-    in.live = live;
-    return in;
+    return rerouted(p, 100, seed, 256, {live})[0];
   };
   auto forward_y = [&](const Problem& q, const RankInputs& in) {
     auto ctx = gpu_context(q);
@@ -342,12 +334,7 @@ TEST(GpuContext, PerRankCombineTrainingEqualsPerRouteBitwiseAndReplays) {
   expect_gpu_matches_cpu(p, first, "per_rank");
 
   auto routing = [&](uint64_t seed, int64_t live) {
-    auto in = make_inputs(p, 100, 256)[0];
-    const auto fresh = make_inputs(p, seed, 256)[0];
-    in.ids_TK = fresh.ids_TK;
-    in.scores_TK = fresh.scores_TK;
-    in.live = live;
-    return in;
+    return rerouted(p, 100, seed, 256, {live})[0];
   };
   auto graph_ctx = gpu_context(p);
   // The captured call passes num_tokens_1 (live = T): captured without it, the graph reads no

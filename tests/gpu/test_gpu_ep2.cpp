@@ -571,14 +571,7 @@ TEST(GpuEp2, GraphReplayOnBothRanksEqualsEager) {
   p.capacity_factor = 2.0;
   // Same x, weights, grad_y every time; fresh ids and scores per seed; live counts per rank.
   auto routing = [&](uint64_t seed, int64_t live0, int64_t live1) {
-    auto in = make_inputs(p, 100, 256);
-    const auto fresh = make_inputs(p, seed, 256);
-    for (int r = 0; r < kRanks; ++r) {
-      in[r].ids_TK = fresh[r].ids_TK;
-      in[r].scores_TK = fresh[r].scores_TK;
-      in[r].live = r == 0 ? live0 : live1;
-    }
-    return in;
+    return rerouted(p, 100, seed, 256, {live0, live1});
   };
   struct Replay {
     uint64_t seed;
@@ -645,14 +638,7 @@ TEST(GpuEp2, PerRankCombineMatchesCpuAndGraphReplays) {
   p.inference = true;
   p.combine = CombineMode::per_rank;
   auto routing = [&](uint64_t seed, int64_t live0, int64_t live1) {
-    auto in = make_inputs(p, 100, 256);
-    const auto fresh = make_inputs(p, seed, 256);
-    for (int r = 0; r < kRanks; ++r) {
-      in[r].ids_TK = fresh[r].ids_TK;
-      in[r].scores_TK = fresh[r].scores_TK;
-      in[r].live = r == 0 ? live0 : live1;
-    }
-    return in;
+    return rerouted(p, 100, seed, 256, {live0, live1});
   };
   auto y_error = [](const std::vector<std::vector<bf16_t>>& a,
                     const std::vector<std::vector<bf16_t>>& b) {
@@ -816,14 +802,7 @@ void graph_replay_with_recompute(CombineMode combine) {
   f.slots.slot_bytes = plan.minimum_slot_bytes;
   const Config config(f);
   auto routing = [&](uint64_t seed, int64_t live0, int64_t live1) {
-    auto in = make_inputs(p, 100, 256);
-    const auto fresh = make_inputs(p, seed, 256);
-    for (int r = 0; r < kRanks; ++r) {
-      in[static_cast<size_t>(r)].ids_TK = fresh[static_cast<size_t>(r)].ids_TK;
-      in[static_cast<size_t>(r)].scores_TK = fresh[static_cast<size_t>(r)].scores_TK;
-      in[static_cast<size_t>(r)].live = r == 0 ? live0 : live1;
-    }
-    return in;
+    return rerouted(p, 100, seed, 256, {live0, live1});
   };
   struct Replay {
     uint64_t seed;

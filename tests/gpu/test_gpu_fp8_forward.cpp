@@ -218,13 +218,9 @@ TEST(GpuFp8Forward, GraphReplayWithNewRoutingsEqualsEager) {
     Problem p = fp8_problem(256, 256, 192, 16, 4);
     p.capacity_factor = 1.0;
     p.prepared_weights = prepared;
+    // Same x and weights every time; a new routing per seed.
     auto routing = [&](uint64_t seed, int64_t live) {
-      auto in = make_inputs(p, 100, 256)[0];  // same x and weights every time
-      const auto fresh = make_inputs(p, seed, 256)[0];
-      in.ids_TK = fresh.ids_TK;
-      in.scores_TK = fresh.scores_TK;
-      in.live = live;
-      return in;
+      return rerouted(p, 100, seed, 256, {live})[0];
     };
     const RankInputs first = routing(1, 256);
     auto graph_ctx = Context::create(p.config(), make_single_gpu_transport(0));
