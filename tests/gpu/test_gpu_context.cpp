@@ -17,6 +17,7 @@
 #include "captured_step.h"
 #include "device_call.h"
 #include "moe_case.h"
+#include "output_compare.h"
 #include "require_gpu.h"
 #include "tolerances.h"
 
@@ -34,25 +35,6 @@ std::vector<RankOutputs> run_gpu_layer(const Problem& p, const RankInputs& in) {
   std::vector<RankOutputs> out{run_once(*ctx, call, nullptr)};
   ctx->close();
   return out;
-}
-
-// rel-L2 of a vs b per output (b as the reference).
-OutputErrors compare(const std::vector<RankOutputs>& a, const std::vector<RankOutputs>& b) {
-  auto rel = [](const std::vector<double>& x, const std::vector<double>& y) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < x.size(); ++i) {
-      num += (x[i] - y[i]) * (x[i] - y[i]);
-      den += y[i] * y[i];
-    }
-    return std::sqrt(num / std::max(den, 1e-300));
-  };
-  OutputErrors e;
-  e.value[0] = rel(widen(a[0].y_TD), widen(b[0].y_TD));
-  e.value[1] = rel(widen(a[0].grad_x_TD), widen(b[0].grad_x_TD));
-  e.value[2] = rel(widen(a[0].grad_scores_TK), widen(b[0].grad_scores_TK));
-  e.value[3] = rel(widen(a[0].grad_w13_EFD), widen(b[0].grad_w13_EFD));
-  e.value[4] = rel(widen(a[0].grad_w2_EDF), widen(b[0].grad_w2_EDF));
-  return e;
 }
 
 void expect_gpu_matches_cpu(const Problem& p, const RankInputs& in, const std::string& what) {

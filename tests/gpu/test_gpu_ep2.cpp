@@ -36,6 +36,7 @@
 #include "fp8_exact_inputs.h"
 #include "epmoe/memory_plan.h"
 #include "moe_case.h"
+#include "output_compare.h"
 #include "slot_stack.h"
 #include "tolerances.h"
 
@@ -106,27 +107,6 @@ std::vector<RankOutputs> run_gpu_layer(const Problem& p, const std::vector<RankI
       },
       options);
   return out;
-}
-
-// rel-L2 of a vs b per output, pooled over ranks (b as the reference).
-OutputErrors compare(const std::vector<RankOutputs>& a, const std::vector<RankOutputs>& b) {
-  double num[kNumOutputs] = {}, den[kNumOutputs] = {};
-  auto add = [&](int o, const std::vector<double>& x, const std::vector<double>& y) {
-    for (size_t i = 0; i < x.size(); ++i) {
-      num[o] += (x[i] - y[i]) * (x[i] - y[i]);
-      den[o] += y[i] * y[i];
-    }
-  };
-  for (size_t r = 0; r < a.size(); ++r) {
-    add(0, widen(a[r].y_TD), widen(b[r].y_TD));
-    add(1, widen(a[r].grad_x_TD), widen(b[r].grad_x_TD));
-    add(2, widen(a[r].grad_scores_TK), widen(b[r].grad_scores_TK));
-    add(3, widen(a[r].grad_w13_EFD), widen(b[r].grad_w13_EFD));
-    add(4, widen(a[r].grad_w2_EDF), widen(b[r].grad_w2_EDF));
-  }
-  OutputErrors e;
-  for (int o = 0; o < kNumOutputs; ++o) e.value[o] = std::sqrt(num[o] / std::max(den[o], 1e-300));
-  return e;
 }
 
 void expect_matches_cpu(const Problem& p, const std::vector<RankInputs>& in,

@@ -22,6 +22,7 @@
 #include "epmoe/memory_plan.h"
 #include "epmoe/prepared_weights.h"
 #include "moe_case.h"
+#include "output_compare.h"
 #include "require_gpu.h"
 #include "slot_stack.h"
 #include "tolerances.h"
@@ -79,24 +80,6 @@ RankOutputs gpu_train(const Problem& p, const RankInputs& in, int calls = 1) {
   }
   ctx->close();
   return first;
-}
-
-OutputErrors compare(const RankOutputs& a, const RankOutputs& b) {
-  auto rel = [](const std::vector<double>& x, const std::vector<double>& y) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < x.size(); ++i) {
-      num += (x[i] - y[i]) * (x[i] - y[i]);
-      den += y[i] * y[i];
-    }
-    return std::sqrt(num / std::max(den, 1e-300));
-  };
-  OutputErrors e;
-  e.value[0] = rel(widen(a.y_TD), widen(b.y_TD));
-  e.value[1] = rel(widen(a.grad_x_TD), widen(b.grad_x_TD));
-  e.value[2] = rel(widen(a.grad_scores_TK), widen(b.grad_scores_TK));
-  e.value[3] = rel(widen(a.grad_w13_EFD), widen(b.grad_w13_EFD));
-  e.value[4] = rel(widen(a.grad_w2_EDF), widen(b.grad_w2_EDF));
-  return e;
 }
 
 TEST(GpuFp8Training, MatchesCpuWithinBoundsAndVariantsBitwise) {
