@@ -48,6 +48,13 @@ const bool kNvlsOff = [] { return setenv("NCCL_NVLS_ENABLE", "0", 0) == 0; }();
 
 constexpr int kRanks = 2;
 
+// The graph-replay tests' replays: a routing seed and each rank's live count.
+struct Replay {
+  uint64_t seed;
+  int64_t live0, live1;
+};
+const std::vector<Replay> kReplays = {{2, 256, 256}, {3, 100, 200}, {4, 1, 0}, {5, 256, 17}};
+
 #define EPMOE_REQUIRE_2GPUS()                                        \
   do {                                                               \
     (void)kNvlsOff;                                                  \
@@ -553,11 +560,7 @@ TEST(GpuEp2, GraphReplayOnBothRanksEqualsEager) {
   auto routing = [&](uint64_t seed, int64_t live0, int64_t live1) {
     return rerouted(p, 100, seed, 256, {live0, live1});
   };
-  struct Replay {
-    uint64_t seed;
-    int64_t live0, live1;
-  };
-  const std::vector<Replay> replays = {{2, 256, 256}, {3, 100, 200}, {4, 1, 0}, {5, 256, 17}};
+  const std::vector<Replay>& replays = kReplays;
   const auto first = routing(1, 256, 256);
   std::vector<std::vector<RankOutputs>> replayed(replays.size(), std::vector<RankOutputs>(kRanks));
   std::vector<std::vector<RankOutputs>> eager(replays.size(), std::vector<RankOutputs>(kRanks));
@@ -670,11 +673,7 @@ TEST(GpuEp2, PerRankCombineMatchesCpuAndGraphReplays) {
   EXPECT_LE(y_error(gpu, gpu_forward(q, first)), backend_rel_l2_bound(Precision::bf16, Output::y))
       << "per_rank vs per_route on CUDA";
 
-  struct Replay {
-    uint64_t seed;
-    int64_t live0, live1;
-  };
-  const std::vector<Replay> replays = {{2, 256, 256}, {3, 100, 200}, {4, 1, 0}, {5, 256, 17}};
+  const std::vector<Replay>& replays = kReplays;
   std::vector<std::vector<std::vector<bf16_t>>> replayed(
       replays.size(), std::vector<std::vector<bf16_t>>(kRanks));
   std::vector<std::vector<std::vector<bf16_t>>> eager(replays.size(),
@@ -784,11 +783,7 @@ void graph_replay_with_recompute(CombineMode combine) {
   auto routing = [&](uint64_t seed, int64_t live0, int64_t live1) {
     return rerouted(p, 100, seed, 256, {live0, live1});
   };
-  struct Replay {
-    uint64_t seed;
-    int64_t live0, live1;
-  };
-  const std::vector<Replay> replays = {{2, 256, 256}, {3, 100, 200}, {4, 1, 0}, {5, 256, 17}};
+  const std::vector<Replay>& replays = kReplays;
   const auto first = routing(1, 256, 256);
   std::vector<std::vector<RankOutputs>> replayed(replays.size(), std::vector<RankOutputs>(kRanks));
   std::vector<std::vector<RankOutputs>> eager(replays.size(), std::vector<RankOutputs>(kRanks));
