@@ -216,17 +216,16 @@ TEST(GpuContext, RepeatRunsAreBitwiseEqual) {
   ctx->close();
 }
 
-TEST(GpuContext, GraphReplayWithNewRoutingsEqualsEager) {
-  EPMOE_REQUIRE_GPU();
-  Problem p = problem(256, 256, 192, 16, 4);
-  p.capacity_factor = 1.0;
-  // Same x, weights, grad_y every time; a new routing per seed.
+// One forward + backward captured from `captured` on a context of its own, replayed with new
+// routings (same x, weights, grad_y: seed 100, T = 256; ids and scores of seeds 2-5; live counts
+// 256, 100, 1, 256): every replay bitwise equal to an eager call on a second context.
+void expect_replays_equal_eager(const Problem& p, const RankInputs& captured,
+                                const std::string& what) {
   auto routing = [&](uint64_t seed, int64_t live) {
     return rerouted(p, 100, seed, 256, {live})[0];
   };
-  const RankInputs first = routing(1, 256);
   auto graph_ctx = gpu_context(p);
-  DeviceCall call(p, first);
+  DeviceCall call(p, captured);
   CapturedStep step(*graph_ctx, call);
   auto eager_ctx = gpu_context(p);
   for (const auto& [seed, live] : std::vector<std::pair<uint64_t, int64_t>>{{2, 256}, {3, 100}, {4, 1}, {5, 256}}) {
@@ -234,11 +233,18 @@ TEST(GpuContext, GraphReplayWithNewRoutingsEqualsEager) {
     const std::vector<RankOutputs> replayed{step.replay(in)};
     DeviceCall eager_call(p, in);
     const std::vector<RankOutputs> eager{run_once(*eager_ctx, eager_call, nullptr)};
-    expect_bitwise_equal(replayed, eager, "graph replay, routing seed " + std::to_string(seed) +
-                                              " live " + std::to_string(live));
+    expect_bitwise_equal(replayed, eager, what + "graph replay, routing seed " +
+                                              std::to_string(seed) + " live " + std::to_string(live));
   }
   graph_ctx->close();
   eager_ctx->close();
+}
+
+TEST(GpuContext, GraphReplayWithNewRoutingsEqualsEager) {
+  EPMOE_REQUIRE_GPU();
+  Problem p = problem(256, 256, 192, 16, 4);
+  p.capacity_factor = 1.0;
+  expect_replays_equal_eager(p, rerouted(p, 100, 1, 256, {256})[0], "");
 }
 
 // Per-rank combine (Config.combine = per_rank, inference) at EP = 1: one partial per token, so
@@ -315,27 +321,11 @@ TEST(GpuContext, PerRankCombineTrainingEqualsPerRouteBitwiseAndReplays) {
   expect_bitwise_equal(per_rank, run_gpu_layer(q, first), "per_rank fused vs unfused");
   expect_gpu_matches_cpu(p, first, "per_rank");
 
-  auto routing = [&](uint64_t seed, int64_t live) {
-    return rerouted(p, 100, seed, 256, {live})[0];
-  };
-  auto graph_ctx = gpu_context(p);
   // The captured call passes num_tokens_1 (live = T): captured without it, the graph reads no
   // live count and every replay runs all T tokens, whatever live set_routing writes.
   RankInputs captured = first;
   captured.live = 256;
-  DeviceCall call(p, captured);
-  CapturedStep step(*graph_ctx, call);
-  auto eager_ctx = gpu_context(p);
-  for (const auto& [seed, live] : std::vector<std::pair<uint64_t, int64_t>>{{2, 256}, {3, 100}, {4, 1}, {5, 256}}) {
-    const RankInputs in = routing(seed, live);
-    const std::vector<RankOutputs> replayed{step.replay(in)};
-    DeviceCall eager_call(p, in);
-    const std::vector<RankOutputs> eager{run_once(*eager_ctx, eager_call, nullptr)};
-    expect_bitwise_equal(replayed, eager, "per_rank graph replay, routing seed " +
-                                              std::to_string(seed) + " live " + std::to_string(live));
-  }
-  graph_ctx->close();
-  eager_ctx->close();
+  expect_replays_equal_eager(p, captured, "per_rank ");
 }
 
 TEST(GpuContext, EdgeRoutingsMatchCpu) {
