@@ -14,15 +14,15 @@
 #include "epmoe/context.h"
 #include "epmoe/cuda.h"
 #include "epmoe/error.h"
+#include "captured_step.h"
 #include "device_call.h"
 #include "moe_case.h"
+#include "output_compare.h"
 #include "require_gpu.h"
 #include "tolerances.h"
 
 namespace epmoe::test {
 namespace {
-
-#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
 
 std::unique_ptr<Context> gpu_context(const Problem& p) {
   return Context::create(p.config(), make_single_gpu_transport(0));
@@ -35,25 +35,6 @@ std::vector<RankOutputs> run_gpu_layer(const Problem& p, const RankInputs& in) {
   std::vector<RankOutputs> out{run_once(*ctx, call, nullptr)};
   ctx->close();
   return out;
-}
-
-// rel-L2 of a vs b per output (b as the reference).
-OutputErrors compare(const std::vector<RankOutputs>& a, const std::vector<RankOutputs>& b) {
-  auto rel = [](const std::vector<double>& x, const std::vector<double>& y) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < x.size(); ++i) {
-      num += (x[i] - y[i]) * (x[i] - y[i]);
-      den += y[i] * y[i];
-    }
-    return std::sqrt(num / std::max(den, 1e-300));
-  };
-  OutputErrors e;
-  e.value[0] = rel(widen(a[0].y_TD), widen(b[0].y_TD));
-  e.value[1] = rel(widen(a[0].grad_x_TD), widen(b[0].grad_x_TD));
-  e.value[2] = rel(widen(a[0].grad_scores_TK), widen(b[0].grad_scores_TK));
-  e.value[3] = rel(widen(a[0].grad_w13_EFD), widen(b[0].grad_w13_EFD));
-  e.value[4] = rel(widen(a[0].grad_w2_EDF), widen(b[0].grad_w2_EDF));
-  return e;
 }
 
 void expect_gpu_matches_cpu(const Problem& p, const RankInputs& in, const std::string& what) {
@@ -235,50 +216,35 @@ TEST(GpuContext, RepeatRunsAreBitwiseEqual) {
   ctx->close();
 }
 
+// One forward + backward captured from `captured` on a context of its own, replayed with new
+// routings (same x, weights, grad_y: seed 100, T = 256; ids and scores of seeds 2-5; live counts
+// 256, 100, 1, 256): every replay bitwise equal to an eager call on a second context.
+void expect_replays_equal_eager(const Problem& p, const RankInputs& captured,
+                                const std::string& what) {
+  auto routing = [&](uint64_t seed, int64_t live) {
+    return rerouted(p, 100, seed, 256, {live})[0];
+  };
+  auto graph_ctx = gpu_context(p);
+  DeviceCall call(p, captured);
+  CapturedStep step(*graph_ctx, call);
+  auto eager_ctx = gpu_context(p);
+  for (const auto& [seed, live] : std::vector<std::pair<uint64_t, int64_t>>{{2, 256}, {3, 100}, {4, 1}, {5, 256}}) {
+    const RankInputs in = routing(seed, live);
+    const std::vector<RankOutputs> replayed{step.replay(in)};
+    DeviceCall eager_call(p, in);
+    const std::vector<RankOutputs> eager{run_once(*eager_ctx, eager_call, nullptr)};
+    expect_bitwise_equal(replayed, eager, what + "graph replay, routing seed " +
+                                              std::to_string(seed) + " live " + std::to_string(live));
+  }
+  graph_ctx->close();
+  eager_ctx->close();
+}
+
 TEST(GpuContext, GraphReplayWithNewRoutingsEqualsEager) {
   EPMOE_REQUIRE_GPU();
   Problem p = problem(256, 256, 192, 16, 4);
   p.capacity_factor = 1.0;
-  auto routing = [&](uint64_t seed, int64_t live) {
-    auto in = make_inputs(p, 100, 256)[0];  // same x, weights, grad_y every time
-    const auto fresh = make_inputs(p, seed, 256)[0];
-    in.ids_TK = fresh.ids_TK;
-    in.scores_TK = fresh.scores_TK;
-    in.live = live;
-    return in;
-  };
-  const RankInputs first = routing(1, 256);
-  auto graph_ctx = gpu_context(p);
-  DeviceCall call(p, first);
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreate(&stream));
-  run_once(*graph_ctx, call, stream);  // warm-up outside capture
-  cudaGraph_t graph;
-  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  const SavedLayer saved = graph_ctx->forward(call.forward_args(stream));
-  graph_ctx->backward(call.backward_args(saved, stream));
-  CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-  auto eager_ctx = gpu_context(p);
-  for (const auto& [seed, live] : std::vector<std::pair<uint64_t, int64_t>>{{2, 256}, {3, 100}, {4, 1}, {5, 256}}) {
-    const RankInputs in = routing(seed, live);
-    call.set_routing(in);
-    call.poison();
-    CUDA_OK(cudaGraphLaunch(exec, stream));
-    CUDA_OK(cudaStreamSynchronize(stream));
-    graph_ctx->check();
-    const std::vector<RankOutputs> replayed{call.outputs()};
-    DeviceCall eager_call(p, in);
-    const std::vector<RankOutputs> eager{run_once(*eager_ctx, eager_call, nullptr)};
-    expect_bitwise_equal(replayed, eager, "graph replay, routing seed " + std::to_string(seed) +
-                                              " live " + std::to_string(live));
-  }
-  graph_ctx->close();
-  eager_ctx->close();
-  CUDA_OK(cudaGraphExecDestroy(exec));
-  CUDA_OK(cudaGraphDestroy(graph));
-  CUDA_OK(cudaStreamDestroy(stream));
+  expect_replays_equal_eager(p, rerouted(p, 100, 1, 256, {256})[0], "");
 }
 
 // Per-rank combine (Config.combine = per_rank, inference) at EP = 1: one partial per token, so
@@ -289,13 +255,9 @@ TEST(GpuContext, PerRankCombineEqualsPerRouteBitwiseAndReplays) {
   Problem p = problem(256, 256, 192, 8, 4);
   p.inference = true;
   p.combine = CombineMode::per_rank;
+  // Same x and weights every time; a new routing per seed.
   auto routing = [&](uint64_t seed, int64_t live) {
-    auto in = make_inputs(p, 100, 256)[0];  // same x and weights every time
-    const auto fresh = make_inputs(p, seed, 256)[0];
-    in.ids_TK = fresh.ids_TK;
-    in.scores_TK = fresh.scores_TK;
-    in.live = live;
-    return in;
+    return rerouted(p, 100, seed, 256, {live})[0];
   };
   auto forward_y = [&](const Problem& q, const RankInputs& in) {
     auto ctx = gpu_context(q);
@@ -328,35 +290,17 @@ TEST(GpuContext, PerRankCombineEqualsPerRouteBitwiseAndReplays) {
 
   auto graph_ctx = gpu_context(p);
   DeviceCall call(p, first);
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreate(&stream));
-  run_forward_once(*graph_ctx, call, stream);  // warm-up outside capture
-  cudaGraph_t graph;
-  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  ForwardArgs a = call.forward_args(stream);
-  a.save_for_backward = false;
-  graph_ctx->forward(a);
-  CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  CapturedStep step(*graph_ctx, call, Pass::forward);
   auto eager_ctx = gpu_context(p);
   for (const auto& [seed, live] : std::vector<std::pair<uint64_t, int64_t>>{{2, 256}, {3, 100}, {4, 1}, {5, 256}}) {
     const RankInputs in = routing(seed, live);
-    call.set_routing(in);
-    call.poison();
-    CUDA_OK(cudaGraphLaunch(exec, stream));
-    CUDA_OK(cudaStreamSynchronize(stream));
-    graph_ctx->check();
-    const std::vector<bf16_t> replayed = download(call.y, call.host.y.size());
+    const std::vector<bf16_t> replayed = step.replay_y(in);
     DeviceCall eager_call(p, in);
     EXPECT_EQ(replayed, run_forward_once(*eager_ctx, eager_call, nullptr))
         << "per_rank graph replay, routing seed " << seed << " live " << live;
   }
   graph_ctx->close();
   eager_ctx->close();
-  CUDA_OK(cudaGraphExecDestroy(exec));
-  CUDA_OK(cudaGraphDestroy(graph));
-  CUDA_OK(cudaStreamDestroy(stream));
 }
 
 // Training with the per-rank combine at EP = 1: every output bitwise the per-route combine's
@@ -377,49 +321,11 @@ TEST(GpuContext, PerRankCombineTrainingEqualsPerRouteBitwiseAndReplays) {
   expect_bitwise_equal(per_rank, run_gpu_layer(q, first), "per_rank fused vs unfused");
   expect_gpu_matches_cpu(p, first, "per_rank");
 
-  auto routing = [&](uint64_t seed, int64_t live) {
-    auto in = make_inputs(p, 100, 256)[0];
-    const auto fresh = make_inputs(p, seed, 256)[0];
-    in.ids_TK = fresh.ids_TK;
-    in.scores_TK = fresh.scores_TK;
-    in.live = live;
-    return in;
-  };
-  auto graph_ctx = gpu_context(p);
   // The captured call passes num_tokens_1 (live = T): captured without it, the graph reads no
   // live count and every replay runs all T tokens, whatever live set_routing writes.
   RankInputs captured = first;
   captured.live = 256;
-  DeviceCall call(p, captured);
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreate(&stream));
-  run_once(*graph_ctx, call, stream);  // warm-up outside capture
-  cudaGraph_t graph;
-  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  const SavedLayer saved = graph_ctx->forward(call.forward_args(stream));
-  graph_ctx->backward(call.backward_args(saved, stream));
-  CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-  auto eager_ctx = gpu_context(p);
-  for (const auto& [seed, live] : std::vector<std::pair<uint64_t, int64_t>>{{2, 256}, {3, 100}, {4, 1}, {5, 256}}) {
-    const RankInputs in = routing(seed, live);
-    call.set_routing(in);
-    call.poison();
-    CUDA_OK(cudaGraphLaunch(exec, stream));
-    CUDA_OK(cudaStreamSynchronize(stream));
-    graph_ctx->check();
-    const std::vector<RankOutputs> replayed{call.outputs()};
-    DeviceCall eager_call(p, in);
-    const std::vector<RankOutputs> eager{run_once(*eager_ctx, eager_call, nullptr)};
-    expect_bitwise_equal(replayed, eager, "per_rank graph replay, routing seed " +
-                                              std::to_string(seed) + " live " + std::to_string(live));
-  }
-  graph_ctx->close();
-  eager_ctx->close();
-  CUDA_OK(cudaGraphExecDestroy(exec));
-  CUDA_OK(cudaGraphDestroy(graph));
-  CUDA_OK(cudaStreamDestroy(stream));
+  expect_replays_equal_eager(p, captured, "per_rank ");
 }
 
 TEST(GpuContext, EdgeRoutingsMatchCpu) {

@@ -31,10 +31,12 @@
 #include "epmoe/error.h"
 #include "epmoe/nccl.h"
 #include "epmoe/status.h"
+#include "captured_step.h"
 #include "device_call.h"
 #include "fp8_exact_inputs.h"
 #include "epmoe/memory_plan.h"
 #include "moe_case.h"
+#include "output_compare.h"
 #include "slot_stack.h"
 #include "tolerances.h"
 
@@ -45,6 +47,13 @@ namespace {
 const bool kNvlsOff = [] { return setenv("NCCL_NVLS_ENABLE", "0", 0) == 0; }();
 
 constexpr int kRanks = 2;
+
+// The graph-replay tests' replays: a routing seed and each rank's live count.
+struct Replay {
+  uint64_t seed;
+  int64_t live0, live1;
+};
+const std::vector<Replay> kReplays = {{2, 256, 256}, {3, 100, 200}, {4, 1, 0}, {5, 256, 17}};
 
 #define EPMOE_REQUIRE_2GPUS()                                        \
   do {                                                               \
@@ -105,27 +114,6 @@ std::vector<RankOutputs> run_gpu_layer(const Problem& p, const std::vector<RankI
       },
       options);
   return out;
-}
-
-// rel-L2 of a vs b per output, pooled over ranks (b as the reference).
-OutputErrors compare(const std::vector<RankOutputs>& a, const std::vector<RankOutputs>& b) {
-  double num[kNumOutputs] = {}, den[kNumOutputs] = {};
-  auto add = [&](int o, const std::vector<double>& x, const std::vector<double>& y) {
-    for (size_t i = 0; i < x.size(); ++i) {
-      num[o] += (x[i] - y[i]) * (x[i] - y[i]);
-      den[o] += y[i] * y[i];
-    }
-  };
-  for (size_t r = 0; r < a.size(); ++r) {
-    add(0, widen(a[r].y_TD), widen(b[r].y_TD));
-    add(1, widen(a[r].grad_x_TD), widen(b[r].grad_x_TD));
-    add(2, widen(a[r].grad_scores_TK), widen(b[r].grad_scores_TK));
-    add(3, widen(a[r].grad_w13_EFD), widen(b[r].grad_w13_EFD));
-    add(4, widen(a[r].grad_w2_EDF), widen(b[r].grad_w2_EDF));
-  }
-  OutputErrors e;
-  for (int o = 0; o < kNumOutputs; ++o) e.value[o] = std::sqrt(num[o] / std::max(den[o], 1e-300));
-  return e;
 }
 
 void expect_matches_cpu(const Problem& p, const std::vector<RankInputs>& in,
@@ -570,20 +558,9 @@ TEST(GpuEp2, GraphReplayOnBothRanksEqualsEager) {
   p.capacity_factor = 2.0;
   // Same x, weights, grad_y every time; fresh ids and scores per seed; live counts per rank.
   auto routing = [&](uint64_t seed, int64_t live0, int64_t live1) {
-    auto in = make_inputs(p, 100, 256);
-    const auto fresh = make_inputs(p, seed, 256);
-    for (int r = 0; r < kRanks; ++r) {
-      in[r].ids_TK = fresh[r].ids_TK;
-      in[r].scores_TK = fresh[r].scores_TK;
-      in[r].live = r == 0 ? live0 : live1;
-    }
-    return in;
+    return rerouted(p, 100, seed, 256, {live0, live1});
   };
-  struct Replay {
-    uint64_t seed;
-    int64_t live0, live1;
-  };
-  const std::vector<Replay> replays = {{2, 256, 256}, {3, 100, 200}, {4, 1, 0}, {5, 256, 17}};
+  const std::vector<Replay>& replays = kReplays;
   const auto first = routing(1, 256, 256);
   std::vector<std::vector<RankOutputs>> replayed(replays.size(), std::vector<RankOutputs>(kRanks));
   std::vector<std::vector<RankOutputs>> eager(replays.size(), std::vector<RankOutputs>(kRanks));
@@ -591,32 +568,15 @@ TEST(GpuEp2, GraphReplayOnBothRanksEqualsEager) {
     auto graph_ctx = Context::create(p.config(), t);
     auto eager_ctx = Context::create(p.config(), t);  // same transport: same stream order below
     DeviceCall call(p, first[r], r);
-    cudaStream_t stream;
-    CUDA_OK(cudaStreamCreate(&stream));
-    run_once(*graph_ctx, call, stream);  // warm-up outside capture
-    cudaGraph_t graph;
-    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    const SavedLayer saved = graph_ctx->forward(call.forward_args(stream));
-    graph_ctx->backward(call.backward_args(saved, stream));
-    CUDA_OK(cudaStreamEndCapture(stream, &graph));
-    cudaGraphExec_t exec;
-    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    CapturedStep step(*graph_ctx, call);
     for (size_t i = 0; i < replays.size(); ++i) {
       const auto in = routing(replays[i].seed, replays[i].live0, replays[i].live1);
-      call.set_routing(in[r]);
-      call.poison();
-      CUDA_OK(cudaGraphLaunch(exec, stream));
-      CUDA_OK(cudaStreamSynchronize(stream));
-      graph_ctx->check();
-      replayed[i][r] = call.outputs();
+      replayed[i][r] = step.replay(in[r]);
       DeviceCall eager_call(p, in[r], r);
-      eager[i][r] = run_once(*eager_ctx, eager_call, stream);
+      eager[i][r] = run_once(*eager_ctx, eager_call, step.stream());
     }
     graph_ctx->close();
     eager_ctx->close();
-    CUDA_OK(cudaGraphExecDestroy(exec));
-    CUDA_OK(cudaGraphDestroy(graph));
-    CUDA_OK(cudaStreamDestroy(stream));
   });
   for (size_t i = 0; i < replays.size(); ++i) {
     expect_bitwise_equal(replayed[i], eager[i],
@@ -661,14 +621,7 @@ TEST(GpuEp2, PerRankCombineMatchesCpuAndGraphReplays) {
   p.inference = true;
   p.combine = CombineMode::per_rank;
   auto routing = [&](uint64_t seed, int64_t live0, int64_t live1) {
-    auto in = make_inputs(p, 100, 256);
-    const auto fresh = make_inputs(p, seed, 256);
-    for (int r = 0; r < kRanks; ++r) {
-      in[r].ids_TK = fresh[r].ids_TK;
-      in[r].scores_TK = fresh[r].scores_TK;
-      in[r].live = r == 0 ? live0 : live1;
-    }
-    return in;
+    return rerouted(p, 100, seed, 256, {live0, live1});
   };
   auto y_error = [](const std::vector<std::vector<bf16_t>>& a,
                     const std::vector<std::vector<bf16_t>>& b) {
@@ -720,11 +673,7 @@ TEST(GpuEp2, PerRankCombineMatchesCpuAndGraphReplays) {
   EXPECT_LE(y_error(gpu, gpu_forward(q, first)), backend_rel_l2_bound(Precision::bf16, Output::y))
       << "per_rank vs per_route on CUDA";
 
-  struct Replay {
-    uint64_t seed;
-    int64_t live0, live1;
-  };
-  const std::vector<Replay> replays = {{2, 256, 256}, {3, 100, 200}, {4, 1, 0}, {5, 256, 17}};
+  const std::vector<Replay>& replays = kReplays;
   std::vector<std::vector<std::vector<bf16_t>>> replayed(
       replays.size(), std::vector<std::vector<bf16_t>>(kRanks));
   std::vector<std::vector<std::vector<bf16_t>>> eager(replays.size(),
@@ -733,33 +682,15 @@ TEST(GpuEp2, PerRankCombineMatchesCpuAndGraphReplays) {
     auto graph_ctx = Context::create(p.config(), t);
     auto eager_ctx = Context::create(p.config(), t);  // same transport: same stream order below
     DeviceCall call(p, first[r], r);
-    cudaStream_t stream;
-    CUDA_OK(cudaStreamCreate(&stream));
-    run_forward_once(*graph_ctx, call, stream);  // warm-up outside capture
-    cudaGraph_t graph;
-    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    ForwardArgs a = call.forward_args(stream);
-    a.save_for_backward = false;
-    graph_ctx->forward(a);
-    CUDA_OK(cudaStreamEndCapture(stream, &graph));
-    cudaGraphExec_t exec;
-    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    CapturedStep step(*graph_ctx, call, Pass::forward);
     for (size_t i = 0; i < replays.size(); ++i) {
       const auto in = routing(replays[i].seed, replays[i].live0, replays[i].live1);
-      call.set_routing(in[r]);
-      call.poison();
-      CUDA_OK(cudaGraphLaunch(exec, stream));
-      CUDA_OK(cudaStreamSynchronize(stream));
-      graph_ctx->check();
-      replayed[i][r] = download(call.y, call.host.y.size());
+      replayed[i][r] = step.replay_y(in[r]);
       DeviceCall eager_call(p, in[r], r);
-      eager[i][r] = run_forward_once(*eager_ctx, eager_call, stream);
+      eager[i][r] = run_forward_once(*eager_ctx, eager_call, step.stream());
     }
     graph_ctx->close();
     eager_ctx->close();
-    CUDA_OK(cudaGraphExecDestroy(exec));
-    CUDA_OK(cudaGraphDestroy(graph));
-    CUDA_OK(cudaStreamDestroy(stream));
   });
   for (size_t i = 0; i < replays.size(); ++i) {
     EXPECT_EQ(replayed[i], eager[i]) << "per_rank graph replay, seed " << replays[i].seed;
@@ -850,20 +781,9 @@ void graph_replay_with_recompute(CombineMode combine) {
   f.slots.slot_bytes = plan.minimum_slot_bytes;
   const Config config(f);
   auto routing = [&](uint64_t seed, int64_t live0, int64_t live1) {
-    auto in = make_inputs(p, 100, 256);
-    const auto fresh = make_inputs(p, seed, 256);
-    for (int r = 0; r < kRanks; ++r) {
-      in[static_cast<size_t>(r)].ids_TK = fresh[static_cast<size_t>(r)].ids_TK;
-      in[static_cast<size_t>(r)].scores_TK = fresh[static_cast<size_t>(r)].scores_TK;
-      in[static_cast<size_t>(r)].live = r == 0 ? live0 : live1;
-    }
-    return in;
+    return rerouted(p, 100, seed, 256, {live0, live1});
   };
-  struct Replay {
-    uint64_t seed;
-    int64_t live0, live1;
-  };
-  const std::vector<Replay> replays = {{2, 256, 256}, {3, 100, 200}, {4, 1, 0}, {5, 256, 17}};
+  const std::vector<Replay>& replays = kReplays;
   const auto first = routing(1, 256, 256);
   std::vector<std::vector<RankOutputs>> replayed(replays.size(), std::vector<RankOutputs>(kRanks));
   std::vector<std::vector<RankOutputs>> eager(replays.size(), std::vector<RankOutputs>(kRanks));
@@ -872,33 +792,17 @@ void graph_replay_with_recompute(CombineMode combine) {
     auto graph_ctx = Context::create(config, t);
     auto eager_ctx = Context::create(config, t);  // same transport: same stream order below
     DeviceCall call(p, first[static_cast<size_t>(r)], r);
-    cudaStream_t stream;
-    CUDA_OK(cudaStreamCreate(&stream));
-    run_once(*graph_ctx, call, stream);  // warm-up outside capture
-    cudaGraph_t graph;
-    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    const SavedLayer saved = graph_ctx->forward(call.forward_args(stream));
-    graph_ctx->backward(call.backward_args(saved, stream));
-    CUDA_OK(cudaStreamEndCapture(stream, &graph));
-    cudaGraphExec_t exec;
-    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    CapturedStep step(*graph_ctx, call);
     for (size_t i = 0; i < replays.size(); ++i) {
       const auto in = routing(replays[i].seed, replays[i].live0, replays[i].live1);
-      call.set_routing(in[static_cast<size_t>(r)]);
-      call.poison();
-      CUDA_OK(cudaGraphLaunch(exec, stream));
-      CUDA_OK(cudaStreamSynchronize(stream));
-      graph_ctx->check();
-      replayed_layers[static_cast<size_t>(r)] += graph_ctx->recomputes(saved) ? 1 : 0;
+      step.launch(in[static_cast<size_t>(r)]);
+      replayed_layers[static_cast<size_t>(r)] += graph_ctx->recomputes(step.saved()) ? 1 : 0;
       replayed[i][static_cast<size_t>(r)] = call.outputs();
       DeviceCall eager_call(p, in[static_cast<size_t>(r)], r);
-      eager[i][static_cast<size_t>(r)] = run_once(*eager_ctx, eager_call, stream);
+      eager[i][static_cast<size_t>(r)] = run_once(*eager_ctx, eager_call, step.stream());
     }
     graph_ctx->close();
     eager_ctx->close();
-    CUDA_OK(cudaGraphExecDestroy(exec));
-    CUDA_OK(cudaGraphDestroy(graph));
-    CUDA_OK(cudaStreamDestroy(stream));
   });
   // The planner's rule for the first layer of an empty slot of the minimum budget: save
   // everything only if the fullest rank's full save fits the packed region (L inputs) with the

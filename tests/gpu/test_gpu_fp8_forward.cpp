@@ -20,7 +20,9 @@
 #include <string>
 #include <vector>
 
+#include "captured_step.h"
 #include "device_call.h"
+#include "device_prepared.h"
 #include "fp8_exact_inputs.h"
 #include "epmoe/context.h"
 #include "epmoe/cuda.h"
@@ -41,31 +43,6 @@ Problem fp8_problem(int64_t T, int64_t D, int64_t F, int experts, int K, bool cl
   p.inference = true;
   return p;
 }
-
-// The host-prepared fp8_block_fp32 weights of `in` (RankCall's prepare_weights), uploaded.
-struct DevicePrepared {
-  DevicePrepared(const Problem& p, const RankInputs& in) {
-    Problem q = p;
-    q.prepared_weights = true;
-    const RankCall host(q, in);
-    w13 = host.w13_prepared;
-    w2 = host.w2_prepared;
-    w13.data.data = w13_q = upload(host.w13_q);
-    w13.scales.data = w13_s = upload(host.w13_scales);
-    w2.data.data = w2_q = upload(host.w2_q);
-    w2.scales.data = w2_s = upload(host.w2_scales);
-    for (TensorRef* t : {&w13.data, &w13.scales, &w2.data, &w2.scales}) t->device = Device::cuda(0);
-  }
-  ~DevicePrepared() {
-    for (void* ptr : {(void*)w13_q, (void*)w13_s, (void*)w2_q, (void*)w2_s}) cudaFree(ptr);
-  }
-  DevicePrepared(const DevicePrepared&) = delete;
-  DevicePrepared& operator=(const DevicePrepared&) = delete;
-
-  PreparedWeights w13, w2;
-  uint8_t *w13_q, *w2_q;
-  float *w13_s, *w2_s;
-};
 
 ForwardArgs inference_args(const DeviceCall& call, const DevicePrepared* prepared,
                            cudaStream_t stream) {
@@ -241,36 +218,27 @@ TEST(GpuFp8Forward, GraphReplayWithNewRoutingsEqualsEager) {
     Problem p = fp8_problem(256, 256, 192, 16, 4);
     p.capacity_factor = 1.0;
     p.prepared_weights = prepared;
+    // Same x and weights every time; a new routing per seed.
     auto routing = [&](uint64_t seed, int64_t live) {
-      auto in = make_inputs(p, 100, 256)[0];  // same x and weights every time
-      const auto fresh = make_inputs(p, seed, 256)[0];
-      in.ids_TK = fresh.ids_TK;
-      in.scores_TK = fresh.scores_TK;
-      in.live = live;
-      return in;
+      return rerouted(p, 100, seed, 256, {live})[0];
     };
     const RankInputs first = routing(1, 256);
     auto graph_ctx = Context::create(p.config(), make_single_gpu_transport(0));
     DeviceCall call(p, first);
     DevicePrepared weights(p, first);
     const DevicePrepared* w = prepared ? &weights : nullptr;
-    cudaStream_t stream;
-    CUDA_OK(cudaStreamCreate(&stream));
-    graph_ctx->forward(inference_args(call, w, stream));  // warm-up outside capture
-    CUDA_OK(cudaStreamSynchronize(stream));
-    cudaGraph_t graph;
-    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    graph_ctx->forward(inference_args(call, w, stream));
-    CUDA_OK(cudaStreamEndCapture(stream, &graph));
-    cudaGraphExec_t exec;
-    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    StreamGraph graph(
+        [&](cudaStream_t stream) {
+          graph_ctx->forward(inference_args(call, w, stream));  // warm-up outside capture
+          CUDA_OK(cudaStreamSynchronize(stream));
+        },
+        [&](cudaStream_t stream) { graph_ctx->forward(inference_args(call, w, stream)); });
     for (const auto& [seed, live] :
          std::vector<std::pair<uint64_t, int64_t>>{{2, 256}, {3, 100}, {4, 1}, {5, 0}, {6, 256}}) {
       const RankInputs in = routing(seed, live);
       call.set_routing(in);
       call.poison();
-      CUDA_OK(cudaGraphLaunch(exec, stream));
-      CUDA_OK(cudaStreamSynchronize(stream));
+      graph.launch();
       graph_ctx->check();
       const std::vector<bf16_t> replayed = download_y(call);
       expect_same_y(replayed, gpu_forward(p, in), p.hidden,
@@ -278,9 +246,6 @@ TEST(GpuFp8Forward, GraphReplayWithNewRoutingsEqualsEager) {
                         std::to_string(live));
     }
     graph_ctx->close();
-    CUDA_OK(cudaGraphExecDestroy(exec));
-    CUDA_OK(cudaGraphDestroy(graph));
-    CUDA_OK(cudaStreamDestroy(stream));
   }
 }
 

@@ -14,12 +14,15 @@
 #include <string>
 #include <vector>
 
+#include "captured_step.h"
 #include "device_call.h"
+#include "device_prepared.h"
 #include "epmoe/context.h"
 #include "epmoe/cuda.h"
 #include "epmoe/memory_plan.h"
 #include "epmoe/prepared_weights.h"
 #include "moe_case.h"
+#include "output_compare.h"
 #include "require_gpu.h"
 #include "slot_stack.h"
 #include "tolerances.h"
@@ -36,34 +39,8 @@ Problem fp8_problem(int64_t T, int64_t D, int64_t F, int experts, int K, bool cl
   return p;
 }
 
-// The host-prepared fp8_block_fp32 weights of `in` (RankCall's prepare_weights), uploaded.
-struct DevicePrepared {
-  DevicePrepared(const Problem& p, const RankInputs& in) {
-    Problem q = p;
-    q.prepared_weights = true;
-    const RankCall host(q, in);
-    w13 = host.w13_prepared;
-    w2 = host.w2_prepared;
-    w13.data.data = w13_q = upload(host.w13_q);
-    w13.scales.data = w13_s = upload(host.w13_scales);
-    w2.data.data = w2_q = upload(host.w2_q);
-    w2.scales.data = w2_s = upload(host.w2_scales);
-    for (TensorRef* t : {&w13.data, &w13.scales, &w2.data, &w2.scales}) t->device = Device::cuda(0);
-  }
-  ~DevicePrepared() {
-    for (void* ptr : {(void*)w13_q, (void*)w13_s, (void*)w2_q, (void*)w2_s}) cudaFree(ptr);
-  }
-  DevicePrepared(const DevicePrepared&) = delete;
-  DevicePrepared& operator=(const DevicePrepared&) = delete;
-
-  PreparedWeights w13, w2;
-  uint8_t *w13_q, *w2_q;
-  float *w13_s, *w2_s;
-};
-
-// Forward + backward on `ctx` (with the prepared weights when given); check() on success.
-RankOutputs train_once(Context& ctx, DeviceCall& call, const DevicePrepared* w, cudaStream_t stream) {
-  call.poison();
+// Forward + backward on `ctx` (with the prepared weights when given), as enqueued on `stream`.
+void train_step(Context& ctx, DeviceCall& call, const DevicePrepared* w, cudaStream_t stream) {
   ForwardArgs f = call.forward_args(stream);
   if (w != nullptr) {
     f.w13_prepared = &w->w13;
@@ -76,6 +53,12 @@ RankOutputs train_once(Context& ctx, DeviceCall& call, const DevicePrepared* w, 
     b.w2_prepared = &w->w2;
   }
   ctx.backward(b);
+}
+
+// train_step on poisoned outputs; check() on success; returns the outputs.
+RankOutputs train_once(Context& ctx, DeviceCall& call, const DevicePrepared* w, cudaStream_t stream) {
+  call.poison();
+  train_step(ctx, call, w, stream);
   ctx.check();
   return call.outputs();
 }
@@ -97,24 +80,6 @@ RankOutputs gpu_train(const Problem& p, const RankInputs& in, int calls = 1) {
   }
   ctx->close();
   return first;
-}
-
-OutputErrors compare(const RankOutputs& a, const RankOutputs& b) {
-  auto rel = [](const std::vector<double>& x, const std::vector<double>& y) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < x.size(); ++i) {
-      num += (x[i] - y[i]) * (x[i] - y[i]);
-      den += y[i] * y[i];
-    }
-    return std::sqrt(num / std::max(den, 1e-300));
-  };
-  OutputErrors e;
-  e.value[0] = rel(widen(a.y_TD), widen(b.y_TD));
-  e.value[1] = rel(widen(a.grad_x_TD), widen(b.grad_x_TD));
-  e.value[2] = rel(widen(a.grad_scores_TK), widen(b.grad_scores_TK));
-  e.value[3] = rel(widen(a.grad_w13_EFD), widen(b.grad_w13_EFD));
-  e.value[4] = rel(widen(a.grad_w2_EDF), widen(b.grad_w2_EDF));
-  return e;
 }
 
 TEST(GpuFp8Training, MatchesCpuWithinBoundsAndVariantsBitwise) {
@@ -222,58 +187,33 @@ TEST(GpuFp8Training, GraphReplayWithNewRoutingsEqualsEager) {
     Problem p = fp8_problem(256, 256, 192, 16, 4);
     p.capacity_factor = 1.0;
     p.prepared_weights = prepared;
+    // Same x, grad_y and weights every time; a new routing per seed.
     auto routing = [&](uint64_t seed, int64_t live) {
-      auto in = make_inputs(p, 100, 256)[0];  // same x, grad_y and weights every time
-      const auto fresh = make_inputs(p, seed, 256)[0];
-      in.ids_TK = fresh.ids_TK;
-      in.scores_TK = fresh.scores_TK;
-      in.live = live;
-      return in;
+      return rerouted(p, 100, seed, 256, {live})[0];
     };
     const RankInputs first = routing(1, 256);
     auto ctx = Context::create(p.config(), make_single_gpu_transport(0));
     DeviceCall call(p, first);
     DevicePrepared weights(p, first);
     const DevicePrepared* w = prepared ? &weights : nullptr;
-    cudaStream_t stream;
-    CUDA_OK(cudaStreamCreate(&stream));
-    train_once(*ctx, call, w, stream);  // warm-up outside capture
-    CUDA_OK(cudaStreamSynchronize(stream));
-    cudaGraph_t graph;
-    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    {
-      ForwardArgs f = call.forward_args(stream);
-      if (w != nullptr) {
-        f.w13_prepared = &w->w13;
-        f.w2_prepared = &w->w2;
-      }
-      const SavedLayer saved = ctx->forward(f);
-      BackwardArgs b = call.backward_args(saved, stream);
-      if (w != nullptr) {
-        b.w13_prepared = &w->w13;
-        b.w2_prepared = &w->w2;
-      }
-      ctx->backward(b);
-    }
-    CUDA_OK(cudaStreamEndCapture(stream, &graph));
-    cudaGraphExec_t exec;
-    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    StreamGraph graph(
+        [&](cudaStream_t stream) {
+          train_once(*ctx, call, w, stream);  // warm-up outside capture
+          CUDA_OK(cudaStreamSynchronize(stream));
+        },
+        [&](cudaStream_t stream) { train_step(*ctx, call, w, stream); });
     for (const auto& [seed, live] :
          std::vector<std::pair<uint64_t, int64_t>>{{2, 256}, {3, 100}, {4, 1}, {5, 0}, {6, 256}}) {
       const RankInputs in = routing(seed, live);
       call.set_routing(in);
       call.poison();
-      CUDA_OK(cudaGraphLaunch(exec, stream));
-      CUDA_OK(cudaStreamSynchronize(stream));
+      graph.launch();
       ctx->check();
       expect_bitwise_equal({call.outputs()}, {gpu_train(p, in)},
                            p.name() + ": graph replay, routing seed " + std::to_string(seed) +
                                " live " + std::to_string(live));
     }
     ctx->close();
-    CUDA_OK(cudaGraphExecDestroy(exec));
-    CUDA_OK(cudaGraphDestroy(graph));
-    CUDA_OK(cudaStreamDestroy(stream));
   }
 }
 

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "captured_step.h"
 #include "device_call.h"
 #include "epmoe/context.h"
 #include "epmoe/cuda.h"
@@ -34,8 +35,6 @@ namespace {
       GTEST_SKIP() << "no CUDA device: GPU tests skipped";   \
     }                                                        \
   } while (0)
-
-#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
 
 Problem stack_problem(bool fused, bool gated, CombineMode combine) {
   Problem p;
@@ -153,19 +152,15 @@ TEST(GpuRecomputeGraph, ReplayWithNewRoutingsEqualsEager) {
     auto graph_ctx = Context::create(config, make_single_gpu_transport(0));
     auto eager_ctx = Context::create(config, make_single_gpu_transport(0));
     auto calls = stack_calls(p, routing(1, 96), 0);
-    cudaStream_t stream;
-    CUDA_OK(cudaStreamCreate(&stream));
-    run_stack(*graph_ctx, calls, stream);  // warm-up outside capture
-    cudaGraph_t graph;
-    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     std::vector<SavedLayer> saved;
-    for (auto& c : calls) saved.push_back(graph_ctx->forward(c->forward_args(stream)));
-    for (int l = kStackLayers - 1; l >= 0; --l) {
-      graph_ctx->backward(calls[static_cast<size_t>(l)]->backward_args(saved[static_cast<size_t>(l)], stream));
-    }
-    CUDA_OK(cudaStreamEndCapture(stream, &graph));
-    cudaGraphExec_t exec;
-    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    StreamGraph graph(
+        [&](cudaStream_t stream) { run_stack(*graph_ctx, calls, stream); },  // warm-up outside capture
+        [&](cudaStream_t stream) {
+          for (auto& c : calls) saved.push_back(graph_ctx->forward(c->forward_args(stream)));
+          for (int l = kStackLayers - 1; l >= 0; --l) {
+            graph_ctx->backward(calls[static_cast<size_t>(l)]->backward_args(saved[static_cast<size_t>(l)], stream));
+          }
+        });
     int recomputed = 0, kept = 0;
     for (const auto& [seed, live] : std::vector<std::pair<uint64_t, int64_t>>{{2, 96}, {3, 7}, {4, 96}, {5, 40}}) {
       const std::vector<RankInputs> in = routing(seed, live);
@@ -173,8 +168,7 @@ TEST(GpuRecomputeGraph, ReplayWithNewRoutingsEqualsEager) {
         calls[static_cast<size_t>(l)]->set_routing(in[static_cast<size_t>(l)]);
         calls[static_cast<size_t>(l)]->poison();
       }
-      CUDA_OK(cudaGraphLaunch(exec, stream));
-      CUDA_OK(cudaStreamSynchronize(stream));
+      graph.launch();
       graph_ctx->check();
       StackResult replayed;
       for (int l = 0; l < kStackLayers; ++l) {
@@ -182,7 +176,7 @@ TEST(GpuRecomputeGraph, ReplayWithNewRoutingsEqualsEager) {
         replayed.recomputed.push_back(graph_ctx->recomputes(saved[static_cast<size_t>(l)]));
       }
       auto eager_calls = stack_calls(p, in, 0);
-      const StackResult eager = run_stack(*eager_ctx, eager_calls, stream);
+      const StackResult eager = run_stack(*eager_ctx, eager_calls, graph.stream());
       const std::string what = std::string(b.name) + " graph replay, seed " + std::to_string(seed);
       EXPECT_EQ(replayed.recomputed, eager.recomputed) << what;
       expect_stack_bitwise_equal(replayed, eager, what);
@@ -200,9 +194,6 @@ TEST(GpuRecomputeGraph, ReplayWithNewRoutingsEqualsEager) {
     }
     graph_ctx->close();
     eager_ctx->close();
-    CUDA_OK(cudaGraphExecDestroy(exec));
-    CUDA_OK(cudaGraphDestroy(graph));
-    CUDA_OK(cudaStreamDestroy(stream));
   }
 }
 
