@@ -160,6 +160,19 @@ def recipe_step(layer, backward):
     return y, x, scores, w13, w2
 
 
+def decode_times(layer, iters):
+    """Decode forward of `layer`: eager and CUDA-graph replay times, and the experts it touches."""
+    t_dec = timed(lambda: layer.forward(False), max(iters, 20))
+    graph = torch.cuda.CUDAGraph()
+    layer.forward(False)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        layer.forward(False)
+    t_dec_graph = timed(graph.replay, max(iters, 20))
+    active = int(torch.unique(layer.ids[layer.ids >= 0]).numel())
+    return t_dec, t_dec_graph, active
+
+
 def row(impl, shape, routing, phase, T, ms, flops=None, GBps=None, **extra):
     med, lo, hi = ms
     r = {"impl": impl, "shape": shape, "ep": 1, "routing": routing, "precision": "bf16",
@@ -236,14 +249,7 @@ def bench_fp8_forward(lib, shape, routing, ceil, rows, iters, y_bf16, t_fwd_bf16
     torch.cuda.empty_cache()
 
     Ld = Layer(lib, shape, routing, T_decode, seed=1, precision="fp8")
-    t_dec = timed(lambda: Ld.forward(False), max(iters, 20))
-    graph = torch.cuda.CUDAGraph()
-    Ld.forward(False)
-    torch.cuda.synchronize()
-    with torch.cuda.graph(graph):
-        Ld.forward(False)
-    t_dec_graph = timed(graph.replay, max(iters, 20))
-    active = int(torch.unique(Ld.ids[Ld.ids >= 0]).numel())
+    t_dec, t_dec_graph, active = decode_times(Ld, iters)
     weight_bytes = active * 3 * D * F  # E4M3 (scales: 4 bytes per 128x128 block, negligible)
     for impl, td in (("epmoe-fp8", t_dec), ("epmoe-fp8-graph", t_dec_graph)):
         rows.append(row(impl, shape, routing, "decode-fwd", T_decode, td, 6 * Ld.routes * D * F,
@@ -251,7 +257,7 @@ def bench_fp8_forward(lib, shape, routing, ceil, rows, iters, y_bf16, t_fwd_bf16
                         roofline_fraction=weight_bytes / (ceil["hbm_copy_GBps"] * 1e6) / td[0],
                         weight_bytes=weight_bytes))
     Ld.close()
-    del Ld, graph
+    del Ld
     torch.cuda.empty_cache()
 
 
@@ -351,14 +357,7 @@ def bench_shape(lib, shape, routing, ceil, rows, iters, fp8=True):
 
     # decode forward at T_decode: against the HBM roofline of the expert weights it reads
     Ld = Layer(lib, shape, routing, T_decode, seed=1)
-    t_dec = timed(lambda: Ld.forward(False), max(iters, 20))
-    graph = torch.cuda.CUDAGraph()
-    Ld.forward(False)
-    torch.cuda.synchronize()
-    with torch.cuda.graph(graph):
-        Ld.forward(False)
-    t_dec_graph = timed(graph.replay, max(iters, 20))
-    active = int(torch.unique(Ld.ids[Ld.ids >= 0]).numel())
+    t_dec, t_dec_graph, active = decode_times(Ld, iters)
     weight_bytes = active * 3 * D * F * 2
     roofline_ms = weight_bytes / (ceil["hbm_copy_GBps"] * 1e6)
     for impl, t in (("epmoe", t_dec), ("epmoe-graph", t_dec_graph)):
@@ -370,7 +369,7 @@ def bench_shape(lib, shape, routing, ceil, rows, iters, fp8=True):
                     6 * Ld.routes * D * F, GBps=weight_bytes / r_dec[0] / 1e6,
                     roofline_fraction=roofline_ms / r_dec[0]))
     Ld.close()
-    del Ld, graph
+    del Ld
     torch.cuda.empty_cache()
     if fp8:
         bench_fp8_forward(lib, shape, routing, ceil, rows, iters, y_bf16, t_fwd)

@@ -96,8 +96,7 @@ struct ReduceParams {
 
 __global__ void __launch_bounds__(kThreads) reduce_partials_kernel(const ReduceParams p) {
   const bool skip = layout_skip(p.header);
-  int64_t live = p.header[kLayoutLive];
-  live = live < 0 ? 0 : (live < p.tokens ? live : p.tokens);
+  const int64_t live = live_rows(p.header, p.tokens);
   const int32_t* ids_TK = reinterpret_cast<const int32_t*>(p.routing_R[p.rank] + p.ids_offset);
   const bf16_t* combine_TRD = p.combine_R[p.rank];
   const int64_t vecs_per_row = p.D / kVec;

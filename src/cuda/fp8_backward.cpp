@@ -2,6 +2,7 @@
 
 #include "core/fp8_terms.h"
 #include "cuda/formats/formats.h"
+#include "cuda/fp8_forward.h"
 #include "cuda/gemm/expert_gemm.h"
 #include "cuda/gemm/fp8_gemm.h"
 #include "cuda/placed.h"
@@ -124,16 +125,7 @@ void fp8_w13_dgrad(const Step& s, bool scatter) {
   const ScratchRows g = scratch_rows(s, fp8_scratch_layout(s.dims, s.capacity_rows).grad_h13_q, 2 * F);
   // w13 [E, 2F, D]: the DGRAD contracts 2F, so the GEMM reads w13^T [E, D, 2F].
   Fp8GroupedGemmArgs a = dgrad_args(s, g, s.w13_q_EFD, s.w13_scales_EBS, 2 * F, D);
-  if (scatter) {
-    a.combine_R = s.combine_R;
-    a.recv_src_M = s.layout.recv_src_M;
-    a.T = s.dims.T;
-    a.top_k = s.dims.K;
-  } else {
-    EPMOE_CHECK_ARG(s.rows_MD != nullptr, "Step.rows_MD", "the unfused rows buffer", "nullptr");
-    a.out_MN = s.rows_MD;
-    a.ld_out = D;
-  }
+  fp8_rows_output(s, scatter, a);
   fp8_grouped_gemm(a, s.stream);
 }
 

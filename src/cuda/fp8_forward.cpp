@@ -67,6 +67,19 @@ void fp8_w13_swiglu(const Step& s) {
   fp8_quantize_h(s);
 }
 
+void fp8_rows_output(const Step& s, bool scatter, Fp8GroupedGemmArgs& a) {
+  if (scatter) {
+    a.combine_R = s.combine_R;
+    a.recv_src_M = s.layout.recv_src_M;
+    a.T = s.dims.T;
+    a.top_k = s.dims.K;
+    return;
+  }
+  EPMOE_CHECK_ARG(s.rows_MD != nullptr, "Step.rows_MD", "the unfused rows buffer", "nullptr");
+  a.out_MN = s.rows_MD;
+  a.ld_out = s.dims.D;
+}
+
 void fp8_w2_fprop(const Step& s, bool scatter) {
   const int64_t D = s.dims.D, F = s.dims.F, M = s.capacity_rows;
   Fp8GroupedGemmArgs a = step_gemm(s, D, F);
@@ -76,16 +89,7 @@ void fp8_w2_fprop(const Step& s, bool scatter) {
   a.ld_a_scales = fp8_rows_ld(M);
   a.b_ENK = s.w2_q_EDF;
   a.b_scales_EBS = s.w2_scales_EBS;
-  if (scatter) {
-    a.combine_R = s.combine_R;
-    a.recv_src_M = s.layout.recv_src_M;
-    a.T = s.dims.T;
-    a.top_k = s.dims.K;
-  } else {
-    EPMOE_CHECK_ARG(s.rows_MD != nullptr, "Step.rows_MD", "the unfused rows buffer", "nullptr");
-    a.out_MN = s.rows_MD;
-    a.ld_out = D;
-  }
+  fp8_rows_output(s, scatter, a);
   fp8_grouped_gemm(a, s.stream);
   // Per-rank combine: the rows are h3, kept where the layer plan placed them (send_partials and
   // gather_grad read them there).

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "core/step.h"
+#include "cuda/gemm/fp8_gemm.h"
 
 namespace epmoe::cuda {
 
@@ -20,5 +21,9 @@ void fp8_w13_swiglu(const Step& s);
 // rows = bf16(h @ w2[e]^T) from the E4M3 h rows; scatter: into the owners' combine slots,
 // otherwise into s.rows_MD.
 void fp8_w2_fprop(const Step& s, bool scatter);
+
+// Where an FP8 GEMM that produces [rows, D] writes (W2 FPROP, W13 DGRAD): scatter: into the owners'
+// combine slots; otherwise s.rows_MD (the unfused chain's buffer).
+void fp8_rows_output(const Step& s, bool scatter, Fp8GroupedGemmArgs& a);
 
 }  // namespace epmoe::cuda

@@ -61,6 +61,12 @@ __device__ __forceinline__ bool layout_skip(const int32_t* header) {
   return header[kLayoutSkip] != 0;
 }
 
+// The call's live tokens (the layout header's count) clamped to [0, tokens].
+__device__ __forceinline__ int64_t live_rows(const int32_t* header, int64_t tokens) {
+  const int64_t live = header[kLayoutLive];
+  return live < 0 ? 0 : (live < tokens ? live : tokens);
+}
+
 // 8 bf16 <-> one 16-byte vector (element i in the low half first: little-endian, as in memory).
 struct Bf16x8 {
   float v[kVec];

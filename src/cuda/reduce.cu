@@ -20,11 +20,6 @@ struct ReduceParams {
   int K, rank;
 };
 
-__device__ __forceinline__ int64_t live_rows(const int32_t* header, int64_t tokens) {
-  const int64_t live = header[kLayoutLive];
-  return live < 0 ? 0 : (live < tokens ? live : tokens);
-}
-
 // kScaled: forward (score-weighted, h3 copy), otherwise the backward plain sum.
 template <bool kScaled>
 __global__ void __launch_bounds__(kThreads) reduce_kernel(const ReduceParams p) {

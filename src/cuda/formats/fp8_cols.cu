@@ -103,18 +103,10 @@ void fp8_quantize_cols(const bf16_t* x_ML, int64_t M, int64_t L, const int32_t* 
                        const int32_t* skip_1, uint8_t* q_ML, float* scales_BL, int64_t max_blocks,
                        bf16_t* out_ML, void* stream) {
   check_codec_pointer(x_ML, M * L, "x_ML");
-  ColsArgs a;
-  a.x_ML = x_ML;
-  a.M = M;
-  a.L = L;
-  a.offsets_E1 = offsets_E1;
-  a.E = E;
-  a.skip_1 = skip_1;
-  a.q_ML = q_ML;
-  a.scales_BL = scales_BL;
-  a.max_blocks = max_blocks;
-  a.out_ML = out_ML;
-  launch_cols<false>(a, stream);
+  launch_cols<false>(ColsArgs{.x_ML = x_ML, .M = M, .L = L, .offsets_E1 = offsets_E1, .E = E,
+                              .skip_1 = skip_1, .q_ML = q_ML, .scales_BL = scales_BL,
+                              .max_blocks = max_blocks, .out_ML = out_ML},
+                     stream);
 }
 
 void fp8_quantize_cols_from_rows(const char* rows, const int64_t* rows_offset_1,
@@ -124,20 +116,11 @@ void fp8_quantize_cols_from_rows(const char* rows, const int64_t* rows_offset_1,
                                  bf16_t* out_ML, void* stream) {
   check_codec_pointer(rows, M * L, "rows");
   EPMOE_CHECK_ARG(rows_1 != nullptr, "rows_1", "the device count of the E4M3 rows", "nullptr");
-  ColsArgs a;
-  a.rows = rows;
-  a.rows_offset_1 = rows_offset_1;
-  a.rows_1 = rows_1;
-  a.M = M;
-  a.L = L;
-  a.offsets_E1 = offsets_E1;
-  a.E = E;
-  a.skip_1 = skip_1;
-  a.q_ML = q_ML;
-  a.scales_BL = scales_BL;
-  a.max_blocks = max_blocks;
-  a.out_ML = out_ML;
-  launch_cols<true>(a, stream);
+  launch_cols<true>(ColsArgs{.rows = rows, .rows_offset_1 = rows_offset_1, .rows_1 = rows_1, .M = M,
+                             .L = L, .offsets_E1 = offsets_E1, .E = E, .skip_1 = skip_1,
+                             .q_ML = q_ML, .scales_BL = scales_BL, .max_blocks = max_blocks,
+                             .out_ML = out_ML},
+                    stream);
 }
 
 }  // namespace epmoe::cuda
