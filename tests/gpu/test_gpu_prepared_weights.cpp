@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/numeric.h"
+#include "epmoe/c_api.h"
 #include "epmoe/context.h"
 #include "epmoe/cuda.h"
 #include "epmoe/error.h"
@@ -110,6 +111,43 @@ TEST(GpuPreparedWeights, DeviceEqualsHostAndRefillsInPlace) {
     }
     cudaFree(w_dev);
   }
+}
+
+// The C ABI's epmoe_prepare_weights_fp8 with the transposed copy (qt_GLN, scales_t_GSB) writes the
+// host prepare_weights bits; without it (NULL) it writes codes and scales only.
+TEST(GpuPreparedWeights, CApiPreparesTheTransposedCopy) {
+  EPMOE_REQUIRE_GPU();
+  const std::vector<bf16_t> w = normal_bf16(7);
+  void* w_dev = nullptr;
+  const size_t bytes = w.size() * sizeof(bf16_t);
+  ASSERT_EQ(cudaMalloc(&w_dev, bytes), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(w_dev, w.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  Buffers on_host(WeightFormat::fp8_block_fp32, Device::cpu(), true);
+  prepare_weights(TensorRef::contiguous(const_cast<bf16_t*>(w.data()), DType::bf16, {G, N, L}),
+                  on_host.view);
+  for (bool transposed : {true, false}) {
+    Buffers on_device(WeightFormat::fp8_block_fp32, Device::cuda(0), true);
+    const PreparedWeights& v = on_device.view;
+    ASSERT_EQ(epmoe_prepare_weights_fp8(w_dev, G, N, L, v.data.data, v.scales.as<float>(),
+                                        transposed ? v.data_t.data : nullptr,
+                                        transposed ? v.scales_t.as<float>() : nullptr, 0,
+                                        nullptr),
+              0)
+        << epmoe_last_error();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<std::vector<uint8_t>> got = on_device.download();  // data, scales, t, t
+    ASSERT_EQ(got.size(), 4u);
+    EXPECT_EQ(got[0], on_host.host[0]);
+    EXPECT_EQ(got[1], on_host.host[1]);
+    if (transposed) {
+      EXPECT_EQ(got[2], on_host.host[2]);
+      EXPECT_EQ(got[3], on_host.host[3]);
+    } else {  // untouched: still the 0xAA poison
+      EXPECT_EQ(got[2], std::vector<uint8_t>(got[2].size(), 0xAA));
+      EXPECT_EQ(got[3], std::vector<uint8_t>(got[3].size(), 0xAA));
+    }
+  }
+  cudaFree(w_dev);
 }
 
 // fp8_block runs on CUDA for training and inference contexts; E4M3 rows need D and F multiples
