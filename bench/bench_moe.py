@@ -126,7 +126,9 @@ class Layer:
         self.inference = precision == "fp8"
         if precision in ("fp8", "fp8-train"):
             cfg.precision, cfg.inference, cfg.prepared_weights = 1, int(self.inference), 1
-            self.prepared = (epmoe_ctypes.PreparedFp8(lib, self.w13), epmoe_ctypes.PreparedFp8(lib, self.w2))
+            t = not self.inference  # a backward reads the transposed copies
+            self.prepared = (epmoe_ctypes.PreparedFp8(lib, self.w13, transposed=t),
+                             epmoe_ctypes.PreparedFp8(lib, self.w2, transposed=t))
         if not self.inference:
             self.grad_x = torch.empty_like(self.x)
             self.grad_scores = torch.empty(T, K, device="cuda")

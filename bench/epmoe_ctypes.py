@@ -68,6 +68,8 @@ class BackwardArgs(ctypes.Structure):
         ("accumulate_wgrad", ctypes.c_int32), ("stream", ctypes.c_void_p),
         ("w13_q", ctypes.c_void_p), ("w13_scales", ctypes.c_void_p),
         ("w2_q", ctypes.c_void_p), ("w2_scales", ctypes.c_void_p),
+        ("w13_qt", ctypes.c_void_p), ("w13_scales_t", ctypes.c_void_p),
+        ("w2_qt", ctypes.c_void_p), ("w2_scales_t", ctypes.c_void_p),
     ]
 
 
@@ -99,7 +101,8 @@ def load(path=None):
                                           ctypes.POINTER(ctypes.c_int64)]
     lib.epmoe_prepare_weights_fp8.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                               ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                                              ctypes.c_int, ctypes.c_void_p]
+                                              ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                                              ctypes.c_void_p]
     return lib
 
 
@@ -112,22 +115,28 @@ def plan_slots(lib, config, ep_size=1):
 
 
 class PreparedFp8:
-    """fp8_block_fp32 prepared weights of a bf16 [G, N, L] tensor on cuda:device
-    (epmoe_prepare_weights_fp8; refill() after the bf16 weights change)."""
+    """fp8_block_fp32 prepared weights of a bf16 [G, N, L] tensor on cuda:device, with their
+    transposed copy (qt [G, L, N], scales_t; transposed=True, what a backward reads; None
+    otherwise) (epmoe_prepare_weights_fp8; refill() after the bf16 weights change)."""
 
-    def __init__(self, lib, w, device=0):
+    def __init__(self, lib, w, device=0, transposed=True):
         G, N, L = w.shape
         self.lib, self.w, self.device = lib, w, device
+        B, S = (N + 127) // 128, (L + 127) // 128
         self.q = torch.empty(G, N, L, dtype=torch.uint8, device=w.device)
-        self.scales = torch.empty(G, (N + 127) // 128, (L + 127) // 128, dtype=torch.float32,
-                                  device=w.device)
+        self.scales = torch.empty(G, B, S, dtype=torch.float32, device=w.device)
+        self.qt = self.scales_t = None
+        if transposed:
+            self.qt = torch.empty(G, L, N, dtype=torch.uint8, device=w.device)
+            self.scales_t = torch.empty(G, S, B, dtype=torch.float32, device=w.device)
         self.refill()
 
     def refill(self):
         G, N, L = self.w.shape
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         if self.lib.epmoe_prepare_weights_fp8(_ptr(self.w), G, N, L, _ptr(self.q), _ptr(self.scales),
-                                              self.device, stream) != 0:
+                                              _ptr(self.qt), _ptr(self.scales_t), self.device,
+                                              stream) != 0:
             raise RuntimeError(self.lib.epmoe_last_error().decode())
 
 
@@ -230,6 +239,8 @@ class Context:
             p13, p2 = prepared
             a.w13_q, a.w13_scales = _ptr(p13.q), _ptr(p13.scales)
             a.w2_q, a.w2_scales = _ptr(p2.q), _ptr(p2.scales)
+            a.w13_qt, a.w13_scales_t = _ptr(p13.qt), _ptr(p13.scales_t)
+            a.w2_qt, a.w2_scales_t = _ptr(p2.qt), _ptr(p2.scales_t)
         self._ok(self.lib.epmoe_backward(self.handle, ctypes.byref(a)))
 
     def check(self):

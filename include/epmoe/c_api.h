@@ -76,6 +76,9 @@ typedef struct {
   void* stream;
   /* Config.prepared_weights: the forward's prepared weights (as in epmoe_forward_args). */
   const void* w13_q; const float* w13_scales; const void* w2_q; const float* w2_scales;
+  /* Config.prepared_weights (required): their transposed copies from epmoe_prepare_weights_fp8
+     (codes [E, L, N], f32 scales [E, ceil(L/128), ceil(N/128)]), which the DGRADs read. */
+  const void* w13_qt; const float* w13_scales_t; const void* w2_qt; const float* w2_scales_t;
 } epmoe_backward_args;
 
 const char* epmoe_last_error(void);
@@ -97,9 +100,12 @@ int epmoe_set_stage_timing(epmoe_context* ctx, int on);
 int epmoe_stage_times(epmoe_context* ctx, const char** names, double* ms, int capacity, int* count);
 
 /* prepare_weights for fp8_block_fp32 on cuda:device: bf16 w_GNL [G, N, L] -> E4M3 q_GNL and f32
-   scales_GBS [G, ceil(N/128), ceil(L/128)], enqueued on stream (graph-capturable). */
+   scales_GBS [G, ceil(N/128), ceil(L/128)], and, when qt_GLN is not NULL, their transposed copy
+   qt_GLN [G, L, N] and scales_t_GSB [G, ceil(L/128), ceil(N/128)] (what a backward reads),
+   enqueued on stream (graph-capturable). */
 int epmoe_prepare_weights_fp8(const void* w_GNL, int64_t G, int64_t N, int64_t L, void* q_GNL,
-                              float* scales_GBS, int device, void* stream);
+                              float* scales_GBS, void* qt_GLN, float* scales_t_GSB, int device,
+                              void* stream);
 
 /* plan_memory(config, ep_size).explain() into buf (truncated to len - 1). */
 int epmoe_explain_plan(const epmoe_config* config, int ep_size, char* buf, size_t len);

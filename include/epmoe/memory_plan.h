@@ -76,8 +76,9 @@ struct MemoryPlan {
   int64_t backward_scratch_bytes = 0;  // worst backward (recompute mode)
   // fp8_block only (0 otherwise), after the call scratch (core/fp8_terms.h):
   int64_t fp8_scratch_bytes = 0;         // E4M3 operands: h, grad_h3, grad_h13 rows, WGRAD columns
-  // Weights quantized per call (Config.prepared_weights off), then (training) one weight
-  // transposed for the DGRADs (core/fp8_terms.h fp8_transposed_layout).
+  // Config.prepared_weights off: weights quantized per call, then (training) one weight
+  // transposed for the DGRADs (core/fp8_terms.h fp8_transposed_layout). On: 0 (the caller's
+  // prepared weights carry their transposed copies).
   int64_t fp8_weight_scratch_bytes = 0;
   int64_t scratch_bytes = 0;           // route + pad + backward (+ fp8); backward's holds forward's
 

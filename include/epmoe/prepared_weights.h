@@ -8,8 +8,10 @@
 //   nvfp4                              data u8 packed E2M1 [G, N, ceil(L/2)], scales u8 E4M3
 //                                      [G, N, ceil(L/16)], global_scale f32 [G] (one per expert)
 // The FP8 training path (Config.precision = fp8_block) reads fp8_block_fp32 weights: w13 as
-// [E, 2F, D], w2 as [E, D, F]; its DGRAD uses the same 128x128 blocks transposed. NVFP4
-// weight-only inference (Config.precision = nvfp4) reads nvfp4 weights of the same shapes.
+// [E, 2F, D], w2 as [E, D, F]; its DGRADs read the same 128x128 blocks transposed, which the
+// caller prepares too (data_t / scales_t, filled by prepare_weights beside data / scales) so no
+// backward call transposes them. NVFP4 weight-only inference (Config.precision = nvfp4) reads
+// nvfp4 weights of the same shapes.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +27,9 @@ const char* to_string(WeightFormat format);
 // format has none).
 struct PreparedWeightShapes {
   TensorRef data, scales, global_scale;  // data pointers are null: shapes, dtypes, strides only
+  // fp8_block_fp32 only (ndim 0 otherwise): the transposed copy, codes u8 [G, L, N] and f32
+  // scales [G, ceil(L/128), ceil(N/128)] (a 128x128 block's scale is its transpose's).
+  TensorRef data_t, scales_t;
 };
 PreparedWeightShapes prepared_weight_shapes(WeightFormat format, int64_t G, int64_t N, int64_t L);
 
@@ -35,6 +40,11 @@ struct PreparedWeights {
   TensorRef data;
   TensorRef scales;
   TensorRef global_scale;  // nvfp4 only
+  // Optional (fp8_block_fp32): the transposed copy of data / scales (PreparedWeightShapes);
+  // given when data_t.data != nullptr. Required by an fp8_block training backward
+  // (BackwardArgs), whose DGRADs read it.
+  TensorRef data_t, scales_t;
+  bool has_transposed() const { return data_t.data != nullptr || scales_t.data != nullptr; }
 };
 
 // Checks `prepared` against prepared_weight_shapes(format, G, N, L) and `device`; errors name
@@ -44,7 +54,8 @@ void check_prepared_weights(const PreparedWeights& prepared, const char* name,
 
 // Quantizes w_GNL (bf16 [G, N, L], contiguous, on prepared's device) into prepared's buffers in
 // place: the same bits on the host (core/formats/codecs.h) and on CUDA (src/cuda/formats/, on
-// `stream`; NVFP4 zeroes then fills global_scale, so the call is graph-capturable).
+// `stream`; NVFP4 zeroes then fills global_scale, so the call is graph-capturable). With the
+// transposed copy given, fills it too: bitwise the explicit transpose of data / scales.
 void prepare_weights(const TensorRef& w_GNL, const PreparedWeights& prepared,
                      void* stream = nullptr);
 

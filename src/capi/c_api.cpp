@@ -64,15 +64,25 @@ epmoe::TensorRef ref(const void* p, epmoe::DType dtype, std::initializer_list<in
   return epmoe::TensorRef::contiguous(const_cast<void*>(p), dtype, shape, device);
 }
 
-// fp8_block_fp32 prepared-weight views of caller memory.
+// fp8_block_fp32 prepared-weight views of caller memory (the transposed copy when qt or
+// scales_t is given).
 epmoe::PreparedWeights prepared_fp8(const void* q, const float* scales, int64_t G, int64_t N,
-                                    int64_t L, const epmoe::Device& device) {
+                                    int64_t L, const epmoe::Device& device,
+                                    const void* qt = nullptr, const float* scales_t = nullptr) {
   const epmoe::PreparedWeightShapes sh =
       epmoe::prepared_weight_shapes(epmoe::WeightFormat::fp8_block_fp32, G, N, L);
-  epmoe::PreparedWeights p{epmoe::WeightFormat::fp8_block_fp32, G, N, L, sh.data, sh.scales, {}};
+  epmoe::PreparedWeights p{epmoe::WeightFormat::fp8_block_fp32, G, N, L, sh.data, sh.scales,
+                           {}, {}, {}};
   p.data.data = const_cast<void*>(q);
   p.scales.data = const_cast<float*>(scales);
   p.data.device = p.scales.device = device;
+  if (qt != nullptr || scales_t != nullptr) {
+    p.data_t = sh.data_t;
+    p.scales_t = sh.scales_t;
+    p.data_t.data = const_cast<void*>(qt);
+    p.scales_t.data = const_cast<float*>(scales_t);
+    p.data_t.device = p.scales_t.device = device;
+  }
   return p;
 }
 
@@ -112,11 +122,13 @@ epmoe_config epmoe_config_default(int64_t T, int64_t D, int64_t F, int32_t K, in
 const char* epmoe_last_error(void) { return epmoe::capi::g_last_error.c_str(); }
 
 int epmoe_prepare_weights_fp8(const void* w_GNL, int64_t G, int64_t N, int64_t L, void* q_GNL,
-                              float* scales_GBS, int device, void* stream) {
+                              float* scales_GBS, void* qt_GLN, float* scales_t_GSB, int device,
+                              void* stream) {
   return guarded([&] {
     const epmoe::Device dev = epmoe::Device::cuda(device);
-    epmoe::prepare_weights(ref(w_GNL, epmoe::DType::bf16, {G, N, L}, dev),
-                           prepared_fp8(q_GNL, scales_GBS, G, N, L, dev), stream);
+    epmoe::prepare_weights(
+        ref(w_GNL, epmoe::DType::bf16, {G, N, L}, dev),
+        prepared_fp8(q_GNL, scales_GBS, G, N, L, dev, qt_GLN, scales_t_GSB), stream);
   });
 }
 
@@ -196,8 +208,10 @@ int epmoe_backward(epmoe_context* h, const epmoe_backward_args* a) {
     b.stream = a->stream;
     epmoe::PreparedWeights w13, w2;
     if (c.fields().prepared_weights) {
-      w13 = prepared_fp8(a->w13_q, a->w13_scales, E, 2 * c.F(), c.D(), h->device);
-      w2 = prepared_fp8(a->w2_q, a->w2_scales, E, c.D(), c.F(), h->device);
+      w13 = prepared_fp8(a->w13_q, a->w13_scales, E, 2 * c.F(), c.D(), h->device, a->w13_qt,
+                         a->w13_scales_t);
+      w2 = prepared_fp8(a->w2_q, a->w2_scales, E, c.D(), c.F(), h->device, a->w2_qt,
+                        a->w2_scales_t);
       b.w13_prepared = &w13;
       b.w2_prepared = &w2;
     }

@@ -147,16 +147,20 @@ struct Context::Impl {
     if (!fp8()) return;
     s.fp8 = true;
     s.fp8_scratch = fp8_scratch();
-    if (!config.fields().inference) {  // after the per-call weights (MemoryPlan order)
-      s.fp8_transposed =
-          fp8_weights() + (config.fields().prepared_weights ? 0 : fp8_weight_layout(dims).total);
-    }
     if (w13_prepared != nullptr) {
       s.w13_q_EFD = w13_prepared->data.as<uint8_t>();
       s.w13_scales_EBS = w13_prepared->scales.as<float>();
       s.w2_q_EDF = w2_prepared->data.as<uint8_t>();
       s.w2_scales_EBS = w2_prepared->scales.as<float>();
+      // Required by backward (validate.cpp); a forward may leave them null.
+      s.w13_qt_EDF = w13_prepared->data_t.as<uint8_t>();
+      s.w13_scales_t_EBS = w13_prepared->scales_t.as<float>();
+      s.w2_qt_EFD = w2_prepared->data_t.as<uint8_t>();
+      s.w2_scales_t_EBS = w2_prepared->scales_t.as<float>();
       return;
+    }
+    if (!config.fields().inference) {  // after the per-call weights (MemoryPlan order)
+      s.fp8_transposed = fp8_weights() + fp8_weight_layout(dims).total;
     }
     const Fp8WeightLayout l = fp8_weight_layout(dims);
     const Device dev = backend->device();
@@ -166,8 +170,9 @@ struct Context::Impl {
         prepared_weight_shapes(WeightFormat::fp8_block_fp32, dims.E, dims.D, dims.F);
     char* base = fp8_weights();
     PreparedWeights p13{WeightFormat::fp8_block_fp32, dims.E, 2 * dims.F, dims.D, s13.data,
-                        s13.scales, {}};
-    PreparedWeights p2{WeightFormat::fp8_block_fp32, dims.E, dims.D, dims.F, s2.data, s2.scales, {}};
+                        s13.scales, {}, {}, {}};
+    PreparedWeights p2{WeightFormat::fp8_block_fp32, dims.E, dims.D, dims.F, s2.data, s2.scales, {},
+                       {}, {}};
     p13.data.data = base + l.w13_q;
     p13.scales.data = base + l.w13_scales;
     p2.data.data = base + l.w2_q;

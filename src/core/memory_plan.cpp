@@ -207,9 +207,12 @@ MemoryPlan plan_memory(const Config& config, int ep_size) {
     p.fp8_scratch_bytes = c.inference ? align_bytes(fp8_rows_bytes(M, F)) : fp8_scratch_layout(d, M).total;
     // The h rows are the forward's too.
     p.forward_scratch_bytes += align_bytes(fp8_rows_bytes(M, F));
-    // Per-call weights (none when prepared), then, for training, one transposed weight for the
-    // DGRADs (the CUDA backend's FP8 grouped GEMM reads B as [E, N, K]).
-    p.fp8_weight_scratch_bytes = (c.prepared_weights ? 0 : fp8_weight_layout(d).total) +
+    // Per-call weights, then, for training, one transposed weight for the DGRADs (the CUDA
+    // backend's FP8 grouped GEMM reads B as [E, N, K]); none of either when the caller prepares
+    // the weights (with their transposed copies).
+    p.fp8_weight_scratch_bytes =
+        c.prepared_weights ? 0
+                           : fp8_weight_layout(d).total +
                                  (c.inference ? 0 : fp8_transposed_layout(d).total);
   }
   p.scratch_bytes = p.route_scratch_bytes + p.call_scratch_pad_bytes + p.backward_scratch_bytes +
@@ -335,11 +338,14 @@ std::string MemoryPlan::explain() const {
            bytes_text(l.col_a - l.grad_h13_q) + ", WGRAD columns (128 rows per block) " +
            bytes_text(l.total - l.col_a));
     }
-    const int64_t transposed = inference ? 0 : fp8_transposed_layout(d).total;
+    // Prepared weights (no per-call weights) bring their transposed copies: no region either.
+    const int64_t transposed =
+        inference || fp8_weight_scratch_bytes == 0 ? 0 : fp8_transposed_layout(d).total;
     const int64_t per_call = fp8_weight_scratch_bytes - transposed;
     line(per_call > 0 ? "    fp8 weights quantized per call (w13, w2 + 128x128 scales): " +
                             bytes_text(per_call)
-                      : "    fp8 weights: prepared by the caller (Config.prepared_weights)");
+                      : "    fp8 weights: prepared by the caller (Config.prepared_weights; "
+                        "training: with their transposed copies for the DGRADs)");
     if (transposed > 0) {
       line("    fp8 weight transposed for the DGRADs (w2, then w13, one region): " +
            bytes_text(transposed));

@@ -8,6 +8,7 @@
 #include "core/numeric.h"
 #include "core/prepared_device.h"
 #include "core/validate.h"
+#include "cpu/fp8_steps.h"
 #include "epmoe/error.h"
 
 namespace epmoe {
@@ -30,8 +31,12 @@ PreparedWeightShapes prepared_weight_shapes(WeightFormat format, int64_t G, int6
     case WeightFormat::fp8_block_ue8m0: {
       const DType scale = format == WeightFormat::fp8_block_fp32 ? DType::f32 : DType::u8;
       s.data = TensorRef::contiguous(nullptr, DType::u8, {G, N, L});
-      s.scales = TensorRef::contiguous(
-          nullptr, scale, {G, scale_blocks(N, kFp8WeightBlock), scale_blocks(L, kFp8WeightBlock)});
+      const int64_t B = scale_blocks(N, kFp8WeightBlock), S = scale_blocks(L, kFp8WeightBlock);
+      s.scales = TensorRef::contiguous(nullptr, scale, {G, B, S});
+      if (format == WeightFormat::fp8_block_fp32) {
+        s.data_t = TensorRef::contiguous(nullptr, DType::u8, {G, L, N});
+        s.scales_t = TensorRef::contiguous(nullptr, DType::f32, {G, S, B});
+      }
       return s;
     }
     case WeightFormat::mxfp8:
@@ -68,6 +73,11 @@ void check_prepared_weights(const PreparedWeights& p, const char* name, const De
   check_like(p.data, s.data, n + ".data", device);
   check_like(p.scales, s.scales, n + ".scales", device);
   if (s.global_scale.ndim > 0) check_like(p.global_scale, s.global_scale, n + ".global_scale", device);
+  if (!p.has_transposed()) return;
+  EPMOE_CHECK_ARG(s.data_t.ndim > 0, n + ".data_t",
+                  "none (the transposed copy is fp8_block_fp32 only)", to_string(p.format));
+  check_like(p.data_t, s.data_t, n + ".data_t", device);
+  check_like(p.scales_t, s.scales_t, n + ".scales_t", device);
 }
 
 void prepare_weights(const TensorRef& w_GNL, const PreparedWeights& p, void* stream) {
@@ -86,6 +96,10 @@ void prepare_weights(const TensorRef& w_GNL, const PreparedWeights& p, void* str
   switch (p.format) {
     case WeightFormat::fp8_block_fp32:
       fp8_quantize_weights(x.data(), p.G, p.N, p.L, q, p.scales.as<float>());
+      if (p.has_transposed()) {  // the DGRAD operand, as the per-call transpose makes it
+        cpu::fp8_transpose_weights(q, p.scales.as<float>(), p.G, p.N, p.L, p.data_t.as<uint8_t>(),
+                                   p.scales_t.as<float>());
+      }
       return;
     case WeightFormat::fp8_block_ue8m0:
       fp8_quantize_weights(x.data(), p.G, p.N, p.L, q, p.scales.as<uint8_t>());

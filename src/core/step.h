@@ -93,7 +93,15 @@ struct Step {
   const uint8_t* w2_q_EDF = nullptr;      // [E, D, F] E4M3
   const float* w2_scales_EBS = nullptr;   // [E, S_D, S_F]
   char* fp8_scratch = nullptr;            // fp8_scratch_layout(dims, capacity_rows); inference: h rows only
-  char* fp8_transposed = nullptr;         // training: fp8_transposed_layout(dims) (CUDA DGRAD operand)
+  // The DGRAD operands: w13^T [E, D, 2F] + scales [E, S_D, S_2F], w2^T [E, F, D] + scales
+  // [E, S_F, S_D]. Prepared weights: the caller's transposed copies (read as they are). Per-call
+  // weights: null, and the CUDA DGRADs transpose into fp8_transposed, the training scratch
+  // fp8_transposed_layout(dims) (null otherwise).
+  const uint8_t* w13_qt_EDF = nullptr;
+  const float* w13_scales_t_EBS = nullptr;
+  const uint8_t* w2_qt_EFD = nullptr;
+  const float* w2_scales_t_EBS = nullptr;
+  char* fp8_transposed = nullptr;
 
   // ---- NVFP4 weight-only inference (Config.precision = nvfp4; docs/formats.md) ----
   // The GEMMs read these instead of w13_EFD / w2_EDF; activations stay bf16.

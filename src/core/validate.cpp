@@ -32,9 +32,11 @@ WeightFormat prepared_format(const Config& c) {
                                                   : WeightFormat::fp8_block_fp32;
 }
 
-// The prepared weights a call reads (Config.prepared_weights), or none.
+// The prepared weights a call reads (Config.prepared_weights), or none. A backward (dgrad) also
+// reads their transposed copies: its DGRADs run on them, and the memory plan holds no scratch to
+// transpose into.
 void check_prepared_args(const PreparedWeights* w13, const PreparedWeights* w2, const char* args,
-                         const Config& c, int E, const Device& dev) {
+                         const Config& c, int E, const Device& dev, bool dgrad) {
   const std::string n13 = std::string(args) + ".w13_prepared", n2 = std::string(args) + ".w2_prepared";
   if (!c.fields().prepared_weights) {
     const std::string why = "nullptr (Config.prepared_weights = false)";
@@ -53,6 +55,10 @@ void check_prepared_args(const PreparedWeights* w13, const PreparedWeights* w2, 
     const std::string got = detail::concat("[", p.G, ", ", p.N, ", ", p.L, "]");
     EPMOE_CHECK_ARG(p.G == E && p.N == N && p.L == L, name + ".G/N/L", shape, got);
     check_prepared_weights(p, name.c_str(), dev);
+    EPMOE_CHECK_ARG(!dgrad || p.has_transposed(), name + ".data_t",
+                    "the transposed copy (fp8_block backward with Config.prepared_weights: the "
+                    "DGRADs read it; prepare_weights fills it)",
+                    "nullptr");
   };
   check(*w13, n13, 2 * c.F(), c.D());
   check(*w2, n2, c.D(), c.F());
@@ -99,7 +105,7 @@ int64_t validate_forward(const ForwardArgs& a, const Config& c, int ep_size, con
   check_tensor(a.topk_scores_TK, "topk_scores_TK", {DType::f32, DType::bf16}, {T, c.K()}, dev);
   check_bf16_weights(a.w13_EFD, a.w2_EDF, c, E, dev);
   check_tensor(a.y_TD, "y_TD", {DType::bf16}, {T, c.D()}, dev);
-  check_prepared_args(a.w13_prepared, a.w2_prepared, "ForwardArgs", c, E, dev);
+  check_prepared_args(a.w13_prepared, a.w2_prepared, "ForwardArgs", c, E, dev, false);
   EPMOE_CHECK_ARG(!(a.save_for_backward && c.fields().inference), "ForwardArgs.save_for_backward",
                   "false for an inference context", "true");
   const int slots = c.fields().inference ? 0 : c.fields().slots.num_slots;
@@ -129,7 +135,7 @@ void validate_backward(const BackwardArgs& a, const Config& c, int ep_size, cons
   check_tensor(a.grad_scores_TK, "grad_scores_TK", {DType::f32}, {T, c.K()}, dev);
   check_tensor(a.grad_w13_EFD, "grad_w13_EFD", {wg}, {E, 2 * c.F(), c.D()}, dev);
   check_tensor(a.grad_w2_EDF, "grad_w2_EDF", {wg}, {E, c.D(), c.F()}, dev);
-  check_prepared_args(a.w13_prepared, a.w2_prepared, "BackwardArgs", c, E, dev);
+  check_prepared_args(a.w13_prepared, a.w2_prepared, "BackwardArgs", c, E, dev, true);
 }
 
 }  // namespace epmoe

@@ -31,24 +31,35 @@ void quantize_rows(const Step& s, const bf16_t* x_ML, int64_t offset, int64_t L)
                             s.layout.header + kLayoutSkip, r.codes, r.scales_SM, r.ld, s.stream);
 }
 
-void check_training(const Step& s) {
-  EPMOE_CHECK_ARG(s.fp8_transposed != nullptr, "Step.fp8_transposed",
-                  "the transposed-weight scratch of a training context (fp8_transposed_layout)",
-                  "nullptr");
-}
+// The transposed weight a DGRAD reads (codes [E, K, N], scales [E, S_K, S_N]).
+struct Transposed {
+  const uint8_t* codes;
+  const float* scales;
+};
 
 // out[m, :] = bf16(a[m, :] @ w[e]) for w [E, N, K] (E4M3, 128x128 scales [E, S_N, S_K]) read
-// transposed: w^T [E, K, N] is built into the transposed-weight scratch first, and the FP8 grouped
-// GEMM (FPROP form: B as [E, N', K'] = w^T) runs on it, contracting N (docs/formats.md: the DGRAD
-// is bitwise the FPROP twin applied to the explicit transpose). The same region serves both
-// DGRADs: stream order puts W13's transpose after W2's GEMM.
+// transposed: the FP8 grouped GEMM (FPROP form: B as [E, N', K'] = w^T) runs on w^T [E, K, N],
+// contracting N (docs/formats.md: the DGRAD is bitwise the FPROP twin applied to the explicit
+// transpose). w^T is the caller's prepared copy when given (`prepared`, made by prepare_weights
+// with the same transpose); otherwise it is built into the transposed-weight scratch, one region
+// for both DGRADs: stream order puts W13's transpose after W2's GEMM.
 Fp8GroupedGemmArgs dgrad_args(const Step& s, const ScratchRows& a_rows, const uint8_t* w_ENK,
-                              const float* w_scales_EBS, int64_t N, int64_t K) {
-  check_training(s);
-  const Fp8TransposedLayout l = fp8_transposed_layout(s.dims);
-  uint8_t* wt_EKN = reinterpret_cast<uint8_t*>(s.fp8_transposed + l.codes);
-  float* wt_scales = reinterpret_cast<float*>(s.fp8_transposed + l.scales);
-  fp8_transpose_weights(w_ENK, w_scales_EBS, s.dims.E, N, K, wt_EKN, wt_scales, s.stream);
+                              const float* w_scales_EBS, Transposed prepared, int64_t N,
+                              int64_t K) {
+  const uint8_t* wt_EKN = prepared.codes;
+  const float* wt_scales = prepared.scales;
+  if (wt_EKN == nullptr || wt_scales == nullptr) {
+    EPMOE_CHECK_ARG(s.fp8_transposed != nullptr, "Step.fp8_transposed",
+                    "the transposed-weight scratch of a training context (fp8_transposed_layout) "
+                    "or the prepared weights' transposed copies",
+                    "nullptr");
+    const Fp8TransposedLayout l = fp8_transposed_layout(s.dims);
+    uint8_t* codes = reinterpret_cast<uint8_t*>(s.fp8_transposed + l.codes);
+    float* scales = reinterpret_cast<float*>(s.fp8_transposed + l.scales);
+    fp8_transpose_weights(w_ENK, w_scales_EBS, s.dims.E, N, K, codes, scales, s.stream);
+    wt_EKN = codes;
+    wt_scales = scales;
+  }
   Fp8GroupedGemmArgs a;
   a.a_MK = a_rows.codes;
   a.a_scales_SM = a_rows.scales_SM;
@@ -104,7 +115,8 @@ void fp8_w2_dgrad(const Step& s, bool swiglu_backward_after) {
   const Fp8ScratchLayout l = fp8_scratch_layout(s.dims, s.capacity_rows);
   const ScratchRows g = scratch_rows(s, l.grad_h3_q, D);
   // w2 [E, D, F]: the DGRAD contracts D, so the GEMM reads w2^T [E, F, D].
-  Fp8GroupedGemmArgs a = dgrad_args(s, g, s.w2_q_EDF, s.w2_scales_EBS, D, F);
+  Fp8GroupedGemmArgs a =
+      dgrad_args(s, g, s.w2_q_EDF, s.w2_scales_EBS, {s.w2_qt_EFD, s.w2_scales_t_EBS}, D, F);
   // Fused: grad_h goes to the column scratch (col_a holds M * max(D, 2F) >= M * F bf16 and is
   // free until the WGRADs), then the unfused SwiGLU backward reads it.
   bf16_t* grad_h_MF =
@@ -124,7 +136,8 @@ void fp8_w13_dgrad(const Step& s, bool scatter) {
   const int64_t D = s.dims.D, F = s.dims.F;
   const ScratchRows g = scratch_rows(s, fp8_scratch_layout(s.dims, s.capacity_rows).grad_h13_q, 2 * F);
   // w13 [E, 2F, D]: the DGRAD contracts 2F, so the GEMM reads w13^T [E, D, 2F].
-  Fp8GroupedGemmArgs a = dgrad_args(s, g, s.w13_q_EFD, s.w13_scales_EBS, 2 * F, D);
+  Fp8GroupedGemmArgs a = dgrad_args(s, g, s.w13_q_EFD, s.w13_scales_EBS,
+                                    {s.w13_qt_EDF, s.w13_scales_t_EBS}, 2 * F, D);
   fp8_rows_output(s, scatter, a);
   fp8_grouped_gemm(a, s.stream);
 }

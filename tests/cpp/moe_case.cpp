@@ -179,18 +179,24 @@ RankCall::RankCall(const Problem& problem, const RankInputs& inputs) : p(problem
   grad_w2.assign(static_cast<size_t>(E * D * F) * wsize, char(0x7f));
   if (!p.prepared_weights) return;
   auto prepare = [&](std::vector<bf16_t>& w, int64_t N, int64_t L, std::vector<uint8_t>& q,
-                     std::vector<float>& scales, PreparedWeights& out) {
+                     std::vector<float>& scales, std::vector<uint8_t>& qt,
+                     std::vector<float>& scales_t, PreparedWeights& out) {
     const PreparedWeightShapes shapes =
         prepared_weight_shapes(WeightFormat::fp8_block_fp32, E, N, L);
     q.assign(static_cast<size_t>(shapes.data.numel()), 0);
     scales.assign(static_cast<size_t>(shapes.scales.numel()), 0.0f);
-    out = PreparedWeights{WeightFormat::fp8_block_fp32, E, N, L, shapes.data, shapes.scales, {}};
+    qt.assign(static_cast<size_t>(shapes.data_t.numel()), 0);
+    scales_t.assign(static_cast<size_t>(shapes.scales_t.numel()), 0.0f);
+    out = PreparedWeights{WeightFormat::fp8_block_fp32, E, N, L, shapes.data, shapes.scales, {},
+                          shapes.data_t, shapes.scales_t};
     out.data.data = q.data();
     out.scales.data = scales.data();
+    out.data_t.data = qt.data();
+    out.scales_t.data = scales_t.data();
     prepare_weights(TensorRef::contiguous(w.data(), DType::bf16, {E, N, L}), out);
   };
-  prepare(in.w13_EFD, 2 * F, D, w13_q, w13_scales, w13_prepared);
-  prepare(in.w2_EDF, D, F, w2_q, w2_scales, w2_prepared);
+  prepare(in.w13_EFD, 2 * F, D, w13_q, w13_scales, w13_qt, w13_scales_t, w13_prepared);
+  prepare(in.w2_EDF, D, F, w2_q, w2_scales, w2_qt, w2_scales_t, w2_prepared);
 }
 
 ForwardArgs RankCall::forward_args(int slot) {

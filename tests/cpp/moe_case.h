@@ -99,9 +99,10 @@ struct RankCall {
   std::vector<bf16_t> y, grad_x;
   std::vector<float> grad_scores;
   std::vector<char> grad_w13, grad_w2;  // Config.wgrad_dtype
-  // Problem::prepared_weights: fp8_block_fp32 copies of the weights (prepare_weights).
-  std::vector<uint8_t> w13_q, w2_q;
-  std::vector<float> w13_scales, w2_scales;
+  // Problem::prepared_weights: fp8_block_fp32 copies of the weights with their transposed
+  // copies (prepare_weights; _t: what backward's DGRADs read).
+  std::vector<uint8_t> w13_q, w2_q, w13_qt, w2_qt;
+  std::vector<float> w13_scales, w2_scales, w13_scales_t, w2_scales_t;
   PreparedWeights w13_prepared, w2_prepared;
 };
 

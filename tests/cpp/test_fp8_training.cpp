@@ -199,6 +199,26 @@ TEST(Fp8Training, PreparedWeightsAreChecked) {
     } catch (const Error& e) {
       EXPECT_EQ(e.argument(), "ForwardArgs.w13_prepared.G/N/L") << e.what();
     }
+    // A forward reads no transposed copy; a backward needs both weights' (its DGRADs read them,
+    // and the plan holds no scratch to transpose into).
+    PreparedWeights plain13 = call.w13_prepared, plain2 = call.w2_prepared;
+    for (PreparedWeights* w : {&plain13, &plain2}) w->data_t = w->scales_t = TensorRef{};
+    a = call.forward_args();
+    a.w13_prepared = &plain13;
+    a.w2_prepared = &plain2;
+    const SavedLayer saved = ctx.forward(a);
+    for (const std::string which : {"w13", "w2"}) {
+      BackwardArgs b = call.backward_args(saved);
+      if (which == "w13") b.w13_prepared = &plain13;
+      if (which == "w2") b.w2_prepared = &plain2;
+      try {
+        ctx.backward(b);
+        ADD_FAILURE() << which << " prepared without its transposed copy accepted by backward";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.argument(), "BackwardArgs." + which + "_prepared.data_t") << e.what();
+      }
+    }
+    ctx.backward(call.backward_args(saved));  // with both copies: accepted
   });
 }
 

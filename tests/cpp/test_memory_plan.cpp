@@ -620,7 +620,8 @@ TEST(MemoryPlan, EpSizeMustDivideExperts) {
 //             a A(32*48)=1536 + A(5*48*4)=1024, b A(32*32)=1024 + A(5*32*4)=640   -> 7936
 //   weights per call: w13 A(4*48*32)=6144 + A(4*1*1*4)=128, w2 A(4*32*24)=3072 + 128 -> 9472
 //   transposed weight (training; W13's size, shared with W2's): A(4*32*48)=6144 + A(4*1*1*4)=128
-//             -> 6272; weight scratch 9472 + 6272 = 15744
+//             -> 6272; weight scratch 9472 + 6272 = 15744; prepared weights (with their transposed
+//             copies, the caller's): 0
 TEST(MemoryPlan, Fp8BlockTermsExactBytes) {
   ConfigFields f = fields(16, 32, 24, 8, 2);
   const MemoryPlan bf16 = plan_memory(Config(f), 2);
@@ -652,9 +653,16 @@ TEST(MemoryPlan, Fp8BlockTermsExactBytes) {
   }
   f.prepared_weights = true;
   const MemoryPlan prepared = plan_memory(Config(f), 2);
-  EXPECT_EQ(prepared.fp8_weight_scratch_bytes, 6272);  // the transposed weight only
-  EXPECT_EQ(prepared.scratch_bytes, bf16.scratch_bytes + 7936 + 6272);
-  EXPECT_NE(prepared.explain().find("fp8 weights: prepared by the caller"), std::string::npos);
+  EXPECT_EQ(prepared.fp8_weight_scratch_bytes, 0);  // no transposed weight either
+  EXPECT_EQ(prepared.scratch_bytes, bf16.scratch_bytes + 7936);
+  EXPECT_EQ(prepared.arena_bytes, bf16.arena_bytes + 7936);
+  EXPECT_EQ(prepared.total_bytes, bf16.total_bytes + 7936);
+  const std::string prepared_text = prepared.explain();
+  EXPECT_NE(prepared_text.find("fp8 weights: prepared by the caller (Config.prepared_weights; "
+                               "training: with their transposed copies for the DGRADs)"),
+            std::string::npos)
+      << prepared_text;
+  EXPECT_EQ(prepared_text.find("fp8 weight transposed"), std::string::npos) << prepared_text;
   // A large T: the E4M3 rows + scales never exceed the bf16 rows they replace on the wire.
   f = fields(4096, 7168, 2048, 256, 8);
   f.precision = Precision::fp8_block;

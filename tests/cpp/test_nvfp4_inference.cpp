@@ -28,7 +28,7 @@ struct Nvfp4Weight {
     q.assign(static_cast<size_t>(s.data.numel()), 0);
     scales.assign(static_cast<size_t>(s.scales.numel()), 0);
     global.assign(static_cast<size_t>(E), 0.0f);
-    view = PreparedWeights{WeightFormat::nvfp4, E, N, L, s.data, s.scales, s.global_scale};
+    view = PreparedWeights{WeightFormat::nvfp4, E, N, L, s.data, s.scales, s.global_scale, {}, {}};
     view.data.data = q.data();
     view.scales.data = scales.data();
     view.global_scale.data = global.data();

@@ -1,14 +1,19 @@
 // PreparedWeights (include/epmoe/prepared_weights.h) on the host: shapes per format, the same bits
 // as the codecs, the round trip within the format tolerance, refill in place after a weight
-// update equal to a fresh preparation, argument errors naming the tensor.
+// update equal to a fresh preparation, the transposed copy (fp8_block_fp32) bitwise the per-call
+// transpose, argument errors naming the tensor.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/formats/codecs.h"
 #include "core/numeric.h"
+#include "cpu/fp8_steps.h"
 #include "epmoe/error.h"
 #include "epmoe/prepared_weights.h"
 #include "tolerances.h"
@@ -23,7 +28,7 @@ struct Owned {
   PreparedWeights view;
   Owned(WeightFormat f, int64_t G, int64_t N, int64_t L) {
     const PreparedWeightShapes s = prepared_weight_shapes(f, G, N, L);
-    view = PreparedWeights{f, G, N, L, s.data, s.scales, s.global_scale};
+    view = PreparedWeights{f, G, N, L, s.data, s.scales, s.global_scale, {}, {}};
     data.assign(static_cast<size_t>(s.data.numel()), 0xAA);
     view.data.data = data.data();
     if (s.scales.dtype == DType::f32) {
@@ -147,6 +152,104 @@ TEST(PreparedWeights, RefillInPlaceEqualsAFreshPreparation) {
     EXPECT_EQ(p.scales_f32, fresh.scales_f32) << to_string(f);
     EXPECT_EQ(p.scales_u8, fresh.scales_u8) << to_string(f);
     EXPECT_EQ(p.global, fresh.global) << to_string(f);
+  }
+}
+
+// fp8_block_fp32 with its transposed copy (what an FP8 training backward reads).
+struct OwnedTransposed : Owned {
+  std::vector<uint8_t> data_t;
+  std::vector<float> scales_t;
+  OwnedTransposed(int64_t g, int64_t n, int64_t l) : Owned(WeightFormat::fp8_block_fp32, g, n, l) {
+    const PreparedWeightShapes s = prepared_weight_shapes(WeightFormat::fp8_block_fp32, g, n, l);
+    data_t.assign(static_cast<size_t>(s.data_t.numel()), 0xAA);
+    scales_t.assign(static_cast<size_t>(s.scales_t.numel()), -1.0f);
+    view.data_t = s.data_t;
+    view.scales_t = s.scales_t;
+    view.data_t.data = data_t.data();
+    view.scales_t.data = scales_t.data();
+  }
+};
+
+TEST(PreparedWeights, TransposedShapesFp8BlockFp32Only) {
+  const PreparedWeightShapes f = prepared_weight_shapes(WeightFormat::fp8_block_fp32, G, N, L);
+  EXPECT_EQ(f.data_t.shape_string(), "[3, 260, 200]");
+  EXPECT_EQ(f.data_t.dtype, DType::u8);
+  EXPECT_EQ(f.scales_t.shape_string(), "[3, 3, 2]");
+  EXPECT_EQ(f.scales_t.dtype, DType::f32);
+  for (WeightFormat other :
+       {WeightFormat::fp8_block_ue8m0, WeightFormat::mxfp8, WeightFormat::nvfp4}) {
+    const PreparedWeightShapes s = prepared_weight_shapes(other, G, N, L);
+    EXPECT_EQ(s.data_t.ndim, 0) << to_string(other);
+    EXPECT_EQ(s.scales_t.ndim, 0) << to_string(other);
+  }
+}
+
+// The prepared transposed copy is bitwise cpu::fp8_transpose_weights of the prepared codes and
+// scales (what the per-call path transposes), and data / scales are unchanged by asking for it;
+// a refill in place keeps it so.
+TEST(PreparedWeights, TransposedCopyIsBitwiseThePerCallTranspose) {
+  for (const auto& [g, n, l] : {std::tuple<int64_t, int64_t, int64_t>{G, N, L}, {2, 256, 128},
+                                {1, 48, 32}, {2, 129, 7}}) {
+    std::vector<bf16_t> w = normal_bf16(5, g * n * l);
+    const TensorRef w_ref = TensorRef::contiguous(w.data(), DType::bf16, {g, n, l});
+    for (int refill = 0; refill < 2; ++refill) {
+      if (refill == 1) {
+        for (bf16_t& v : w) v = float_to_bf16(bf16_to_float(v) * 0.75f + 0.01f);
+      }
+      OwnedTransposed p(g, n, l);
+      Owned plain(WeightFormat::fp8_block_fp32, g, n, l);
+      prepare_weights(w_ref, p.view);
+      prepare_weights(w_ref, plain.view);
+      EXPECT_EQ(p.data, plain.data);
+      EXPECT_EQ(p.scales_f32, plain.scales_f32);
+      std::vector<uint8_t> want_q(p.data_t.size(), 0x55);
+      std::vector<float> want_s(p.scales_t.size(), -2.0f);
+      cpu::fp8_transpose_weights(plain.data.data(), plain.scales_f32.data(), g, n, l,
+                                 want_q.data(), want_s.data());
+      std::string what = "[";  // appended: GCC 12 warns (-Wrestrict) on "literal" + string
+      what += std::to_string(g) + ", " + std::to_string(n) + ", " + std::to_string(l) +
+              "] refill " + std::to_string(refill);
+      EXPECT_EQ(p.data_t, want_q) << what;
+      ASSERT_EQ(p.scales_t.size(), want_s.size());
+      EXPECT_EQ(std::memcmp(p.scales_t.data(), want_s.data(), want_s.size() * sizeof(float)), 0)
+          << what;
+      // Spot check of the layout itself: element (e, k, m) of the copy is (e, m, k) of data.
+      EXPECT_EQ(p.data_t[static_cast<size_t>((g - 1) * l * n + (l - 1) * n + 0)],
+                p.data[static_cast<size_t>((g - 1) * n * l + 0 * l + (l - 1))])
+          << what;
+    }
+  }
+}
+
+TEST(PreparedWeights, TransposedCopyErrorsNameTheTensor) {
+  std::vector<bf16_t> w = normal_bf16(6, G * N * L);
+  const TensorRef w_ref = TensorRef::contiguous(w.data(), DType::bf16, {G, N, L});
+  OwnedTransposed p(G, N, L);
+  PreparedWeights half = p.view;
+  half.scales_t = TensorRef{};
+  try {
+    prepare_weights(w_ref, half);
+    ADD_FAILURE() << "a transposed copy without its scales accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "prepared.scales_t") << e.what();
+  }
+  PreparedWeights wrong = p.view;
+  wrong.data_t = p.view.data;  // [G, N, L], not [G, L, N]
+  try {
+    prepare_weights(w_ref, wrong);
+    ADD_FAILURE() << "an untransposed copy accepted as data_t";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "prepared.data_t") << e.what();
+  }
+  Owned ue8m0(WeightFormat::fp8_block_ue8m0, G, N, L);
+  PreparedWeights other = ue8m0.view;
+  other.data_t = p.view.data_t;
+  other.scales_t = p.view.scales_t;
+  try {
+    prepare_weights(w_ref, other);
+    ADD_FAILURE() << "a transposed copy accepted for fp8_block_ue8m0";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "prepared.data_t") << e.what();
   }
 }
 

@@ -3,13 +3,15 @@
 // - y and every gradient within kBackendTolerances (fp8_block) and the CPU path's float64 bounds
 //   (EPMOE_REPORT_ERRORS=1 prints the errors);
 // - fused == unfused, repeated calls, prepared == per-call weights (per_rank refuses fp8_block)
-//   (EP = 1): bitwise;
+//   (EP = 1): bitwise; prepared on the device (with the transposed copies the DGRADs read) ==
+//   per-call, bitwise, also after a refill in place;
 // - a stack of layers at the minimum slot budget (every layer replays its forward) == full save,
 //   bitwise; one forward + backward captured in a CUDA graph and replayed with new routings ==
 //   eager, bitwise.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -113,6 +115,45 @@ TEST(GpuFp8Training, MatchesCpuWithinBoundsAndVariantsBitwise) {
     Problem prepared = p;
     prepared.prepared_weights = true;
     expect_bitwise_equal({gpu_train(prepared, in[0])}, {gpu}, p.name() + ": prepared vs per-call");
+  }
+}
+
+// Prepared weights made on the device (prepare_weights on CUDA: codes, scales and the transposed
+// copies the DGRADs read instead of transposing per call) give the full training layer bitwise
+// the per-call path's y and gradients; so does a refill in place after the copies are poisoned.
+TEST(GpuFp8Training, DevicePreparedTransposedEqualsPerCallBitwise) {
+  EPMOE_REQUIRE_GPU();
+  const std::vector<Problem> cases = {
+      fp8_problem(64, 128, 96, 8, 2),     // ci-tiny
+      fp8_problem(333, 256, 528, 16, 4),  // ragged tiles; 2F = 1056, D = 256: partial blocks
+      fp8_problem(512, 1024, 768, 8, 2),  // many k-blocks in both DGRADs
+  };
+  uint64_t seed = 1200;
+  for (const Problem& p : cases) {
+    const std::vector<RankInputs> in = make_inputs(p, seed++, p.max_tokens);
+    const RankOutputs per_call = gpu_train(p, in[0]);
+    Problem q = p;
+    q.prepared_weights = true;
+    auto ctx = Context::create(q.config(), make_single_gpu_transport(0));
+    DeviceCall call(q, in[0]);
+    const DevicePrepared w(q, call.w13, call.w2, nullptr);
+    expect_bitwise_equal({train_once(*ctx, call, &w, nullptr)}, {per_call},
+                         p.name() + ": device-prepared (transposed copies) vs per-call");
+    for (const PreparedWeights* v : {&w.w13, &w.w2}) {
+      CUDA_OK(cudaMemset(v->data_t.data, 0xAA, v->data_t.nbytes()));
+      CUDA_OK(cudaMemset(v->scales_t.data, 0xAA, v->scales_t.nbytes()));
+    }
+    // Poisoned copies change grad_x: the DGRADs read them (no transpose of their own).
+    const RankOutputs poisoned = train_once(*ctx, call, &w, nullptr);
+    ASSERT_EQ(poisoned.grad_x_TD.size(), per_call.grad_x_TD.size());
+    EXPECT_NE(std::memcmp(poisoned.grad_x_TD.data(), per_call.grad_x_TD.data(),
+                          per_call.grad_x_TD.size() * sizeof(bf16_t)),
+              0)
+        << p.name() << ": grad_x unchanged by poisoned transposed copies";
+    w.refill(nullptr);
+    expect_bitwise_equal({train_once(*ctx, call, &w, nullptr)}, {per_call},
+                         p.name() + ": refilled in place vs per-call");
+    ctx->close();
   }
 }
 

@@ -1,6 +1,8 @@
 // prepare_weights on CUDA tensors (the codec kernels of src/cuda/formats/) against the host path,
-// bitwise for every format, including a refill in place after the weights change; and what the
-// CUDA backend accepts of fp8_block (training and inference; D, F multiples of 16) and of nvfp4.
+// bitwise for every format (fp8_block_fp32 also with its transposed copy, which the host path
+// makes with cpu::fp8_transpose_weights), including a refill in place after the weights change;
+// and what the CUDA backend accepts of fp8_block (training and inference; D, F multiples of 16)
+// and of nvfp4.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -9,6 +11,7 @@
 #include <vector>
 
 #include "core/numeric.h"
+#include "epmoe/c_api.h"
 #include "epmoe/context.h"
 #include "epmoe/cuda.h"
 #include "epmoe/error.h"
@@ -26,15 +29,21 @@ namespace {
 
 constexpr int64_t G = 3, N = 200, L = 260;
 
-// The three tensors of one prepared weight as byte vectors (host) or device allocations.
+// The tensors of one prepared weight (data, scales, global, with `transposed` data_t, scales_t)
+// as byte vectors (host) or device allocations.
 struct Buffers {
   PreparedWeights view;
-  std::vector<std::vector<uint8_t>> host;  // data, scales, global
+  std::vector<std::vector<uint8_t>> host;
   std::vector<void*> device;
-  Buffers(WeightFormat f, Device where) {
+  Buffers(WeightFormat f, Device where, bool transposed = false) {
     const PreparedWeightShapes s = prepared_weight_shapes(f, G, N, L);
-    view = PreparedWeights{f, G, N, L, s.data, s.scales, s.global_scale};
-    TensorRef* parts[] = {&view.data, &view.scales, &view.global_scale};
+    view = PreparedWeights{f, G, N, L, s.data, s.scales, s.global_scale, {}, {}};
+    if (transposed) {
+      view.data_t = s.data_t;
+      view.scales_t = s.scales_t;
+    }
+    TensorRef* parts[] = {&view.data, &view.scales, &view.global_scale, &view.data_t,
+                          &view.scales_t};
     for (TensorRef* t : parts) {
       if (t->ndim == 0) continue;
       t->device = where;
@@ -55,7 +64,8 @@ struct Buffers {
   }
   std::vector<std::vector<uint8_t>> download() const {
     std::vector<std::vector<uint8_t>> out;
-    for (const TensorRef* t : {&view.data, &view.scales, &view.global_scale}) {
+    for (const TensorRef* t :
+         {&view.data, &view.scales, &view.global_scale, &view.data_t, &view.scales_t}) {
       if (t->ndim == 0) continue;
       std::vector<uint8_t> h(t->nbytes());
       EXPECT_EQ(cudaMemcpy(h.data(), t->data, h.size(), cudaMemcpyDeviceToHost), cudaSuccess);
@@ -75,9 +85,16 @@ std::vector<bf16_t> normal_bf16(uint64_t seed) {
 
 TEST(GpuPreparedWeights, DeviceEqualsHostAndRefillsInPlace) {
   EPMOE_REQUIRE_GPU();
-  for (WeightFormat f : {WeightFormat::fp8_block_fp32, WeightFormat::fp8_block_ue8m0,
-                         WeightFormat::mxfp8, WeightFormat::nvfp4}) {
-    Buffers on_device(f, Device::cuda(0));
+  struct Case {
+    WeightFormat format;
+    bool transposed;
+  };
+  for (const Case c :
+       {Case{WeightFormat::fp8_block_fp32, false}, Case{WeightFormat::fp8_block_fp32, true},
+        Case{WeightFormat::fp8_block_ue8m0, false}, Case{WeightFormat::mxfp8, false},
+        Case{WeightFormat::nvfp4, false}}) {
+    const WeightFormat f = c.format;
+    Buffers on_device(f, Device::cuda(0), c.transposed);
     void* w_dev = nullptr;
     const size_t bytes = static_cast<size_t>(G * N * L) * 2;
     ASSERT_EQ(cudaMalloc(&w_dev, bytes), cudaSuccess);
@@ -87,12 +104,50 @@ TEST(GpuPreparedWeights, DeviceEqualsHostAndRefillsInPlace) {
       prepare_weights(TensorRef::contiguous(w_dev, DType::bf16, {G, N, L}, Device::cuda(0)),
                       on_device.view, nullptr);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      Buffers on_host(f, Device::cpu());
+      Buffers on_host(f, Device::cpu(), c.transposed);
       prepare_weights(TensorRef::contiguous(w.data(), DType::bf16, {G, N, L}), on_host.view);
-      EXPECT_EQ(on_device.download(), on_host.host) << to_string(f) << " seed " << seed;
+      EXPECT_EQ(on_device.download(), on_host.host)
+          << to_string(f) << (c.transposed ? " with the transposed copy" : "") << " seed " << seed;
     }
     cudaFree(w_dev);
   }
+}
+
+// The C ABI's epmoe_prepare_weights_fp8 with the transposed copy (qt_GLN, scales_t_GSB) writes the
+// host prepare_weights bits; without it (NULL) it writes codes and scales only.
+TEST(GpuPreparedWeights, CApiPreparesTheTransposedCopy) {
+  EPMOE_REQUIRE_GPU();
+  const std::vector<bf16_t> w = normal_bf16(7);
+  void* w_dev = nullptr;
+  const size_t bytes = w.size() * sizeof(bf16_t);
+  ASSERT_EQ(cudaMalloc(&w_dev, bytes), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(w_dev, w.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  Buffers on_host(WeightFormat::fp8_block_fp32, Device::cpu(), true);
+  prepare_weights(TensorRef::contiguous(const_cast<bf16_t*>(w.data()), DType::bf16, {G, N, L}),
+                  on_host.view);
+  for (bool transposed : {true, false}) {
+    Buffers on_device(WeightFormat::fp8_block_fp32, Device::cuda(0), true);
+    const PreparedWeights& v = on_device.view;
+    ASSERT_EQ(epmoe_prepare_weights_fp8(w_dev, G, N, L, v.data.data, v.scales.as<float>(),
+                                        transposed ? v.data_t.data : nullptr,
+                                        transposed ? v.scales_t.as<float>() : nullptr, 0,
+                                        nullptr),
+              0)
+        << epmoe_last_error();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<std::vector<uint8_t>> got = on_device.download();  // data, scales, t, t
+    ASSERT_EQ(got.size(), 4u);
+    EXPECT_EQ(got[0], on_host.host[0]);
+    EXPECT_EQ(got[1], on_host.host[1]);
+    if (transposed) {
+      EXPECT_EQ(got[2], on_host.host[2]);
+      EXPECT_EQ(got[3], on_host.host[3]);
+    } else {  // untouched: still the 0xAA poison
+      EXPECT_EQ(got[2], std::vector<uint8_t>(got[2].size(), 0xAA));
+      EXPECT_EQ(got[3], std::vector<uint8_t>(got[3].size(), 0xAA));
+    }
+  }
+  cudaFree(w_dev);
 }
 
 // fp8_block runs on CUDA for training and inference contexts; E4M3 rows need D and F multiples

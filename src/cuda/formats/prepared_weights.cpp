@@ -12,6 +12,10 @@ void prepare_weights_cuda(const TensorRef& w_GNL, const PreparedWeights& p, void
   switch (p.format) {
     case WeightFormat::fp8_block_fp32:
       cuda::fp8_quantize_weights(w, p.G, p.N, p.L, q, p.scales.as<float>(), stream);
+      if (p.has_transposed()) {  // the DGRAD operand, as the per-call transpose makes it
+        cuda::fp8_transpose_weights(q, p.scales.as<float>(), p.G, p.N, p.L, p.data_t.as<uint8_t>(),
+                                    p.scales_t.as<float>(), stream);
+      }
       return;
     case WeightFormat::fp8_block_ue8m0:
       cuda::fp8_quantize_weights(w, p.G, p.N, p.L, q, p.scales.as<uint8_t>(), stream);
