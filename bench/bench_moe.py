@@ -5,8 +5,12 @@ measured in the same run, per-stage breakdown, grouped GEMM alone, decode agains
     python3 bench/bench_moe.py --out results.json [--shapes a,b] [--routings balanced,skew]
 
 Each shape also gets epmoe-fp8 rows (fp8_block inference forward with prepared weights, train T
-and decode T; fp8_block training fwd+bwd with prepared weights at train T) beside the bf16 rows;
---no-fp8 leaves them out.
+and decode T; fp8_block training fwd+bwd with prepared weights at train T) beside the bf16 rows,
+and torch-native-fp8 rows (torch_recipe_fp8.py: the recipe on torch._scaled_grouped_mm, row-wise
+scales, weights quantized once) for fwd, fwd+bwd and decode-fwd; both rel-L2 against epmoe's bf16
+outputs on the same inputs. --no-fp8 leaves all of them out; where torch._scaled_grouped_mm does
+not run the row-wise recipe the torch-native-fp8 rows are left out with the reason printed and
+kept under "notes" in the JSON.
 """
 import argparse
 import datetime
@@ -22,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import epmoe_ctypes  # noqa: E402
 import shapes as S  # noqa: E402
 import torch_recipe  # noqa: E402
+import torch_recipe_fp8  # noqa: E402
 
 
 def event_times(fn, iters, warmup=3, before=None):
@@ -175,6 +180,88 @@ def decode_times(layer, iters):
     return t_dec, t_dec_graph, active
 
 
+def recipe_fp8_step(layer, prepared, backward):
+    """torch-native-fp8 forward (and backward) on the layer's inputs; prepared: the weights'
+    torch_recipe_fp8.quantize_weights, made once outside the timing."""
+    x = layer.x.detach().requires_grad_(backward)
+    w13 = layer.w13.detach().requires_grad_(backward)
+    w2 = layer.w2.detach().requires_grad_(backward)
+    scores = layer.scores.detach().requires_grad_(backward)
+    with torch.set_grad_enabled(backward):
+        y = torch_recipe_fp8.moe_forward(x, layer.ids, scores, w13, w2, prepared)
+        if backward:
+            y.backward(layer.grad_y)
+    return y, x, scores
+
+
+def prepare_recipe_fp8(layer):
+    return (torch_recipe_fp8.quantize_weights(layer.w13), torch_recipe_fp8.quantize_weights(layer.w2))
+
+
+# What the torch-native-fp8 rows ran, recorded in each of them.
+RECIPE_FP8_META = {
+    "fp8_scaling": "e4m3, row-wise fp32 scales (amax/448): per grouped activation row, quantized "
+                   "per call in eager torch; per output channel of each expert weight, prepared once",
+    "fwd_gemms": "torch._scaled_grouped_mm (use_fast_accum=True)",
+    "bwd_gemms": torch_recipe_fp8.BACKWARD_GEMMS}
+
+# Why the torch-native-fp8 rows are missing, where they are (the JSON's "notes").
+NOTES = []
+
+
+def bench_recipe_fp8(L, shape, routing, ceil, rows, iters, y_bf16, bf16_out):
+    """torch-native-fp8 fwd and fwd+bwd at train T on L's inputs (the bf16 rows' inputs); rel-L2
+    against epmoe's bf16 outputs y_bf16 / bf16_out, as the epmoe-fp8 rows. Returns the times by
+    phase."""
+    D, F = L.D, L.F
+    N = L.routes
+    prepared = prepare_recipe_fp8(L)
+    y = recipe_fp8_step(L, prepared, False)[0]
+    err_fwd = {"y": rel_l2(y, y_bf16)}
+    y, x, s = recipe_fp8_step(L, prepared, True)
+    err_step = {"y": rel_l2(y, bf16_out["y"]), "grad_x": rel_l2(x.grad, bf16_out["grad_x"]),
+                "grad_scores": rel_l2(s.grad, bf16_out["grad_scores"])}
+    del y, x, s
+    t_fwd = timed(lambda: recipe_fp8_step(L, prepared, False), iters)
+    t_step = timed(lambda: recipe_fp8_step(L, prepared, True), iters)
+    fp8_ceil = ceil.get("fp8_matmul_tflops")
+    fwd_flops, step_flops = 6 * N * D * F, 18 * N * D * F
+    rows.append(row("torch-native-fp8", shape, routing, "fwd", L.T, t_fwd, fwd_flops, precision="fp8",
+                    rel_l2_vs_bf16=err_fwd,
+                    ratio_to_ceiling=(fwd_flops / t_fwd[0] / 1e9 / fp8_ceil) if fp8_ceil else None,
+                    **RECIPE_FP8_META))
+    rows.append(row("torch-native-fp8", shape, routing, "fwd+bwd", L.T, t_step, step_flops,
+                    precision="fp8", rel_l2_vs_bf16=err_step, **RECIPE_FP8_META))
+    print(f"{shape} {routing} torch-native-fp8 fwd {t_fwd[0]:.3f} ms, fwd+bwd {t_step[0]:.3f} ms; "
+          f"rel-L2 vs bf16 fwd y {err_fwd['y']:.3e}, fwd+bwd " +
+          ", ".join(f"{k} {v:.3e}" for k, v in err_step.items()), flush=True)
+    del prepared
+    torch.cuda.empty_cache()
+    return {"fwd": t_fwd, "fwd+bwd": t_step}
+
+
+def bench_recipe_fp8_decode(Ld, shape, routing, ceil, rows, iters):
+    """torch-native-fp8 decode forward at decode T on Ld's inputs, against the HBM roofline of the
+    e4m3 expert weights it reads. Returns its times."""
+    prepared = prepare_recipe_fp8(Ld)
+    t = timed(lambda: recipe_fp8_step(Ld, prepared, False), max(iters, 20))
+    active = int(torch.unique(Ld.ids[Ld.ids >= 0]).numel())
+    weight_bytes = active * 3 * Ld.D * Ld.F  # E4M3 (scales: 4 bytes per output channel)
+    rows.append(row("torch-native-fp8", shape, routing, "decode-fwd", Ld.T, t,
+                    6 * Ld.routes * Ld.D * Ld.F, GBps=weight_bytes / t[0] / 1e6, precision="fp8",
+                    roofline_fraction=weight_bytes / (ceil["hbm_copy_GBps"] * 1e6) / t[0],
+                    weight_bytes=weight_bytes, **RECIPE_FP8_META))
+    del prepared
+    torch.cuda.empty_cache()
+    return t
+
+
+def ratio_to(recipe_ms, phase, t):
+    """recipe median / epmoe median for phase, None where the recipe did not run."""
+    r = (recipe_ms or {}).get(phase)
+    return r[0] / t[0] if r else None
+
+
 def row(impl, shape, routing, phase, T, ms, flops=None, GBps=None, **extra):
     med, lo, hi = ms
     r = {"impl": impl, "shape": shape, "ep": 1, "routing": routing, "precision": "bf16",
@@ -223,10 +310,11 @@ def bench_epmoe_only(lib, shape, routing, rows, iters, impl):
     return {}
 
 
-def bench_fp8_forward(lib, shape, routing, ceil, rows, iters, y_bf16, t_fwd_bf16):
+def bench_fp8_forward(lib, shape, routing, ceil, rows, iters, y_bf16, t_fwd_bf16, recipe_ms=None):
     """epmoe-fp8: the fp8_block forward of an inference context with prepared weights, on the
     inputs of the bf16 rows (same seed); useful FLOPs as bf16 (MEASURE.md). y_bf16 / t_fwd_bf16:
-    the bf16 forward's output and times, for the error and the speed-up."""
+    the bf16 forward's output and times, for the error and the speed-up; recipe_ms: the
+    torch-native-fp8 times by phase (ratio_to_recipe), None where it did not run."""
     D, F, E, K, T_train, T_decode = S.SHAPES[shape]
     L = Layer(lib, shape, routing, T_train, precision="fp8")
     N = L.routes
@@ -238,7 +326,8 @@ def bench_fp8_forward(lib, shape, routing, ceil, rows, iters, y_bf16, t_fwd_bf16
     fp8_ceil = ceil.get("fp8_matmul_tflops")
     rows.append(row("epmoe-fp8", shape, routing, "fwd", T_train, t, flops, precision="fp8",
                     ratio_to_bf16=t_fwd_bf16[0] / t[0], rel_l2_vs_bf16={"y": err},
-                    ratio_to_ceiling=(flops / t[0] / 1e9 / fp8_ceil) if fp8_ceil else None))
+                    ratio_to_ceiling=(flops / t[0] / 1e9 / fp8_ceil) if fp8_ceil else None,
+                    ratio_to_recipe=ratio_to(recipe_ms, "fwd", t)))
     stage_ms = stage_times(L, fn=lambda: L.forward(False))
     breakdown = {k: statistics.median(v) for k, v in stage_ms.items()}
     rows.append({"impl": "epmoe-fp8", "shape": shape, "ep": 1, "routing": routing, "precision": "fp8",
@@ -257,17 +346,17 @@ def bench_fp8_forward(lib, shape, routing, ceil, rows, iters, y_bf16, t_fwd_bf16
         rows.append(row(impl, shape, routing, "decode-fwd", T_decode, td, 6 * Ld.routes * D * F,
                         GBps=weight_bytes / td[0] / 1e6, precision="fp8",
                         roofline_fraction=weight_bytes / (ceil["hbm_copy_GBps"] * 1e6) / td[0],
-                        weight_bytes=weight_bytes))
+                        weight_bytes=weight_bytes, ratio_to_recipe=ratio_to(recipe_ms, "decode-fwd", td)))
     Ld.close()
     del Ld
     torch.cuda.empty_cache()
 
 
-def bench_fp8_train(lib, shape, routing, rows, iters, bf16_out, t_step_bf16):
+def bench_fp8_train(lib, shape, routing, rows, iters, bf16_out, t_step_bf16, recipe_ms=None):
     """epmoe-fp8 fwd+bwd: an fp8_block training context with prepared weights (prepared once, as
     an optimizer step would refill them) at training T, on the inputs of the bf16 rows; useful
     FLOPs as bf16. bf16_out: the bf16 step's y, grad_x, grad_scores (errors); t_step_bf16 its
-    times."""
+    times; recipe_ms: the torch-native-fp8 times by phase, None where it did not run."""
     D, F, E, K, T_train, _ = S.SHAPES[shape]
     L = Layer(lib, shape, routing, T_train, precision="fp8-train")
     N = L.routes
@@ -277,7 +366,8 @@ def bench_fp8_train(lib, shape, routing, rows, iters, bf16_out, t_step_bf16):
     t = timed(L.step, iters)
     flops = 18 * N * D * F
     rows.append(row("epmoe-fp8", shape, routing, "fwd+bwd", T_train, t, flops, precision="fp8",
-                    ratio_to_bf16=t_step_bf16[0] / t[0], rel_l2_vs_bf16=err))
+                    ratio_to_bf16=t_step_bf16[0] / t[0], rel_l2_vs_bf16=err,
+                    ratio_to_recipe=ratio_to(recipe_ms, "fwd+bwd", t)))
     stage_ms = stage_times(L)
     breakdown = {k: statistics.median(v) for k, v in stage_ms.items()}
     rows.append({"impl": "epmoe-fp8", "shape": shape, "ep": 1, "routing": routing, "precision": "fp8",
@@ -291,7 +381,8 @@ def bench_fp8_train(lib, shape, routing, rows, iters, bf16_out, t_step_bf16):
     torch.cuda.empty_cache()
 
 
-def bench_shape(lib, shape, routing, ceil, rows, iters, fp8=True):
+def bench_shape(lib, shape, routing, ceil, rows, iters, fp8=True, fp8_recipe=True):
+    """fp8: the epmoe-fp8 rows; fp8_recipe: the torch-native-fp8 rows (with fp8 only)."""
     D, F, E, K, T_train, T_decode = S.SHAPES[shape]
     L = Layer(lib, shape, routing, T_train)
     N = L.routes
@@ -318,6 +409,15 @@ def bench_shape(lib, shape, routing, ceil, rows, iters, fp8=True):
     r_fwd = timed(lambda: recipe_step(L, False), iters)
     r_step = timed(lambda: recipe_step(L, True), iters)
     recipe_peak = torch.cuda.max_memory_allocated()
+    recipe_fp8_ms = None
+    if fp8 and fp8_recipe:
+        try:
+            recipe_fp8_ms = bench_recipe_fp8(L, shape, routing, ceil, rows, iters, y_bf16, bf16_out)
+        except (RuntimeError, TypeError, NotImplementedError, ValueError) as e:  # e.g. out of memory
+            note = f"{shape} {routing}: torch-native-fp8 fwd / fwd+bwd rows left out: {e}"
+            print(note, flush=True)
+            NOTES.append(note)
+            torch.cuda.empty_cache()
     ext = {"rel_l2_vs_recipe": err}
     rows.append(row("epmoe", shape, routing, "fwd", T_train, t_fwd, fwd_flops,
                     ratio_to_ceiling=fwd_flops / t_fwd[0] / 1e9 / ceil["bf16_matmul_tflops"],
@@ -370,12 +470,21 @@ def bench_shape(lib, shape, routing, ceil, rows, iters, fp8=True):
     rows.append(row("torch-native", shape, routing, "decode-fwd", T_decode, r_dec,
                     6 * Ld.routes * D * F, GBps=weight_bytes / r_dec[0] / 1e6,
                     roofline_fraction=roofline_ms / r_dec[0]))
+    if fp8 and fp8_recipe:
+        try:
+            recipe_fp8_ms = dict(recipe_fp8_ms or {})
+            recipe_fp8_ms["decode-fwd"] = bench_recipe_fp8_decode(Ld, shape, routing, ceil, rows, iters)
+        except (RuntimeError, TypeError, NotImplementedError, ValueError) as e:
+            note = f"{shape} {routing}: torch-native-fp8 decode-fwd row left out: {e}"
+            print(note, flush=True)
+            NOTES.append(note)
+            torch.cuda.empty_cache()
     Ld.close()
     del Ld
     torch.cuda.empty_cache()
     if fp8:
-        bench_fp8_forward(lib, shape, routing, ceil, rows, iters, y_bf16, t_fwd)
-        bench_fp8_train(lib, shape, routing, rows, iters, bf16_out, t_step)
+        bench_fp8_forward(lib, shape, routing, ceil, rows, iters, y_bf16, t_fwd, recipe_fp8_ms)
+        bench_fp8_train(lib, shape, routing, rows, iters, bf16_out, t_step, recipe_fp8_ms)
     return err
 
 
@@ -388,6 +497,8 @@ def write_results(path, ceil, rows):
            "versions": {"torch": torch.__version__, "cuda": torch.version.cuda,
                         "nccl": ".".join(map(str, torch.cuda.nccl.version())), "cutlass": "4.2.0.0"},
            "ceilings": ceil, "rows": rows}
+    if NOTES:
+        out["notes"] = NOTES
     with open(path, "w") as f:
         json.dump(out, f, indent=1)
 
@@ -402,7 +513,7 @@ def main():
     ap.add_argument("--epmoe-only", default=None, metavar="IMPL",
                     help="time epmoe alone, rows named IMPL (e.g. epmoe-pingpong)")
     ap.add_argument("--no-fp8", action="store_true",
-                    help="leave out the epmoe-fp8 rows (fp8_block forward and fwd+bwd)")
+                    help="leave out the epmoe-fp8 and torch-native-fp8 rows")
     ap.add_argument("--scratch-device-bytes", type=int, default=-1,
                     help="Config.scratch_device_bytes of the epmoe contexts (-1: all scratch on device)")
     args = ap.parse_args()
@@ -412,18 +523,26 @@ def main():
     ceil = ceilings()
     print(f"ceilings: {ceil}", flush=True)
     rows = []
+    fp8_recipe = False
+    if not args.no_fp8 and not args.epmoe_only:
+        reason = torch_recipe_fp8.unsupported_reason()
+        fp8_recipe = reason is None
+        if reason:
+            NOTES.append(f"torch-native-fp8 rows left out: {reason}")
+            print(NOTES[-1], flush=True)
     for shape in args.shapes.split(","):
         for routing in args.routings.split(","):
             if args.epmoe_only:
                 bench_epmoe_only(lib, shape, routing, rows, args.iters, args.epmoe_only)
                 write_results(args.out, ceil, rows)
                 continue
-            err = bench_shape(lib, shape, routing, ceil, rows, args.iters, fp8=not args.no_fp8)
+            err = bench_shape(lib, shape, routing, ceil, rows, args.iters, fp8=not args.no_fp8,
+                              fp8_recipe=fp8_recipe)
             for r in rows:
                 if r["shape"] == shape and r["routing"] == routing and r.get("median_ms") is not None:
                     tf = r["useful_tflops"]
                     extra = ""
-                    if "ratio_to_recipe" in r:
+                    if r.get("ratio_to_recipe") is not None:
                         extra = f" x{r['ratio_to_recipe']:.2f} vs recipe"
                     if "roofline_fraction" in r:
                         extra = f" {100 * r['roofline_fraction']:.0f}% of HBM roofline"

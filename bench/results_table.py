@@ -77,6 +77,42 @@ def main(path):
                   f"{fmt(f.get('ratio_to_ceiling'), '.2f')} | {fmt(err, '.2e')} | "
                   f"{fmt(dec.get('median_ms'), '.3f')} | "
                   f"{fmt(100 * dec['roofline_fraction'] if dec else None, '.0f')} |")
+    fp8_recipe_table(rows, keys, get)
+    for note in d.get("notes", []):
+        print(f"\nNote: {note}")
+
+
+def errs(r):
+    """'y 1.2e-02 · grad_x ...' of a row's rel_l2_vs_bf16, '-' where it has none."""
+    e = r.get("rel_l2_vs_bf16") or {}
+    return " · ".join(f"{k} {v:.1e}" for k, v in e.items()) or "-"
+
+
+def fp8_recipe_table(rows, keys, get):
+    """epmoe-fp8 against the torch-native FP8 recipe (torch._scaled_grouped_mm, row-wise scales)
+    measured in the same run: times, the ratio epmoe-fp8 / torch-native-fp8 (recipe ms / epmoe ms),
+    and each one's rel-L2 against epmoe's bf16 outputs on the same inputs."""
+    phases = ("fwd", "fwd+bwd", "decode-fwd")
+    keys = [k for k in keys if any(get(*k, "torch-native-fp8", p) for p in phases)]
+    if not keys:
+        return
+    meta = next(r for r in rows if r["impl"] == "torch-native-fp8")
+    print("\nFP8 against the torch-native FP8 recipe (same run, same inputs): "
+          f"{meta.get('fp8_scaling', '-')}; forward GEMMs {meta.get('fwd_gemms', '-')}, backward "
+          f"GEMMs {meta.get('bwd_gemms', '-')}. Ratio = torch-native-fp8 ms / epmoe-fp8 ms; rel-L2 "
+          "against epmoe's bf16 outputs:\n")
+    print("| shape | routing | phase | epmoe-fp8 ms | torch-native-fp8 ms | epmoe-fp8 / torch-native-fp8 | "
+          "epmoe-fp8 TFLOP/s | torch-native-fp8 TFLOP/s | epmoe-fp8 rel-L2 | torch-native-fp8 rel-L2 |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for shape, routing in keys:
+        for phase in phases:
+            e, t = get(shape, routing, "epmoe-fp8", phase), get(shape, routing, "torch-native-fp8", phase)
+            if not e and not t:
+                continue
+            print(f"| {shape} | {routing} | {phase} | {fmt(e.get('median_ms'), '.3f')} | "
+                  f"{fmt(t.get('median_ms'), '.3f')} | {fmt(e.get('ratio_to_recipe'), '.2f')}x | "
+                  f"{fmt(e.get('useful_tflops'), '.0f')} | {fmt(t.get('useful_tflops'), '.0f')} | "
+                  f"{errs(e)} | {errs(t)} |")
 
 
 def pct(ratio):
