@@ -201,7 +201,8 @@ def prepare_recipe_fp8(layer):
 # What the torch-native-fp8 rows ran, recorded in each of them.
 RECIPE_FP8_META = {
     "fp8_scaling": "e4m3, row-wise fp32 scales (amax/448): per grouped activation row, quantized "
-                   "per call in eager torch; per output channel of each expert weight, prepared once",
+                   "per call by one torch.compile'd kernel; per output channel of each expert "
+                   "weight, prepared once",
     "fwd_gemms": "torch._scaled_grouped_mm (use_fast_accum=True)",
     "bwd_gemms": torch_recipe_fp8.BACKWARD_GEMMS}
 

@@ -43,9 +43,23 @@ def dequantize(q, scale):
     return q.float() * scale.unsqueeze(-1)
 
 
+_compiled_quantize_rows = None
+
+
+def quantize_rows_fused(a):
+    """quantize_rows on CUDA as one torch.compile'd kernel (amax, scale, divide, cast fused, as
+    torchao's float8 training quantizes); eager on CPU."""
+    global _compiled_quantize_rows
+    if not a.is_cuda:
+        return quantize_rows(a)
+    if _compiled_quantize_rows is None:
+        _compiled_quantize_rows = torch.compile(quantize_rows)
+    return _compiled_quantize_rows(a)
+
+
 def scaled_grouped_mm(a_MK, wq_EKN, ws_EN, offs):
     """bf16 [M, N]: rows of group e of a (bf16, quantized here per row) times w[e]^T in e4m3."""
-    aq_MK, as_M = quantize_rows(a_MK)
+    aq_MK, as_M = quantize_rows_fused(a_MK)
     return torch._scaled_grouped_mm(aq_MK, wq_EKN, as_M, ws_EN, offs=offs, out_dtype=torch.bfloat16,
                                     use_fast_accum=True)
 
