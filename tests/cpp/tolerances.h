@@ -67,14 +67,14 @@ inline constexpr Tolerance kBackendTolerances[] = {
     // fp8_block backward (training contexts): the same steps, and the WGRADs run the bf16 kernel on
     // the FP8 column-quantized operands dequantized to bf16 (code * scale rounded to bf16; the CPU
     // sums E4M3 products per block with fp32 scale promotion), so grad_w13 / grad_w2 differ by
-    // those roundings and the tensor core's sums too. First H200 readings (2026-11-30, 4 cases of
-    // test_gpu_fp8_training with EPMOE_REPORT_ERRORS=1): y 3.0e-3 .. 5.2e-3, grad_x 3.8e-3 ..
-    // 5.2e-3, grad_scores 4.0e-3 .. 4.9e-3, grad_w13 4.0e-3 .. 4.5e-3 (grad_w2 not read); the
-    // bounds stay at 3e-2 until a full run covers every shape and grad_w2.
-    {Precision::fp8_block, Output::grad_x, 3.0e-2},
-    {Precision::fp8_block, Output::grad_scores, 3.0e-2},
-    {Precision::fp8_block, Output::grad_w13, 3.0e-2},
-    {Precision::fp8_block, Output::grad_w2, 3.0e-2},
+    // those roundings and the tensor core's sums too. Measured on the H200 (test_gpu_fp8_training,
+    // EPMOE_REPORT_ERRORS=1, 2026-11-30 at 5f29166, 9 cases: 6 shapes, f32 WGRAD, live counts
+    // 77 / 0 / none): y 3.3e-4 .. 5.6e-3, grad_x 1.9e-3 .. 5.4e-3, grad_scores 2.3e-4 .. 5.1e-3,
+    // grad_w13 3.0e-3 .. 5.3e-3, grad_w2 2.6e-4 .. 5.1e-3; the bounds are about 2.8x the worst.
+    {Precision::fp8_block, Output::grad_x, 1.5e-2},
+    {Precision::fp8_block, Output::grad_scores, 1.5e-2},
+    {Precision::fp8_block, Output::grad_w13, 1.5e-2},
+    {Precision::fp8_block, Output::grad_w2, 1.5e-2},
 };
 
 inline double backend_rel_l2_bound(Precision precision, Output output) {

@@ -1,11 +1,11 @@
-// FP8 E4M3 with 1x128 row blocks (activations), fp32 or UE8M0 scales: row_blocks.cuh with a
-// whole warp per block (4 elements per lane).
+// FP8 E4M3 with 1x128 row blocks (activations), fp32 or UE8M0 scales: row_blocks.cuh with
+// 16 lanes per block (8 consecutive elements per lane: one 16-byte bf16 load), 2 blocks per warp.
 #include "cuda/formats/formats.h"
 #include "cuda/formats/row_blocks.cuh"
 
 namespace epmoe::cuda {
 namespace {
-constexpr int kLanes = 32;
+constexpr int kLanes = 16;
 }  // namespace
 
 void fp8_quantize_rows(const float* x_NL, int64_t N, int64_t L, uint8_t* q_NL, float* scales_NS, void* stream) {

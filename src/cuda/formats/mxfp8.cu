@@ -1,11 +1,11 @@
-// MXFP8 (E4M3 + E8M0 per 1x32): row_blocks.cuh with 8 lanes per block (4 elements per lane,
-// 4 blocks per warp).
+// MXFP8 (E4M3 + E8M0 per 1x32): row_blocks.cuh with 4 lanes per block (8 consecutive elements
+// per lane), 8 blocks per warp.
 #include "cuda/formats/formats.h"
 #include "cuda/formats/row_blocks.cuh"
 
 namespace epmoe::cuda {
 namespace {
-constexpr int kLanes = 8;
+constexpr int kLanes = 4;
 }  // namespace
 
 void mxfp8_quantize_rows(const float* x_NL, int64_t N, int64_t L, uint8_t* q_NL, uint8_t* scales_NS, void* stream) {

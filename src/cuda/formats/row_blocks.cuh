@@ -2,8 +2,10 @@
 // (mxfp8.cu): the format is a scale policy of core/formats (Fp8Fp32Scale, Fp8Ue8m0Scale,
 // Mxfp8Scale), so the block rule and the element rounding are the host codecs' functions.
 //
-// Quantize: kLanes lanes of a warp own one block; lane j holds elements j, j + kLanes, ... (each
-// warp load is 32 consecutive elements). The block amax is an integer max over |x| bits
+// Quantize: kLanes lanes of a warp own one block; lane j holds the kBlock / kLanes consecutive
+// elements from j * kBlock / kLanes, read and written as vectors (16-byte loads of 8 bf16, one
+// 8-byte store of their codes) where the lane's run is whole and aligned, element by element at a
+// partial last block or an unaligned row. The block amax is an integer max over |x| bits
 // (shuffles; exact and order-free), so scales and codes match the serial host loop bitwise.
 #pragma once
 
@@ -30,6 +32,35 @@ __device__ __forceinline__ uint32_t group_max(uint32_t v) {
     v = other > v ? other : v;
   }
   return v;
+}
+
+// An unsigned type of kBytes bytes (1, 2, 4, 8 or 16): one vector memory access.
+template <int kBytes> struct Vec;
+template <> struct Vec<1> { using type = uint8_t; };
+template <> struct Vec<2> { using type = uint16_t; };
+template <> struct Vec<4> { using type = uint32_t; };
+template <> struct Vec<8> { using type = uint2; };
+template <> struct Vec<16> { using type = uint4; };
+
+// Copies kCount elements of T from src to dst in vectors of up to 16 bytes; both kCount-element
+// runs must be aligned to that vector size (the callers check src at run time, dst is local).
+template <class T, int kCount, class Dst, class Src>
+__device__ __forceinline__ void copy_run(Dst* dst, const Src* src) {
+  constexpr int kBytes = static_cast<int>(sizeof(T)) * kCount;
+  constexpr int kChunk = kBytes < 16 ? kBytes : 16;
+  static_assert(kBytes % kChunk == 0 && (kChunk & (kChunk - 1)) == 0, "a power-of-two run");
+  using V = typename Vec<kChunk>::type;
+#pragma unroll
+  for (int c = 0; c < kBytes / kChunk; ++c) {
+    reinterpret_cast<V*>(dst)[c] = reinterpret_cast<const V*>(src)[c];
+  }
+}
+
+template <class T, int kCount>
+__device__ __forceinline__ bool run_aligned(const T* p) {
+  constexpr int kBytes = static_cast<int>(sizeof(T)) * kCount;
+  constexpr int kChunk = kBytes < 16 ? kBytes : 16;
+  return reinterpret_cast<uintptr_t>(p) % kChunk == 0;
 }
 
 // A row count known only on the device (a stage's live or received rows): rows
@@ -71,24 +102,37 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t n = valid ? blk / S : 0;
     const int64_t begin = valid ? (blk % S) * kBlock : 0;
     const int64_t len = valid ? (L - begin < kBlock ? L - begin : kBlock) : 0;
-    const T* x_B = x_NL + n * L + begin;  // this block's elements
+    const int64_t j0 = static_cast<int64_t>(sub) * kPerLane;  // this lane's run in the block
+    const T* x_R = x_NL + n * L + begin + j0;
+    const bool whole = j0 + kPerLane <= len;
     float v[kPerLane];
+    if (whole && run_aligned<T, kPerLane>(x_R)) {
+      alignas(16) T raw[kPerLane];
+      copy_run<T, kPerLane>(raw, x_R);
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) v[i] = load_as_float(raw + i);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) v[i] = j0 + i < len ? load_as_float(x_R + i) : 0.0f;
+    }
     uint32_t amax = 0;
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int j = sub + kLanes * i;
-      v[i] = j < len ? load_as_float(x_B + j) : 0.0f;
-      amax = amax_bits_add(amax, v[i]);
-    }
+    for (int i = 0; i < kPerLane; ++i) amax = amax_bits_add(amax, v[i]);
     amax = group_max<kLanes>(amax);
     const typename Policy::Scale scale = Policy::from_amax(amax);
     if (!valid) continue;
     if (sub == 0) scales[n * scale_stride_n + (blk % S) * scale_stride_s] = scale;
-    uint8_t* q_B = q_NL + n * L + begin;
+    uint8_t* q_R = q_NL + n * L + begin + j0;
+    alignas(16) uint8_t codes[kPerLane];
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int j = sub + kLanes * i;
-      if (j < len) q_B[j] = Policy::encode(v[i], scale);
+    for (int i = 0; i < kPerLane; ++i) codes[i] = Policy::encode(v[i], scale);
+    if (whole && run_aligned<uint8_t, kPerLane>(q_R)) {
+      copy_run<uint8_t, kPerLane>(q_R, codes);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        if (j0 + i < len) q_R[i] = codes[i];
+      }
     }
   }
 }
