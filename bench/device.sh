@@ -7,6 +7,10 @@
 #       bench/bench_ep.py under torchrun: $OUT/bench_ep.json, $OUT/bench_ep.log
 #   bash bench/device.sh slots [bench_slots args...]   activation slots, EP = 1: builds libepmoe
 #       and the C ABI test, runs it, then bench/bench_slots.py: $OUT/bench_slots.json, .log, .md
+#   bash bench/device.sh profile [shape...]   kernel times of one fwd+bwd step per shape (torch
+#       profiler, bench/one_step.py --profile; EPMOE_PROFILE_PRECISION, default fp8-train):
+#       $OUT/profile.txt; with EPMOE_NCU_KERNEL=<regex> also Nsight Compute on that kernel's
+#       launches of the second step (EPMOE_NCU_SKIP / EPMOE_NCU_COUNT, default 4 / 4): $OUT/ncu.txt
 # CUTLASS headers and GoogleTest sources travel in third_party/ (git-ignored; name it in carry).
 # The JSON files record EPMOE_SHA when set: the device machine's copy of .git can be older than the
 # working tree it runs, so pass the commit from the calling machine (EPMOE_SHA=<sha> bash ...).
@@ -31,6 +35,8 @@ if [[ $mode == ep ]]; then
   EPMOE_BUILD_TARGETS=${EPMOE_BUILD_TARGETS:-epmoe epmoe_nccl ep_peer_store test_gpu_capi_nccl}
 elif [[ $mode == slots ]]; then
   EPMOE_BUILD_TARGETS=${EPMOE_BUILD_TARGETS:-epmoe test_c_api}
+elif [[ $mode == profile ]]; then
+  EPMOE_BUILD_TARGETS=${EPMOE_BUILD_TARGETS:-epmoe}
 fi
 for t in ${EPMOE_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
 if ! cmake --build "$build" -j "$(nproc)" "${targets[@]}" > "$OUT/build.log" 2>&1; then
@@ -92,5 +98,21 @@ if [[ $mode == slots ]]; then
   [[ -f $OUT/bench_slots.json ]] &&
     python3 bench/results_table.py "$OUT/bench_slots.json" > "$OUT/bench_slots.md"
   echo "bench_slots: $(( $(date +%s) - t0 )) s, status $status"
+fi
+if [[ $mode == profile ]]; then
+  precision=${EPMOE_PROFILE_PRECISION:-fp8-train}
+  for shape in "${@:-deepseek-v3}"; do
+    python3 bench/one_step.py --shape "$shape" --precision "$precision" --profile \
+        --lib "$build/src/libepmoe.so" 2>&1 | grep -v -i warn >> "$OUT/profile.txt" || status=1
+  done
+  python3 bench/kernel_table.py "$OUT/profile.txt"
+  if [[ -n ${EPMOE_NCU_KERNEL:-} ]]; then
+    ncu --clock-control none -k "regex:$EPMOE_NCU_KERNEL" --launch-skip "${EPMOE_NCU_SKIP:-4}" \
+        --launch-count "${EPMOE_NCU_COUNT:-4}" --section SpeedOfLight --section WarpStateStats \
+        --section SchedulerStats --section MemoryWorkloadAnalysis --section LaunchStats \
+        python3 bench/one_step.py --shape "${1:-deepseek-v3}" --precision "$precision" --steps 2 \
+        --lib "$build/src/libepmoe.so" > "$OUT/ncu.txt" 2>&1 || status=1
+    grep -E "grouped_gemm|Duration|DRAM Throughput|Compute \(SM\) Throughput|No Eligible|Registers Per|Warp Cycles Per Issued|Stall" "$OUT/ncu.txt" | head -80
+  fi
 fi
 exit $status

@@ -39,7 +39,7 @@ def main():
             torch.cuda.synchronize()
         layer.ctx.check()
         print(f"{args.shape} {args.routing} {args.precision}: one fwd+bwd step, kernels by device time")
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=90))
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=200))
     layer.close()
 
 
