@@ -286,21 +286,23 @@ def stage_times(layer, steps=3, fn=None):
     return stage_ms
 
 
-def bench_epmoe_only(lib, shape, routing, rows, iters, impl):
+def bench_epmoe_only(lib, shape, routing, rows, iters, impl, precision="bf16"):
     """epmoe alone (no recipe): fwd, fwd+bwd and the stage breakdown, e.g. under another
-    EPMOE_GEMM_SCHEDULE in a separate process."""
+    EPMOE_GEMM_SCHEDULE in a separate process; precision "bf16" or "fp8-train" (an fp8_block
+    training context with prepared weights, as the epmoe-fp8 fwd+bwd rows)."""
     D, F, E, K, T_train, _ = S.SHAPES[shape]
-    L = Layer(lib, shape, routing, T_train)
+    L = Layer(lib, shape, routing, T_train, precision=precision)
+    p = "fp8" if precision == "fp8-train" else "bf16"
     N = L.routes
     L.step()
     L.ctx.check()
     t_fwd = timed(lambda: L.forward(False), iters)
     t_step = timed(L.step, iters)
-    rows.append(row(impl, shape, routing, "fwd", T_train, t_fwd, 6 * N * D * F))
-    rows.append(row(impl, shape, routing, "fwd+bwd", T_train, t_step, 18 * N * D * F))
+    rows.append(row(impl, shape, routing, "fwd", T_train, t_fwd, 6 * N * D * F, precision=p))
+    rows.append(row(impl, shape, routing, "fwd+bwd", T_train, t_step, 18 * N * D * F, precision=p))
     stage_ms = stage_times(L)
     breakdown = {k: statistics.median(v) for k, v in stage_ms.items()}
-    rows.append({"impl": impl, "shape": shape, "ep": 1, "routing": routing, "precision": "bf16",
+    rows.append({"impl": impl, "shape": shape, "ep": 1, "routing": routing, "precision": p,
                  "phase": "stage-breakdown", "tokens_per_rank": T_train, "stages_ms": breakdown})
     print(f"{shape} {routing} {impl} fwd {t_fwd[0]:.3f} ms, fwd+bwd {t_step[0]:.3f} ms "
           f"({18 * N * D * F / t_step[0] / 1e9:.0f} TFLOP/s); stages: " +
@@ -513,6 +515,8 @@ def main():
     ap.add_argument("--lib", default=None)
     ap.add_argument("--epmoe-only", default=None, metavar="IMPL",
                     help="time epmoe alone, rows named IMPL (e.g. epmoe-pingpong)")
+    ap.add_argument("--epmoe-only-precision", default="bf16", choices=("bf16", "fp8-train"),
+                    help="the --epmoe-only context's precision")
     ap.add_argument("--no-fp8", action="store_true",
                     help="leave out the epmoe-fp8 and torch-native-fp8 rows")
     ap.add_argument("--scratch-device-bytes", type=int, default=-1,
@@ -534,7 +538,8 @@ def main():
     for shape in args.shapes.split(","):
         for routing in args.routings.split(","):
             if args.epmoe_only:
-                bench_epmoe_only(lib, shape, routing, rows, args.iters, args.epmoe_only)
+                bench_epmoe_only(lib, shape, routing, rows, args.iters, args.epmoe_only,
+                                 args.epmoe_only_precision)
                 write_results(args.out, ceil, rows)
                 continue
             err = bench_shape(lib, shape, routing, ceil, rows, args.iters, fp8=not args.no_fp8,
