@@ -44,7 +44,6 @@ inline GroupArgs step_groups(const Step& s, int64_t n, int64_t k, int64_t m_out 
   g.n = n;
   g.k = k;
   g.m_out = m_out;
-  if (m_out == 0) g.l2_prefetch = select_l2_prefetch(s.capacity_rows / std::max(1, s.dims.E));
   return g;
 }
 

@@ -130,17 +130,4 @@ void check_groups(const Step& s) {
 }
 
 }  // namespace gemm
-
-// Off until a measured gain (bench/RESULTS.md) sets a distance per regime.
-int select_l2_prefetch(int64_t rows_per_expert) {
-  (void)rows_per_expert;
-  const char* env = std::getenv("EPMOE_GEMM_L2_PREFETCH");
-  if (env == nullptr) return 0;
-  char* end = nullptr;
-  const long v = std::strtol(env, &end, 10);
-  EPMOE_CHECK_ARG(end != env && *end == '\0' && v >= 0 && v <= 64, "EPMOE_GEMM_L2_PREFETCH",
-                  "an integer in [0, 64] (k-blocks)", env);
-  return static_cast<int>(v);
-}
-
 }  // namespace epmoe::cuda

@@ -49,11 +49,6 @@ const char* to_string(Schedule s);
 enum class GemmKind : int { w13_fprop, w2_fprop, w2_dgrad, w13_dgrad, w2_wgrad, w13_wgrad };
 const char* to_string(GemmKind k);
 
-// k-blocks of the weight operand prefetched into L2 ahead of the shared-memory stages by the
-// rows-grouping GEMMs (bf16 and FP8; GroupArgs::l2_prefetch), 0 for none.
-// EPMOE_GEMM_L2_PREFETCH=<n> forces it (measurements); else the measured table in gemm_config.cpp.
-int select_l2_prefetch(int64_t rows_per_expert);
-
 // Printable heuristic: a small table of configs that exist as instantiations.
 GemmConfig select_config(const GemmProblem& p, int num_sms);
 std::string to_string(const GemmProblem& p);

@@ -75,7 +75,6 @@ void launch(const Fp8GroupedGemmArgs& args, const typename Epilogue::Params& epi
   groups.groups = args.E;
   groups.n = args.N;
   groups.k = args.K;
-  groups.l2_prefetch = select_l2_prefetch(args.M / args.E);
   Fp8ActScales sa{args.a_scales_SM, args.ld_a_scales, args.M};
   if (args.a_rows_1 != nullptr) {
     sa.scales_SM = reinterpret_cast<const float*>(args.a_MK);  // resolved on the device

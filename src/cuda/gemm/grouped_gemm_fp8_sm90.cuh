@@ -157,9 +157,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         auto [tBgB, tBsB] = tma_partition(tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sB),
                                           group_modes<0, 2>(gB));
         for (int kt = 0; kt < t.k_tiles; ++kt) {
-          // L2 prefetch ahead of the stages (GroupArgs::l2_prefetch), issued before the wait.
-          const int ahead = kt + group_args.l2_prefetch;
-          if (group_args.l2_prefetch > 0 && ahead < t.k_tiles) prefetch(tma_b, tBgB(_, ahead));
           pipeline.producer_acquire(write_state);
           auto* barrier = pipeline.producer_get_barrier(write_state);
           const int stage = write_state.index();

@@ -111,10 +111,6 @@ struct GroupArgs {
   int64_t k = 0;                  // rows: reduction length
   int64_t b_second_offset = 0;    // NumB == 2: first N row of the second B operand (F)
   ArrivalGate arrival;            // NumB == 2 (W13): wait for dispatched rows (arrival_gate.cuh)
-  // Rows grouping: the producer prefetches B's k-block kt + l2_prefetch into L2 when it loads
-  // k-block kt (0: none). Weight-bound GEMMs (few rows per expert) keep more weight bytes in
-  // flight than the shared-memory stages hold.
-  int l2_prefetch = 0;
 };
 
 // The tile a CTA works on.
@@ -327,10 +323,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
               auto [tBgB, tBsB] = tma_partition(tma_b, Int<0>{}, Layout<_1>{},
                                                 group_modes<0, 2>(sB), group_modes<0, 2>(gB));
               copy(tma_b.with(*barrier), tBgB(_, kt), tBsB(_, stage));
-              if constexpr (Traits::kGrouping == Grouping::rows) {
-                const int ahead = kt + group_args.l2_prefetch;
-                if (group_args.l2_prefetch > 0 && ahead < t.k_tiles) prefetch(tma_b, tBgB(_, ahead));
-              }
             } else {  // this CTA's half of the B tile, written into both CTAs' stage
               auto [tBgB, tBsB] = tma_partition(tma_b, sched.rank, Layout<Int<kCluster>>{},
                                                 group_modes<0, 2>(sB), group_modes<0, 2>(gB));
