@@ -28,6 +28,9 @@ EPMOE_HD int64_t fp8_rows_bytes(int64_t rows, int64_t L) {
 // Column-quantized operands of the weight gradients (128x1 blocks along the rows of each expert,
 // from its first row): at most ceil(M / 128) + E row blocks for M rows in E experts.
 inline int64_t fp8_col_blocks(int64_t M, int E) { return (M + kFp8RowBlock - 1) / kFp8RowBlock + E; }
+// Their codes transposed for the FP8 WGRAD (K-major, K = the rows): [L, fp8_col_k(M, E)], block b
+// at k = 128 b, an expert's partial last block zero-padded to 128.
+inline int64_t fp8_col_k(int64_t M, int E) { return kFp8RowBlock * fp8_col_blocks(M, E); }
 
 // The dispatch buffer in FP8: x quantized at the source, codes [T, D] | scales [T, S_D] f32
 // (row-major). grad_y still crosses in bf16 [T, D], so the buffer holds the larger of the two.
@@ -46,23 +49,23 @@ inline Fp8DispatchLayout fp8_dispatch_layout(int64_t T, int64_t D) {
 //   h_q      [M, F] rows (W2 FPROP)     | grad_h3_q [M, D] rows (W2 DGRAD)
 //   grad_h13_q [M, 2F] rows (W13 DGRAD) | col_a, col_b: the two column-quantized operands of one
 //   weight gradient (W2: grad_h3 [M, D], h [M, F]; then W13: grad_h13 [M, 2F], x [M, D]):
-//   codes [M, A] | scales [Bc, A] f32 with A = max(D, 2F) for col_a, max(F, D) for col_b,
-//   Bc = fp8_col_blocks(M, E).
+//   codes [A, Kc] (room for [M, A] too) | scales [Bc, A] f32 with A = max(D, 2F) for col_a,
+//   max(F, D) for col_b, Bc = fp8_col_blocks(M, E), Kc = fp8_col_k(M, E) = 128 Bc.
 // Row operands are laid out as fp8_rows_bytes(M, L).
 struct Fp8ScratchLayout {
   int64_t h_q, grad_h3_q, grad_h13_q, col_a, col_a_scales, col_b, col_b_scales, total;
 };
 inline Fp8ScratchLayout fp8_scratch_layout(const Dims& d, int64_t M) {
   const int64_t A = std::max(d.D, 2 * d.F), B = std::max(d.F, d.D);
-  const int64_t Bc = fp8_col_blocks(M, d.E);
+  const int64_t Bc = fp8_col_blocks(M, d.E), Kc = fp8_col_k(M, d.E);
   Fp8ScratchLayout l;
   l.h_q = 0;
   l.grad_h3_q = l.h_q + align_bytes(fp8_rows_bytes(M, d.F));
   l.grad_h13_q = l.grad_h3_q + align_bytes(fp8_rows_bytes(M, d.D));
   l.col_a = l.grad_h13_q + align_bytes(fp8_rows_bytes(M, 2 * d.F));
-  l.col_a_scales = l.col_a + align_bytes(M * A);
+  l.col_a_scales = l.col_a + align_bytes(Kc * A);
   l.col_b = l.col_a_scales + align_bytes(Bc * A * 4);
-  l.col_b_scales = l.col_b + align_bytes(M * B);
+  l.col_b_scales = l.col_b + align_bytes(Kc * B);
   l.total = l.col_b_scales + align_bytes(Bc * B * 4);
   return l;
 }

@@ -72,6 +72,20 @@ void fp8_quantize_cols(const float* x_ML, int64_t L, const int32_t* offsets_E1, 
   }
 }
 
+void fp8_transpose_cols(const uint8_t* q_ML, int64_t L, const int32_t* offsets_E1, int E,
+                        int64_t K, uint8_t* qt_LK) {
+  int64_t b = 0;
+  for (int e = 0; e < E; ++e) {
+    for (int64_t m0 = offsets_E1[e]; m0 < offsets_E1[e + 1]; m0 += kBlock, ++b) {
+      const int64_t valid = offsets_E1[e + 1] - m0 < kBlock ? offsets_E1[e + 1] - m0 : kBlock;
+      for (int64_t l = 0; l < L; ++l) {
+        uint8_t* block_K = qt_LK + l * K + b * kBlock;
+        for (int64_t i = 0; i < kBlock; ++i) block_K[i] = i < valid ? q_ML[(m0 + i) * L + l] : 0;
+      }
+    }
+  }
+}
+
 void fp8_grouped_dgrad_reference(const uint8_t* a_MK, const float* a_scales_SM, int64_t ld_sa,
                                  const uint8_t* w_EKN, const float* w_scales_EBS,
                                  const int32_t* offsets_E1, int E, int64_t K, int64_t N,

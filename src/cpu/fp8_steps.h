@@ -32,6 +32,12 @@ int64_t fp8_col_block_base(const int32_t* offsets_E1, int e);
 // b = fp8_col_block_base(e) + (m - first row of e) / 128.
 void fp8_quantize_cols(const float* x_ML, int64_t L, const int32_t* offsets_E1, int E,
                        uint8_t* q_ML, float* scales_BL);
+// The codes of fp8_quantize_cols transposed, as the CUDA FP8 WGRAD reads them (K-major, K = the
+// rows): qt_LK [L, K] with K >= 128 * (blocks of all experts); the code of row m (block b, row i
+// of the block) and column l at qt_LK[l * K + 128 b + i]. Each block's rows past its expert's
+// end are +0 (a zero-padded partial block); columns past the last block are untouched.
+void fp8_transpose_cols(const uint8_t* q_ML, int64_t L, const int32_t* offsets_E1, int E,
+                        int64_t K, uint8_t* qt_LK);
 
 // The explicit transpose of G weights quantized in 128x128 blocks: codes q_GNL [G, N, L] ->
 // qt_GLN [G, L, N], scales [G, S_N, S_L] -> [G, S_L, S_N] (a block's scale is its transpose's):

@@ -93,6 +93,29 @@ TEST(Fp8Steps, ColumnBlocksStartAtEveryExpertsFirstRow) {
   }
 }
 
+// The transposed codes the CUDA FP8 WGRAD reads: block b of the rows at k = 128 b, partial blocks
+// zero-padded, the k range past the last block untouched.
+TEST(Fp8Steps, TransposedColumnCodesPadEveryBlockTo128Rows) {
+  const int32_t offsets[] = {0, 3, 3, 200, 330};  // blocks as in the test above: 5
+  const int E = 4;
+  const int64_t M = 330, L = 5, K = fp8_col_k(M, E);
+  EXPECT_EQ(K, 128 * (3 + 4));
+  std::vector<uint8_t> q(M * L);
+  for (int64_t i = 0; i < M * L; ++i) q[i] = static_cast<uint8_t>(1 + i % 100);  // never 0
+  std::vector<uint8_t> qt(L * K, 0xA5);
+  fp8_transpose_cols(q.data(), L, offsets, E, K, qt.data());
+  const int64_t block_first_row[] = {0, 3, 131, 200, 328}, block_rows[] = {3, 128, 69, 128, 2};
+  for (int64_t l = 0; l < L; ++l) {
+    for (int b = 0; b < 5; ++b) {
+      for (int64_t i = 0; i < 128; ++i) {
+        const uint8_t want = i < block_rows[b] ? q[(block_first_row[b] + i) * L + l] : 0;
+        ASSERT_EQ(qt[l * K + 128 * b + i], want) << "column " << l << " block " << b << " row " << i;
+      }
+    }
+    for (int64_t k = 5 * 128; k < K; ++k) ASSERT_EQ(qt[l * K + k], 0xA5) << "column " << l << " k " << k;
+  }
+}
+
 TEST(Fp8Steps, DgradIsTheFpropTwinOnTheTransposedWeight) {
   std::mt19937_64 rng(2);
   const int E = 2;

@@ -616,8 +616,9 @@ TEST(MemoryPlan, EpSizeMustDivideExperts) {
 // FP8 (Config.precision = fp8_block) at T=16, D=32, F=24, 8 experts, K=2, R=2: E=4, M=32 rows.
 //   dispatch: max(bf16 A(16*32*2)=1024, codes A(512)=512 + scales A(16*1*4)=128) = 1024
 //   operands: h rows A(32*24 + 1*32*4)=896, grad_h3 rows A(32*32 + 128)=1152, grad_h13 rows
-//             A(32*48 + 128)=1664, WGRAD columns (Bc = ceil(32/128) + 4 = 5 blocks):
-//             a A(32*48)=1536 + A(5*48*4)=1024, b A(32*32)=1024 + A(5*32*4)=640   -> 7936
+//             A(32*48 + 128)=1664, WGRAD columns (Bc = ceil(32/128) + 4 = 5 blocks, codes
+//             transposed [L, 128 Bc]): a A(48*640)=30720 + A(5*48*4)=1024, b A(32*640)=20480
+//             + A(5*32*4)=640   -> 56576
 //   weights per call: w13 A(4*48*32)=6144 + A(4*1*1*4)=128, w2 A(4*32*24)=3072 + 128 -> 9472
 //   transposed weight (training; W13's size, shared with W2's): A(4*32*48)=6144 + A(4*1*1*4)=128
 //             -> 6272; weight scratch 9472 + 6272 = 15744; prepared weights (with their transposed
@@ -629,13 +630,13 @@ TEST(MemoryPlan, Fp8BlockTermsExactBytes) {
   const MemoryPlan fp8 = plan_memory(Config(f), 2);
   EXPECT_EQ(fp8.recv_capacity_rows, 32);
   EXPECT_EQ(fp8.dispatch_buffer_bytes, 1024);
-  EXPECT_EQ(fp8.fp8_scratch_bytes, 7936);
+  EXPECT_EQ(fp8.fp8_scratch_bytes, 56576);
   EXPECT_EQ(fp8.fp8_weight_scratch_bytes, 15744);
   EXPECT_EQ(fp8.call_scratch_pad_bytes, 0);  // G = lcm(128, 64) = 128: never a pad
-  EXPECT_EQ(fp8.scratch_bytes, bf16.scratch_bytes + 7936 + 15744);
+  EXPECT_EQ(fp8.scratch_bytes, bf16.scratch_bytes + 56576 + 15744);
   EXPECT_EQ(fp8.forward_scratch_bytes, bf16.forward_scratch_bytes + 896);
-  EXPECT_EQ(fp8.arena_bytes, bf16.arena_bytes + 7936 + 15744);
-  EXPECT_EQ(fp8.total_bytes, bf16.total_bytes + 7936 + 15744);
+  EXPECT_EQ(fp8.arena_bytes, bf16.arena_bytes + 56576 + 15744);
+  EXPECT_EQ(fp8.total_bytes, bf16.total_bytes + 56576 + 15744);
   // Saved state: the received E4M3 rows + scales live in the bf16 x_gathered space.
   EXPECT_EQ(fp8.saved_full_bytes_capacity, bf16.saved_full_bytes_capacity);
   EXPECT_EQ(bf16.fp8_scratch_bytes, 0);
@@ -643,10 +644,10 @@ TEST(MemoryPlan, Fp8BlockTermsExactBytes) {
   const std::string text = fp8.explain();
   for (const char* part :
        {"dispatch x [T,D] E4M3 + scales [T,ceil(D/128)] f32 / grad_y [T,D] bf16: 0.000 GiB (1,024 ",
-        "+ fp8 operands 0.000 GiB (7,936 bytes) + fp8 weights 0.000 GiB (15,744 bytes)",
+        "+ fp8 operands 0.000 GiB (56,576 bytes) + fp8 weights 0.000 GiB (15,744 bytes)",
         "h rows 0.000 GiB (896 bytes)", "grad_h3 rows 0.000 GiB (1,152 bytes)",
         "grad_h13 rows 0.000 GiB (1,664 bytes)",
-        "WGRAD columns (128 rows per block) 0.000 GiB (4,224 bytes)",
+        "WGRAD columns (128 rows per block) 0.000 GiB (52,864 bytes)",
         "fp8 weights quantized per call (w13, w2 + 128x128 scales): 0.000 GiB (9,472 bytes)",
         "fp8 weight transposed for the DGRADs (w2, then w13, one region): 0.000 GiB (6,272 bytes)"}) {
     EXPECT_NE(text.find(part), std::string::npos) << part << " missing in\n" << text;
@@ -654,9 +655,9 @@ TEST(MemoryPlan, Fp8BlockTermsExactBytes) {
   f.prepared_weights = true;
   const MemoryPlan prepared = plan_memory(Config(f), 2);
   EXPECT_EQ(prepared.fp8_weight_scratch_bytes, 0);  // no transposed weight either
-  EXPECT_EQ(prepared.scratch_bytes, bf16.scratch_bytes + 7936);
-  EXPECT_EQ(prepared.arena_bytes, bf16.arena_bytes + 7936);
-  EXPECT_EQ(prepared.total_bytes, bf16.total_bytes + 7936);
+  EXPECT_EQ(prepared.scratch_bytes, bf16.scratch_bytes + 56576);
+  EXPECT_EQ(prepared.arena_bytes, bf16.arena_bytes + 56576);
+  EXPECT_EQ(prepared.total_bytes, bf16.total_bytes + 56576);
   const std::string prepared_text = prepared.explain();
   EXPECT_NE(prepared_text.find("fp8 weights: prepared by the caller (Config.prepared_weights; "
                                "training: with their transposed copies for the DGRADs)"),
