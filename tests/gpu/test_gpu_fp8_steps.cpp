@@ -4,7 +4,9 @@
 //   on exact blocks (every 128-deep block sum a small integer);
 // - the 128x1 column quantization of the WGRAD operands (blocks from each expert's first row;
 //   empty experts, partial blocks, rows outside every expert), from bf16 rows and from E4M3 rows
-//   at a device-held offset, with the dequantized bf16 copy; and the skip flag.
+//   at a device-held offset, with the dequantized bf16 copy; and the skip flag;
+// - the same quantization with the codes transposed for the FP8 WGRAD ([L, 128 blocks], partial
+//   blocks zero-padded: cpu::fp8_transpose_cols of the CPU codes), from bf16 and E4M3 rows.
 // Argument checks run without a GPU.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -244,6 +246,91 @@ TEST(GpuFp8Steps, ColumnQuantizationOfE4m3RowsMatchesCpuBitwise) {
   }
 }
 
+// Transposed codes: [L, K] compared over every used block (padding included), the k range past
+// them untouched (0xA5); scales over the used blocks.
+void expect_cols_transposed_equal(const ColsCase& c, const std::vector<int32_t>& off,
+                                  const std::vector<uint8_t>& q_ML, const std::vector<float>& s_cpu,
+                                  const std::vector<uint8_t>& qt_gpu,
+                                  const std::vector<float>& s_gpu, const std::string& what) {
+  const int E = static_cast<int>(c.rows_E.size());
+  const int64_t K = fp8_col_k(c.M, E), blocks = cpu::fp8_col_block_base(off.data(), E);
+  std::vector<uint8_t> qt_cpu(static_cast<size_t>(c.L * K), 0xA5);
+  cpu::fp8_transpose_cols(q_ML.data(), c.L, off.data(), E, K, qt_cpu.data());
+  ASSERT_EQ(qt_gpu.size(), qt_cpu.size()) << what;
+  int64_t bad_q = 0, bad_s = 0;
+  for (size_t i = 0; i < qt_cpu.size(); ++i) bad_q += qt_gpu[i] != qt_cpu[i];
+  for (int64_t i = 0; i < blocks * c.L; ++i) {
+    bad_s += std::memcmp(&s_gpu[static_cast<size_t>(i)], &s_cpu[static_cast<size_t>(i)], 4) != 0;
+  }
+  EXPECT_EQ(bad_q, 0) << what << ": transposed codes differ (of " << qt_cpu.size() << ")";
+  EXPECT_EQ(bad_s, 0) << what << ": scales differ";
+}
+
+TEST(GpuFp8Steps, TransposedColumnQuantizationOfBf16RowsMatchesCpuBitwise) {
+  EPMOE_REQUIRE_GPU();
+  uint64_t seed = 120;
+  for (const ColsCase& c : cols_cases()) {
+    const int E = static_cast<int>(c.rows_E.size());
+    const std::vector<int32_t> off = offsets_of(c.rows_E);
+    const std::vector<bf16_t> x = random_bf16(static_cast<size_t>(c.M * c.L), seed++);
+    std::vector<float> xf(x.size());
+    for (size_t i = 0; i < x.size(); ++i) xf[i] = bf16_to_float(x[i]);
+    const int64_t max_blocks = fp8_col_blocks(c.M, E), K = fp8_col_k(c.M, E);
+    std::vector<uint8_t> q(x.size(), 0);
+    std::vector<float> s(static_cast<size_t>(max_blocks * c.L), 0.0f);
+    cpu::fp8_quantize_cols(xf.data(), c.L, off.data(), E, q.data(), s.data());
+    const std::string what = "E " + std::to_string(E) + " M " + std::to_string(c.M) + " L " +
+                             std::to_string(c.L);
+    Dev<bf16_t> dx(x);
+    Dev<int32_t> doff(off);
+    Dev<uint8_t> dqt(static_cast<size_t>(c.L * K));
+    Dev<float> ds(s.size());
+    cuda::fp8_quantize_cols_transposed(dx.ptr, c.M, c.L, doff.ptr, E, nullptr, dqt.ptr, ds.ptr,
+                                       max_blocks, nullptr);
+    expect_cols_transposed_equal(c, off, q, s, dqt.get(), ds.get(), what);
+    // A set skip flag: nothing written.
+    Dev<int32_t> skip(std::vector<int32_t>{1});
+    Dev<uint8_t> dq_skip(static_cast<size_t>(c.L * K));
+    cuda::fp8_quantize_cols_transposed(dx.ptr, c.M, c.L, doff.ptr, E, skip.ptr, dq_skip.ptr,
+                                       ds.ptr, max_blocks, nullptr);
+    EXPECT_TRUE(dq_skip.get() == std::vector<uint8_t>(dq_skip.size, 0xA5)) << what << ": skipped";
+  }
+}
+
+TEST(GpuFp8Steps, TransposedColumnQuantizationOfE4m3RowsMatchesCpuBitwise) {
+  EPMOE_REQUIRE_GPU();
+  uint64_t seed = 160;
+  for (const ColsCase& c : cols_cases()) {
+    if (c.L % 16 != 0) continue;
+    const int E = static_cast<int>(c.rows_E.size());
+    const std::vector<int32_t> off = offsets_of(c.rows_E);
+    const int64_t rows = off[static_cast<size_t>(E)];
+    const std::vector<bf16_t> x = random_bf16(static_cast<size_t>(c.M * c.L), seed++);
+    const int64_t pad = 256;  // the rows start at a device-held byte offset
+    std::vector<char> buf(static_cast<size_t>(pad + fp8_rows_bytes(c.M, c.L)), 0);
+    uint8_t* codes = reinterpret_cast<uint8_t*>(buf.data() + pad);
+    float* scales = reinterpret_cast<float*>(buf.data() + pad + fp8_rows_scales_offset(rows, c.L));
+    cpu::fp8_quantize_rows_s_major(x.data(), rows, c.L, codes, scales, fp8_rows_ld(rows));
+    std::vector<float> decoded(static_cast<size_t>(c.M * c.L), 0.0f);
+    cpu::fp8_dequantize_rows_s_major(codes, scales, fp8_rows_ld(rows), rows, c.L, decoded.data());
+    const int64_t max_blocks = fp8_col_blocks(c.M, E), K = fp8_col_k(c.M, E);
+    std::vector<uint8_t> q(decoded.size(), 0);
+    std::vector<float> s(static_cast<size_t>(max_blocks * c.L), 0.0f);
+    cpu::fp8_quantize_cols(decoded.data(), c.L, off.data(), E, q.data(), s.data());
+    Dev<char> dbuf(buf);
+    Dev<int64_t> doffset(std::vector<int64_t>{pad});
+    Dev<int32_t> drows(std::vector<int32_t>{static_cast<int32_t>(rows)});
+    Dev<int32_t> doff(off);
+    Dev<uint8_t> dqt(static_cast<size_t>(c.L * K));
+    Dev<float> ds(s.size());
+    cuda::fp8_quantize_cols_transposed_from_rows(dbuf.ptr, doffset.ptr, drows.ptr, c.M, c.L,
+                                                 doff.ptr, E, nullptr, dqt.ptr, ds.ptr, max_blocks,
+                                                 nullptr);
+    expect_cols_transposed_equal(c, off, q, s, dqt.get(), ds.get(),
+                                 "E4M3 rows, E " + std::to_string(E) + " L " + std::to_string(c.L));
+  }
+}
+
 TEST(GpuFp8Steps, ArgumentErrorsNameTheArgument) {
   try {
     cuda::fp8_quantize_cols(nullptr, 4, 16, nullptr, 1, nullptr, nullptr, nullptr, 5, nullptr,
@@ -257,6 +344,14 @@ TEST(GpuFp8Steps, ArgumentErrorsNameTheArgument) {
     ADD_FAILURE() << "accepted a null q_GNL";
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "q_GNL") << e.what();
+  }
+  try {
+    std::vector<bf16_t> host(64);  // a host pointer is enough: the checks run before any launch
+    cuda::fp8_quantize_cols_transposed(host.data(), 4, 16, nullptr, 1, nullptr, nullptr, nullptr,
+                                       5, nullptr);
+    ADD_FAILURE() << "accepted a null qt_LK";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "qt_LK") << e.what();
   }
 }
 

@@ -74,6 +74,18 @@ void fp8_quantize_cols_from_rows(const char* rows, const int64_t* rows_offset_1,
                                  const int32_t* offsets_E1, int E, const int32_t* skip_1,
                                  uint8_t* q_ML, float* scales_BL, int64_t max_blocks,
                                  bf16_t* out_ML, void* stream);
+// The same codes transposed for the FP8 WGRAD (cpu::fp8_transpose_cols): qt_LK [L, K] with
+// K = 128 * max_blocks (core/fp8_terms.h fp8_col_k), block b at k = 128 b, each block's rows past
+// its expert's end (or past the E4M3 rows' count) +0; scales_BL as above. qt_LK 16-byte aligned.
+void fp8_quantize_cols_transposed(const bf16_t* x_ML, int64_t M, int64_t L,
+                                  const int32_t* offsets_E1, int E, const int32_t* skip_1,
+                                  uint8_t* qt_LK, float* scales_BL, int64_t max_blocks,
+                                  void* stream);
+void fp8_quantize_cols_transposed_from_rows(const char* rows, const int64_t* rows_offset_1,
+                                            const int32_t* rows_1, int64_t M, int64_t L,
+                                            const int32_t* offsets_E1, int E,
+                                            const int32_t* skip_1, uint8_t* qt_LK,
+                                            float* scales_BL, int64_t max_blocks, void* stream);
 
 // ---- MXFP8: E4M3 + E8M0 per 1x32 ----
 void mxfp8_quantize_rows(const float* x_NL, int64_t N, int64_t L, uint8_t* q_NL, uint8_t* scales_NS, void* stream);
