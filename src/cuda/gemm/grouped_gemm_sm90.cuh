@@ -220,7 +220,12 @@ __device__ TileScheduler<Traits> make_scheduler(Smem& smem, const GroupArgs& g) 
 }
 
 // Named barriers (ids above CUTLASS's reserved ones), one per consumer warpgroup where needed.
-enum class GemmBarrier : uint32_t { k_tail_wg0 = 1, epilogue_wg0 = 3, mainloop_turn_wg0 = 5 };
+enum class GemmBarrier : uint32_t {
+  k_tail_wg0 = 1,
+  epilogue_wg0 = 3,
+  mainloop_turn_wg0 = 5,
+  fp8_wgrad_scales = 7,  // the FP8 WGRAD's staged column scales (grouped_wgrad_fp8_sm90.cuh)
+};
 
 template <class Traits, class Epilogue, class TmaA, class TmaB>
 __global__ void __launch_bounds__(Traits::kThreads, 1)

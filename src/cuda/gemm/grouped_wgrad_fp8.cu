@@ -1,0 +1,100 @@
+// Launcher and the three instantiations of the FP8 weight gradient: 128 x 128 tiles, 128-deep
+// k-blocks, 5 stages (32 KiB each), cooperative consumers; the bf16 WGRAD's epilogues: bf16
+// overwritten through TMA stores, bf16 or f32 overwritten or accumulated through the stage.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "cuda/check.h"
+#include "cuda/gemm/epilogues.cuh"
+#include "cuda/gemm/fp8_wgrad.h"
+#include "cuda/gemm/grouped_wgrad_fp8_sm90.cuh"
+#include "cuda/gemm/launch.cuh"
+#include "epmoe/error.h"
+
+namespace epmoe::cuda {
+
+using namespace gemm;
+
+namespace {
+
+// Five stages leave room for the TMA-store staging (2 x 16 KiB) under 227 KiB.
+using Traits = Fp8GemmTraits<128, 5>;
+
+void check_aligned(const void* p, const char* name) {
+  EPMOE_CHECK_ARG(p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0, name,
+                  "a non-null, 16-byte aligned device pointer", reinterpret_cast<uintptr_t>(p));
+}
+
+void check_args(const Fp8WgradArgs& a) {
+  EPMOE_CHECK_ARG(a.E >= 1 && a.E <= kMaxGroups, "E", "1 .. " + std::to_string(kMaxGroups), a.E);
+  EPMOE_CHECK_ARG(a.N > 0, "N", "> 0", a.N);
+  EPMOE_CHECK_ARG(a.L > 0 && a.L % 8 == 0, "L", "> 0 and a multiple of 8", a.L);
+  EPMOE_CHECK_ARG(a.K > 0 && a.K % 128 == 0, "K", "> 0 and a multiple of 128 (whole column blocks)",
+                  a.K);
+  EPMOE_CHECK_ARG(a.out_dtype == DType::bf16 || a.out_dtype == DType::f32, "out_dtype",
+                  "bf16 or f32", to_string(a.out_dtype));
+  check_aligned(a.a_NK, "a_NK");
+  check_aligned(a.a_scales_BN, "a_scales_BN");
+  check_aligned(a.b_LK, "b_LK");
+  check_aligned(a.b_scales_BL, "b_scales_BL");
+  check_aligned(a.offsets_E1, "offsets_E1");
+  check_aligned(a.out_ENL, "out_ENL");
+}
+
+template <class Epilogue>
+void launch(const Fp8WgradArgs& args, const typename Epilogue::Params& epi, void* stream) {
+  const Operand a{args.a_NK, args.N, args.K, args.K, 1};
+  const Operand b{args.b_LK, args.L, args.K, args.K, 1};
+  auto tma_a = make_tma<Traits, Major::K, Traits::BLOCK_M, 2>(a);
+  auto tma_b = make_tma<Traits, Major::K, Traits::BLOCK_N, 2>(b);
+  Fp8WgradGroups groups;
+  groups.offsets = args.offsets_E1;
+  groups.skip = args.skip;
+  groups.replay_skip = args.replay_skip;
+  groups.groups = args.E;
+  groups.n = args.N;
+  groups.l = args.L;
+  groups.k = args.K;
+  const Fp8ColScales scales{args.a_scales_BN, args.b_scales_BL};
+
+  constexpr auto kernel = &grouped_wgrad_fp8_kernel<Traits, Epilogue, decltype(tma_a), decltype(tma_b)>;
+  constexpr int kSmem =
+      static_cast<int>(sizeof(Fp8WgradSharedStorage<Traits, Epilogue::kSmemBytesPerWarpgroup>));
+  static_assert(kSmem <= 227 * 1024, "shared memory of one CTA on sm_90 is at most 227 KiB");
+  set_shared_memory_limit<kernel>(kSmem);
+  kernel<<<device_sm_count(), Traits::kThreads, kSmem, static_cast<cudaStream_t>(stream)>>>(
+      tma_a, tma_b, groups, scales, epi);
+  EPMOE_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void fp8_grouped_wgrad(const Fp8WgradArgs& args, void* stream) {
+  check_args(args);
+  if (args.out_dtype == DType::bf16 && !args.accumulate) {
+    using Box = typename WgradTmaEpilogue<Traits, int>::SmemLayoutBox;
+    auto tensor = make_tensor(make_gmem_ptr(static_cast<cutlass::bfloat16_t*>(args.out_ENL)),
+                              make_layout(make_shape(args.N, args.L, static_cast<int64_t>(args.E)),
+                                          make_stride(args.L, Int<1>{}, args.N * args.L)));
+    auto store = make_tma_atom(SM90_TMA_STORE{}, tensor, Box{}, Shape<_64, _64>{});
+    using Epi = WgradTmaEpilogue<Traits, decltype(store)>;
+    const typename Epi::Params epi{store, args.N, args.L, args.E};
+    launch<Epi>(args, epi, stream);
+    return;
+  }
+  const int accumulate = args.accumulate ? 1 : 0;
+  if (args.out_dtype == DType::f32) {
+    using Epi = WgradEpilogue<Traits, float>;
+    const typename Epi::Params epi{static_cast<float*>(args.out_ENL), args.N, args.L, accumulate};
+    launch<Epi>(args, epi, stream);
+  } else {
+    using Epi = WgradEpilogue<Traits, cutlass::bfloat16_t>;
+    const typename Epi::Params epi{static_cast<cutlass::bfloat16_t*>(args.out_ENL), args.N, args.L,
+                                   accumulate};
+    launch<Epi>(args, epi, stream);
+  }
+}
+
+}  // namespace epmoe::cuda

@@ -1,0 +1,271 @@
+// FP8 block-scaled weight gradient for sm_90a (reduction over each expert's rows):
+//
+//   C_e[n, l] = sum_kb block(n, l, kb) * (sa[kb, n] * sb[kb, l]),  block = A_kb . B_kb^T
+//
+// over the column blocks kb of expert e (128 of its rows each, core/fp8_terms.h), with A [N, K]
+// and B [L, K] E4M3 codes transposed by the column quantizer (K-major, K = the rows: the only form
+// e4m3 wgmma takes; an expert's partial last block is zero-padded, so no k-tail handling) and
+// fp32 scales of 128x1 blocks, [blocks, N] and [blocks, L]. Each k-block goes into a block
+// accumulator that the consumer promotes into an fp32 total in registers, as the FP8 grouped GEMM
+// does (grouped_gemm_fp8_sm90.cuh, whose traits this shares), but with a scale per output row
+// and one per output column. CPU twin: cpu::fp8_wgrad_expert_reference (fp8_steps.h).
+//
+// Tiles: one per (expert, n-tile, l-tile), looping over the expert's k-blocks; an expert without
+// rows (or every expert, when the step is skipped) has no k-block and its epilogue writes zeros or
+// adds nothing, as the bf16 WGRAD (grouped_gemm_sm90.cuh, reduction grouping). No atomics: each
+// output element is written by one thread, in one fixed order of k-blocks.
+//
+// Column scales: each consumer thread needs its two rows' A scales (plain loads, issued one
+// k-block ahead) and 32 columns' B scales, which the first consumer warpgroup stages in shared
+// memory, 128 per k-block, double-buffered: the buffer of k-block s is written after the named
+// barrier of k-block s - 1, which every consumer passes only once it has promoted k-block s - 2
+// (the last reader of that buffer).
+#pragma once
+
+#include <cute/arch/mma_sm90.hpp>
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "cuda/gemm/gemm_config.h"
+#include "cuda/gemm/grouped_gemm_fp8_sm90.cuh"
+#include "cuda/gemm/grouped_gemm_sm90.cuh"
+
+namespace epmoe::cuda::gemm {
+
+using namespace cute;
+
+template <class Traits, int kEpilogueBytesPerWarpgroup>
+struct alignas(1024) Fp8WgradSharedStorage {
+  cute::array_aligned<typename Traits::Element, cosize_v<typename Traits::SmemLayoutA>, 1024> a;
+  cute::array_aligned<typename Traits::Element, cosize_v<typename Traits::SmemLayoutB>, 1024> b;
+  alignas(1024) char epilogue[Traits::kConsumerWarpgroups][kEpilogueBytesPerWarpgroup];
+  typename Traits::Pipeline::SharedStorage pipeline;
+  alignas(16) float b_scales[2][Traits::BLOCK_N];  // the tile's B scales of one k-block
+  int group_rows[kMaxGroups];        // rows of each expert (0 when the step is skipped)
+  int group_block[kMaxGroups + 1];   // its first column block
+};
+
+// The problem as the kernel reads it (sizes in elements; K = 128 * column blocks).
+struct Fp8WgradGroups {
+  const int32_t* offsets = nullptr;      // device [groups + 1]
+  const int32_t* skip = nullptr;         // non-zero: every expert is empty
+  const int32_t* replay_skip = nullptr;  // the same (backward's replay)
+  int groups = 0;
+  int64_t n = 0, l = 0, k = 0;           // output rows, output columns, K of A and B
+};
+
+struct Fp8ColScales {
+  const float* a_BN;  // [blocks, N]
+  const float* b_BL;  // [blocks, L]
+};
+
+// Tiles (expert, n-tile, l-tile), l fastest; TileCoord's row0 is the expert's first column block,
+// rows_valid its rows (the epilogues read group, m_tile = n-tile, n_tile = l-tile and k_tiles).
+template <class Traits>
+struct Fp8WgradScheduler {
+  const int* rows;   // shared memory
+  const int* block;  // shared memory
+  int m_tiles, n_tiles, total;
+
+  __device__ TileCoord at(int tile) const {
+    const int per_group = m_tiles * n_tiles;
+    TileCoord t;
+    t.group = tile / per_group;
+    const int local = tile % per_group;
+    t.m_tile = local / n_tiles;
+    t.n_tile = local % n_tiles;
+    t.row0 = block[t.group];
+    t.rows_valid = rows[t.group];
+    t.k_tiles = (t.rows_valid + Traits::BLOCK_K - 1) / Traits::BLOCK_K;
+    return t;
+  }
+};
+
+template <class Traits, class Smem>
+__device__ Fp8WgradScheduler<Traits> make_wgrad_scheduler(Smem& smem, const Fp8WgradGroups& g) {
+  const bool skip = (g.skip != nullptr && *g.skip != 0) ||
+                    (g.replay_skip != nullptr && *g.replay_skip != 0);
+  for (int i = threadIdx.x; i < g.groups; i += blockDim.x) {
+    smem.group_rows[i] = skip ? 0 : g.offsets[i + 1] - g.offsets[i];
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {  // one warp: exclusive prefix of the blocks, in chunks of 32 experts
+    const int lane = threadIdx.x;
+    int carry = 0;
+    for (int base = 0; base < g.groups; base += 32) {
+      const int grp = base + lane;
+      const int blocks = grp < g.groups ? (smem.group_rows[grp] + Traits::BLOCK_K - 1) / Traits::BLOCK_K : 0;
+      int incl = blocks;
+      for (int d = 1; d < 32; d *= 2) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, d);
+        if (lane >= d) incl += v;
+      }
+      if (grp < g.groups) smem.group_block[grp] = carry + incl - blocks;
+      carry += __shfl_sync(0xffffffffu, incl, 31);
+    }
+    if (lane == 0) smem.group_block[g.groups] = carry;
+  }
+  __syncthreads();
+  Fp8WgradScheduler<Traits> s;
+  s.rows = smem.group_rows;
+  s.block = smem.group_block;
+  s.m_tiles = static_cast<int>((g.n + Traits::BLOCK_M - 1) / Traits::BLOCK_M);
+  s.n_tiles = static_cast<int>((g.l + Traits::BLOCK_N - 1) / Traits::BLOCK_N);
+  s.total = g.groups * s.m_tiles * s.n_tiles;
+  return s;
+}
+
+template <class Traits, class Epilogue, class TmaA, class TmaB>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    grouped_wgrad_fp8_kernel(CUTE_GRID_CONSTANT const TmaA tma_a, CUTE_GRID_CONSTANT const TmaB tma_b,
+                             const Fp8WgradGroups groups, const Fp8ColScales scales,
+                             CUTE_GRID_CONSTANT const typename Epilogue::Params epi_params) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int BM = Traits::BLOCK_M, BN = Traits::BLOCK_N, BK = Traits::BLOCK_K;
+  static_assert(Traits::kConsumerWarpgroups == 2 && BN == 128,
+                "two consumer warpgroups on one tile; one B scale per thread of the first");
+  using Pipeline = typename Traits::Pipeline;
+  using PipelineState = typename Pipeline::PipelineState;
+
+  extern __shared__ __align__(1024) char smem_raw[];
+  using Smem = Fp8WgradSharedStorage<Traits, Epilogue::kSmemBytesPerWarpgroup>;
+  auto& smem = *reinterpret_cast<Smem*>(smem_raw);
+
+  const int warpgroup = cutlass::canonical_warp_group_idx();
+  const int warp_in_group = cutlass::canonical_warp_idx_sync() % 4;
+  const int lane_predicate = cute::elect_one_sync();
+
+  typename Pipeline::Params pipe_params;
+  pipe_params.transaction_bytes = Traits::kTxBytes;
+  pipe_params.role = warpgroup == 0 ? Pipeline::ThreadCategory::Producer
+                                    : Pipeline::ThreadCategory::Consumer;
+  pipe_params.is_leader = warpgroup == 0 && warp_in_group == 0 && lane_predicate;
+  pipe_params.num_consumers = 128 * Traits::kWarpgroupsPerTile;
+  Pipeline pipeline(smem.pipeline, pipe_params, Shape<_1, _1, _1>{});
+
+  if (threadIdx.x == 0) {
+    cute::prefetch_tma_descriptor(tma_a.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(tma_b.get_tma_descriptor());
+  }
+  const Fp8WgradScheduler<Traits> sched = make_wgrad_scheduler<Traits>(smem, groups);  // syncs
+
+  Tensor sA = make_tensor(make_smem_ptr(smem.a.data()), typename Traits::SmemLayoutA{});
+  Tensor sB = make_tensor(make_smem_ptr(smem.b.data()), typename Traits::SmemLayoutB{});
+
+  if (warpgroup == 0) {
+    // ---------------- producer: one thread issues every TMA load ----------------
+    cutlass::arch::warpgroup_reg_dealloc<40>();
+    if (warp_in_group == 0 && lane_predicate) {
+      Tensor mA = tma_a.get_tma_tensor(make_shape(groups.n, groups.k));  // (N, K)
+      Tensor mB = tma_b.get_tma_tensor(make_shape(groups.l, groups.k));  // (L, K)
+      PipelineState write_state = cutlass::make_producer_start_state<Pipeline>();
+      for (int tile = blockIdx.x; tile < sched.total; tile += gridDim.x) {
+        const TileCoord t = sched.at(tile);
+        if (t.k_tiles == 0) continue;
+        const int64_t k0 = static_cast<int64_t>(t.row0) * BK;  // the expert's first k-block
+        Tensor gA = local_tile(domain_offset(make_coord(static_cast<int64_t>(t.m_tile) * BM, k0), mA),
+                               Shape<Int<BM>, Int<BK>>{}, make_coord(0, _));  // (BM, BK, k)
+        Tensor gB = local_tile(domain_offset(make_coord(static_cast<int64_t>(t.n_tile) * BN, k0), mB),
+                               Shape<Int<BN>, Int<BK>>{}, make_coord(0, _));  // (BN, BK, k)
+        auto [tAgA, tAsA] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA),
+                                          group_modes<0, 2>(gA));
+        auto [tBgB, tBsB] = tma_partition(tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sB),
+                                          group_modes<0, 2>(gB));
+        for (int kt = 0; kt < t.k_tiles; ++kt) {
+          pipeline.producer_acquire(write_state);
+          auto* barrier = pipeline.producer_get_barrier(write_state);
+          const int stage = write_state.index();
+          copy(tma_a.with(*barrier), tAgA(_, kt), tAsA(_, stage));
+          copy(tma_b.with(*barrier), tBgB(_, kt), tBsB(_, stage));
+          ++write_state;
+        }
+      }
+    }
+  } else {
+    // ---------------- consumers: wgmma per k-block, promotion, epilogue ----------------
+    cutlass::arch::warpgroup_reg_alloc<232>();
+    const int consumer_tid = threadIdx.x - 128;
+    const int wg = warpgroup - 1;  // = its 64-row block of the tile
+    const int tid = consumer_tid % 128;
+    typename Traits::TiledMma tiled_mma;
+    auto thr_mma = tiled_mma.get_thread_slice(consumer_tid);
+    Tensor tCrA = thr_mma.make_fragment_A(thr_mma.partition_A(sA));  // (MMA, MMA_M, MMA_K, PIPE)
+    Tensor tCrB = thr_mma.make_fragment_B(thr_mma.partition_B(sB));  // (MMA, MMA_N, MMA_K, PIPE)
+    Tensor block = partition_fragment_C(tiled_mma, Shape<Int<BM>, Int<BN>>{});  // one k-block
+    Tensor total = partition_fragment_C(tiled_mma, Shape<Int<BM>, Int<BN>>{});  // promoted sum
+    // Fragment value i = j + 2 h + 4 g is at row 16 w + l / 4 + 8 h of the warpgroup's 64 and
+    // column 8 g + 2 (l % 4) + j of the tile (epilogues.cuh).
+    const int scale_row0 = 64 * wg + 16 * (tid / 32) + (tid % 32) / 4;
+    const int quad = tid % 4;
+    const int64_t N = groups.n, L = groups.l;
+    // Rows and columns past the output read no scale (their outputs are clipped by the epilogue).
+    auto a_scale = [&](int64_t n, int kb) {
+      return n < N ? __ldg(scales.a_BN + kb * N + n) : 0.0f;
+    };
+    auto b_scale = [&](int64_t l, int kb) {
+      return l < L ? __ldg(scales.b_BL + kb * L + l) : 0.0f;
+    };
+
+    Epilogue epilogue(epi_params, smem.epilogue[wg], wg, wg, tid);
+    PipelineState read_state;
+    int step = 0;  // k-blocks this CTA has consumed: picks the B-scale buffer
+    for (int tile = blockIdx.x; tile < sched.total; tile += gridDim.x) {
+      const TileCoord t = sched.at(tile);
+      CUTE_UNROLL
+      for (int i = 0; i < size(total); ++i) total(i) = 0.0f;
+      const int64_t n0 = static_cast<int64_t>(t.m_tile) * BM + scale_row0, n1 = n0 + 8;
+      const int64_t l_staged = static_cast<int64_t>(t.n_tile) * BN + tid;  // wg 0 stages it
+      float sb_next = wg == 0 && t.k_tiles > 0 ? b_scale(l_staged, t.row0) : 0.0f;
+      float sa0_next = t.k_tiles > 0 ? a_scale(n0, t.row0) : 0.0f;
+      float sa1_next = t.k_tiles > 0 ? a_scale(n1, t.row0) : 0.0f;
+      for (int kt = 0; kt < t.k_tiles; ++kt) {
+        const int kb = t.row0 + kt;
+        const float sa0 = sa0_next, sa1 = sa1_next;
+        float* sb_tile = smem.b_scales[step & 1];
+        if (wg == 0) sb_tile[tid] = sb_next;
+        if (kt + 1 < t.k_tiles) {  // in flight during the MMA
+          if (wg == 0) sb_next = b_scale(l_staged, kb + 1);
+          sa0_next = a_scale(n0, kb + 1);
+          sa1_next = a_scale(n1, kb + 1);
+        }
+        cutlass::arch::NamedBarrier::arrive_and_wait(
+            256, static_cast<uint32_t>(GemmBarrier::fp8_wgrad_scales));
+        pipeline.consumer_wait(read_state);
+        const int stage = read_state.index();
+        warpgroup_fence_operand(block);
+        warpgroup_arrive();
+        tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+        CUTE_UNROLL
+        for (int k = 0; k < size<2>(tCrA); ++k) {
+          cute::gemm(tiled_mma, tCrA(_, _, k, stage), tCrB(_, _, k, stage), block);
+          tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+        }
+        warpgroup_commit_batch();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(block);
+        pipeline.consumer_release(read_state);
+        ++read_state;
+        CUTE_UNROLL
+        for (int g = 0; g < BN / 8; ++g) {
+          const float2 sb = *reinterpret_cast<const float2*>(sb_tile + 8 * g + 2 * quad);
+          CUTE_UNROLL
+          for (int h = 0; h < 2; ++h) {
+            const int i = 4 * g + 2 * h;
+            const float sa = h == 0 ? sa0 : sa1;
+            total(i) = __fmaf_rn(block(i), __fmul_rn(sa, sb.x), total(i));
+            total(i + 1) = __fmaf_rn(block(i + 1), __fmul_rn(sa, sb.y), total(i + 1));
+          }
+        }
+        ++step;
+      }
+      epilogue.store(t, total, total);
+    }
+    epilogue.finish();
+  }
+#endif
+}
+
+}  // namespace epmoe::cuda::gemm

@@ -1,0 +1,340 @@
+// FP8 weight gradient (cuda/gemm/fp8_wgrad.h) against its CPU twin (cpu::fp8_wgrad_expert_reference
+// on the codes before their transpose, cpu::fp8_transpose_cols): experts of 0, 1, 127, 128, 129
+// and 300 rows (empty, partial and whole 128-row blocks), rows past the last expert, N and L
+// multiples of 128 and not; f32 and bf16 outputs, overwritten and accumulated; the skip flag.
+//
+// Two tolerances, as the FP8 grouped GEMM's test (test_gpu_gemm_fp8.cpp):
+// - exact blocks: E4M3 codes of the integers -3..3, so every 128-row block sum is an integer of
+//   magnitude <= 128 * 9 < 2^11, exact in the tensor core's reduced-precision fp8 accumulation in
+//   any order; the promotion is one fma(block, sa * sb, total) per block on both sides, ascending
+//   blocks, so the outputs agree bitwise (f32 and bf16, overwritten or accumulated).
+// - column-quantized random data (the quantizer of the backward): per element
+//   |gpu - cpu| <= 2^-8 * sum_b |sa sb| sum_m |a b| (the magnitude any accumulation error is
+//   relative to; the tensor core keeps ~14 significant bits in a block). The ratio is printed.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/formats/e4m3.h"
+#include "core/fp8_terms.h"
+#include "core/numeric.h"
+#include "cpu/fp8_steps.h"
+#include "cpu/gemm_reference.h"
+#include "cuda/formats/formats.h"
+#include "cuda/gemm/fp8_wgrad.h"
+#include "device_buffer.h"
+#include "epmoe/error.h"
+#include "require_gpu.h"
+
+namespace epmoe::test {
+namespace {
+
+struct Shape {
+  std::vector<int32_t> rows_E;  // rows per expert
+  int64_t spare_rows;           // capacity past the last expert
+  int64_t N, L;
+};
+
+std::string describe(const Shape& s) {
+  std::string r = "E " + std::to_string(s.rows_E.size()) + " rows {";
+  for (int32_t v : s.rows_E) r += std::to_string(v) + " ";
+  return r + "} N " + std::to_string(s.N) + " L " + std::to_string(s.L);
+}
+
+std::vector<Shape> shapes() {
+  const std::vector<int32_t> awkward = {0, 1, 127, 128, 129, 300};
+  return {
+      {awkward, 5, 128, 128},
+      {awkward, 0, 256, 384},
+      {awkward, 3, 144, 208},                // N, L not multiples of 128 (partial tiles)
+      {{300, 0, 129}, 0, 48, 16},            // one partial tile each way
+      {{0, 0, 0}, 7, 128, 256},              // every expert empty
+  };
+}
+
+// One problem: the column-quantized operands in the CPU layout (codes [M, N] and [M, L], scales
+// [blocks, N] and [blocks, L]) and the transposed codes the kernel reads.
+struct Problem {
+  Shape shape;
+  int E = 0;
+  int64_t M = 0, N = 0, L = 0, K = 0, max_blocks = 0;
+  std::vector<int32_t> offsets;
+  std::vector<uint8_t> a_MN, b_ML;
+  std::vector<float> sa_BN, sb_BL;
+
+  explicit Problem(const Shape& s) : shape(s) {
+    E = static_cast<int>(s.rows_E.size());
+    N = s.N;
+    L = s.L;
+    offsets.assign(1, 0);
+    for (int32_t r : s.rows_E) offsets.push_back(offsets.back() + r);
+    M = offsets.back() + s.spare_rows;
+    max_blocks = fp8_col_blocks(M, E);
+    K = fp8_col_k(M, E);
+  }
+
+  // CPU: per expert, the fp32 sum stored as the dtype says into out (the initial contents).
+  template <class T>
+  std::vector<T> run_cpu(std::vector<T> out, DType dtype, bool accumulate) const {
+    std::vector<float> acc(static_cast<size_t>(N * L));
+    for (int e = 0; e < E; ++e) {
+      cpu::fp8_wgrad_expert_reference(a_MN.data(), sa_BN.data(), N, b_ML.data(), sb_BL.data(), L,
+                                      offsets.data(), e, acc.data());
+      cpu::store_wgrad(acc.data(), N * L, out.data() + static_cast<size_t>(e) * N * L, dtype,
+                       accumulate);
+    }
+    return out;
+  }
+
+  // GPU: the kernel on the transposed codes (0xA5 past the used blocks: never read).
+  template <class T>
+  std::vector<T> run_gpu(const std::vector<T>& initial, DType dtype, bool accumulate,
+                         const int32_t* skip = nullptr) const {
+    std::vector<uint8_t> at(static_cast<size_t>(N * K), 0xA5), bt(static_cast<size_t>(L * K), 0xA5);
+    cpu::fp8_transpose_cols(a_MN.data(), N, offsets.data(), E, K, at.data());
+    cpu::fp8_transpose_cols(b_ML.data(), L, offsets.data(), E, K, bt.data());
+    Dev<uint8_t> da(at), db(bt);
+    Dev<float> dsa(sa_BN), dsb(sb_BL);
+    Dev<int32_t> doff(offsets);
+    Dev<T> dout(initial);
+    cuda::Fp8WgradArgs args;
+    args.a_NK = da.ptr;
+    args.a_scales_BN = dsa.ptr;
+    args.b_LK = db.ptr;
+    args.b_scales_BL = dsb.ptr;
+    args.offsets_E1 = doff.ptr;
+    args.skip = skip;
+    args.E = E;
+    args.N = N;
+    args.L = L;
+    args.K = K;
+    args.out_ENL = dout.ptr;
+    args.out_dtype = dtype;
+    args.accumulate = accumulate;
+    cuda::fp8_grouped_wgrad(args, nullptr);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    return dout.get();
+  }
+};
+
+template <class T>
+uint32_t bits(T v) {
+  uint32_t b = 0;
+  std::memcpy(&b, &v, sizeof(T));
+  return b;
+}
+
+template <class T>
+void expect_bitwise(const std::vector<T>& cpu, const std::vector<T>& gpu, int64_t N, int64_t L,
+                    const std::string& what) {
+  ASSERT_EQ(cpu.size(), gpu.size()) << what;
+  int shown = 0;
+  size_t differ = 0;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    if (bits(cpu[i]) == bits(gpu[i])) continue;
+    ++differ;
+    if (shown++ < 8) {
+      const int64_t e = static_cast<int64_t>(i) / (N * L), r = static_cast<int64_t>(i) % (N * L);
+      ADD_FAILURE() << what << ": expert " << e << " n " << r / L << " l " << r % L << ": cpu 0x"
+                    << std::hex << bits(cpu[i]) << ", gpu 0x" << bits(gpu[i]) << std::dec;
+    }
+  }
+  EXPECT_EQ(differ, 0u) << what;
+}
+
+// Integer codes -3..3 at the expert rows (0 elsewhere), scales in [0.01, 3].
+void fill_exact(Problem& p, std::mt19937& rng) {
+  const uint8_t kInts[7] = {0xC8, 0xC0, 0xB8, 0x00, 0x38, 0x40, 0x48};  // e4m3 -3 -2 -1 0 1 2 3
+  std::uniform_int_distribution<int> pick(0, 6);
+  std::uniform_real_distribution<float> scale(0.01f, 3.0f);
+  p.a_MN.assign(static_cast<size_t>(p.M * p.N), 0);
+  p.b_ML.assign(static_cast<size_t>(p.M * p.L), 0);
+  for (int64_t i = 0; i < p.offsets.back() * p.N; ++i) p.a_MN[static_cast<size_t>(i)] = kInts[pick(rng)];
+  for (int64_t i = 0; i < p.offsets.back() * p.L; ++i) p.b_ML[static_cast<size_t>(i)] = kInts[pick(rng)];
+  p.sa_BN.resize(static_cast<size_t>(p.max_blocks * p.N));
+  p.sb_BL.resize(static_cast<size_t>(p.max_blocks * p.L));
+  for (float& v : p.sa_BN) v = scale(rng);
+  for (float& v : p.sb_BL) v = scale(rng);
+}
+
+TEST(GpuWgradFp8, ExactBlocksBitwiseF32) {
+  EPMOE_REQUIRE_GPU();
+  std::mt19937 rng(21);
+  std::normal_distribution<float> prior(0.0f, 100.0f);
+  for (const Shape& s : shapes()) {
+    Problem p(s);
+    fill_exact(p, rng);
+    const size_t n = static_cast<size_t>(p.E * p.N * p.L);
+    std::vector<float> stale(n);
+    std::memset(stale.data(), 0xA5, n * sizeof(float));  // overwrite: every element written
+    expect_bitwise(p.run_cpu(stale, DType::f32, false), p.run_gpu(stale, DType::f32, false),
+                   p.N, p.L, describe(s) + " f32 overwrite");
+    std::vector<float> grad(n);
+    for (float& v : grad) v = prior(rng);
+    expect_bitwise(p.run_cpu(grad, DType::f32, true), p.run_gpu(grad, DType::f32, true), p.N, p.L,
+                   describe(s) + " f32 accumulate");
+  }
+}
+
+TEST(GpuWgradFp8, ExactBlocksBitwiseBf16) {
+  EPMOE_REQUIRE_GPU();
+  std::mt19937 rng(22);
+  std::normal_distribution<float> prior(0.0f, 100.0f);
+  for (const Shape& s : shapes()) {
+    Problem p(s);
+    fill_exact(p, rng);
+    const size_t n = static_cast<size_t>(p.E * p.N * p.L);
+    const std::vector<bf16_t> stale(n, static_cast<bf16_t>(0xA5A5));
+    // Overwritten bf16 goes through the TMA-store epilogue, accumulated through the stage.
+    expect_bitwise(p.run_cpu(stale, DType::bf16, false), p.run_gpu(stale, DType::bf16, false),
+                   p.N, p.L, describe(s) + " bf16 overwrite");
+    std::vector<bf16_t> grad(n);
+    for (bf16_t& v : grad) v = float_to_bf16(prior(rng));
+    expect_bitwise(p.run_cpu(grad, DType::bf16, true), p.run_gpu(grad, DType::bf16, true), p.N,
+                   p.L, describe(s) + " bf16 accumulate");
+  }
+}
+
+// bf16 operands quantized by the backward's quantizer on the device (transposed codes), the
+// CPU twin on the CPU quantizer's codes (bitwise the same: test_gpu_fp8_steps).
+TEST(GpuWgradFp8, ColumnQuantizedRandomWithinBound) {
+  EPMOE_REQUIRE_GPU();
+  std::mt19937 rng(23);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const Shape& s : shapes()) {
+    Problem p(s);
+    std::vector<bf16_t> a(static_cast<size_t>(p.M * p.N)), b(static_cast<size_t>(p.M * p.L));
+    for (bf16_t& v : a) v = float_to_bf16(normal(rng));
+    for (bf16_t& v : b) v = float_to_bf16(0.1f * normal(rng));
+    std::vector<float> af(a.size()), bf(b.size());
+    for (size_t i = 0; i < a.size(); ++i) af[i] = bf16_to_float(a[i]);
+    for (size_t i = 0; i < b.size(); ++i) bf[i] = bf16_to_float(b[i]);
+    p.a_MN.assign(a.size(), 0);
+    p.b_ML.assign(b.size(), 0);
+    p.sa_BN.assign(static_cast<size_t>(p.max_blocks * p.N), 0.0f);
+    p.sb_BL.assign(static_cast<size_t>(p.max_blocks * p.L), 0.0f);
+    cpu::fp8_quantize_cols(af.data(), p.N, p.offsets.data(), p.E, p.a_MN.data(), p.sa_BN.data());
+    cpu::fp8_quantize_cols(bf.data(), p.L, p.offsets.data(), p.E, p.b_ML.data(), p.sb_BL.data());
+    const size_t n = static_cast<size_t>(p.E * p.N * p.L);
+    const std::vector<float> cpu = p.run_cpu(std::vector<float>(n, 0.0f), DType::f32, false);
+    // The device path: quantizer (transposed) then the kernel, as the backward runs them.
+    std::vector<float> gpu;
+    {
+      Dev<bf16_t> da(a), db(b);
+      Dev<int32_t> doff(p.offsets);
+      Dev<uint8_t> qa(static_cast<size_t>(p.N * p.K)), qb(static_cast<size_t>(p.L * p.K));
+      Dev<float> sa(p.sa_BN.size()), sb(p.sb_BL.size());
+      Dev<float> out(n);
+      cuda::fp8_quantize_cols_transposed(da.ptr, p.M, p.N, doff.ptr, p.E, nullptr, qa.ptr, sa.ptr,
+                                         p.max_blocks, nullptr);
+      cuda::fp8_quantize_cols_transposed(db.ptr, p.M, p.L, doff.ptr, p.E, nullptr, qb.ptr, sb.ptr,
+                                         p.max_blocks, nullptr);
+      cuda::Fp8WgradArgs args;
+      args.a_NK = qa.ptr;
+      args.a_scales_BN = sa.ptr;
+      args.b_LK = qb.ptr;
+      args.b_scales_BL = sb.ptr;
+      args.offsets_E1 = doff.ptr;
+      args.E = p.E;
+      args.N = p.N;
+      args.L = p.L;
+      args.K = p.K;
+      args.out_ENL = out.ptr;
+      args.out_dtype = DType::f32;
+      cuda::fp8_grouped_wgrad(args, nullptr);
+      EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+      gpu = out.get();
+    }
+    double worst_ratio = 0.0, err2 = 0.0, ref2 = 0.0;
+    int shown = 0;
+    for (int e = 0; e < p.E; ++e) {
+      const int64_t b0 = cpu::fp8_col_block_base(p.offsets.data(), e);
+      for (int64_t i = 0; i < p.N; ++i) {
+        for (int64_t j = 0; j < p.L; ++j) {
+          double magnitude = 0.0;
+          int64_t blk = b0;
+          for (int64_t m0 = p.offsets[e]; m0 < p.offsets[e + 1]; m0 += 128, ++blk) {
+            const int64_t m1 = std::min<int64_t>(m0 + 128, p.offsets[e + 1]);
+            double block_abs = 0.0;
+            for (int64_t m = m0; m < m1; ++m) {
+              block_abs += std::fabs(static_cast<double>(e4m3_to_float(p.a_MN[m * p.N + i])) *
+                                     e4m3_to_float(p.b_ML[m * p.L + j]));
+            }
+            magnitude += block_abs * std::fabs(static_cast<double>(p.sa_BN[blk * p.N + i]) *
+                                               p.sb_BL[blk * p.L + j]);
+          }
+          const size_t k = static_cast<size_t>((e * p.N + i) * p.L + j);
+          const double c = cpu[k], g = gpu[k], err = std::fabs(g - c);
+          err2 += err * err;
+          ref2 += c * c;
+          if (magnitude > 0) worst_ratio = std::max(worst_ratio, err / magnitude);
+          if (!(err <= magnitude * 0x1p-8) && shown++ < 8) {
+            ADD_FAILURE() << describe(s) << ": expert " << e << " n " << i << " l " << j << ": cpu "
+                          << c << ", gpu " << g << ", magnitude " << magnitude;
+          }
+        }
+      }
+    }
+    const double rel_l2 = ref2 > 0 ? std::sqrt(err2 / ref2) : 0.0;
+    std::printf("%s: rel-L2 %.3g, worst err / magnitude %.3g\n", describe(s).c_str(), rel_l2,
+                worst_ratio);
+    EXPECT_LE(rel_l2, 1e-3) << describe(s);
+  }
+}
+
+// The skip flag empties every expert, as in the bf16 WGRAD: overwritten outputs become zeros,
+// accumulated ones are left as they were.
+TEST(GpuWgradFp8, SkipFlagEmptiesEveryExpert) {
+  EPMOE_REQUIRE_GPU();
+  std::mt19937 rng(24);
+  Problem p(shapes()[2]);
+  fill_exact(p, rng);
+  Dev<int32_t> skip(std::vector<int32_t>{1});
+  const size_t n = static_cast<size_t>(p.E * p.N * p.L);
+  const std::vector<float> stale(n, 5.0f);
+  for (float v : p.run_gpu(stale, DType::f32, false, skip.ptr)) ASSERT_EQ(v, 0.0f);
+  EXPECT_TRUE(p.run_gpu(stale, DType::f32, true, skip.ptr) == stale);
+  const std::vector<bf16_t> stale_bf16(n, static_cast<bf16_t>(0x4040));
+  for (bf16_t v : p.run_gpu(stale_bf16, DType::bf16, false, skip.ptr)) ASSERT_EQ(v, 0);
+  EXPECT_TRUE(p.run_gpu(stale_bf16, DType::bf16, true, skip.ptr) == stale_bf16);
+}
+
+// Host checks only: they run before any CUDA call, so without a GPU too.
+TEST(GpuWgradFp8, ArgumentErrorsNameTheField) {
+  cuda::Fp8WgradArgs args;
+  args.E = 2;
+  args.N = 128;
+  args.L = 100;  // not a multiple of 8
+  args.K = 256;
+  auto field_of = [&]() -> std::string {
+    try {
+      cuda::fp8_grouped_wgrad(args, nullptr);
+    } catch (const Error& e) {
+      return e.argument();
+    }
+    return "";
+  };
+  EXPECT_EQ(field_of(), "L");
+  args.L = 128;
+  args.K = 200;
+  EXPECT_EQ(field_of(), "K");
+  args.K = 256;
+  args.E = 0;
+  EXPECT_EQ(field_of(), "E");
+  args.E = 2;
+  args.out_dtype = DType::f16;
+  EXPECT_EQ(field_of(), "out_dtype");
+  args.out_dtype = DType::f32;
+  EXPECT_EQ(field_of(), "a_NK");  // null operand
+}
+
+}  // namespace
+}  // namespace epmoe::test
