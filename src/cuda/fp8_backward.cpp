@@ -3,8 +3,8 @@
 #include "core/fp8_terms.h"
 #include "cuda/formats/formats.h"
 #include "cuda/fp8_forward.h"
-#include "cuda/gemm/expert_gemm.h"
 #include "cuda/gemm/fp8_gemm.h"
+#include "cuda/gemm/fp8_wgrad.h"
 #include "cuda/placed.h"
 #include "cuda/swiglu.h"
 #include "epmoe/error.h"
@@ -75,8 +75,9 @@ Fp8GroupedGemmArgs dgrad_args(const Step& s, const ScratchRows& a_rows, const ui
   return a;
 }
 
-// The operands of one weight gradient, quantized 128x1 along each expert's rows into the
-// column scratch (col_a, col_b) and dequantized to bf16 into out_a / out_b.
+// The operands of one weight gradient, quantized 128x1 along each expert's rows into the column
+// scratch: codes transposed (col_a [N, Kc], col_b [L, Kc], K-major for the FP8 WGRAD), scales
+// [blocks, N] and [blocks, L].
 struct ColOperands {
   uint8_t* qa;
   float* sa;
@@ -93,10 +94,30 @@ ColOperands col_operands(const Step& s) {
           fp8_col_blocks(s.capacity_rows, s.dims.E)};
 }
 
-void quantize_cols(const Step& s, const bf16_t* x_ML, int64_t L, uint8_t* q, float* scales,
-                   int64_t max_blocks, bf16_t* out_ML) {
-  fp8_quantize_cols(x_ML, s.capacity_rows, L, s.layout.expert_offsets_E1, s.dims.E,
-                    s.layout.header + kLayoutSkip, q, scales, max_blocks, out_ML, s.stream);
+void quantize_cols(const Step& s, const bf16_t* x_ML, int64_t L, uint8_t* qt, float* scales,
+                   int64_t max_blocks) {
+  fp8_quantize_cols_transposed(x_ML, s.capacity_rows, L, s.layout.expert_offsets_E1, s.dims.E,
+                               s.layout.header + kLayoutSkip, qt, scales, max_blocks, s.stream);
+}
+
+// grad_w[e] [N, L] (+)= a[e]^T b[e] on the column operands, as the bf16 WGRAD stores it.
+void wgrad(const Step& s, const ColOperands& c, int64_t N, int64_t L, void* grad_w_ENL) {
+  Fp8WgradArgs a;
+  a.a_NK = c.qa;
+  a.a_scales_BN = c.sa;
+  a.b_LK = c.qb;
+  a.b_scales_BL = c.sb;
+  a.offsets_E1 = s.layout.expert_offsets_E1;
+  a.skip = s.layout.header + kLayoutSkip;
+  a.replay_skip = replay_skip_flag(s);
+  a.E = s.dims.E;
+  a.N = N;
+  a.L = L;
+  a.K = fp8_col_k(s.capacity_rows, s.dims.E);
+  a.out_ENL = grad_w_ENL;
+  a.out_dtype = s.wgrad_dtype;
+  a.accumulate = s.accumulate_wgrad;
+  fp8_grouped_wgrad(a, s.stream);
 }
 
 }  // namespace
@@ -142,30 +163,26 @@ void fp8_w13_dgrad(const Step& s, bool scatter) {
   fp8_grouped_gemm(a, s.stream);
 }
 
-// grad_w2[e] [D, F] = grad_h3[e]^T h[e]: both operands quantized 128x1 (col_a: grad_h3 along D,
-// col_b: h along F) and dequantized in place, then the bf16 WGRAD.
+// grad_w2[e] [D, F] = grad_h3[e]^T h[e]: col_a grad_h3 along D, col_b h along F, then the FP8 WGRAD.
 void fp8_w2_wgrad(const Step& s) {
   const ColOperands c = col_operands(s);
-  quantize_cols(s, s.grad_h3_MD, s.dims.D, c.qa, c.sa, c.max_blocks, s.grad_h3_MD);
-  quantize_cols(s, s.h_MF, s.dims.F, c.qb, c.sb, c.max_blocks, s.h_MF);
-  w2_wgrad(s);
+  quantize_cols(s, s.grad_h3_MD, s.dims.D, c.qa, c.sa, c.max_blocks);
+  quantize_cols(s, s.h_MF, s.dims.F, c.qb, c.sb, c.max_blocks);
+  wgrad(s, c, s.dims.D, s.dims.F, s.grad_w2_EDF);
 }
 
-// grad_w13[e] [2F, D] = grad_h13[e]^T x[e]: col_a grad_h13 along 2F (dequantized in place), col_b x
-// decoded from the received E4M3 rows (where the layer plan placed them) along D, dequantized into
-// grad_h3's scratch (free after W2's WGRAD); the bf16 WGRAD then reads x there.
+// grad_w13[e] [2F, D] = grad_h13[e]^T x[e]: col_a grad_h13 along 2F, col_b x decoded from the
+// received E4M3 rows (where the layer plan placed them) along D, then the FP8 WGRAD.
 void fp8_w13_wgrad(const Step& s) {
   const int64_t D = s.dims.D, F = s.dims.F;
   const ColOperands c = col_operands(s);
-  quantize_cols(s, s.grad_h13_M2F, 2 * F, c.qa, c.sa, c.max_blocks, s.grad_h13_M2F);
+  quantize_cols(s, s.grad_h13_M2F, 2 * F, c.qa, c.sa, c.max_blocks);
   const Placed x = placed_x_gathered(s);
-  fp8_quantize_cols_from_rows(x.base, x.offset, s.layout.header + kLayoutRows, s.capacity_rows, D,
-                              s.layout.expert_offsets_E1, s.dims.E, s.layout.header + kLayoutSkip,
-                              c.qb, c.sb, c.max_blocks, s.grad_h3_MD, s.stream);
-  Step t = s;
-  t.layer_plan = nullptr;  // x is the plain bf16 copy now
-  t.x_gathered_MD = s.grad_h3_MD;
-  w13_wgrad(t);
+  fp8_quantize_cols_transposed_from_rows(x.base, x.offset, s.layout.header + kLayoutRows,
+                                         s.capacity_rows, D, s.layout.expert_offsets_E1, s.dims.E,
+                                         s.layout.header + kLayoutSkip, c.qb, c.sb, c.max_blocks,
+                                         s.stream);
+  wgrad(s, c, 2 * F, D, s.grad_w13_EFD);
 }
 
 }  // namespace epmoe::cuda

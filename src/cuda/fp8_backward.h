@@ -1,7 +1,7 @@
 // The FP8 block-scaled backward stages on CUDA (Config.precision = fp8_block, training contexts):
 // the steps of the CPU reference's cpu/stages_fp8.cpp (docs/formats.md, "FP8 training"), on the
-// FP8 grouped GEMM (DGRADs, through each weight's explicit transpose) and the bf16 WGRAD kernel
-// (on the FP8 column-quantized operands, dequantized to bf16). Launchers only (no CUDA types).
+// FP8 grouped GEMM (DGRADs, through each weight's explicit transpose) and the FP8 WGRAD (on the
+// column-quantized operands). Launchers only (no CUDA types).
 #pragma once
 
 #include "core/step.h"
@@ -19,8 +19,8 @@ void fp8_quantize_grad_h13(const Step& s);
 // otherwise into s.rows_MD.
 void fp8_w13_dgrad(const Step& s, bool scatter);
 // grad_w2[e] (+)= grad_h3^T h and grad_w13[e] (+)= grad_h13^T x over the expert's rows, both
-// operands quantized 128x1 along the rows as the CPU does, dequantized to bf16, then the bf16
-// WGRAD kernel. They overwrite grad_h3, h and grad_h13 (read by nothing after them).
+// operands quantized 128x1 along the rows as the CPU does (codes transposed, K-major), then the
+// FP8 WGRAD (E4M3 wgmma per 128-row block, promoted with the two blocks' scales).
 void fp8_w2_wgrad(const Step& s);
 void fp8_w13_wgrad(const Step& s);
 
