@@ -286,7 +286,7 @@ TEST(GpuWgradFp8, ColumnQuantizedRandomWithinBound) {
     const double rel_l2 = ref2 > 0 ? std::sqrt(err2 / ref2) : 0.0;
     std::printf("%s: rel-L2 %.3g, worst err / magnitude %.3g\n", describe(s).c_str(), rel_l2,
                 worst_ratio);
-    EXPECT_LE(rel_l2, 1e-3) << describe(s);
+    EXPECT_LE(rel_l2, 1e-2) << describe(s);
   }
 }
 

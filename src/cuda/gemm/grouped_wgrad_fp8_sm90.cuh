@@ -212,24 +212,35 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     Epilogue epilogue(epi_params, smem.epilogue[wg], wg, wg, tid);
     PipelineState read_state;
     int step = 0;  // k-blocks this CTA has consumed: picks the B-scale buffer
+    // The scales of the next k-block to consume, loaded one k-block ahead, across tiles too (a
+    // tile often has one or two k-blocks): this thread's two A rows and, in the first
+    // warpgroup, the B column it stages.
+    float sa0_next = 0.0f, sa1_next = 0.0f, sb_next = 0.0f;
+    bool next_loaded = false;  // they hold the current tile's first k-block
+    auto load_next = [&](const TileCoord& c, int kb) {
+      const int64_t n = static_cast<int64_t>(c.m_tile) * BM + scale_row0;
+      sa0_next = a_scale(n, kb);
+      sa1_next = a_scale(n + 8, kb);
+      if (wg == 0) sb_next = b_scale(static_cast<int64_t>(c.n_tile) * BN + tid, kb);
+    };
     for (int tile = blockIdx.x; tile < sched.total; tile += gridDim.x) {
       const TileCoord t = sched.at(tile);
+      const int following = tile + static_cast<int>(gridDim.x);
+      const TileCoord t_next = sched.at(following < sched.total ? following : tile);
+      const bool prefetch_next = following < sched.total && t_next.k_tiles > 0;
+      if (!next_loaded && t.k_tiles > 0) load_next(t, t.row0);
+      next_loaded = false;
       CUTE_UNROLL
       for (int i = 0; i < size(total); ++i) total(i) = 0.0f;
-      const int64_t n0 = static_cast<int64_t>(t.m_tile) * BM + scale_row0, n1 = n0 + 8;
-      const int64_t l_staged = static_cast<int64_t>(t.n_tile) * BN + tid;  // wg 0 stages it
-      float sb_next = wg == 0 && t.k_tiles > 0 ? b_scale(l_staged, t.row0) : 0.0f;
-      float sa0_next = t.k_tiles > 0 ? a_scale(n0, t.row0) : 0.0f;
-      float sa1_next = t.k_tiles > 0 ? a_scale(n1, t.row0) : 0.0f;
       for (int kt = 0; kt < t.k_tiles; ++kt) {
-        const int kb = t.row0 + kt;
         const float sa0 = sa0_next, sa1 = sa1_next;
         float* sb_tile = smem.b_scales[step & 1];
         if (wg == 0) sb_tile[tid] = sb_next;
         if (kt + 1 < t.k_tiles) {  // in flight during the MMA
-          if (wg == 0) sb_next = b_scale(l_staged, kb + 1);
-          sa0_next = a_scale(n0, kb + 1);
-          sa1_next = a_scale(n1, kb + 1);
+          load_next(t, t.row0 + kt + 1);
+        } else if (prefetch_next) {
+          load_next(t_next, t_next.row0);
+          next_loaded = true;
         }
         cutlass::arch::NamedBarrier::arrive_and_wait(
             256, static_cast<uint32_t>(GemmBarrier::fp8_wgrad_scales));
