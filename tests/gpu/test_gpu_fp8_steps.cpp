@@ -3,10 +3,9 @@
 //   backward runs it (transpose, then the FP8 grouped GEMM) against cpu::fp8_grouped_dgrad_reference
 //   on exact blocks (every 128-deep block sum a small integer);
 // - the 128x1 column quantization of the WGRAD operands (blocks from each expert's first row;
-//   empty experts, partial blocks, rows outside every expert), from bf16 rows and from E4M3 rows
-//   at a device-held offset, with the dequantized bf16 copy; and the skip flag;
-// - the same quantization with the codes transposed for the FP8 WGRAD ([L, 128 blocks], partial
-//   blocks zero-padded: cpu::fp8_transpose_cols of the CPU codes), from bf16 and E4M3 rows.
+//   empty experts, partial blocks, rows outside every expert) with the codes transposed for the
+//   FP8 WGRAD ([L, 128 blocks], partial blocks zero-padded: cpu::fp8_transpose_cols of the CPU's
+//   codes), from bf16 rows and from E4M3 rows at a device-held offset; and the skip flag.
 // Argument checks run without a GPU.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -134,35 +133,6 @@ std::vector<int32_t> offsets_of(const std::vector<int32_t>& rows_E) {
   return off;
 }
 
-// Compares codes at expert rows, scales at the blocks that exist, and the dequantized copy.
-void expect_cols_equal(const ColsCase& c, const std::vector<int32_t>& off,
-                       const std::vector<uint8_t>& q_cpu, const std::vector<float>& s_cpu,
-                       const std::vector<uint8_t>& q_gpu, const std::vector<float>& s_gpu,
-                       const std::vector<bf16_t>& out_gpu, const std::string& what) {
-  const int E = static_cast<int>(c.rows_E.size());
-  const int64_t rows = off[static_cast<size_t>(E)];
-  const int64_t blocks = cpu::fp8_col_block_base(off.data(), E);
-  int64_t bad_q = 0, bad_s = 0, bad_out = 0;
-  for (int64_t m = 0; m < rows; ++m) {
-    // The block of row m: its expert's base + (m - first) / 128.
-    int e = 0;
-    while (off[static_cast<size_t>(e + 1)] <= m) ++e;
-    const int64_t b = cpu::fp8_col_block_base(off.data(), e) + (m - off[static_cast<size_t>(e)]) / 128;
-    for (int64_t l = 0; l < c.L; ++l) {
-      const size_t i = static_cast<size_t>(m * c.L + l);
-      bad_q += q_gpu[i] != q_cpu[i];
-      const float scale = s_cpu[static_cast<size_t>(b * c.L + l)];
-      bad_out += out_gpu[i] != float_to_bf16(fp8_decode_fp32(q_cpu[i], scale));
-    }
-  }
-  for (int64_t i = 0; i < blocks * c.L; ++i) {
-    bad_s += std::memcmp(&s_gpu[static_cast<size_t>(i)], &s_cpu[static_cast<size_t>(i)], 4) != 0;
-  }
-  EXPECT_EQ(bad_q, 0) << what << ": codes differ";
-  EXPECT_EQ(bad_s, 0) << what << ": scales differ";
-  EXPECT_EQ(bad_out, 0) << what << ": dequantized bf16 differs";
-}
-
 const std::vector<ColsCase>& cols_cases() {
   static const std::vector<ColsCase> cases = {
       {{5}, 8, 16},
@@ -171,79 +141,6 @@ const std::vector<ColsCase>& cols_cases() {
       {{0, 0, 0, 0}, 16, 32},               // no rows at all
   };
   return cases;
-}
-
-TEST(GpuFp8Steps, ColumnQuantizationOfBf16RowsMatchesCpuBitwise) {
-  EPMOE_REQUIRE_GPU();
-  uint64_t seed = 40;
-  for (const ColsCase& c : cols_cases()) {
-    const int E = static_cast<int>(c.rows_E.size());
-    const std::vector<int32_t> off = offsets_of(c.rows_E);
-    const std::vector<bf16_t> x = random_bf16(static_cast<size_t>(c.M * c.L), seed++);
-    std::vector<float> xf(x.size());
-    for (size_t i = 0; i < x.size(); ++i) xf[i] = bf16_to_float(x[i]);
-    const int64_t max_blocks = fp8_col_blocks(c.M, E);
-    std::vector<uint8_t> q(x.size(), 0);
-    std::vector<float> s(static_cast<size_t>(max_blocks * c.L), 0.0f);
-    cpu::fp8_quantize_cols(xf.data(), c.L, off.data(), E, q.data(), s.data());
-    const std::string what = "E " + std::to_string(E) + " M " + std::to_string(c.M) + " L " +
-                             std::to_string(c.L);
-    // Separate output, then in place (out aliases x).
-    for (bool in_place : {false, true}) {
-      Dev<bf16_t> dx(x), dout(x.size());
-      Dev<int32_t> doff(off);
-      Dev<uint8_t> dq(q.size());
-      Dev<float> ds(s.size());
-      bf16_t* out = in_place ? dx.ptr : dout.ptr;
-      cuda::fp8_quantize_cols(dx.ptr, c.M, c.L, doff.ptr, E, nullptr, dq.ptr, ds.ptr, max_blocks,
-                              out, nullptr);
-      expect_cols_equal(c, off, q, s, dq.get(), ds.get(), in_place ? dx.get() : dout.get(),
-                        what + (in_place ? " in place" : ""));
-    }
-    // A set skip flag: nothing written.
-    Dev<bf16_t> dx(x);
-    Dev<int32_t> doff(off), skip(std::vector<int32_t>{1});
-    Dev<uint8_t> dq(q.size());
-    Dev<float> ds(s.size());
-    cuda::fp8_quantize_cols(dx.ptr, c.M, c.L, doff.ptr, E, skip.ptr, dq.ptr, ds.ptr, max_blocks,
-                            nullptr, nullptr);
-    EXPECT_TRUE(dq.get() == std::vector<uint8_t>(q.size(), 0xA5)) << what << ": skipped";
-  }
-}
-
-TEST(GpuFp8Steps, ColumnQuantizationOfE4m3RowsMatchesCpuBitwise) {
-  EPMOE_REQUIRE_GPU();
-  uint64_t seed = 80;
-  for (const ColsCase& c : cols_cases()) {
-    if (c.L % 16 != 0) continue;
-    const int E = static_cast<int>(c.rows_E.size());
-    const std::vector<int32_t> off = offsets_of(c.rows_E);
-    const int64_t rows = off[static_cast<size_t>(E)];
-    // The received rows as the forward leaves them: E4M3 codes [rows, L] | S-major scales.
-    const std::vector<bf16_t> x = random_bf16(static_cast<size_t>(c.M * c.L), seed++);
-    const int64_t pad = 256;  // the rows start at a device-held byte offset
-    std::vector<char> buf(static_cast<size_t>(pad + fp8_rows_bytes(c.M, c.L)), 0);
-    uint8_t* codes = reinterpret_cast<uint8_t*>(buf.data() + pad);
-    float* scales = reinterpret_cast<float*>(buf.data() + pad + fp8_rows_scales_offset(rows, c.L));
-    cpu::fp8_quantize_rows_s_major(x.data(), rows, c.L, codes, scales, fp8_rows_ld(rows));
-    std::vector<float> decoded(static_cast<size_t>(c.M * c.L), 0.0f);
-    cpu::fp8_dequantize_rows_s_major(codes, scales, fp8_rows_ld(rows), rows, c.L, decoded.data());
-    const int64_t max_blocks = fp8_col_blocks(c.M, E);
-    std::vector<uint8_t> q(decoded.size(), 0);
-    std::vector<float> s(static_cast<size_t>(max_blocks * c.L), 0.0f);
-    cpu::fp8_quantize_cols(decoded.data(), c.L, off.data(), E, q.data(), s.data());
-    Dev<char> dbuf(buf);
-    Dev<int64_t> doffset(std::vector<int64_t>{pad});
-    Dev<int32_t> drows(std::vector<int32_t>{static_cast<int32_t>(rows)});
-    Dev<int32_t> doff(off);
-    Dev<uint8_t> dq(q.size());
-    Dev<float> ds(s.size());
-    Dev<bf16_t> dout(q.size());
-    cuda::fp8_quantize_cols_from_rows(dbuf.ptr, doffset.ptr, drows.ptr, c.M, c.L, doff.ptr, E,
-                                      nullptr, dq.ptr, ds.ptr, max_blocks, dout.ptr, nullptr);
-    expect_cols_equal(c, off, q, s, dq.get(), ds.get(), dout.get(),
-                      "E4M3 rows, E " + std::to_string(E) + " L " + std::to_string(c.L));
-  }
 }
 
 // Transposed codes: [L, K] compared over every used block (padding included), the k range past
@@ -266,7 +163,7 @@ void expect_cols_transposed_equal(const ColsCase& c, const std::vector<int32_t>&
   EXPECT_EQ(bad_s, 0) << what << ": scales differ";
 }
 
-TEST(GpuFp8Steps, TransposedColumnQuantizationOfBf16RowsMatchesCpuBitwise) {
+TEST(GpuFp8Steps, ColumnQuantizationOfBf16RowsMatchesCpuBitwise) {
   EPMOE_REQUIRE_GPU();
   uint64_t seed = 120;
   for (const ColsCase& c : cols_cases()) {
@@ -297,7 +194,7 @@ TEST(GpuFp8Steps, TransposedColumnQuantizationOfBf16RowsMatchesCpuBitwise) {
   }
 }
 
-TEST(GpuFp8Steps, TransposedColumnQuantizationOfE4m3RowsMatchesCpuBitwise) {
+TEST(GpuFp8Steps, ColumnQuantizationOfE4m3RowsMatchesCpuBitwise) {
   EPMOE_REQUIRE_GPU();
   uint64_t seed = 160;
   for (const ColsCase& c : cols_cases()) {
@@ -333,8 +230,8 @@ TEST(GpuFp8Steps, TransposedColumnQuantizationOfE4m3RowsMatchesCpuBitwise) {
 
 TEST(GpuFp8Steps, ArgumentErrorsNameTheArgument) {
   try {
-    cuda::fp8_quantize_cols(nullptr, 4, 16, nullptr, 1, nullptr, nullptr, nullptr, 5, nullptr,
-                            nullptr);
+    cuda::fp8_quantize_cols_transposed(nullptr, 4, 16, nullptr, 1, nullptr, nullptr, nullptr, 5,
+                                       nullptr);
     ADD_FAILURE() << "accepted a null x_ML";
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "x_ML") << e.what();

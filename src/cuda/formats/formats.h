@@ -59,24 +59,15 @@ void fp8_transpose_weights(const uint8_t* q_GNL, const float* scales_GBS, int64_
                            int64_t L, uint8_t* qt_GLN, float* scales_t_GSB, void* stream);
 
 // ---- FP8 E4M3, 128x1 column blocks along the rows of each expert (weight-gradient operands) ----
-// cpu::fp8_quantize_cols on the device: expert e's rows [offsets_E1[e], offsets_E1[e + 1]) in
-// blocks of 128 from its first row; codes q_ML [M, L] (rows outside every expert untouched),
-// scales_BL [blocks, L] fp32 with room for max_blocks (core/fp8_terms.h fp8_col_blocks). Nothing
-// when *skip_1 != 0 (nullable). out_ML (nullable, may alias x_ML): bf16(code * scale), the
-// dequantized operand the bf16 WGRAD reads.
-void fp8_quantize_cols(const bf16_t* x_ML, int64_t M, int64_t L, const int32_t* offsets_E1, int E,
-                       const int32_t* skip_1, uint8_t* q_ML, float* scales_BL, int64_t max_blocks,
-                       bf16_t* out_ML, void* stream);
-// The same on E4M3 rows decoded exactly (fp8_rows_bytes layout at clamp(*rows_1, 0, M) rows, at
-// rows + *rows_offset_1 bytes; rows_offset_1 nullable, both device memory): the received x rows.
-void fp8_quantize_cols_from_rows(const char* rows, const int64_t* rows_offset_1,
-                                 const int32_t* rows_1, int64_t M, int64_t L,
-                                 const int32_t* offsets_E1, int E, const int32_t* skip_1,
-                                 uint8_t* q_ML, float* scales_BL, int64_t max_blocks,
-                                 bf16_t* out_ML, void* stream);
-// The same codes transposed for the FP8 WGRAD (cpu::fp8_transpose_cols): qt_LK [L, K] with
-// K = 128 * max_blocks (core/fp8_terms.h fp8_col_k), block b at k = 128 b, each block's rows past
-// its expert's end (or past the E4M3 rows' count) +0; scales_BL as above. qt_LK 16-byte aligned.
+// cpu::fp8_quantize_cols on the device, codes transposed for the FP8 WGRAD
+// (cpu::fp8_transpose_cols of the CPU's codes): expert e's rows [offsets_E1[e], offsets_E1[e + 1])
+// in blocks of 128 from its first row; codes qt_LK [L, K] with K = 128 * max_blocks
+// (core/fp8_terms.h fp8_col_k, max_blocks = fp8_col_blocks), block b at k = 128 b, each block's
+// rows past its expert's end +0, the k range past the last block untouched; scales_BL
+// [blocks, L] fp32 with room for max_blocks. qt_LK 16-byte aligned. Nothing when *skip_1 != 0
+// (nullable). The _from_rows variant reads E4M3 rows decoded exactly (fp8_rows_bytes layout at
+// clamp(*rows_1, 0, M) rows, at rows + *rows_offset_1 bytes; rows_offset_1 nullable, both
+// device memory): the received x rows; rows past the count quantize as absent (+0).
 void fp8_quantize_cols_transposed(const bf16_t* x_ML, int64_t M, int64_t L,
                                   const int32_t* offsets_E1, int E, const int32_t* skip_1,
                                   uint8_t* qt_LK, float* scales_BL, int64_t max_blocks,
