@@ -294,7 +294,7 @@ std::string MemoryPlan::explain() const {
          bytes_text(lb.pull_src + lb.pull_rows));
   }
   line("    input only (recompute) x [T,D]: " + bytes_text(saved_input_bytes_per_layer));
-  line("    full save (x_gathered, h13, h3) at balanced rows: " +
+  line("    full save (x_gathered, h13) at balanced rows: " +
        bytes_text(saved_full_bytes_balanced));
   line("    full save at capacity rows: " + bytes_text(saved_full_bytes_capacity));
 

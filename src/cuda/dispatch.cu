@@ -23,6 +23,9 @@ struct PullParams {
   Placed out;                    // [capacity, D] bf16: x_gathered (placed by the layer plan) or grad_h3
   const int32_t* replay_skip;    // nullable: the backward replay's predicate (placed.h)
   uint32_t* arrivals_B;          // [ceil(capacity / 128)] arrival counters; nullptr: not counted
+  // gather_grad with the score after the W2 DGRAD (Step::row_scores_M): rows copied unscaled and
+  // each row's score stored here [capacity] f32; nullptr: rows scaled by their scores.
+  float* row_scores_M;
   // Per-rank combine's gather_grad (dots): h3 rows [capacity, D] of this rank, and the owners'
   // grad_scores [T, K] f32 at this byte offset of their combine buffers.
   bool dots;
@@ -91,7 +94,8 @@ __device__ __forceinline__ void release_add(uint32_t* counter, uint32_t v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(counter), "r"(v) : "memory");
 }
 
-// kScale: gather_grad (each row scaled by its own route's score), otherwise a plain copy.
+// kScale: gather_grad (each row scaled by its own route's score, or with row scores copied and
+// the score stored per row), otherwise a plain copy.
 template <bool kScale>
 __global__ void __launch_bounds__(kThreads) pull_rows_kernel(const PullParams p) {
   // A programmatically dependent W13 may launch once every CTA of this grid has started: it waits
@@ -112,9 +116,15 @@ __global__ void __launch_bounds__(kThreads) pull_rows_kernel(const PullParams p)
     const bf16_t* row_D = p.dispatch_R[r] + t * p.D;          // [D] of rank r, token t (peer)
     const int32_t* rows_K = p.pull_rows_PK + pull * p.K;      // [K]
     const float* scores_K = nullptr;                          // [K] the token's scores (peer)
+    const bool scale = kScale && p.row_scores_M == nullptr;  // kernel-uniform
     if constexpr (kScale) {
       scores_K = reinterpret_cast<const float*>(p.routing_R[r] + p.scores_offset) + t * p.K;
-      if (p.dots) {  // kernel-uniform
+      if (!scale) {
+        for (int k = lane; k < p.K; k += 32) {
+          const int32_t m = rows_K[k];
+          if (m >= 0) p.row_scores_M[m] = __ldcg(scores_K + k);
+        }
+      } else if (p.dots) {  // kernel-uniform
         float* owner_K = reinterpret_cast<float*>(reinterpret_cast<char*>(p.combine_R[r]) +
                                                   p.owner_scores_offset) + t * p.K;  // peer
         gather_with_dots(p, out_MD, p.h3.get<const bf16_t>(), row_D, rows_K, scores_K, owner_K,
@@ -134,12 +144,12 @@ __global__ void __launch_bounds__(kThreads) pull_rows_kernel(const PullParams p)
         if (m < 0) continue;
         bf16_t* out_D = out_MD + m * p.D;  // [D] local row m
         float score = 0.0f;
-        if constexpr (kScale) score = __ldcg(scores_K + k);
+        if (scale) score = __ldcg(scores_K + k);
 #pragma unroll
         for (int b = 0; b < kBatch; ++b) {
           const int64_t v = v0 + 32 * b;
           if (v >= vecs) continue;
-          if constexpr (kScale) {
+          if (scale) {
             Bf16x8 x = unpack8(u[b]);
 #pragma unroll
             for (int e = 0; e < kVec; ++e) x.v[e] = __fmul_rn(score, x.v[e]);
@@ -174,7 +184,8 @@ void launch_pulls(const Step& s, Placed out, uint32_t* arrivals) {
   p.out = out;
   p.replay_skip = kScale ? nullptr : replay_skip_flag(s);
   p.arrivals_B = arrivals;
-  p.dots = kScale && s.combine_per_rank;
+  p.row_scores_M = kScale ? s.row_scores_M : nullptr;
+  p.dots = kScale && s.combine_per_rank && s.row_scores_M == nullptr;
   p.h3 = p.dots ? placed_h3_rows(s) : plain(nullptr);
   p.combine_R = s.combine_R;
   p.owner_scores_offset = combine_scores_offset(s.dims.T, s.dims.R, s.dims.D);
