@@ -88,7 +88,7 @@ class Backend {
   // Backward planner: the layer leaves its slot (LIFO). Its LayerPlan stays readable.
   virtual void plan_backward(const Step& s) = 0;
   // Replay (layer_plan->replay_skip == 0): the saved x back into dispatch_R[rank], so that the
-  // replayed dispatch, W13 and W2 stages (Step::replay) rebuild the forward's intermediates; the
+  // replayed dispatch and W13 stages (Step::replay) rebuild x_gathered and h13; the
   // dispatch arrival counters back to zero (the replay does not rerun route, which zeroes them).
   virtual void restore_input(const Step& s) = 0;
   // grad_y into dispatch_R[rank]; scores (f32) and ids into routing_R[rank] (as forward).

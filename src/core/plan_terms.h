@@ -17,12 +17,9 @@ struct Dims {
 };
 
 // Combine buffer (symmetric): [T, K, D] bf16 per route, or with the per-rank combine [T, R, D]
-// bf16 partials, then (training) the grad_scores [T, K] f32 the expert ranks compute.
-inline int64_t combine_scores_offset(int64_t T, int R, int64_t D) { return align_bytes(T * R * D * 2); }
-inline int64_t combine_buffer_bytes(int64_t T, int K, int R, int64_t D, bool per_rank,
-                                    bool training) {
-  if (!per_rank) return align_bytes(T * K * D * 2);
-  return combine_scores_offset(T, R, D) + (training ? align_bytes(T * K * 4) : 0);
+// bf16 partials. (grad_scores return to their owner through the routing buffer's scores.)
+inline int64_t combine_buffer_bytes(int64_t T, int K, int R, int64_t D, bool per_rank) {
+  return align_bytes(T * (per_rank ? R : K) * D * 2);
 }
 
 // One layer's whole state at M rows in one block (stage tests carve their buffers with it):

@@ -187,11 +187,9 @@ void CpuBackend::grad_scores(const Step& step) {
   }
 }
 
-// One read of each pulled grad_y row; every local row it feeds is scaled by its own route's score,
-// or, with the score after the W2 DGRAD (Step::row_scores_M), copied unscaled with the score
-// stored beside it. Per-rank combine without row scores (no caller today): the same read gives
-// grad_scores[t,k] = <grad_y[t], h3[m]> (d ascending, as grad_scores) into the owner's combine
-// buffer.
+// One read of each pulled grad_y row; every local row it feeds is copied unscaled with its
+// route's score stored beside it (score after the W2 DGRAD, Step::row_scores_M), or, without row
+// scores (layered API), scaled by its own route's score.
 void CpuBackend::gather_grad(const Step& step) {
   const Step s = placed(step);
   if (skipped(s)) return;
@@ -214,13 +212,6 @@ void CpuBackend::gather_grad(const Step& step) {
         continue;
       }
       for (int64_t d = 0; d < D; ++d) out[d] = float_to_bf16(score * bf16_to_float(g[d]));
-      if (!s.combine_per_rank) continue;
-      const bf16_t* h = s.h3_MD + m * D;
-      float acc = 0.0f;
-      for (int64_t d = 0; d < D; ++d) acc += bf16_to_float(g[d]) * bf16_to_float(h[d]);
-      float* owner_TK = reinterpret_cast<float*>(reinterpret_cast<char*>(s.combine_R[rank]) +
-                                                 combine_scores_offset(T, s.dims.R, D));
-      owner_TK[t * K + k] = acc;
     }
   }
   if (s.fp8) fp8_quantize_grad_h3(s);  // rows along D for the W2 DGRAD

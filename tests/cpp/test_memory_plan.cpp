@@ -435,14 +435,14 @@ TEST(MemoryPlan, PerRankCombineInference) {
   expect_contains(p.explain(), "combine [T,R,D] bf16 (one partial row per source rank): ");
 }
 
-// Per-rank combine in training: the combine buffer adds a grad_scores area [T, K] f32 (unused
-// since grad_scores return through the routing buffer); a full save is per-route's.
+// Per-rank combine in training: the same bytes as in inference for the combine buffer (grad_scores
+// return through the routing buffer) and a full save as per-route's.
 TEST(MemoryPlan, PerRankCombineTraining) {
   ConfigFields f = small();
   f.combine = CombineMode::per_rank;
   const MemoryPlan p = plan_memory(Config(f), 2);
-  EXPECT_EQ(p.combine_buffer_bytes, 2176);     // A(4*2*128*2)=2048 + A(4*2*4)=128
-  EXPECT_EQ(p.symmetric_bytes, 3584);          // 384 + 1024 + 2176
+  EXPECT_EQ(p.combine_buffer_bytes, 2048);     // A(4*2*128*2)
+  EXPECT_EQ(p.symmetric_bytes, 3456);          // 384 + 1024 + 2048
   // A(8*128*2)=2048 + A(8*256*2)=4096, as per_route
   EXPECT_EQ(p.saved_full_bytes_balanced, 6144);
   EXPECT_EQ(p.saved_full_bytes_capacity, 6144);
@@ -451,9 +451,8 @@ TEST(MemoryPlan, PerRankCombineTraining) {
   EXPECT_EQ(p.backward_scratch_bytes, 17536);  // 15488 + rows_MD 2048
   EXPECT_EQ(p.scratch_bytes, 18432);           // 768 + 128 + 17536
   EXPECT_EQ(p.arena_bytes, 32768);             // 14336 + 18432
-  EXPECT_EQ(p.total_bytes, 37120);             // 32768 + 3584 + 128 + 384 + 256
-  expect_contains(p.explain(),
-                  "combine [T,R,D] bf16 (one partial row per source rank) + grad_scores [T,K] f32: ");
+  EXPECT_EQ(p.total_bytes, 36992);             // 32768 + 3456 + 128 + 384 + 256
+  expect_contains(p.explain(), "combine [T,R,D] bf16 (one partial row per source rank): ");
   // At 16 capacity rows x_gathered and h13 grow with the rows.
   f.capacity_factor = 2.0;
   const MemoryPlan wide = plan_memory(Config(f), 2);
