@@ -52,7 +52,7 @@ struct MemoryPlan {
   int64_t routing_metadata_bytes = 0;       // layout of one layer at capacity rows
   int64_t layer_metadata_bytes = 0;         // planner record (128) + layout, fixed per layer
   int64_t saved_input_bytes_per_layer = 0;  // recompute mode: x [T, D]
-  int64_t saved_full_bytes_balanced = 0;    // x_gathered + h13 + h3 at T*K rows
+  int64_t saved_full_bytes_balanced = 0;    // x_gathered + h13 at T*K rows
   int64_t saved_full_bytes_capacity = 0;    // same at recv_capacity_rows
 
   // Activation slots.

@@ -88,20 +88,24 @@ class Backend {
   // Backward planner: the layer leaves its slot (LIFO). Its LayerPlan stays readable.
   virtual void plan_backward(const Step& s) = 0;
   // Replay (layer_plan->replay_skip == 0): the saved x back into dispatch_R[rank], so that the
-  // replayed dispatch, W13 and W2 stages (Step::replay) rebuild the forward's intermediates; the
+  // replayed dispatch and W13 stages (Step::replay) rebuild x_gathered and h13; the
   // dispatch arrival counters back to zero (the replay does not rerun route, which zeroes them).
   virtual void restore_input(const Step& s) = 0;
   // grad_y into dispatch_R[rank]; scores (f32) and ids into routing_R[rank] (as forward).
   virtual void publish_backward(const Step& s) = 0;
+  // With row scores (Step::row_scores_M; the Context's backward), after the W2 DGRAD: for every
+  // received row, grad_scores = the sum of its score_parts_MC in ascending chunk order, stored
+  // into the owner's routing buffer in place of the route's score. Without (layered API):
   // grad_scores[t,k] = <grad_y[t], h3[t,k]> in fp32 (0 for inactive routes and padding rows).
   virtual void grad_scores(const Step& s) = 0;
-  // After the publish barrier: grad_h3[m] = bf16(score[t,k] * grad_y[t]) pulled from the owner.
-  // Per-rank combine: also grad_scores[t,k] = <grad_y[t], h3 row of (t,k)> (fp32, the order of
-  // grad_scores), stored into the owner's combine buffer (combine_scores_offset) for its reduce.
+  // After the publish barrier: grad_h3[m] = grad_y[t] pulled from the owner, and row_scores_M[m]
+  // = score[t,k] (with row scores), else grad_h3[m] = bf16(score[t,k] * grad_y[t]).
   virtual void gather_grad(const Step& s) = 0;
   // grad_h = grad_h3 @ w2[e] (unfused).
   virtual void w2_dgrad(const Step& s) = 0;
-  // grad_h13 = act'(h13) * grad_h; h = act(h13) for the W2 weight gradient (unfused).
+  // grad_h13 = act'(h13) * grad_h; h = act(h13) for the W2 weight gradient (unfused). With row
+  // scores grad_h is the unscaled dh: act'(h13) * (score * dh), h = bf16(score * act(h13)), and
+  // score_parts_MC = <dh, bf16(act(h13))> per 64-column chunk (core/plan_terms.h).
   virtual void swiglu_backward(const Step& s) = 0;
   // Fused W2 DGRAD with SwiGLU backward in its epilogue (grad_h rounded to bf16 first, as unfused).
   virtual void w2_dgrad_swiglu(const Step& s) = 0;
@@ -114,8 +118,9 @@ class Backend {
   // grad_w13[e] (+)= grad_h13[e]^T @ x_gathered[e].
   virtual void w13_wgrad(const Step& s) = 0;
   // After the combine barrier: grad_x[t] = sum over active k of combine[t,k] (fp32, one rounding).
-  // Per-rank combine: grad_x[t] = the sum of t's ranks' partials (ascending rank), and
-  // grad_scores = the expert ranks' results (0 for inactive routes and padding rows).
+  // Per-rank combine: grad_x[t] = the sum of t's ranks' partials (ascending rank). With row
+  // scores, or per-rank, grad_scores = the expert ranks' results (0 for inactive routes and
+  // padding rows).
   virtual void reduce_backward(const Step& s) = 0;
 };
 

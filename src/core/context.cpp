@@ -239,13 +239,22 @@ struct Context::Impl {
     s.grad_h3_MD = reinterpret_cast<bf16_t*>(call + cl.grad_h3);
     s.grad_h13_M2F = reinterpret_cast<bf16_t*>(call + cl.grad_h13);
     s.rows_MD = unfused || per_rank() ? reinterpret_cast<bf16_t*>(call + cl.rows_MD) : nullptr;
-    s.h3_MD = per_rank() ? s.rows_MD : nullptr;  // a layer plan may place it in its slot
+    s.h3_MD = per_rank() ? s.rows_MD : nullptr;  // the W2 rows the per-rank send reads
     s.grad_h_MF = unfused ? reinterpret_cast<bf16_t*>(call + cl.grad_h) : nullptr;
     return s;
   }
 
+  // Backward: the row scores and grad_scores partials of the call scratch (Step::row_scores_M).
+  void bind_score_after_w2_dgrad(Step& s) const {
+    char* call = call_scratch();
+    const CallScratchLayout cl = call_scratch_layout(dims, plan.recv_capacity_rows,
+                                                     !config.fields().fuse_epilogues, per_rank());
+    s.row_scores_M = reinterpret_cast<float*>(call + cl.row_scores);
+    s.score_parts_MC = reinterpret_cast<float*>(call + cl.score_parts);
+  }
+
   // Layer state: in the call scratch when nothing is saved (slot < 0); else the layout in the
-  // slot's metadata and the planner's record, from which the stages place x_gathered, h13, h3.
+  // slot's metadata and the planner's record, from which the stages place x_gathered and h13.
   void bind_layer_state(Step& s, int slot, int layer) const {
     const int64_t M = plan.recv_capacity_rows;
     char* call = call_scratch();
@@ -272,39 +281,32 @@ struct Context::Impl {
       // A backend that does not read the plans yet: every layer saves everything at capacity
       // rows, at host-known offsets (Context::create demands the maximum useful budget).
       const int64_t full = saved_full_bytes(dims, M);
-      const FullSaveLayout l = full_save_layout(M, dims.T, dims.D, dims.F, dims.K,
-                                                plan.packing_granule_bytes, dims.h3_rows);
+      const FullSaveLayout l = full_save_layout(M, dims.D, dims.F, plan.packing_granule_bytes);
       char* base = arena + s.slot_geometry.packed_base + layer * full;
       s.x_gathered_MD = reinterpret_cast<bf16_t*>(base + l.x_gathered);
       s.h13_M2F = reinterpret_cast<bf16_t*>(base + l.h13);
-      s.h3_TKD = dims.h3_rows ? nullptr : reinterpret_cast<bf16_t*>(base + l.h3);
-      if (dims.h3_rows) s.h3_MD = reinterpret_cast<bf16_t*>(base + l.h3);
     }
   }
 
-  // Forward of W13, SwiGLU, W2 and the scatter to the owners (fused or not), as in forward; the
-  // replay in backward runs the very same stages. Per-rank combine: W2 stores its rows locally
-  // and the send stage stores one summed row per pull into the owner's [T, R, D] buffer.
-  // The replay needs only h3 back (the expert side's rows): it sends nothing.
+  // Forward of W13, SwiGLU, W2 and the scatter to the owners (fused or not), as in forward.
+  // Per-rank combine: W2 stores its rows locally and the send stage stores one summed row per
+  // pull into the owner's [T, R, D] buffer. The replay in backward runs the same W13 stages and
+  // stops there: backward needs x_gathered and h13 (grad_scores come from the W2 DGRAD's output
+  // and h, not from the W2 rows), so it runs no W2 and sends nothing.
   void expert_stages(Backend& b, const Step& s) {
-    const bool fused = config.fields().fuse_epilogues;
-    if (per_rank()) {
-      if (fused) {
-        stage("w13_swiglu", s.stream, [&] { b.w13_swiglu(s); });
-      } else {
-        stage("w13_gemm", s.stream, [&] { b.w13_gemm(s); });
-        stage("swiglu_forward", s.stream, [&] { b.swiglu_forward(s); });
-      }
-      stage("w2_gemm", s.stream, [&] { b.w2_gemm(s); });
-      if (!s.replay) stage("combine_send", s.stream, [&] { b.combine_send_forward(s); });
-      return;
-    }
-    if (fused) {
+    if (config.fields().fuse_epilogues) {
       stage("w13_swiglu", s.stream, [&] { b.w13_swiglu(s); });
-      stage("w2_scatter", s.stream, [&] { b.w2_scatter(s); });
     } else {
       stage("w13_gemm", s.stream, [&] { b.w13_gemm(s); });
       stage("swiglu_forward", s.stream, [&] { b.swiglu_forward(s); });
+    }
+    if (s.replay) return;
+    if (per_rank()) {
+      stage("w2_gemm", s.stream, [&] { b.w2_gemm(s); });
+      stage("combine_send", s.stream, [&] { b.combine_send_forward(s); });
+    } else if (config.fields().fuse_epilogues) {
+      stage("w2_scatter", s.stream, [&] { b.w2_scatter(s); });
+    } else {
       stage("w2_gemm", s.stream, [&] { b.w2_gemm(s); });
       stage("scatter_rows", s.stream, [&] { b.scatter_rows(s); });
     }
@@ -492,6 +494,7 @@ void Context::backward(const BackwardArgs& a) {
   s.grad_w2_EDF = a.grad_w2_EDF.data;
   s.wgrad_dtype = m.config.fields().wgrad_dtype;
   s.accumulate_wgrad = a.accumulate_wgrad;
+  m.bind_score_after_w2_dgrad(s);
 
   Backend& b = *m.backend;
   const bool fused = m.config.fields().fuse_epilogues;
@@ -513,9 +516,10 @@ void Context::backward(const BackwardArgs& a) {
     m.barrier(a.stream, 5);
   }
   m.stage("publish_backward", s.stream, [&] { b.publish_backward(s); });
-  // Per-rank combine: gather_grad computes grad_scores on the expert side.
-  if (!m.per_rank()) m.stage("grad_scores", s.stream, [&] { b.grad_scores(s); });
   m.barrier(a.stream, 2);
+  // The score enters after the W2 DGRAD (Step::row_scores_M): grad_h3 holds grad_y rows
+  // unscaled, and grad_scores = <grad_y @ w2, h> is summed on the expert side from the DGRAD's
+  // partials, into the owner's routing buffer, which reduce_backward copies into grad_scores.
   m.stage("gather_grad", s.stream, [&] { b.gather_grad(s); });
   if (fused) {
     m.stage("w2_dgrad_swiglu", s.stream, [&] { b.w2_dgrad_swiglu(s); });
@@ -523,6 +527,7 @@ void Context::backward(const BackwardArgs& a) {
     m.stage("w2_dgrad", s.stream, [&] { b.w2_dgrad(s); });
     m.stage("swiglu_backward", s.stream, [&] { b.swiglu_backward(s); });
   }
+  m.stage("grad_scores", s.stream, [&] { b.grad_scores(s); });
   m.stage("w2_wgrad", s.stream, [&] { b.w2_wgrad(s); });
   if (m.per_rank()) {
     m.stage("w13_dgrad", s.stream, [&] { b.w13_dgrad(s); });

@@ -128,7 +128,7 @@ MemoryPlan plan_memory(const Config& config, int ep_size) {
   p.combine = c.combine;
   // One row per (token, route) [T, K, D], or per (token, source rank) [T, R, D] (+ grad_scores
   // [T, K] f32 in training).
-  p.combine_buffer_bytes = combine_buffer_bytes(T, K, R, D, per_rank, !c.inference);
+  p.combine_buffer_bytes = combine_buffer_bytes(T, K, R, D, per_rank);
   p.symmetric_bytes = p.routing_buffer_bytes + p.dispatch_buffer_bytes + p.combine_buffer_bytes;
 
   // ---- per-layer saved state ----
@@ -277,8 +277,8 @@ std::string MemoryPlan::explain() const {
     line("    dispatch x / grad_y [T,D] bf16: " + bytes_text(dispatch_buffer_bytes));
   }
   if (combine == CombineMode::per_rank) {
-    line(std::string("    combine [T,R,D] bf16 (one partial row per source rank)") +
-         (inference ? "" : " + grad_scores [T,K] f32") + ": " + bytes_text(combine_buffer_bytes));
+    line("    combine [T,R,D] bf16 (one partial row per source rank): " +
+         bytes_text(combine_buffer_bytes));
   } else {
     line("    combine [T,K,D] bf16: " + bytes_text(combine_buffer_bytes));
   }
@@ -294,7 +294,7 @@ std::string MemoryPlan::explain() const {
          bytes_text(lb.pull_src + lb.pull_rows));
   }
   line("    input only (recompute) x [T,D]: " + bytes_text(saved_input_bytes_per_layer));
-  line("    full save (x_gathered, h13, h3) at balanced rows: " +
+  line("    full save (x_gathered, h13) at balanced rows: " +
        bytes_text(saved_full_bytes_balanced));
   line("    full save at capacity rows: " + bytes_text(saved_full_bytes_capacity));
 

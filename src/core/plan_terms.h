@@ -13,16 +13,13 @@ namespace epmoe {
 struct Dims {
   int64_t T = 0, D = 0, F = 0;
   int K = 0, E = 0, R = 0;  // E = local experts
-  bool h3_rows = false;     // per-rank combine: the saved h3 is [rows, D], not [T, K, D]
+  bool h3_rows = false;     // per-rank combine: the W2 rows are [rows, D] (the send's input)
 };
 
 // Combine buffer (symmetric): [T, K, D] bf16 per route, or with the per-rank combine [T, R, D]
-// bf16 partials, then (training) the grad_scores [T, K] f32 the expert ranks compute.
-inline int64_t combine_scores_offset(int64_t T, int R, int64_t D) { return align_bytes(T * R * D * 2); }
-inline int64_t combine_buffer_bytes(int64_t T, int K, int R, int64_t D, bool per_rank,
-                                    bool training) {
-  if (!per_rank) return align_bytes(T * K * D * 2);
-  return combine_scores_offset(T, R, D) + (training ? align_bytes(T * K * 4) : 0);
+// bf16 partials. (grad_scores return to their owner through the routing buffer's scores.)
+inline int64_t combine_buffer_bytes(int64_t T, int K, int R, int64_t D, bool per_rank) {
+  return align_bytes(T * (per_rank ? R : K) * D * 2);
 }
 
 // One layer's whole state at M rows in one block (stage tests carve their buffers with it):
@@ -46,7 +43,7 @@ inline int64_t saved_input_bytes(const Dims& d) {
 }
 // Full save in the packed region at `rows` received rows (no layout: that sits in the metadata).
 inline int64_t saved_full_bytes(const Dims& d, int64_t rows) {
-  return full_save_layout(rows, d.T, d.D, d.F, d.K, packing_granule(d.D), d.h3_rows).total;
+  return full_save_layout(rows, d.D, d.F, packing_granule(d.D)).total;
 }
 
 // One slot: metadata of L layers (LayerPlan | layout(M) each), then the packed region.
@@ -101,6 +98,11 @@ inline RouteScratchLayout route_scratch_layout(const Dims& d, int64_t M) {
   return l;
 }
 
+// grad_scores[t,k] = <dh, h> of the route's row (dh = grad_y[t] @ w2[e], unscaled) is summed per
+// 64-column chunk of F (the W2 DGRAD epilogue's chunk), then over the chunks in ascending order.
+constexpr int64_t kScoreChunkCols = 64;
+inline int64_t score_chunks(int64_t F) { return (F + kScoreChunkCols - 1) / kScoreChunkCols; }
+
 // Call scratch at M rows (after the route scratch and its granule pad). Forward and backward
 // share the region; the recompute tensors (layout, x_gathered, h13) come first so backward can
 // rebuild them in place, and the layout leads so that the routing part (route scratch, pad,
@@ -108,8 +110,11 @@ inline RouteScratchLayout route_scratch_layout(const Dims& d, int64_t M) {
 //   layout(M) | x_gathered [M,D] | h13 [M,2F] | h [M,F] | grad_h3 [M,D] | grad_h13 [M,2F]
 //   | unfused or per-rank combine: rows_MD [M,D] (W2 / W13-DGRAD output before its scatter or
 //     its per-rank send) | unfused only: grad_h [M,F]
+//   | row_scores [M] f32 (each received row's score, stored by gather_grad)
+//   | score_parts [M, score_chunks(F)] f32 (per-64-column partials of grad_scores, W2 DGRAD)
 struct CallScratchLayout {
-  int64_t layout, x_gathered, h13, h, grad_h3, grad_h13, rows_MD, grad_h, total;
+  int64_t layout, x_gathered, h13, h, grad_h3, grad_h13, rows_MD, grad_h, row_scores,
+      score_parts, total;
 };
 inline CallScratchLayout call_scratch_layout(const Dims& d, int64_t M, bool unfused,
                                              bool per_rank_combine = false) {
@@ -122,7 +127,9 @@ inline CallScratchLayout call_scratch_layout(const Dims& d, int64_t M, bool unfu
   l.grad_h13 = l.grad_h3 + align_bytes(M * d.D * 2);
   l.rows_MD = l.grad_h13 + align_bytes(M * 2 * d.F * 2);
   l.grad_h = l.rows_MD + (unfused || per_rank_combine ? align_bytes(M * d.D * 2) : 0);
-  l.total = l.grad_h + (unfused ? align_bytes(M * d.F * 2) : 0);
+  l.row_scores = l.grad_h + (unfused ? align_bytes(M * d.F * 2) : 0);
+  l.score_parts = l.row_scores + align_bytes(M * 4);
+  l.total = l.score_parts + align_bytes(M * score_chunks(d.F) * 4);
   return l;
 }
 

@@ -5,8 +5,10 @@
 // A slot of the arena:
 //   metadata: L x [LayerPlan | layout(M)]      host-known addresses (layer l of the slot)
 //   packed:   layers' saved buffers, LIFO      device-decided offsets (this file)
-// A layer saves either everything  x_gathered [rows,D] | h13 [rows,2F] | h3 [T,K,D]  at its
-// actual rows (per-rank combine: h3 [rows,D], the expert side's W2 rows), or only its input x [T,D] (recompute: backward replays the forward). Every packed
+// A layer saves either everything backward needs,  x_gathered [rows,D] | h13 [rows,2F]  at its
+// actual rows, or only its input x [T,D] (recompute: backward replays the forward up to W13 and
+// SwiGLU). The W2 outputs are never saved: grad_scores come from the W2 DGRAD output and h
+// (Step::row_scores_M). Every packed
 // allocation is a multiple of the packing granule lcm(128, 2D), so x_gathered always starts on a
 // whole row of an arena viewed as rows of D bf16 (one TMA descriptor for the whole arena).
 #pragma once
@@ -30,8 +32,8 @@ struct LayerPlan {
   int64_t x_offset = -1;             // saved x [T, D] (recompute)
   int64_t x_gathered_offset = -1;    // [rows, D]: slot (full save) or call scratch (recompute)
   int64_t h13_offset = -1;           // [rows, 2F]: slot or call scratch
-  int64_t h3_offset = -1;            // [T, K, D]: slot; -1: this rank's combine buffer (replayed)
-                                     // per-rank combine: [rows, D]: slot or call scratch rows_MD
+  int64_t h3_offset = -1;            // -1: not kept (the forward's W2 outputs); per-rank
+                                     // combine: [rows, D] call scratch rows_MD (the send's rows)
   int64_t reserved[9] = {};
 };
 static_assert(sizeof(LayerPlan) == kAlignment, "LayerPlan fills one aligned block");
@@ -53,8 +55,8 @@ struct SlotGeometry {
   int64_t packed_base = 0;        // arena offset of this slot's packed region
   int64_t scratch_x_gathered = 0; // arena offsets of the recompute buffers (call scratch)
   int64_t scratch_h13 = 0;
-  int64_t scratch_rows = 0;       // per-rank combine: the call scratch's rows_MD (replayed h3)
-  int32_t h3_rows = 0;            // 1: per-rank combine, h3 is [rows, D] (else [T, K, D])
+  int64_t scratch_rows = 0;       // per-rank combine: the call scratch's rows_MD (W2 rows)
+  int32_t h3_rows = 0;            // 1: per-rank combine, the forward's W2 rows are [rows, D]
   int32_t reserved = 0;
 };
 
@@ -74,19 +76,15 @@ EPMOE_HD int64_t packing_granule(int64_t D) {
   return kAlignment / gcd64(kAlignment, 2 * D) * (2 * D);
 }
 
-// Full save of a layer that received `rows` rows: x_gathered | h13 | h3 (offsets from its start).
-// h3 is the owner's [T, K, D] copy of its routes' outputs, or with h3_rows (per-rank combine) the
-// expert side's W2 rows [rows, D].
+// Full save of a layer that received `rows` rows: x_gathered | h13 (offsets from its start).
 struct FullSaveLayout {
-  int64_t x_gathered, h13, h3, total;  // total: rounded up to the granule
+  int64_t x_gathered, h13, total;  // total: rounded up to the granule
 };
-EPMOE_HD FullSaveLayout full_save_layout(int64_t rows, int64_t T, int64_t D, int64_t F, int K,
-                                         int64_t granule, bool h3_rows = false) {
+EPMOE_HD FullSaveLayout full_save_layout(int64_t rows, int64_t D, int64_t F, int64_t granule) {
   FullSaveLayout l;
   l.x_gathered = 0;
   l.h13 = align_bytes(rows * D * 2);
-  l.h3 = l.h13 + align_bytes(rows * 2 * F * 2);
-  l.total = round_up(l.h3 + align_bytes((h3_rows ? rows : T * K) * D * 2), granule);
+  l.total = round_up(l.h13 + align_bytes(rows * 2 * F * 2), granule);
   return l;
 }
 // Input-only save: x [T, D].
@@ -106,8 +104,7 @@ EPMOE_HD void plan_forward_layer(const SlotGeometry& g, const int32_t* recv_rows
   const int64_t layers_after = g.layers_per_slot - 1 - state.layers;
   int64_t need = 0;
   for (int r = 0; r < g.R; ++r) {
-    const int64_t full_r =
-        full_save_layout(recv_rows_R[r], g.T, g.D, g.F, g.K, g.granule, g.h3_rows != 0).total;
+    const int64_t full_r = full_save_layout(recv_rows_R[r], g.D, g.F, g.granule).total;
     const int64_t v = saved_R[r] + full_r;
     need = v > need ? v : need;
   }
@@ -119,24 +116,19 @@ EPMOE_HD void plan_forward_layer(const SlotGeometry& g, const int32_t* recv_rows
   p.slot = slot;
   p.layer = static_cast<int32_t>(state.layers);
   p.begin = begin;
+  if (g.h3_rows != 0) p.h3_offset = g.scratch_rows;  // the forward's W2 rows, until the send
   if (recompute) {
     p.x_offset = g.packed_base + begin;
     p.x_gathered_offset = g.scratch_x_gathered;
     p.h13_offset = g.scratch_h13;
-    if (g.h3_rows != 0) p.h3_offset = g.scratch_rows;  // the replayed W2 rows
   } else {
-    const FullSaveLayout l =
-        full_save_layout(recv_rows_R[self], g.T, g.D, g.F, g.K, g.granule, g.h3_rows != 0);
+    const FullSaveLayout l = full_save_layout(recv_rows_R[self], g.D, g.F, g.granule);
     p.x_gathered_offset = g.packed_base + begin + l.x_gathered;
     p.h13_offset = g.packed_base + begin + l.h13;
-    p.h3_offset = g.packed_base + begin + l.h3;
   }
   int64_t peak = 0;
   for (int r = 0; r < g.R; ++r) {
-    saved_R[r] += recompute ? x_b
-                            : full_save_layout(recv_rows_R[r], g.T, g.D, g.F, g.K, g.granule,
-                                               g.h3_rows != 0)
-                                  .total;
+    saved_R[r] += recompute ? x_b : full_save_layout(recv_rows_R[r], g.D, g.F, g.granule).total;
     peak = saved_R[r] > peak ? saved_R[r] : peak;
   }
   state.layers += 1;
@@ -150,11 +142,7 @@ EPMOE_HD void plan_backward_layer(const SlotGeometry& g, const int32_t* recv_row
                                   const LayerPlan& p, SlotState& state, int64_t* saved_R) {
   const int64_t x_b = input_save_bytes(g.T, g.D, g.granule);
   for (int r = 0; r < g.R; ++r) {
-    saved_R[r] -= p.recompute != 0
-                      ? x_b
-                      : full_save_layout(recv_rows_R[r], g.T, g.D, g.F, g.K, g.granule,
-                                         g.h3_rows != 0)
-                            .total;
+    saved_R[r] -= p.recompute != 0 ? x_b : full_save_layout(recv_rows_R[r], g.D, g.F, g.granule).total;
   }
   state.layers -= 1;
 }

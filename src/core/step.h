@@ -83,6 +83,13 @@ struct Step {
   bf16_t* grad_h13_M2F = nullptr;   // [capacity, 2F]
   bf16_t* rows_MD = nullptr;        // unfused or per-rank combine
   bf16_t* grad_h_MF = nullptr;      // unfused only
+  // The score enters after the W2 DGRAD (Context backward; null: the layered API, whose
+  // gather_grad scales grad_h3 and whose grad_scores stage dots grad_y with h3). gather_grad then
+  // copies grad_y rows unscaled and stores each row's score here; the SwiGLU backward of the W2
+  // DGRAD takes grad_h = score * dh, writes h scaled by the score for the W2 WGRAD, and the
+  // partials of grad_scores = <dh, h> per 64-column chunk, which the grad_scores stage sums.
+  float* row_scores_M = nullptr;    // [capacity] f32
+  float* score_parts_MC = nullptr;  // [capacity, score_chunks(F)] f32
 
   // ---- FP8 block-scaled path (Config.precision = fp8_block; docs/formats.md "FP8 training") ----
   // The dispatch buffers then hold x as E4M3 rows + scales (fp8_dispatch_layout) and x_gathered

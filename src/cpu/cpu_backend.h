@@ -162,7 +162,7 @@ void fp8_w13_wgrad(const Step& s);
 void send_partials(const Step& s, const bf16_t* rows_MD, bool scaled);
 // out[t] = the sum of the partial rows of t's ranks, ascending rank (fp32, one rounding).
 void reduce_partials(const Step& s, bf16_t* out_TD);
-// The owner's grad_scores from its combine buffer (written by the expert ranks' gather_grad).
+// The owner's grad_scores from its routing buffer (written by the expert ranks' grad_scores).
 void copy_grad_scores(const Step& s);
 
 // ---- NVFP4 weight-only inference (stages_nvfp4.cpp) ----

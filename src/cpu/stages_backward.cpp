@@ -12,9 +12,46 @@ namespace epmoe::cpu {
 
 namespace {
 
+// The score after the W2 DGRAD (Step::row_scores_M): dh = the bf16 unscaled DGRAD row;
+// grad_h13[m] = bf16(act'(h13[m]) * (score * dh)), h[m] = bf16(score * act(h13[m])) for the W2
+// weight gradient, and the partials of <dh, bf16(act(h13[m]))> per 64-column chunk in the CUDA
+// epilogue's order: 8 columns per segment summed in ascending order, then the 8 segments by the
+// xor tree ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)). Products of two bf16 are exact.
+void scored_swiglu_backward_row(const Step& s, int64_t m, const bf16_t* dh_F) {
+  const int64_t F = s.dims.F, chunks = score_chunks(F);
+  const float score = s.row_scores_M[m];
+  const bf16_t* h13 = s.h13_M2F + m * 2 * F;
+  bf16_t* grad_h13 = s.grad_h13_M2F + m * 2 * F;
+  for (int64_t c = 0; c < chunks; ++c) {
+    float seg[8];
+    for (int64_t j = 0; j < 8; ++j) {
+      seg[j] = 0.0f;
+      for (int64_t f = c * kScoreChunkCols + 8 * j; f < c * kScoreChunkCols + 8 * j + 8 && f < F; ++f) {
+        const float gate = bf16_to_float(h13[f]);
+        const float up = bf16_to_float(h13[F + f]);
+        const float dh = bf16_to_float(dh_F[f]);
+        float d_gate = 0.0f, d_up = 0.0f;
+        epmoe::swiglu_backward(gate, up, score * dh, s.act, d_gate, d_up);
+        grad_h13[f] = float_to_bf16(d_gate);
+        grad_h13[F + f] = float_to_bf16(d_up);
+        const float h = epmoe::swiglu_forward(gate, up, s.act);
+        s.h_MF[m * F + f] = float_to_bf16(score * h);
+        seg[j] += dh * bf16_to_float(float_to_bf16(h));
+      }
+    }
+    s.score_parts_MC[m * chunks + c] =
+        ((seg[0] + seg[4]) + (seg[2] + seg[6])) + ((seg[1] + seg[5]) + (seg[3] + seg[7]));
+  }
+}
+
 // grad_h13[m] = bf16(act'(h13[m]) * grad_h) and h[m] = bf16(act(h13[m])) for one row, from the
-// bf16 grad_h row (the recomputed h feeds the W2 weight gradient).
+// bf16 grad_h row (the recomputed h feeds the W2 weight gradient); with row scores, the scored
+// form above.
 void swiglu_backward_row(const Step& s, int64_t m, const bf16_t* grad_h_F) {
+  if (s.row_scores_M != nullptr) {
+    scored_swiglu_backward_row(s, m, grad_h_F);
+    return;
+  }
   const int64_t F = s.dims.F;
   const bf16_t* h13 = s.h13_M2F + m * 2 * F;
   bf16_t* grad_h13 = s.grad_h13_M2F + m * 2 * F;
@@ -110,7 +147,27 @@ void CpuBackend::publish_backward(const Step& s) {
   *v.header = h;
 }
 
+// Score after the W2 DGRAD: each received route's grad_scores = the sum of its row's partials in
+// ascending chunk order, stored into the owner's routing buffer in place of the score (only this
+// rank reads that score, in gather_grad); the owner's reduce_backward copies it out.
+namespace {
+void scores_from_parts(const Step& s) {
+  if (skipped(s)) return;
+  const int64_t chunks = score_chunks(s.dims.F);
+  for (int64_t m = 0; m < received_rows(s); ++m) {
+    float acc = 0.0f;
+    for (int64_t c = 0; c < chunks; ++c) acc += s.score_parts_MC[m * chunks + c];
+    const RowSource src = row_source(s, m);
+    routing_view(s, src.rank).scores_TK[src.slot] = acc;
+  }
+}
+}  // namespace
+
 void CpuBackend::grad_scores(const Step& step) {
+  if (step.row_scores_M != nullptr) {
+    scores_from_parts(step);
+    return;
+  }
   const Step s = placed(step);
   const int64_t D = s.dims.D, K = s.dims.K;
   for (int64_t i = 0; i < s.tokens * K; ++i) s.grad_scores_TK[i] = 0.0f;
@@ -130,9 +187,9 @@ void CpuBackend::grad_scores(const Step& step) {
   }
 }
 
-// One read of each pulled grad_y row; every local row it feeds is scaled by its own route's score.
-// Per-rank combine: the same read gives grad_scores[t,k] = <grad_y[t], h3[m]> (d ascending, as
-// grad_scores), stored into the owner's combine buffer.
+// One read of each pulled grad_y row; every local row it feeds is copied unscaled with its
+// route's score stored beside it (score after the W2 DGRAD, Step::row_scores_M), or, without row
+// scores (layered API), scaled by its own route's score.
 void CpuBackend::gather_grad(const Step& step) {
   const Step s = placed(step);
   if (skipped(s)) return;
@@ -149,14 +206,12 @@ void CpuBackend::gather_grad(const Step& step) {
       if (m < 0) continue;
       const float score = scores_TK[t * K + k];
       bf16_t* out = s.grad_h3_MD + m * D;
+      if (s.row_scores_M != nullptr) {
+        s.row_scores_M[m] = score;
+        std::memcpy(out, g, static_cast<size_t>(D) * 2);
+        continue;
+      }
       for (int64_t d = 0; d < D; ++d) out[d] = float_to_bf16(score * bf16_to_float(g[d]));
-      if (!s.combine_per_rank) continue;
-      const bf16_t* h = s.h3_MD + m * D;
-      float acc = 0.0f;
-      for (int64_t d = 0; d < D; ++d) acc += bf16_to_float(g[d]) * bf16_to_float(h[d]);
-      float* owner_TK = reinterpret_cast<float*>(reinterpret_cast<char*>(s.combine_R[rank]) +
-                                                 combine_scores_offset(T, s.dims.R, D));
-      owner_TK[t * K + k] = acc;
     }
   }
   if (s.fp8) fp8_quantize_grad_h3(s);  // rows along D for the W2 DGRAD
@@ -218,6 +273,7 @@ void CpuBackend::reduce_backward(const Step& s) {
     copy_grad_scores(s);
     return;
   }
+  if (s.row_scores_M != nullptr) copy_grad_scores(s);
   const int64_t D = s.dims.D, K = s.dims.K;
   std::memset(s.grad_x_TD, 0, static_cast<size_t>(s.tokens * D) * 2);
   if (skipped(s)) return;

@@ -60,20 +60,19 @@ void reduce_partials(const Step& s, bf16_t* out_TD) {
   }
 }
 
-// grad_scores[t,k] = the expert rank's dot for active routes of live rows, else 0.
+// grad_scores[t,k] = the expert rank's result for active routes of live rows, else 0: the
+// grad_scores stage stored it into this rank's routing buffer in place of the score.
 void copy_grad_scores(const Step& s) {
   const int64_t K = s.dims.K;
   for (int64_t i = 0; i < s.tokens * K; ++i) s.grad_scores_TK[i] = 0.0f;
   if (skipped(s)) return;
-  const float* scores_TK = reinterpret_cast<const float*>(
-      reinterpret_cast<const char*>(s.combine_R[s.rank]) +
-      combine_scores_offset(s.dims.T, s.dims.R, s.dims.D));
+  const float* scores_TK = routing_view(s, s.rank).scores_TK;
   for (int64_t i = 0; i < live_rows(s) * K; ++i) {
     if (s.layout.route_row_TK[i] >= 0) s.grad_scores_TK[i] = scores_TK[i];
   }
 }
 
-// W2 wrote the rows into h3 (placed: the slot or the call scratch).
+// W2 wrote the rows into h3 (placed: the call scratch's rows_MD).
 void CpuBackend::combine_send_forward(const Step& step) {
   const Step s = placed(step);
   send_partials(s, s.h3_MD, true);

@@ -90,7 +90,7 @@ struct ReduceParams {
   const int32_t* route_row_TK; // [T * K] row of each own route in its receiver, -1 = inactive
   bf16_t* out_TD;              // [T', D] bf16: y or grad_x
   float* grad_scores_TK;       // [T', K] f32 (backward) or nullptr
-  int64_t tokens, D, ids_offset, scores_offset;  // scores_offset: combine_scores_offset
+  int64_t tokens, D, ids_offset, scores_offset;  // scores_offset: of the routing buffer
   int K, E, R, rank;
 };
 
@@ -120,8 +120,8 @@ __global__ void __launch_bounds__(kThreads) reduce_partials_kernel(const ReduceP
     store_vec(p.out_TD + t * p.D + col, pack8(acc));
   }
   if (p.grad_scores_TK == nullptr) return;
-  const float* owner_TK = reinterpret_cast<const float*>(
-      reinterpret_cast<const char*>(combine_TRD) + p.scores_offset);  // [T, K], written by peers
+  // [T, K]: the expert ranks' grad_scores, stored in place of the scores (reduce.cu, grad_scores)
+  const float* owner_TK = reinterpret_cast<const float*>(p.routing_R[p.rank] + p.scores_offset);
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.tokens * p.K;
        i += stride) {
     const bool active = !skip && i / p.K < live && p.route_row_TK[i] >= 0;
@@ -170,7 +170,7 @@ void reduce_partials(const Step& s, bf16_t* out_TD, const char* out_name, float*
   p.tokens = s.tokens;
   p.D = s.dims.D;
   p.ids_offset = routing_buffer_layout(s.dims.T, s.dims.K).ids_offset;
-  p.scores_offset = combine_scores_offset(s.dims.T, s.dims.R, s.dims.D);
+  p.scores_offset = routing_buffer_layout(s.dims.T, s.dims.K).scores_offset;
   p.K = s.dims.K;
   p.E = s.dims.E;
   p.R = s.dims.R;

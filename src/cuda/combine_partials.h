@@ -13,8 +13,8 @@ namespace epmoe::cuda {
 void send_partials(const Step& s, bool scaled);
 // out[t] = bf16(sum over the ranks q holding t's active routes, ascending, of combine[t, q]) in
 // fp32; zero rows past the live count and for a skipped step. grad_scores_TK (nullable, backward):
-// the expert ranks' results from the combine buffer (combine_scores_offset) for active routes of
-// live rows, 0 elsewhere.
+// the expert ranks' results from the own routing buffer's score slots (reduce.h, grad_scores) for
+// active routes of live rows, 0 elsewhere.
 void reduce_partials(const Step& s, bf16_t* out_TD, const char* out_name, float* grad_scores_TK);
 
 }  // namespace epmoe::cuda

@@ -23,75 +23,19 @@ struct PullParams {
   Placed out;                    // [capacity, D] bf16: x_gathered (placed by the layer plan) or grad_h3
   const int32_t* replay_skip;    // nullable: the backward replay's predicate (placed.h)
   uint32_t* arrivals_B;          // [ceil(capacity / 128)] arrival counters; nullptr: not counted
-  // Per-rank combine's gather_grad (dots): h3 rows [capacity, D] of this rank, and the owners'
-  // grad_scores [T, K] f32 at this byte offset of their combine buffers.
-  bool dots;
-  Placed h3;
-  bf16_t* const* combine_R;
-  int64_t owner_scores_offset;
+  // gather_grad with the score after the W2 DGRAD (Step::row_scores_M): rows copied unscaled and
+  // each row's score stored here [capacity] f32; nullptr: rows scaled by their scores.
+  float* row_scores_M;
   int64_t T, D, pull_capacity, scores_offset;
   int K;
 };
-
-constexpr int kDotRoutes = 8;  // routes of a pull whose dots share one pass over grad_y[t]
-
-// gather_grad of the per-rank combine: the grad_h3 rows as pull_rows_kernel<true> stores them,
-// and grad_scores[t,k] = <grad_y[t], h3[m_k]> for the pull's routes: each lane sums its column
-// vectors in ascending order, then a fixed xor tree (the order of the grad_scores kernel in
-// reduce.cu, so both combines give the same bits). grad_y[t] is read once per 8 routes.
-__device__ void gather_with_dots(const PullParams& p, bf16_t* out_MD, const bf16_t* h3_MD,
-                                 const bf16_t* row_D, const int32_t* rows_K, const float* scores_K,
-                                 float* owner_K, int lane) {
-  const int64_t vecs = p.D / kVec;
-  for (int k0 = 0; k0 < p.K; k0 += kDotRoutes) {
-    float acc[kDotRoutes];
-#pragma unroll
-    for (int j = 0; j < kDotRoutes; ++j) acc[j] = 0.0f;
-    for (int64_t v0 = lane; v0 < vecs; v0 += 32 * kBatch) {
-      uint4 u[kBatch];
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        const int64_t v = v0 + 32 * b;
-        if (v < vecs) u[b] = load_vec_cg(row_D + v * kVec);
-      }
-#pragma unroll
-      for (int j = 0; j < kDotRoutes; ++j) {
-        const int k = k0 + j;
-        if (k >= p.K) continue;
-        const int64_t m = rows_K[k];
-        if (m < 0) continue;
-        const float score = __ldcg(scores_K + k);
-#pragma unroll
-        for (int b = 0; b < kBatch; ++b) {
-          const int64_t v = v0 + 32 * b;
-          if (v >= vecs) continue;
-          const Bf16x8 g = unpack8(u[b]);
-          const Bf16x8 h = unpack8(load_vec(h3_MD + m * p.D + v * kVec));
-          Bf16x8 x;
-#pragma unroll
-          for (int e = 0; e < kVec; ++e) {
-            x.v[e] = __fmul_rn(score, g.v[e]);
-            acc[j] = __fadd_rn(acc[j], __fmul_rn(g.v[e], h.v[e]));
-          }
-          store_vec(out_MD + m * p.D + v * kVec, pack8(x));
-        }
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kDotRoutes; ++j) {
-#pragma unroll
-      for (int d = 16; d > 0; d /= 2) acc[j] = __fadd_rn(acc[j], __shfl_xor_sync(0xffffffffu, acc[j], d));
-      const int k = k0 + j;
-      if (lane == 0 && k < p.K && rows_K[k] >= 0) __stcg(owner_K + k, acc[j]);
-    }
-  }
-}
 
 __device__ __forceinline__ void release_add(uint32_t* counter, uint32_t v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(counter), "r"(v) : "memory");
 }
 
-// kScale: gather_grad (each row scaled by its own route's score), otherwise a plain copy.
+// kScale: gather_grad (each row scaled by its own route's score, or with row scores copied and
+// the score stored per row), otherwise a plain copy.
 template <bool kScale>
 __global__ void __launch_bounds__(kThreads) pull_rows_kernel(const PullParams p) {
   // A programmatically dependent W13 may launch once every CTA of this grid has started: it waits
@@ -112,14 +56,14 @@ __global__ void __launch_bounds__(kThreads) pull_rows_kernel(const PullParams p)
     const bf16_t* row_D = p.dispatch_R[r] + t * p.D;          // [D] of rank r, token t (peer)
     const int32_t* rows_K = p.pull_rows_PK + pull * p.K;      // [K]
     const float* scores_K = nullptr;                          // [K] the token's scores (peer)
+    const bool scale = kScale && p.row_scores_M == nullptr;  // kernel-uniform
     if constexpr (kScale) {
       scores_K = reinterpret_cast<const float*>(p.routing_R[r] + p.scores_offset) + t * p.K;
-      if (p.dots) {  // kernel-uniform
-        float* owner_K = reinterpret_cast<float*>(reinterpret_cast<char*>(p.combine_R[r]) +
-                                                  p.owner_scores_offset) + t * p.K;  // peer
-        gather_with_dots(p, out_MD, p.h3.get<const bf16_t>(), row_D, rows_K, scores_K, owner_K,
-                         lane);
-        continue;
+      if (!scale) {
+        for (int k = lane; k < p.K; k += 32) {
+          const int32_t m = rows_K[k];
+          if (m >= 0) p.row_scores_M[m] = __ldcg(scores_K + k);
+        }
       }
     }
     for (int64_t v0 = lane; v0 < vecs; v0 += 32 * kBatch) {
@@ -134,12 +78,12 @@ __global__ void __launch_bounds__(kThreads) pull_rows_kernel(const PullParams p)
         if (m < 0) continue;
         bf16_t* out_D = out_MD + m * p.D;  // [D] local row m
         float score = 0.0f;
-        if constexpr (kScale) score = __ldcg(scores_K + k);
+        if (scale) score = __ldcg(scores_K + k);
 #pragma unroll
         for (int b = 0; b < kBatch; ++b) {
           const int64_t v = v0 + 32 * b;
           if (v >= vecs) continue;
-          if constexpr (kScale) {
+          if (scale) {
             Bf16x8 x = unpack8(u[b]);
 #pragma unroll
             for (int e = 0; e < kVec; ++e) x.v[e] = __fmul_rn(score, x.v[e]);
@@ -174,10 +118,7 @@ void launch_pulls(const Step& s, Placed out, uint32_t* arrivals) {
   p.out = out;
   p.replay_skip = kScale ? nullptr : replay_skip_flag(s);
   p.arrivals_B = arrivals;
-  p.dots = kScale && s.combine_per_rank;
-  p.h3 = p.dots ? placed_h3_rows(s) : plain(nullptr);
-  p.combine_R = s.combine_R;
-  p.owner_scores_offset = combine_scores_offset(s.dims.T, s.dims.R, s.dims.D);
+  p.row_scores_M = kScale ? s.row_scores_M : nullptr;
   p.T = s.dims.T;
   p.D = s.dims.D;
   p.pull_capacity = pull_capacity(s.capacity_rows, s.dims.T, s.dims.R);

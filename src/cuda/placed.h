@@ -1,4 +1,4 @@
-// Where a kernel finds a layer's saved buffers (x_gathered, h13, h3). With a layer plan they sit
+// Where a kernel finds a layer's saved buffers (x_gathered, h13; h3 below). With a layer plan they sit
 // at arena + the byte offset the planner kernel wrote into the plan, in device memory: the host
 // never knows it, so the kernel reads it (once per thread or CTA) and the host launches the same
 // kernels whatever the planner decided (CUDA-graph safe). Without a plan (inference, stage tests)
@@ -45,14 +45,15 @@ inline Placed placed_h13(const Step& s) {
   if (s.layer_plan == nullptr) return plain(s.h13_M2F);
   return Placed{s.arena, plan_field<int64_t>(s, offsetof(LayerPlan, h13_offset))};
 }
-// nullptr (as get() gives it) when the layer keeps no copy: readers take the combine buffer.
+// nullptr (as get() gives it) when the layer keeps no copy, which is always the case with a layer
+// plan (no layer saves W2 outputs: docs/memory.md); readers take the combine buffer.
 inline Placed placed_h3(const Step& s) {
   if (s.layer_plan == nullptr) return plain(s.h3_TKD);
   return Placed{s.arena, plan_field<int64_t>(s, offsetof(LayerPlan, h3_offset))};
 }
 
-// Per-rank combine: the W2 rows [capacity, D] (h3), in the slot or the call scratch's rows_MD as
-// the plan says (never -1), or Step::h3_MD without a plan.
+// Per-rank combine: the W2 rows [capacity, D] (h3) the send reads, the call scratch's rows_MD (the
+// plan's h3 offset, never -1), or Step::h3_MD without a plan.
 inline Placed placed_h3_rows(const Step& s) {
   if (s.layer_plan == nullptr) return plain(s.h3_MD);
   return Placed{s.arena, plan_field<int64_t>(s, offsetof(LayerPlan, h3_offset))};

@@ -16,6 +16,7 @@ struct ReduceParams {
   const int32_t* route_row_TK;   // [T * K] row of each own route in its receiver, -1 = inactive
   bf16_t* out_TD;                // [T', D] bf16: y or grad_x
   Placed h3;                     // [T, K, D] bf16 (layer plan), nullable: saved copy of the slots
+  float* grad_scores_TK;         // [T', K] f32 (backward, score after the W2 DGRAD) or nullptr
   int64_t tokens, D, scores_offset;
   int K, rank;
 };
@@ -57,6 +58,15 @@ __global__ void __launch_bounds__(kThreads) reduce_kernel(const ReduceParams p) 
     }
     store_vec(p.out_TD + t * p.D + col, pack8(acc));
   }
+  if constexpr (!kScaled) {
+    if (p.grad_scores_TK == nullptr) return;
+    // The expert ranks' grad_scores, in the own routing buffer's score slots (scores_from_parts).
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.tokens * p.K;
+         i += stride) {
+      const bool active = !skip && i / p.K < live && p.route_row_TK[i] >= 0;
+      p.grad_scores_TK[i] = active ? __ldcg(scores_TK + i) : 0.0f;
+    }
+  }
 }
 
 template <bool kScaled>
@@ -69,6 +79,7 @@ void launch_reduce(const Step& s, bf16_t* out_TD, const char* out_name) {
   p.route_row_TK = s.layout.route_row_TK;
   p.out_TD = out_TD;
   p.h3 = kScaled ? placed_h3(s) : plain(nullptr);
+  p.grad_scores_TK = !kScaled && s.row_scores_M != nullptr ? s.grad_scores_TK : nullptr;
   p.tokens = s.tokens;
   p.D = s.dims.D;
   p.scores_offset = routing_buffer_layout(s.dims.T, s.dims.K).scores_offset;
@@ -138,12 +149,60 @@ __global__ void __launch_bounds__(kDotThreads) grad_scores_kernel(const DotParam
   }
 }
 
+// ---- grad_scores with the score after the W2 DGRAD (Step::row_scores_M): one thread per
+// received row sums its per-64-column partials in ascending chunk order (the CPU twin's order)
+// and stores the result into the owner's routing buffer in place of the route's score, which
+// only this rank reads (gather_grad); the owner's reduce_backward copies it into grad_scores.
+struct PartsParams {
+  char* const* routing_R;        // [R] routing buffers: header | ids [T, K] i32 | scores [T, K] f32
+  const int32_t* header;         // layout header
+  const int32_t* recv_src_M;     // [capacity] encode_src of each received row
+  const float* score_parts_MC;   // [capacity, chunks] f32
+  int64_t capacity, chunks, T, scores_offset;
+  int K;
+};
+
+__global__ void __launch_bounds__(kThreads) scores_from_parts_kernel(const PartsParams p) {
+  if (layout_skip(p.header)) return;
+  const int64_t M = layout_rows(p.header, p.capacity);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t m = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; m < M; m += stride) {
+    const float* parts_C = p.score_parts_MC + m * p.chunks;  // [chunks]
+    float acc = 0.0f;
+    for (int64_t c = 0; c < p.chunks; ++c) acc = __fadd_rn(acc, parts_C[c]);
+    const int32_t src = p.recv_src_M[m];
+    float* owner_TK = reinterpret_cast<float*>(p.routing_R[src_rank(src, p.T, p.K)] +
+                                               p.scores_offset);  // [T, K] (peer)
+    __stcg(owner_TK + src_slot(src, p.T, p.K), acc);
+  }
+}
+
+void scores_from_parts(const Step& s) {
+  PartsParams p{};
+  p.routing_R = s.routing_R;
+  p.header = s.layout.header;
+  p.recv_src_M = s.layout.recv_src_M;
+  p.score_parts_MC = s.score_parts_MC;
+  p.capacity = s.capacity_rows;
+  p.chunks = score_chunks(s.dims.F);
+  p.T = s.dims.T;
+  p.scores_offset = routing_buffer_layout(s.dims.T, s.dims.K).scores_offset;
+  p.K = s.dims.K;
+  scores_from_parts_kernel<<<grid_for(s.capacity_rows, kThreads), kThreads, 0,
+                             static_cast<cudaStream_t>(s.stream)>>>(p);
+  EPMOE_CUDA_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 void reduce_forward(const Step& s) { launch_reduce<true>(s, s.y_TD, "y_TD"); }
 void reduce_backward(const Step& s) { launch_reduce<false>(s, s.grad_x_TD, "grad_x_TD"); }
 
 void grad_scores(const Step& s) {
+  if (s.row_scores_M != nullptr) {
+    scores_from_parts(s);
+    return;
+  }
   check_aligned16(s.grad_y_TD, "grad_y_TD");
   DotParams p{};
   p.header = s.layout.header;

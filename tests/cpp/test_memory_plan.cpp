@@ -88,30 +88,32 @@ TEST(MemoryPlan, CiTinyOneRank) {
   EXPECT_EQ(p.layer_metadata_bytes, 2304);          // 128 + 2176
   EXPECT_EQ(p.packing_granule_bytes, 256);          // lcm(128, 2*128)
   EXPECT_EQ(p.saved_input_bytes_per_layer, 16384);  // A(64*128*2), a multiple of 256
-  // A(128*128*2)=32768 + A(128*192*2)=49152 + A(64*2*128*2)=32768 = 114688 = 448*256
-  EXPECT_EQ(p.saved_full_bytes_balanced, 114688);
-  EXPECT_EQ(p.saved_full_bytes_capacity, 114688);  // capacity rows == balanced rows
+  // A(128*128*2)=32768 + A(128*192*2)=49152 = 81920 = 320*256
+  EXPECT_EQ(p.saved_full_bytes_balanced, 81920);
+  EXPECT_EQ(p.saved_full_bytes_capacity, 81920);  // capacity rows == balanced rows
   EXPECT_EQ(p.num_slots, 1);
   EXPECT_EQ(p.layers_per_slot, 1);
   EXPECT_EQ(p.slot_metadata_bytes, 2304);              // G(1 * 2304) = 9*256
   EXPECT_EQ(p.minimum_slot_bytes, 18688);              // 2304 + 16384
-  EXPECT_EQ(p.balanced_full_save_slot_bytes, 116992);  // 2304 + 114688
-  EXPECT_EQ(p.maximum_useful_slot_bytes, 116992);
+  EXPECT_EQ(p.balanced_full_save_slot_bytes, 84224);  // 2304 + 81920
+  EXPECT_EQ(p.maximum_useful_slot_bytes, 84224);
   EXPECT_EQ(p.slot_sizing, SlotSizing::maximum_useful);
-  EXPECT_EQ(p.slot_bytes, 116992);
-  EXPECT_EQ(p.activation_bytes, 116992);  // 1 slot
+  EXPECT_EQ(p.slot_bytes, 84224);
+  EXPECT_EQ(p.activation_bytes, 84224);  // 1 slot
   EXPECT_EQ(p.planner_state_bytes, 256);  // A(32) + A(1*1*8)
   // A(1*128*4)=512 + A(1*8*4)=128 + A(1*1*8*4)=128   (1 chunk of 2048 routes)
   EXPECT_EQ(p.route_scratch_bytes, 1280);
   EXPECT_EQ(p.call_scratch_pad_bytes, 128);  // 1280 + layout 2176 = 3456 = 13.5 * 256
   // 1408 + x_gathered 32768 + h13 49152 + h A(128*96*2)=24576
   EXPECT_EQ(p.forward_scratch_bytes, 108672);
-  EXPECT_EQ(p.backward_scratch_bytes, 190592);
-  EXPECT_EQ(p.scratch_bytes, 192000);           // 1280 + 128 + 190592
+  // 108672 + grad_h3 32768 + grad_h13 49152 + row scores A(128*4)=512 + score parts
+  // A(128*2*4)=1024 (F = 96: 2 chunks of 64 columns)
+  EXPECT_EQ(p.backward_scratch_bytes, 192128);
+  EXPECT_EQ(p.scratch_bytes, 193536);           // 1280 + 128 + 192128
   EXPECT_EQ(p.status_bytes, 128);               // A(40)
   EXPECT_EQ(p.peer_table_bytes, 384);           // 3 * A(1*8)
-  EXPECT_EQ(p.arena_bytes, 308992);             // 116992 + 192000
-  EXPECT_EQ(p.total_bytes, 360064);             // 308992 + 50304 + 128 + 384 + 256
+  EXPECT_EQ(p.arena_bytes, 277760);             // 84224 + 193536
+  EXPECT_EQ(p.total_bytes, 328832);             // 277760 + 50304 + 128 + 384 + 256
   EXPECT_FALSE(p.inference);
 }
 
@@ -124,17 +126,17 @@ TEST(MemoryPlan, CiTinyTwoRanks) {
   EXPECT_EQ(p.symmetric_bytes, 50304);     // R-independent: 1152 + 16384 + 32768
   // layout(128) = 128 + A(5*4)=128 + A(2*4)=128 + 512 + 512
   EXPECT_EQ(p.routing_metadata_bytes, 2944);       // + pulls A(128*4)=512 + A(128*2*4)=1024
-  EXPECT_EQ(p.saved_full_bytes_capacity, 114688);  // 32768 + 49152 + 32768
-  EXPECT_EQ(p.slot_bytes, 117760);                 // metadata 128 + 2944 = 12*256, + 114688
+  EXPECT_EQ(p.saved_full_bytes_capacity, 81920);  // 32768 + 49152
+  EXPECT_EQ(p.slot_bytes, 84992);                 // metadata 128 + 2944 = 12*256, + 81920
   // A(2*128*4)=1024 + A(2*8*4)=128 + A(2*1*8*4)=128
   EXPECT_EQ(p.route_scratch_bytes, 2048);
   EXPECT_EQ(p.call_scratch_pad_bytes, 128);     // 2048 + layout 2944 = 4992 = 19.5 * 256
-  EXPECT_EQ(p.backward_scratch_bytes, 191360);
-  EXPECT_EQ(p.scratch_bytes, 193536);           // 2048 + 128 + 191360
+  EXPECT_EQ(p.backward_scratch_bytes, 192896);
+  EXPECT_EQ(p.scratch_bytes, 195072);           // 2048 + 128 + 192896
   EXPECT_EQ(p.peer_table_bytes, 384);           // 3 * A(2*8)
   EXPECT_EQ(p.planner_state_bytes, 256);        // A(32) + A(1*2*8)
-  EXPECT_EQ(p.arena_bytes, 311296);             // 117760 + 193536
-  EXPECT_EQ(p.total_bytes, 362368);             // 311296 + 50304 + 128 + 384 + 256
+  EXPECT_EQ(p.arena_bytes, 280064);             // 84992 + 195072
+  EXPECT_EQ(p.total_bytes, 331136);             // 280064 + 50304 + 128 + 384 + 256
 }
 
 TEST(MemoryPlan, SmallTwoRanksTwoLayers) {
@@ -152,16 +154,16 @@ TEST(MemoryPlan, SmallTwoRanksTwoLayers) {
   EXPECT_EQ(p.routing_metadata_bytes, 896);
   EXPECT_EQ(p.layer_metadata_bytes, 1024);         // 128 + 896
   EXPECT_EQ(p.saved_input_bytes_per_layer, 1024);  // A(4*128*2), a multiple of G = 256
-  // A(8*128*2)=2048 + A(8*256*2)=4096 + A(4*2*128*2)=2048
-  EXPECT_EQ(p.saved_full_bytes_balanced, 8192);
-  EXPECT_EQ(p.saved_full_bytes_capacity, 8192);
+  // A(8*128*2)=2048 + A(8*256*2)=4096
+  EXPECT_EQ(p.saved_full_bytes_balanced, 6144);
+  EXPECT_EQ(p.saved_full_bytes_capacity, 6144);
   EXPECT_EQ(p.layers_per_slot, 2);
   EXPECT_EQ(p.slot_metadata_bytes, 2048);              // G(2 * 1024)
   EXPECT_EQ(p.minimum_slot_bytes, 4096);               // 2048 + 2 * 1024
-  EXPECT_EQ(p.balanced_full_save_slot_bytes, 18432);   // 2048 + 2 * 8192
-  EXPECT_EQ(p.maximum_useful_slot_bytes, 18432);
-  EXPECT_EQ(p.slot_bytes, 18432);
-  EXPECT_EQ(p.activation_bytes, 18432);
+  EXPECT_EQ(p.balanced_full_save_slot_bytes, 14336);   // 2048 + 2 * 6144
+  EXPECT_EQ(p.maximum_useful_slot_bytes, 14336);
+  EXPECT_EQ(p.slot_bytes, 14336);
+  EXPECT_EQ(p.activation_bytes, 14336);
   EXPECT_EQ(p.planner_state_bytes, 256);               // A(1*32) + A(1*2*8)
   // A(2*8*4)=128 + A(2*4*4)=128 + A(2*1*4*4)=128 + pull of each token A(2*4*4)=128
   //   + pulls per chunk A(2*1*4)=128 + arrival counters A(1*4)=128
@@ -169,25 +171,26 @@ TEST(MemoryPlan, SmallTwoRanksTwoLayers) {
   EXPECT_EQ(p.call_scratch_pad_bytes, 128);    // 768 + layout 896 = 1664 = 6.5 * 256
   // 896 + x_gathered 2048 + h13 4096 + h A(8*128*2)=2048
   EXPECT_EQ(p.forward_scratch_bytes, 9088);
-  EXPECT_EQ(p.backward_scratch_bytes, 15232);  // 9088 + grad_h3 2048 + grad_h13 4096
-  EXPECT_EQ(p.scratch_bytes, 16128);           // 768 + 128 + 15232
+  // 9088 + grad_h3 2048 + grad_h13 4096 + row scores A(8*4)=128 + score parts A(8*2*4)=128
+  EXPECT_EQ(p.backward_scratch_bytes, 15488);
+  EXPECT_EQ(p.scratch_bytes, 16384);           // 768 + 128 + 15488
   EXPECT_EQ(p.peer_table_bytes, 384);          // 3 * A(16)
-  EXPECT_EQ(p.arena_bytes, 34560);             // 18432 + 16128
-  EXPECT_EQ(p.total_bytes, 38784);             // 34560 + 3456 + 128 + 384 + 256
+  EXPECT_EQ(p.arena_bytes, 30720);             // 14336 + 16384
+  EXPECT_EQ(p.total_bytes, 34944);             // 30720 + 3456 + 128 + 384 + 256
 }
 
-// small() at R=2: activations 18,432, scratch 16,128 = route 768 + pad 128 + call 15,232 (layout
-// 896 first, then x_gathered at 18432 + 768 + 128 + 896 = 20224 = 79 * 256), total 38,784
+// small() at R=2: activations 14,336, scratch 16,384 = route 768 + pad 128 + call 15,488 (layout
+// 896 first, then x_gathered at 14336 + 768 + 128 + 896 = 16128 = 63 * 256), total 34,944
 // (SmallTwoRanksTwoLayers). The device floor is route + pad + layout = 768 + 128 + 896 = 1,792.
 TEST(MemoryPlan, AllScratchOnDeviceByDefault) {
   const MemoryPlan p = plan_memory(Config(small()), 2);
   EXPECT_FALSE(p.host_backed_scratch);
   EXPECT_EQ(p.scratch_device_minimum_bytes, 1792);  // route 768 + pad 128 + layout 896
-  EXPECT_EQ(p.scratch_device_bytes, 16128);
-  EXPECT_EQ(p.arena_device_bytes, 34560);
+  EXPECT_EQ(p.scratch_device_bytes, 16384);
+  EXPECT_EQ(p.arena_device_bytes, 30720);
   EXPECT_EQ(p.arena_host_bytes, 0);
-  EXPECT_EQ(p.device_total_bytes, 38784);
-  expect_contains(p.explain(), "all scratch in device memory; device total 0.000 GiB (38,784 bytes)");
+  EXPECT_EQ(p.device_total_bytes, 34944);
+  expect_contains(p.explain(), "all scratch in device memory; device total 0.000 GiB (34,944 bytes)");
 }
 
 TEST(MemoryPlan, HostBackedScratchSplitsTheArena) {
@@ -195,20 +198,20 @@ TEST(MemoryPlan, HostBackedScratchSplitsTheArena) {
   f.scratch_device_bytes = 10000;  // rounded down to 9,984 (78 * 128)
   const MemoryPlan p = plan_memory(Config(f), 2);
   EXPECT_TRUE(p.host_backed_scratch);
-  EXPECT_EQ(p.scratch_bytes, 16128);  // the plan's other terms do not move
-  EXPECT_EQ(p.arena_bytes, 34560);
-  EXPECT_EQ(p.total_bytes, 38784);
+  EXPECT_EQ(p.scratch_bytes, 16384);  // the plan's other terms do not move
+  EXPECT_EQ(p.arena_bytes, 30720);
+  EXPECT_EQ(p.total_bytes, 34944);
   EXPECT_EQ(p.scratch_device_bytes, 9984);
-  EXPECT_EQ(p.arena_device_bytes, 28416);  // 18432 + 9984
-  EXPECT_EQ(p.arena_host_bytes, 6144);     // 16128 - 9984
-  EXPECT_EQ(p.device_total_bytes, 32640);  // 38784 - 6144
+  EXPECT_EQ(p.arena_device_bytes, 24320);  // 14336 + 9984
+  EXPECT_EQ(p.arena_host_bytes, 6400);     // 16384 - 9984
+  EXPECT_EQ(p.device_total_bytes, 28544);  // 34944 - 6400
   const std::string text = p.explain();
   expect_contains(text, "host-backed scratch (Config.scratch_device_bytes): device 0.000 GiB "
-                        "(9,984 bytes) + pinned host 0.000 GiB (6,144 bytes); routing part kept "
+                        "(9,984 bytes) + pinned host 0.000 GiB (6,400 bytes); routing part kept "
                         "on device 0.000 GiB (1,792 bytes)");
-  expect_contains(text, "arena: device 0.000 GiB (28,416 bytes) (slots + device scratch), then "
-                        "host 0.000 GiB (6,144 bytes)");
-  expect_contains(text, "device total: 0.000 GiB (32,640 bytes)");
+  expect_contains(text, "arena: device 0.000 GiB (24,320 bytes) (slots + device scratch), then "
+                        "host 0.000 GiB (6,400 bytes)");
+  expect_contains(text, "device total: 0.000 GiB (28,544 bytes)");
 }
 
 TEST(MemoryPlan, HostBackedScratchAtTheRoutingMinimum) {
@@ -216,25 +219,25 @@ TEST(MemoryPlan, HostBackedScratchAtTheRoutingMinimum) {
   f.scratch_device_bytes = 1792 + 127;  // floor to 128: the minimum itself
   const MemoryPlan p = plan_memory(Config(f), 2);
   EXPECT_EQ(p.scratch_device_bytes, 1792);
-  EXPECT_EQ(p.arena_host_bytes, 14336);  // 16128 - 1792
+  EXPECT_EQ(p.arena_host_bytes, 14592);  // 16384 - 1792
   f.inference = true;                    // no slots: the arena starts with the scratch
   f.slots.num_slots = 0;
   const MemoryPlan q = plan_memory(Config(f), 2);
   EXPECT_EQ(q.call_scratch_pad_bytes, 128);  // the same 768 + 896 = 6.5 * 256
   EXPECT_EQ(q.arena_device_bytes, 1792);
-  EXPECT_EQ(q.arena_host_bytes, 14336);
+  EXPECT_EQ(q.arena_host_bytes, 14592);
 }
 
 TEST(MemoryPlan, ScratchDeviceBytesAboveTheScratchKeepsAllOnDevice) {
   ConfigFields f = small();
-  f.scratch_device_bytes = 16128;
+  f.scratch_device_bytes = 16384;
   EXPECT_FALSE(plan_memory(Config(f), 2).host_backed_scratch);
-  f.scratch_device_bytes = 16000;  // 128 short of the scratch: its last 128 bytes on the host
+  f.scratch_device_bytes = 16256;  // 128 short of the scratch: its last 128 bytes on the host
   EXPECT_EQ(plan_memory(Config(f), 2).arena_host_bytes, 128);
   f.scratch_device_bytes = int64_t{1} << 40;
   const MemoryPlan p = plan_memory(Config(f), 2);
   EXPECT_FALSE(p.host_backed_scratch);
-  EXPECT_EQ(p.scratch_device_bytes, 16128);
+  EXPECT_EQ(p.scratch_device_bytes, 16384);
   EXPECT_EQ(p.arena_host_bytes, 0);
 }
 
@@ -257,13 +260,13 @@ TEST(MemoryPlan, UnfusedScratchAddsRowsAndGradH) {
   const MemoryPlan p = plan_memory(Config(f), 2);
   // fused 9088 + rows_MD A(8*128*2)=2048
   EXPECT_EQ(p.forward_scratch_bytes, 11136);
-  // fused 15232 + rows_MD 2048 + grad_h A(8*128*2)=2048
-  EXPECT_EQ(p.backward_scratch_bytes, 19328);
-  EXPECT_EQ(p.scratch_bytes, 20224);   // 768 + pad 128 + 19328
-  EXPECT_EQ(p.arena_bytes, 38656);     // 18432 + 20224
-  EXPECT_EQ(p.total_bytes, 42880);     // 38656 + 3456 + 128 + 384 + 256
+  // fused 15488 + rows_MD 2048 + grad_h A(8*128*2)=2048
+  EXPECT_EQ(p.backward_scratch_bytes, 19584);
+  EXPECT_EQ(p.scratch_bytes, 20480);   // 768 + pad 128 + 19584
+  EXPECT_EQ(p.arena_bytes, 34816);     // 14336 + 20480
+  EXPECT_EQ(p.total_bytes, 39040);     // 34816 + 3456 + 128 + 384 + 256
   // Everything outside the call scratch is unchanged (the pad only depends on route + layout).
-  EXPECT_EQ(p.slot_bytes, 18432);
+  EXPECT_EQ(p.slot_bytes, 14336);
   EXPECT_EQ(p.route_scratch_bytes, 768);
   EXPECT_EQ(p.call_scratch_pad_bytes, 128);
 }
@@ -277,20 +280,20 @@ TEST(MemoryPlan, CapacityFactorAboveRIsClamped) {
   EXPECT_EQ(p.recv_capacity_rows, 16);     // min(ceil(8*2), 16)
   // layout(16) = 128 + 128 + 128 + A(16*4)=128 + 128 + pulls (P_cap = min(16, 8)) 128 + 128
   EXPECT_EQ(p.routing_metadata_bytes, 896);
-  EXPECT_EQ(p.saved_full_bytes_balanced, 8192);  // at T*K = 8 rows, as without clamping
-  // A(16*128*2)=4096 + A(16*256*2)=8192 + 2048 = 14336 = 56*256
-  EXPECT_EQ(p.saved_full_bytes_capacity, 14336);
+  EXPECT_EQ(p.saved_full_bytes_balanced, 6144);  // at T*K = 8 rows, as without clamping
+  // A(16*128*2)=4096 + A(16*256*2)=8192 = 12288 = 48*256
+  EXPECT_EQ(p.saved_full_bytes_capacity, 12288);
   EXPECT_EQ(p.minimum_slot_bytes, 4096);              // 2048 + 2 * 1024
-  EXPECT_EQ(p.balanced_full_save_slot_bytes, 18432);  // 2048 + 2 * 8192
-  EXPECT_EQ(p.maximum_useful_slot_bytes, 30720);      // 2048 + 2 * 14336
-  EXPECT_EQ(p.slot_bytes, 30720);
+  EXPECT_EQ(p.balanced_full_save_slot_bytes, 14336);  // 2048 + 2 * 6144
+  EXPECT_EQ(p.maximum_useful_slot_bytes, 26624);      // 2048 + 2 * 12288
+  EXPECT_EQ(p.slot_bytes, 26624);
   // 896 + 4096 + 8192 + h A(16*128*2)=4096
   EXPECT_EQ(p.forward_scratch_bytes, 17280);
-  EXPECT_EQ(p.backward_scratch_bytes, 29568);  // 17280 + 4096 + 8192
+  EXPECT_EQ(p.backward_scratch_bytes, 29824);  // 17280 + 4096 + 8192 + 128 + A(16*2*4)=128
   EXPECT_EQ(p.call_scratch_pad_bytes, 128);    // route 768 (6 x 128) + layout 896 = 6.5 * 256
-  EXPECT_EQ(p.scratch_bytes, 30464);           // 768 + 128 + 29568
-  EXPECT_EQ(p.arena_bytes, 61184);             // 30720 + 30464
-  EXPECT_EQ(p.total_bytes, 65408);             // 61184 + 3456 + 128 + 384 + 256
+  EXPECT_EQ(p.scratch_bytes, 30720);           // 768 + 128 + 29824
+  EXPECT_EQ(p.arena_bytes, 57344);             // 26624 + 30720
+  EXPECT_EQ(p.total_bytes, 61568);             // 57344 + 3456 + 128 + 384 + 256
   const std::string text = p.explain();
   expect_contains(text, "capacity factor: 2 (requested 3, clamped to R");
   // A factor of exactly R is not clamped.
@@ -334,9 +337,9 @@ TEST(MemoryPlan, ExactSlotBytesAreAligned) {
   EXPECT_EQ(p.slot_bytes, 5120);          // 5000 rounded up to G = 256: 20*256
   EXPECT_EQ(p.activation_bytes, 15360);   // 3 * 5120
   EXPECT_EQ(p.planner_state_bytes, 256);  // A(3*32) + A(3*2*8)
-  EXPECT_EQ(p.arena_bytes, 31488);        // 15360 + scratch 16128
-  EXPECT_EQ(p.total_bytes, 35712);        // 31488 + 3456 + 128 + 384 + 256
-  // 4096 < 5120 < balanced 18432
+  EXPECT_EQ(p.arena_bytes, 31744);        // 15360 + scratch 16384
+  EXPECT_EQ(p.total_bytes, 35968);        // 31744 + 3456 + 128 + 384 + 256
+  // 4096 < 5120 < balanced 14336
   expect_contains(p.explain(), "some layers recompute at balanced routing");
 }
 
@@ -367,13 +370,13 @@ TEST(MemoryPlan, SlotCapacityFactor) {
   MemoryPlan p = plan_memory(Config(f), 2);
   EXPECT_EQ(p.slot_sizing, SlotSizing::factor);
   EXPECT_EQ(p.slot_capacity_factor, 0.3);
-  // 4096 + ceil(0.3 * (18432 - 4096) = 4300.8) = 4096 + 4301 = 8397 -> G = 8448 (33*256)
-  EXPECT_EQ(p.slot_bytes, 8448);
-  EXPECT_EQ(p.activation_bytes, 8448);
-  EXPECT_EQ(p.total_bytes, 28800);  // 8448 + 16128 + 3456 + 128 + 384 + 256
+  // 4096 + ceil(0.3 * (14336 - 4096) = 3072) = 7168 = G(7168) (28*256)
+  EXPECT_EQ(p.slot_bytes, 7168);
+  EXPECT_EQ(p.activation_bytes, 7168);
+  EXPECT_EQ(p.total_bytes, 27776);  // 7168 + 16384 + 3456 + 128 + 384 + 256
 
-  f.slots.slot_capacity_factor = 0.5;  // 4096 + 7168 = 11264 (44*256)
-  EXPECT_EQ(plan_memory(Config(f), 2).slot_bytes, 11264);
+  f.slots.slot_capacity_factor = 0.5;  // 4096 + 5120 = 9216 (36*256)
+  EXPECT_EQ(plan_memory(Config(f), 2).slot_bytes, 9216);
   f.slots.slot_capacity_factor = 0.0;  // the minimum
   p = plan_memory(Config(f), 2);
   EXPECT_EQ(p.slot_bytes, 4096);
@@ -383,14 +386,14 @@ TEST(MemoryPlan, SlotCapacityFactor) {
   f.capacity_factor = 2.0;
   f.slots.slot_capacity_factor = 1.0;
   p = plan_memory(Config(f), 2);
-  EXPECT_EQ(p.slot_bytes, 18432);  // 4096 + 1 * 14336; maximum useful is 30720
+  EXPECT_EQ(p.slot_bytes, 14336);  // 4096 + 1 * 10240; maximum useful is 26624
   expect_contains(p.explain(),
                   "balanced routing fits without recompute; heavier routing may recompute");
-  f.slots.slot_capacity_factor = 2.0;  // 4096 + 2 * 14336 = 32768 > maximum useful 30720
+  f.slots.slot_capacity_factor = 2.5;  // 4096 + 2.5 * 10240 = 29696 > maximum useful 26624
   p = plan_memory(Config(f), 2);
-  EXPECT_EQ(p.slot_bytes, 32768);
+  EXPECT_EQ(p.slot_bytes, 29696);
   expect_contains(p.explain(), "every layer saves everything (no recompute)");
-  expect_contains(p.explain(), "2,048 bytes above the maximum useful size");  // 32768 - 30720
+  expect_contains(p.explain(), "3,072 bytes above the maximum useful size");  // 29696 - 26624
 }
 
 TEST(MemoryPlan, Inference) {
@@ -406,9 +409,9 @@ TEST(MemoryPlan, Inference) {
   EXPECT_EQ(p.slot_bytes, 0);
   EXPECT_EQ(p.activation_bytes, 0);
   EXPECT_EQ(p.recv_capacity_rows, 8);
-  EXPECT_EQ(p.scratch_bytes, 16128);  // as in training: 768 + pad 128 + 15232
-  EXPECT_EQ(p.arena_bytes, 16128);
-  EXPECT_EQ(p.total_bytes, 20096);    // 16128 + 3456 + 128 + 384 (no planner state)
+  EXPECT_EQ(p.scratch_bytes, 16384);  // as in training: 768 + pad 128 + 15488
+  EXPECT_EQ(p.arena_bytes, 16384);
+  EXPECT_EQ(p.total_bytes, 20352);    // 16384 + 3456 + 128 + 384 (no planner state)
   const std::string text = p.explain();
   expect_contains(text, "activation slots: 0 slots (inference)");
   expect_contains(text, "scratch-only inference; no saved activations");
@@ -425,40 +428,39 @@ TEST(MemoryPlan, PerRankCombineInference) {
   EXPECT_EQ(p.combine_buffer_bytes, 2048);     // A(4*2*128*2): R = K = 2, as per_route
   EXPECT_EQ(p.symmetric_bytes, 3456);          // as MemoryPlan.Inference
   EXPECT_EQ(p.forward_scratch_bytes, 11136);   // fused 9088 + rows_MD A(8*128*2)=2048
-  EXPECT_EQ(p.backward_scratch_bytes, 17280);  // fused 15232 + rows_MD 2048 (no grad_h)
-  EXPECT_EQ(p.scratch_bytes, 18176);           // 768 + pad 128 + 17280
-  EXPECT_EQ(p.arena_bytes, 18176);
-  EXPECT_EQ(p.total_bytes, 22144);             // 18176 + 3456 + 128 + 384
+  EXPECT_EQ(p.backward_scratch_bytes, 17536);  // fused 15488 + rows_MD 2048 (no grad_h)
+  EXPECT_EQ(p.scratch_bytes, 18432);           // 768 + pad 128 + 17536
+  EXPECT_EQ(p.arena_bytes, 18432);
+  EXPECT_EQ(p.total_bytes, 22400);             // 18432 + 3456 + 128 + 384
   expect_contains(p.explain(), "combine [T,R,D] bf16 (one partial row per source rank): ");
 }
 
-// Per-rank combine in training: the combine buffer adds the expert ranks' grad_scores [T, K] f32,
-// and a full save keeps h3 as the expert side's rows [rows, D] instead of the owner's [T, K, D].
+// Per-rank combine in training: the same bytes as in inference for the combine buffer (grad_scores
+// return through the routing buffer) and a full save as per-route's.
 TEST(MemoryPlan, PerRankCombineTraining) {
   ConfigFields f = small();
   f.combine = CombineMode::per_rank;
   const MemoryPlan p = plan_memory(Config(f), 2);
-  EXPECT_EQ(p.combine_buffer_bytes, 2176);     // A(4*2*128*2)=2048 + A(4*2*4)=128
-  EXPECT_EQ(p.symmetric_bytes, 3584);          // 384 + 1024 + 2176
-  // A(8*128*2)=2048 + A(8*256*2)=4096 + h3 rows A(8*128*2)=2048: T*K = M = 8 rows, as per_route
-  EXPECT_EQ(p.saved_full_bytes_balanced, 8192);
-  EXPECT_EQ(p.saved_full_bytes_capacity, 8192);
-  EXPECT_EQ(p.slot_bytes, 18432);              // 2048 + 2 * 8192
+  EXPECT_EQ(p.combine_buffer_bytes, 2048);     // A(4*2*128*2)
+  EXPECT_EQ(p.symmetric_bytes, 3456);          // 384 + 1024 + 2048
+  // A(8*128*2)=2048 + A(8*256*2)=4096, as per_route
+  EXPECT_EQ(p.saved_full_bytes_balanced, 6144);
+  EXPECT_EQ(p.saved_full_bytes_capacity, 6144);
+  EXPECT_EQ(p.slot_bytes, 14336);              // 2048 + 2 * 6144
   EXPECT_EQ(p.forward_scratch_bytes, 11136);   // 9088 + rows_MD 2048
-  EXPECT_EQ(p.backward_scratch_bytes, 17280);  // 15232 + rows_MD 2048
-  EXPECT_EQ(p.scratch_bytes, 18176);           // 768 + 128 + 17280
-  EXPECT_EQ(p.arena_bytes, 36608);             // 18432 + 18176
-  EXPECT_EQ(p.total_bytes, 40960);             // 36608 + 3584 + 128 + 384 + 256
-  expect_contains(p.explain(),
-                  "combine [T,R,D] bf16 (one partial row per source rank) + grad_scores [T,K] f32: ");
-  // At 16 capacity rows h3 grows with the rows: A(16*128*2)=4096 instead of A(4*2*128*2)=2048.
+  EXPECT_EQ(p.backward_scratch_bytes, 17536);  // 15488 + rows_MD 2048
+  EXPECT_EQ(p.scratch_bytes, 18432);           // 768 + 128 + 17536
+  EXPECT_EQ(p.arena_bytes, 32768);             // 14336 + 18432
+  EXPECT_EQ(p.total_bytes, 36992);             // 32768 + 3456 + 128 + 384 + 256
+  expect_contains(p.explain(), "combine [T,R,D] bf16 (one partial row per source rank): ");
+  // At 16 capacity rows x_gathered and h13 grow with the rows.
   f.capacity_factor = 2.0;
   const MemoryPlan wide = plan_memory(Config(f), 2);
   EXPECT_EQ(wide.recv_capacity_rows, 16);
-  EXPECT_EQ(wide.saved_full_bytes_capacity, 16384);  // 4096 + 8192 + 4096
-  EXPECT_EQ(wide.saved_full_bytes_balanced, 8192);
+  EXPECT_EQ(wide.saved_full_bytes_capacity, 12288);  // 4096 + 8192
+  EXPECT_EQ(wide.saved_full_bytes_balanced, 6144);
   f.combine = CombineMode::per_route;
-  EXPECT_EQ(plan_memory(Config(f), 2).saved_full_bytes_capacity, 14336);  // 4096 + 8192 + 2048
+  EXPECT_EQ(plan_memory(Config(f), 2).saved_full_bytes_capacity, 12288);  // 4096 + 8192
 }
 
 // ci-tiny at R = 4 (K = 2): [T, R, D] is twice [T, K, D]; unfused adds only grad_h (rows_MD is
@@ -492,8 +494,8 @@ TEST(MemoryPlan, Nvfp4InferenceAsBf16Inference) {
   EXPECT_EQ(p.dispatch_buffer_bytes, 1024);  // A(4*128*2), bf16 rows
   EXPECT_EQ(p.fp8_scratch_bytes, 0);
   EXPECT_EQ(p.fp8_weight_scratch_bytes, 0);
-  EXPECT_EQ(p.scratch_bytes, 16128);  // as MemoryPlan.Inference
-  EXPECT_EQ(p.total_bytes, 20096);
+  EXPECT_EQ(p.scratch_bytes, 16384);  // as MemoryPlan.Inference
+  EXPECT_EQ(p.total_bytes, 20352);
   expect_contains(p.explain(), "nvfp4 weights: prepared by the caller");
 }
 
@@ -515,15 +517,15 @@ TEST(MemoryPlan, DeepSeekV3Like) {
   EXPECT_EQ(p.routing_metadata_bytes, 1507840);
   EXPECT_EQ(p.packing_granule_bytes, 14336);          // lcm(128, 14336)
   EXPECT_EQ(p.saved_input_bytes_per_layer, 58720256);  // 4096*7168*2 = 4096*14336
-  // x_gathered 32768*7168*2=469762048 + h13 32768*4096*2=268435456 + h3 469762048
-  // = 1207959552 = 84260*14336 + 8192 -> 84261*14336
-  EXPECT_EQ(p.saved_full_bytes_balanced, 1207965696);
-  // 49152*7168*2=704643072 + 49152*4096*2=402653184 + 469762048
-  // = 1577058304 = 110006*14336 + 12288 -> 110007*14336
-  EXPECT_EQ(p.saved_full_bytes_capacity, 1577060352);
+  // x_gathered 32768*7168*2=469762048 + h13 32768*4096*2=268435456
+  // = 738197504 = 51492*14336 + 8192 -> 51493*14336
+  EXPECT_EQ(p.saved_full_bytes_balanced, 738203648);
+  // 49152*7168*2=704643072 + 49152*4096*2=402653184
+  // = 1107296256 = 77238*14336 + 12288 -> 77239*14336
+  EXPECT_EQ(p.saved_full_bytes_capacity, 1107298304);
   EXPECT_EQ(p.slot_metadata_bytes, 1519616);          // 128 + 1507840 = 1507968 -> 106*14336
   EXPECT_EQ(p.minimum_slot_bytes, 60239872);          // 1519616 + 58720256
-  EXPECT_EQ(p.slot_bytes, 1578579968);                // 1519616 + 1577060352
+  EXPECT_EQ(p.slot_bytes, 1108817920);                // 1519616 + 1107298304
   // 8*32768*4=1048576 + 8*256*4=8192 + 8*16*256*4=131072   (16 chunks of 2048 routes)
   //   + pull of each token 8*4096*4=131072 + pulls per chunk A(8*4*4)=128 + counters 384*4=1536
   EXPECT_EQ(p.route_scratch_bytes, 1320576);
@@ -531,14 +533,15 @@ TEST(MemoryPlan, DeepSeekV3Like) {
   EXPECT_EQ(p.call_scratch_pad_bytes, 10112);
   // 1507840 + 704643072 + 402653184 + h 49152*2048*2=201326592
   EXPECT_EQ(p.forward_scratch_bytes, 1310130688);
-  // + grad_h3 704643072 + grad_h13 402653184
-  EXPECT_EQ(p.backward_scratch_bytes, 2417426944);
-  EXPECT_EQ(p.scratch_bytes, 2418757632);   // 1320576 + 10112 + 2417426944
+  // + grad_h3 704643072 + grad_h13 402653184 + row scores 49152*4=196608
+  //   + score parts 49152*32*4=6291456 (F = 2048: 32 chunks of 64 columns)
+  EXPECT_EQ(p.backward_scratch_bytes, 2423915008);
+  EXPECT_EQ(p.scratch_bytes, 2425245696);   // 1320576 + 10112 + 2423915008
   EXPECT_EQ(p.peer_table_bytes, 384);       // 3 * A(8*8)
-  EXPECT_EQ(p.arena_bytes, 3997337600);     // 1578579968 + 2418757632
-  EXPECT_EQ(p.total_bytes, 4526082944);     // 3997337600 + 528744576 + 128 + 384 + 256
-  // 4,526,082,944 / 2^30 = 4.2152...
-  expect_contains(p.explain(), "4.215 GiB (4,526,082,944 bytes)");
+  EXPECT_EQ(p.arena_bytes, 3534063616);     // 1108817920 + 2425245696
+  EXPECT_EQ(p.total_bytes, 4062808960);     // 3534063616 + 528744576 + 128 + 384 + 256
+  // 4,062,808,960 / 2^30 = 3.7837...
+  expect_contains(p.explain(), "3.784 GiB (4,062,808,960 bytes)");
 }
 
 TEST(MemoryPlan, ExplainPrintsEveryTerm) {
@@ -558,15 +561,15 @@ TEST(MemoryPlan, ExplainPrintsEveryTerm) {
            "packing granule lcm(128, 2D): 256 bytes",
            "of which pulls (one read per source token, 8 x (source + K rows)): 0.000 GiB (256 bytes)",
            "input only (recompute) x [T,D]: 0.000 GiB (1,024 bytes)",
-           "full save (x_gathered, h13, h3) at balanced rows: 0.000 GiB (8,192 bytes)",
-           "full save at capacity rows: 0.000 GiB (8,192 bytes)",
-           // 2 slots x 18,432 = 36,864
-           "activation slots: 2 x 0.000 GiB (18,432 bytes) = 0.000 GiB (36,864 bytes); 2 layer(s)",
+           "full save (x_gathered, h13) at balanced rows: 0.000 GiB (6,144 bytes)",
+           "full save at capacity rows: 0.000 GiB (6,144 bytes)",
+           // 2 slots x 14,336 = 28,672
+           "activation slots: 2 x 0.000 GiB (14,336 bytes) = 0.000 GiB (28,672 bytes); 2 layer(s)",
            "slot metadata (L layers): 0.000 GiB (2,048 bytes); planner state: 0.000 GiB (256 bytes)",
-           "minimum/balanced full-save/maximum useful: 0.000 GiB (4,096 bytes) / 0.000 GiB (18,432 "
-           "bytes) / 0.000 GiB (18,432 bytes)",
-           "scratch: 0.000 GiB (16,128 bytes) = route 0.000 GiB (768 bytes) + pad 0.000 GiB "
-           "(128 bytes) + call 0.000 GiB (15,232 bytes)",
+           "minimum/balanced full-save/maximum useful: 0.000 GiB (4,096 bytes) / 0.000 GiB (14,336 "
+           "bytes) / 0.000 GiB (14,336 bytes)",
+           "scratch: 0.000 GiB (16,384 bytes) = route 0.000 GiB (768 bytes) + pad 0.000 GiB "
+           "(128 bytes) + call 0.000 GiB (15,488 bytes)",
            "pad: puts the call scratch's x_gathered (after its layout) on the packing granule: "
            "0.000 GiB (128 bytes)",
            "route: of which pull numbering 0.000 GiB (256 bytes), dispatch arrival counters (per 128 "
@@ -574,15 +577,15 @@ TEST(MemoryPlan, ExplainPrintsEveryTerm) {
            "forward (recompute mode): 0.000 GiB (9,088 bytes)",
            "status word: 0.000 GiB (128 bytes)",
            "peer tables (3 x [R] pointers): 0.000 GiB (384 bytes)",
-           "arena (slots + scratch): 0.000 GiB (52,992 bytes)",  // 36864 + 16128
+           "arena (slots + scratch): 0.000 GiB (45,056 bytes)",  // 28672 + 16384
            // + 3456 + 128 + 384 + 256
-           "total (arena + symmetric + status + peer tables + planner state): 0.000 GiB (57,216 "
+           "total (arena + symmetric + status + peer tables + planner state): 0.000 GiB (49,280 "
            "bytes)",
            "every layer saves everything (no recompute)",
        }) {
     expect_contains(text, part);
   }
-  EXPECT_EQ(p.total_bytes, 57216);  // 52992 + 3456 + 128 + 384 + 256
+  EXPECT_EQ(p.total_bytes, 49280);  // 45056 + 3456 + 128 + 384 + 256
 }
 
 TEST(MemoryPlan, SourceIdsMustFitInt32) {

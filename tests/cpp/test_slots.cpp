@@ -103,10 +103,8 @@ void expect_same_bits(const StackRun& a, const StackRun& b, const std::string& w
 // ---- the rule, re-derived: bytes of a full save and of an input save (docs/memory.md) ----
 int64_t up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 int64_t full_bytes(const Problem& p, int64_t rows, int64_t G) {
-  const int64_t D = p.hidden, F = p.intermediate, T = p.max_tokens, K = p.top_k;
-  // h3: the owner's [T, K, D] copy, or (per-rank combine) the expert side's rows [rows, D].
-  const int64_t h3_rows = p.combine == CombineMode::per_rank ? rows : T * K;
-  return up(up(rows * D * 2, 128) + up(rows * 2 * F * 2, 128) + up(h3_rows * D * 2, 128), G);
+  const int64_t D = p.hidden, F = p.intermediate;
+  return up(up(rows * D * 2, 128) + up(rows * 2 * F * 2, 128), G);  // x_gathered | h13
 }
 int64_t input_bytes(const Problem& p, int64_t G) { return up(up(p.max_tokens * p.hidden * 2, 128), G); }
 
@@ -284,11 +282,11 @@ TEST(SlotsBudget, PaddedCallScratchReplaysBitwise) {
   expect_same_bits(saved, replayed, p.name() + " padded call scratch");
 }
 
-// One layer (L = 1) at the minimum budget: a full save fits only when, on the fullest rank, it
-// is no larger than the input x [T, D]. Per-route, h3 [T, K, D] alone exceeds x, so every call
-// recomputes; per-rank, h3 is [rows, D], so a call with one live token on rank 0 and none on
-// rank 1 (at most K rows a rank) saves everything. Either way the default budget's bits.
-TEST(SlotsBudget, MinimumBudgetSavesAPerRankCallOfFewRows) {
+// One layer (L = 1) at the minimum budget: a full save (x_gathered and h13 at the received rows)
+// fits only when, on the fullest rank, it is no larger than the input x [T, D]: a call with one
+// live token on rank 0 and none on rank 1 (at most K rows a rank) saves everything, a call with
+// every token live recomputes, with either combine. Either way the default budget's bits.
+TEST(SlotsBudget, MinimumBudgetSavesACallOfFewRows) {
   struct Run {
     std::vector<RankOutputs> out;
     std::vector<bool> recomputed;  // [rank]
@@ -319,7 +317,7 @@ TEST(SlotsBudget, MinimumBudgetSavesAPerRankCallOfFewRows) {
       in[1].live = live0 == 16 ? 16 : 0;
       const std::string what = p.name() + " live " + std::to_string(in[0].live) + " and " +
                                std::to_string(in[1].live);
-      const bool saves = combine == CombineMode::per_rank && live0 == 1;
+      const bool saves = live0 == 1;
       const Run minimum = run(p, in, plan.minimum_slot_bytes);
       EXPECT_EQ(minimum.recomputed, std::vector<bool>(2, !saves)) << what;
       const Run full = run(p, in, -1);

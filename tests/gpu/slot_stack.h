@@ -72,12 +72,9 @@ inline void expect_stack_bitwise_equal(const StackResult& a, const StackResult& 
 // ---- the rule, re-derived (docs/memory.md): bytes of a full save and of an input save ----
 inline int64_t stack_round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 inline int64_t stack_full_bytes(const Problem& p, int64_t rows, int64_t G) {
-  const int64_t D = p.hidden, F = p.intermediate, T = p.max_tokens, K = p.top_k;
-  // h3: the owner's [T, K, D] copy, or (per-rank combine) the expert side's rows [rows, D].
-  const int64_t h3_rows = p.combine == CombineMode::per_rank ? rows : T * K;
-  return stack_round_up(stack_round_up(rows * D * 2, 128) + stack_round_up(rows * 2 * F * 2, 128) +
-                            stack_round_up(h3_rows * D * 2, 128),
-                        G);
+  const int64_t D = p.hidden, F = p.intermediate;
+  // x_gathered | h13
+  return stack_round_up(stack_round_up(rows * D * 2, 128) + stack_round_up(rows * 2 * F * 2, 128), G);
 }
 inline int64_t stack_input_bytes(const Problem& p, int64_t G) {
   return stack_round_up(stack_round_up(p.max_tokens * p.hidden * 2, 128), G);

@@ -264,6 +264,10 @@ class World {
     s.grad_h13_M2F = reinterpret_cast<bf16_t*>(call + cl.grad_h13);
     s.rows_MD = reinterpret_cast<bf16_t*>(call + cl.rows_MD);
     s.grad_h_MF = reinterpret_cast<bf16_t*>(call + cl.grad_h);
+    if (score_after_w2_dgrad) {
+      s.row_scores_M = reinterpret_cast<float*>(call + cl.row_scores);
+      s.score_parts_MC = reinterpret_cast<float*>(call + cl.score_parts);
+    }
     s.status = st.status;
     return s;
   }
@@ -295,6 +299,7 @@ class World {
   int64_t rows(int r) { return layout_header(r)[kLayoutRows]; }
 
   ActivationParams act{};      // plain SwiGLU
+  bool score_after_w2_dgrad = false;  // the Context's backward (Step::row_scores_M)
   int64_t sequence = 1;
   bool check_inputs = true;
   void* stream = nullptr;      // cudaStream_t of the stages (nullptr: the default stream)

@@ -259,9 +259,9 @@ TEST(GpuEp2, RecomputeStackEqualsFullSaveBitwise) {
 
 // One layer at the minimum slot budget, captured once and replayed with new routings and live
 // counts: equal to eager on a second context group with the same budget, on both ranks. The
-// minimum fits one input x [T, D]; a full save fits only when it is no larger on the fullest rank
-// (slot_plan.h). Per-route, h3 [T, K, D] alone exceeds x, so every backward replays the forward;
-// per-rank, h3 is [rows, D] and a replay with few live tokens saves everything.
+// minimum fits one input x [T, D]; a full save (x_gathered and h13 at the received rows) fits
+// only when it is no larger on the fullest rank (slot_plan.h): a replay with few live tokens
+// saves everything, the others replay the forward's W13 in backward.
 void graph_replay_with_recompute(CombineMode combine) {
   Problem p = problem(256, 256, 192, 16, 4);
   p.capacity_factor = 2.0;
@@ -310,10 +310,8 @@ void graph_replay_with_recompute(CombineMode combine) {
     const int64_t packed = plan.minimum_slot_bytes - plan.slot_metadata_bytes;
     const int64_t later_inputs = (plan.layers_per_slot - 1) * plan.saved_input_bytes_per_layer;
     for (const int64_t rows : rows_R) {
-      const int64_t full = full_save_layout(rows, p.max_tokens, p.hidden, p.intermediate, p.top_k,
-                                            plan.packing_granule_bytes,
-                                            combine == CombineMode::per_rank)
-                               .total;
+      const int64_t full =
+          full_save_layout(rows, p.hidden, p.intermediate, plan.packing_granule_bytes).total;
       if (full + later_inputs > packed) return true;
     }
     return false;
@@ -322,10 +320,8 @@ void graph_replay_with_recompute(CombineMode combine) {
   for (const Replay& rp : replays) {
     expected_recomputes += recomputes(routing(rp.seed, rp.live0, rp.live1)) ? 1 : 0;
   }
-  // Per-route: all 4. Per-rank: 3 (the replay with live 1 and 0 receives at most K rows a rank).
-  EXPECT_EQ(expected_recomputes, combine == CombineMode::per_rank
-                                     ? static_cast<int>(replays.size()) - 1
-                                     : static_cast<int>(replays.size()));
+  // 3 of 4 with either combine (the replay with live 1 and 0 receives at most K rows a rank).
+  EXPECT_EQ(expected_recomputes, static_cast<int>(replays.size()) - 1);
   for (int r = 0; r < kRanks; ++r) {
     EXPECT_EQ(replayed_layers[static_cast<size_t>(r)], expected_recomputes)
         << "rank " << r << ": replays that recompute at the minimum budget";
@@ -346,8 +342,8 @@ TEST(GpuEp2, GraphReplayWithRecomputeEqualsEager) {
   graph_replay_with_recompute(CombineMode::per_route);
 }
 
-// The same with the per-rank combine: the replay rebuilds h3 on the expert side (no send), and
-// gather_grad's grad_scores read it from the call scratch.
+// The same with the per-rank combine: the replay rebuilds x_gathered and h13 (no W2, no send), and
+// grad_scores come from the W2 DGRAD on the expert side, as per-route.
 TEST(GpuEp2, PerRankGraphReplayWithRecomputeEqualsEager) {
   EPMOE_REQUIRE_2GPUS();
   graph_replay_with_recompute(CombineMode::per_rank);

@@ -1,8 +1,10 @@
 // Every non-GEMM stage on the GPU against the CPU reference, through a whole step of R simulated
 // ranks (one GPU, real peer tables): publish, route, dispatch, SwiGLU, scatter, reduce, and the
-// backward's publish, grad_scores, gather_grad, SwiGLU backward, scatter, reduce. The GEMM outputs
-// are replaced by the same random rows on both sides. Everything is compared bitwise except the
-// SwiGLU outputs (expf of the host libm vs the device: within one bf16 ulp).
+// backward's publish, grad_scores, gather_grad, SwiGLU backward, scatter, reduce, in the layered
+// API's form (score in gather_grad, grad_scores from h3) and in the Context's (score after the W2
+// DGRAD). The GEMM outputs are replaced by the same random rows on both sides. Everything is
+// compared bitwise except the SwiGLU outputs and what is summed from them (expf of the host libm
+// vs the device: within one bf16 ulp).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/activation.h"
 #include "step_builder.h"
 
 namespace epmoe::test {
@@ -219,6 +222,90 @@ void run_stages(const StagesCase& c, uint32_t seed) {
     for (int64_t i = live(r) * D; i < tokens * D; ++i) ASSERT_EQ(gx[static_cast<size_t>(i)], 0) << "padding row";
     EXPECT_TRUE(same_bits(std::vector<Status>{p.cpu.status(r)}, std::vector<Status>{p.gpu.status(r)}));
   }
+
+  // ---- backward with the score after the W2 DGRAD (the Context's; docs/memory.md) ----
+  p.cpu.score_after_w2_dgrad = p.gpu.score_after_w2_dgrad = true;
+  p.cpu.sequence = p.gpu.sequence = 3;
+  p.all([](Backend& b, const Step& s) { b.publish_backward(s); });
+  p.all([](Backend& b, const Step& s) { b.gather_grad(s); });
+  for (int r = 0; r < R; ++r) {
+    SCOPED_TRACE("gather_grad with row scores, rank " + std::to_string(r));
+    const auto got = rows_of(p.gpu, p.gpu.step(r).grad_h3_MD, r, D);
+    EXPECT_TRUE(same_bits(rows_of(p.cpu, p.cpu.step(r).grad_h3_MD, r, D), got));
+    EXPECT_TRUE(same_bits(p.cpu.read<float>(p.cpu.step(r).row_scores_M, p.cpu.rows(r)),
+                          p.gpu.read<float>(p.gpu.step(r).row_scores_M, p.gpu.rows(r))));
+    // Unscaled: row m is its route's grad_y row.
+    const auto src = p.gpu.read<int32_t>(p.gpu.step(r).layout.recv_src_M, p.gpu.rows(r));
+    for (size_t m = 0; m < src.size(); ++m) {
+      const int q = src_rank(src[m], T, sh.K);
+      const int64_t t = src_slot(src[m], T, sh.K) / K;
+      const auto& g = in[static_cast<size_t>(q)].grad_y;
+      ASSERT_TRUE(same_bits(std::vector<bf16_t>(g.begin() + t * D, g.begin() + (t + 1) * D),
+                            std::vector<bf16_t>(got.begin() + static_cast<int64_t>(m) * D,
+                                                got.begin() + static_cast<int64_t>(m + 1) * D)))
+          << "row " << m;
+    }
+  }
+  std::vector<std::vector<bf16_t>> dh_rows;
+  for (int r = 0; r < R; ++r) {  // stands in for the W2 DGRAD GEMM: dh, unscaled
+    dh_rows.push_back(rng.bf16s(cap * F));
+    p.cpu.fill(p.cpu.step(r).grad_h_MF, dh_rows.back());
+    p.gpu.fill(p.gpu.step(r).grad_h_MF, dh_rows.back());
+  }
+  p.all([](Backend& b, const Step& s) { b.swiglu_backward(s); });
+  // Per (row, chunk): 2^-7 * sum |dh * bf16(act)| from the CPU's h13, a bound of what one-ulp
+  // differences of bf16(act) between the host libm and the device can change in a partial.
+  const int64_t chunks = score_chunks(F);
+  std::vector<std::vector<double>> chunk_bound(static_cast<size_t>(R));
+  for (int r = 0; r < R; ++r) {
+    SCOPED_TRACE("swiglu_backward with row scores, rank " + std::to_string(r));
+    const int64_t M = p.cpu.rows(r);
+    EXPECT_TRUE(close_bf16(rows_of(p.cpu, p.cpu.step(r).grad_h13_M2F, r, 2 * F),
+                           rows_of(p.gpu, p.gpu.step(r).grad_h13_M2F, r, 2 * F)));
+    EXPECT_TRUE(close_bf16(rows_of(p.cpu, p.cpu.step(r).h_MF, r, F), rows_of(p.gpu, p.gpu.step(r).h_MF, r, F)));
+    const auto h13 = p.cpu.read<bf16_t>(p.cpu.step(r).h13_M2F, M * 2 * F);
+    const auto& dh = dh_rows[static_cast<size_t>(r)];
+    std::vector<double>& bound = chunk_bound[static_cast<size_t>(r)];
+    bound.assign(static_cast<size_t>(M * chunks), 0.0);
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t f = 0; f < F; ++f) {
+        const float gate = bf16_to_float(h13[static_cast<size_t>(m * 2 * F + f)]);
+        const float up = bf16_to_float(h13[static_cast<size_t>(m * 2 * F + F + f)]);
+        const float a = bf16_to_float(bf16(swiglu_forward(gate, up, p.cpu.act)));
+        const double d = bf16_to_float(dh[static_cast<size_t>(m * F + f)]);
+        bound[static_cast<size_t>(m * chunks + f / kScoreChunkCols)] += std::fabs(a * d) * 0x1p-7;
+      }
+    }
+    const auto want = p.cpu.read<float>(p.cpu.step(r).score_parts_MC, M * chunks);
+    const auto got = p.gpu.read<float>(p.gpu.step(r).score_parts_MC, M * chunks);
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], bound[i] + 1e-6 * (1.0 + std::fabs(want[i])))
+          << "row " << i / static_cast<size_t>(chunks) << " chunk " << i % static_cast<size_t>(chunks);
+    }
+  }
+  p.all([](Backend& b, const Step& s) { b.grad_scores(s); });
+  p.all([](Backend& b, const Step& s) { b.reduce_backward(s); });
+  for (int r = 0; r < R; ++r) {
+    SCOPED_TRACE("grad_scores after the W2 DGRAD, rank " + std::to_string(r));
+    const auto gs = p.gpu.read<float>(p.gpu.step(r).grad_scores_TK, tokens * K);
+    const auto want = p.cpu.read<float>(p.cpu.step(r).grad_scores_TK, tokens * K);
+    const auto route_row = p.gpu.read<int32_t>(p.gpu.step(r).layout.route_row_TK, T * K);
+    const auto ids = p.gpu.read<int32_t>(p.gpu.routing(r) + routing_buffer_layout(T, sh.K).ids_offset, T * K);
+    for (int64_t i = 0; i < tokens * K; ++i) {
+      const size_t u = static_cast<size_t>(i);
+      if (i >= live(r) * K || route_row[u] < 0) {
+        ASSERT_EQ(gs[u], 0.0f) << "inactive route or padding row " << i;
+        ASSERT_EQ(want[u], 0.0f) << "inactive route or padding row " << i;
+        continue;
+      }
+      // The route's row on its expert rank q: the sum of that row's chunk bounds.
+      const std::vector<double>& bound = chunk_bound[static_cast<size_t>(ids[u] / sh.E)];
+      double b = 0.0;
+      for (int64_t j = 0; j < chunks; ++j) b += bound[static_cast<size_t>(route_row[u] * chunks + j)];
+      ASSERT_NEAR(gs[u], want[u], b + 1e-6 * (1.0 + std::fabs(want[u]))) << "route " << i;
+    }
+    EXPECT_TRUE(same_bits(std::vector<Status>{p.cpu.status(r)}, std::vector<Status>{p.gpu.status(r)}));
+  }
 }
 
 ActivationParams clamped() {
@@ -244,6 +331,8 @@ TEST(GpuStages, MatchCpuReferenceThroughAStep) {
        DType::f32, false),
       stages_case("R=1, every route inactive", {12, 8, 8, 2, 2, 1, 0}, Pattern::inactive),
       stages_case("R=2, wide rows", {33, 2048, 64, 2, 2, 2, 0}, Pattern::distinct),
+      // F = 136: three grad_scores chunks of 64 columns, the last one 8 wide.
+      stages_case("R=2, F=136", {40, 32, 136, 2, 4, 2, 0}, Pattern::distinct, 0, 29),
   };
   uint32_t seed = 20;
   for (const StagesCase& c : cases) run_stages(c, seed++);

@@ -134,9 +134,9 @@ def test_per_rank_combine_plan():
     route = epmoe.plan_memory(tiny_config(), 4)
     rank = epmoe.plan_memory(tiny_config(combine="per_rank"), 4)
     assert route.combine == "per_route" and rank.combine == "per_rank"
-    T, D, K = route.tokens, route.hidden, route.top_k
+    T, D = route.tokens, route.hidden
     a = lambda n: (n + 127) // 128 * 128  # noqa: E731
-    assert rank.combine_buffer_bytes == a(T * 4 * D * 2) + a(T * K * 4)
+    assert rank.combine_buffer_bytes == a(T * 4 * D * 2)
     assert rank.backward_scratch_bytes == route.backward_scratch_bytes + a(route.recv_capacity_rows * D * 2)
     assert "one partial row per source rank" in rank.explain()
     with pytest.raises(ValueError, match="Config.combine"):

@@ -15,6 +15,7 @@
 #include "core/activation.h"
 #include "core/layout.h"
 #include "core/numeric.h"
+#include "core/plan_terms.h"
 #include "cuda/gemm/grouped_gemm_sm90.cuh"
 #include "cuda/placed.h"
 
@@ -257,6 +258,11 @@ struct SwigluEpilogue {
 // Keeping the math out of the unrolled fragment loops keeps the kernel small: unrolled per
 // fragment element it grew to ~34k instructions and ran from a thrashing instruction cache. It is
 // inline: a call while the accumulators are live makes them spill around it.
+// With row scores (Step::row_scores_M: the A rows are grad_y unscaled, so acc = dh): the SwiGLU
+// backward takes score * dh, h is stored scaled by the score (bf16(score * act)), and each row's
+// <dh, bf16(act)> over the 64-column chunk goes to score_parts_MC[row, chunk]: the 8 columns of
+// a thread summed in order, then the 8 threads of the row (lanes 8a .. 8a + 7 of one warp) by a
+// fixed xor tree; swiglu.cu's unfused kernel and the CPU twin sum in the same order.
 template <class Traits>
 struct SwigluBackwardEpilogue {
   struct Params {
@@ -265,7 +271,11 @@ struct SwigluBackwardEpilogue {
     bf16_t* h;          // [capacity, F]
     int64_t F;
     ActivationParams act;
+    const float* row_scores;  // [capacity] f32, nullable: grad_h is already scaled
+    float* score_parts;       // [capacity, score_chunks] f32 (with row_scores)
+    int64_t score_chunks;
   };
+  static_assert(kScoreChunkCols == 64, "a score chunk is one 64-column staging chunk");
   static constexpr int kSmemBytesPerWarpgroup = Stage<Traits>::kBytes;
   Params p;
   const bf16_t* h13;  // p.h13 resolved once, before the mainloop
@@ -275,38 +285,56 @@ struct SwigluBackwardEpilogue {
       : p(params), h13(params.h13.template get<const bf16_t>()), stage{smem, wg, row_block, tid} {}
 
   // The staged grad_h rows of columns [c0, c0 + 64) of the tile: SwiGLU backward and the stores.
+  // Every thread runs every pass (the xor tree needs all 8 threads of a row, valid or not).
   __device__ __forceinline__ void rows_out(const TileCoord& t, int64_t c0) const {
     const int seg = stage.tid % 8;
     const int64_t f = c0 + seg * 8;  // first of this thread's 8 columns
-    if (f >= p.F) return;            // F % 8 == 0: a segment is all in or all out
+    const bool cols_in = f < p.F;    // F % 8 == 0: a segment is all in or all out
+    const bool scored = p.row_scores != nullptr;  // kernel-uniform
 #pragma unroll 1
     for (int pass = 0; pass < 4; ++pass) {
       const int r = pass * 16 + stage.tid / 8;
       const int m = 64 * stage.row_block + r;
-      if (m >= t.rows_valid) continue;
       const int64_t row = t.row0 + m;
-      const uint4 gh = *reinterpret_cast<const uint4*>(stage.smem + r * Stage<Traits>::kPitch + seg * 16);
-      const uint4 g = *reinterpret_cast<const uint4*>(h13 + row * 2 * p.F + f);
-      const uint4 u = *reinterpret_cast<const uint4*>(h13 + row * 2 * p.F + p.F + f);
-      const bf16_t* gh8 = reinterpret_cast<const bf16_t*>(&gh);
-      const bf16_t* g8 = reinterpret_cast<const bf16_t*>(&g);
-      const bf16_t* u8 = reinterpret_cast<const bf16_t*>(&u);
-      uint4 dg, du, h;
-      bf16_t* dg8 = reinterpret_cast<bf16_t*>(&dg);
-      bf16_t* du8 = reinterpret_cast<bf16_t*>(&du);
-      bf16_t* h8 = reinterpret_cast<bf16_t*>(&h);
+      float dot = 0.0f;
+      if (cols_in && m < t.rows_valid) {
+        const float score = scored ? p.row_scores[row] : 1.0f;
+        const uint4 gh = *reinterpret_cast<const uint4*>(stage.smem + r * Stage<Traits>::kPitch + seg * 16);
+        const uint4 g = *reinterpret_cast<const uint4*>(h13 + row * 2 * p.F + f);
+        const uint4 u = *reinterpret_cast<const uint4*>(h13 + row * 2 * p.F + p.F + f);
+        const bf16_t* gh8 = reinterpret_cast<const bf16_t*>(&gh);
+        const bf16_t* g8 = reinterpret_cast<const bf16_t*>(&g);
+        const bf16_t* u8 = reinterpret_cast<const bf16_t*>(&u);
+        uint4 dg, du, h;
+        bf16_t* dg8 = reinterpret_cast<bf16_t*>(&dg);
+        bf16_t* du8 = reinterpret_cast<bf16_t*>(&du);
+        bf16_t* h8 = reinterpret_cast<bf16_t*>(&h);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float gate = bf16_to_float(g8[j]), up = bf16_to_float(u8[j]);
-        float d_gate, d_up;
-        swiglu_backward(gate, up, bf16_to_float(gh8[j]), p.act, d_gate, d_up);
-        dg8[j] = float_to_bf16(d_gate);
-        du8[j] = float_to_bf16(d_up);
-        h8[j] = float_to_bf16(swiglu_forward(gate, up, p.act));
+        for (int j = 0; j < 8; ++j) {
+          const float gate = bf16_to_float(g8[j]), up = bf16_to_float(u8[j]);
+          const float dh = bf16_to_float(gh8[j]);
+          float d_gate, d_up;
+          swiglu_backward(gate, up, scored ? __fmul_rn(score, dh) : dh, p.act, d_gate, d_up);
+          dg8[j] = float_to_bf16(d_gate);
+          du8[j] = float_to_bf16(d_up);
+          const float act = swiglu_forward(gate, up, p.act);
+          const bf16_t act16 = float_to_bf16(act);
+          dot = __fadd_rn(dot, __fmul_rn(dh, bf16_to_float(act16)));
+          h8[j] = scored ? float_to_bf16(__fmul_rn(score, act)) : act16;
+        }
+        *reinterpret_cast<uint4*>(p.grad_h13 + row * 2 * p.F + f) = dg;
+        *reinterpret_cast<uint4*>(p.grad_h13 + row * 2 * p.F + p.F + f) = du;
+        *reinterpret_cast<uint4*>(p.h + row * p.F + f) = h;
       }
-      *reinterpret_cast<uint4*>(p.grad_h13 + row * 2 * p.F + f) = dg;
-      *reinterpret_cast<uint4*>(p.grad_h13 + row * 2 * p.F + p.F + f) = du;
-      *reinterpret_cast<uint4*>(p.h + row * p.F + f) = h;
+      if (scored) {
+        const unsigned row_lanes = 0xffu << ((stage.tid % 32) & ~7);  // the row's 8 lanes
+        dot = __fadd_rn(dot, __shfl_xor_sync(row_lanes, dot, 4));
+        dot = __fadd_rn(dot, __shfl_xor_sync(row_lanes, dot, 2));
+        dot = __fadd_rn(dot, __shfl_xor_sync(row_lanes, dot, 1));
+        if (seg == 0 && m < t.rows_valid) {
+          p.score_parts[row * p.score_chunks + c0 / kScoreChunkCols] = dot;
+        }
+      }
     }
   }
 

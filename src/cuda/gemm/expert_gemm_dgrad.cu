@@ -7,7 +7,8 @@ namespace epmoe::cuda {
 
 using namespace gemm;
 
-// grad_h3 [M, D] (K-major) times w2 [E, D, F] read as (N = F, K = D): MN-major.
+// grad_h3 [M, D] (K-major) times w2 [E, D, F] read as (N = F, K = D): MN-major. With row scores
+// (Step::row_scores_M) grad_h3 holds grad_y unscaled and the epilogue applies the score.
 template <class S>
 void w2_dgrad_with(const Step& s, bool swiglu_backward) {
   check_groups(s);
@@ -16,8 +17,9 @@ void w2_dgrad_with(const Step& s, bool swiglu_backward) {
   const Operand b{s.w2_EDF, F, D, 1, F, s.dims.E, D * F};
   using T = RowsTraits<S, 256, Major::MN, 1>;
   if (swiglu_backward) {
-    const typename SwigluBackwardEpilogue<T>::Params epi{placed_h13(s), s.grad_h13_M2F, s.h_MF,
-                                                         F, s.act};
+    const typename SwigluBackwardEpilogue<T>::Params epi{
+        placed_h13(s), s.grad_h13_M2F, s.h_MF,         F,
+        s.act,         s.row_scores_M, s.score_parts_MC, score_chunks(F)};
     launch_grouped_gemm<T, Major::K, Major::MN, SwigluBackwardEpilogue<T>>(a, b, step_groups(s, F, D),
                                                                            epi, stream_of(s));
   } else {
