@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/formats/codecs.h"
+#include "core/formats/e2m1_bf16.h"
 #include "epmoe/error.h"
 #include "tolerances.h"
 
@@ -192,6 +193,29 @@ TEST(FormatsE2m1, PackingPutsTheFirstElementInTheLowNibble) {
   EXPECT_EQ(pack_e2m1x2(0x1, 0xF), 0xF1);  // first 0.5, second -6
   EXPECT_EQ(e2m1_first(0xF1), 0x1);
   EXPECT_EQ(e2m1_second(0xF1), 0xF);
+}
+
+// The NVFP4 GEMM's decode (core/formats/e2m1_bf16.h; the kernel runs the same PRMT sequence):
+// every 4-code word gives the bf16 bits of each code's value, sign of zero included.
+TEST(FormatsE2m1, BytePermuteDecodeGivesEveryCodesBf16Bits) {
+  for (uint32_t w = 0; w < 0x10000u; ++w) {
+    uint32_t e01 = 0, e23 = 0;
+    // Upper bits are ignored: the kernel passes whole words and words shifted right by 16.
+    e2m1x4_to_bf16x2(w | 0xabcd0000u, e01, e23);
+    const uint32_t got[4] = {e01 & 0xffffu, e01 >> 16, e23 & 0xffffu, e23 >> 16};
+    for (int j = 0; j < 4; ++j) {
+      const uint8_t code = static_cast<uint8_t>((w >> (4 * j)) & 0xfu);
+      const uint32_t want = bitsf(e2m1_to_float(code)) >> 16;  // exact in bf16
+      ASSERT_EQ(got[j], want) << "word " << hex(w) << " element " << j;
+    }
+  }
+}
+
+TEST(FormatsE2m1, BytePermuteMatchesPrmtOnHandWorkedSelectors) {
+  EXPECT_EQ(byte_perm(0x33221100u, 0x77665544u, 0x3210u), 0x33221100u);
+  EXPECT_EQ(byte_perm(0x33221100u, 0x77665544u, 0x7654u), 0x77665544u);
+  EXPECT_EQ(byte_perm(0x33221100u, 0x77665544u, 0x5140u), 0x55114400u);
+  EXPECT_EQ(byte_perm(0x33221100u, 0x77665544u, 0xabcd7362u), 0x77336622u);  // upper bits unused
 }
 
 // ================================ E8M0 ================================

@@ -1,0 +1,19 @@
+// The NVFP4 weight-only inference stages on CUDA (Config.precision = nvfp4, inference contexts):
+// the bf16 forward with W13 and W2 on the NVFP4 grouped GEMM (gemm/nvfp4_gemm.h) reading the
+// prepared weights; activations stay bf16 (docs/formats.md "NVFP4 weight-only inference").
+// Launchers only (no CUDA types).
+#pragma once
+
+#include "core/step.h"
+
+namespace epmoe::cuda {
+
+// h13 = bf16(global_e * (x_gathered @ decoded w13[e]^T)).
+void nvfp4_w13_fprop(const Step& s);
+// The fused stage: nvfp4_w13_fprop, then the unfused SwiGLU kernel (h = act(h13)).
+void nvfp4_w13_swiglu(const Step& s);
+// rows = bf16(global_e * (h @ decoded w2[e]^T)); scatter: into the owners' combine slots,
+// otherwise into s.rows_MD (per-rank combine: s.h3_MD).
+void nvfp4_w2_fprop(const Step& s, bool scatter);
+
+}  // namespace epmoe::cuda
