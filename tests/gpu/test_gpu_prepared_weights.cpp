@@ -8,6 +8,7 @@
 
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/numeric.h"
@@ -173,8 +174,9 @@ TEST(GpuPreparedWeights, CudaBackendAcceptsFp8BlockTrainingWithRowsOf16) {
   }
 }
 
-// NVFP4 weight-only inference is defined on the CPU backend only until its mixed-input GEMM exists.
-TEST(GpuPreparedWeights, CudaBackendRefusesNvfp4) {
+// NVFP4 weight-only inference runs on CUDA (test_gpu_nvfp4_forward); whole NVFP4 blocks are
+// required along D and F, each refused naming its field.
+TEST(GpuPreparedWeights, CudaBackendAcceptsNvfp4WithWholeBlocks) {
   EPMOE_REQUIRE_GPU();
   ConfigFields f;
   f.max_tokens_per_rank = 16;
@@ -185,12 +187,17 @@ TEST(GpuPreparedWeights, CudaBackendRefusesNvfp4) {
   f.precision = Precision::nvfp4;
   f.inference = true;
   f.prepared_weights = true;
-  try {
-    Context::create(Config(f), make_single_gpu_transport(0));
-    ADD_FAILURE() << "the CUDA backend accepted Config.precision = nvfp4";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "Config.precision") << e.what();
-    EXPECT_NE(std::string(e.what()).find("nvfp4"), std::string::npos) << e.what();
+  EXPECT_NO_THROW(Context::create(Config(f), make_single_gpu_transport(0))->close());
+  for (const auto& [D, F, field] : {std::tuple<int64_t, int64_t, const char*>{136, 128, "Config.hidden_dim"},
+                                    {128, 120, "Config.intermediate_dim"}}) {
+    f.hidden_dim = D;
+    f.intermediate_dim = F;
+    try {
+      Context::create(Config(f), make_single_gpu_transport(0));
+      ADD_FAILURE() << "the CUDA backend accepted nvfp4 with D " << D << " F " << F;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), field) << e.what();
+    }
   }
 }
 
