@@ -61,12 +61,14 @@ __device__ __forceinline__ uint4 load_codes(const uint8_t* p) {
 }
 
 // One E4M3 block scale as bf16x2 (both halves), exact: E4M3 -> f16 (hardware) -> fp32 -> bf16.
-__device__ __forceinline__ uint32_t scale_bf16x2(uint8_t code) {
-  const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3);
-  const float f = __half2float(__half(h));
+__device__ __forceinline__ uint32_t scale_bf16x2(float f) {
   uint32_t r;
   asm("cvt.rn.bf16x2.f32 %0, %1, %1;" : "=r"(r) : "f"(f));
   return r;
+}
+__device__ __forceinline__ uint32_t scale_bf16x2(uint8_t code) {
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3);
+  return scale_bf16x2(__half2float(__half(h)));
 }
 
 __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t x, uint32_t y) {
@@ -89,31 +91,44 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// One chunk of a lane's two weight rows (g and g + 8 of the warp's 16): 32 codes and their two
-// block scales each.
+// One chunk of a lane's two weight rows (g and g + 8 of the warp's 16): 32 codes each, and their
+// two block scales (blocks 2t, 2t + 1) in the low 16 bits of scales[r], the first in the low byte.
 struct Chunk {
   uint4 codes[2];
-  uint8_t scales[2][2];
+  uint32_t scales[2];
 };
 
-// Per-thread view of the warp's weight rows and activation groups.
+// Per-thread view of the warp's weight rows: where the next chunk's loads read (advanced by each
+// load, so the loop carries pointers instead of recomputing 64-bit addresses).
 struct Lane {
-  const uint8_t* codes[2];   // row g, row g + 8: this lane's first code byte
-  const uint8_t* scales[2];  // their scale rows
-  int t;                     // lane % 4
+  const uint8_t* codes[2];   // row g, row g + 8: this lane's code bytes of the next chunk
+  const uint8_t* scales[2];  // their scale bytes of the next chunk
 };
 
+// kWide: the scale row pitch K / 16 is even as well (K % 32 == 0): one 2-byte load.
 template <bool kWide>
-__device__ __forceinline__ Chunk load_chunk(const Lane& l, int64_t c) {
+__device__ __forceinline__ Chunk load_chunk(Lane& l) {
   Chunk ch;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    ch.codes[r] = load_codes<kWide>(l.codes[r] + c * (kChunk / 2));
-    const uint8_t* s = l.scales[r] + c * (kChunk / 16);
-    ch.scales[r][0] = s[0];
-    ch.scales[r][1] = s[1];
+    ch.codes[r] = load_codes<kWide>(l.codes[r]);
+    if constexpr (kWide) {
+      ch.scales[r] = __ldg(reinterpret_cast<const unsigned short*>(l.scales[r]));
+    } else {
+      ch.scales[r] = static_cast<uint32_t>(__ldg(l.scales[r])) |
+                     (static_cast<uint32_t>(__ldg(l.scales[r] + 1)) << 8);
+    }
+    l.codes[r] += kChunk / 2;
+    l.scales[r] += kChunk / 16;
   }
   return ch;
+}
+
+// A block's decode table (core/formats/e2m1_bf16.h): the E2M1 magnitudes times the block scale.
+__device__ __forceinline__ E2m1Bf16Table block_table(float scale) {
+  const uint32_t s = scale_bf16x2(scale);
+  return e2m1_bf16_table(mul_bf16x2(kE2m1Bf16x2_01, s), mul_bf16x2(kE2m1Bf16x2_23, s),
+                         mul_bf16x2(kE2m1Bf16x2_45, s), mul_bf16x2(kE2m1Bf16x2_67, s));
 }
 
 // A fragments of the chunk's 8 steps: step j, registers {row g k-pair 0, row g+8 pair 0, row g
@@ -122,31 +137,34 @@ __device__ __forceinline__ void decode_chunk(const Chunk& ch, uint32_t (&a)[8][4
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const uint32_t words[4] = {ch.codes[r].x, ch.codes[r].y, ch.codes[r].z, ch.codes[r].w};
-    const uint32_t sc[2] = {scale_bf16x2(ch.scales[r][0]), scale_bf16x2(ch.scales[r][1])};
+    // The lane's two block scales (blocks 2t, 2t + 1: elements 0..15, 16..31) in one conversion.
+    const __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(
+        static_cast<__nv_fp8x2_storage_t>(ch.scales[r]), __NV_E4M3);
+    const float2 sc = __half22float2(__half2(h2));
+    const E2m1Bf16Table tables[2] = {block_table(sc.x), block_table(sc.y)};
 #pragma unroll
     for (int q = 0; q < 4; ++q) {  // word q: elements 8q .. 8q + 7 = steps 2q, 2q + 1
-      const uint32_t s = sc[q / 2];  // elements 0..15: block 2t, 16..31: block 2t + 1
-      uint32_t p0, p1, p2, p3;
-      e2m1x4_to_bf16x2(words[q], p0, p1);
-      e2m1x4_to_bf16x2(words[q] >> 16, p2, p3);
-      a[2 * q][r] = mul_bf16x2(p0, s);
-      a[2 * q][2 + r] = mul_bf16x2(p1, s);
-      a[2 * q + 1][r] = mul_bf16x2(p2, s);
-      a[2 * q + 1][2 + r] = mul_bf16x2(p3, s);
+      uint32_t e[4];
+      e2m1x8_to_bf16x2(words[q], tables[q / 2], e);
+      a[2 * q][r] = e[0];
+      a[2 * q][2 + r] = e[1];
+      a[2 * q + 1][r] = e[2];
+      a[2 * q + 1][2 + r] = e[3];
     }
   }
 }
 
-// rows: the activation row of each group for this lane (clamped into the expert's rows; columns
-// of rows past the end are computed and never stored). live: groups holding rows (warp-uniform).
-__device__ __forceinline__ void mma_chunk(const uint32_t (&a)[8][4],
-                                          const bf16_t* const (&rows)[kGroups], int live,
-                                          int64_t k0, float (&acc)[kGroups][4]) {
+// rows: this lane's 32 activation elements of the chunk in each group's row (clamped into the
+// expert's rows; columns of rows past the end are computed and never stored), advanced to the
+// next chunk. live: groups holding rows (warp-uniform).
+__device__ __forceinline__ void mma_chunk(const uint32_t (&a)[8][4], const bf16_t* (&rows)[kGroups],
+                                          int live, float (&acc)[kGroups][4]) {
 #pragma unroll
   for (int q = 0; q < kGroups; ++q) {
     if (q >= live) break;
-    const uint4* x = reinterpret_cast<const uint4*>(rows[q] + k0);
+    const uint4* x = reinterpret_cast<const uint4*>(rows[q]);
     const uint4 v[4] = {__ldg(x), __ldg(x + 1), __ldg(x + 2), __ldg(x + 3)};
+    rows[q] += kChunk;
     const uint32_t w[16] = {v[0].x, v[0].y, v[0].z, v[0].w, v[1].x, v[1].y, v[1].z, v[1].w,
                             v[2].x, v[2].y, v[2].z, v[2].w, v[3].x, v[3].y, v[3].z, v[3].w};
 #pragma unroll
@@ -154,16 +172,18 @@ __device__ __forceinline__ void mma_chunk(const uint32_t (&a)[8][4],
   }
 }
 
-// One 16-element block b of the K tail: lane t owns elements 4t .. 4t + 3 (two code bytes).
-__device__ __forceinline__ void tail_block(const Lane& l, int64_t b,
-                                           const bf16_t* const (&rows)[kGroups], int live,
+// One 16-element block of the K tail: lane t owns elements 4t .. 4t + 3 (two code bytes) of each
+// weight row (codes, scale: the block's first code byte and its scale) and activation row.
+__device__ __forceinline__ void tail_block(const uint8_t* const (&codes)[2],
+                                           const uint8_t* const (&scale)[2],
+                                           const bf16_t* const (&rows)[kGroups], int live, int t,
                                            float (&acc)[kGroups][4]) {
   uint32_t a[4];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const uint8_t* c = l.codes[r] - l.t * 16 + b * 8 + l.t * 2;
+    const uint8_t* c = codes[r] + t * 2;
     const uint32_t w = static_cast<uint32_t>(c[0]) | (static_cast<uint32_t>(c[1]) << 8);
-    const uint32_t s = scale_bf16x2(l.scales[r][b - l.t * 2]);
+    const uint32_t s = scale_bf16x2(*scale[r]);
     uint32_t p0, p1;
     e2m1x4_to_bf16x2(w, p0, p1);
     a[r] = mul_bf16x2(p0, s);
@@ -172,7 +192,7 @@ __device__ __forceinline__ void tail_block(const Lane& l, int64_t b,
 #pragma unroll
   for (int q = 0; q < kGroups; ++q) {
     if (q >= live) break;
-    const uint2 x = __ldg(reinterpret_cast<const uint2*>(rows[q] + b * 16 + l.t * 4));
+    const uint2 x = __ldg(reinterpret_cast<const uint2*>(rows[q] + t * 4));
     mma_bf16(acc[q], a, x.x, x.y);
   }
 }
@@ -198,13 +218,14 @@ __global__ void __launch_bounds__(kThreads) nvfp4_gemm_kernel(const Params p) {
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kSlab + warp * kRowsPerWarp;
   if (n0 >= a.N) return;  // warp-uniform; no CTA-wide barrier follows
 
-  Lane l;
-  l.t = lane % 4;
+  const int t = lane % 4;
+  const uint8_t* code_rows[2];   // weight rows g, g + 8 (past N: clamped, loaded, unstored)
+  const uint8_t* scale_rows[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int64_t n = n0 + g + 8 * r < a.N ? n0 + g + 8 * r : a.N - 1;  // past N: loaded, unstored
-    l.codes[r] = a.b_codes_ENP + (e * a.N + n) * p.P + l.t * 16;
-    l.scales[r] = a.b_scales_ENS + (e * a.N + n) * p.S + l.t * 2;
+    const int64_t n = n0 + g + 8 * r < a.N ? n0 + g + 8 * r : a.N - 1;
+    code_rows[r] = a.b_codes_ENP + (e * a.N + n) * p.P;
+    scale_rows[r] = a.b_scales_ENS + (e * a.N + n) * p.S;
   }
   const float global = a.b_global_E[e];
   const int64_t chunks = a.K / kChunk;
@@ -212,18 +233,26 @@ __global__ void __launch_bounds__(kThreads) nvfp4_gemm_kernel(const Params p) {
   for (int64_t m0 = row_begin; m0 < row_end; m0 += 8 * kGroups) {
     const int live = static_cast<int>((row_end - m0 + 7) / 8 < kGroups ? (row_end - m0 + 7) / 8
                                                                         : kGroups);
-    const bf16_t* rows[kGroups];
+    const bf16_t* row_starts[kGroups];
+    const bf16_t* rows[kGroups];  // the lane's elements of the next chunk
 #pragma unroll
     for (int q = 0; q < kGroups; ++q) {
       const int64_t m = m0 + q * 8 + g < row_end ? m0 + q * 8 + g : row_end - 1;
-      rows[q] = a.a_MK + m * a.K + l.t * 32;  // the lane's 32 elements of each chunk
+      row_starts[q] = a.a_MK + m * a.K;
+      rows[q] = row_starts[q] + t * 32;
+    }
+    Lane l;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l.codes[r] = code_rows[r] + t * 16;
+      l.scales[r] = scale_rows[r] + t * 2;
     }
     float acc[kGroups][4] = {};
 
     Chunk buf[kDepth];
 #pragma unroll
     for (int i = 0; i < kDepth; ++i) {
-      if (i < chunks) buf[i] = load_chunk<kWide>(l, i);
+      if (i < chunks) buf[i] = load_chunk<kWide>(l);
     }
     for (int64_t c0 = 0; c0 < chunks; c0 += kDepth) {
 #pragma unroll
@@ -231,19 +260,19 @@ __global__ void __launch_bounds__(kThreads) nvfp4_gemm_kernel(const Params p) {
         const int64_t c = c0 + i;
         if (c >= chunks) break;
         const Chunk cur = buf[i];
-        if (c + kDepth < chunks) buf[i] = load_chunk<kWide>(l, c + kDepth);
+        if (c + kDepth < chunks) buf[i] = load_chunk<kWide>(l);
         uint32_t frag[8][4];
         decode_chunk(cur, frag);
-        mma_chunk(frag, rows, live, c * kChunk, acc);
+        mma_chunk(frag, rows, live, acc);
       }
     }
-    if (chunks * kChunk < a.K) {
+    for (int64_t b = chunks * (kChunk / 16); b < a.K / 16; ++b) {
+      const uint8_t* const codes[2] = {code_rows[0] + b * 8, code_rows[1] + b * 8};
+      const uint8_t* const scale[2] = {scale_rows[0] + b, scale_rows[1] + b};
       const bf16_t* tail_rows[kGroups];
 #pragma unroll
-      for (int q = 0; q < kGroups; ++q) tail_rows[q] = rows[q] - l.t * 32;
-      for (int64_t b = chunks * (kChunk / 16); b < a.K / 16; ++b) {
-        tail_block(l, b, tail_rows, live, acc);
-      }
+      for (int q = 0; q < kGroups; ++q) tail_rows[q] = row_starts[q] + b * 16;
+      tail_block(codes, scale, tail_rows, live, t, acc);
     }
 
     // acc[q]: {(n g, m 2t), (n g, m 2t+1), (n g+8, m 2t), (n g+8, m 2t+1)} of group q.
@@ -252,7 +281,7 @@ __global__ void __launch_bounds__(kThreads) nvfp4_gemm_kernel(const Params p) {
       if (q >= live) break;
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const int64_t m = m0 + q * 8 + 2 * l.t + i;
+        const int64_t m = m0 + q * 8 + 2 * t + i;
         if (m >= row_end) continue;
         bf16_t* out = out_row(a, m);
 #pragma unroll
