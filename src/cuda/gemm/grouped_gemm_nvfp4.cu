@@ -337,7 +337,9 @@ void nvfp4_grouped_gemm(const Nvfp4GroupedGemmArgs& args, void* stream) {
   const dim3 grid(static_cast<unsigned>((args.N + kSlab - 1) / kSlab),
                   static_cast<unsigned>(args.E));
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
-  if (p.P % 16 == 0) {
+  // Wide loads: 16-byte code rows (P % 16 == 0, so K % 32 == 0 and the scale rows hold an even
+  // number of bytes) and 2-byte aligned scales.
+  if (p.P % 16 == 0 && reinterpret_cast<uintptr_t>(args.b_scales_ENS) % 2 == 0) {
     nvfp4_gemm_kernel<true><<<grid, kThreads, 0, st>>>(p);
   } else {
     nvfp4_gemm_kernel<false><<<grid, kThreads, 0, st>>>(p);
