@@ -1,7 +1,6 @@
 #include "cuda/nvfp4_forward.h"
 
 #include "cuda/gemm/nvfp4_gemm.h"
-#include "cuda/swiglu.h"
 #include "epmoe/error.h"
 
 namespace epmoe::cuda {
@@ -37,8 +36,17 @@ void nvfp4_w13_fprop(const Step& s) {
 }
 
 void nvfp4_w13_swiglu(const Step& s) {
-  nvfp4_w13_fprop(s);
-  swiglu_forward(s);
+  const int64_t D = s.dims.D, F = s.dims.F;
+  Nvfp4GroupedGemmArgs a = step_gemm(s, 2 * F, D);
+  a.a_MK = s.x_gathered_MD;
+  a.b_codes_ENP = s.w13_nvfp4_EFP;
+  a.b_scales_ENS = s.w13_nvfp4_scales_EFS;
+  a.b_global_E = s.w13_nvfp4_global_E;
+  a.swiglu = true;
+  a.act = s.act;
+  a.out_MN = s.h_MF;
+  a.ld_out = F;
+  nvfp4_grouped_gemm(a, s.stream);
 }
 
 void nvfp4_w2_fprop(const Step& s, bool scatter) {

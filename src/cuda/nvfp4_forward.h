@@ -10,7 +10,9 @@ namespace epmoe::cuda {
 
 // h13 = bf16(global_e * (x_gathered @ decoded w13[e]^T)).
 void nvfp4_w13_fprop(const Step& s);
-// The fused stage: nvfp4_w13_fprop, then the unfused SwiGLU kernel (h = act(h13)).
+// The fused stage: h = act(bf16(gate), bf16(up)) from the GEMM's SwiGLU epilogue (h13 is not
+// written: inference keeps nothing for backward); the same bits as nvfp4_w13_fprop followed by
+// the unfused SwiGLU kernel.
 void nvfp4_w13_swiglu(const Step& s);
 // rows = bf16(global_e * (h @ decoded w2[e]^T)); scatter: into the owners' combine slots,
 // otherwise into s.rows_MD (per-rank combine: s.h3_MD).

@@ -2,7 +2,8 @@
 // formula, out[m, n] = bf16(global_e * sum_k a[m, k] * e2m1(q) * e4m3(scale)), on several expert
 // counts and row distributions: empty experts, 1 .. 70 rows (several 32-row passes), rows past the
 // last group, N not a multiple of 16 or 64, K with and without a tail past the 128-element chunks,
-// code rows of 16-byte and of 8-byte pitch; the skip flag; rows stored into combine slots.
+// code rows of 16-byte and of 8-byte pitch; the skip flag; rows stored into combine slots; the
+// SwiGLU epilogue against the host SwiGLU of the plain output.
 //
 // Two checks:
 // - exact sums: activations are the integers -3..3, block scales powers of two in [1/4, 4] and the
@@ -25,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "core/activation.h"
 #include "core/formats/codecs.h"
 #include "core/layout.h"
 #include "core/numeric.h"
@@ -95,16 +97,22 @@ struct Problem {
     return x;
   }
 
-  // [M, N] output (rows outside the groups keep 0xA5A5).
-  std::vector<bf16_t> run_gpu(const int32_t* skip = nullptr) const {
-    Dev<bf16_t> da(a), dout(static_cast<size_t>(M * N));
+  // [M, N] output, with swiglu [M, N / 2] (rows outside the groups keep 0xA5A5).
+  std::vector<bf16_t> run_gpu(const int32_t* skip = nullptr,
+                              const ActivationParams* swiglu = nullptr) const {
+    const int64_t cols = swiglu != nullptr ? N / 2 : N;
+    Dev<bf16_t> da(a), dout(static_cast<size_t>(M * cols));
     Dev<uint8_t> dq(codes), ds(scales);
     Dev<float> dg(global);
     Dev<int32_t> doff(offsets);
     cuda::Nvfp4GroupedGemmArgs x = args(da, dq, ds, dg, doff);
     x.skip = skip;
     x.out_MN = dout.ptr;
-    x.ld_out = N;
+    x.ld_out = cols;
+    if (swiglu != nullptr) {
+      x.swiglu = true;
+      x.act = *swiglu;
+    }
     cuda::nvfp4_grouped_gemm(x, nullptr);
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);
     return dout.get();
@@ -223,6 +231,45 @@ TEST(GpuGemmNvfp4, CodecPreparedRandomDataWithinBound) {
   }
   if (std::getenv("EPMOE_REPORT_ERRORS") != nullptr) {
     std::printf("nvfp4 GEMM: worst |gpu - cpu| / bound %.3g\n", worst);
+  }
+}
+
+// The SwiGLU epilogue (gate rows [0, N/2), up rows [N/2, N)) against the host SwiGLU of the plain
+// output's rounded values: equal up to the device / host expf difference (one bf16 rounding
+// step), rows outside the groups untouched; plain and clamped.
+TEST(GpuGemmNvfp4, SwigluEpilogueMatchesThePlainOutputsSwiglu) {
+  EPMOE_REQUIRE_GPU();
+  std::mt19937 rng(25);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  ActivationParams clamped;
+  clamped.clamped = 1;
+  clamped.alpha = 1.702f;
+  clamped.limit = 7.0f;
+  for (const ActivationParams& act : {ActivationParams{}, clamped}) {
+    for (const Shape& s : shapes()) {
+      Problem p(s);
+      fill_exact(p, rng);
+      for (bf16_t& v : p.a) v = float_to_bf16(0.05f * normal(rng));  // gates around the knee
+      const std::vector<bf16_t> plain = p.run_gpu(), fused = p.run_gpu(nullptr, &act);
+      const int64_t F = p.N / 2;
+      for (int64_t m = 0; m < p.M; ++m) {
+        const bool in_group = m < p.offsets.back();
+        for (int64_t f = 0; f < F; ++f) {
+          const bf16_t got = fused[static_cast<size_t>(m * F + f)];
+          if (!in_group) {
+            ASSERT_EQ(got, static_cast<bf16_t>(0xA5A5)) << describe(s) << " row " << m;
+            continue;
+          }
+          const float gate = bf16_to_float(plain[static_cast<size_t>(m * p.N + f)]);
+          const float up = bf16_to_float(plain[static_cast<size_t>(m * p.N + F + f)]);
+          const double want = bf16_to_float(float_to_bf16(swiglu_forward(gate, up, act)));
+          const double g = bf16_to_float(got);
+          ASSERT_LE(std::fabs(g - want), std::ldexp(std::fabs(want), -7) + 1e-30)
+              << describe(s) << (act.clamped ? " clamped" : " plain") << " row " << m << " col "
+              << f << ": gate " << gate << " up " << up;
+        }
+      }
+    }
   }
 }
 

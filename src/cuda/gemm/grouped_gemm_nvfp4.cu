@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/activation.h"
 #include "core/formats/e2m1_bf16.h"
 #include "core/layout.h"
 #include "cuda/check.h"
@@ -203,7 +204,10 @@ __device__ __forceinline__ bf16_t* out_row(const Nvfp4GroupedGemmArgs& a, int64_
   return a.combine_R[src_rank(src, a.T, a.top_k)] + src_slot(src, a.T, a.top_k) * a.N;
 }
 
-template <bool kWide>
+// kSwiglu (W13 with the SwiGLU epilogue): a warp's A rows are 8 gate rows f0 + g and their 8 up
+// rows F + f0 + g, so a lane holds gate and up of the same (row m, column f) and stores
+// h = act(bf16(gate), bf16(up)) as the unfused kernel does (core/activation.h).
+template <bool kWide, bool kSwiglu>
 __global__ void __launch_bounds__(kThreads) nvfp4_gemm_kernel(const Params p) {
   const Nvfp4GroupedGemmArgs& a = p.a;
   const int e = static_cast<int>(blockIdx.y);
@@ -215,15 +219,24 @@ __global__ void __launch_bounds__(kThreads) nvfp4_gemm_kernel(const Params p) {
   if (row_end <= row_begin) return;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4;  // mma groupID: weight rows g, g + 8; activation row g of a group
+  // Unfused: weight rows n0 + g, n0 + g + 8 of 16 per warp. kSwiglu: gate row f0 + g and up row
+  // F + f0 + g of 8 columns per warp. Rows past the end: clamped, loaded, unstored.
+  const int64_t F = a.N / 2;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kSlab + warp * kRowsPerWarp;
-  if (n0 >= a.N) return;  // warp-uniform; no CTA-wide barrier follows
+  const int64_t f0 = static_cast<int64_t>(blockIdx.x) * (kSlab / 2) + warp * (kRowsPerWarp / 2);
+  if (kSwiglu ? f0 >= F : n0 >= a.N) return;  // warp-uniform; no CTA-wide barrier follows
 
   const int t = lane % 4;
-  const uint8_t* code_rows[2];   // weight rows g, g + 8 (past N: clamped, loaded, unstored)
+  const uint8_t* code_rows[2];
   const uint8_t* scale_rows[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int64_t n = n0 + g + 8 * r < a.N ? n0 + g + 8 * r : a.N - 1;
+    int64_t n;
+    if constexpr (kSwiglu) {
+      n = r * F + (f0 + g < F ? f0 + g : F - 1);
+    } else {
+      n = n0 + g + 8 * r < a.N ? n0 + g + 8 * r : a.N - 1;
+    }
     code_rows[r] = a.b_codes_ENP + (e * a.N + n) * p.P;
     scale_rows[r] = a.b_scales_ENS + (e * a.N + n) * p.S;
   }
@@ -275,7 +288,8 @@ __global__ void __launch_bounds__(kThreads) nvfp4_gemm_kernel(const Params p) {
       tail_block(codes, scale, tail_rows, live, t, acc);
     }
 
-    // acc[q]: {(n g, m 2t), (n g, m 2t+1), (n g+8, m 2t), (n g+8, m 2t+1)} of group q.
+    // acc[q]: {(A row g, m 2t), (A row g, m 2t+1), (A row g+8, m 2t), (A row g+8, m 2t+1)} of
+    // group q.
 #pragma unroll
     for (int q = 0; q < kGroups; ++q) {
       if (q >= live) break;
@@ -283,11 +297,19 @@ __global__ void __launch_bounds__(kThreads) nvfp4_gemm_kernel(const Params p) {
       for (int i = 0; i < 2; ++i) {
         const int64_t m = m0 + q * 8 + 2 * t + i;
         if (m >= row_end) continue;
-        bf16_t* out = out_row(a, m);
+        if constexpr (kSwiglu) {
+          const int64_t f = f0 + g;
+          if (f >= F) continue;
+          const float gate = bf16_to_float(to_bf16(__fmul_rn(acc[q][i], global)));
+          const float up = bf16_to_float(to_bf16(__fmul_rn(acc[q][2 + i], global)));
+          a.out_MN[m * a.ld_out + f] = to_bf16(swiglu_forward(gate, up, a.act));
+        } else {
+          bf16_t* out = out_row(a, m);
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int64_t n = n0 + g + 8 * r;
-          if (n < a.N) out[n] = to_bf16(__fmul_rn(acc[q][2 * r + i], global));
+          for (int r = 0; r < 2; ++r) {
+            const int64_t n = n0 + g + 8 * r;
+            if (n < a.N) out[n] = to_bf16(__fmul_rn(acc[q][2 * r + i], global));
+          }
         }
       }
     }
@@ -309,8 +331,12 @@ void check_args(const Nvfp4GroupedGemmArgs& a) {
   if (scatter) {
     EPMOE_CHECK_ARG(a.out_MN == nullptr, "out_MN", "nullptr with combine_R (one destination)",
                     "a pointer");
+    EPMOE_CHECK_ARG(!a.swiglu, "swiglu", "false with combine_R (W2 has no SwiGLU)", "true");
     EPMOE_CHECK_ARG(a.T >= 1 && a.top_k >= 1, "T, top_k", ">= 1 with combine_R",
                     std::to_string(a.T) + ", " + std::to_string(a.top_k));
+  } else if (a.swiglu) {
+    EPMOE_CHECK_ARG(a.N % 2 == 0, "N", "even with swiglu (gate rows, then up rows)", a.N);
+    EPMOE_CHECK_ARG(a.ld_out >= a.N / 2, "ld_out", ">= N / 2 with swiglu", a.ld_out);
   } else {
     EPMOE_CHECK_ARG(a.ld_out >= a.N, "ld_out", ">= N", a.ld_out);
   }
@@ -334,15 +360,22 @@ void nvfp4_grouped_gemm(const Nvfp4GroupedGemmArgs& args, void* stream) {
   check_args(args);
   if (args.M == 0) return;
   const Params p{args, args.K / 2, args.K / 16};
-  const dim3 grid(static_cast<unsigned>((args.N + kSlab - 1) / kSlab),
-                  static_cast<unsigned>(args.E));
+  const int64_t slabs = args.swiglu ? (args.N / 2 + kSlab / 2 - 1) / (kSlab / 2)
+                                    : (args.N + kSlab - 1) / kSlab;
+  const dim3 grid(static_cast<unsigned>(slabs), static_cast<unsigned>(args.E));
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   // Wide loads: 16-byte code rows (P % 16 == 0, so K % 32 == 0 and the scale rows hold an even
   // number of bytes) and 2-byte aligned scales.
-  if (p.P % 16 == 0 && reinterpret_cast<uintptr_t>(args.b_scales_ENS) % 2 == 0) {
-    nvfp4_gemm_kernel<true><<<grid, kThreads, 0, st>>>(p);
+  const bool wide =
+      p.P % 16 == 0 && reinterpret_cast<uintptr_t>(args.b_scales_ENS) % 2 == 0;
+  if (wide && args.swiglu) {
+    nvfp4_gemm_kernel<true, true><<<grid, kThreads, 0, st>>>(p);
+  } else if (wide) {
+    nvfp4_gemm_kernel<true, false><<<grid, kThreads, 0, st>>>(p);
+  } else if (args.swiglu) {
+    nvfp4_gemm_kernel<false, true><<<grid, kThreads, 0, st>>>(p);
   } else {
-    nvfp4_gemm_kernel<false><<<grid, kThreads, 0, st>>>(p);
+    nvfp4_gemm_kernel<false, false><<<grid, kThreads, 0, st>>>(p);
   }
   EPMOE_CUDA_LAUNCH_CHECK();
 }

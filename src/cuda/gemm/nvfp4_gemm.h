@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "core/activation.h"
 #include "core/numeric.h"
 
 namespace epmoe::cuda {
@@ -35,12 +36,18 @@ struct Nvfp4GroupedGemmArgs {
   const int32_t* recv_src_M = nullptr;    // device [M]
   int64_t T = 0;
   int top_k = 0;
+  // W13 with the SwiGLU epilogue: B holds the gate rows [0, N/2) then the up rows [N/2, N); out
+  // gets h[m, f] = bf16(act(bf16(gate), bf16(up))) for f < N/2 (core/activation.h, the unfused
+  // kernel's math), [M, N/2] with row pitch ld_out; no h13.
+  bool swiglu = false;
+  ActivationParams act;
 };
 
 // Requirements (checked; Error(invalid_argument) naming the field): E >= 1, K > 0 and
 // K % 16 == 0, N > 0, ld_out >= N (or the combine fields), a_MK and b_codes_ENP 16-byte aligned,
-// b_global_E 4-byte aligned. Grid (ceil(N / 64), E); graph-capturable; deterministic (one warp
-// owns each output and sums K in a fixed order).
+// b_global_E 4-byte aligned; swiglu: N even, ld_out >= N / 2, no combine_R. Grid (ceil(N / 64), E)
+// (swiglu: (ceil(N / 2 / 32), E)); graph-capturable; deterministic (one warp owns each output and
+// sums K in a fixed order).
 void nvfp4_grouped_gemm(const Nvfp4GroupedGemmArgs& args, void* stream);
 
 }  // namespace epmoe::cuda
