@@ -272,10 +272,10 @@ __global__ void __launch_bounds__(kThreads) nvfp4_gemm_kernel(const Params p) {
       for (int i = 0; i < kDepth; ++i) {
         const int64_t c = c0 + i;
         if (c >= chunks) break;
-        const Chunk cur = buf[i];
-        if (c + kDepth < chunks) buf[i] = load_chunk<kWide>(l);
+        // Decode first, then refill the slot: the next load needs no registers of its own.
         uint32_t frag[8][4];
-        decode_chunk(cur, frag);
+        decode_chunk(buf[i], frag);
+        if (c + kDepth < chunks) buf[i] = load_chunk<kWide>(l);
         mma_chunk(frag, rows, live, acc);
       }
     }
