@@ -26,6 +26,7 @@
 #include "epmoe/prepared_weights.h"
 #include "harness.h"
 #include "moe_case.h"
+#include "nvfp4_weights.h"
 #include "require_gpu.h"
 #include "tolerances.h"
 
@@ -34,64 +35,13 @@ namespace {
 
 #define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
 
-// One NVFP4 prepared weight [E, N, L]: prepared on the host (the CPU backend reads it there) and
-// uploaded (the CUDA backend reads the same bytes).
-struct Nvfp4Weight {
-  Nvfp4Weight(const std::vector<bf16_t>& w_ENL, int64_t E, int64_t N, int64_t L) {
-    const PreparedWeightShapes s = prepared_weight_shapes(WeightFormat::nvfp4, E, N, L);
-    q.assign(static_cast<size_t>(s.data.numel()), 0);
-    scales.assign(static_cast<size_t>(s.scales.numel()), 0);
-    global.assign(static_cast<size_t>(E), 0.0f);
-    host = PreparedWeights{WeightFormat::nvfp4, E, N, L, s.data, s.scales, s.global_scale, {}, {}};
-    host.data.data = q.data();
-    host.scales.data = scales.data();
-    host.global_scale.data = global.data();
-    std::vector<bf16_t> w = w_ENL;  // prepare_weights takes a mutable view
-    prepare_weights(TensorRef::contiguous(w.data(), DType::bf16, {E, N, L}), host);
-    device = host;
-    device.data.data = dq = upload(q);
-    device.scales.data = ds = upload(scales);
-    device.global_scale.data = dg = upload(global);
-    for (TensorRef* t : {&device.data, &device.scales, &device.global_scale}) {
-      t->device = Device::cuda(0);
-    }
-  }
-  ~Nvfp4Weight() {
-    cudaFree(dq);
-    cudaFree(ds);
-    cudaFree(dg);
-  }
-  Nvfp4Weight(const Nvfp4Weight&) = delete;
-  Nvfp4Weight& operator=(const Nvfp4Weight&) = delete;
-
-  std::vector<uint8_t> q, scales;
-  std::vector<float> global;
-  PreparedWeights host, device;
-  uint8_t *dq = nullptr, *ds = nullptr;
-  float* dg = nullptr;
-};
-
-struct Weights {
-  Weights(const Problem& p, const RankInputs& in)
-      : w13(in.w13_EFD, p.local_experts(), 2 * p.intermediate, p.hidden),
-        w2(in.w2_EDF, p.local_experts(), p.hidden, p.intermediate) {}
-  Nvfp4Weight w13, w2;
-};
+using Weights = Nvfp4Weights;
 
 Problem nvfp4_problem(int64_t T, int64_t D, int64_t F, int experts, int K, bool clamped = false) {
   Problem p = make_problem(1, T, D, F, K, experts,
                            clamped ? Activation::swiglu_clamped() : Activation::swiglu());
   p.inference = true;
   return p;
-}
-
-// The problem's config with precision nvfp4 (Problem keeps bf16: RankCall would prepare FP8
-// copies for prepared_weights; the NVFP4 ones are built here).
-Config nvfp4_config(const Problem& p) {
-  ConfigFields f = p.config().fields();
-  f.precision = Precision::nvfp4;
-  f.prepared_weights = true;
-  return Config(f);
 }
 
 // The CPU backend's y (one thread rank) on the host-prepared weights.
