@@ -2,8 +2,7 @@
 // through the public API, against the CPU backend on the same inputs and the same prepared weights:
 // - y within kBackendTolerances (nvfp4, y) on random inputs: T = 1, 7, 128, 1000, D and F
 //   multiples of 16 but not of 128, plain and clamped SwiGLU, live count below T and 0;
-// - fused == unfused, no bf16 weights == with them, repeated calls, per-rank == per-route combine
-//   (R = 1): bitwise;
+// - fused == unfused, no bf16 weights == with them, repeated calls: bitwise;
 // - CUDA-graph replay with new routings and live counts == eager, bitwise;
 // - a skipped step (capacity overflow) reported as the bf16 path does, the context usable after.
 #include <cuda_runtime.h>
@@ -161,9 +160,6 @@ TEST(GpuNvfp4Forward, MatchesCpuWithinBoundAndVariantsBitwise) {
     expect_same_y(gpu_forward(unfused, in, w), gpu, c.p.hidden, what + ": unfused vs fused");
     expect_same_y(gpu_forward(c.p, in, w, 1, false), gpu, c.p.hidden,
                   what + ": without bf16 weights vs with");
-    Problem per_rank = c.p;
-    per_rank.combine = CombineMode::per_rank;
-    expect_same_y(gpu_forward(per_rank, in, w), gpu, c.p.hidden, what + ": per-rank combine");
   }
 }
 
