@@ -11,6 +11,13 @@ scales, weights quantized once) for fwd, fwd+bwd and decode-fwd; both rel-L2 aga
 outputs on the same inputs. --no-fp8 leaves all of them out; where torch._scaled_grouped_mm does
 not run the row-wise recipe the torch-native-fp8 rows are left out with the reason printed and
 kept under "notes" in the JSON.
+
+Each shape also gets epmoe-nvfp4 / epmoe-nvfp4-graph decode-fwd rows (Config.precision = nvfp4:
+weight-only inference on weights prepared once) with roofline_fraction for the bytes the NVFP4
+forward reads (codes, block scales, globals of the experts it touches, and the activation rows its
+GEMMs read), ratio_to_bf16 against the epmoe bf16 decode row of the same shape (eager vs eager,
+graph vs graph) and y's rel-L2 against it. --no-nvfp4 leaves them out; --nvfp4-only times the bf16
+decode rows and these alone.
 """
 import argparse
 import datetime
@@ -114,7 +121,8 @@ class Layer:
     def __init__(self, lib, shape, routing, T, seed=0, fused=True, precision="bf16"):
         """precision "fp8": an fp8_block inference context (forward only) with the weights
         prepared once (epmoe_prepare_weights_fp8), as an inference server holds them;
-        "fp8-train": an fp8_block training context with prepared weights (forward + backward)."""
+        "fp8-train": an fp8_block training context with prepared weights (forward + backward);
+        "nvfp4": weight-only NVFP4 inference on weights prepared once (epmoe_prepare_weights_nvfp4)."""
         D, F, E, K, _, _ = S.SHAPES[shape]
         g = torch.Generator(device="cuda").manual_seed(seed)
         self.D, self.F, self.E, self.K, self.T = D, F, E, K, T
@@ -128,7 +136,11 @@ class Layer:
         cfg = lib.epmoe_config_default(T, D, F, K, E)
         cfg.fuse_epilogues = int(fused)
         cfg.scratch_device_bytes = SCRATCH_DEVICE_BYTES
-        self.inference = precision == "fp8"
+        self.inference = precision in ("fp8", "nvfp4")
+        if precision == "nvfp4":
+            cfg.precision, cfg.inference, cfg.prepared_weights = 3, 1, 1
+            self.prepared = (epmoe_ctypes.PreparedNvfp4(lib, self.w13),
+                             epmoe_ctypes.PreparedNvfp4(lib, self.w2))
         if precision in ("fp8", "fp8-train"):
             cfg.precision, cfg.inference, cfg.prepared_weights = 1, int(self.inference), 1
             t = not self.inference  # a backward reads the transposed copies
@@ -355,6 +367,55 @@ def bench_fp8_forward(lib, shape, routing, ceil, rows, iters, y_bf16, t_fwd_bf16
     torch.cuda.empty_cache()
 
 
+def bench_bf16_decode(lib, shape, routing, ceil, rows, iters):
+    """The epmoe / epmoe-graph bf16 decode-fwd rows alone (--nvfp4-only). Returns (eager times,
+    graph times, y)."""
+    D, F, E, K, _, T_decode = S.SHAPES[shape]
+    Ld = Layer(lib, shape, routing, T_decode, seed=1)
+    t_dec, t_dec_graph, active = decode_times(Ld, iters)
+    weight_bytes = active * 3 * D * F * 2
+    for impl, t in (("epmoe", t_dec), ("epmoe-graph", t_dec_graph)):
+        rows.append(row(impl, shape, routing, "decode-fwd", T_decode, t, 6 * Ld.routes * D * F,
+                        GBps=weight_bytes / t[0] / 1e6,
+                        roofline_fraction=weight_bytes / (ceil["hbm_copy_GBps"] * 1e6) / t[0],
+                        weight_bytes=weight_bytes))
+    Ld.forward(False)
+    y = Ld.y.clone()
+    Ld.close()
+    del Ld
+    torch.cuda.empty_cache()
+    return t_dec, t_dec_graph, y
+
+
+def bench_nvfp4_decode(lib, shape, routing, ceil, rows, iters, bf16_dec, bf16_dec_graph, y_bf16):
+    """epmoe-nvfp4: the weight-only NVFP4 decode forward (weights prepared once) on the inputs of
+    the bf16 decode rows (same seed); bf16_dec / bf16_dec_graph / y_bf16: that row's times and y
+    (ratio_to_bf16, rel-L2). Bytes read: the touched experts' codes, block scales and globals, and
+    the activation rows the two GEMMs read (x rows [routes, D], h rows [routes, F], bf16)."""
+    D, F, E, K, _, T_decode = S.SHAPES[shape]
+    Ln = Layer(lib, shape, routing, T_decode, seed=1, precision="nvfp4")
+    Ln.forward(False)
+    Ln.ctx.check()
+    err = rel_l2(Ln.y, y_bf16)
+    t_dec, t_dec_graph, active = decode_times(Ln, iters)
+    per_expert = sum(p.nbytes() for p in Ln.prepared) // E
+    weight_bytes = active * per_expert
+    read_bytes = weight_bytes + Ln.routes * (D + F) * 2
+    for impl, t, ref in (("epmoe-nvfp4", t_dec, bf16_dec),
+                         ("epmoe-nvfp4-graph", t_dec_graph, bf16_dec_graph)):
+        rows.append(row(impl, shape, routing, "decode-fwd", T_decode, t, 6 * Ln.routes * D * F,
+                        GBps=read_bytes / t[0] / 1e6, precision="nvfp4",
+                        roofline_fraction=read_bytes / (ceil["hbm_copy_GBps"] * 1e6) / t[0],
+                        weight_bytes=weight_bytes, read_bytes=read_bytes,
+                        ratio_to_bf16=ref[0] / t[0], rel_l2_vs_bf16={"y": err}))
+        print(f"{shape} {routing} {impl} decode-fwd {t[0]:.4f} ms, x{ref[0] / t[0]:.2f} vs bf16, "
+              f"{100 * read_bytes / (ceil['hbm_copy_GBps'] * 1e6) / t[0]:.0f}% of HBM roofline "
+              f"({read_bytes / 1e6:.1f} MB read), y rel-L2 vs bf16 {err:.3e}", flush=True)
+    Ln.close()
+    del Ln
+    torch.cuda.empty_cache()
+
+
 def bench_fp8_train(lib, shape, routing, rows, iters, bf16_out, t_step_bf16, recipe_ms=None):
     """epmoe-fp8 fwd+bwd: an fp8_block training context with prepared weights (prepared once, as
     an optimizer step would refill them) at training T, on the inputs of the bf16 rows; useful
@@ -384,8 +445,9 @@ def bench_fp8_train(lib, shape, routing, rows, iters, bf16_out, t_step_bf16, rec
     torch.cuda.empty_cache()
 
 
-def bench_shape(lib, shape, routing, ceil, rows, iters, fp8=True, fp8_recipe=True):
-    """fp8: the epmoe-fp8 rows; fp8_recipe: the torch-native-fp8 rows (with fp8 only)."""
+def bench_shape(lib, shape, routing, ceil, rows, iters, fp8=True, fp8_recipe=True, nvfp4=True):
+    """fp8: the epmoe-fp8 rows; fp8_recipe: the torch-native-fp8 rows (with fp8 only); nvfp4: the
+    epmoe-nvfp4 decode rows."""
     D, F, E, K, T_train, T_decode = S.SHAPES[shape]
     L = Layer(lib, shape, routing, T_train)
     N = L.routes
@@ -482,9 +544,13 @@ def bench_shape(lib, shape, routing, ceil, rows, iters, fp8=True, fp8_recipe=Tru
             print(note, flush=True)
             NOTES.append(note)
             torch.cuda.empty_cache()
+    Ld.forward(False)
+    y_dec = Ld.y.clone()
     Ld.close()
     del Ld
     torch.cuda.empty_cache()
+    if nvfp4:
+        bench_nvfp4_decode(lib, shape, routing, ceil, rows, iters, t_dec, t_dec_graph, y_dec)
     if fp8:
         bench_fp8_forward(lib, shape, routing, ceil, rows, iters, y_bf16, t_fwd, recipe_fp8_ms)
         bench_fp8_train(lib, shape, routing, rows, iters, bf16_out, t_step, recipe_fp8_ms)
@@ -519,6 +585,9 @@ def main():
                     help="the --epmoe-only context's precision")
     ap.add_argument("--no-fp8", action="store_true",
                     help="leave out the epmoe-fp8 and torch-native-fp8 rows")
+    ap.add_argument("--no-nvfp4", action="store_true", help="leave out the epmoe-nvfp4 rows")
+    ap.add_argument("--nvfp4-only", action="store_true",
+                    help="only the bf16 decode rows (epmoe, epmoe-graph) and the epmoe-nvfp4 rows")
     ap.add_argument("--scratch-device-bytes", type=int, default=-1,
                     help="Config.scratch_device_bytes of the epmoe contexts (-1: all scratch on device)")
     args = ap.parse_args()
@@ -529,7 +598,7 @@ def main():
     print(f"ceilings: {ceil}", flush=True)
     rows = []
     fp8_recipe = False
-    if not args.no_fp8 and not args.epmoe_only:
+    if not args.no_fp8 and not args.epmoe_only and not args.nvfp4_only:
         reason = torch_recipe_fp8.unsupported_reason()
         fp8_recipe = reason is None
         if reason:
@@ -542,8 +611,13 @@ def main():
                                  args.epmoe_only_precision)
                 write_results(args.out, ceil, rows)
                 continue
+            if args.nvfp4_only:
+                bench_nvfp4_decode(lib, shape, routing, ceil, rows, args.iters,
+                                   *bench_bf16_decode(lib, shape, routing, ceil, rows, args.iters))
+                write_results(args.out, ceil, rows)
+                continue
             err = bench_shape(lib, shape, routing, ceil, rows, args.iters, fp8=not args.no_fp8,
-                              fp8_recipe=fp8_recipe)
+                              fp8_recipe=fp8_recipe, nvfp4=not args.no_nvfp4)
             for r in rows:
                 if r["shape"] == shape and r["routing"] == routing and r.get("median_ms") is not None:
                     tf = r["useful_tflops"]

@@ -11,6 +11,9 @@
 #       profiler, bench/one_step.py --profile; EPMOE_PROFILE_PRECISION, default fp8-train):
 #       $OUT/profile.txt; with EPMOE_NCU_KERNEL=<regex> also Nsight Compute on that kernel's
 #       launches of the second step (EPMOE_NCU_SKIP / EPMOE_NCU_COUNT, default 4 / 4): $OUT/ncu.txt
+#   bash bench/device.sh nvfp4 [bench_moe args...]   NVFP4 weight-only inference: builds libepmoe
+#       and its tests, runs them (measured errors, memcheck), then bench_moe.py --nvfp4-only:
+#       $OUT/nvfp4_*.log, $OUT/bench_nvfp4.json
 # CUTLASS headers and GoogleTest sources travel in third_party/ (git-ignored; name it in carry).
 # The JSON files record EPMOE_SHA when set: the device machine's copy of .git can be older than the
 # working tree it runs, so pass the commit from the calling machine (EPMOE_SHA=<sha> bash ...).
@@ -37,6 +40,9 @@ elif [[ $mode == slots ]]; then
   EPMOE_BUILD_TARGETS=${EPMOE_BUILD_TARGETS:-epmoe test_c_api}
 elif [[ $mode == profile ]]; then
   EPMOE_BUILD_TARGETS=${EPMOE_BUILD_TARGETS:-epmoe}
+elif [[ $mode == nvfp4 ]]; then
+  EPMOE_BUILD_TARGETS=${EPMOE_BUILD_TARGETS:-epmoe test_gpu_gemm_nvfp4 test_gpu_nvfp4_forward \
+    test_gpu_prepared_weights test_c_api test_formats}
 fi
 for t in ${EPMOE_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
 if ! cmake --build "$build" -j "$(nproc)" "${targets[@]}" > "$OUT/build.log" 2>&1; then
@@ -63,6 +69,9 @@ if [[ $mode == all || $mode == test ]]; then
   compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/gpu/test_gpu_fp8_forward" \
       --gtest_filter='GpuFp8Forward.OverflowIsReported*' > "$OUT/memcheck_fp8.log" 2>&1 || status=1
   tail -3 "$OUT/memcheck_fp8.log"
+  # The nvfp4 forward: measured CUDA-vs-CPU errors (kBackendTolerances evidence).
+  EPMOE_REPORT_ERRORS=1 "$build/tests/gpu/test_gpu_nvfp4_forward" > "$OUT/gpu_nvfp4_forward.log" 2>&1 || status=1
+  grep -E "rel-L2|FAILED|PASSED" "$OUT/gpu_nvfp4_forward.log" | head -20
   # The format codec kernels (partial blocks, odd packed rows) under memcheck.
   compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/gpu/test_gpu_formats" \
       --gtest_filter='GpuFormats.*BitwiseVsCpu' > "$OUT/memcheck_formats.log" 2>&1 || status=1
@@ -114,5 +123,28 @@ if [[ $mode == profile ]]; then
         --lib "$build/src/libepmoe.so" > "$OUT/ncu.txt" 2>&1 || status=1
     grep -E "grouped_gemm|Duration|DRAM Throughput|Compute \(SM\) Throughput|No Eligible|Registers Per|Warp Cycles Per Issued|Stall" "$OUT/ncu.txt" | head -80
   fi
+fi
+if [[ $mode == nvfp4 ]]; then
+  t0=$(date +%s)
+  for t in tests/cpp/test_formats tests/cpp/test_c_api tests/gpu/test_gpu_prepared_weights; do
+    "$build/$t" > "$OUT/nvfp4_$(basename "$t").log" 2>&1 || status=1
+    grep -E "FAILED|PASSED" "$OUT/nvfp4_$(basename "$t").log" | head -10
+  done
+  for t in test_gpu_gemm_nvfp4 test_gpu_nvfp4_forward; do
+    EPMOE_REPORT_ERRORS=1 "$build/tests/gpu/$t" > "$OUT/nvfp4_$t.log" 2>&1 || status=1
+    grep -E "rel-L2|worst|FAILED|PASSED|Failure" "$OUT/nvfp4_$t.log" | head -30
+  done
+  compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/gpu/test_gpu_gemm_nvfp4" \
+      > "$OUT/nvfp4_memcheck_gemm.log" 2>&1 || status=1
+  tail -3 "$OUT/nvfp4_memcheck_gemm.log"
+  compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/gpu/test_gpu_nvfp4_forward" \
+      --gtest_filter='GpuNvfp4Forward.OverflowIsReported*' > "$OUT/nvfp4_memcheck_forward.log" 2>&1 ||
+    status=1
+  tail -3 "$OUT/nvfp4_memcheck_forward.log"
+  echo "nvfp4 tests: $(( $(date +%s) - t0 )) s, status $status"
+  PYTHONUNBUFFERED=1 timeout -k 10 "${EPMOE_NVFP4_BENCH_TIMEOUT:-360}" python3 bench/bench_moe.py \
+      --nvfp4-only --out "$OUT/bench_nvfp4.json" --lib "$build/src/libepmoe.so" "$@" \
+      > "$OUT/bench_nvfp4.log" 2>&1 || status=1
+  grep -v "^ceilings" "$OUT/bench_nvfp4.log" | tail -40
 fi
 exit $status

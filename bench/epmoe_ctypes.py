@@ -19,7 +19,7 @@ class Config(ctypes.Structure):
         ("scratch_device_bytes", ctypes.c_int64),  # -1: all scratch in device memory
         ("slot_capacity_factor", ctypes.c_double),  # < 0: unset
         ("slot_bytes", ctypes.c_int64),  # < 0: unset (neither: the maximum useful slot)
-        ("precision", ctypes.c_int32),  # 0 bf16, 1 fp8_block
+        ("precision", ctypes.c_int32),  # 0 bf16, 1 fp8_block, 3 nvfp4 (weight-only inference)
         ("inference", ctypes.c_int32),  # 1: forward only (no slots)
         ("prepared_weights", ctypes.c_int32),  # fp8_block: forward takes prepared weights
         ("combine", ctypes.c_int32),  # 0: per_route, 1: per_rank
@@ -54,6 +54,9 @@ class ForwardArgs(ctypes.Structure):
         ("save_for_backward", ctypes.c_int32), ("slot", ctypes.c_int32), ("stream", ctypes.c_void_p),
         ("w13_q", ctypes.c_void_p), ("w13_scales", ctypes.c_void_p),
         ("w2_q", ctypes.c_void_p), ("w2_scales", ctypes.c_void_p),
+        # precision nvfp4: E4M3 block scales and fp32 globals (codes in w13_q / w2_q)
+        ("w13_block_scales", ctypes.c_void_p), ("w13_global", ctypes.c_void_p),
+        ("w2_block_scales", ctypes.c_void_p), ("w2_global", ctypes.c_void_p),
     ]
 
 
@@ -103,6 +106,9 @@ def load(path=None):
                                               ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                                               ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                                               ctypes.c_void_p]
+    lib.epmoe_prepare_weights_nvfp4.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                                ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                                                ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
     return lib
 
 
@@ -138,6 +144,32 @@ class PreparedFp8:
                                               _ptr(self.qt), _ptr(self.scales_t), self.device,
                                               stream) != 0:
             raise RuntimeError(self.lib.epmoe_last_error().decode())
+
+
+class PreparedNvfp4:
+    """nvfp4 prepared weights of a bf16 [G, N, L] tensor on cuda:device (packed E2M1 codes
+    [G, N, L/2], E4M3 block scales [G, N, L/16], one fp32 global per group; weight-only inference)
+    (epmoe_prepare_weights_nvfp4; refill() after the bf16 weights change)."""
+
+    def __init__(self, lib, w, device=0):
+        G, N, L = w.shape
+        self.lib, self.w, self.device = lib, w, device
+        self.q = torch.empty(G, N, (L + 1) // 2, dtype=torch.uint8, device=w.device)
+        self.scales = torch.empty(G, N, (L + 15) // 16, dtype=torch.uint8, device=w.device)
+        self.global_scale = torch.empty(G, dtype=torch.float32, device=w.device)
+        self.refill()
+
+    def refill(self):
+        G, N, L = self.w.shape
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        if self.lib.epmoe_prepare_weights_nvfp4(_ptr(self.w), G, N, L, _ptr(self.q),
+                                                _ptr(self.scales), _ptr(self.global_scale),
+                                                self.device, stream) != 0:
+            raise RuntimeError(self.lib.epmoe_last_error().decode())
+
+    def nbytes(self):
+        """Bytes of codes, block scales and globals."""
+        return self.q.numel() + self.scales.numel() + 4 * self.global_scale.numel()
 
 
 NCCL_UNIQUE_ID_BYTES = 128  # EPMOE_NCCL_UNIQUE_ID_BYTES of include/epmoe/c_api_nccl.h
@@ -214,12 +246,19 @@ class Context:
         return None if self.cpu else ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
     def forward(self, x, ids, scores, w13, w2, y, save=True, num_tokens=None, slot=0, prepared=None):
-        """prepared: (w13, w2) PreparedFp8 for a Config with prepared_weights."""
+        """prepared: (w13, w2) PreparedFp8 for a Config with prepared_weights, PreparedNvfp4
+        for precision nvfp4."""
         a = ForwardArgs(_ptr(x), x.shape[0], _ptr(num_tokens), _ptr(ids),
                         int(ids.dtype == torch.int64), _ptr(scores),
                         int(scores.dtype == torch.bfloat16), _ptr(w13), _ptr(w2), _ptr(y),
                         int(save), slot, self._stream())
-        if prepared is not None:
+        if prepared is not None and isinstance(prepared[0], PreparedNvfp4):
+            p13, p2 = prepared
+            a.w13_q, a.w13_block_scales, a.w13_global = (_ptr(p13.q), _ptr(p13.scales),
+                                                         _ptr(p13.global_scale))
+            a.w2_q, a.w2_block_scales, a.w2_global = (_ptr(p2.q), _ptr(p2.scales),
+                                                      _ptr(p2.global_scale))
+        elif prepared is not None:
             p13, p2 = prepared
             a.w13_q, a.w13_scales = _ptr(p13.q), _ptr(p13.scales)
             a.w2_q, a.w2_scales = _ptr(p2.q), _ptr(p2.scales)

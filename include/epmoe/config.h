@@ -29,7 +29,7 @@ struct Activation {
 // Operand precision of the expert GEMMs. bf16 runs everywhere; fp8_block (E4M3, 1x128 activation
 // and 128x128 weight blocks, fp32 scales; docs/formats.md "FP8 training") on the CPU backend;
 // nvfp4 is weight-only inference (NVFP4 prepared weights, bf16 activations; needs inference and
-// prepared_weights; docs/formats.md "NVFP4 weight-only inference") on the CPU backend; mxfp8 is a
+// prepared_weights; docs/formats.md "NVFP4 weight-only inference") on both backends; mxfp8 is a
 // format only (codecs, PreparedWeights), refused as a Config.precision.
 enum class Precision : int { bf16, fp8_block, mxfp8, nvfp4 };
 const char* to_string(Precision precision);

@@ -12,6 +12,7 @@
 #include "cuda/fp8_backward.h"
 #include "cuda/fp8_forward.h"
 #include "cuda/gemm/expert_gemm.h"
+#include "cuda/nvfp4_forward.h"
 #include "cuda/publish.h"
 #include "cuda/reduce.h"
 #include "cuda/slots.h"
@@ -39,12 +40,11 @@ CudaBackend::CudaBackend(int device_ordinal) : ordinal_(device_ordinal) {
 
 void CudaBackend::validate(const Config& config, int ep_size) const {
   // The FP8 and NVFP4 paths are defined by the CPU reference (docs/formats.md). The FP8 forward
-  // and backward run on CUDA; NVFP4's mixed-input GEMM does not exist here yet.
+  // and backward and the NVFP4 weight-only forward run on CUDA.
   const Precision precision = config.fields().precision;
-  EPMOE_CHECK_ARG(precision == Precision::bf16 || precision == Precision::fp8_block,
-                  "Config.precision",
-                  "bf16 or fp8_block on the CUDA backend (nvfp4 weight-only inference runs on the "
-                  "CPU backend only so far)",
+  EPMOE_CHECK_ARG(precision == Precision::bf16 || precision == Precision::fp8_block ||
+                      precision == Precision::nvfp4,
+                  "Config.precision", "bf16, fp8_block or nvfp4 on the CUDA backend",
                   std::string(to_string(precision)));
   if (precision == Precision::fp8_block) {
     EPMOE_CHECK_ARG(config.D() % 16 == 0, "Config.hidden_dim",
@@ -53,6 +53,12 @@ void CudaBackend::validate(const Config& config, int ep_size) const {
     EPMOE_CHECK_ARG(config.F() % 16 == 0, "Config.intermediate_dim",
                     "a multiple of 16 with fp8_block on CUDA (16-byte E4M3 rows; the FP8 GEMM's K)",
                     config.F());
+  }
+  if (precision == Precision::nvfp4) {
+    EPMOE_CHECK_ARG(config.D() % 16 == 0, "Config.hidden_dim",
+                    "a multiple of 16 with nvfp4 on CUDA (whole NVFP4 blocks: W13's K)", config.D());
+    EPMOE_CHECK_ARG(config.F() % 16 == 0, "Config.intermediate_dim",
+                    "a multiple of 16 with nvfp4 on CUDA (whole NVFP4 blocks: W2's K)", config.F());
   }
   EPMOE_CHECK_ARG(config.D() % 8 == 0, "Config.hidden_dim",
                   "a multiple of 8 on CUDA (16-byte bf16 rows for TMA and vector loads)", config.D());
@@ -133,12 +139,17 @@ EPMOE_STAGE(plan_forward, cuda::plan_forward(s))
 EPMOE_STAGE(save_input, cuda::save_input(s))
 EPMOE_STAGE(dispatch, cuda::dispatch(s))
 // FP8 (s.fp8): the E4M3 GEMMs, and h quantized after the unfused SwiGLU (fp8_forward.h).
-EPMOE_STAGE(w13_gemm, if (s.fp8) cuda::fp8_w13_fprop(s); else cuda::w13_fprop(s, false))
+// NVFP4 (s.nvfp4): the weight-only GEMMs on bf16 rows (nvfp4_forward.h).
+EPMOE_STAGE(w13_gemm, if (s.fp8) cuda::fp8_w13_fprop(s);
+            else if (s.nvfp4) cuda::nvfp4_w13_fprop(s); else cuda::w13_fprop(s, false))
 EPMOE_STAGE(swiglu_forward, cuda::swiglu_forward(s); if (s.fp8) cuda::fp8_quantize_h(s))
-EPMOE_STAGE(w13_swiglu, if (s.fp8) cuda::fp8_w13_swiglu(s); else cuda::w13_fprop(s, true))
-EPMOE_STAGE(w2_gemm, if (s.fp8) cuda::fp8_w2_fprop(s, false); else cuda::w2_fprop(s, false))
+EPMOE_STAGE(w13_swiglu, if (s.fp8) cuda::fp8_w13_swiglu(s);
+            else if (s.nvfp4) cuda::nvfp4_w13_swiglu(s); else cuda::w13_fprop(s, true))
+EPMOE_STAGE(w2_gemm, if (s.fp8) cuda::fp8_w2_fprop(s, false);
+            else if (s.nvfp4) cuda::nvfp4_w2_fprop(s, false); else cuda::w2_fprop(s, false))
 EPMOE_STAGE(scatter_rows, cuda::scatter_rows(s))
-EPMOE_STAGE(w2_scatter, if (s.fp8) cuda::fp8_w2_fprop(s, true); else cuda::w2_fprop(s, true))
+EPMOE_STAGE(w2_scatter, if (s.fp8) cuda::fp8_w2_fprop(s, true);
+            else if (s.nvfp4) cuda::nvfp4_w2_fprop(s, true); else cuda::w2_fprop(s, true))
 EPMOE_STAGE(combine_send_forward, cuda::send_partials(s, true))
 EPMOE_STAGE(reduce_forward, s.combine_per_rank
                                 ? cuda::reduce_partials(s, s.y_TD, "y_TD", nullptr)

@@ -6,11 +6,18 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "epmoe/config.h"
+#include "epmoe/context.h"
+#include "epmoe/prepared_weights.h"
+#include "epmoe/transport.h"
 
 namespace {
 
@@ -226,6 +233,92 @@ TEST(CApi, HalfBudgetRecomputesTheLaterLayers) {
   // and 1 in full and recomputes 2 and 3.
   const StackResult half = run_stack(stack_config(0.5));
   EXPECT_EQ(half.recomputed_before, (std::vector<int32_t>{0, 0, 1, 1}));
+}
+
+// NVFP4 weight-only inference through the C ABI (precision 3, the prepared weights' codes, block
+// scales and globals in epmoe_forward_args, no bf16 weights) equals the C++ API's forward on the
+// same prepared weights, bitwise.
+TEST(CApi, Nvfp4InferenceEqualsTheCppApi) {
+  const LayerInputs in = make_layer(31);
+  Random rng{9};
+  const std::vector<uint16_t> x = random_bf16(static_cast<size_t>(kT * kD), 1.0f, rng);
+  struct Nvfp4 {
+    std::vector<uint8_t> q, scales;
+    std::vector<float> global;
+    epmoe::PreparedWeights view;
+  };
+  const auto prepare = [](const std::vector<uint16_t>& w, int64_t N, int64_t L) {
+    auto p = std::make_unique<Nvfp4>();
+    const epmoe::PreparedWeightShapes sh =
+        epmoe::prepared_weight_shapes(epmoe::WeightFormat::nvfp4, kExperts, N, L);
+    p->q.assign(static_cast<size_t>(sh.data.numel()), 0);
+    p->scales.assign(static_cast<size_t>(sh.scales.numel()), 0);
+    p->global.assign(static_cast<size_t>(kExperts), 0.0f);
+    p->view = epmoe::PreparedWeights{epmoe::WeightFormat::nvfp4, kExperts, N, L, sh.data,
+                                     sh.scales, sh.global_scale, {}, {}};
+    p->view.data.data = p->q.data();
+    p->view.scales.data = p->scales.data();
+    p->view.global_scale.data = p->global.data();
+    std::vector<uint16_t> copy = w;
+    epmoe::prepare_weights(
+        epmoe::TensorRef::contiguous(copy.data(), epmoe::DType::bf16, {kExperts, N, L}),
+        p->view);
+    return p;
+  };
+  const auto w13 = prepare(in.w13, 2 * kF, kD), w2 = prepare(in.w2, kD, kF);
+
+  epmoe_config c = epmoe_config_default(kT, kD, kF, kK, kExperts);
+  c.precision = 3;
+  c.inference = 1;
+  c.prepared_weights = 1;
+  epmoe_context* ctx = nullptr;
+  ASSERT_EQ(epmoe_context_create_cpu(&c, &ctx), 0) << epmoe_last_error();
+  std::vector<uint16_t> y_c(static_cast<size_t>(kT * kD));
+  epmoe_forward_args a{};
+  a.x_TD = x.data();
+  a.tokens = kT;
+  a.topk_ids_TK = in.ids.data();
+  a.topk_scores_TK = in.scores.data();
+  a.y_TD = y_c.data();
+  a.w13_q = w13->q.data();
+  a.w13_block_scales = w13->scales.data();
+  a.w13_global = w13->global.data();
+  a.w2_q = w2->q.data();
+  a.w2_block_scales = w2->scales.data();
+  a.w2_global = w2->global.data();
+  EXPECT_EQ(epmoe_forward(ctx, &a, nullptr), 0) << epmoe_last_error();
+  EXPECT_EQ(epmoe_check(ctx), 0) << epmoe_last_error();
+  epmoe_context_destroy(ctx);
+
+  epmoe::ConfigFields f;
+  f.max_tokens_per_rank = kT;
+  f.hidden_dim = kD;
+  f.intermediate_dim = kF;
+  f.top_k = kK;
+  f.num_experts = kExperts;
+  f.precision = epmoe::Precision::nvfp4;
+  f.inference = true;
+  f.prepared_weights = true;
+  epmoe::ThreadTransportGroup group(1);
+  auto cpp = epmoe::Context::create(epmoe::Config(f), group.transport(0));
+  std::vector<uint16_t> y_cpp(static_cast<size_t>(kT * kD));
+  std::vector<int32_t> ids = in.ids;
+  std::vector<float> scores = in.scores;
+  std::vector<uint16_t> x_copy = x;
+  epmoe::ForwardArgs fa;
+  fa.x_TD = epmoe::TensorRef::contiguous(x_copy.data(), epmoe::DType::bf16, {kT, kD});
+  fa.topk_ids_TK = epmoe::TensorRef::contiguous(ids.data(), epmoe::DType::i32, {kT, kK});
+  fa.topk_scores_TK = epmoe::TensorRef::contiguous(scores.data(), epmoe::DType::f32, {kT, kK});
+  fa.y_TD = epmoe::TensorRef::contiguous(y_cpp.data(), epmoe::DType::bf16, {kT, kD});
+  fa.save_for_backward = false;
+  fa.w13_prepared = &w13->view;
+  fa.w2_prepared = &w2->view;
+  cpp->forward(fa);
+  cpp->close();
+  EXPECT_EQ(y_c, y_cpp);
+  bool nonzero = false;
+  for (uint16_t v : y_c) nonzero = nonzero || (v & 0x7fffu) != 0;
+  EXPECT_TRUE(nonzero) << "y is all zeros";
 }
 
 }  // namespace

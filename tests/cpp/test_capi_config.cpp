@@ -1,6 +1,6 @@
 // The C ABI's config (include/epmoe/c_api.h) without a device: defaults of the appended fields,
-// fp8_block inference with prepared weights reaching the planner, and a bad precision refused
-// naming the field.
+// fp8_block and nvfp4 inference with prepared weights reaching the planner, and a bad precision
+// refused naming the field.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -33,9 +33,23 @@ TEST(CapiConfig, Fp8BlockInferenceWithPreparedWeightsReachesThePlanner) {
   EXPECT_NE(text.find("fp8 weights: prepared by the caller"), std::string::npos) << text;
 }
 
-TEST(CapiConfig, UnknownPrecisionIsRefusedNamingTheField) {
+TEST(CapiConfig, Nvfp4WeightOnlyInferenceReachesThePlanner) {
   epmoe_config c = epmoe_config_default(16, 32, 24, 2, 8);
   c.precision = 3;
+  c.inference = 1;
+  c.prepared_weights = 1;
+  const std::string text = explain(c, 2);
+  EXPECT_NE(text.find("nvfp4 weights: prepared by the caller"), std::string::npos) << text;
+  c.inference = 0;  // nvfp4 is forward only
+  std::vector<char> buf(256);
+  EXPECT_NE(epmoe_explain_plan(&c, 2, buf.data(), buf.size()), 0);
+  const std::string error = epmoe_last_error();
+  EXPECT_NE(error.find("Config.inference"), std::string::npos) << error;
+}
+
+TEST(CapiConfig, UnknownPrecisionIsRefusedNamingTheField) {
+  epmoe_config c = epmoe_config_default(16, 32, 24, 2, 8);
+  c.precision = 2;  // mxfp8: a format, not a GEMM precision
   std::vector<char> buf(256);
   EXPECT_NE(epmoe_explain_plan(&c, 2, buf.data(), buf.size()), 0);
   const std::string error = epmoe_last_error();

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/formats/codecs.h"
+#include "core/formats/e2m1_bf16.h"
 #include "epmoe/error.h"
 #include "tolerances.h"
 
@@ -192,6 +193,70 @@ TEST(FormatsE2m1, PackingPutsTheFirstElementInTheLowNibble) {
   EXPECT_EQ(pack_e2m1x2(0x1, 0xF), 0xF1);  // first 0.5, second -6
   EXPECT_EQ(e2m1_first(0xF1), 0x1);
   EXPECT_EQ(e2m1_second(0xF1), 0xF);
+}
+
+// The NVFP4 GEMM's decode (core/formats/e2m1_bf16.h; the kernel runs the same PRMT sequence):
+// every 4-code word gives the bf16 bits of each code's value, sign of zero included.
+TEST(FormatsE2m1, BytePermuteDecodeGivesEveryCodesBf16Bits) {
+  for (uint32_t w = 0; w < 0x10000u; ++w) {
+    uint32_t e01 = 0, e23 = 0;
+    // Upper bits are ignored: the kernel passes whole words and words shifted right by 16.
+    e2m1x4_to_bf16x2(w | 0xabcd0000u, e01, e23);
+    const uint32_t got[4] = {e01 & 0xffffu, e01 >> 16, e23 & 0xffffu, e23 >> 16};
+    for (int j = 0; j < 4; ++j) {
+      const uint8_t code = static_cast<uint8_t>((w >> (4 * j)) & 0xfu);
+      const uint32_t want = bitsf(e2m1_to_float(code)) >> 16;  // exact in bf16
+      ASSERT_EQ(got[j], want) << "word " << hex(w) << " element " << j;
+    }
+  }
+}
+
+// The scaled decode (a block's table, then 8 codes per word): for every non-negative E4M3 block
+// scale (the codec's; NaN included) and every code in every nibble position, the bf16 bits of
+// e2m1 * e4m3 (exact in bf16), the sign of zero included; any NaN for the NaN scale.
+TEST(FormatsE2m1, ScaledTableDecodeGivesEveryProductsBf16Bits) {
+  const auto bf16_bits = [](float x) { return bitsf(x) >> 16; };  // exact values only
+  std::mt19937 rng(5);
+  std::vector<uint32_t> words;
+  for (uint32_t c = 0; c < 16; ++c) words.push_back(c * 0x11111111u);  // one code everywhere
+  for (int i = 0; i < 2000; ++i) words.push_back(static_cast<uint32_t>(rng()));
+  const float mags[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  for (unsigned sc = 0; sc < 0x80; ++sc) {
+    const float s = e4m3_to_float(static_cast<uint8_t>(sc));
+    uint32_t v[4];
+    for (int i = 0; i < 4; ++i) {
+      v[i] = bf16_bits(mags[2 * i] * s) | (bf16_bits(mags[2 * i + 1] * s) << 16);
+    }
+    const E2m1Bf16Table table = e2m1_bf16_table(v[0], v[1], v[2], v[3]);
+    for (uint32_t w : words) {
+      uint32_t e[4];
+      e2m1x8_to_bf16x2(w, table, e);
+      for (int j = 0; j < 8; ++j) {
+        const uint8_t code = static_cast<uint8_t>((w >> (4 * j)) & 0xfu);
+        const uint32_t got = (e[j / 2] >> (16 * (j % 2))) & 0xffffu;
+        const float want = e2m1_to_float(code) * s;
+        if (std::isnan(want)) {
+          ASSERT_TRUE(std::isnan(fbits(got << 16))) << "scale " << hex(sc) << " word " << hex(w);
+        } else {
+          ASSERT_EQ(got, bf16_bits(want)) << "scale " << hex(sc) << " word " << hex(w) << " element " << j;
+        }
+      }
+    }
+  }
+  // The unscaled table is the magnitudes' own.
+  const E2m1Bf16Table one =
+      e2m1_bf16_table(kE2m1Bf16x2_01, kE2m1Bf16x2_23, kE2m1Bf16x2_45, kE2m1Bf16x2_67);
+  EXPECT_EQ(one.high_lo, kE2m1Bf16HighLo);
+  EXPECT_EQ(one.high_hi, kE2m1Bf16HighHi);
+  EXPECT_EQ(one.low_lo, kE2m1Bf16LowLo);
+  EXPECT_EQ(one.low_hi, kE2m1Bf16LowHi);
+}
+
+TEST(FormatsE2m1, BytePermuteMatchesPrmtOnHandWorkedSelectors) {
+  EXPECT_EQ(byte_perm(0x33221100u, 0x77665544u, 0x3210u), 0x33221100u);
+  EXPECT_EQ(byte_perm(0x33221100u, 0x77665544u, 0x7654u), 0x77665544u);
+  EXPECT_EQ(byte_perm(0x33221100u, 0x77665544u, 0x5140u), 0x55114400u);
+  EXPECT_EQ(byte_perm(0x33221100u, 0x77665544u, 0xabcd7362u), 0x77336622u);  // upper bits unused
 }
 
 // ================================ E8M0 ================================

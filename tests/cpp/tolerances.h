@@ -75,6 +75,12 @@ inline constexpr Tolerance kBackendTolerances[] = {
     {Precision::fp8_block, Output::grad_scores, 1.5e-2},
     {Precision::fp8_block, Output::grad_w13, 1.5e-2},
     {Precision::fp8_block, Output::grad_w2, 1.5e-2},
+    // nvfp4 weight-only forward (inference). The CPU decodes w = e2m1 * (e4m3 * global) in fp32 and
+    // sums a * w in order; CUDA decodes e2m1 * e4m3 exactly into bf16, sums on the tensor cores and
+    // multiplies the fp32 sum by global once, so sums differ by fp32 ulps that flip single bf16
+    // roundings of h13 / h / y (the bf16 path's size). A conservative first bound, to be tightened
+    // from the H200 measurement (test_gpu_nvfp4_forward with EPMOE_REPORT_ERRORS=1).
+    {Precision::nvfp4, Output::y, 1.0e-2},
 };
 
 inline double backend_rel_l2_bound(Precision precision, Output output) {

@@ -1,0 +1,383 @@
+// NVFP4 weight-only grouped GEMM for few rows per expert (decode), swap-AB on mma.sync:
+// the weights are the 16-row A operand of mma.m16n8k16 (decoded from E2M1 x E4M3 into bf16 in
+// registers), eight activation rows the B operand, so one weight element is read once per 32
+// activation rows (kGroups x 8) and the weight stream sets the time.
+//
+// Work: CTA (n-slab of 64 weight rows, expert e), four warps of 16 rows each; a warp sums all of K
+// for its 16 x 8 tiles (no split-K: deterministic without atomics). CTAs of experts without rows
+// return at once (offsets read on the device).
+//
+// K order: an mma's 16 k are any 16 of K as long as A and B agree. Per 128-element chunk, lane
+// quad position t (lane % 4) owns elements [32 t, 32 t + 32) of its rows (16 code bytes: one
+// 16-byte load per row) and feeds elements 32 t + 4 j + {0, 1} / {2, 3} to step j's k pairs
+// {2t, 2t+1} / {2t+8, 2t+9}; its activation elements are the same 32 (four 16-byte loads). A tail
+// of K % 128 elements runs one 16-element block per step, lane t owning elements 4t .. 4t + 3.
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "core/activation.h"
+#include "core/formats/e2m1_bf16.h"
+#include "core/layout.h"
+#include "cuda/check.h"
+#include "cuda/gemm/nvfp4_gemm.h"
+#include "epmoe/error.h"
+
+namespace epmoe::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kRowsPerWarp = 16;                    // mma M: weight rows (outputs' columns n)
+constexpr int kSlab = kWarps * kRowsPerWarp;        // weight rows per CTA
+constexpr int kGroups = 4;                          // 8-row activation groups per weight pass
+constexpr int kChunk = 128;                         // K elements per chunk (64 code bytes a row)
+constexpr int kDepth = 4;                           // chunks in flight per warp
+
+struct Params {
+  Nvfp4GroupedGemmArgs a;
+  int64_t P, S;  // code bytes and scale blocks per weight row
+};
+
+// Streamed once: no L1 allocation. kWide: the row pitch P is a multiple of 16 (one 16-byte load),
+// else two 8-byte loads (P % 8 == 0 since K % 16 == 0).
+template <bool kWide>
+__device__ __forceinline__ uint4 load_codes(const uint8_t* p) {
+  uint4 v;
+  if constexpr (kWide) {
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+  } else {
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];"
+                 : "=r"(v.x), "=r"(v.y)
+                 : "l"(p));
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];"
+                 : "=r"(v.z), "=r"(v.w)
+                 : "l"(p + 8));
+  }
+  return v;
+}
+
+// One E4M3 block scale as bf16x2 (both halves), exact: E4M3 -> f16 (hardware) -> fp32 -> bf16.
+__device__ __forceinline__ uint32_t scale_bf16x2(float f) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %1;" : "=r"(r) : "f"(f));
+  return r;
+}
+__device__ __forceinline__ uint32_t scale_bf16x2(uint8_t code) {
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3);
+  return scale_bf16x2(__half2float(__half(h)));
+}
+
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t x, uint32_t y) {
+  uint32_t r;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(x), "r"(y));
+  return r;
+}
+
+__device__ __forceinline__ bf16_t to_bf16(float f) {
+  uint16_t r;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+  return r;
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// One chunk of a lane's two weight rows (g and g + 8 of the warp's 16): 32 codes each, and their
+// two block scales (blocks 2t, 2t + 1) in the low 16 bits of scales[r], the first in the low byte.
+struct Chunk {
+  uint4 codes[2];
+  uint32_t scales[2];
+};
+
+// Per-thread view of the warp's weight rows: where the next chunk's loads read (advanced by each
+// load, so the loop carries pointers instead of recomputing 64-bit addresses).
+struct Lane {
+  const uint8_t* codes[2];   // row g, row g + 8: this lane's code bytes of the next chunk
+  const uint8_t* scales[2];  // their scale bytes of the next chunk
+};
+
+// kWide: the scale row pitch K / 16 is even as well (K % 32 == 0): one 2-byte load.
+template <bool kWide>
+__device__ __forceinline__ Chunk load_chunk(Lane& l) {
+  Chunk ch;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    ch.codes[r] = load_codes<kWide>(l.codes[r]);
+    if constexpr (kWide) {
+      ch.scales[r] = __ldg(reinterpret_cast<const unsigned short*>(l.scales[r]));
+    } else {
+      ch.scales[r] = static_cast<uint32_t>(__ldg(l.scales[r])) |
+                     (static_cast<uint32_t>(__ldg(l.scales[r] + 1)) << 8);
+    }
+    l.codes[r] += kChunk / 2;
+    l.scales[r] += kChunk / 16;
+  }
+  return ch;
+}
+
+// A block's decode table (core/formats/e2m1_bf16.h): the E2M1 magnitudes times the block scale.
+__device__ __forceinline__ E2m1Bf16Table block_table(float scale) {
+  const uint32_t s = scale_bf16x2(scale);
+  return e2m1_bf16_table(mul_bf16x2(kE2m1Bf16x2_01, s), mul_bf16x2(kE2m1Bf16x2_23, s),
+                         mul_bf16x2(kE2m1Bf16x2_45, s), mul_bf16x2(kE2m1Bf16x2_67, s));
+}
+
+// A fragments of the chunk's 8 steps: step j, registers {row g k-pair 0, row g+8 pair 0, row g
+// pair 1, row g+8 pair 1} (mma.m16n8k16's A layout), each pair = one code byte, scaled.
+__device__ __forceinline__ void decode_chunk(const Chunk& ch, uint32_t (&a)[8][4]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const uint32_t words[4] = {ch.codes[r].x, ch.codes[r].y, ch.codes[r].z, ch.codes[r].w};
+    // The lane's two block scales (blocks 2t, 2t + 1: elements 0..15, 16..31) in one conversion.
+    const __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(
+        static_cast<__nv_fp8x2_storage_t>(ch.scales[r]), __NV_E4M3);
+    const float2 sc = __half22float2(__half2(h2));
+    const E2m1Bf16Table tables[2] = {block_table(sc.x), block_table(sc.y)};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {  // word q: elements 8q .. 8q + 7 = steps 2q, 2q + 1
+      uint32_t e[4];
+      e2m1x8_to_bf16x2(words[q], tables[q / 2], e);
+      a[2 * q][r] = e[0];
+      a[2 * q][2 + r] = e[1];
+      a[2 * q + 1][r] = e[2];
+      a[2 * q + 1][2 + r] = e[3];
+    }
+  }
+}
+
+// rows: this lane's 32 activation elements of the chunk in each group's row (clamped into the
+// expert's rows; columns of rows past the end are computed and never stored), advanced to the
+// next chunk. live: groups holding rows (warp-uniform).
+__device__ __forceinline__ void mma_chunk(const uint32_t (&a)[8][4], const bf16_t* (&rows)[kGroups],
+                                          int live, float (&acc)[kGroups][4]) {
+#pragma unroll
+  for (int q = 0; q < kGroups; ++q) {
+    if (q >= live) break;
+    const uint4* x = reinterpret_cast<const uint4*>(rows[q]);
+    const uint4 v[4] = {__ldg(x), __ldg(x + 1), __ldg(x + 2), __ldg(x + 3)};
+    rows[q] += kChunk;
+    const uint32_t w[16] = {v[0].x, v[0].y, v[0].z, v[0].w, v[1].x, v[1].y, v[1].z, v[1].w,
+                            v[2].x, v[2].y, v[2].z, v[2].w, v[3].x, v[3].y, v[3].z, v[3].w};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) mma_bf16(acc[q], a[j], w[2 * j], w[2 * j + 1]);
+  }
+}
+
+// One 16-element block of the K tail: lane t owns elements 4t .. 4t + 3 (two code bytes) of each
+// weight row (codes, scale: the block's first code byte and its scale) and activation row.
+__device__ __forceinline__ void tail_block(const uint8_t* const (&codes)[2],
+                                           const uint8_t* const (&scale)[2],
+                                           const bf16_t* const (&rows)[kGroups], int live, int t,
+                                           float (&acc)[kGroups][4]) {
+  uint32_t a[4];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const uint8_t* c = codes[r] + t * 2;
+    const uint32_t w = static_cast<uint32_t>(c[0]) | (static_cast<uint32_t>(c[1]) << 8);
+    const uint32_t s = scale_bf16x2(*scale[r]);
+    uint32_t p0, p1;
+    e2m1x4_to_bf16x2(w, p0, p1);
+    a[r] = mul_bf16x2(p0, s);
+    a[2 + r] = mul_bf16x2(p1, s);
+  }
+#pragma unroll
+  for (int q = 0; q < kGroups; ++q) {
+    if (q >= live) break;
+    const uint2 x = __ldg(reinterpret_cast<const uint2*>(rows[q] + t * 4));
+    mma_bf16(acc[q], a, x.x, x.y);
+  }
+}
+
+__device__ __forceinline__ bf16_t* out_row(const Nvfp4GroupedGemmArgs& a, int64_t m) {
+  if (a.combine_R == nullptr) return a.out_MN + m * a.ld_out;
+  const int32_t src = a.recv_src_M[m];
+  return a.combine_R[src_rank(src, a.T, a.top_k)] + src_slot(src, a.T, a.top_k) * a.N;
+}
+
+// kSwiglu (W13 with the SwiGLU epilogue): a warp's A rows are 8 gate rows f0 + g and their 8 up
+// rows F + f0 + g, so a lane holds gate and up of the same (row m, column f) and stores
+// h = act(bf16(gate), bf16(up)) as the unfused kernel does (core/activation.h).
+template <bool kWide, bool kSwiglu>
+__global__ void __launch_bounds__(kThreads) nvfp4_gemm_kernel(const Params p) {
+  const Nvfp4GroupedGemmArgs& a = p.a;
+  const int e = static_cast<int>(blockIdx.y);
+  if ((a.skip != nullptr && *a.skip != 0) || (a.replay_skip != nullptr && *a.replay_skip != 0)) {
+    return;
+  }
+  const int64_t row_begin = a.offsets_E1[e];
+  const int64_t row_end = a.offsets_E1[e + 1] < a.M ? a.offsets_E1[e + 1] : a.M;
+  if (row_end <= row_begin) return;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int g = lane / 4;  // mma groupID: weight rows g, g + 8; activation row g of a group
+  // Unfused: weight rows n0 + g, n0 + g + 8 of 16 per warp. kSwiglu: gate row f0 + g and up row
+  // F + f0 + g of 8 columns per warp. Rows past the end: clamped, loaded, unstored.
+  const int64_t F = a.N / 2;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kSlab + warp * kRowsPerWarp;
+  const int64_t f0 = static_cast<int64_t>(blockIdx.x) * (kSlab / 2) + warp * (kRowsPerWarp / 2);
+  if (kSwiglu ? f0 >= F : n0 >= a.N) return;  // warp-uniform; no CTA-wide barrier follows
+
+  const int t = lane % 4;
+  const uint8_t* code_rows[2];
+  const uint8_t* scale_rows[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    int64_t n;
+    if constexpr (kSwiglu) {
+      n = r * F + (f0 + g < F ? f0 + g : F - 1);
+    } else {
+      n = n0 + g + 8 * r < a.N ? n0 + g + 8 * r : a.N - 1;
+    }
+    code_rows[r] = a.b_codes_ENP + (e * a.N + n) * p.P;
+    scale_rows[r] = a.b_scales_ENS + (e * a.N + n) * p.S;
+  }
+  const float global = a.b_global_E[e];
+  const int64_t chunks = a.K / kChunk;
+
+  for (int64_t m0 = row_begin; m0 < row_end; m0 += 8 * kGroups) {
+    const int live = static_cast<int>((row_end - m0 + 7) / 8 < kGroups ? (row_end - m0 + 7) / 8
+                                                                        : kGroups);
+    const bf16_t* row_starts[kGroups];
+    const bf16_t* rows[kGroups];  // the lane's elements of the next chunk
+#pragma unroll
+    for (int q = 0; q < kGroups; ++q) {
+      const int64_t m = m0 + q * 8 + g < row_end ? m0 + q * 8 + g : row_end - 1;
+      row_starts[q] = a.a_MK + m * a.K;
+      rows[q] = row_starts[q] + t * 32;
+    }
+    Lane l;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l.codes[r] = code_rows[r] + t * 16;
+      l.scales[r] = scale_rows[r] + t * 2;
+    }
+    float acc[kGroups][4] = {};
+
+    Chunk buf[kDepth];
+#pragma unroll
+    for (int i = 0; i < kDepth; ++i) {
+      if (i < chunks) buf[i] = load_chunk<kWide>(l);
+    }
+    for (int64_t c0 = 0; c0 < chunks; c0 += kDepth) {
+#pragma unroll
+      for (int i = 0; i < kDepth; ++i) {
+        const int64_t c = c0 + i;
+        if (c >= chunks) break;
+        // Decode first, then refill the slot: the next load needs no registers of its own.
+        uint32_t frag[8][4];
+        decode_chunk(buf[i], frag);
+        if (c + kDepth < chunks) buf[i] = load_chunk<kWide>(l);
+        mma_chunk(frag, rows, live, acc);
+      }
+    }
+    for (int64_t b = chunks * (kChunk / 16); b < a.K / 16; ++b) {
+      const uint8_t* const codes[2] = {code_rows[0] + b * 8, code_rows[1] + b * 8};
+      const uint8_t* const scale[2] = {scale_rows[0] + b, scale_rows[1] + b};
+      const bf16_t* tail_rows[kGroups];
+#pragma unroll
+      for (int q = 0; q < kGroups; ++q) tail_rows[q] = row_starts[q] + b * 16;
+      tail_block(codes, scale, tail_rows, live, t, acc);
+    }
+
+    // acc[q]: {(A row g, m 2t), (A row g, m 2t+1), (A row g+8, m 2t), (A row g+8, m 2t+1)} of
+    // group q.
+#pragma unroll
+    for (int q = 0; q < kGroups; ++q) {
+      if (q >= live) break;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int64_t m = m0 + q * 8 + 2 * t + i;
+        if (m >= row_end) continue;
+        if constexpr (kSwiglu) {
+          const int64_t f = f0 + g;
+          if (f >= F) continue;
+          const float gate = bf16_to_float(to_bf16(__fmul_rn(acc[q][i], global)));
+          const float up = bf16_to_float(to_bf16(__fmul_rn(acc[q][2 + i], global)));
+          a.out_MN[m * a.ld_out + f] = to_bf16(swiglu_forward(gate, up, a.act));
+        } else {
+          bf16_t* out = out_row(a, m);
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int64_t n = n0 + g + 8 * r;
+            if (n < a.N) out[n] = to_bf16(__fmul_rn(acc[q][2 * r + i], global));
+          }
+        }
+      }
+    }
+  }
+}
+
+void check_aligned(const void* p, const char* name, uintptr_t align) {
+  EPMOE_CHECK_ARG(p != nullptr && reinterpret_cast<uintptr_t>(p) % align == 0, name,
+                  "a non-null, " + std::to_string(align) + "-byte aligned device pointer",
+                  reinterpret_cast<uintptr_t>(p));
+}
+
+void check_args(const Nvfp4GroupedGemmArgs& a) {
+  EPMOE_CHECK_ARG(a.E >= 1 && a.E <= 65535, "E", "1 .. 65535 (grid y)", a.E);
+  EPMOE_CHECK_ARG(a.M >= 0, "M", ">= 0", a.M);
+  EPMOE_CHECK_ARG(a.K > 0 && a.K % 16 == 0, "K", "> 0 and a multiple of 16 (NVFP4 blocks)", a.K);
+  EPMOE_CHECK_ARG(a.N > 0, "N", "> 0", a.N);
+  const bool scatter = a.combine_R != nullptr;
+  if (scatter) {
+    EPMOE_CHECK_ARG(a.out_MN == nullptr, "out_MN", "nullptr with combine_R (one destination)",
+                    "a pointer");
+    EPMOE_CHECK_ARG(!a.swiglu, "swiglu", "false with combine_R (W2 has no SwiGLU)", "true");
+    EPMOE_CHECK_ARG(a.T >= 1 && a.top_k >= 1, "T, top_k", ">= 1 with combine_R",
+                    std::to_string(a.T) + ", " + std::to_string(a.top_k));
+  } else if (a.swiglu) {
+    EPMOE_CHECK_ARG(a.N % 2 == 0, "N", "even with swiglu (gate rows, then up rows)", a.N);
+    EPMOE_CHECK_ARG(a.ld_out >= a.N / 2, "ld_out", ">= N / 2 with swiglu", a.ld_out);
+  } else {
+    EPMOE_CHECK_ARG(a.ld_out >= a.N, "ld_out", ">= N", a.ld_out);
+  }
+  check_aligned(a.b_codes_ENP, "b_codes_ENP", 16);
+  check_aligned(a.b_scales_ENS, "b_scales_ENS", 1);
+  check_aligned(a.b_global_E, "b_global_E", 4);
+  check_aligned(a.offsets_E1, "offsets_E1", 4);
+  if (a.M == 0) return;
+  check_aligned(a.a_MK, "a_MK", 16);
+  if (scatter) {
+    check_aligned(a.combine_R, "combine_R", 8);
+    check_aligned(a.recv_src_M, "recv_src_M", 4);
+  } else {
+    check_aligned(a.out_MN, "out_MN", 2);
+  }
+}
+
+}  // namespace
+
+void nvfp4_grouped_gemm(const Nvfp4GroupedGemmArgs& args, void* stream) {
+  check_args(args);
+  if (args.M == 0) return;
+  const Params p{args, args.K / 2, args.K / 16};
+  const int64_t slabs = args.swiglu ? (args.N / 2 + kSlab / 2 - 1) / (kSlab / 2)
+                                    : (args.N + kSlab - 1) / kSlab;
+  const dim3 grid(static_cast<unsigned>(slabs), static_cast<unsigned>(args.E));
+  const cudaStream_t st = static_cast<cudaStream_t>(stream);
+  // Wide loads: 16-byte code rows (P % 16 == 0, so K % 32 == 0 and the scale rows hold an even
+  // number of bytes) and 2-byte aligned scales.
+  const bool wide =
+      p.P % 16 == 0 && reinterpret_cast<uintptr_t>(args.b_scales_ENS) % 2 == 0;
+  if (wide && args.swiglu) {
+    nvfp4_gemm_kernel<true, true><<<grid, kThreads, 0, st>>>(p);
+  } else if (wide) {
+    nvfp4_gemm_kernel<true, false><<<grid, kThreads, 0, st>>>(p);
+  } else if (args.swiglu) {
+    nvfp4_gemm_kernel<false, true><<<grid, kThreads, 0, st>>>(p);
+  } else {
+    nvfp4_gemm_kernel<false, false><<<grid, kThreads, 0, st>>>(p);
+  }
+  EPMOE_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace epmoe::cuda

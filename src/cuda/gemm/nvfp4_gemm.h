@@ -1,0 +1,53 @@
+// NVFP4 weight-only grouped GEMM (rows grouping), plain C++ launcher: device pointers, sizes and a
+// cudaStream_t passed as void*. Kernel: gemm/grouped_gemm_nvfp4.cu; CPU twin: the formula below
+// on the codec's decoded weights (tests/gpu/test_gpu_gemm_nvfp4.cpp).
+//
+//   out[m, n] = bf16( global_e * sum_k a[m, k] * (e2m1(q_e[n, k]) * e4m3(scale_e[n, k / 16])) )
+//   for the rows m of expert e, [offsets_E1[e], offsets_E1[e + 1]).
+//
+// e2m1 * e4m3 has at most 6 significant bits: the weight is decoded exactly into bf16 and the
+// tensor cores sum in fp32 (their own order); the fp32 global multiplies the sum once.
+#pragma once
+
+#include <cstdint>
+
+#include "core/activation.h"
+#include "core/numeric.h"
+
+namespace epmoe::cuda {
+
+// Letters: M rows (capacity), K contraction, N output columns, E experts, P = K / 2 code bytes,
+// S = K / 16 scale blocks.
+struct Nvfp4GroupedGemmArgs {
+  const bf16_t* a_MK = nullptr;           // [M, K] bf16, row pitch K
+  const uint8_t* b_codes_ENP = nullptr;   // [E, N, P] packed E2M1 (low nibble first)
+  const uint8_t* b_scales_ENS = nullptr;  // [E, N, S] E4M3 block scales
+  const float* b_global_E = nullptr;      // [E] fp32 global scales
+  const int32_t* offsets_E1 = nullptr;    // device [E + 1], non-decreasing, offsets_E1[E] <= M
+  const int32_t* skip = nullptr;          // nullable device flag: non-zero = every group is empty
+  const int32_t* replay_skip = nullptr;   // the same (backward's replay; unused by inference)
+  int E = 0;
+  int64_t M = 0, N = 0, K = 0;
+  bf16_t* out_MN = nullptr;               // row pitch ld_out; rows outside the groups untouched
+  int64_t ld_out = 0;
+  // Set instead of out_MN: row m goes to its owner's combine slot, combine_R[rank of src] at slot
+  // (t, k) of src = recv_src_M[m] (core/layout.h encode_src; [T, K, N] bf16 buffers, peer pointers).
+  bf16_t* const* combine_R = nullptr;     // device [R] table
+  const int32_t* recv_src_M = nullptr;    // device [M]
+  int64_t T = 0;
+  int top_k = 0;
+  // W13 with the SwiGLU epilogue: B holds the gate rows [0, N/2) then the up rows [N/2, N); out
+  // gets h[m, f] = bf16(act(bf16(gate), bf16(up))) for f < N/2 (core/activation.h, the unfused
+  // kernel's math), [M, N/2] with row pitch ld_out; no h13.
+  bool swiglu = false;
+  ActivationParams act;
+};
+
+// Requirements (checked; Error(invalid_argument) naming the field): E >= 1, K > 0 and
+// K % 16 == 0, N > 0, ld_out >= N (or the combine fields), a_MK and b_codes_ENP 16-byte aligned,
+// b_global_E 4-byte aligned; swiglu: N even, ld_out >= N / 2, no combine_R. Grid (ceil(N / 64), E)
+// (swiglu: (ceil(N / 2 / 32), E)); graph-capturable; deterministic (one warp owns each output and
+// sums K in a fixed order).
+void nvfp4_grouped_gemm(const Nvfp4GroupedGemmArgs& args, void* stream);
+
+}  // namespace epmoe::cuda

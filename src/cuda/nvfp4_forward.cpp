@@ -1,0 +1,75 @@
+#include "cuda/nvfp4_forward.h"
+
+#include "cuda/gemm/nvfp4_gemm.h"
+#include "epmoe/error.h"
+
+namespace epmoe::cuda {
+namespace {
+
+// Groups and skip flag of the step; A, B and the output are the caller's. Inference contexts
+// have no layer plan: x_gathered, h13, h3 are the Step's buffers.
+Nvfp4GroupedGemmArgs step_gemm(const Step& s, int64_t N, int64_t K) {
+  EPMOE_CHECK_ARG(s.layer_plan == nullptr && !s.replay, "Step.layer_plan",
+                  "none with nvfp4 (weight-only inference saves nothing)", "a layer plan");
+  Nvfp4GroupedGemmArgs a;
+  a.offsets_E1 = s.layout.expert_offsets_E1;
+  a.skip = s.layout.header + kLayoutSkip;
+  a.E = s.dims.E;
+  a.M = s.capacity_rows;
+  a.N = N;
+  a.K = K;
+  return a;
+}
+
+}  // namespace
+
+void nvfp4_w13_fprop(const Step& s) {
+  const int64_t D = s.dims.D, F = s.dims.F;
+  Nvfp4GroupedGemmArgs a = step_gemm(s, 2 * F, D);
+  a.a_MK = s.x_gathered_MD;
+  a.b_codes_ENP = s.w13_nvfp4_EFP;
+  a.b_scales_ENS = s.w13_nvfp4_scales_EFS;
+  a.b_global_E = s.w13_nvfp4_global_E;
+  a.out_MN = s.h13_M2F;
+  a.ld_out = 2 * F;
+  nvfp4_grouped_gemm(a, s.stream);
+}
+
+void nvfp4_w13_swiglu(const Step& s) {
+  const int64_t D = s.dims.D, F = s.dims.F;
+  Nvfp4GroupedGemmArgs a = step_gemm(s, 2 * F, D);
+  a.a_MK = s.x_gathered_MD;
+  a.b_codes_ENP = s.w13_nvfp4_EFP;
+  a.b_scales_ENS = s.w13_nvfp4_scales_EFS;
+  a.b_global_E = s.w13_nvfp4_global_E;
+  a.swiglu = true;
+  a.act = s.act;
+  a.out_MN = s.h_MF;
+  a.ld_out = F;
+  nvfp4_grouped_gemm(a, s.stream);
+}
+
+void nvfp4_w2_fprop(const Step& s, bool scatter) {
+  const int64_t D = s.dims.D, F = s.dims.F;
+  Nvfp4GroupedGemmArgs a = step_gemm(s, D, F);
+  a.a_MK = s.h_MF;
+  a.b_codes_ENP = s.w2_nvfp4_EDP;
+  a.b_scales_ENS = s.w2_nvfp4_scales_EDS;
+  a.b_global_E = s.w2_nvfp4_global_E;
+  if (scatter) {
+    a.combine_R = s.combine_R;
+    a.recv_src_M = s.layout.recv_src_M;
+    a.T = s.dims.T;
+    a.top_k = s.dims.K;
+  } else {
+    // Per-rank combine: the rows are h3, kept for the send stage (no plan: the Step's buffer).
+    bf16_t* out = s.combine_per_rank ? s.h3_MD : s.rows_MD;
+    EPMOE_CHECK_ARG(out != nullptr, s.combine_per_rank ? "Step.h3_MD" : "Step.rows_MD",
+                    "the unfused rows buffer", "nullptr");
+    a.out_MN = out;
+    a.ld_out = D;
+  }
+  nvfp4_grouped_gemm(a, s.stream);
+}
+
+}  // namespace epmoe::cuda

@@ -1,0 +1,345 @@
+// NVFP4 weight-only grouped GEMM (cuda/gemm/nvfp4_gemm.h) against the CPU computation of its
+// formula, out[m, n] = bf16(global_e * sum_k a[m, k] * e2m1(q) * e4m3(scale)), on several expert
+// counts and row distributions: empty experts, 1 .. 70 rows (several 32-row passes), rows past the
+// last group, N not a multiple of 16 or 64, K with and without a tail past the 128-element chunks,
+// code rows of 16-byte and of 8-byte pitch; the skip flag; rows stored into combine slots; the
+// SwiGLU epilogue against the host SwiGLU of the plain output.
+//
+// Two checks:
+// - exact sums: activations are the integers -3..3, block scales powers of two in [1/4, 4] and the
+//   global a power of two, so every product is a multiple of 2^-3 below 73 and every partial sum
+//   (K <= 1120) is exact in fp32 in any order: bitwise equal.
+// - random data (codec-prepared weights, random activations and globals): the tensor cores sum in
+//   another order, so per element |gpu - cpu| <= 2^-7 |cpu| (one bf16 step: a flipped rounding) +
+//   2^-13 * global * sum_k |a w| (fp32 sums in another order, ~K ulps of the largest partial sum
+//   at worst; the magnitude their error scales with).
+//   A wrong scale, row, nibble or block gives errors of the output's own size; the worst measured
+//   ratio to the bound is printed with EPMOE_REPORT_ERRORS=1.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/activation.h"
+#include "core/formats/codecs.h"
+#include "core/layout.h"
+#include "core/numeric.h"
+#include "cuda/gemm/nvfp4_gemm.h"
+#include "device_buffer.h"
+#include "epmoe/error.h"
+#include "require_gpu.h"
+
+namespace epmoe::test {
+namespace {
+
+struct Shape {
+  std::vector<int32_t> rows_E;  // rows per expert
+  int64_t spare_rows;           // capacity past the last group
+  int64_t N, K;
+};
+
+std::string describe(const Shape& s) {
+  std::string r = "E " + std::to_string(s.rows_E.size()) + " rows {";
+  for (int32_t v : s.rows_E) r += std::to_string(v) + " ";
+  return r + "} N " + std::to_string(s.N) + " K " + std::to_string(s.K);
+}
+
+std::vector<Shape> shapes() {
+  return {
+      {{4}, 0, 64, 128},                         // one chunk, one group
+      {{0, 1, 8, 33, 70}, 5, 200, 304},          // N % 16 != 0; 2 chunks + 3 tail blocks, 8-byte pitch
+      {{3, 0, 0, 40, 9, 1, 0, 2}, 3, 128, 112},  // K < 128: tail only, 8-byte pitch
+      {{17, 5}, 0, 96, 640},                     // 5 chunks (past the 4 in flight), 16-byte pitch
+      {{2, 31, 32}, 1, 48, 1120},                // 8 chunks + 6 tail blocks, 16-byte pitch
+      {{0, 0, 0}, 7, 64, 256},                   // every expert empty
+  };
+}
+
+struct Problem {
+  Shape shape;
+  int E = 0;
+  int64_t M = 0, N = 0, K = 0, P = 0, S = 0;
+  std::vector<int32_t> offsets;
+  std::vector<bf16_t> a;
+  std::vector<uint8_t> codes, scales;
+  std::vector<float> global;
+
+  explicit Problem(const Shape& s) : shape(s) {
+    E = static_cast<int>(s.rows_E.size());
+    N = s.N;
+    K = s.K;
+    P = K / 2;
+    S = K / 16;
+    offsets.assign(1, 0);
+    for (int32_t r : s.rows_E) offsets.push_back(offsets.back() + r);
+    M = offsets.back() + s.spare_rows;
+  }
+
+  cuda::Nvfp4GroupedGemmArgs args(const Dev<bf16_t>& da, const Dev<uint8_t>& dq,
+                                  const Dev<uint8_t>& ds, const Dev<float>& dg,
+                                  const Dev<int32_t>& doff) const {
+    cuda::Nvfp4GroupedGemmArgs x;
+    x.a_MK = da.ptr;
+    x.b_codes_ENP = dq.ptr;
+    x.b_scales_ENS = ds.ptr;
+    x.b_global_E = dg.ptr;
+    x.offsets_E1 = doff.ptr;
+    x.E = E;
+    x.M = M;
+    x.N = N;
+    x.K = K;
+    return x;
+  }
+
+  // [M, N] output, with swiglu [M, N / 2] (rows outside the groups keep 0xA5A5).
+  std::vector<bf16_t> run_gpu(const int32_t* skip = nullptr,
+                              const ActivationParams* swiglu = nullptr) const {
+    const int64_t cols = swiglu != nullptr ? N / 2 : N;
+    Dev<bf16_t> da(a), dout(static_cast<size_t>(M * cols));
+    Dev<uint8_t> dq(codes), ds(scales);
+    Dev<float> dg(global);
+    Dev<int32_t> doff(offsets);
+    cuda::Nvfp4GroupedGemmArgs x = args(da, dq, ds, dg, doff);
+    x.skip = skip;
+    x.out_MN = dout.ptr;
+    x.ld_out = cols;
+    if (swiglu != nullptr) {
+      x.swiglu = true;
+      x.act = *swiglu;
+    }
+    cuda::nvfp4_grouped_gemm(x, nullptr);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    return dout.get();
+  }
+
+  // The formula in fp32, k ascending; magnitude: global * sum_k |a w| per element.
+  std::vector<bf16_t> run_cpu(std::vector<float>* magnitude = nullptr) const {
+    std::vector<bf16_t> out(static_cast<size_t>(M * N), static_cast<bf16_t>(0xA5A5));
+    if (magnitude != nullptr) magnitude->assign(out.size(), 0.0f);
+    std::vector<float> w(static_cast<size_t>(K));
+    for (int e = 0; e < E; ++e) {
+      for (int64_t n = 0; n < N; ++n) {
+        const int64_t row = e * N + n;
+        for (int64_t k = 0; k < K; ++k) {
+          const uint8_t byte = codes[static_cast<size_t>(row * P + k / 2)];
+          const uint8_t code = k % 2 == 0 ? e2m1_first(byte) : e2m1_second(byte);
+          w[static_cast<size_t>(k)] =
+              e2m1_to_float(code) * e4m3_to_float(scales[static_cast<size_t>(row * S + k / 16)]);
+        }
+        for (int64_t m = offsets[static_cast<size_t>(e)]; m < offsets[static_cast<size_t>(e) + 1];
+             ++m) {
+          float acc = 0.0f, mag = 0.0f;
+          for (int64_t k = 0; k < K; ++k) {
+            const float p = bf16_to_float(a[static_cast<size_t>(m * K + k)]) * w[static_cast<size_t>(k)];
+            acc += p;
+            mag += std::fabs(p);
+          }
+          const size_t i = static_cast<size_t>(m * N + n);
+          out[i] = float_to_bf16(global[static_cast<size_t>(e)] * acc);
+          if (magnitude != nullptr) (*magnitude)[i] = global[static_cast<size_t>(e)] * mag;
+        }
+      }
+    }
+    return out;
+  }
+};
+
+void expect_bitwise(const std::vector<bf16_t>& cpu, const std::vector<bf16_t>& gpu, int64_t N,
+                    const std::string& what) {
+  ASSERT_EQ(cpu.size(), gpu.size()) << what;
+  int shown = 0;
+  size_t differ = 0;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    if (cpu[i] == gpu[i]) continue;
+    ++differ;
+    if (shown++ < 8) {
+      ADD_FAILURE() << what << ": row " << i / static_cast<size_t>(N) << " col "
+                    << i % static_cast<size_t>(N) << ": cpu " << bf16_to_float(cpu[i]) << ", gpu "
+                    << bf16_to_float(gpu[i]);
+    }
+  }
+  EXPECT_EQ(differ, 0u) << what;
+}
+
+// Exact-sum inputs: codes of every value, power-of-two block scales and global.
+void fill_exact(Problem& p, std::mt19937& rng) {
+  const uint8_t kPow2Scales[5] = {0x28, 0x30, 0x38, 0x40, 0x48};  // e4m3 1/4 1/2 1 2 4
+  std::uniform_int_distribution<int> ints(-3, 3), byte(0, 255), pick(0, 4);
+  p.a.resize(static_cast<size_t>(p.M * p.K));
+  for (bf16_t& v : p.a) v = float_to_bf16(static_cast<float>(ints(rng)));
+  p.codes.resize(static_cast<size_t>(p.E * p.N * p.P));
+  for (uint8_t& v : p.codes) v = static_cast<uint8_t>(byte(rng));
+  p.scales.resize(static_cast<size_t>(p.E * p.N * p.S));
+  for (uint8_t& v : p.scales) v = kPow2Scales[pick(rng)];
+  p.global.resize(static_cast<size_t>(p.E));
+  for (int e = 0; e < p.E; ++e) p.global[static_cast<size_t>(e)] = std::ldexp(1.0f, e % 5 - 3);
+}
+
+TEST(GpuGemmNvfp4, ExactSumsBitwise) {
+  EPMOE_REQUIRE_GPU();
+  std::mt19937 rng(21);
+  for (const Shape& s : shapes()) {
+    Problem p(s);
+    fill_exact(p, rng);
+    expect_bitwise(p.run_cpu(), p.run_gpu(), p.N, describe(s));
+  }
+}
+
+TEST(GpuGemmNvfp4, CodecPreparedRandomDataWithinBound) {
+  EPMOE_REQUIRE_GPU();
+  std::mt19937 rng(22);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  double worst = 0.0;
+  for (const Shape& s : shapes()) {
+    Problem p(s);
+    p.a.resize(static_cast<size_t>(p.M * p.K));
+    for (bf16_t& v : p.a) v = float_to_bf16(normal(rng));
+    // Weights through the codec (one global per expert), scaled per expert so the globals differ.
+    std::vector<float> w(static_cast<size_t>(p.E * p.N * p.K));
+    for (size_t i = 0; i < w.size(); ++i) {
+      w[i] = normal(rng) * std::ldexp(1.0f, static_cast<int>(i / static_cast<size_t>(p.N * p.K)) % 7 - 3);
+    }
+    p.codes.assign(static_cast<size_t>(p.E * p.N * p.P), 0);
+    p.scales.assign(static_cast<size_t>(p.E * p.N * p.S), 0);
+    p.global.assign(static_cast<size_t>(p.E), 0.0f);
+    nvfp4_global_scales(w.data(), p.E, p.E * p.N, p.K, p.global.data());
+    nvfp4_quantize_rows(w.data(), p.E, p.E * p.N, p.K, p.global.data(), p.codes.data(),
+                        p.scales.data());
+    std::vector<float> mag;
+    const std::vector<bf16_t> cpu = p.run_cpu(&mag), gpu = p.run_gpu();
+    int shown = 0;
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      if (cpu[i] == static_cast<bf16_t>(0xA5A5)) {
+        EXPECT_EQ(gpu[i], cpu[i]) << describe(s) << ": element " << i << " outside the groups";
+        continue;
+      }
+      const double c = bf16_to_float(cpu[i]), g = bf16_to_float(gpu[i]);
+      const double bound = std::ldexp(std::fabs(c), -7) + std::ldexp(mag[i], -13) + 1e-30;
+      worst = std::max(worst, std::fabs(g - c) / bound);
+      if (!(std::fabs(g - c) <= bound) && shown++ < 8) {
+        ADD_FAILURE() << describe(s) << ": row " << i / static_cast<size_t>(p.N) << " col "
+                      << i % static_cast<size_t>(p.N) << ": cpu " << c << ", gpu " << g
+                      << ", bound " << bound;
+      }
+    }
+  }
+  if (std::getenv("EPMOE_REPORT_ERRORS") != nullptr) {
+    std::printf("nvfp4 GEMM: worst |gpu - cpu| / bound %.3g\n", worst);
+  }
+}
+
+// The SwiGLU epilogue (gate rows [0, N/2), up rows [N/2, N)) against the host SwiGLU of the plain
+// output's rounded values: equal up to the device / host expf difference (one bf16 rounding
+// step), rows outside the groups untouched; plain and clamped.
+TEST(GpuGemmNvfp4, SwigluEpilogueMatchesThePlainOutputsSwiglu) {
+  EPMOE_REQUIRE_GPU();
+  std::mt19937 rng(25);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  ActivationParams clamped;
+  clamped.clamped = 1;
+  clamped.alpha = 1.702f;
+  clamped.limit = 7.0f;
+  for (const ActivationParams& act : {ActivationParams{}, clamped}) {
+    for (const Shape& s : shapes()) {
+      Problem p(s);
+      fill_exact(p, rng);
+      for (bf16_t& v : p.a) v = float_to_bf16(0.05f * normal(rng));  // gates around the knee
+      const std::vector<bf16_t> plain = p.run_gpu(), fused = p.run_gpu(nullptr, &act);
+      const int64_t F = p.N / 2;
+      for (int64_t m = 0; m < p.M; ++m) {
+        const bool in_group = m < p.offsets.back();
+        for (int64_t f = 0; f < F; ++f) {
+          const bf16_t got = fused[static_cast<size_t>(m * F + f)];
+          if (!in_group) {
+            ASSERT_EQ(got, static_cast<bf16_t>(0xA5A5)) << describe(s) << " row " << m;
+            continue;
+          }
+          const float gate = bf16_to_float(plain[static_cast<size_t>(m * p.N + f)]);
+          const float up = bf16_to_float(plain[static_cast<size_t>(m * p.N + F + f)]);
+          const double want = bf16_to_float(float_to_bf16(swiglu_forward(gate, up, act)));
+          const double g = bf16_to_float(got);
+          ASSERT_LE(std::fabs(g - want), std::ldexp(std::fabs(want), -7) + 1e-30)
+              << describe(s) << (act.clamped ? " clamped" : " plain") << " row " << m << " col "
+              << f << ": gate " << gate << " up " << up;
+        }
+      }
+    }
+  }
+}
+
+TEST(GpuGemmNvfp4, SkipFlagLeavesTheOutputUntouched) {
+  EPMOE_REQUIRE_GPU();
+  std::mt19937 rng(23);
+  Problem p(shapes()[1]);
+  fill_exact(p, rng);
+  Dev<int32_t> skip(std::vector<int32_t>{1});
+  for (bf16_t v : p.run_gpu(skip.ptr)) ASSERT_EQ(v, static_cast<bf16_t>(0xA5A5));
+}
+
+// Rows stored into combine slots (R = 1): row m of the groups goes to slot recv_src[m] of a
+// [T, K, N] buffer; the rows equal the plain output's.
+TEST(GpuGemmNvfp4, ScatterStoresEachRowInItsSlot) {
+  EPMOE_REQUIRE_GPU();
+  std::mt19937 rng(24);
+  Problem p(shapes()[1]);
+  fill_exact(p, rng);
+  const int top_k = 2;
+  const int64_t T = (p.M + top_k - 1) / top_k + 3;
+  std::vector<int32_t> slots(static_cast<size_t>(T * top_k));
+  for (size_t i = 0; i < slots.size(); ++i) slots[i] = static_cast<int32_t>(i);
+  std::shuffle(slots.begin(), slots.end(), rng);
+  std::vector<int32_t> recv_src(slots.begin(), slots.begin() + p.M);
+  for (int32_t& v : recv_src) v = encode_src(0, v / top_k, v % top_k, T, top_k);
+  Dev<bf16_t> da(p.a), combine(static_cast<size_t>(T * top_k * p.N));
+  Dev<uint8_t> dq(p.codes), ds(p.scales);
+  Dev<float> dg(p.global);
+  Dev<int32_t> doff(p.offsets), dsrc(recv_src);
+  Dev<bf16_t*> table(std::vector<bf16_t*>{combine.ptr});
+  cuda::Nvfp4GroupedGemmArgs x = p.args(da, dq, ds, dg, doff);
+  x.combine_R = table.ptr;
+  x.recv_src_M = dsrc.ptr;
+  x.T = T;
+  x.top_k = top_k;
+  cuda::nvfp4_grouped_gemm(x, nullptr);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  const std::vector<bf16_t> got = combine.get(), plain = p.run_gpu();
+  for (int64_t m = 0; m < p.offsets.back(); ++m) {
+    const int64_t slot = src_slot(recv_src[static_cast<size_t>(m)], T, top_k);
+    for (int64_t n = 0; n < p.N; ++n) {
+      ASSERT_EQ(got[static_cast<size_t>(slot * p.N + n)], plain[static_cast<size_t>(m * p.N + n)])
+          << "row " << m << " col " << n;
+    }
+  }
+}
+
+TEST(GpuGemmNvfp4, ArgumentsAreChecked) {
+  cuda::Nvfp4GroupedGemmArgs x;
+  x.E = 1;
+  x.M = 0;
+  x.N = 64;
+  x.K = 120;  // not a multiple of 16
+  try {
+    cuda::nvfp4_grouped_gemm(x, nullptr);
+    ADD_FAILURE() << "K = 120 accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "K") << e.what();
+  }
+  x.K = 128;
+  x.ld_out = 64;
+  try {
+    cuda::nvfp4_grouped_gemm(x, nullptr);
+    ADD_FAILURE() << "null weights accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "b_codes_ENP") << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace epmoe::test
