@@ -29,8 +29,9 @@ struct Activation {
 // Operand precision of the expert GEMMs. bf16 runs everywhere; fp8_block (E4M3, 1x128 activation
 // and 128x128 weight blocks, fp32 scales; docs/formats.md "FP8 training") on the CPU backend;
 // nvfp4 is weight-only inference (NVFP4 prepared weights, bf16 activations; needs inference and
-// prepared_weights; docs/formats.md "NVFP4 weight-only inference") on both backends; mxfp8 is a
-// format only (codecs, PreparedWeights), refused as a Config.precision.
+// prepared_weights; docs/formats.md "NVFP4 weight-only inference") on both backends; mxfp8 is
+// inference with MXFP8 weights and activations quantized 1x32 (needs inference and
+// prepared_weights; docs/formats.md "MXFP8 inference") on the CPU backend only.
 enum class Precision : int { bf16, fp8_block, mxfp8, nvfp4 };
 const char* to_string(Precision precision);
 
@@ -89,7 +90,7 @@ struct ConfigFields {
   // fp8_block: true: forward/backward take the caller's PreparedWeights (w13_prepared,
   // w2_prepared; made once per optimizer step with prepare_weights). false: the context quantizes
   // the bf16 weights in every call into its own scratch (bitwise the same as prepared ones).
-  // nvfp4: must be true (forward takes NVFP4 w13_prepared / w2_prepared).
+  // nvfp4 / mxfp8: must be true (forward takes NVFP4 / MXFP8 w13_prepared / w2_prepared).
   bool prepared_weights = false;
   // The most bytes of the scratch kept in device memory (rounded down to 128); the rest of the
   // scratch is pinned host memory mapped right behind it in the arena's one virtual range (CUDA:

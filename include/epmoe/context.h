@@ -28,8 +28,8 @@ struct ForwardArgs {
   TensorRef y_TD;            // out: bf16 [T', D]; rows past the live count are zero
   // Config.prepared_weights: copies of w13_EFD ([E, 2F, D]) and w2_EDF ([E, D, F]) made by
   // prepare_weights, read instead of the bf16 weights; format fp8_block_fp32 (precision
-  // fp8_block) or nvfp4 (precision nvfp4, weight-only inference: w13_EFD and w2_EDF may then be
-  // left empty). nullptr otherwise.
+  // fp8_block), nvfp4 (precision nvfp4, weight-only inference) or mxfp8 (precision mxfp8,
+  // inference); with nvfp4 and mxfp8, w13_EFD and w2_EDF may be left empty. nullptr otherwise.
   const PreparedWeights* w13_prepared = nullptr;
   const PreparedWeights* w2_prepared = nullptr;
   bool save_for_backward = true;  // false: nothing is saved, no slot is touched

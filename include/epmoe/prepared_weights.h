@@ -11,7 +11,7 @@
 // [E, 2F, D], w2 as [E, D, F]; its DGRADs read the same 128x128 blocks transposed, which the
 // caller prepares too (data_t / scales_t, filled by prepare_weights beside data / scales) so no
 // backward call transposes them. NVFP4 weight-only inference (Config.precision = nvfp4) reads
-// nvfp4 weights of the same shapes.
+// nvfp4 weights of the same shapes, MXFP8 inference (Config.precision = mxfp8) mxfp8 ones.
 #pragma once
 
 #include <cstdint>

@@ -55,11 +55,7 @@ void validate_activation(const Activation& a) {
 void validate_precision(Precision p) {
   const bool known = p == Precision::bf16 || p == Precision::fp8_block || p == Precision::mxfp8 ||
                      p == Precision::nvfp4;
-  EPMOE_CHECK_ARG(known, "Config.precision", "bf16, fp8_block or nvfp4", enum_value(p));
-  // MXFP8 is a format (codecs, prepared weights); no GEMM path runs it yet.
-  EPMOE_CHECK_ARG(p != Precision::mxfp8, "Config.precision",
-                  "bf16, fp8_block or nvfp4 (mxfp8 is not available yet as a GEMM precision)",
-                  to_string(p));
+  EPMOE_CHECK_ARG(known, "Config.precision", "bf16, fp8_block, mxfp8 or nvfp4", enum_value(p));
 }
 
 void validate_slots(const ActivationSlots& s, bool inference) {
@@ -137,6 +133,13 @@ Config::Config(const ConfigFields& fields) : f_(fields) {
                     "true with precision nvfp4 (weight-only inference)", "false");
     EPMOE_CHECK_ARG(f_.prepared_weights, "Config.prepared_weights",
                     "true with precision nvfp4 (the caller prepares the NVFP4 weights)", "false");
+  }
+  if (f_.precision == Precision::mxfp8) {
+    // MXFP8 inference (CPU backend): the caller's prepared weights, activations quantized 1x32.
+    EPMOE_CHECK_ARG(f_.inference, "Config.inference",
+                    "true with precision mxfp8 (inference only)", "false");
+    EPMOE_CHECK_ARG(f_.prepared_weights, "Config.prepared_weights",
+                    "true with precision mxfp8 (the caller prepares the MXFP8 weights)", "false");
   }
   EPMOE_CHECK_ARG(!f_.prepared_weights || f_.precision != Precision::bf16,
                   "Config.prepared_weights", "false with precision bf16 (bf16 weights are used as "

@@ -144,6 +144,15 @@ struct Context::Impl {
       s.w2_nvfp4_global_E = w2_prepared->global_scale.as<float>();
       return;
     }
+    if (config.fields().precision == Precision::mxfp8) {
+      // MXFP8 inference (validated: both prepared, format mxfp8; the CUDA backend refuses it).
+      s.mxfp8 = true;
+      s.w13_mx_EFD = w13_prepared->data.as<uint8_t>();
+      s.w13_mx_scales_EFS = w13_prepared->scales.as<uint8_t>();
+      s.w2_mx_EDF = w2_prepared->data.as<uint8_t>();
+      s.w2_mx_scales_EDS = w2_prepared->scales.as<uint8_t>();
+      return;
+    }
     if (!fp8()) return;
     s.fp8 = true;
     s.fp8_scratch = fp8_scratch();

@@ -357,6 +357,10 @@ std::string MemoryPlan::explain() const {
     if (precision == Precision::nvfp4) {
       line("    nvfp4 weights: prepared by the caller (weight-only; activations stay bf16)");
     }
+    if (precision == Precision::mxfp8) {
+      line("    mxfp8 weights: prepared by the caller (bf16 rows cross ranks; the GEMMs quantize "
+           "them 1x32)");
+    }
   }
   {
     const Dims d{tokens, hidden, intermediate, top_k, experts_local, ep_size};

@@ -120,6 +120,14 @@ struct Step {
   const uint8_t* w2_nvfp4_scales_EDS = nullptr;   // [E, D, ceil(F/16)] E4M3
   const float* w2_nvfp4_global_E = nullptr;       // [E] fp32
 
+  // ---- MXFP8 inference (Config.precision = mxfp8; docs/formats.md "MXFP8 inference") ----
+  // The GEMMs read these instead of w13_EFD / w2_EDF and quantize their activation rows 1x32.
+  bool mxfp8 = false;
+  const uint8_t* w13_mx_EFD = nullptr;         // [E, 2F, D] E4M3
+  const uint8_t* w13_mx_scales_EFS = nullptr;  // [E, 2F, ceil(D/32)] E8M0
+  const uint8_t* w2_mx_EDF = nullptr;          // [E, D, F] E4M3
+  const uint8_t* w2_mx_scales_EDS = nullptr;   // [E, D, ceil(F/32)] E8M0
+
   Status* status = nullptr;
 };
 

@@ -26,10 +26,18 @@ int64_t check_rows(const TensorRef& x, const char* name, const Config& c) {
 }
 
 // The format of the prepared weights a call reads: fp8_block_fp32 (FP8 training), nvfp4
-// (weight-only inference).
+// (weight-only inference), mxfp8 (MXFP8 inference).
 WeightFormat prepared_format(const Config& c) {
-  return c.fields().precision == Precision::nvfp4 ? WeightFormat::nvfp4
-                                                  : WeightFormat::fp8_block_fp32;
+  switch (c.fields().precision) {
+    case Precision::nvfp4: return WeightFormat::nvfp4;
+    case Precision::mxfp8: return WeightFormat::mxfp8;
+    default: return WeightFormat::fp8_block_fp32;
+  }
+}
+
+// Inference precisions that read only the prepared weights.
+bool reads_only_prepared(const Config& c) {
+  return c.fields().precision == Precision::nvfp4 || c.fields().precision == Precision::mxfp8;
 }
 
 // The prepared weights a call reads (Config.prepared_weights), or none. A backward (dgrad) also
@@ -64,11 +72,11 @@ void check_prepared_args(const PreparedWeights* w13, const PreparedWeights* w2, 
   check(*w2, n2, c.D(), c.F());
 }
 
-// The bf16 weights: required, except with nvfp4, which reads only the prepared weights (then
-// they may be left empty, data == nullptr; given ones are still checked).
+// The bf16 weights: required, except with nvfp4 and mxfp8, which read only the prepared weights
+// (then they may be left empty, data == nullptr; given ones are still checked).
 void check_bf16_weights(const TensorRef& w13_EFD, const TensorRef& w2_EDF, const Config& c, int E,
                         const Device& dev) {
-  const bool optional = c.fields().precision == Precision::nvfp4;
+  const bool optional = reads_only_prepared(c);
   if (!optional || w13_EFD.data != nullptr) {
     check_tensor(w13_EFD, "w13_EFD", {DType::bf16}, {E, 2 * c.F(), c.D()}, dev);
   }
@@ -115,8 +123,8 @@ int64_t validate_forward(const ForwardArgs& a, const Config& c, int ep_size, con
 }
 
 void validate_backward(const BackwardArgs& a, const Config& c, int ep_size, const Device& dev) {
-  EPMOE_CHECK_ARG(c.fields().precision != Precision::nvfp4, "Config.precision",
-                  "bf16 or fp8_block for backward (nvfp4 is weight-only inference, forward only)",
+  EPMOE_CHECK_ARG(!reads_only_prepared(c), "Config.precision",
+                  "bf16 or fp8_block for backward (nvfp4 and mxfp8 are inference, forward only)",
                   to_string(c.fields().precision));
   EPMOE_CHECK_ARG(!c.fields().inference, "Context", "a training context for backward",
                   "an inference context");

@@ -170,6 +170,19 @@ void copy_grad_scores(const Step& s);
 std::vector<float> nvfp4_w13_of(const Step& s, int e);
 std::vector<float> nvfp4_w2_of(const Step& s, int e);
 
+// ---- MXFP8 inference (stages_mxfp8.cpp; docs/formats.md "MXFP8 inference") ----
+// Expert e's W13 [2F, D] / W2 [D, F] of the MXFP8 prepared weights: the E4M3 codes decoded
+// without their scales (v_NL) and the E8M0 scale codes, one per 32 along L (scales_NS).
+struct Mxfp8Expert {
+  int64_t N = 0, L = 0;
+  std::vector<float> v_NL;
+  const uint8_t* scales_NS = nullptr;
+};
+Mxfp8Expert mxfp8_w13_of(const Step& s, int e);
+Mxfp8Expert mxfp8_w2_of(const Step& s, int e);
+// out_N[n] = the MXFP8 product of the bf16 row a_L, quantized 1x32 here, and row n of w.
+void row_times_nt(const bf16_t* a_L, const Mxfp8Expert* w, int64_t N, int64_t L, float* out_N);
+
 // Writes the status word unless an earlier error of this step is already there.
 inline void report(const Step& s, const Status& st) {
   if (s.status->code == 0) *s.status = st;

@@ -190,7 +190,8 @@ void swiglu_rows(const Step& s) {
   }
 }
 
-// Rows of expert e through W13 (w_NK: bf16 as given, or fp32 decoded NVFP4): h13[m] =
+// Rows of expert e through W13 (w_NK: bf16 as given, fp32 decoded NVFP4, or an Mxfp8Expert whose
+// row_times_nt quantizes the row 1x32): h13[m] =
 // bf16(x_gathered[m] @ w13[e]^T); with h_MF also h[m] = bf16(act(h13[m])) from the rounded h13
 // (the fused stage, same values as unfused).
 template <class W>
@@ -223,6 +224,10 @@ void w13_rows(const Step& s, bf16_t* h_MF) {
       if (expert_first_row(s, e) == expert_last_row(s, e)) continue;
       const std::vector<float> w = nvfp4_w13_of(s, e);
       w13_expert_rows(s, e, w.data(), h_MF, acc.data());
+    } else if (s.mxfp8) {
+      if (expert_first_row(s, e) == expert_last_row(s, e)) continue;
+      const Mxfp8Expert w = mxfp8_w13_of(s, e);
+      w13_expert_rows(s, e, &w, h_MF, acc.data());
     } else {
       w13_expert_rows(s, e, w13_of(s, e), h_MF, acc.data());
     }
@@ -252,6 +257,10 @@ void w2_rows(const Step& s, bool scatter) {
       if (expert_first_row(s, e) == expert_last_row(s, e)) continue;
       const std::vector<float> w = nvfp4_w2_of(s, e);
       w2_expert_rows(s, e, w.data(), scatter, acc.data());
+    } else if (s.mxfp8) {
+      if (expert_first_row(s, e) == expert_last_row(s, e)) continue;
+      const Mxfp8Expert w = mxfp8_w2_of(s, e);
+      w2_expert_rows(s, e, &w, scatter, acc.data());
     } else {
       w2_expert_rows(s, e, w2_of(s, e), scatter, acc.data());
     }

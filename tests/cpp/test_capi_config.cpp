@@ -49,7 +49,7 @@ TEST(CapiConfig, Nvfp4WeightOnlyInferenceReachesThePlanner) {
 
 TEST(CapiConfig, UnknownPrecisionIsRefusedNamingTheField) {
   epmoe_config c = epmoe_config_default(16, 32, 24, 2, 8);
-  c.precision = 2;  // mxfp8: a format, not a GEMM precision
+  c.precision = 2;  // mxfp8: CPU-only inference, not exposed through the C ABI
   std::vector<char> buf(256);
   EXPECT_NE(epmoe_explain_plan(&c, 2, buf.data(), buf.size()), 0);
   const std::string error = epmoe_last_error();

@@ -107,17 +107,10 @@ TEST(Config, ClampedActivationNeedsFinitePositiveAlphaAndLimit) {
   expect_config_error(f, "Config.activation.kind", "5");
 }
 
-TEST(Config, Bf16Fp8BlockAndNvfp4AreAvailable) {
+TEST(Config, Bf16Fp8BlockMxfp8AndNvfp4AreAvailable) {
   ConfigFields f = tiny();
   f.precision = Precision::fp8_block;
   EXPECT_NO_THROW(Config c(f));
-  f.precision = Precision::mxfp8;
-  expect_config_error(f, "Config.precision", "mxfp8");
-  try {
-    Config c(f);
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("not available yet"), std::string::npos) << e.what();
-  }
   f.precision = static_cast<Precision>(9);
   expect_config_error(f, "Config.precision", "9");
 }
@@ -129,6 +122,20 @@ TEST(Config, Nvfp4NeedsInferenceAndPreparedWeights) {
   f.prepared_weights = true;
   expect_config_error(f, "Config.inference", "false");
   f.inference = true;
+  EXPECT_NO_THROW(Config c(f));
+  f.prepared_weights = false;
+  expect_config_error(f, "Config.prepared_weights", "false");
+}
+
+// MXFP8 is inference from the caller's prepared weights; any D (partial last blocks).
+TEST(Config, Mxfp8NeedsInferenceAndPreparedWeights) {
+  ConfigFields f = tiny();
+  f.precision = Precision::mxfp8;
+  f.prepared_weights = true;
+  expect_config_error(f, "Config.inference", "false");
+  f.inference = true;
+  EXPECT_NO_THROW(Config c(f));
+  f.hidden_dim = 33;
   EXPECT_NO_THROW(Config c(f));
   f.prepared_weights = false;
   expect_config_error(f, "Config.prepared_weights", "false");

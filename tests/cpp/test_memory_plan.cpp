@@ -499,6 +499,23 @@ TEST(MemoryPlan, Nvfp4InferenceAsBf16Inference) {
   expect_contains(p.explain(), "nvfp4 weights: prepared by the caller");
 }
 
+// MXFP8 inference adds no bytes either: the caller owns the weights, bf16 rows cross ranks, and
+// the CPU GEMMs quantize each activation row into their own temporaries (no arena scratch).
+TEST(MemoryPlan, Mxfp8InferenceAsBf16Inference) {
+  ConfigFields f = small();
+  f.inference = true;
+  f.precision = Precision::mxfp8;
+  f.prepared_weights = true;
+  const MemoryPlan p = plan_memory(Config(f), 2);
+  EXPECT_EQ(p.precision, Precision::mxfp8);
+  EXPECT_EQ(p.dispatch_buffer_bytes, 1024);  // A(4*128*2), bf16 rows
+  EXPECT_EQ(p.fp8_scratch_bytes, 0);
+  EXPECT_EQ(p.fp8_weight_scratch_bytes, 0);
+  EXPECT_EQ(p.scratch_bytes, 16384);  // as MemoryPlan.Inference
+  EXPECT_EQ(p.total_bytes, 20352);
+  expect_contains(p.explain(), "mxfp8 weights: prepared by the caller");
+}
+
 TEST(MemoryPlan, DeepSeekV3Like) {
   // T=4096, D=7168, F=2048, 256 experts, top-8, R=8 (E=32), capacity factor 1.5.
   ConfigFields f = fields(4096, 7168, 2048, 256, 8);
