@@ -44,7 +44,8 @@ void CudaBackend::validate(const Config& config, int ep_size) const {
   const Precision precision = config.fields().precision;
   EPMOE_CHECK_ARG(precision == Precision::bf16 || precision == Precision::fp8_block ||
                       precision == Precision::nvfp4,
-                  "Config.precision", "bf16, fp8_block or nvfp4 on the CUDA backend",
+                  "Config.precision",
+                  "bf16, fp8_block or nvfp4 on the CUDA backend (mxfp8 runs on the CPU backend)",
                   std::string(to_string(precision)));
   if (precision == Precision::fp8_block) {
     EPMOE_CHECK_ARG(config.D() % 16 == 0, "Config.hidden_dim",

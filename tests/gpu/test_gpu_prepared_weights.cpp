@@ -2,7 +2,7 @@
 // bitwise for every format (fp8_block_fp32 also with its transposed copy, which the host path
 // makes with cpu::fp8_transpose_weights), including a refill in place after the weights change;
 // and what the CUDA backend accepts of fp8_block (training and inference; D, F multiples of 16)
-// and of nvfp4.
+// and of nvfp4, and that it refuses mxfp8 (CPU-only inference).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -223,6 +223,28 @@ TEST(GpuPreparedWeights, CudaBackendAcceptsNvfp4WithWholeBlocks) {
     } catch (const Error& e) {
       EXPECT_EQ(e.argument(), field) << e.what();
     }
+  }
+}
+
+// MXFP8 inference runs on the CPU backend only (docs/formats.md "MXFP8 inference"): the CUDA
+// backend refuses the precision when the context is created, naming Config.precision.
+TEST(GpuPreparedWeights, CudaBackendRefusesMxfp8) {
+  EPMOE_REQUIRE_GPU();
+  ConfigFields f;
+  f.max_tokens_per_rank = 16;
+  f.hidden_dim = 128;
+  f.intermediate_dim = 128;
+  f.top_k = 2;
+  f.num_experts = 4;
+  f.precision = Precision::mxfp8;
+  f.inference = true;
+  f.prepared_weights = true;
+  try {
+    Context::create(Config(f), make_single_gpu_transport(0));
+    ADD_FAILURE() << "the CUDA backend accepted mxfp8";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "Config.precision") << e.what();
+    EXPECT_NE(std::string(e.what()).find("mxfp8"), std::string::npos) << e.what();
   }
 }
 
