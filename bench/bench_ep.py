@@ -12,6 +12,15 @@ GPU, ratios to the dense-matmul ceiling and to the recipe, both epilogue variant
 combine bandwidth against SM-driven peer stores measured in the same run, the imbalance figure
 under skew, and every rank's stage breakdown. Rank 0 writes the JSON after every shape.
 
+FP8 (opt-in through --variants): epmoe-fp8 is an fp8_block training context at EP = 2 with each
+rank's local experts prepared once outside the timing (epmoe_prepare_weights_fp8 with the
+transposed copies), timed as the bf16 variants on the same inputs, useful FLOPs as bf16, with
+ratio_to_bf16 against the epmoe row and rel-L2 of y / grad_x / grad_scores against epmoe's bf16
+outputs (the bf16 recipe's where epmoe did not run); torch-native-fp8 is the EP recipe with its
+expert GEMMs on torch._scaled_grouped_mm (torch_recipe_fp8.moe_forward_ep: all_to_all dispatch and
+combine unchanged, backward GEMMs in bf16), the epmoe-fp8 rows' ratio_to_recipe. Where
+torch._scaled_grouped_mm does not run, its rows are left out with the reason in the JSON's notes.
+
     torchrun --nproc-per-node 2 bench/bench_ep.py --self-check   (CPU, gloo: the recipe's math)
 """
 import argparse
@@ -32,6 +41,7 @@ import bench_moe  # noqa: E402
 import epmoe_ctypes  # noqa: E402
 import shapes as S  # noqa: E402
 import torch_recipe  # noqa: E402
+import torch_recipe_fp8  # noqa: E402
 
 OUTPUTS = ("y", "grad_x", "grad_scores", "grad_w13", "grad_w2")
 # row name: (Config.fuse_epilogues, Config.arrival_gated_w13, Config.combine: 0 per_route,
@@ -41,6 +51,13 @@ OUTPUTS = ("y", "grad_x", "grad_scores", "grad_w13", "grad_w2")
 # expert side.
 VARIANTS = {"epmoe": (True, False, 0), "epmoe-gated": (True, True, 0),
             "epmoe-unfused": (False, False, 0), "epmoe-per-rank": (True, False, 1)}
+# fp8_block training contexts with prepared weights (Config.precision = fp8_block,
+# prepared_weights): the same fields as above.
+FP8_VARIANTS = {"epmoe-fp8": (True, False, 0)}
+# The EP recipe with its expert GEMMs in row-wise fp8 (torch_recipe_fp8.moe_forward_ep).
+RECIPE_FP8 = "torch-native-fp8"
+# Outputs of an fp8 row compared with the bf16 ones (bench_moe.py's epmoe-fp8 rows: the same).
+FP8_COMPARED = ("y", "grad_x", "grad_scores")
 # Variants whose stage list times the combine's cross-rank stores as a stage of their own.
 BANDWIDTH_VARIANTS = ("epmoe-unfused", "epmoe-per-rank")
 
@@ -178,13 +195,21 @@ class Inputs:
 class EpmoeRun:
     """An epmoe context over the NCCL transport and its output buffers."""
 
-    def __init__(self, lib, nccl, ranks, inp, variant, capacity_factor):
+    def __init__(self, lib, nccl, ranks, inp, variant, capacity_factor, fp8=False):
+        """fp8: an fp8_block training context whose forward and backward read this rank's
+        experts prepared once here (with the transposed copies a backward reads)."""
         fused, gated, combine = variant
         cfg = lib.epmoe_config_default(inp.T, inp.D, inp.F, inp.K, inp.E)
         cfg.fuse_epilogues = int(fused)
         cfg.arrival_gated_w13 = int(gated)
         cfg.combine = combine
         cfg.capacity_factor = capacity_factor
+        self.prepared = None
+        if fp8:
+            cfg.precision, cfg.inference, cfg.prepared_weights = 1, 0, 1
+            dev = torch.cuda.current_device()
+            self.prepared = (epmoe_ctypes.PreparedFp8(lib, inp.w13, device=dev, transposed=True),
+                             epmoe_ctypes.PreparedFp8(lib, inp.w2, device=dev, transposed=True))
         uid = epmoe_ctypes.nccl_unique_id(lib, nccl) if ranks.rank == 0 else None
         uid = ranks.gather(uid)[0]
         self.ctx = epmoe_ctypes.Context.create_nccl(lib, nccl, cfg, uid, ranks.rank, ranks.size,
@@ -198,13 +223,14 @@ class EpmoeRun:
 
     def forward(self, save=True):
         i = self.inp
-        return self.ctx.forward(i.x, i.ids, i.scores, i.w13, i.w2, self.y, save=save)
+        return self.ctx.forward(i.x, i.ids, i.scores, i.w13, i.w2, self.y, save=save,
+                                prepared=self.prepared)
 
     def step(self):
         i = self.inp
         saved = self.forward(True)
         self.ctx.backward(saved, i.grad_y, i.ids, i.scores, i.w13, i.w2, self.grad_x,
-                          self.grad_scores, self.grad_w13, self.grad_w2)
+                          self.grad_scores, self.grad_w13, self.grad_w2, prepared=self.prepared)
 
     def outputs(self):
         return {"y": self.y, "grad_x": self.grad_x, "grad_scores": self.grad_scores,
@@ -222,15 +248,21 @@ class EpmoeRun:
 
     def close(self):
         self.ctx.close()
+        self.prepared = None
 
 
-def recipe_step(inp, backward, group=None):
+def recipe_step(inp, backward, group=None, prepared=None):
+    """The EP recipe's forward (and backward) on inp; prepared: the local experts'
+    torch_recipe_fp8.quantize_weights for the fp8 recipe (made once, outside the timing)."""
     x = inp.x.detach().requires_grad_(backward)
     w13 = inp.w13.detach().requires_grad_(backward)
     w2 = inp.w2.detach().requires_grad_(backward)
     scores = inp.scores.detach().requires_grad_(backward)
     with torch.set_grad_enabled(backward):
-        y = torch_recipe.moe_forward_ep(x, inp.ids, scores, w13, w2, group)
+        if prepared is None:
+            y = torch_recipe.moe_forward_ep(x, inp.ids, scores, w13, w2, group)
+        else:
+            y = torch_recipe_fp8.moe_forward_ep(x, inp.ids, scores, w13, w2, prepared, group)
         if backward:
             y.backward(inp.grad_y)
     if not backward:
@@ -275,14 +307,45 @@ def bench_shape(lib, nccl, ranks, shape, routing, ceil, args):
                     peak_mem_bytes=recipe_peak, **common))
     torch.cuda.empty_cache()
 
-    errors, stages = {}, {}
-    for impl in args.variants:
-        run = EpmoeRun(lib, nccl, ranks, inp, VARIANTS[impl], args.capacity_factor)
+    # torch-native-fp8: outputs and times before the contexts exist (as the bf16 recipe's); its
+    # rel-L2 once epmoe's bf16 outputs are there.
+    r8 = None
+    if RECIPE_FP8 in args.variants:
+        prepared8 = (torch_recipe_fp8.quantize_weights(inp.w13),
+                     torch_recipe_fp8.quantize_weights(inp.w2))
+        y8_fwd = recipe_step(inp, False, prepared=prepared8)["y"].detach()
+        out8 = {k: v.detach() for k, v in recipe_step(inp, True, prepared=prepared8).items()
+                if k in FP8_COMPARED}
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        r8_fwd = timed_ep(lambda: recipe_step(inp, False, prepared=prepared8), ranks, args.iters)
+        r8_step = timed_ep(lambda: recipe_step(inp, True, prepared=prepared8), ranks, args.iters)
+        r8 = {"fwd": r8_fwd, "fwd+bwd": r8_step,
+              "peak": max(ranks.gather(torch.cuda.max_memory_allocated()))}
+        del prepared8
+        torch.cuda.empty_cache()
+
+    errors, stages, times = {}, {}, {}
+    bf16_out = None  # epmoe's y / grad_x / grad_scores: the fp8 rows' reference
+    fp8_ceil = ceil.get("fp8_matmul_tflops")
+    # bf16 variants first: the fp8 rows compare with the epmoe row.
+    order = [v for v in args.variants if v in VARIANTS] + [v for v in args.variants
+                                                            if v in FP8_VARIANTS]
+    for impl in order:
+        fp8 = impl in FP8_VARIANTS
+        run = EpmoeRun(lib, nccl, ranks, inp, (FP8_VARIANTS if fp8 else VARIANTS)[impl],
+                       args.capacity_factor, fp8=fp8)
         try:
             run.step()
             run.ctx.check()
-            parts = {k: bench_moe.rel_l2_parts(v, ref[k]) for k, v in run.outputs().items()}
+            if fp8:
+                base = bf16_out if bf16_out is not None else ref
+                parts = {k: bench_moe.rel_l2_parts(run.outputs()[k], base[k]) for k in FP8_COMPARED}
+            else:
+                parts = {k: bench_moe.rel_l2_parts(v, ref[k]) for k, v in run.outputs().items()}
             errors[impl] = pooled_rel_l2(ranks, parts)
+            if impl == "epmoe":
+                bf16_out = {k: run.outputs()[k].clone() for k in FP8_COMPARED}
             t_fwd = timed_ep(lambda: run.forward(False), ranks, args.iters)
             t_step = timed_ep(run.step, ranks, args.iters)
             run.ctx.check()  # a skipped step (overflow) would time nothing
@@ -293,18 +356,53 @@ def bench_shape(lib, nccl, ranks, shape, routing, ceil, args):
             run.close()
             del run
             torch.cuda.empty_cache()
-        ext = {"rel_l2_vs_recipe": errors[impl], "peer_access": peer_access,
-               "capacity_factor": args.capacity_factor, **common}
-        rows.append(row(impl, shape, routing, "fwd", T, t_fwd, fwd_flops,
-                        ratio_to_ceiling=fwd_flops / t_fwd[0] / 1e9 / ceil["bf16_matmul_tflops"],
-                        ratio_to_recipe=r_fwd[0] / t_fwd[0], **ext))
-        rows.append(row(impl, shape, routing, "fwd+bwd", T, t_step, step_flops,
-                        ratio_to_ceiling=step_flops / t_step[0] / 1e9 / ceil["bf16_matmul_tflops"],
-                        ratio_to_recipe=r_step[0] / t_step[0], **ext))
+        times[impl] = {"fwd": t_fwd, "fwd+bwd": t_step}
+        precision = "fp8" if fp8 else "bf16"
+        ext = {"peer_access": peer_access, "capacity_factor": args.capacity_factor, **common}
+        if fp8:
+            bf16 = times.get("epmoe")
+            ext.update(precision="fp8", prepared_weights=True,
+                       rel_l2_reference="epmoe" if bf16_out is not None else "torch-native")
+            fwd_extra = {
+                "ratio_to_ceiling": fwd_flops / t_fwd[0] / 1e9 / fp8_ceil if fp8_ceil else None,
+                "ratio_to_recipe": r8["fwd"][0] / t_fwd[0] if r8 else None,
+                "ratio_to_bf16": bf16["fwd"][0] / t_fwd[0] if bf16 else None,
+                "rel_l2_vs_bf16": {"y": errors[impl]["y"]}}
+            step_extra = {
+                "ratio_to_ceiling": step_flops / t_step[0] / 1e9 / fp8_ceil if fp8_ceil else None,
+                "ratio_to_recipe": r8["fwd+bwd"][0] / t_step[0] if r8 else None,
+                "ratio_to_bf16": bf16["fwd+bwd"][0] / t_step[0] if bf16 else None,
+                "rel_l2_vs_bf16": errors[impl]}
+        else:
+            ext["rel_l2_vs_recipe"] = errors[impl]
+            bf16_ceil = ceil["bf16_matmul_tflops"]
+            fwd_extra = {"ratio_to_ceiling": fwd_flops / t_fwd[0] / 1e9 / bf16_ceil,
+                         "ratio_to_recipe": r_fwd[0] / t_fwd[0]}
+            step_extra = {"ratio_to_ceiling": step_flops / t_step[0] / 1e9 / bf16_ceil,
+                          "ratio_to_recipe": r_step[0] / t_step[0]}
+        rows.append(row(impl, shape, routing, "fwd", T, t_fwd, fwd_flops, **fwd_extra, **ext))
+        rows.append(row(impl, shape, routing, "fwd+bwd", T, t_step, step_flops, **step_extra,
+                        **ext))
         for r, st in enumerate(stages[impl]):
             rows.append({"impl": impl, "shape": shape, "ep": 2, "routing": routing,
-                         "precision": "bf16", "phase": "stage-breakdown", "tokens_per_rank": T,
+                         "precision": precision, "phase": "stage-breakdown", "tokens_per_rank": T,
                          "rank": r, "stages_ms": st, **tr})
+    if r8 is not None:
+        base = bf16_out if bf16_out is not None else ref
+        err8_fwd = pooled_rel_l2(ranks, {"y": bench_moe.rel_l2_parts(y8_fwd, base["y"])})
+        err8 = pooled_rel_l2(ranks, {k: bench_moe.rel_l2_parts(v, base[k]) for k, v in out8.items()})
+        errors[RECIPE_FP8] = err8
+        meta = {"precision": "fp8", "rel_l2_reference": "epmoe" if bf16_out is not None
+                else "torch-native", **bench_moe.RECIPE_FP8_META, **common}
+        rows.append(row(RECIPE_FP8, shape, routing, "fwd", T, r8["fwd"], fwd_flops,
+                        rel_l2_vs_bf16=err8_fwd, ratio_to_ceiling=(
+                            fwd_flops / r8["fwd"][0] / 1e9 / fp8_ceil if fp8_ceil else None),
+                        **meta))
+        rows.append(row(RECIPE_FP8, shape, routing, "fwd+bwd", T, r8["fwd+bwd"], step_flops,
+                        rel_l2_vs_bf16=err8, peak_mem_bytes=r8["peak"], ratio_to_ceiling=(
+                            step_flops / r8["fwd+bwd"][0] / 1e9 / fp8_ceil if fp8_ceil else None),
+                        **meta))
+        del y8_fwd, out8
     for impl in BANDWIDTH_VARIANTS:
         if impl not in stages:
             continue
@@ -321,7 +419,7 @@ def bench_shape(lib, nccl, ranks, shape, routing, ceil, args):
                             combine_rows_per_rank=(tr["remote_token_rows"] if per_rank
                                                    else tr["remote_rows"]),
                             ratio_to_peer_store=gbps / peer if gbps and peer else None, **common))
-    del ref, inp
+    del ref, inp, bf16_out
     torch.cuda.empty_cache()
     return rows, errors, tr
 
@@ -336,7 +434,8 @@ def imbalance_rows(rows, shape):
                 return r
         return None
 
-    for impl in ("epmoe", "epmoe-gated", "epmoe-unfused", "epmoe-per-rank", "torch-native"):
+    for impl in ("epmoe", "epmoe-gated", "epmoe-unfused", "epmoe-per-rank", "torch-native",
+                 "epmoe-fp8", RECIPE_FP8):
         bal, skew = get(impl, "balanced", "fwd+bwd"), get(impl, "skew", "fwd+bwd")
         if not bal or not skew:
             continue
@@ -370,7 +469,7 @@ def peer_store(exe, mib=256):
     return best, sweep
 
 
-def write_results(path, ceil, rows, ranks_info):
+def write_results(path, ceil, rows, ranks_info, notes=()):
     sha = os.environ.get("EPMOE_SHA") or subprocess.run(
         ["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     out = {"sha": sha or "unknown", "date": datetime.date.today().isoformat(),
@@ -378,6 +477,8 @@ def write_results(path, ceil, rows, ranks_info):
            "versions": {"torch": torch.__version__, "cuda": torch.version.cuda,
                         "nccl": ".".join(map(str, torch.cuda.nccl.version())), "cutlass": "4.2.0.0"},
            "ceilings": ceil, "rows": rows}
+    if notes:
+        out["notes"] = list(notes)
     with open(path, "w") as f:
         json.dump(out, f, indent=1)
 
@@ -394,13 +495,22 @@ def summary(r):
         s += f" {tf:6.1f} TFLOP/s/GPU"
     if r.get("ratio_to_ceiling") is not None:
         s += f" {r['ratio_to_ceiling']:.2f} of ceiling"
+    if r.get("ratio_to_bf16") is not None:
+        s += f" x{r['ratio_to_bf16']:.2f} vs epmoe bf16"
     if r.get("ratio_to_recipe") is not None:
-        s += f" x{r['ratio_to_recipe']:.2f} vs recipe"
+        recipe = RECIPE_FP8 if r.get("precision") == "fp8" else "recipe"
+        s += f" x{r['ratio_to_recipe']:.2f} vs {recipe}"
     if r.get("GBps") is not None:
         s += f" {r['GBps']:.0f} GB/s"
         if r.get("ratio_to_peer_store") is not None:
             s += f" ({100 * r['ratio_to_peer_store']:.0f}% of peer stores)"
     return s
+
+
+def fp8_reference(rows, impl):
+    """What an fp8 row's rel-L2 compares with: epmoe's bf16 outputs, or the bf16 recipe's."""
+    ref = next((r.get("rel_l2_reference") for r in rows if r["impl"] == impl), None)
+    return "epmoe bf16" if ref == "epmoe" else "torch-native bf16"
 
 
 def main_gpu(args):
@@ -419,8 +529,10 @@ def main_gpu(args):
     nccl = epmoe_ctypes.load_nccl(args.nccl_lib)
     c = bench_moe.ceilings()
     all_c = ranks.gather(c)
+    fp8_R = [x.get("fp8_matmul_tflops") for x in all_c]
     ceil = {"bf16_matmul_tflops": statistics.mean(x["bf16_matmul_tflops"] for x in all_c),
-            "fp8_matmul_tflops": None, "peer_store_GBps": ranks.gather(peer)[0],
+            "fp8_matmul_tflops": None if None in fp8_R else statistics.mean(fp8_R),
+            "fp8_matmul_tflops_per_rank": fp8_R, "peer_store_GBps": ranks.gather(peer)[0],
             "hbm_copy_GBps": statistics.mean(x["hbm_copy_GBps"] for x in all_c),
             "bf16_matmul_tflops_per_rank": [x["bf16_matmul_tflops"] for x in all_c],
             "peer_store_sweep": ranks.gather(sweep)[0]}
@@ -428,6 +540,14 @@ def main_gpu(args):
         print(f"ceilings: bf16 matmul {ceil['bf16_matmul_tflops']:.0f} TFLOP/s, HBM copy "
               f"{ceil['hbm_copy_GBps']:.0f} GB/s, peer stores {ceil['peer_store_GBps']} GB/s per GPU",
               flush=True)
+    notes = []
+    if RECIPE_FP8 in args.variants:
+        reasons = [r for r in ranks.gather(torch_recipe_fp8.unsupported_reason()) if r]
+        if reasons:
+            args.variants = [v for v in args.variants if v != RECIPE_FP8]
+            notes.append(f"{RECIPE_FP8} rows left out: {reasons[0]}")
+            if ranks.rank == 0:
+                print(f"note: {notes[-1]}", flush=True)
     rows = []
     for shape in args.shapes.split(","):
         for routing in args.routings.split(","):
@@ -443,13 +563,61 @@ def main_gpu(args):
                     if line:
                         print(line, flush=True)
                 for impl, e in errors.items():
-                    print(f"{shape} {routing} {impl} rel-L2 vs recipe: " +
+                    fp8 = impl in FP8_VARIANTS or impl == RECIPE_FP8
+                    base = fp8_reference(new, impl) if fp8 else "recipe"
+                    print(f"{shape} {routing} {impl} rel-L2 vs {base}: " +
                           ", ".join(f"{k} {v:.2e}" for k, v in e.items()), flush=True)
-                write_results(args.out, ceil, rows, {"size": ranks.size})  # a crash keeps what ran
+                # a crash keeps what ran
+                write_results(args.out, ceil, rows, {"size": ranks.size}, notes)
     dist.destroy_process_group()
 
 
 # ---- self-check on CPU (gloo): the EP recipe against the one-process recipe ----
+
+def fp8_cpu_reason():
+    """None where the FP8 recipe's EP math can be checked on CPU (its fp8 GEMM emulated), else
+    why not."""
+    if not hasattr(torch, "float8_e4m3fn"):
+        return f"torch {torch.__version__} has no torch.float8_e4m3fn"
+    if not hasattr(torch, "_grouped_mm"):
+        return f"torch {torch.__version__} has no torch._grouped_mm (the recipe's backward GEMMs)"
+    return None
+
+
+def self_check_fp8(rank, R, x, ids, scores, w13, w2, grad_y, ye_bf16):
+    """The FP8 EP recipe (torch_recipe_fp8.moe_forward_ep, the fp8 GEMM emulated on CPU) against
+    the one-process FP8 recipe on the concatenated batch, both with the weights quantized per
+    expert and output channel (so rank-local preparation equals the global one's slice); and
+    against the bf16 EP recipe: close, but not equal (the quantization ran). Returns
+    ({name: rel-L2}, rel-L2 of y vs bf16, [failed checks])."""
+    R8 = torch_recipe_fp8
+    T, D = x.shape[1], x.shape[2]
+    K = ids.shape[2]
+    El = w13.shape[0] // R
+    mine = slice(rank * El, (rank + 1) * El)
+    leaves = [t.clone().requires_grad_() for t in (x.reshape(R * T, D), scores.reshape(R * T, K),
+                                                  w13, w2)]
+    xa, sa, w13a, w2a = leaves
+    ya = R8.moe_forward(xa, ids.reshape(R * T, K), sa, w13a, w2a,
+                        (R8.quantize_weights(w13), R8.quantize_weights(w2)))
+    ya.backward(grad_y.reshape(R * T, D))
+    xe, se, w13e, w2e = [t.clone().requires_grad_() for t in (x[rank], scores[rank], w13[mine],
+                                                              w2[mine])]
+    ye = R8.moe_forward_ep(xe, ids[rank], se, w13e, w2e,
+                           (R8.quantize_weights(w13[mine]), R8.quantize_weights(w2[mine])))
+    ye.backward(grad_y[rank])
+    tokens = slice(rank * T, (rank + 1) * T)
+    pairs = {"y": (ye, ya[tokens]), "grad_x": (xe.grad, xa.grad[tokens]),
+             "grad_scores": (se.grad, sa.grad[tokens]), "grad_w13": (w13e.grad, w13a.grad[mine]),
+             "grad_w2": (w2e.grad, w2a.grad[mine])}
+    err = {k: bench_moe.rel_l2(a.detach(), b.detach()) for k, (a, b) in pairs.items()}
+    bad = [f"fp8 {k}" for k, v in err.items() if not v <= 1e-2]
+    vs_bf16 = bench_moe.rel_l2(ye.detach(), ye_bf16.detach())
+    # e4m3 operands of two chained GEMMs: a few % from bf16 (test_torch_recipe_fp8.py)
+    if not 1e-3 < vs_bf16 < 0.12:
+        bad.append("fp8 y vs bf16 within (1e-3, 0.12)")
+    return err, vs_bf16, bad
+
 
 def self_check():
     dist.init_process_group("gloo")
@@ -457,6 +625,12 @@ def self_check():
     T, D, F, E, K = 48, 64, 32, 8, 3
     El = E // R
     failures = 0
+    fp8_reason = fp8_cpu_reason()
+    if fp8_reason:
+        print(f"self-check fp8: skipped ({fp8_reason})", flush=True)
+    else:
+        # torch._scaled_grouped_mm has no CPU kernel: its CPU twin (same quantization, fp32 GEMM)
+        torch_recipe_fp8.ScaledGroupedMm.mm = staticmethod(torch_recipe_fp8.emulated_scaled_grouped_mm)
     for routing in ("balanced", "skew", "empty-rank", "one-expert"):
         g = torch.Generator().manual_seed(7)  # the same global problem on every rank
         x = torch.randn(R, T, D, generator=g).to(torch.bfloat16)
@@ -504,6 +678,13 @@ def self_check():
               f"({tr['remote_token_rows']} tokens)" + (f"; FAILED: {bad}" if bad else ""),
               flush=True)
         failures += len(bad)
+        if not fp8_reason:
+            err8, vs_bf16, bad8 = self_check_fp8(rank, R, x, ids, scores, w13, w2, grad_y, ye)
+            print(f"self-check fp8 rank {rank} {routing}: rel-L2 EP fp8 recipe vs one-process fp8 "
+                  "recipe " + ", ".join(f"{k} {v:.1e}" for k, v in err8.items()) +
+                  f"; y vs bf16 EP recipe {vs_bf16:.1e}" + (f"; FAILED: {bad8}" if bad8 else ""),
+                  flush=True)
+            failures += len(bad8)
     # Stage-time bandwidth and step statistics on made-up numbers.
     st = [[("dispatch", 1.0), ("scatter_rows", 1.0), ("reduce_forward", 0.1), ("gather_grad", 2.0),
            ("scatter_rows", 2.0)]] * 2
@@ -538,7 +719,9 @@ def main():
     ap.add_argument("--nccl-lib", default=None, help="libepmoe_nccl.so (default: $EPMOE_NCCL_LIB)")
     ap.add_argument("--shapes", default="qwen3-30b-a3b,deepseek-v3,gpt-oss-120b,mixtral-8x7b")
     ap.add_argument("--routings", default="balanced,skew")
-    ap.add_argument("--variants", default="epmoe,epmoe-unfused")
+    ap.add_argument("--variants", default="epmoe,epmoe-unfused",
+                    help=f"comma-separated from {sorted(VARIANTS)}, epmoe-fp8 and {RECIPE_FP8} "
+                         "(the FP8 rows, opt-in)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--capacity-factor", type=float, default=2.0,
                     help="Config.capacity_factor (2 = R: skew fits)")
@@ -553,9 +736,10 @@ def main():
     if not args.out:
         ap.error("--out is required")
     args.variants = [v for v in args.variants.split(",") if v]
+    known = sorted(VARIANTS) + sorted(FP8_VARIANTS) + [RECIPE_FP8]
     for v in args.variants:
-        if v not in VARIANTS:
-            ap.error(f"--variants: expected names from {sorted(VARIANTS)}, got {v}")
+        if v not in known:
+            ap.error(f"--variants: expected names from {known}, got {v}")
     args.lib = args.lib or os.environ.get("EPMOE_LIB", "build/src/libepmoe.so")
     main_gpu(args)
 

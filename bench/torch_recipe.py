@@ -2,7 +2,9 @@
 EP = 1: argsort routes by expert, counts read on the host, regroup, pad each expert to 16 rows,
 torch._grouped_mm for W13 and W2 with SwiGLU between, unpad, index_add weighted by scores.
 EP = R (moe_forward_ep): the same with the rows sent to the experts' owners and back by
-all_to_all_single (autograd), the split sizes read on the host. Backward is torch autograd."""
+all_to_all_single (autograd), the split sizes read on the host. Backward is torch autograd.
+moe_forward_ep takes the expert GEMMs as a function, so that the FP8 recipe (torch_recipe_fp8.py)
+runs the same dispatch and combine."""
 import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
@@ -71,11 +73,12 @@ def moe_forward(x, ids, scores, w13, w2, clamped=False):
     return combine(out[dst], tok, scores.reshape(-1)[order], T)
 
 
-def moe_forward_ep(x, ids, scores, w13, w2, group=None, clamped=False):
+def moe_forward_ep(x, ids, scores, w13, w2, group=None, clamped=False, experts_fn=None):
     """EP = R recipe on this rank. x [T, D] this rank's tokens, ids [T, K] global expert ids in
     [0, E * R) (-1 inactive), w13 [E, 2F, D] / w2 [E, D, F] this rank's experts (rank r owns
     [r * E, (r + 1) * E)). Routes sorted by global expert are sorted by destination rank; the
-    counts per (rank, expert) cross in one all_to_all_single and are read on the host once."""
+    counts per (rank, expert) cross in one all_to_all_single and are read on the host once.
+    experts_fn(xp, offs): the local experts on the grouped rows (default: experts in bf16)."""
     R = dist.get_world_size(group)
     T, K = ids.shape
     E, D = w13.shape[0], x.shape[1]
@@ -101,7 +104,7 @@ def moe_forward_ep(x, ids, scores, w13, w2, group=None, clamped=False):
     dst_recv = torch.empty_like(dst)
     dst_recv[perm] = dst  # padded row of each received row
     xp = recv_x.new_zeros(rows, D).index_copy(0, dst_recv, recv_x)
-    out = experts(xp, offs, w13, w2, clamped)
+    out = experts_fn(xp, offs) if experts_fn else experts(xp, offs, w13, w2, clamped)
     back = dist_fn.all_to_all_single(x.new_empty(n_send, D), out[dst_recv], input_splits,
                                      output_splits, group=group)
     return combine(back, tok, scores.reshape(-1)[order], T)

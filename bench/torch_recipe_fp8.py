@@ -1,4 +1,5 @@
-"""The torch-native FP8 MoE recipe (EP = 1): torch_recipe.moe_forward with both grouped GEMMs on
+"""The torch-native FP8 MoE recipe (EP = 1, and EP = R through torch_recipe.moe_forward_ep's
+all_to_all dispatch and combine): torch_recipe.moe_forward with both grouped GEMMs on
 torch._scaled_grouped_mm, the row-wise float8 recipe torch offers (as torchao's float8 MoE training
 runs it): e4m3 operands, fp32 scales, one per row of the grouped activations (quantized at each
 call) and one per output channel of each expert's weight (quantized once, as epmoe-fp8 prepares
@@ -104,6 +105,30 @@ def moe_forward(x, ids, scores, w13, w2, prepared, clamped=False):
     xp = x.new_zeros(rows, x.shape[1]).index_copy(0, dst, x[tok])
     out = experts(xp, offs, w13, w2, prepared, clamped)
     return torch_recipe.combine(out[dst], tok, scores.reshape(-1)[order], T)
+
+
+def moe_forward_ep(x, ids, scores, w13, w2, prepared, group=None, clamped=False):
+    """torch_recipe.moe_forward_ep (all_to_all_single dispatch and combine unchanged) with this
+    rank's expert GEMMs in row-wise fp8; w13 / w2 this rank's experts, prepared their
+    quantize_weights."""
+    return torch_recipe.moe_forward_ep(
+        x, ids, scores, w13, w2, group, clamped,
+        experts_fn=lambda xp, offs: experts(xp, offs, w13, w2, prepared, clamped))
+
+
+def emulated_scaled_grouped_mm(a_MK, wq_EKN, ws_EN, offs):
+    """CPU twin of scaled_grouped_mm (torch._scaled_grouped_mm has no CPU kernel): the same row
+    quantization, then fp32 matmuls per group on the dequantized operands, bf16 out. Substituted
+    for ScaledGroupedMm.mm by the CPU checks."""
+    aq_MK, as_M = quantize_rows(a_MK)
+    a_MK = dequantize(aq_MK, as_M)
+    w_ENK = dequantize(wq_EKN.transpose(-2, -1), ws_EN)
+    y_MN = torch.zeros(a_MK.shape[0], w_ENK.shape[1], device=a_MK.device)
+    start = 0
+    for e, end in enumerate(offs.tolist()):
+        y_MN[start:end] = a_MK[start:end] @ w_ENK[e].t()
+        start = end
+    return y_MN.to(torch.bfloat16)
 
 
 def unsupported_reason(device="cuda"):
