@@ -487,7 +487,7 @@ def summary(r):
     if r["phase"] == "stage-breakdown":
         return None
     tf = r.get("useful_tflops")
-    s = f"{r['shape']:14s} {r['routing']:9s} {r['impl']:14s} {r['phase']:21s}"
+    s = f"{r['shape']:14s} {r['routing']:9s} {r['impl']:16s} {r['phase']:21s}"
     if r["phase"] == "imbalance":
         return s + f" rows x{r['row_ratio']:.2f} -> time x{r['time_ratio']:.2f}"
     s += f" {r['median_ms']:9.3f} ms"

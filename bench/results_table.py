@@ -200,6 +200,7 @@ def ep_tables(path, d):
                   f"({fmt(s.get('min_ms'), '.3f')}–{fmt(s.get('max_ms'), '.3f')}) | "
                   f"{fmt(s.get('useful_tflops'), '.0f')} | {fmt(s.get('ratio_to_ceiling'), '.2f')} | "
                   f"{vs} | {fmt(max(err.values()) if err else None, '.1e')} |")
+    fp8_impls = ep_fp8_table(c, rows, keys, get)
 
     bw = [r for r in rows if r["phase"] in ("dispatch+combine", "dispatch+combine-bwd")]
     if bw:
@@ -229,7 +230,7 @@ def ep_tables(path, d):
                   f"{r['skew_fwd_bwd_ms']:.3f} |")
 
     stage_rows = [r for r in rows if r["phase"] == "stage-breakdown"]
-    for impl in impls:
+    for impl in impls + fp8_impls:
         mine = [r for r in stage_rows if r["impl"] == impl]
         if not mine:
             continue
@@ -243,6 +244,48 @@ def ep_tables(path, d):
             by = dict(zip(n, v))
             print(f"| {r['shape']} | {r['routing']} | {r['rank']} | " +
                   " | ".join(fmt(by.get(x), '.3f') for x in names) + " |")
+    for note in d.get("notes", []):
+        print(f"\nNote: {note}")
+
+
+def ep_fp8_table(c, rows, keys, get):
+    """The EP = 2 FP8 rows (bench_ep.py --variants epmoe-fp8,torch-native-fp8): times, ratios to
+    epmoe's bf16 row and to the torch-native FP8 recipe, rel-L2 against bf16 outputs. Returns the
+    FP8 impls present."""
+    impls = [i for i in ("epmoe-fp8", "torch-native-fp8") if any(r["impl"] == i for r in rows)]
+    if not impls:
+        return impls
+    print(f"\nFP8 at EP = 2: epmoe-fp8 is an fp8_block training context with prepared weights; "
+          f"useful FLOPs as bf16; dense fp8 matmul ceiling {fmt(c.get('fp8_matmul_tflops'), '.0f')} "
+          "TFLOP/s. Ratios = other ms / this row's ms; rel-L2 (fwd+bwd) against epmoe's bf16 "
+          "outputs on the same inputs (the bf16 recipe's where the row says so).")
+    meta = next((r for r in rows if r["impl"] == "torch-native-fp8"), None)
+    if meta:
+        print(f"torch-native-fp8: the EP recipe's all_to_all dispatch and combine, "
+              f"{meta.get('fp8_scaling', '-')}; forward GEMMs {meta.get('fwd_gemms', '-')}, "
+              f"backward GEMMs {meta.get('bwd_gemms', '-')}.")
+    print("\n| shape | routing | impl | fwd ms | fwd TFLOP/s | fwd+bwd ms (min–max) | "
+          "fwd+bwd TFLOP/s | vs fp8 ceiling | vs epmoe bf16 (fwd / fwd+bwd) | "
+          "vs torch-native-fp8 (fwd / fwd+bwd) | rel-L2 vs bf16 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for shape, routing in keys:
+        for impl in impls:
+            f, s = get(shape, routing, impl, "fwd"), get(shape, routing, impl, "fwd+bwd")
+            if not s:
+                continue
+            vs_bf16 = vs_recipe = "-"
+            if impl == "epmoe-fp8":
+                vs_bf16 = (f"{fmt(f.get('ratio_to_bf16'), '.2f')}x / "
+                           f"{fmt(s.get('ratio_to_bf16'), '.2f')}x")
+                vs_recipe = (f"{fmt(f.get('ratio_to_recipe'), '.2f')}x / "
+                             f"{fmt(s.get('ratio_to_recipe'), '.2f')}x")
+            ref = "" if s.get("rel_l2_reference", "epmoe") == "epmoe" else " (vs torch-native)"
+            print(f"| {shape} | {routing} | {impl} | {fmt(f.get('median_ms'), '.3f')} | "
+                  f"{fmt(f.get('useful_tflops'), '.0f')} | {fmt(s.get('median_ms'), '.3f')} "
+                  f"({fmt(s.get('min_ms'), '.3f')}–{fmt(s.get('max_ms'), '.3f')}) | "
+                  f"{fmt(s.get('useful_tflops'), '.0f')} | {fmt(s.get('ratio_to_ceiling'), '.2f')} | "
+                  f"{vs_bf16} | {vs_recipe} | {errs(s)}{ref} |")
+    return impls
 
 
 if __name__ == "__main__":
