@@ -22,4 +22,7 @@ def main(path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    try:
+        main(sys.argv[1])
+    except BrokenPipeError:  # a reader such as head stopped early
+        sys.stderr.close()
