@@ -19,6 +19,7 @@
 #include "epmoe/layered.h"
 #include "harness.h"
 #include "moe_case.h"
+#include "prepared_inference.h"
 
 namespace epmoe::test {
 namespace {
@@ -55,72 +56,29 @@ std::vector<double> mx_roundtrip(const std::vector<bf16_t>& x_NL, int64_t N, int
   return {y.begin(), y.end()};
 }
 
-struct Shape {
-  int ranks;
-  int64_t T, D, F;
-  int K, experts;
-  bool clamped;
-  int64_t live;  // -1: all T rows (num_tokens_1 = nullptr)
-  // false: too few elements for the statistical bound against the bf16 path (T = 1: one row).
-  bool statistical = true;
-};
+using prepared_inference::compare;
+using prepared_inference::Errors;
+using prepared_inference::expect_bitwise;
+using prepared_inference::inference_config;
+using prepared_inference::problem_of;
+using prepared_inference::RunOptions;
+using prepared_inference::Shape;
+using prepared_inference::shape_name;
+using prepared_inference::widen_all;
 
-std::string shape_name(const Shape& s) {
-  return "R=" + std::to_string(s.ranks) + " T=" + std::to_string(s.T) + " D=" +
-         std::to_string(s.D) + " F=" + std::to_string(s.F) + " K=" + std::to_string(s.K) +
-         " experts=" + std::to_string(s.experts) + (s.clamped ? " clamped" : " swiglu") +
-         " live=" + std::to_string(s.live);
-}
+constexpr Precision kFormat = Precision::mxfp8;
 
-// gtest prints parameters in test names: a readable one, without the struct's padding bytes.
-void PrintTo(const Shape& s, std::ostream* os) { *os << shape_name(s); }
-
-Problem problem_of(const Shape& s) {
-  return make_problem(s.ranks, s.T, s.D, s.F, s.K, s.experts,
-                      s.clamped ? Activation::swiglu_clamped() : Activation::swiglu());
-}
-
-// The inference config of `p` (bf16) or its MXFP8 twin.
-Config inference_config(const Problem& p, Precision precision) {
-  ConfigFields f = p.config().fields();
-  f.inference = true;
-  f.precision = precision;
-  f.prepared_weights = precision == Precision::mxfp8;
-  return Config(f);
-}
-
-struct RunOptions {
-  Precision precision = Precision::mxfp8;
-  bool fused = true;
-  bool pass_bf16_weights = true;  // mxfp8: also pass w13_EFD / w2_EDF (never read)
-};
-
-// y of every rank from one forward on a fresh inference context group.
-std::vector<std::vector<bf16_t>> run_forward(const Problem& problem,
-                                             const std::vector<RankInputs>& in,
+// y of every rank from one forward at mxfp8 (or bf16: RunOptions::bf16) on fresh contexts.
+std::vector<std::vector<bf16_t>> run_forward(const Problem& p, const std::vector<RankInputs>& in,
                                              const RunOptions& o = {}) {
-  Problem p = problem;
-  p.fused = o.fused;
-  const Config config = inference_config(p, o.precision);
-  const int64_t E = p.local_experts(), D = p.hidden, F = p.intermediate;
-  std::vector<std::vector<bf16_t>> y(p.ranks);
-  run_on_ranks(p.ranks, [&](int rank, std::shared_ptr<Transport> transport) {
-    auto ctx = Context::create(config, std::move(transport));
-    RankCall call(p, in[rank]);
-    const Mxfp8Weight w13(in[rank].w13_EFD, E, 2 * F, D), w2(in[rank].w2_EDF, E, D, F);
-    ForwardArgs a = call.forward_args();
-    a.save_for_backward = false;
-    if (o.precision == Precision::mxfp8) {
-      a.w13_prepared = &w13.view;
-      a.w2_prepared = &w2.view;
-      if (!o.pass_bf16_weights) a.w13_EFD = a.w2_EDF = TensorRef{};
-    }
-    ctx->forward(a);
-    y[rank] = call.y;
-    ctx->close();
-  });
-  return y;
+  return prepared_inference::run_forward<Mxfp8Weight>(kFormat, p, in, o);
 }
+
+void expect_within(const Errors& e, bool clamped, Against against, const std::string& what) {
+  prepared_inference::expect_within(kFormat, e, clamped, against, what);
+}
+
+int seed_count() { return prepared_inference::seed_count("EPMOE_MXFP8_SEEDS"); }
 
 double activation(double gate, double up, const reference::ActivationSpec& a) {
   auto sigmoid = [](double v) { return 1.0 / (1.0 + std::exp(-v)); };
@@ -176,63 +134,6 @@ std::vector<std::vector<double>> dequantized_reference(const Problem& p,
   return y;
 }
 
-struct Errors {
-  double rel_l2 = 0.0, cosine = 1.0, max_abs = 0.0;
-};
-
-// Pooled over ranks.
-Errors compare(const std::vector<std::vector<bf16_t>>& got,
-               const std::vector<std::vector<double>>& ref) {
-  std::vector<double> g, r;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const std::vector<double> w = widen(got[i]);
-    g.insert(g.end(), w.begin(), w.end());
-    r.insert(r.end(), ref[i].begin(), ref[i].end());
-  }
-  Errors e;
-  e.rel_l2 = reference::rel_l2(r, g);
-  double dot = 0.0, gg = 0.0, rr = 0.0;
-  for (size_t i = 0; i < r.size(); ++i) {
-    dot += g[i] * r[i];
-    gg += g[i] * g[i];
-    rr += r[i] * r[i];
-    e.max_abs = std::max(e.max_abs, std::fabs(g[i] - r[i]));
-  }
-  e.cosine = gg > 0.0 && rr > 0.0 ? dot / std::sqrt(gg * rr) : (gg == rr ? 1.0 : 0.0);
-  return e;
-}
-
-std::vector<std::vector<double>> widen_all(const std::vector<std::vector<bf16_t>>& y) {
-  std::vector<std::vector<double>> out;
-  for (const auto& v : y) out.push_back(widen(v));
-  return out;
-}
-
-void expect_within(const Errors& e, bool clamped, Against against, const std::string& what) {
-  const char* flag = std::getenv("EPMOE_REPORT_ERRORS");
-  if (flag != nullptr && flag[0] == '1') {
-    std::printf("mxfp8 y | %s | rel_l2 %.4g 1-cos %.4g max %.4g\n", what.c_str(), e.rel_l2,
-                1.0 - e.cosine, e.max_abs);
-  }
-  const TrainingTolerance* t = training_tolerance(Precision::mxfp8, clamped, Output::y, against);
-  ASSERT_NE(t, nullptr) << "no tolerance row for " << what;
-  EXPECT_LE(e.rel_l2, t->rel_l2) << what << ": rel-L2 of y";
-  EXPECT_GE(e.cosine, t->cosine) << what << ": cosine of y";
-  EXPECT_LE(e.max_abs, t->atol) << what << ": max abs error of y";
-  EXPECT_FALSE(std::isnan(e.rel_l2)) << what;
-}
-
-void expect_bitwise(const std::vector<std::vector<bf16_t>>& a,
-                    const std::vector<std::vector<bf16_t>>& b, const std::string& what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  for (size_t r = 0; r < a.size(); ++r) EXPECT_EQ(a[r], b[r]) << what << ": y differs on rank " << r;
-}
-
-// Seeds per shape: EPMOE_MXFP8_SEEDS (default 3; the tolerance measurements used 20).
-int seed_count() {
-  const char* v = std::getenv("EPMOE_MXFP8_SEEDS");
-  return v != nullptr ? std::atoi(v) : 3;
-}
 
 class Mxfp8Inference : public ::testing::TestWithParam<Shape> {};
 
@@ -254,7 +155,7 @@ TEST_P(Mxfp8Inference, MatchesDequantizedReferenceAndBf16Path) {
                   "mxfp8 vs float64 of the dequantized operands | " + what);
     if (s.statistical) {
       RunOptions bf16;
-      bf16.precision = Precision::bf16;
+      bf16.bf16 = true;
       expect_within(compare(y, widen_all(run_forward(p, in, bf16))), s.clamped,
                     Against::bf16_path, "mxfp8 vs bf16 | " + what);
     }
