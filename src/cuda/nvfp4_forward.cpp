@@ -18,6 +18,8 @@ Nvfp4GroupedGemmArgs step_gemm(const Step& s, int64_t N, int64_t K) {
   a.M = s.capacity_rows;
   a.N = N;
   a.K = K;
+  a.splitk_scratch_SMN = s.nvfp4_splitk_SMN;
+  a.splitk_scratch_bytes = s.nvfp4_splitk_bytes;
   return a;
 }
 
