@@ -373,12 +373,17 @@ TEST(GpuGemmNvfp4, SplitChoiceHeuristic) {
     bool swiglu;
     int splits;
   };
-  // H200: 132 SMs; target 8 x 132 = 1056 CTAs.
+  // H200: 132 SMs; target 8 x 132 = 1056 CTAs. The bench shapes' GEMMs (fused W13, W2), then
+  // the bounds.
   const Want wants[] = {
-      {"mixtral W2 (64 slabs x 8 experts, 112 chunks)", 4096, 14336, 8, false, 3},
-      {"mixtral W13 (448 slabs x 8)", 28672, 4096, 8, true, 1},
+      {"mixtral-8x7b W2 (64 slabs x 8 experts, 112 chunks)", 4096, 14336, 8, false, 3},
+      {"mixtral-8x7b W13 (448 slabs x 8)", 28672, 4096, 8, true, 1},
+      {"qwen3-30b-a3b W13 (24 slabs x 128)", 1536, 2048, 128, true, 1},
       {"qwen3-30b-a3b W2 (32 slabs x 128)", 2048, 768, 128, false, 1},
       {"deepseek-v3 W13 (64 slabs x 256)", 4096, 7168, 256, true, 1},
+      {"deepseek-v3 W2 (112 slabs x 256)", 7168, 2048, 256, false, 1},
+      {"gpt-oss-120b W13 (90 slabs x 128)", 5760, 2880, 128, true, 1},
+      {"gpt-oss-120b W2 (45 slabs x 128)", 2880, 2880, 128, false, 1},
       {"one expert, 2 slabs, K = 4096 (32 chunks: 4 splits of >= 8)", 128, 4096, 1, false, 4},
       {"one expert, 1 slab, K = 1 << 20 (capped at 16)", 64, 1 << 20, 1, false, 16},
       {"K < 128: no chunks", 64, 112, 1, false, 1},
