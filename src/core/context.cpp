@@ -142,6 +142,12 @@ struct Context::Impl {
       s.w2_nvfp4_EDP = w2_prepared->data.as<uint8_t>();
       s.w2_nvfp4_scales_EDS = w2_prepared->scales.as<uint8_t>();
       s.w2_nvfp4_global_E = w2_prepared->global_scale.as<float>();
+      // The split-K partials: grad_h3 .. rows_MD of the call scratch (backward's; nvfp4 contexts
+      // are inference only), so the plan counts them already.
+      const CallScratchLayout cl = call_scratch_layout(dims, plan.recv_capacity_rows,
+                                                       !config.fields().fuse_epilogues, per_rank());
+      s.nvfp4_splitk_SMN = reinterpret_cast<float*>(call_scratch() + cl.grad_h3);
+      s.nvfp4_splitk_bytes = cl.rows_MD - cl.grad_h3;
       return;
     }
     if (config.fields().precision == Precision::mxfp8) {

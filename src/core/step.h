@@ -119,6 +119,10 @@ struct Step {
   const uint8_t* w2_nvfp4_EDP = nullptr;          // [E, D, ceil(F/2)] packed E2M1
   const uint8_t* w2_nvfp4_scales_EDS = nullptr;   // [E, D, ceil(F/16)] E4M3
   const float* w2_nvfp4_global_E = nullptr;       // [E] fp32
+  // Split-K partials of both GEMMs (gemm/nvfp4_gemm.h; fp32 [splits, capacity, N]); the call
+  // scratch's grad_h3 and grad_h13 rows, which an inference context never touches otherwise.
+  float* nvfp4_splitk_SMN = nullptr;
+  int64_t nvfp4_splitk_bytes = 0;
 
   // ---- MXFP8 inference (Config.precision = mxfp8; docs/formats.md "MXFP8 inference") ----
   // The GEMMs read these instead of w13_EFD / w2_EDF and quantize their activation rows 1x32.

@@ -6,8 +6,8 @@
 namespace epmoe::cuda {
 namespace {
 
-// Groups and skip flag of the step; A, B and the output are the caller's. Inference contexts
-// have no layer plan: x_gathered, h13, h3 are the Step's buffers.
+// Groups, skip flag and split-K scratch of the step; A, B and the output are the caller's.
+// Inference contexts have no layer plan: x_gathered, h13, h3 are the Step's buffers.
 Nvfp4GroupedGemmArgs step_gemm(const Step& s, int64_t N, int64_t K) {
   EPMOE_CHECK_ARG(s.layer_plan == nullptr && !s.replay, "Step.layer_plan",
                   "none with nvfp4 (weight-only inference saves nothing)", "a layer plan");
@@ -18,6 +18,8 @@ Nvfp4GroupedGemmArgs step_gemm(const Step& s, int64_t N, int64_t K) {
   a.M = s.capacity_rows;
   a.N = N;
   a.K = K;
+  a.splitk_scratch_SMN = s.nvfp4_splitk_SMN;
+  a.splitk_scratch_bytes = s.nvfp4_splitk_bytes;
   return a;
 }
 

@@ -15,6 +15,12 @@
 //   at worst; the magnitude their error scales with).
 //   A wrong scale, row, nibble or block gives errors of the output's own size; the worst measured
 //   ratio to the bound is printed with EPMOE_REPORT_ERRORS=1.
+// Split-K (2 and 3 splits, the latter uneven over 5 and 8 chunks; shapes of fewer chunks run as
+// many splits as chunks): the exact sums stay bitwise, random data within the same bound, and
+// against one split |splits - one| <= 2^-7 |one| + 2^-15 * global * sum_k |a w| (the same products
+// summed in another fp32 order: ~K / 16 tensor-core steps, each within ~2^-23 of the running
+// magnitude, on both sides; 4x tighter than the CPU bound). The host rules choosing the splits
+// (heuristic, EPMOE_NVFP4_SPLITK, the scratch) run without a GPU.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -35,6 +41,7 @@
 #include "device_buffer.h"
 #include "epmoe/error.h"
 #include "require_gpu.h"
+#include "scoped_env.h"
 
 namespace epmoe::test {
 namespace {
@@ -50,6 +57,10 @@ std::string describe(const Shape& s) {
   for (int32_t v : s.rows_E) r += std::to_string(v) + " ";
   return r + "} N " + std::to_string(s.N) + " K " + std::to_string(s.K);
 }
+
+// Split counts every numeric test runs: one (the single-kernel path), 2, 3 (uneven over 5 and 8
+// chunks).
+constexpr int kSplits[] = {1, 2, 3};
 
 std::vector<Shape> shapes() {
   return {
@@ -98,11 +109,14 @@ struct Problem {
     return x;
   }
 
-  // [M, N] output, with swiglu [M, N / 2] (rows outside the groups keep 0xA5A5).
+  // [M, N] output, with swiglu [M, N / 2] (rows outside the groups keep 0xA5A5); splits: the
+  // count asked for (the scratch holds it).
   std::vector<bf16_t> run_gpu(const int32_t* skip = nullptr,
-                              const ActivationParams* swiglu = nullptr) const {
+                              const ActivationParams* swiglu = nullptr, int splits = 1) const {
     const int64_t cols = swiglu != nullptr ? N / 2 : N;
     Dev<bf16_t> da(a), dout(static_cast<size_t>(M * cols));
+    Dev<float> scratch(static_cast<size_t>(
+        std::max<int64_t>(1, cuda::nvfp4_splitk_scratch_bytes(splits, M, N) / 4)));
     Dev<uint8_t> dq(codes), ds(scales);
     Dev<float> dg(global);
     Dev<int32_t> doff(offsets);
@@ -110,6 +124,9 @@ struct Problem {
     x.skip = skip;
     x.out_MN = dout.ptr;
     x.ld_out = cols;
+    x.splits = splits;
+    x.splitk_scratch_SMN = scratch.ptr;
+    x.splitk_scratch_bytes = static_cast<int64_t>(scratch.size * sizeof(float));
     if (swiglu != nullptr) {
       x.swiglu = true;
       x.act = *swiglu;
@@ -188,7 +205,11 @@ TEST(GpuGemmNvfp4, ExactSumsBitwise) {
   for (const Shape& s : shapes()) {
     Problem p(s);
     fill_exact(p, rng);
-    expect_bitwise(p.run_cpu(), p.run_gpu(), p.N, describe(s));
+    const std::vector<bf16_t> cpu = p.run_cpu();
+    for (int splits : kSplits) {
+      expect_bitwise(cpu, p.run_gpu(nullptr, nullptr, splits), p.N,
+                     describe(s) + " splits " + std::to_string(splits));
+    }
   }
 }
 
@@ -196,7 +217,7 @@ TEST(GpuGemmNvfp4, CodecPreparedRandomDataWithinBound) {
   EPMOE_REQUIRE_GPU();
   std::mt19937 rng(22);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  double worst = 0.0;
+  double worst = 0.0, worst_split = 0.0;
   for (const Shape& s : shapes()) {
     Problem p(s);
     p.a.resize(static_cast<size_t>(p.M * p.K));
@@ -213,25 +234,38 @@ TEST(GpuGemmNvfp4, CodecPreparedRandomDataWithinBound) {
     nvfp4_quantize_rows(w.data(), p.E, p.E * p.N, p.K, p.global.data(), p.codes.data(),
                         p.scales.data());
     std::vector<float> mag;
-    const std::vector<bf16_t> cpu = p.run_cpu(&mag), gpu = p.run_gpu();
-    int shown = 0;
-    for (size_t i = 0; i < cpu.size(); ++i) {
-      if (cpu[i] == static_cast<bf16_t>(0xA5A5)) {
-        EXPECT_EQ(gpu[i], cpu[i]) << describe(s) << ": element " << i << " outside the groups";
-        continue;
-      }
-      const double c = bf16_to_float(cpu[i]), g = bf16_to_float(gpu[i]);
-      const double bound = std::ldexp(std::fabs(c), -7) + std::ldexp(mag[i], -13) + 1e-30;
-      worst = std::max(worst, std::fabs(g - c) / bound);
-      if (!(std::fabs(g - c) <= bound) && shown++ < 8) {
-        ADD_FAILURE() << describe(s) << ": row " << i / static_cast<size_t>(p.N) << " col "
-                      << i % static_cast<size_t>(p.N) << ": cpu " << c << ", gpu " << g
-                      << ", bound " << bound;
+    const std::vector<bf16_t> cpu = p.run_cpu(&mag), one = p.run_gpu();
+    for (int splits : kSplits) {
+      const std::vector<bf16_t> gpu = splits == 1 ? one : p.run_gpu(nullptr, nullptr, splits);
+      const std::string what = describe(s) + " splits " + std::to_string(splits);
+      int shown = 0;
+      for (size_t i = 0; i < cpu.size(); ++i) {
+        if (cpu[i] == static_cast<bf16_t>(0xA5A5)) {
+          EXPECT_EQ(gpu[i], cpu[i]) << what << ": element " << i << " outside the groups";
+          continue;
+        }
+        const double c = bf16_to_float(cpu[i]), g = bf16_to_float(gpu[i]);
+        const double o = bf16_to_float(one[i]);
+        const double bound = std::ldexp(std::fabs(c), -7) + std::ldexp(mag[i], -13) + 1e-30;
+        const double split_bound = std::ldexp(std::fabs(o), -7) + std::ldexp(mag[i], -15) + 1e-30;
+        worst = std::max(worst, std::fabs(g - c) / bound);
+        if (splits > 1) worst_split = std::max(worst_split, std::fabs(g - o) / split_bound);
+        if (!(std::fabs(g - c) <= bound) && shown++ < 8) {
+          ADD_FAILURE() << what << ": row " << i / static_cast<size_t>(p.N) << " col "
+                        << i % static_cast<size_t>(p.N) << ": cpu " << c << ", gpu " << g
+                        << ", bound " << bound;
+        }
+        if (!(std::fabs(g - o) <= split_bound) && shown++ < 8) {
+          ADD_FAILURE() << what << ": row " << i / static_cast<size_t>(p.N) << " col "
+                        << i % static_cast<size_t>(p.N) << ": one split " << o << ", gpu " << g
+                        << ", bound " << split_bound;
+        }
       }
     }
   }
   if (std::getenv("EPMOE_REPORT_ERRORS") != nullptr) {
-    std::printf("nvfp4 GEMM: worst |gpu - cpu| / bound %.3g\n", worst);
+    std::printf("nvfp4 GEMM: worst |gpu - cpu| / bound %.3g, |splits - one| / bound %.3g\n", worst,
+                worst_split);
   }
 }
 
@@ -248,26 +282,29 @@ TEST(GpuGemmNvfp4, SwigluEpilogueMatchesThePlainOutputsSwiglu) {
   clamped.limit = 7.0f;
   for (const ActivationParams& act : {ActivationParams{}, clamped}) {
     for (const Shape& s : shapes()) {
-      Problem p(s);
-      fill_exact(p, rng);
-      for (bf16_t& v : p.a) v = float_to_bf16(0.05f * normal(rng));  // gates around the knee
-      const std::vector<bf16_t> plain = p.run_gpu(), fused = p.run_gpu(nullptr, &act);
-      const int64_t F = p.N / 2;
-      for (int64_t m = 0; m < p.M; ++m) {
-        const bool in_group = m < p.offsets.back();
-        for (int64_t f = 0; f < F; ++f) {
-          const bf16_t got = fused[static_cast<size_t>(m * F + f)];
-          if (!in_group) {
-            ASSERT_EQ(got, static_cast<bf16_t>(0xA5A5)) << describe(s) << " row " << m;
-            continue;
+      for (int splits : kSplits) {
+        Problem p(s);
+        fill_exact(p, rng);
+        for (bf16_t& v : p.a) v = float_to_bf16(0.05f * normal(rng));  // gates around the knee
+        const std::vector<bf16_t> plain = p.run_gpu(nullptr, nullptr, splits),
+                                  fused = p.run_gpu(nullptr, &act, splits);
+        const int64_t F = p.N / 2;
+        for (int64_t m = 0; m < p.M; ++m) {
+          const bool in_group = m < p.offsets.back();
+          for (int64_t f = 0; f < F; ++f) {
+            const bf16_t got = fused[static_cast<size_t>(m * F + f)];
+            if (!in_group) {
+              ASSERT_EQ(got, static_cast<bf16_t>(0xA5A5)) << describe(s) << " row " << m;
+              continue;
+            }
+            const float gate = bf16_to_float(plain[static_cast<size_t>(m * p.N + f)]);
+            const float up = bf16_to_float(plain[static_cast<size_t>(m * p.N + F + f)]);
+            const double want = bf16_to_float(float_to_bf16(swiglu_forward(gate, up, act)));
+            const double g = bf16_to_float(got);
+            ASSERT_LE(std::fabs(g - want), std::ldexp(std::fabs(want), -7) + 1e-30)
+                << describe(s) << (act.clamped ? " clamped" : " plain") << " splits " << splits
+                << " row " << m << " col " << f << ": gate " << gate << " up " << up;
           }
-          const float gate = bf16_to_float(plain[static_cast<size_t>(m * p.N + f)]);
-          const float up = bf16_to_float(plain[static_cast<size_t>(m * p.N + F + f)]);
-          const double want = bf16_to_float(float_to_bf16(swiglu_forward(gate, up, act)));
-          const double g = bf16_to_float(got);
-          ASSERT_LE(std::fabs(g - want), std::ldexp(std::fabs(want), -7) + 1e-30)
-              << describe(s) << (act.clamped ? " clamped" : " plain") << " row " << m << " col "
-              << f << ": gate " << gate << " up " << up;
         }
       }
     }
@@ -288,7 +325,7 @@ TEST(GpuGemmNvfp4, SkipFlagLeavesTheOutputUntouched) {
 TEST(GpuGemmNvfp4, ScatterStoresEachRowInItsSlot) {
   EPMOE_REQUIRE_GPU();
   std::mt19937 rng(24);
-  Problem p(shapes()[1]);
+  Problem p(shapes()[4]);  // 8 chunks + a tail: 1 and 3 splits
   fill_exact(p, rng);
   const int top_k = 2;
   const int64_t T = (p.M + top_k - 1) / top_k + 3;
@@ -297,25 +334,119 @@ TEST(GpuGemmNvfp4, ScatterStoresEachRowInItsSlot) {
   std::shuffle(slots.begin(), slots.end(), rng);
   std::vector<int32_t> recv_src(slots.begin(), slots.begin() + p.M);
   for (int32_t& v : recv_src) v = encode_src(0, v / top_k, v % top_k, T, top_k);
-  Dev<bf16_t> da(p.a), combine(static_cast<size_t>(T * top_k * p.N));
-  Dev<uint8_t> dq(p.codes), ds(p.scales);
-  Dev<float> dg(p.global);
-  Dev<int32_t> doff(p.offsets), dsrc(recv_src);
-  Dev<bf16_t*> table(std::vector<bf16_t*>{combine.ptr});
-  cuda::Nvfp4GroupedGemmArgs x = p.args(da, dq, ds, dg, doff);
-  x.combine_R = table.ptr;
-  x.recv_src_M = dsrc.ptr;
-  x.T = T;
-  x.top_k = top_k;
-  cuda::nvfp4_grouped_gemm(x, nullptr);
-  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-  const std::vector<bf16_t> got = combine.get(), plain = p.run_gpu();
-  for (int64_t m = 0; m < p.offsets.back(); ++m) {
-    const int64_t slot = src_slot(recv_src[static_cast<size_t>(m)], T, top_k);
-    for (int64_t n = 0; n < p.N; ++n) {
-      ASSERT_EQ(got[static_cast<size_t>(slot * p.N + n)], plain[static_cast<size_t>(m * p.N + n)])
-          << "row " << m << " col " << n;
+  for (int splits : {1, 3}) {
+    Dev<bf16_t> da(p.a), combine(static_cast<size_t>(T * top_k * p.N));
+    Dev<uint8_t> dq(p.codes), ds(p.scales);
+    Dev<float> dg(p.global);
+    Dev<float> scratch(static_cast<size_t>(cuda::nvfp4_splitk_scratch_bytes(3, p.M, p.N) / 4));
+    Dev<int32_t> doff(p.offsets), dsrc(recv_src);
+    Dev<bf16_t*> table(std::vector<bf16_t*>{combine.ptr});
+    cuda::Nvfp4GroupedGemmArgs x = p.args(da, dq, ds, dg, doff);
+    x.combine_R = table.ptr;
+    x.recv_src_M = dsrc.ptr;
+    x.T = T;
+    x.top_k = top_k;
+    x.splits = splits;
+    x.splitk_scratch_SMN = scratch.ptr;
+    x.splitk_scratch_bytes = static_cast<int64_t>(scratch.size * sizeof(float));
+    cuda::nvfp4_grouped_gemm(x, nullptr);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    // Exact sums: every split count gives the plain output's bits.
+    const std::vector<bf16_t> got = combine.get(), plain = p.run_gpu();
+    for (int64_t m = 0; m < p.offsets.back(); ++m) {
+      const int64_t slot = src_slot(recv_src[static_cast<size_t>(m)], T, top_k);
+      for (int64_t n = 0; n < p.N; ++n) {
+        ASSERT_EQ(got[static_cast<size_t>(slot * p.N + n)], plain[static_cast<size_t>(m * p.N + n)])
+            << "splits " << splits << " row " << m << " col " << n;
+      }
     }
+  }
+}
+
+// The host rules choosing the splits; no GPU needed (the heuristic is given the SM count, the
+// environment override skips the device query).
+TEST(GpuGemmNvfp4, SplitChoiceHeuristic) {
+  struct Want {
+    const char* name;
+    int64_t N, K;
+    int E;
+    bool swiglu;
+    int splits;
+  };
+  // H200: 132 SMs; target 8 x 132 = 1056 CTAs. The bench shapes' GEMMs (fused W13, W2), then
+  // the bounds.
+  const Want wants[] = {
+      {"mixtral-8x7b W2 (64 slabs x 8 experts, 112 chunks)", 4096, 14336, 8, false, 3},
+      {"mixtral-8x7b W13 (448 slabs x 8)", 28672, 4096, 8, true, 1},
+      {"qwen3-30b-a3b W13 (24 slabs x 128)", 1536, 2048, 128, true, 1},
+      {"qwen3-30b-a3b W2 (32 slabs x 128)", 2048, 768, 128, false, 1},
+      {"deepseek-v3 W13 (64 slabs x 256)", 4096, 7168, 256, true, 1},
+      {"deepseek-v3 W2 (112 slabs x 256)", 7168, 2048, 256, false, 1},
+      {"gpt-oss-120b W13 (90 slabs x 128)", 5760, 2880, 128, true, 1},
+      {"gpt-oss-120b W2 (45 slabs x 128)", 2880, 2880, 128, false, 1},
+      {"one expert, 2 slabs, K = 4096 (32 chunks: 4 splits of >= 8)", 128, 4096, 1, false, 4},
+      {"one expert, 1 slab, K = 1 << 20 (capped at 16)", 64, 1 << 20, 1, false, 16},
+      {"K < 128: no chunks", 64, 112, 1, false, 1},
+  };
+  for (const Want& w : wants) {
+    const cuda::Nvfp4Splits c = cuda::nvfp4_choose_splits(w.N, w.K, w.E, w.swiglu, 132);
+    EXPECT_EQ(c.splits, w.splits) << w.name << ": " << c.reason;
+    if (std::getenv("EPMOE_REPORT_ERRORS") != nullptr) {
+      std::printf("%s: %s\n", w.name, c.reason.c_str());
+    }
+  }
+}
+
+TEST(GpuGemmNvfp4, SplitCountFollowsTheArgumentsTheEnvironmentAndTheScratch) {
+  cuda::Nvfp4GroupedGemmArgs x;
+  x.E = 2;
+  x.M = 10;
+  x.N = 64;
+  x.K = 640;  // 5 chunks
+  EXPECT_EQ(cuda::nvfp4_splitk_scratch_bytes(2, x.M, x.N), 2 * 10 * 64 * 4);
+  EXPECT_EQ(cuda::nvfp4_splitk_scratch_bytes(1, x.M, x.N), 0);
+  std::vector<float> scratch(
+      static_cast<size_t>(cuda::nvfp4_splitk_scratch_bytes(5, x.M, x.N) / 4));
+  x.splitk_scratch_SMN = scratch.data();  // host only: nothing launches
+  const auto holds = [&](int splits) {
+    x.splitk_scratch_bytes = cuda::nvfp4_splitk_scratch_bytes(splits, x.M, x.N);
+  };
+  // The caller's count: at most one split per chunk, and the scratch must hold it.
+  holds(2);
+  x.splits = 2;
+  EXPECT_EQ(cuda::nvfp4_launch_splits(x), 2);
+  x.splits = 9;  // 5 chunks: 5 splits, more than the scratch holds
+  try {
+    cuda::nvfp4_launch_splits(x);
+    ADD_FAILURE() << "5 splits accepted with scratch for 2";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "splitk_scratch_bytes") << e.what();
+  }
+  holds(5);
+  EXPECT_EQ(cuda::nvfp4_launch_splits(x), 5);
+  x.splits = 1;
+  EXPECT_EQ(cuda::nvfp4_launch_splits(x), 1);
+  // splits = 0: the environment, lowered to the chunks and to what the scratch holds.
+  x.splits = 0;
+  {
+    const ScopedEnv env("EPMOE_NVFP4_SPLITK", "3");
+    EXPECT_EQ(cuda::nvfp4_launch_splits(x), 3);
+    holds(2);
+    EXPECT_EQ(cuda::nvfp4_launch_splits(x), 2);
+    x.splitk_scratch_SMN = nullptr;
+    EXPECT_EQ(cuda::nvfp4_launch_splits(x), 1);
+    x.splitk_scratch_SMN = scratch.data();
+    x.splitk_scratch_bytes = 4;  // less than one split's partials
+    EXPECT_EQ(cuda::nvfp4_launch_splits(x), 1);
+  }
+  {
+    const ScopedEnv env("EPMOE_NVFP4_SPLITK", "7");
+    holds(5);
+    EXPECT_EQ(cuda::nvfp4_launch_splits(x), 5);
+  }
+  {
+    const ScopedEnv env("EPMOE_NVFP4_SPLITK", "1");
+    EXPECT_EQ(cuda::nvfp4_launch_splits(x), 1);
   }
 }
 

@@ -4,7 +4,9 @@
 //   multiples of 16 but not of 128, plain and clamped SwiGLU, live count below T and 0;
 // - fused == unfused, no bf16 weights == with them, repeated calls: bitwise;
 // - CUDA-graph replay with new routings and live counts == eager, bitwise;
-// - a skipped step (capacity overflow) reported as the bf16 path does, the context usable after.
+// - a skipped step (capacity overflow) reported as the bf16 path does, the context usable after;
+// - split-K (EPMOE_NVFP4_SPLITK = 2, 3 on a W2 of 4 chunks): within the CPU bound, within 1e-2
+//   rel-L2 of one split (fp32 order only), fused == unfused, graph replay == eager: bitwise.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -27,6 +29,7 @@
 #include "moe_case.h"
 #include "nvfp4_weights.h"
 #include "require_gpu.h"
+#include "scoped_env.h"
 #include "tolerances.h"
 
 namespace epmoe::test {
@@ -219,6 +222,52 @@ TEST(GpuNvfp4Forward, OverflowIsReportedAndTheContextStaysUsable) {
   expect_same_y(download(call.y, call.host.y.size()), gpu_forward(p, balanced, w), p.hidden,
                 "after an overflow vs a fresh context");
   ctx->close();
+}
+
+// Split-K through the Context: W2 (K = F = 512: 4 chunks, N = D = 128) in 2 and 3 (uneven)
+// splits; the call scratch's grad_h3 + grad_h13 rows hold (D + 2F) / (2D) = 4.5 splits of fp32
+// [capacity, D] partials. W13 (K = D = 128: one chunk) keeps one split.
+TEST(GpuNvfp4Forward, SplitKWithinBoundOfOneSplitAndReplaysInAGraph) {
+  EPMOE_REQUIRE_GPU();
+  Problem p = nvfp4_problem(128, 128, 512, 8, 2);
+  p.capacity_factor = 1.0;
+  const RankInputs in = make_inputs(p, 960, p.max_tokens)[0];
+  const Weights w(p, in);
+  std::vector<bf16_t> one;
+  {
+    const ScopedEnv env("EPMOE_NVFP4_SPLITK", "1");
+    one = gpu_forward(p, in, w);
+  }
+  const std::vector<bf16_t> cpu = cpu_forward(p, in, w);
+  const bool report = std::getenv("EPMOE_REPORT_ERRORS") != nullptr;
+  for (const char* splits : {"2", "3"}) {
+    const ScopedEnv env("EPMOE_NVFP4_SPLITK", splits);
+    const std::string what = p.name() + " EPMOE_NVFP4_SPLITK=" + splits;
+    const std::vector<bf16_t> split = gpu_forward(p, in, w, 2);
+    const double vs_cpu = rel_l2(split, cpu), vs_one = rel_l2(split, one);
+    if (report) {
+      std::printf("%s: y rel-L2 vs CPU %.3e, vs one split %.3e\n", what.c_str(), vs_cpu, vs_one);
+    }
+    EXPECT_LE(vs_cpu, backend_rel_l2_bound(Precision::nvfp4, Output::y)) << what << ": vs CPU";
+    EXPECT_LE(vs_one, 1e-2) << what << ": vs one split";
+    Problem unfused = p;
+    unfused.fused = false;
+    expect_same_y(gpu_forward(unfused, in, w), split, p.hidden, what + ": unfused vs fused");
+
+    auto graph_ctx = Context::create(nvfp4_config(p), make_single_gpu_transport(0));
+    DeviceCall call(p, in);
+    StreamGraph graph(
+        [&](cudaStream_t stream) {
+          graph_ctx->forward(gpu_args(call, w, stream));  // warm-up outside capture
+          CUDA_OK(cudaStreamSynchronize(stream));
+        },
+        [&](cudaStream_t stream) { graph_ctx->forward(gpu_args(call, w, stream)); });
+    call.poison();
+    graph.launch();
+    graph_ctx->check();
+    expect_same_y(download(call.y, call.host.y.size()), split, p.hidden, what + ": graph replay");
+    graph_ctx->close();
+  }
 }
 
 }  // namespace

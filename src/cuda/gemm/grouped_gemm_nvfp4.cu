@@ -3,9 +3,15 @@
 // registers), eight activation rows the B operand, so one weight element is read once per 32
 // activation rows (kGroups x 8) and the weight stream sets the time.
 //
-// Work: CTA (n-slab of 64 weight rows, expert e), four warps of 16 rows each; a warp sums all of K
-// for its 16 x 8 tiles (no split-K: deterministic without atomics). CTAs of experts without rows
-// return at once (offsets read on the device).
+// Work: CTA (n-slab of 64 weight rows, expert e, K split z), four warps of 16 rows each; a warp
+// sums its split's chunks for its 16 x 8 tiles. One split (grid z = 1): the warp sums all of K and
+// stores bf16. Several (split-K, deterministic without atomics): split z sums the chunks
+// [z * chunks / splits, (z + 1) * chunks / splits) (the last split also the K tail) and stores fp32
+// partials [splits, M, N] into the caller's scratch; a reduce kernel sums them in ascending split
+// order and applies the global scale and the epilogue (plain, combine slots, SwiGLU). Splits give
+// the grid enough CTAs to keep HBM busy when N * E is small against K (mixtral W2: 64 slabs x 8
+// experts = 512 CTAs of 112 chunks each). CTAs of experts without rows return at once (offsets
+// read on the device).
 //
 // K order: an mma's 16 k are any 16 of K as long as A and B agree. Per 128-element chunk, lane
 // quad position t (lane % 4) owns elements [32 t, 32 t + 32) of its rows (16 code bytes: one
@@ -16,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "core/activation.h"
@@ -23,13 +30,14 @@
 #include "core/layout.h"
 #include "cuda/check.h"
 #include "cuda/gemm/nvfp4_gemm.h"
+#include "cuda/kernel_common.cuh"
 #include "epmoe/error.h"
 
 namespace epmoe::cuda {
 namespace {
 
 constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
+constexpr int kGemmThreads = kWarps * 32;
 constexpr int kRowsPerWarp = 16;                    // mma M: weight rows (outputs' columns n)
 constexpr int kSlab = kWarps * kRowsPerWarp;        // weight rows per CTA
 constexpr int kGroups = 4;                          // 8-row activation groups per weight pass
@@ -38,7 +46,8 @@ constexpr int kDepth = 4;                           // chunks in flight per warp
 
 struct Params {
   Nvfp4GroupedGemmArgs a;
-  int64_t P, S;  // code bytes and scale blocks per weight row
+  int64_t P, S;                    // code bytes and scale blocks per weight row
+  float* partials_SMN = nullptr;   // split-K: [splits, M, N] fp32 (the caller's scratch)
 };
 
 // Streamed once: no L1 allocation. kWide: the row pitch P is a multiple of 16 (one 16-byte load),
@@ -207,8 +216,10 @@ __device__ __forceinline__ bf16_t* out_row(const Nvfp4GroupedGemmArgs& a, int64_
 // kSwiglu (W13 with the SwiGLU epilogue): a warp's A rows are 8 gate rows f0 + g and their 8 up
 // rows F + f0 + g, so a lane holds gate and up of the same (row m, column f) and stores
 // h = act(bf16(gate), bf16(up)) as the unfused kernel does (core/activation.h).
-template <bool kWide, bool kSwiglu>
-__global__ void __launch_bounds__(kThreads) nvfp4_gemm_kernel(const Params p) {
+// kSplit: split blockIdx.z of gridDim.z stores its unscaled fp32 sums at partials_SMN[z, m, n]
+// (gate at n = f, up at n = F + f); the reduce kernel applies the scale and the epilogue.
+template <bool kWide, bool kSwiglu, bool kSplit>
+__global__ void __launch_bounds__(kGemmThreads) nvfp4_gemm_kernel(const Params p) {
   const Nvfp4GroupedGemmArgs& a = p.a;
   const int e = static_cast<int>(blockIdx.y);
   if ((a.skip != nullptr && *a.skip != 0) || (a.replay_skip != nullptr && *a.replay_skip != 0)) {
@@ -240,8 +251,13 @@ __global__ void __launch_bounds__(kThreads) nvfp4_gemm_kernel(const Params p) {
     code_rows[r] = a.b_codes_ENP + (e * a.N + n) * p.P;
     scale_rows[r] = a.b_scales_ENS + (e * a.N + n) * p.S;
   }
-  const float global = a.b_global_E[e];
-  const int64_t chunks = a.K / kChunk;
+  [[maybe_unused]] const float global = a.b_global_E[e];  // split-K: the reduce applies it
+  const int64_t all_chunks = a.K / kChunk;
+  const int64_t z = kSplit ? static_cast<int64_t>(blockIdx.z) : 0;
+  const int64_t splits = kSplit ? static_cast<int64_t>(gridDim.z) : 1;
+  const int64_t c_begin = all_chunks * z / splits;  // 0 with one split
+  const int64_t chunks = all_chunks * (z + 1) / splits - c_begin;
+  const bool has_tail = z == splits - 1;
 
   for (int64_t m0 = row_begin; m0 < row_end; m0 += 8 * kGroups) {
     const int live = static_cast<int>((row_end - m0 + 7) / 8 < kGroups ? (row_end - m0 + 7) / 8
@@ -252,13 +268,13 @@ __global__ void __launch_bounds__(kThreads) nvfp4_gemm_kernel(const Params p) {
     for (int q = 0; q < kGroups; ++q) {
       const int64_t m = m0 + q * 8 + g < row_end ? m0 + q * 8 + g : row_end - 1;
       row_starts[q] = a.a_MK + m * a.K;
-      rows[q] = row_starts[q] + t * 32;
+      rows[q] = row_starts[q] + c_begin * kChunk + t * 32;
     }
     Lane l;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      l.codes[r] = code_rows[r] + t * 16;
-      l.scales[r] = scale_rows[r] + t * 2;
+      l.codes[r] = code_rows[r] + c_begin * (kChunk / 2) + t * 16;
+      l.scales[r] = scale_rows[r] + c_begin * (kChunk / 16) + t * 2;
     }
     float acc[kGroups][4] = {};
 
@@ -279,7 +295,7 @@ __global__ void __launch_bounds__(kThreads) nvfp4_gemm_kernel(const Params p) {
         mma_chunk(frag, rows, live, acc);
       }
     }
-    for (int64_t b = chunks * (kChunk / 16); b < a.K / 16; ++b) {
+    for (int64_t b = all_chunks * (kChunk / 16); has_tail && b < a.K / 16; ++b) {
       const uint8_t* const codes[2] = {code_rows[0] + b * 8, code_rows[1] + b * 8};
       const uint8_t* const scale[2] = {scale_rows[0] + b, scale_rows[1] + b};
       const bf16_t* tail_rows[kGroups];
@@ -297,7 +313,14 @@ __global__ void __launch_bounds__(kThreads) nvfp4_gemm_kernel(const Params p) {
       for (int i = 0; i < 2; ++i) {
         const int64_t m = m0 + q * 8 + 2 * t + i;
         if (m >= row_end) continue;
-        if constexpr (kSwiglu) {
+        if constexpr (kSplit) {
+          float* part = p.partials_SMN + (z * a.M + m) * a.N;
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int64_t n = kSwiglu ? r * F + f0 + g : n0 + g + 8 * r;
+            if (kSwiglu ? f0 + g < F : n < a.N) part[n] = acc[q][2 * r + i];
+          }
+        } else if constexpr (kSwiglu) {
           const int64_t f = f0 + g;
           if (f >= F) continue;
           const float gate = bf16_to_float(to_bf16(__fmul_rn(acc[q][i], global)));
@@ -312,6 +335,56 @@ __global__ void __launch_bounds__(kThreads) nvfp4_gemm_kernel(const Params p) {
           }
         }
       }
+    }
+  }
+}
+
+// The expert owning row m: the last e with offsets_E1[e] <= m (experts without rows share their
+// offset with the next one, which then owns m).
+__device__ __forceinline__ int expert_of(const int32_t* offsets_E1, int E, int64_t m) {
+  int lo = 0, hi = E - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (offsets_E1[mid] <= m) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+// Split-K reduce: out = bf16(global_e * (partial_0 + partial_1 + ...)), splits ascending, for the
+// rows of the groups [offsets_E1[0], min(offsets_E1[E], M)); the same epilogues as the GEMM
+// kernel's (plain rows, combine slots, SwiGLU on the reduced gate and up). Grid-stride over
+// (row, output column); the grid is sized on host-known M.
+template <bool kSwiglu>
+__global__ void __launch_bounds__(256) nvfp4_splitk_reduce_kernel(const Params p, int splits) {
+  const Nvfp4GroupedGemmArgs& a = p.a;
+  if ((a.skip != nullptr && *a.skip != 0) || (a.replay_skip != nullptr && *a.replay_skip != 0)) {
+    return;
+  }
+  const int64_t F = a.N / 2;
+  const int64_t cols = kSwiglu ? F : a.N;
+  const int64_t row_begin = a.offsets_E1[0];
+  const int64_t row_end = a.offsets_E1[a.E] < a.M ? a.offsets_E1[a.E] : a.M;
+  const int64_t plane = a.M * a.N;  // one split's partials
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = row_begin * cols + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       i < row_end * cols; i += stride) {
+    const int64_t m = i / cols, n = i % cols;
+    const float global = a.b_global_E[expert_of(a.offsets_E1, a.E, m)];
+    const float* part = p.partials_SMN + m * a.N + n;
+    float sum = part[0];
+    for (int z = 1; z < splits; ++z) sum = __fadd_rn(sum, part[z * plane]);
+    if constexpr (kSwiglu) {
+      float up = part[F];
+      for (int z = 1; z < splits; ++z) up = __fadd_rn(up, part[z * plane + F]);
+      const float gate_bf16 = bf16_to_float(to_bf16(__fmul_rn(sum, global)));
+      const float up_bf16 = bf16_to_float(to_bf16(__fmul_rn(up, global)));
+      a.out_MN[m * a.ld_out + n] = to_bf16(swiglu_forward(gate_bf16, up_bf16, a.act));
+    } else {
+      out_row(a, m)[n] = to_bf16(__fmul_rn(sum, global));
     }
   }
 }
@@ -344,6 +417,11 @@ void check_args(const Nvfp4GroupedGemmArgs& a) {
   check_aligned(a.b_scales_ENS, "b_scales_ENS", 1);
   check_aligned(a.b_global_E, "b_global_E", 4);
   check_aligned(a.offsets_E1, "offsets_E1", 4);
+  EPMOE_CHECK_ARG(a.splits >= 0, "splits", ">= 0 (0: EPMOE_NVFP4_SPLITK or the heuristic)",
+                  a.splits);
+  EPMOE_CHECK_ARG(a.splitk_scratch_bytes >= 0, "splitk_scratch_bytes", ">= 0",
+                  a.splitk_scratch_bytes);
+  if (a.splitk_scratch_SMN != nullptr) check_aligned(a.splitk_scratch_SMN, "splitk_scratch_SMN", 4);
   if (a.M == 0) return;
   check_aligned(a.a_MK, "a_MK", 16);
   if (scatter) {
@@ -356,26 +434,102 @@ void check_args(const Nvfp4GroupedGemmArgs& a) {
 
 }  // namespace
 
+int64_t nvfp4_splitk_scratch_bytes(int splits, int64_t M, int64_t N) {
+  return splits <= 1 ? 0 : static_cast<int64_t>(splits) * M * N * 4;
+}
+
+namespace {
+int64_t nvfp4_grid_ctas(int64_t N, int E, bool swiglu) {
+  const int64_t slabs = swiglu ? (N / 2 + kSlab / 2 - 1) / (kSlab / 2) : (N + kSlab - 1) / kSlab;
+  return slabs * E;
+}
+}  // namespace
+
+Nvfp4Splits nvfp4_choose_splits(int64_t N, int64_t K, int E, bool swiglu, int sms) {
+  Nvfp4Splits c;
+  const int64_t ctas = nvfp4_grid_ctas(N, E, swiglu);
+  const int64_t chunks = K / kChunk;
+  const int64_t target = static_cast<int64_t>(kNvfp4TargetCtasPerSm) * sms;
+  int64_t splits = (target + ctas - 1) / ctas;
+  const int64_t by_chunks = chunks / kNvfp4MinChunksPerSplit;
+  if (splits > by_chunks) splits = by_chunks;
+  if (splits > kNvfp4MaxSplits) splits = kNvfp4MaxSplits;
+  c.splits = splits < 1 ? 1 : static_cast<int>(splits);
+  c.reason = std::to_string(ctas) + " CTAs (" + std::to_string(E) + " experts) for " +
+             std::to_string(kNvfp4TargetCtasPerSm) + " x " + std::to_string(sms) + " SMs, " +
+             std::to_string(chunks) + " chunks of K (>= " +
+             std::to_string(kNvfp4MinChunksPerSplit) + " per split, <= " +
+             std::to_string(kNvfp4MaxSplits) + " splits): " + std::to_string(c.splits) +
+             " split(s)";
+  return c;
+}
+
+int nvfp4_launch_splits(const Nvfp4GroupedGemmArgs& a) {
+  // At most one split per chunk, and grid z's limit.
+  const int64_t chunks = a.K / kChunk < 65535 ? a.K / kChunk : 65535;
+  const int64_t per_split = nvfp4_splitk_scratch_bytes(2, a.M, a.N) / 2;
+  const int64_t held = per_split == 0 ? 1 : a.splitk_scratch_bytes / per_split;
+  const int64_t fit = a.splitk_scratch_SMN == nullptr || held < 1 ? 1 : held;  // splits it holds
+  if (a.splits >= 1) {  // the caller's count, at most one split per chunk
+    const int64_t n = a.splits < chunks ? a.splits : (chunks < 1 ? 1 : chunks);
+    const int64_t need = nvfp4_splitk_scratch_bytes(static_cast<int>(n), a.M, a.N);
+    EPMOE_CHECK_ARG(n <= 1 || fit >= n, "splitk_scratch_bytes",
+                    ">= " + std::to_string(need) + " (" + std::to_string(n) + " splits)",
+                    a.splitk_scratch_bytes);
+    return static_cast<int>(n);
+  }
+  int64_t n = 0;
+  if (const char* env = std::getenv("EPMOE_NVFP4_SPLITK"); env != nullptr) n = std::atoll(env);
+  if (n < 1) {
+    n = nvfp4_choose_splits(a.N, a.K, a.E, a.swiglu, sm_count()).splits;
+  } else if (n > chunks) {
+    n = chunks < 1 ? 1 : chunks;
+  }
+  return static_cast<int>(n < fit ? n : fit);  // what the scratch holds
+}
+
 void nvfp4_grouped_gemm(const Nvfp4GroupedGemmArgs& args, void* stream) {
   check_args(args);
   if (args.M == 0) return;
-  const Params p{args, args.K / 2, args.K / 16};
-  const int64_t slabs = args.swiglu ? (args.N / 2 + kSlab / 2 - 1) / (kSlab / 2)
-                                    : (args.N + kSlab - 1) / kSlab;
-  const dim3 grid(static_cast<unsigned>(slabs), static_cast<unsigned>(args.E));
+  const int splits = nvfp4_launch_splits(args);
+  const Params p{args, args.K / 2, args.K / 16, splits > 1 ? args.splitk_scratch_SMN : nullptr};
+  const int64_t slabs = nvfp4_grid_ctas(args.N, 1, args.swiglu);
+  const dim3 grid(static_cast<unsigned>(slabs), static_cast<unsigned>(args.E),
+                  static_cast<unsigned>(splits));
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   // Wide loads: 16-byte code rows (P % 16 == 0, so K % 32 == 0 and the scale rows hold an even
   // number of bytes) and 2-byte aligned scales.
   const bool wide =
       p.P % 16 == 0 && reinterpret_cast<uintptr_t>(args.b_scales_ENS) % 2 == 0;
+  if (splits > 1) {
+    if (wide && args.swiglu) {
+      nvfp4_gemm_kernel<true, true, true><<<grid, kGemmThreads, 0, st>>>(p);
+    } else if (wide) {
+      nvfp4_gemm_kernel<true, false, true><<<grid, kGemmThreads, 0, st>>>(p);
+    } else if (args.swiglu) {
+      nvfp4_gemm_kernel<false, true, true><<<grid, kGemmThreads, 0, st>>>(p);
+    } else {
+      nvfp4_gemm_kernel<false, false, true><<<grid, kGemmThreads, 0, st>>>(p);
+    }
+    EPMOE_CUDA_LAUNCH_CHECK();
+    const int64_t cols = args.swiglu ? args.N / 2 : args.N;
+    const unsigned blocks = grid_for(args.M * cols, 256);
+    if (args.swiglu) {
+      nvfp4_splitk_reduce_kernel<true><<<blocks, 256, 0, st>>>(p, splits);
+    } else {
+      nvfp4_splitk_reduce_kernel<false><<<blocks, 256, 0, st>>>(p, splits);
+    }
+    EPMOE_CUDA_LAUNCH_CHECK();
+    return;
+  }
   if (wide && args.swiglu) {
-    nvfp4_gemm_kernel<true, true><<<grid, kThreads, 0, st>>>(p);
+    nvfp4_gemm_kernel<true, true, false><<<grid, kGemmThreads, 0, st>>>(p);
   } else if (wide) {
-    nvfp4_gemm_kernel<true, false><<<grid, kThreads, 0, st>>>(p);
+    nvfp4_gemm_kernel<true, false, false><<<grid, kGemmThreads, 0, st>>>(p);
   } else if (args.swiglu) {
-    nvfp4_gemm_kernel<false, true><<<grid, kThreads, 0, st>>>(p);
+    nvfp4_gemm_kernel<false, true, false><<<grid, kGemmThreads, 0, st>>>(p);
   } else {
-    nvfp4_gemm_kernel<false, false><<<grid, kThreads, 0, st>>>(p);
+    nvfp4_gemm_kernel<false, false, false><<<grid, kGemmThreads, 0, st>>>(p);
   }
   EPMOE_CUDA_LAUNCH_CHECK();
 }

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "core/activation.h"
 #include "core/numeric.h"
@@ -41,13 +42,41 @@ struct Nvfp4GroupedGemmArgs {
   // kernel's math), [M, N/2] with row pitch ld_out; no h13.
   bool swiglu = false;
   ActivationParams act;
+  // Split-K (deterministic): K splits, each storing fp32 partials [splits, M, N] into this
+  // scratch, then a reduce kernel summing them in split order. splits = 0: EPMOE_NVFP4_SPLITK=<n>
+  // if set and >= 1, else nvfp4_choose_splits; either is lowered to what the scratch holds (none
+  // or too small: one split). splits >= 1: that count (at most K / 128), the scratch must hold it.
+  float* splitk_scratch_SMN = nullptr;  // device, 4-byte aligned; nullable
+  int64_t splitk_scratch_bytes = 0;
+  int splits = 0;
 };
+
+// The split-K heuristic: enough CTAs for kNvfp4TargetCtasPerSm per SM (each of 4 warps, kDepth
+// chunks in flight per warp), each split >= kNvfp4MinChunksPerSplit 128-element chunks of K, at
+// most kNvfp4MaxSplits. reason: the numbers it decided on, printable.
+constexpr int kNvfp4TargetCtasPerSm = 8;
+constexpr int kNvfp4MinChunksPerSplit = 8;
+constexpr int kNvfp4MaxSplits = 16;
+struct Nvfp4Splits {
+  int splits = 1;
+  std::string reason;
+};
+Nvfp4Splits nvfp4_choose_splits(int64_t N, int64_t K, int E, bool swiglu, int sms);
+
+// Bytes of the fp32 partials of `splits` splits (0 for one split: no scratch).
+int64_t nvfp4_splitk_scratch_bytes(int splits, int64_t M, int64_t N);
+
+// The splits nvfp4_grouped_gemm launches with these arguments (the rules above; host only).
+int nvfp4_launch_splits(const Nvfp4GroupedGemmArgs& args);
 
 // Requirements (checked; Error(invalid_argument) naming the field): E >= 1, K > 0 and
 // K % 16 == 0, N > 0, ld_out >= N (or the combine fields), a_MK and b_codes_ENP 16-byte aligned,
-// b_global_E 4-byte aligned; swiglu: N even, ld_out >= N / 2, no combine_R. Grid (ceil(N / 64), E)
-// (swiglu: (ceil(N / 2 / 32), E)); graph-capturable; deterministic (one warp owns each output and
-// sums K in a fixed order).
+// b_global_E 4-byte aligned; swiglu: N even, ld_out >= N / 2, no combine_R. Grid (ceil(N / 64), E,
+// splits) (swiglu: (ceil(N / 2 / 32), E, splits)), then with splits > 1 the reduce kernel;
+// graph-capturable (the splits depend on host-known sizes and the environment only);
+// deterministic (one warp owns each output of a split and sums its chunks in a fixed order; the
+// reduce sums the splits in order). One split: bitwise the single-kernel result it always was;
+// several differ from it by the fp32 summation order only.
 void nvfp4_grouped_gemm(const Nvfp4GroupedGemmArgs& args, void* stream);
 
 }  // namespace epmoe::cuda
