@@ -6,11 +6,11 @@
 // without SwiGLU, w2_fprop without scatter) and the schedule the build selects. Inputs are random
 // (hash-filled on the device; finite E4M3 codes, scales in [0.5, 1.5), bf16 in [-1, 1)), never zeros.
 //
-//   bench_gemm_fp8 [--shape NAME|all] [--iters N] [--fp8-tile 128x128|64x256|both]
+//   bench_gemm_fp8 [--shape NAME|all] [--iters N] [--fp8-tile 128x128|64x256|64x256-spread|all]
 //
 // --fp8-tile picks the FP8 kernel's tile (cuda::Fp8Tile; default: what EPMOE_FP8_TILE selects);
-// both: times the two tiles one after the other on the same inputs and counts the output elements
-// where they differ (bitwise; expected 0).
+// all: times the three one after the other on the same inputs and counts the output elements
+// where each ping-pong tile differs from 128x128 (bitwise; expected 0).
 //
 // Prints one line per GEMM and, per run, one JSON object in MEASURE.md's row format
 // (phase "grouped-gemm-w13" / "grouped-gemm-w2", precision "fp8" / "bf16"; FP8 rows name their
@@ -102,7 +102,11 @@ __global__ void count_differences(const uint16_t* a, const uint16_t* b, int64_t 
 }
 
 const char* tile_name(epmoe::cuda::Fp8Tile t) {
-  return t == epmoe::cuda::Fp8Tile::m64_n256 ? "64x256" : "128x128";
+  switch (t) {
+    case epmoe::cuda::Fp8Tile::m64_n256: return "64x256";
+    case epmoe::cuda::Fp8Tile::m64_n256_spread: return "64x256-spread";
+    default: return "128x128";
+  }
 }
 
 template <class T>
@@ -222,7 +226,8 @@ void run_shape(const ModelShape& s, int iters, const std::vector<epmoe::cuda::Fp
       uint8_t* w = alloc<uint8_t>(E * g.N * g.K);
       float* sa = alloc<float>(S * ld_sa);
       float* sb = alloc<float>(E * B * S);
-      uint16_t* out[2] = {alloc<uint16_t>(M * g.N), alloc<uint16_t>(M * g.N)};  // one per tile
+      std::vector<uint16_t*> out;  // one per tile
+      for (size_t i = 0; i < tiles.size(); ++i) out.push_back(alloc<uint16_t>(M * g.N));
       fill_e4m3<<<grid, block>>>(a, M * g.K, 3);
       fill_e4m3<<<grid, block>>>(w, E * g.N * g.K, 4);
       fill_scales<<<grid, block>>>(sa, S * ld_sa, 5);
@@ -247,23 +252,22 @@ void run_shape(const ModelShape& s, int iters, const std::vector<epmoe::cuda::Fp
         const Timing t = time_launches([&] { epmoe::cuda::fp8_grouped_gemm(args, nullptr); }, iters);
         report(s, g.name, "fp8", M, g.N, g.K, t, bf16_ms.median_ms / t.median_ms, tile_name(tiles[i]));
       }
-      if (tiles.size() == 2) {
+      for (size_t i = 1; i < tiles.size(); ++i) {
         unsigned long long* count = alloc<unsigned long long>(1);
         BENCH_CHECK(cudaMemset(count, 0, sizeof(unsigned long long)));
-        count_differences<<<grid, block>>>(out[0], out[1], M * g.N, count);
+        count_differences<<<grid, block>>>(out[0], out[i], M * g.N, count);
         BENCH_CHECK(cudaGetLastError());
         unsigned long long differ = 0;
         BENCH_CHECK(cudaMemcpy(&differ, count, sizeof(differ), cudaMemcpyDeviceToHost));
         std::printf("%-14s %-4s fp8 tiles %s vs %s: %llu of %lld outputs differ\n", s.name, g.name,
-                    tile_name(tiles[0]), tile_name(tiles[1]), differ, static_cast<long long>(M * g.N));
+                    tile_name(tiles[0]), tile_name(tiles[i]), differ, static_cast<long long>(M * g.N));
         BENCH_CHECK(cudaFree(count));
       }
       BENCH_CHECK(cudaFree(a));
       BENCH_CHECK(cudaFree(w));
       BENCH_CHECK(cudaFree(sa));
       BENCH_CHECK(cudaFree(sb));
-      BENCH_CHECK(cudaFree(out[0]));
-      BENCH_CHECK(cudaFree(out[1]));
+      for (uint16_t* o : out) BENCH_CHECK(cudaFree(o));
     }
   }
   BENCH_CHECK(cudaFree(offsets_E1));
@@ -283,20 +287,21 @@ int main(int argc, char** argv) {
       iters = std::max(1, std::atoi(argv[++i]));
     } else if (std::strcmp(argv[i], "--fp8-tile") == 0 && i + 1 < argc &&
                (std::strcmp(argv[i + 1], "128x128") == 0 || std::strcmp(argv[i + 1], "64x256") == 0 ||
-                std::strcmp(argv[i + 1], "both") == 0)) {
+                std::strcmp(argv[i + 1], "64x256-spread") == 0 || std::strcmp(argv[i + 1], "all") == 0)) {
       tile = argv[++i];
     } else {
       std::fprintf(stderr,
                    "usage: %s [--shape qwen3-30b-a3b|deepseek-v3|gpt-oss-120b|mixtral-8x7b|all] [--iters N] "
-                   "[--fp8-tile 128x128|64x256|both]\n",
+                   "[--fp8-tile 128x128|64x256|64x256-spread|all]\n",
                    argv[0]);
       return 2;
     }
   }
   using epmoe::cuda::Fp8Tile;
   std::vector<Fp8Tile> tiles;
-  if (tile == "both") tiles = {Fp8Tile::m128_n128, Fp8Tile::m64_n256};
+  if (tile == "all") tiles = {Fp8Tile::m128_n128, Fp8Tile::m64_n256, Fp8Tile::m64_n256_spread};
   else if (tile == "64x256") tiles = {Fp8Tile::m64_n256};
+  else if (tile == "64x256-spread") tiles = {Fp8Tile::m64_n256_spread};
   else if (tile == "128x128") tiles = {Fp8Tile::m128_n128};
   else tiles = {epmoe::cuda::fp8_tile_from_env()};
   cudaDeviceProp prop;

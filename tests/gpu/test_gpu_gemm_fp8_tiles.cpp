@@ -1,5 +1,5 @@
-// The FP8 grouped GEMM's two tiles (cuda/gemm/fp8_gemm.h Fp8Tile: cooperative 128 x 128 and
-// ping-pong 64 x 256) compute every output element alike: the same wgmma shape over each 128-deep
+// The FP8 grouped GEMM's tiles (cuda/gemm/fp8_gemm.h Fp8Tile: cooperative 128 x 128 and ping-pong
+// 64 x 256 in its two tile orders) compute every output element alike: the same wgmma shape over each 128-deep
 // k-block and the same per-block promotion in k order, so their outputs must agree bitwise on any
 // input, here random E4M3 codes (all finite values) and random scales. Shapes: experts of 0, 1, 63,
 // 64, 65, 300 rows (empty, a single row, around the 64-row tile and the 128-row unit), N of 128,
@@ -32,6 +32,10 @@ namespace epmoe::test {
 namespace {
 
 using cuda::Fp8Tile;
+
+const Fp8Tile kPingPong[2] = {Fp8Tile::m64_n256, Fp8Tile::m64_n256_spread};
+
+std::string name(Fp8Tile t) { return t == Fp8Tile::m64_n256 ? "64x256" : "64x256-spread"; }
 
 struct Shape {
   std::vector<int32_t> rows_E;  // rows per expert
@@ -156,7 +160,7 @@ TEST(GpuGemmFp8Tiles, PingPongEqualsCooperativeBitwise) {
     const Problem p(s, /*exact=*/false, rng);
     const DeviceProblem d(p);
     const std::vector<bf16_t> coop = run_rows(p, d, Fp8Tile::m128_n128);
-    expect_bitwise(coop, run_rows(p, d, Fp8Tile::m64_n256), p.N, "rows, " + describe(s));
+    for (Fp8Tile t : kPingPong) expect_bitwise(coop, run_rows(p, d, t), p.N, "rows, " + name(t) + ", " + describe(s));
     size_t written = 0;  // the comparison is not vacuous
     for (int64_t i = 0; i < p.offsets.back() * p.N; ++i) written += coop[static_cast<size_t>(i)] != 0xA5A5;
     EXPECT_GT(written, static_cast<size_t>(p.offsets.back() * p.N) / 2) << describe(s);
@@ -172,7 +176,9 @@ TEST(GpuGemmFp8Tiles, PingPongEqualsCpuTwinOnExactBlocks) {
     std::vector<bf16_t> cpu(static_cast<size_t>(p.M * p.N), static_cast<bf16_t>(0xA5A5));
     cpu::fp8_grouped_gemm_reference(p.a.data(), p.sa_SM.data(), p.ld_sa, p.b.data(), p.sb.data(),
                                     p.offsets.data(), p.E, p.N, p.K, cpu.data(), p.N, nullptr);
-    expect_bitwise(cpu, run_rows(p, d, Fp8Tile::m64_n256), p.N, "cpu twin, " + describe(s));
+    for (Fp8Tile t : kPingPong) {
+      expect_bitwise(cpu, run_rows(p, d, t), p.N, "cpu twin, " + name(t) + ", " + describe(s));
+    }
   }
 }
 
@@ -191,9 +197,9 @@ TEST(GpuGemmFp8Tiles, ScatterEpilogueEqualBitwise) {
     std::vector<int32_t> recv_src(slots.begin(), slots.begin() + p.M);
     for (int32_t& v : recv_src) v = encode_src(0, v / top_k, v % top_k, T, top_k);
     Dev<int32_t> dsrc(recv_src);
-    std::vector<bf16_t> got[2];
-    const Fp8Tile tiles[2] = {Fp8Tile::m128_n128, Fp8Tile::m64_n256};
-    for (int i = 0; i < 2; ++i) {
+    std::vector<bf16_t> got[3];
+    const Fp8Tile tiles[3] = {Fp8Tile::m128_n128, Fp8Tile::m64_n256, Fp8Tile::m64_n256_spread};
+    for (int i = 0; i < 3; ++i) {
       Dev<bf16_t> combine(static_cast<size_t>(T * top_k * p.N));
       Dev<bf16_t*> table(std::vector<bf16_t*>{combine.ptr});
       cuda::Fp8GroupedGemmArgs x = d.args(p, tiles[i]);
@@ -206,7 +212,8 @@ TEST(GpuGemmFp8Tiles, ScatterEpilogueEqualBitwise) {
       ASSERT_EQ(cudaGetLastError(), cudaSuccess);
       got[i] = combine.get();
     }
-    expect_bitwise(got[0], got[1], p.N, "scatter, " + describe(s));
+    expect_bitwise(got[0], got[1], p.N, "scatter, 64x256, " + describe(s));
+    expect_bitwise(got[0], got[2], p.N, "scatter, 64x256-spread, " + describe(s));
     // Row m of the plain output is slot recv_src[m] of the combine buffer.
     const std::vector<bf16_t> plain = run_rows(p, d, Fp8Tile::m64_n256);
     for (int64_t m = 0; m < p.offsets.back(); ++m) {
@@ -240,9 +247,9 @@ TEST(GpuGemmFp8Tiles, ReceivedRowsOperandEqualBitwise) {
     const DeviceProblem d(p);
     Dev<uint8_t> drows(rows);
     Dev<int32_t> dcount(std::vector<int32_t>{static_cast<int32_t>(count)});
-    std::vector<bf16_t> got[2];
-    const Fp8Tile tiles[2] = {Fp8Tile::m128_n128, Fp8Tile::m64_n256};
-    for (int i = 0; i < 2; ++i) {
+    std::vector<bf16_t> got[3];
+    const Fp8Tile tiles[3] = {Fp8Tile::m128_n128, Fp8Tile::m64_n256, Fp8Tile::m64_n256_spread};
+    for (int i = 0; i < 3; ++i) {
       Dev<bf16_t> out(static_cast<size_t>(p.M * p.N));
       cuda::Fp8GroupedGemmArgs x = d.args(p, tiles[i]);
       x.a_MK = drows.ptr;
@@ -254,7 +261,8 @@ TEST(GpuGemmFp8Tiles, ReceivedRowsOperandEqualBitwise) {
       ASSERT_EQ(cudaGetLastError(), cudaSuccess);
       got[i] = out.get();
     }
-    expect_bitwise(got[0], got[1], p.N, "received rows, " + describe(s));
+    expect_bitwise(got[0], got[1], p.N, "received rows, 64x256, " + describe(s));
+    expect_bitwise(got[0], got[2], p.N, "received rows, 64x256-spread, " + describe(s));
     // The same as the plain operand with its own scales.
     expect_bitwise(run_rows(p, d, Fp8Tile::m64_n256), got[1], p.N, "received vs plain, " + describe(s));
   }
@@ -266,7 +274,9 @@ TEST(GpuGemmFp8Tiles, PingPongSkipFlagLeavesOutputUntouched) {
   const Problem p(shapes()[2], /*exact=*/false, rng);
   const DeviceProblem d(p);
   Dev<int32_t> skip(std::vector<int32_t>{1});
-  for (bf16_t v : run_rows(p, d, Fp8Tile::m64_n256, skip.ptr)) ASSERT_EQ(v, 0xA5A5);
+  for (Fp8Tile t : kPingPong) {
+    for (bf16_t v : run_rows(p, d, t, skip.ptr)) ASSERT_EQ(v, 0xA5A5) << name(t);
+  }
 }
 
 // Host only: EPMOE_FP8_TILE is parsed before any CUDA call (M = 0 launches nothing).
@@ -277,6 +287,8 @@ TEST(GpuGemmFp8Tiles, TileFromEnvironment) {
   EXPECT_EQ(cuda::fp8_tile_from_env(), Fp8Tile::m128_n128);
   setenv("EPMOE_FP8_TILE", "64x256", 1);
   EXPECT_EQ(cuda::fp8_tile_from_env(), Fp8Tile::m64_n256);
+  setenv("EPMOE_FP8_TILE", "64x256-spread", 1);
+  EXPECT_EQ(cuda::fp8_tile_from_env(), Fp8Tile::m64_n256_spread);
   setenv("EPMOE_FP8_TILE", "128x128", 1);
   EXPECT_EQ(cuda::fp8_tile_from_env(), Fp8Tile::m128_n128);
   setenv("EPMOE_FP8_TILE", "256x64", 1);

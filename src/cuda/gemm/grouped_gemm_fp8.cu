@@ -88,17 +88,22 @@ void launch(const Fp8GroupedGemmArgs& args, const typename Epilogue::Params& epi
 Fp8Tile fp8_tile_from_env() {
   const char* env = std::getenv("EPMOE_FP8_TILE");  // per call (~100 ns), for measurements
   if (env == nullptr || std::strcmp(env, "128x128") == 0) return Fp8Tile::m128_n128;
-  EPMOE_CHECK_ARG(std::strcmp(env, "64x256") == 0, "EPMOE_FP8_TILE", "128x128 or 64x256", env);
-  return Fp8Tile::m64_n256;
+  if (std::strcmp(env, "64x256") == 0) return Fp8Tile::m64_n256;
+  EPMOE_CHECK_ARG(std::strcmp(env, "64x256-spread") == 0, "EPMOE_FP8_TILE",
+                  "128x128, 64x256 or 64x256-spread", env);
+  return Fp8Tile::m64_n256_spread;
 }
 
 void fp8_grouped_gemm(const Fp8GroupedGemmArgs& args, void* stream) {
   check_args(args);
   const Fp8Tile tile = args.tile == Fp8Tile::from_env ? fp8_tile_from_env() : args.tile;
-  EPMOE_CHECK_ARG(tile == Fp8Tile::m128_n128 || tile == Fp8Tile::m64_n256, "tile",
-                  "from_env, m128_n128 or m64_n256", static_cast<int>(tile));
+  EPMOE_CHECK_ARG(tile == Fp8Tile::m128_n128 || tile == Fp8Tile::m64_n256 ||
+                      tile == Fp8Tile::m64_n256_spread,
+                  "tile", "from_env, m128_n128, m64_n256 or m64_n256_spread", static_cast<int>(tile));
   if (args.M == 0) return;  // no rows: every group is empty
-  if (tile == Fp8Tile::m64_n256) return fp8_grouped_gemm_pingpong(args, stream);
+  if (tile != Fp8Tile::m128_n128) {
+    return fp8_grouped_gemm_pingpong(args, tile == Fp8Tile::m64_n256, stream);
+  }
   if (args.combine_R != nullptr) {
     const typename ScatterEpilogue<Traits>::Params epi{args.combine_R, args.recv_src_M, args.T,
                                                        args.top_k, args.N};

@@ -13,10 +13,14 @@
 // 128 x 128 kernel's computation: the same wgmma shape over the same k-block, then
 // total = fma(block, sa * sb, total) per k-block in k order, so the outputs agree bitwise.
 //
-// Order: tiles are scheduled as 128-row units (the 128 x 128 kernel's scheduler on 128 x 256) and a
-// CTA runs both 64-row halves of its unit back to back (the second only when it holds rows), one
-// per warpgroup: the two reads of a weight tile are issued by one CTA a few microseconds apart, so
-// the second hits L2.
+// Order (kPairs, a template argument so that both can be measured):
+// - pairs: tiles are scheduled as 128-row units (the 128 x 128 kernel's scheduler on 128 x 256) and
+//   a CTA runs both 64-row halves of a unit back to back (the second only when it holds rows), one
+//   per warpgroup. The second read of each weight k-block follows the first by one mainloop of
+//   the CTA (k_tiles stages; with every CTA streaming, some hundred MB of loads at K = 7168, more
+//   than L2 holds), so whether it hits L2 is for the measurement to show.
+// - spread: the bf16 ping-pong's order, 64-row tiles m fastest: the two halves of a 128-row block
+//   go to neighbouring CTAs and run at the same time, which read each weight k-block together.
 #pragma once
 
 #include <cute/arch/mma_sm90.hpp>
@@ -67,9 +71,12 @@ struct Fp8PingPongTraits {
   static constexpr uint32_t kTxBytes = static_cast<uint32_t>((BLOCK_M + BLOCK_N) * BLOCK_K);
 };
 
-// The scheduler's view: 128-row units of 256 columns (each unit = the two 64-row tiles one CTA runs).
+// The scheduler's view: units of 256 columns and 128 rows (pairs: the two 64-row tiles one CTA
+// runs back to back) or 64 rows (spread: one tile).
+template <bool kPairs>
 struct Fp8PingPongUnits {
-  static constexpr int BLOCK_M = 2 * Fp8PingPongTraits::BLOCK_M;
+  static constexpr int kTilesPerUnit = kPairs ? 2 : 1;
+  static constexpr int BLOCK_M = kTilesPerUnit * Fp8PingPongTraits::BLOCK_M;
   static constexpr int BLOCK_N = Fp8PingPongTraits::BLOCK_N;
   static constexpr int BLOCK_K = Fp8PingPongTraits::BLOCK_K;
   static constexpr Grouping kGrouping = Grouping::rows;
@@ -85,7 +92,7 @@ __device__ __forceinline__ TileCoord fp8_pingpong_tile(const TileCoord& u, int h
   return t;
 }
 
-template <class Epilogue, class TmaA, class TmaB>
+template <bool kPairs, class Epilogue, class TmaA, class TmaB>
 __global__ void __launch_bounds__(Fp8PingPongTraits::kThreads, 1)
     grouped_gemm_fp8_pingpong_kernel(CUTE_GRID_CONSTANT const TmaA tma_a,
                                      CUTE_GRID_CONSTANT const TmaB tma_b, const GroupArgs group_args,
@@ -119,7 +126,8 @@ __global__ void __launch_bounds__(Fp8PingPongTraits::kThreads, 1)
     cute::prefetch_tma_descriptor(tma_a.get_tma_descriptor());
     cute::prefetch_tma_descriptor(tma_b.get_tma_descriptor());
   }
-  const TileScheduler<Fp8PingPongUnits> sched = make_scheduler<Fp8PingPongUnits>(smem, group_args);
+  using Units = Fp8PingPongUnits<kPairs>;
+  const TileScheduler<Units> sched = make_scheduler<Units>(smem, group_args);  // syncs the CTA
 
   Tensor sA = make_tensor(make_smem_ptr(smem.a.data()), typename Traits::SmemLayoutA{});
   Tensor sB = make_tensor(make_smem_ptr(smem.b.data()), typename Traits::SmemLayoutB{});
@@ -133,8 +141,8 @@ __global__ void __launch_bounds__(Fp8PingPongTraits::kThreads, 1)
       PipelineState write_state = cutlass::make_producer_start_state<Pipeline>();
       for (int unit = blockIdx.x; unit < sched.total; unit += gridDim.x) {
         const TileCoord u = sched.at(unit);
-        for (int half = 0; half < 2; ++half) {
-          const TileCoord t = fp8_pingpong_tile(u, half);
+        for (int half = 0; half < Units::kTilesPerUnit; ++half) {
+          const TileCoord t = kPairs ? fp8_pingpong_tile(u, half) : u;
           if (t.rows_valid <= 0) break;
           Tensor gA = local_tile(domain_offset(make_coord(t.row0, 0), mA), Shape<Int<BM>, Int<BK>>{},
                                  make_coord(0, _));  // (BM, BK, k)
@@ -183,8 +191,8 @@ __global__ void __launch_bounds__(Fp8PingPongTraits::kThreads, 1)
     int sequence = 0;  // this CTA's tiles in order; warpgroup (sequence % 2) runs one
     for (int unit = blockIdx.x; unit < sched.total; unit += gridDim.x) {
       const TileCoord u = sched.at(unit);
-      for (int half_m = 0; half_m < 2; ++half_m) {
-        const TileCoord t = fp8_pingpong_tile(u, half_m);
+      for (int half_m = 0; half_m < Units::kTilesPerUnit; ++half_m) {
+        const TileCoord t = kPairs ? fp8_pingpong_tile(u, half_m) : u;
         if (t.rows_valid <= 0) break;
         const int seq = sequence++;
         if ((seq & 1) != wg) {  // the other warpgroup's tile: skip its stages
@@ -197,7 +205,7 @@ __global__ void __launch_bounds__(Fp8PingPongTraits::kThreads, 1)
           cutlass::arch::NamedBarrier::arrive_and_wait(
               256, static_cast<uint32_t>(GemmBarrier::mainloop_turn_wg0) + static_cast<uint32_t>(wg));
         }
-        const bool next_tile = (half_m == 0 && u.rows_valid > BM) ||
+        const bool next_tile = (kPairs && half_m == 0 && u.rows_valid > BM) ||
                                unit + static_cast<int>(gridDim.x) < sched.total;
         // Weight scales of the tile's two 128-column blocks; a block past N reads none (its
         // columns are zero-filled by TMA and masked by the epilogue).
