@@ -6,10 +6,15 @@
 // without SwiGLU, w2_fprop without scatter) and the schedule the build selects. Inputs are random
 // (hash-filled on the device; finite E4M3 codes, scales in [0.5, 1.5), bf16 in [-1, 1)), never zeros.
 //
-//   bench_gemm_fp8 [--shape NAME|all] [--iters N]
+//   bench_gemm_fp8 [--shape NAME|all] [--iters N] [--fp8-tile 128x128|64x256|64x256-spread|all]
+//
+// --fp8-tile picks the FP8 kernel's tile (cuda::Fp8Tile; default: what EPMOE_FP8_TILE selects);
+// all: times the three one after the other on the same inputs and counts the output elements
+// where each ping-pong tile differs from 128x128 (bitwise; expected 0).
 //
 // Prints one line per GEMM and, per run, one JSON object in MEASURE.md's row format
-// (phase "grouped-gemm-w13" / "grouped-gemm-w2", precision "fp8" / "bf16").
+// (phase "grouped-gemm-w13" / "grouped-gemm-w2", precision "fp8" / "bf16"; FP8 rows name their
+// tile in "fp8_tile").
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -86,6 +91,24 @@ __global__ void fill_bf16(uint16_t* p, int64_t n, uint32_t seed) {
   }
 }
 
+// Counts the elements where a and b differ (bitwise).
+__global__ void count_differences(const uint16_t* a, const uint16_t* b, int64_t n, unsigned long long* count) {
+  unsigned long long local = 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    local += a[i] != b[i] ? 1u : 0u;
+  }
+  if (local != 0) atomicAdd(count, local);
+}
+
+const char* tile_name(epmoe::cuda::Fp8Tile t) {
+  switch (t) {
+    case epmoe::cuda::Fp8Tile::m64_n256: return "64x256";
+    case epmoe::cuda::Fp8Tile::m64_n256_spread: return "64x256-spread";
+    default: return "128x128";
+  }
+}
+
 template <class T>
 T* alloc(int64_t n) {
   void* p = nullptr;
@@ -120,23 +143,25 @@ Timing time_launches(const std::function<void()>& launch, int iters) {
 }
 
 void report(const ModelShape& s, const char* gemm, const char* precision, int64_t M, int64_t N, int64_t K,
-            const Timing& t, double ratio_to_bf16) {
+            const Timing& t, double ratio_to_bf16, const char* fp8_tile = nullptr) {
   const double tflops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) /
                         (t.median_ms * 1e-3) / 1e12;
   std::printf("%-14s %-4s %-5s M %6lld N %6lld K %6lld  median %8.3f ms (%.3f-%.3f)  %7.1f TFLOP/s", s.name,
               gemm, precision, static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
               t.median_ms, t.min_ms, t.max_ms, tflops);
   if (ratio_to_bf16 > 0) std::printf("  fp8/bf16 %.2fx", ratio_to_bf16);
+  if (fp8_tile != nullptr) std::printf("  tile %s", fp8_tile);
   std::printf("\n");
   std::printf("JSON {\"impl\": \"epmoe\", \"shape\": \"%s\", \"ep\": 1, \"routing\": \"balanced\", "
               "\"precision\": \"%s\", \"phase\": \"grouped-gemm-%s\", \"tokens_per_rank\": %lld, "
               "\"median_ms\": %.5f, \"min_ms\": %.5f, \"max_ms\": %.5f, \"useful_tflops\": %.2f, "
-              "\"GBps\": null, \"busiest_rank_rows\": %lld, \"balanced_rows\": %lld, \"peak_mem_bytes\": null}\n",
+              "\"GBps\": null, \"busiest_rank_rows\": %lld, \"balanced_rows\": %lld, \"peak_mem_bytes\": null%s%s%s}\n",
               s.name, precision, gemm, static_cast<long long>(s.T), t.median_ms, t.min_ms, t.max_ms, tflops,
-              static_cast<long long>(M), static_cast<long long>(M));
+              static_cast<long long>(M), static_cast<long long>(M), fp8_tile != nullptr ? ", \"fp8_tile\": \"" : "",
+              fp8_tile != nullptr ? fp8_tile : "", fp8_tile != nullptr ? "\"" : "");
 }
 
-void run_shape(const ModelShape& s, int iters) {
+void run_shape(const ModelShape& s, int iters, const std::vector<epmoe::cuda::Fp8Tile>& tiles) {
   const int E = s.E;
   const int64_t M = s.T * s.K, rows = M / E, D = s.D, F = s.F;
   std::vector<int32_t> offsets(static_cast<size_t>(E) + 1);
@@ -201,7 +226,8 @@ void run_shape(const ModelShape& s, int iters) {
       uint8_t* w = alloc<uint8_t>(E * g.N * g.K);
       float* sa = alloc<float>(S * ld_sa);
       float* sb = alloc<float>(E * B * S);
-      uint16_t* out = alloc<uint16_t>(M * g.N);
+      std::vector<uint16_t*> out;  // one per tile
+      for (size_t i = 0; i < tiles.size(); ++i) out.push_back(alloc<uint16_t>(M * g.N));
       fill_e4m3<<<grid, block>>>(a, M * g.K, 3);
       fill_e4m3<<<grid, block>>>(w, E * g.N * g.K, 4);
       fill_scales<<<grid, block>>>(sa, S * ld_sa, 5);
@@ -219,15 +245,29 @@ void run_shape(const ModelShape& s, int iters) {
       args.M = M;
       args.N = g.N;
       args.K = g.K;
-      args.out_MN = reinterpret_cast<epmoe::bf16_t*>(out);
       args.ld_out = g.N;
-      const Timing t = time_launches([&] { epmoe::cuda::fp8_grouped_gemm(args, nullptr); }, iters);
-      report(s, g.name, "fp8", M, g.N, g.K, t, bf16_ms.median_ms / t.median_ms);
+      for (size_t i = 0; i < tiles.size(); ++i) {
+        args.tile = tiles[i];
+        args.out_MN = reinterpret_cast<epmoe::bf16_t*>(out[i]);
+        const Timing t = time_launches([&] { epmoe::cuda::fp8_grouped_gemm(args, nullptr); }, iters);
+        report(s, g.name, "fp8", M, g.N, g.K, t, bf16_ms.median_ms / t.median_ms, tile_name(tiles[i]));
+      }
+      for (size_t i = 1; i < tiles.size(); ++i) {
+        unsigned long long* count = alloc<unsigned long long>(1);
+        BENCH_CHECK(cudaMemset(count, 0, sizeof(unsigned long long)));
+        count_differences<<<grid, block>>>(out[0], out[i], M * g.N, count);
+        BENCH_CHECK(cudaGetLastError());
+        unsigned long long differ = 0;
+        BENCH_CHECK(cudaMemcpy(&differ, count, sizeof(differ), cudaMemcpyDeviceToHost));
+        std::printf("%-14s %-4s fp8 tiles %s vs %s: %llu of %lld outputs differ\n", s.name, g.name,
+                    tile_name(tiles[0]), tile_name(tiles[i]), differ, static_cast<long long>(M * g.N));
+        BENCH_CHECK(cudaFree(count));
+      }
       BENCH_CHECK(cudaFree(a));
       BENCH_CHECK(cudaFree(w));
       BENCH_CHECK(cudaFree(sa));
       BENCH_CHECK(cudaFree(sb));
-      BENCH_CHECK(cudaFree(out));
+      for (uint16_t* o : out) BENCH_CHECK(cudaFree(o));
     }
   }
   BENCH_CHECK(cudaFree(offsets_E1));
@@ -239,24 +279,38 @@ void run_shape(const ModelShape& s, int iters) {
 int main(int argc, char** argv) {
   std::string shape = "all";
   int iters = 20;
+  std::string tile = "";
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--shape") == 0 && i + 1 < argc) {
       shape = argv[++i];
     } else if (std::strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
       iters = std::max(1, std::atoi(argv[++i]));
+    } else if (std::strcmp(argv[i], "--fp8-tile") == 0 && i + 1 < argc &&
+               (std::strcmp(argv[i + 1], "128x128") == 0 || std::strcmp(argv[i + 1], "64x256") == 0 ||
+                std::strcmp(argv[i + 1], "64x256-spread") == 0 || std::strcmp(argv[i + 1], "all") == 0)) {
+      tile = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: %s [--shape qwen3-30b-a3b|deepseek-v3|gpt-oss-120b|mixtral-8x7b|all] [--iters N]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--shape qwen3-30b-a3b|deepseek-v3|gpt-oss-120b|mixtral-8x7b|all] [--iters N] "
+                   "[--fp8-tile 128x128|64x256|64x256-spread|all]\n",
                    argv[0]);
       return 2;
     }
   }
+  using epmoe::cuda::Fp8Tile;
+  std::vector<Fp8Tile> tiles;
+  if (tile == "all") tiles = {Fp8Tile::m128_n128, Fp8Tile::m64_n256, Fp8Tile::m64_n256_spread};
+  else if (tile == "64x256") tiles = {Fp8Tile::m64_n256};
+  else if (tile == "64x256-spread") tiles = {Fp8Tile::m64_n256_spread};
+  else if (tile == "128x128") tiles = {Fp8Tile::m128_n128};
+  else tiles = {epmoe::cuda::fp8_tile_from_env()};
   cudaDeviceProp prop;
   BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
   bool ran = false;
   for (const ModelShape& s : kShapes) {
     if (shape == "all" || shape == s.name) {
-      run_shape(s, iters);
+      run_shape(s, iters, tiles);
       ran = true;
     }
   }

@@ -12,6 +12,17 @@
 
 namespace epmoe::cuda {
 
+// The kernel's tile. from_env: EPMOE_FP8_TILE=128x128|64x256|64x256-spread (read on every call;
+// unset: 128x128). m128_n128: two cooperative warpgroups on a 128 x 128 tile, 6 stages of 32 KiB.
+// m64_n256: ping-pong, each warpgroup its own 64 x 256 tile, 5 stages of 40 KiB (more weight
+// bytes in flight); a CTA runs the two 64-row halves of a 128-row block back to back.
+// m64_n256_spread: the same tile, the two halves on neighbouring CTAs at the same time.
+// All compute every output bitwise alike.
+enum class Fp8Tile { from_env, m128_n128, m64_n256, m64_n256_spread };
+
+// The tile from_env stands for now (Error(invalid_argument) naming EPMOE_FP8_TILE if unrecognised).
+Fp8Tile fp8_tile_from_env();
+
 // Letters: M rows (capacity), K contraction, N output columns, E experts, S = ceil(K / 128),
 // B = ceil(N / 128).
 struct Fp8GroupedGemmArgs {
@@ -37,6 +48,7 @@ struct Fp8GroupedGemmArgs {
   const int32_t* recv_src_M = nullptr;    // device [M]
   int64_t T = 0;
   int top_k = 0;
+  Fp8Tile tile = Fp8Tile::from_env;
 };
 
 // Requirements (checked; Error(invalid_argument) naming the field): 1 <= E <= 512, K > 0 and

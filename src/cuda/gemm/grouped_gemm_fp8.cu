@@ -1,14 +1,18 @@
 // Launcher and the two instantiations of the FP8 block-scaled grouped GEMM: 128 x 128 tiles,
-// 128-deep k-blocks, 6 stages (32.5 KiB each), cooperative consumers; plain bf16 rows, or rows
-// stored into their owners' combine slots (the W2 forward).
+// 128-deep k-blocks, 6 stages (32 KiB each), cooperative consumers; plain bf16 rows, or rows
+// stored into their owners' combine slots (the W2 forward). The argument checks and the tile
+// choice (Fp8Tile; the 64 x 256 ping-pong tile is launched by grouped_gemm_fp8_pingpong.cu).
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "cuda/check.h"
 #include "cuda/gemm/epilogues.cuh"
 #include "cuda/gemm/fp8_gemm.h"
+#include "cuda/gemm/fp8_gemm_launch.h"
 #include "cuda/gemm/grouped_gemm_fp8_sm90.cuh"
 #include "cuda/gemm/launch.cuh"
 #include "epmoe/error.h"
@@ -62,27 +66,13 @@ void check_args(const Fp8GroupedGemmArgs& a) {
 
 template <class Epilogue>
 void launch(const Fp8GroupedGemmArgs& args, const typename Epilogue::Params& epi, void* stream) {
-  const int64_t S = (args.K + Traits::BLOCK_K - 1) / Traits::BLOCK_K;
-  const int64_t B = (args.N + 127) / 128;
   const Operand a{args.a_MK, args.M, args.K, args.K, 1};
   const Operand b{args.b_ENK, args.N, args.K, args.K, 1, args.E, args.N * args.K};
   auto tma_a = make_tma<Traits, Major::K, Traits::BLOCK_M, 2>(a);
   auto tma_b = make_tma<Traits, Major::K, Traits::BLOCK_N, 3>(b);
-  GroupArgs groups;
-  groups.offsets = args.offsets_E1;
-  groups.skip = args.skip;
-  groups.replay_skip = args.replay_skip;
-  groups.groups = args.E;
-  groups.n = args.N;
-  groups.k = args.K;
-  Fp8ActScales sa{args.a_scales_SM, args.ld_a_scales, args.M};
-  if (args.a_rows_1 != nullptr) {
-    sa.scales_SM = reinterpret_cast<const float*>(args.a_MK);  // resolved on the device
-    sa.ld = 0;
-    sa.rows_1 = args.a_rows_1;
-    sa.k = args.K;
-  }
-  const Fp8WeightScales sb{args.b_scales_EBS, B, S};
+  const GroupArgs groups = fp8_group_args(args);
+  const Fp8ActScales sa = fp8_act_scales(args);
+  const Fp8WeightScales sb = fp8_weight_scales(args);
 
   constexpr auto kernel = &grouped_gemm_fp8_kernel<Traits, Epilogue, decltype(tma_a), decltype(tma_b)>;
   constexpr int kSmem = static_cast<int>(sizeof(Fp8SharedStorage<Traits, Epilogue::kSmemBytesPerWarpgroup>));
@@ -95,9 +85,25 @@ void launch(const Fp8GroupedGemmArgs& args, const typename Epilogue::Params& epi
 
 }  // namespace
 
+Fp8Tile fp8_tile_from_env() {
+  const char* env = std::getenv("EPMOE_FP8_TILE");  // per call (~100 ns), for measurements
+  if (env == nullptr || std::strcmp(env, "128x128") == 0) return Fp8Tile::m128_n128;
+  if (std::strcmp(env, "64x256") == 0) return Fp8Tile::m64_n256;
+  EPMOE_CHECK_ARG(std::strcmp(env, "64x256-spread") == 0, "EPMOE_FP8_TILE",
+                  "128x128, 64x256 or 64x256-spread", env);
+  return Fp8Tile::m64_n256_spread;
+}
+
 void fp8_grouped_gemm(const Fp8GroupedGemmArgs& args, void* stream) {
   check_args(args);
+  const Fp8Tile tile = args.tile == Fp8Tile::from_env ? fp8_tile_from_env() : args.tile;
+  EPMOE_CHECK_ARG(tile == Fp8Tile::m128_n128 || tile == Fp8Tile::m64_n256 ||
+                      tile == Fp8Tile::m64_n256_spread,
+                  "tile", "from_env, m128_n128, m64_n256 or m64_n256_spread", static_cast<int>(tile));
   if (args.M == 0) return;  // no rows: every group is empty
+  if (tile != Fp8Tile::m128_n128) {
+    return fp8_grouped_gemm_pingpong(args, tile == Fp8Tile::m64_n256, stream);
+  }
   if (args.combine_R != nullptr) {
     const typename ScatterEpilogue<Traits>::Params epi{args.combine_R, args.recv_src_M, args.T,
                                                        args.top_k, args.N};
