@@ -1,9 +1,12 @@
-// Launcher and the two instantiations of the FP8 block-scaled grouped GEMM: 128 x 128 tiles,
+// Launcher and the instantiations of the FP8 block-scaled grouped GEMM: 128 x 128 tiles,
 // 128-deep k-blocks, 6 stages (32.5 KiB each), cooperative consumers; plain bf16 rows, or rows
-// stored into their owners' combine slots (the W2 forward).
+// stored into their owners' combine slots (the W2 forward); each with one block accumulator or
+// two (kOverlap: MMA of the next k-block during the promotion; Fp8GroupedGemmArgs::overlap).
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "cuda/check.h"
@@ -29,6 +32,7 @@ void check_aligned(const void* p, const char* name) {
 void check_args(const Fp8GroupedGemmArgs& a) {
   EPMOE_CHECK_ARG(a.E >= 1 && a.E <= kMaxGroups, "E", "1 .. " + std::to_string(kMaxGroups), a.E);
   EPMOE_CHECK_ARG(a.M >= 0, "M", ">= 0", a.M);
+  EPMOE_CHECK_ARG(a.overlap >= -1 && a.overlap <= 1, "overlap", "-1, 0 or 1", a.overlap);
   EPMOE_CHECK_ARG(a.K > 0 && a.K % 16 == 0, "K", "> 0 and a multiple of 16", a.K);
   EPMOE_CHECK_ARG(a.N > 0 && a.N % 8 == 0, "N", "> 0 and a multiple of 8", a.N);
   const bool scatter = a.combine_R != nullptr;
@@ -60,7 +64,7 @@ void check_args(const Fp8GroupedGemmArgs& a) {
   }
 }
 
-template <class Epilogue>
+template <class Epilogue, bool kOverlap>
 void launch(const Fp8GroupedGemmArgs& args, const typename Epilogue::Params& epi, void* stream) {
   const int64_t S = (args.K + Traits::BLOCK_K - 1) / Traits::BLOCK_K;
   const int64_t B = (args.N + 127) / 128;
@@ -84,7 +88,7 @@ void launch(const Fp8GroupedGemmArgs& args, const typename Epilogue::Params& epi
   }
   const Fp8WeightScales sb{args.b_scales_EBS, B, S};
 
-  constexpr auto kernel = &grouped_gemm_fp8_kernel<Traits, Epilogue, decltype(tma_a), decltype(tma_b)>;
+  constexpr auto kernel = &grouped_gemm_fp8_kernel<Traits, Epilogue, kOverlap, decltype(tma_a), decltype(tma_b)>;
   constexpr int kSmem = static_cast<int>(sizeof(Fp8SharedStorage<Traits, Epilogue::kSmemBytesPerWarpgroup>));
   static_assert(kSmem <= 227 * 1024, "shared memory of one CTA on sm_90 is at most 227 KiB");
   set_shared_memory_limit<kernel>(kSmem);
@@ -93,7 +97,22 @@ void launch(const Fp8GroupedGemmArgs& args, const typename Epilogue::Params& epi
   EPMOE_CUDA_LAUNCH_CHECK();
 }
 
+template <class Epilogue>
+void launch(const Fp8GroupedGemmArgs& args, const typename Epilogue::Params& epi, void* stream) {
+  if (fp8_overlap_selected(args.overlap)) {
+    launch<Epilogue, true>(args, epi, stream);
+  } else {
+    launch<Epilogue, false>(args, epi, stream);
+  }
+}
+
 }  // namespace
+
+bool fp8_overlap_selected(int overlap) {
+  if (overlap >= 0) return overlap != 0;
+  const char* env = std::getenv("EPMOE_FP8_OVERLAP");  // read per launch: benches flip it
+  return env != nullptr && std::strcmp(env, "1") == 0;
+}
 
 void fp8_grouped_gemm(const Fp8GroupedGemmArgs& args, void* stream) {
   check_args(args);
