@@ -6,10 +6,15 @@
 // without SwiGLU, w2_fprop without scatter) and the schedule the build selects. Inputs are random
 // (hash-filled on the device; finite E4M3 codes, scales in [0.5, 1.5), bf16 in [-1, 1)), never zeros.
 //
-//   bench_gemm_fp8 [--shape NAME|all] [--iters N]
+//   bench_gemm_fp8 [--shape NAME|all] [--iters N] [--overlap env|0|1|both]
+//
+// --overlap picks the FP8 main loop (Fp8GroupedGemmArgs::overlap): env (default) as
+// EPMOE_FP8_OVERLAP says, 0 one block accumulator, 1 two (MMA of the next k-block during the
+// promotion), both: each timed in one run, then their outputs compared ("differ 0": bitwise equal).
 //
 // Prints one line per GEMM and, per run, one JSON object in MEASURE.md's row format
-// (phase "grouped-gemm-w13" / "grouped-gemm-w2", precision "fp8" / "bf16").
+// (phase "grouped-gemm-w13" / "grouped-gemm-w2", precision "fp8" / "bf16"; FP8 rows add
+// "fp8_loop": "one-accumulator" / "overlap").
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -119,24 +124,27 @@ Timing time_launches(const std::function<void()>& launch, int iters) {
   return {ms[ms.size() / 2], ms.front(), ms.back()};
 }
 
+// fp8_loop: nullptr for bf16 rows.
 void report(const ModelShape& s, const char* gemm, const char* precision, int64_t M, int64_t N, int64_t K,
-            const Timing& t, double ratio_to_bf16) {
+            const Timing& t, double ratio_to_bf16, const char* fp8_loop = nullptr) {
   const double tflops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) /
                         (t.median_ms * 1e-3) / 1e12;
-  std::printf("%-14s %-4s %-5s M %6lld N %6lld K %6lld  median %8.3f ms (%.3f-%.3f)  %7.1f TFLOP/s", s.name,
-              gemm, precision, static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
+  std::printf("%-14s %-4s %-5s %-15s M %6lld N %6lld K %6lld  median %8.3f ms (%.3f-%.3f)  %7.1f TFLOP/s", s.name,
+              gemm, precision, fp8_loop != nullptr ? fp8_loop : "", static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
               t.median_ms, t.min_ms, t.max_ms, tflops);
   if (ratio_to_bf16 > 0) std::printf("  fp8/bf16 %.2fx", ratio_to_bf16);
   std::printf("\n");
   std::printf("JSON {\"impl\": \"epmoe\", \"shape\": \"%s\", \"ep\": 1, \"routing\": \"balanced\", "
               "\"precision\": \"%s\", \"phase\": \"grouped-gemm-%s\", \"tokens_per_rank\": %lld, "
               "\"median_ms\": %.5f, \"min_ms\": %.5f, \"max_ms\": %.5f, \"useful_tflops\": %.2f, "
-              "\"GBps\": null, \"busiest_rank_rows\": %lld, \"balanced_rows\": %lld, \"peak_mem_bytes\": null}\n",
+              "\"GBps\": null, \"busiest_rank_rows\": %lld, \"balanced_rows\": %lld, \"peak_mem_bytes\": null%s%s%s}\n",
               s.name, precision, gemm, static_cast<long long>(s.T), t.median_ms, t.min_ms, t.max_ms, tflops,
-              static_cast<long long>(M), static_cast<long long>(M));
+              static_cast<long long>(M), static_cast<long long>(M), fp8_loop != nullptr ? ", \"fp8_loop\": \"" : "",
+              fp8_loop != nullptr ? fp8_loop : "", fp8_loop != nullptr ? "\"" : "");
 }
 
-void run_shape(const ModelShape& s, int iters) {
+// overlap: -1 (the environment), 0, 1, or 2 for both.
+void run_shape(const ModelShape& s, int iters, int overlap) {
   const int E = s.E;
   const int64_t M = s.T * s.K, rows = M / E, D = s.D, F = s.F;
   std::vector<int32_t> offsets(static_cast<size_t>(E) + 1);
@@ -202,6 +210,7 @@ void run_shape(const ModelShape& s, int iters) {
       float* sa = alloc<float>(S * ld_sa);
       float* sb = alloc<float>(E * B * S);
       uint16_t* out = alloc<uint16_t>(M * g.N);
+      uint16_t* out_overlap = overlap == 2 ? alloc<uint16_t>(M * g.N) : nullptr;
       fill_e4m3<<<grid, block>>>(a, M * g.K, 3);
       fill_e4m3<<<grid, block>>>(w, E * g.N * g.K, 4);
       fill_scales<<<grid, block>>>(sa, S * ld_sa, 5);
@@ -221,8 +230,23 @@ void run_shape(const ModelShape& s, int iters) {
       args.K = g.K;
       args.out_MN = reinterpret_cast<epmoe::bf16_t*>(out);
       args.ld_out = g.N;
-      const Timing t = time_launches([&] { epmoe::cuda::fp8_grouped_gemm(args, nullptr); }, iters);
-      report(s, g.name, "fp8", M, g.N, g.K, t, bf16_ms.median_ms / t.median_ms);
+      for (const int variant : overlap == 2 ? std::vector<int>{0, 1} : std::vector<int>{overlap}) {
+        args.overlap = variant;
+        if (variant == 1 && overlap == 2) args.out_MN = reinterpret_cast<epmoe::bf16_t*>(out_overlap);
+        const Timing t = time_launches([&] { epmoe::cuda::fp8_grouped_gemm(args, nullptr); }, iters);
+        const char* loop = epmoe::cuda::fp8_overlap_selected(variant) ? "overlap" : "one-accumulator";
+        report(s, g.name, "fp8", M, g.N, g.K, t, bf16_ms.median_ms / t.median_ms, loop);
+      }
+      if (overlap == 2) {
+        std::vector<uint16_t> one(static_cast<size_t>(M * g.N)), two(one.size());
+        BENCH_CHECK(cudaMemcpy(one.data(), out, one.size() * 2, cudaMemcpyDeviceToHost));
+        BENCH_CHECK(cudaMemcpy(two.data(), out_overlap, two.size() * 2, cudaMemcpyDeviceToHost));
+        size_t differ = 0;
+        for (size_t i = 0; i < one.size(); ++i) differ += one[i] != two[i];
+        std::printf("%-14s %-4s fp8 one-accumulator vs overlap: differ %zu of %zu outputs\n", s.name, g.name,
+                    differ, one.size());
+        BENCH_CHECK(cudaFree(out_overlap));
+      }
       BENCH_CHECK(cudaFree(a));
       BENCH_CHECK(cudaFree(w));
       BENCH_CHECK(cudaFree(sa));
@@ -239,13 +263,24 @@ void run_shape(const ModelShape& s, int iters) {
 int main(int argc, char** argv) {
   std::string shape = "all";
   int iters = 20;
+  int overlap = -1;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--shape") == 0 && i + 1 < argc) {
       shape = argv[++i];
     } else if (std::strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
       iters = std::max(1, std::atoi(argv[++i]));
+    } else if (std::strcmp(argv[i], "--overlap") == 0 && i + 1 < argc) {
+      const std::string v = argv[++i];
+      if (v == "env") overlap = -1;
+      else if (v == "0") overlap = 0;
+      else if (v == "1") overlap = 1;
+      else if (v == "both") overlap = 2;
+      else {
+        std::fprintf(stderr, "--overlap: env, 0, 1 or both, not %s\n", v.c_str());
+        return 2;
+      }
     } else {
-      std::fprintf(stderr, "usage: %s [--shape qwen3-30b-a3b|deepseek-v3|gpt-oss-120b|mixtral-8x7b|all] [--iters N]\n",
+      std::fprintf(stderr, "usage: %s [--shape qwen3-30b-a3b|deepseek-v3|gpt-oss-120b|mixtral-8x7b|all] [--iters N] [--overlap env|0|1|both]\n",
                    argv[0]);
       return 2;
     }
@@ -256,7 +291,7 @@ int main(int argc, char** argv) {
   bool ran = false;
   for (const ModelShape& s : kShapes) {
     if (shape == "all" || shape == s.name) {
-      run_shape(s, iters);
+      run_shape(s, iters, overlap);
       ran = true;
     }
   }
