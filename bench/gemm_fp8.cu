@@ -7,14 +7,17 @@
 // (hash-filled on the device; finite E4M3 codes, scales in [0.5, 1.5), bf16 in [-1, 1)), never zeros.
 //
 //   bench_gemm_fp8 [--shape NAME|all] [--iters N] [--fp8-tile 128x128|64x256|64x256-spread|all]
+//                  [--overlap env|0|1|both]
 //
 // --fp8-tile picks the FP8 kernel's tile (cuda::Fp8Tile; default: what EPMOE_FP8_TILE selects);
-// all: times the three one after the other on the same inputs and counts the output elements
-// where each ping-pong tile differs from 128x128 (bitwise; expected 0).
+// --overlap its main loop (Fp8GroupedGemmArgs::overlap: env as EPMOE_FP8_OVERLAP says, 0 one block
+// accumulator, 1 two, the next k-block's MMA during the promotion). all / both time every
+// combination one after the other on the same inputs and count the output elements where each
+// differs from the first (bitwise; expected 0).
 //
 // Prints one line per GEMM and, per run, one JSON object in MEASURE.md's row format
 // (phase "grouped-gemm-w13" / "grouped-gemm-w2", precision "fp8" / "bf16"; FP8 rows name their
-// tile in "fp8_tile").
+// tile in "fp8_tile" and their main loop in "fp8_loop").
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -101,6 +104,15 @@ __global__ void count_differences(const uint16_t* a, const uint16_t* b, int64_t 
   if (local != 0) atomicAdd(count, local);
 }
 
+struct Fp8Variant {
+  epmoe::cuda::Fp8Tile tile;
+  int overlap;  // Fp8GroupedGemmArgs::overlap
+};
+
+const char* loop_name(int overlap) {
+  return epmoe::cuda::fp8_overlap_selected(overlap) ? "overlap" : "one-accumulator";
+}
+
 const char* tile_name(epmoe::cuda::Fp8Tile t) {
   switch (t) {
     case epmoe::cuda::Fp8Tile::m64_n256: return "64x256";
@@ -143,25 +155,27 @@ Timing time_launches(const std::function<void()>& launch, int iters) {
 }
 
 void report(const ModelShape& s, const char* gemm, const char* precision, int64_t M, int64_t N, int64_t K,
-            const Timing& t, double ratio_to_bf16, const char* fp8_tile = nullptr) {
+            const Timing& t, double ratio_to_bf16, const char* fp8_tile = nullptr,
+            const char* fp8_loop = nullptr) {
   const double tflops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) /
                         (t.median_ms * 1e-3) / 1e12;
   std::printf("%-14s %-4s %-5s M %6lld N %6lld K %6lld  median %8.3f ms (%.3f-%.3f)  %7.1f TFLOP/s", s.name,
               gemm, precision, static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
               t.median_ms, t.min_ms, t.max_ms, tflops);
   if (ratio_to_bf16 > 0) std::printf("  fp8/bf16 %.2fx", ratio_to_bf16);
-  if (fp8_tile != nullptr) std::printf("  tile %s", fp8_tile);
+  if (fp8_tile != nullptr) std::printf("  tile %s, %s", fp8_tile, fp8_loop);
   std::printf("\n");
   std::printf("JSON {\"impl\": \"epmoe\", \"shape\": \"%s\", \"ep\": 1, \"routing\": \"balanced\", "
               "\"precision\": \"%s\", \"phase\": \"grouped-gemm-%s\", \"tokens_per_rank\": %lld, "
               "\"median_ms\": %.5f, \"min_ms\": %.5f, \"max_ms\": %.5f, \"useful_tflops\": %.2f, "
-              "\"GBps\": null, \"busiest_rank_rows\": %lld, \"balanced_rows\": %lld, \"peak_mem_bytes\": null%s%s%s}\n",
+              "\"GBps\": null, \"busiest_rank_rows\": %lld, \"balanced_rows\": %lld, \"peak_mem_bytes\": null%s%s%s%s%s}\n",
               s.name, precision, gemm, static_cast<long long>(s.T), t.median_ms, t.min_ms, t.max_ms, tflops,
               static_cast<long long>(M), static_cast<long long>(M), fp8_tile != nullptr ? ", \"fp8_tile\": \"" : "",
-              fp8_tile != nullptr ? fp8_tile : "", fp8_tile != nullptr ? "\"" : "");
+              fp8_tile != nullptr ? fp8_tile : "", fp8_tile != nullptr ? "\", \"fp8_loop\": \"" : "",
+              fp8_loop != nullptr ? fp8_loop : "", fp8_tile != nullptr ? "\"" : "");
 }
 
-void run_shape(const ModelShape& s, int iters, const std::vector<epmoe::cuda::Fp8Tile>& tiles) {
+void run_shape(const ModelShape& s, int iters, const std::vector<Fp8Variant>& variants) {
   const int E = s.E;
   const int64_t M = s.T * s.K, rows = M / E, D = s.D, F = s.F;
   std::vector<int32_t> offsets(static_cast<size_t>(E) + 1);
@@ -226,8 +240,8 @@ void run_shape(const ModelShape& s, int iters, const std::vector<epmoe::cuda::Fp
       uint8_t* w = alloc<uint8_t>(E * g.N * g.K);
       float* sa = alloc<float>(S * ld_sa);
       float* sb = alloc<float>(E * B * S);
-      std::vector<uint16_t*> out;  // one per tile
-      for (size_t i = 0; i < tiles.size(); ++i) out.push_back(alloc<uint16_t>(M * g.N));
+      std::vector<uint16_t*> out;  // one per variant
+      for (size_t i = 0; i < variants.size(); ++i) out.push_back(alloc<uint16_t>(M * g.N));
       fill_e4m3<<<grid, block>>>(a, M * g.K, 3);
       fill_e4m3<<<grid, block>>>(w, E * g.N * g.K, 4);
       fill_scales<<<grid, block>>>(sa, S * ld_sa, 5);
@@ -246,21 +260,24 @@ void run_shape(const ModelShape& s, int iters, const std::vector<epmoe::cuda::Fp
       args.N = g.N;
       args.K = g.K;
       args.ld_out = g.N;
-      for (size_t i = 0; i < tiles.size(); ++i) {
-        args.tile = tiles[i];
+      for (size_t i = 0; i < variants.size(); ++i) {
+        args.tile = variants[i].tile;
+        args.overlap = variants[i].overlap;
         args.out_MN = reinterpret_cast<epmoe::bf16_t*>(out[i]);
         const Timing t = time_launches([&] { epmoe::cuda::fp8_grouped_gemm(args, nullptr); }, iters);
-        report(s, g.name, "fp8", M, g.N, g.K, t, bf16_ms.median_ms / t.median_ms, tile_name(tiles[i]));
+        report(s, g.name, "fp8", M, g.N, g.K, t, bf16_ms.median_ms / t.median_ms, tile_name(variants[i].tile),
+               loop_name(variants[i].overlap));
       }
-      for (size_t i = 1; i < tiles.size(); ++i) {
+      for (size_t i = 1; i < variants.size(); ++i) {
         unsigned long long* count = alloc<unsigned long long>(1);
         BENCH_CHECK(cudaMemset(count, 0, sizeof(unsigned long long)));
         count_differences<<<grid, block>>>(out[0], out[i], M * g.N, count);
         BENCH_CHECK(cudaGetLastError());
         unsigned long long differ = 0;
         BENCH_CHECK(cudaMemcpy(&differ, count, sizeof(differ), cudaMemcpyDeviceToHost));
-        std::printf("%-14s %-4s fp8 tiles %s vs %s: %llu of %lld outputs differ\n", s.name, g.name,
-                    tile_name(tiles[0]), tile_name(tiles[i]), differ, static_cast<long long>(M * g.N));
+        std::printf("%-14s %-4s fp8 %s %s vs %s %s: %llu of %lld outputs differ\n", s.name, g.name,
+                    tile_name(variants[0].tile), loop_name(variants[0].overlap), tile_name(variants[i].tile),
+                    loop_name(variants[i].overlap), differ, static_cast<long long>(M * g.N));
         BENCH_CHECK(cudaFree(count));
       }
       BENCH_CHECK(cudaFree(a));
@@ -280,6 +297,7 @@ int main(int argc, char** argv) {
   std::string shape = "all";
   int iters = 20;
   std::string tile = "";
+  std::vector<int> overlaps = {-1};
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--shape") == 0 && i + 1 < argc) {
       shape = argv[++i];
@@ -289,10 +307,20 @@ int main(int argc, char** argv) {
                (std::strcmp(argv[i + 1], "128x128") == 0 || std::strcmp(argv[i + 1], "64x256") == 0 ||
                 std::strcmp(argv[i + 1], "64x256-spread") == 0 || std::strcmp(argv[i + 1], "all") == 0)) {
       tile = argv[++i];
+    } else if (std::strcmp(argv[i], "--overlap") == 0 && i + 1 < argc) {
+      const std::string v = argv[++i];
+      if (v == "env") overlaps = {-1};
+      else if (v == "0") overlaps = {0};
+      else if (v == "1") overlaps = {1};
+      else if (v == "both") overlaps = {0, 1};
+      else {
+        std::fprintf(stderr, "--overlap: env, 0, 1 or both, not %s\n", v.c_str());
+        return 2;
+      }
     } else {
       std::fprintf(stderr,
                    "usage: %s [--shape qwen3-30b-a3b|deepseek-v3|gpt-oss-120b|mixtral-8x7b|all] [--iters N] "
-                   "[--fp8-tile 128x128|64x256|64x256-spread|all]\n",
+                   "[--fp8-tile 128x128|64x256|64x256-spread|all] [--overlap env|0|1|both]\n",
                    argv[0]);
       return 2;
     }
@@ -304,13 +332,19 @@ int main(int argc, char** argv) {
   else if (tile == "64x256-spread") tiles = {Fp8Tile::m64_n256_spread};
   else if (tile == "128x128") tiles = {Fp8Tile::m128_n128};
   else tiles = {epmoe::cuda::fp8_tile_from_env()};
+  std::vector<Fp8Variant> variants;
+  for (const Fp8Tile t : tiles) {
+    // The ping-pong tiles have one main loop; the overlap switch is the 128 x 128 kernel's.
+    if (t != Fp8Tile::m128_n128) variants.push_back({t, 0});
+    else for (const int o : overlaps) variants.push_back({t, o});
+  }
   cudaDeviceProp prop;
   BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
   bool ran = false;
   for (const ModelShape& s : kShapes) {
     if (shape == "all" || shape == s.name) {
-      run_shape(s, iters, tiles);
+      run_shape(s, iters, variants);
       ran = true;
     }
   }

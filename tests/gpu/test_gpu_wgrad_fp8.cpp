@@ -97,7 +97,7 @@ struct Problem {
   // GPU: the kernel on the transposed codes (0xA5 past the used blocks: never read).
   template <class T>
   std::vector<T> run_gpu(const std::vector<T>& initial, DType dtype, bool accumulate,
-                         const int32_t* skip = nullptr) const {
+                         const int32_t* skip = nullptr, int overlap = -1) const {
     std::vector<uint8_t> at(static_cast<size_t>(N * K), 0xA5), bt(static_cast<size_t>(L * K), 0xA5);
     cpu::fp8_transpose_cols(a_MN.data(), N, offsets.data(), E, K, at.data());
     cpu::fp8_transpose_cols(b_ML.data(), L, offsets.data(), E, K, bt.data());
@@ -119,6 +119,7 @@ struct Problem {
     args.out_ENL = dout.ptr;
     args.out_dtype = dtype;
     args.accumulate = accumulate;
+    args.overlap = overlap;
     cuda::fp8_grouped_wgrad(args, nullptr);
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);
     return dout.get();
@@ -287,6 +288,56 @@ TEST(GpuWgradFp8, ColumnQuantizedRandomWithinBound) {
     std::printf("%s: rel-L2 %.3g, worst err / magnitude %.3g\n", describe(s).c_str(), rel_l2,
                 worst_ratio);
     EXPECT_LE(rel_l2, 1e-2) << describe(s);
+  }
+}
+
+// The two main loops (Fp8WgradArgs::overlap 0 / 1) are bitwise equal on random finite E4M3 codes
+// (the fp8 accumulation rounds): experts of 0 to 16 column blocks (odd, even, one), more tiles than
+// SMs (the scales' prefetch across tiles), f32 and bf16 outputs through the stage, overwritten and
+// accumulated. (bf16 overwritten, the TMA-store epilogue, runs with one accumulator either way.)
+TEST(GpuWgradFp8, OverlapLoopBitwiseEqual) {
+  EPMOE_REQUIRE_GPU();
+  std::mt19937 rng(25);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> scale(0.01f, 3.0f), value(-1.0f, 1.0f);
+  auto code = [&]() -> uint8_t {
+    for (;;) {
+      const uint8_t v = static_cast<uint8_t>(byte(rng));
+      if ((v & 0x7F) != 0x7F) return v;  // 0x7F / 0xFF: NaN
+    }
+  };
+  const std::vector<Shape> cases = {
+      {{129, 0, 300, 1, 128, 127, 700}, 5, 384, 1024},  // 2, 0, 3, 1, 1, 1, 6 blocks; 168 tiles
+      {{2048, 3}, 0, 256, 2880},                          // 16 blocks and 1
+  };
+  for (const Shape& c : cases) {
+    Problem p(c);
+    p.a_MN.assign(static_cast<size_t>(p.M * p.N), 0);
+    p.b_ML.assign(static_cast<size_t>(p.M * p.L), 0);
+    for (int64_t i = 0; i < p.offsets.back() * p.N; ++i) p.a_MN[static_cast<size_t>(i)] = code();
+    for (int64_t i = 0; i < p.offsets.back() * p.L; ++i) p.b_ML[static_cast<size_t>(i)] = code();
+    p.sa_BN.resize(static_cast<size_t>(p.max_blocks * p.N));
+    p.sb_BL.resize(static_cast<size_t>(p.max_blocks * p.L));
+    for (float& v : p.sa_BN) v = scale(rng);
+    for (float& v : p.sb_BL) v = scale(rng);
+    const size_t n = static_cast<size_t>(p.E * p.N * p.L);
+    std::vector<float> init_f32(n);
+    std::vector<bf16_t> init_bf16(n);
+    for (size_t i = 0; i < n; ++i) {
+      init_f32[i] = value(rng);
+      init_bf16[i] = float_to_bf16(init_f32[i]);
+    }
+    for (const bool accumulate : {false, true}) {
+      const std::string what = describe(c) + (accumulate ? " accumulate" : " overwrite");
+      const std::vector<float> f0 = p.run_gpu(init_f32, DType::f32, accumulate, nullptr, 0);
+      const std::vector<float> f1 = p.run_gpu(init_f32, DType::f32, accumulate, nullptr, 1);
+      EXPECT_FALSE(f0 == init_f32) << what;  // the kernel wrote
+      expect_bitwise(f0, f1, p.N, p.L, "f32 " + what);
+      expect_bitwise(p.run_gpu(init_bf16, DType::bf16, accumulate, nullptr, 0),
+                     p.run_gpu(init_bf16, DType::bf16, accumulate, nullptr, 1), p.N, p.L,
+                     "bf16 " + what);
+      std::printf("%s: f32 and bf16 compared\n", what.c_str());
+    }
   }
 }
 

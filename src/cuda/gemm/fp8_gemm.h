@@ -49,11 +49,18 @@ struct Fp8GroupedGemmArgs {
   int64_t T = 0;
   int top_k = 0;
   Fp8Tile tile = Fp8Tile::from_env;
+  // Main loop: 0 one block accumulator (wgmma, wait, promote); 1 two, the next k-block's MMA in
+  // flight during the promotion (bitwise the same results); -1 the environment's
+  // EPMOE_FP8_OVERLAP=0|1, read per launch (unset: 0). The 128 x 128 tile's; ping-pong has one loop.
+  int overlap = -1;
 };
 
 // Requirements (checked; Error(invalid_argument) naming the field): 1 <= E <= 512, K > 0 and
 // K % 16 == 0, N > 0 and N % 8 == 0, ld_out >= N and ld_out % 8 == 0 (or the combine fields),
 // ld_a_scales as above (or a_rows_1), 16-byte aligned pointers. The launch is persistent (one CTA per SM) and graph-capturable.
 void fp8_grouped_gemm(const Fp8GroupedGemmArgs& args, void* stream);
+
+// Whether a launch with Fp8GroupedGemmArgs::overlap = `overlap` runs the two-accumulator loop.
+bool fp8_overlap_selected(int overlap);
 
 }  // namespace epmoe::cuda

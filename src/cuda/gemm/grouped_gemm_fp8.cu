@@ -1,7 +1,9 @@
-// Launcher and the two instantiations of the FP8 block-scaled grouped GEMM: 128 x 128 tiles,
-// 128-deep k-blocks, 6 stages (32 KiB each), cooperative consumers; plain bf16 rows, or rows
-// stored into their owners' combine slots (the W2 forward). The argument checks and the tile
-// choice (Fp8Tile; the 64 x 256 ping-pong tile is launched by grouped_gemm_fp8_pingpong.cu).
+// Launcher and the instantiations of the FP8 block-scaled grouped GEMM: 128 x 128 tiles,
+// 128-deep k-blocks, 6 stages (32.5 KiB each), cooperative consumers; plain bf16 rows, or rows
+// stored into their owners' combine slots (the W2 forward); each with one block accumulator or
+// two (kOverlap: MMA of the next k-block during the promotion; Fp8GroupedGemmArgs::overlap).
+// The argument checks and the tile choice (Fp8Tile; the 64 x 256 ping-pong tile is launched by
+// grouped_gemm_fp8_pingpong.cu).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -33,6 +35,7 @@ void check_aligned(const void* p, const char* name) {
 void check_args(const Fp8GroupedGemmArgs& a) {
   EPMOE_CHECK_ARG(a.E >= 1 && a.E <= kMaxGroups, "E", "1 .. " + std::to_string(kMaxGroups), a.E);
   EPMOE_CHECK_ARG(a.M >= 0, "M", ">= 0", a.M);
+  EPMOE_CHECK_ARG(a.overlap >= -1 && a.overlap <= 1, "overlap", "-1, 0 or 1", a.overlap);
   EPMOE_CHECK_ARG(a.K > 0 && a.K % 16 == 0, "K", "> 0 and a multiple of 16", a.K);
   EPMOE_CHECK_ARG(a.N > 0 && a.N % 8 == 0, "N", "> 0 and a multiple of 8", a.N);
   const bool scatter = a.combine_R != nullptr;
@@ -64,7 +67,7 @@ void check_args(const Fp8GroupedGemmArgs& a) {
   }
 }
 
-template <class Epilogue>
+template <class Epilogue, bool kOverlap>
 void launch(const Fp8GroupedGemmArgs& args, const typename Epilogue::Params& epi, void* stream) {
   const Operand a{args.a_MK, args.M, args.K, args.K, 1};
   const Operand b{args.b_ENK, args.N, args.K, args.K, 1, args.E, args.N * args.K};
@@ -74,13 +77,22 @@ void launch(const Fp8GroupedGemmArgs& args, const typename Epilogue::Params& epi
   const Fp8ActScales sa = fp8_act_scales(args);
   const Fp8WeightScales sb = fp8_weight_scales(args);
 
-  constexpr auto kernel = &grouped_gemm_fp8_kernel<Traits, Epilogue, decltype(tma_a), decltype(tma_b)>;
+  constexpr auto kernel = &grouped_gemm_fp8_kernel<Traits, Epilogue, kOverlap, decltype(tma_a), decltype(tma_b)>;
   constexpr int kSmem = static_cast<int>(sizeof(Fp8SharedStorage<Traits, Epilogue::kSmemBytesPerWarpgroup>));
   static_assert(kSmem <= 227 * 1024, "shared memory of one CTA on sm_90 is at most 227 KiB");
   set_shared_memory_limit<kernel>(kSmem);
   kernel<<<device_sm_count(), Traits::kThreads, kSmem, static_cast<cudaStream_t>(stream)>>>(
       tma_a, tma_b, groups, sa, sb, epi, a.rows, a.cols, b.rows, b.cols);
   EPMOE_CUDA_LAUNCH_CHECK();
+}
+
+template <class Epilogue>
+void launch(const Fp8GroupedGemmArgs& args, const typename Epilogue::Params& epi, void* stream) {
+  if (fp8_overlap_selected(args.overlap)) {
+    launch<Epilogue, true>(args, epi, stream);
+  } else {
+    launch<Epilogue, false>(args, epi, stream);
+  }
 }
 
 }  // namespace
@@ -92,6 +104,12 @@ Fp8Tile fp8_tile_from_env() {
   EPMOE_CHECK_ARG(std::strcmp(env, "64x256-spread") == 0, "EPMOE_FP8_TILE",
                   "128x128, 64x256 or 64x256-spread", env);
   return Fp8Tile::m64_n256_spread;
+}
+
+bool fp8_overlap_selected(int overlap) {
+  if (overlap >= 0) return overlap != 0;
+  const char* env = std::getenv("EPMOE_FP8_OVERLAP");  // read per launch: benches flip it
+  return env != nullptr && std::strcmp(env, "1") == 0;
 }
 
 void fp8_grouped_gemm(const Fp8GroupedGemmArgs& args, void* stream) {

@@ -16,6 +16,11 @@
 // (m, kb) at kb * ld + m) and the tile's weight scale of (expert, n-block, kb). (A TMA box of the
 // tile's 128 fp32 activation scales per stage faulted with an illegal instruction on the H200 for
 // a tile past the last row; plain loads need no descriptor and cost two L2 hits per k-block.)
+//
+// kOverlap: two block accumulators. The wgmmas of k-block kt + 1 are issued into the other one
+// before k-block kt is waited for (wgmma.wait_group 1) and promoted, so the tensor cores work
+// during the promotion; 3 x 64 accumulator registers per consumer thread. Same promotions in
+// the same order: bitwise equal to the one-accumulator loop.
 #pragma once
 
 #include <cute/arch/mma_sm90.hpp>
@@ -103,7 +108,7 @@ struct Fp8WeightScales {
   int64_t k_blocks;  // ceil(K / 128)
 };
 
-template <class Traits, class Epilogue, class TmaA, class TmaB>
+template <class Traits, class Epilogue, bool kOverlap, class TmaA, class TmaB>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     grouped_gemm_fp8_kernel(CUTE_GRID_CONSTANT const TmaA tma_a, CUTE_GRID_CONSTANT const TmaB tma_b,
                             const GroupArgs group_args, const Fp8ActScales sa_args,
@@ -176,7 +181,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     auto thr_mma = tiled_mma.get_thread_slice(consumer_tid);
     Tensor tCrA = thr_mma.make_fragment_A(thr_mma.partition_A(sA));  // (MMA, MMA_M, MMA_K, PIPE)
     Tensor tCrB = thr_mma.make_fragment_B(thr_mma.partition_B(sB));  // (MMA, MMA_N, MMA_K, PIPE)
-    Tensor block = partition_fragment_C(tiled_mma, Shape<Int<BM>, Int<BN>>{});  // one k-block
+    // One k-block each; block1 only with kOverlap (the MMA of k-block kt + 1 runs in it while
+    // k-block kt in block0 is promoted, and the other way round).
+    Tensor block0 = partition_fragment_C(tiled_mma, Shape<Int<BM>, Int<BN>>{});
+    Tensor block1 = partition_fragment_C(tiled_mma, Shape<Int<BM>, Int<BN>>{});
     Tensor total = partition_fragment_C(tiled_mma, Shape<Int<BM>, Int<BN>>{});  // promoted sum
     // This thread's two fragment rows within the tile (value i = j + 2 h + 4 g is in row
     // 16 w + l / 4 + 8 h of the warpgroup's 64; epilogues.cuh).
@@ -187,42 +195,109 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       return row < sa.rows ? __ldg(sa.scales_SM + kb * sa.ld + row) : 0.0f;
     };
 
+    // The same fma per element and k-block, in k order, in both variants: results are bitwise equal.
+    auto promote = [&](const auto& block, float s0, float s1) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(block); ++i) {
+        total(i) = __fmaf_rn(block(i), (i & 2) ? s1 : s0, total(i));
+      }
+    };
+    PipelineState read_state;     // the next stage to wait for
+    PipelineState release_state;  // the oldest stage not yet released (trails read_state)
+    // Waits for the next stage and issues its k-block's wgmmas into `block` (one commit group).
+    auto issue = [&](auto& block) {
+      pipeline.consumer_wait(read_state);
+      const int stage = read_state.index();
+      ++read_state;
+      warpgroup_fence_operand(block);
+      warpgroup_arrive();
+      tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+      CUTE_UNROLL
+      for (int kb = 0; kb < size<2>(tCrA); ++kb) {
+        cute::gemm(tiled_mma, tCrA(_, _, kb, stage), tCrB(_, _, kb, stage), block);
+        tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+      }
+      warpgroup_commit_batch();
+      warpgroup_fence_operand(block);
+    };
+    // The oldest k-block in flight has completed (younger_in_flight: wait<1>, else wait<0>):
+    // release its stage, then promote it while the younger k-block's MMA runs. The waits are
+    // compile-time counts in straight-line code, so ptxas can see which accumulator is complete.
+    auto retire = [&](auto& block, auto younger_in_flight, float s0, float s1) {
+      warpgroup_wait<decltype(younger_in_flight)::value ? 1 : 0>();
+      warpgroup_fence_operand(block);
+      pipeline.consumer_release(release_state);  // its wgmmas have read the stage
+      ++release_state;
+      promote(block, s0, s1);
+    };
+    // k-blocks alternate between block0 (even kt) and block1 (odd kt), the loop unrolled by two so
+    // each is a static register array. A k-block's scales load just before its MMA is issued and
+    // are used by its promotion, after the next k-block's issue.
+    auto consume_overlapped = [&](int k_tiles, int64_t row0, int64_t row1, const float* sb_S) {
+      if (k_tiles <= 0) return;
+      float sb_e = __ldg(sb_S), sa0_e = act_scale(row0, 0), sa1_e = act_scale(row1, 0);
+      float sb_o = 0.0f, sa0_o = 0.0f, sa1_o = 0.0f;
+      issue(block0);
+      int kt = 0;
+      for (; kt + 2 < k_tiles; kt += 2) {  // block0 holds k-block kt in flight; kt + 2 exists
+        sb_o = __ldg(sb_S + kt + 1);
+        sa0_o = act_scale(row0, kt + 1);
+        sa1_o = act_scale(row1, kt + 1);
+        issue(block1);
+        retire(block0, cute::true_type{}, sa0_e * sb_e, sa1_e * sb_e);
+        sb_e = __ldg(sb_S + kt + 2);
+        sa0_e = act_scale(row0, kt + 2);
+        sa1_e = act_scale(row1, kt + 2);
+        issue(block0);
+        retire(block1, cute::true_type{}, sa0_o * sb_o, sa1_o * sb_o);
+      }
+      if (kt + 1 < k_tiles) {  // two k-blocks left: kt in block0 (in flight), kt + 1
+        sb_o = __ldg(sb_S + kt + 1);
+        sa0_o = act_scale(row0, kt + 1);
+        sa1_o = act_scale(row1, kt + 1);
+        issue(block1);
+        retire(block0, cute::true_type{}, sa0_e * sb_e, sa1_e * sb_e);
+        retire(block1, cute::false_type{}, sa0_o * sb_o, sa1_o * sb_o);
+      } else {  // one left
+        retire(block0, cute::false_type{}, sa0_e * sb_e, sa1_e * sb_e);
+      }
+    };
+
     Epilogue epilogue(epi_params, smem.epilogue[wg], wg, wg, tid);
-    PipelineState read_state;
     for (int tile = blockIdx.x; tile < sched.total; tile += gridDim.x) {
       const TileCoord t = sched.at(tile);
       const float* sb_S = sb.scales_EBS + (static_cast<int64_t>(t.group) * sb.n_blocks + t.n_tile) * sb.k_blocks;
       CUTE_UNROLL
       for (int i = 0; i < size(total); ++i) total(i) = 0.0f;
       const int64_t row0 = static_cast<int64_t>(t.row0) + scale_row0, row1 = row0 + 8;
-      float sb_next = __ldg(sb_S);
-      float sa0_next = act_scale(row0, 0), sa1_next = act_scale(row1, 0);
-      for (int kt = 0; kt < t.k_tiles; ++kt) {
-        const float sb_k = sb_next, sa0 = sa0_next, sa1 = sa1_next;
-        if (kt + 1 < t.k_tiles) {  // in flight during the MMA
-          sb_next = __ldg(sb_S + kt + 1);
-          sa0_next = act_scale(row0, kt + 1);
-          sa1_next = act_scale(row1, kt + 1);
-        }
-        pipeline.consumer_wait(read_state);
-        const int stage = read_state.index();
-        warpgroup_fence_operand(block);
-        warpgroup_arrive();
-        tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
-        CUTE_UNROLL
-        for (int kb = 0; kb < size<2>(tCrA); ++kb) {
-          cute::gemm(tiled_mma, tCrA(_, _, kb, stage), tCrB(_, _, kb, stage), block);
-          tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-        }
-        warpgroup_commit_batch();
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(block);
-        pipeline.consumer_release(read_state);  // operands and scales are read
-        ++read_state;
-        const float s0 = sa0 * sb_k, s1 = sa1 * sb_k;
-        CUTE_UNROLL
-        for (int i = 0; i < size(block); ++i) {
-          total(i) = __fmaf_rn(block(i), (i & 2) ? s1 : s0, total(i));
+      if constexpr (kOverlap) {
+        consume_overlapped(t.k_tiles, row0, row1, sb_S);
+      } else {
+        float sb_next = __ldg(sb_S);
+        float sa0_next = act_scale(row0, 0), sa1_next = act_scale(row1, 0);
+        for (int kt = 0; kt < t.k_tiles; ++kt) {
+          const float sb_k = sb_next, sa0 = sa0_next, sa1 = sa1_next;
+          if (kt + 1 < t.k_tiles) {  // in flight during the MMA
+            sb_next = __ldg(sb_S + kt + 1);
+            sa0_next = act_scale(row0, kt + 1);
+            sa1_next = act_scale(row1, kt + 1);
+          }
+          pipeline.consumer_wait(read_state);
+          const int stage = read_state.index();
+          warpgroup_fence_operand(block0);
+          warpgroup_arrive();
+          tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+          CUTE_UNROLL
+          for (int kb = 0; kb < size<2>(tCrA); ++kb) {
+            cute::gemm(tiled_mma, tCrA(_, _, kb, stage), tCrB(_, _, kb, stage), block0);
+            tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+          }
+          warpgroup_commit_batch();
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(block0);
+          pipeline.consumer_release(read_state);  // operands and scales are read
+          ++read_state;
+          promote(block0, sa0 * sb_k, sa1 * sb_k);
         }
       }
       epilogue.store(t, total, total);

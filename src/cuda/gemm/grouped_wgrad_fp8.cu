@@ -1,4 +1,5 @@
-// Launcher and the three instantiations of the FP8 weight gradient: 128 x 128 tiles, 128-deep
+// Launcher and the instantiations of the FP8 weight gradient (three epilogues; the two through
+// the stage with one or two block accumulators, Fp8WgradArgs::overlap): 128 x 128 tiles, 128-deep
 // k-blocks, 5 stages (32 KiB each), cooperative consumers; the bf16 WGRAD's epilogues: bf16
 // overwritten through TMA stores, bf16 or f32 overwritten or accumulated through the stage.
 #include <cuda_runtime.h>
@@ -8,6 +9,7 @@
 
 #include "cuda/check.h"
 #include "cuda/gemm/epilogues.cuh"
+#include "cuda/gemm/fp8_gemm.h"
 #include "cuda/gemm/fp8_wgrad.h"
 #include "cuda/gemm/grouped_wgrad_fp8_sm90.cuh"
 #include "cuda/gemm/launch.cuh"
@@ -30,6 +32,7 @@ void check_aligned(const void* p, const char* name) {
 void check_args(const Fp8WgradArgs& a) {
   EPMOE_CHECK_ARG(a.E >= 1 && a.E <= kMaxGroups, "E", "1 .. " + std::to_string(kMaxGroups), a.E);
   EPMOE_CHECK_ARG(a.N > 0, "N", "> 0", a.N);
+  EPMOE_CHECK_ARG(a.overlap >= -1 && a.overlap <= 1, "overlap", "-1, 0 or 1", a.overlap);
   EPMOE_CHECK_ARG(a.L > 0 && a.L % 8 == 0, "L", "> 0 and a multiple of 8", a.L);
   EPMOE_CHECK_ARG(a.K > 0 && a.K % 128 == 0, "K", "> 0 and a multiple of 128 (whole column blocks)",
                   a.K);
@@ -43,7 +46,7 @@ void check_args(const Fp8WgradArgs& a) {
   check_aligned(a.out_ENL, "out_ENL");
 }
 
-template <class Epilogue>
+template <class Epilogue, bool kOverlap>
 void launch(const Fp8WgradArgs& args, const typename Epilogue::Params& epi, void* stream) {
   const Operand a{args.a_NK, args.N, args.K, args.K, 1};
   const Operand b{args.b_LK, args.L, args.K, args.K, 1};
@@ -59,7 +62,7 @@ void launch(const Fp8WgradArgs& args, const typename Epilogue::Params& epi, void
   groups.k = args.K;
   const Fp8ColScales scales{args.a_scales_BN, args.b_scales_BL};
 
-  constexpr auto kernel = &grouped_wgrad_fp8_kernel<Traits, Epilogue, decltype(tma_a), decltype(tma_b)>;
+  constexpr auto kernel = &grouped_wgrad_fp8_kernel<Traits, Epilogue, kOverlap, decltype(tma_a), decltype(tma_b)>;
   constexpr int kSmem =
       static_cast<int>(sizeof(Fp8WgradSharedStorage<Traits, Epilogue::kSmemBytesPerWarpgroup>));
   static_assert(kSmem <= 227 * 1024, "shared memory of one CTA on sm_90 is at most 227 KiB");
@@ -67,6 +70,15 @@ void launch(const Fp8WgradArgs& args, const typename Epilogue::Params& epi, void
   kernel<<<device_sm_count(), Traits::kThreads, kSmem, static_cast<cudaStream_t>(stream)>>>(
       tma_a, tma_b, groups, scales, epi);
   EPMOE_CUDA_LAUNCH_CHECK();
+}
+
+template <class Epilogue>
+void launch(const Fp8WgradArgs& args, const typename Epilogue::Params& epi, void* stream) {
+  if (fp8_overlap_selected(args.overlap)) {
+    launch<Epilogue, true>(args, epi, stream);
+  } else {
+    launch<Epilogue, false>(args, epi, stream);
+  }
 }
 
 }  // namespace
@@ -81,7 +93,8 @@ void fp8_grouped_wgrad(const Fp8WgradArgs& args, void* stream) {
     auto store = make_tma_atom(SM90_TMA_STORE{}, tensor, Box{}, Shape<_64, _64>{});
     using Epi = WgradTmaEpilogue<Traits, decltype(store)>;
     const typename Epi::Params epi{store, args.N, args.L, args.E};
-    launch<Epi>(args, epi, stream);
+    // One block accumulator only: with two, this epilogue's kernel spills (-Xptxas -v).
+    launch<Epi, false>(args, epi, stream);
     return;
   }
   const int accumulate = args.accumulate ? 1 : 0;

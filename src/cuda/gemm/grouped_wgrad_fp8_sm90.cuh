@@ -20,6 +20,12 @@
 // memory, 128 per k-block, double-buffered: the buffer of k-block s is written after the named
 // barrier of k-block s - 1, which every consumer passes only once it has promoted k-block s - 2
 // (the last reader of that buffer).
+//
+// kOverlap: two block accumulators, as the FP8 grouped GEMM's (the wgmmas of k-block s + 1 are
+// issued before k-block s is retired with wait<1> and promoted). k-block s is then promoted after
+// the barrier of k-block s + 1, so its B scales need a third buffer: buffer s % 3 is rewritten
+// at k-block s + 3, after the barrier of s + 2, which every consumer passes only once it has
+// promoted k-block s. Same fmas in the same order: bitwise equal.
 #pragma once
 
 #include <cute/arch/mma_sm90.hpp>
@@ -43,7 +49,7 @@ struct alignas(1024) Fp8WgradSharedStorage {
   cute::array_aligned<typename Traits::Element, cosize_v<typename Traits::SmemLayoutB>, 1024> b;
   alignas(1024) char epilogue[Traits::kConsumerWarpgroups][kEpilogueBytesPerWarpgroup];
   typename Traits::Pipeline::SharedStorage pipeline;
-  alignas(16) float b_scales[2][Traits::BLOCK_N];  // the tile's B scales of one k-block
+  alignas(16) float b_scales[3][Traits::BLOCK_N];  // the tile's B scales of one k-block
   int group_rows[kMaxGroups];        // rows of each expert (0 when the step is skipped)
   int group_block[kMaxGroups + 1];   // its first column block
 };
@@ -118,7 +124,7 @@ __device__ Fp8WgradScheduler<Traits> make_wgrad_scheduler(Smem& smem, const Fp8W
   return s;
 }
 
-template <class Traits, class Epilogue, class TmaA, class TmaB>
+template <class Traits, class Epilogue, bool kOverlap, class TmaA, class TmaB>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     grouped_wgrad_fp8_kernel(CUTE_GRID_CONSTANT const TmaA tma_a, CUTE_GRID_CONSTANT const TmaB tma_b,
                              const Fp8WgradGroups groups, const Fp8ColScales scales,
@@ -194,7 +200,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     auto thr_mma = tiled_mma.get_thread_slice(consumer_tid);
     Tensor tCrA = thr_mma.make_fragment_A(thr_mma.partition_A(sA));  // (MMA, MMA_M, MMA_K, PIPE)
     Tensor tCrB = thr_mma.make_fragment_B(thr_mma.partition_B(sB));  // (MMA, MMA_N, MMA_K, PIPE)
-    Tensor block = partition_fragment_C(tiled_mma, Shape<Int<BM>, Int<BN>>{});  // one k-block
+    // One k-block each; block1 only with kOverlap.
+    Tensor block = partition_fragment_C(tiled_mma, Shape<Int<BM>, Int<BN>>{});
+    Tensor block1 = partition_fragment_C(tiled_mma, Shape<Int<BM>, Int<BN>>{});
     Tensor total = partition_fragment_C(tiled_mma, Shape<Int<BM>, Int<BN>>{});  // promoted sum
     // Fragment value i = j + 2 h + 4 g is at row 16 w + l / 4 + 8 h of the warpgroup's 64 and
     // column 8 g + 2 (l % 4) + j of the tile (epilogues.cuh).
@@ -223,6 +231,92 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       sa1_next = a_scale(n + 8, kb);
       if (wg == 0) sb_next = b_scale(static_cast<int64_t>(c.n_tile) * BN + tid, kb);
     };
+    // ---- kOverlap ----
+    // The same fmas as the one-accumulator loop below, per element in k order.
+    auto promote = [&](const auto& acc, float sa0, float sa1, const float* sb_tile) {
+      CUTE_UNROLL
+      for (int g = 0; g < BN / 8; ++g) {
+        const float2 sb = *reinterpret_cast<const float2*>(sb_tile + 8 * g + 2 * quad);
+        CUTE_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          const int i = 4 * g + 2 * h;
+          const float sa = h == 0 ? sa0 : sa1;
+          total(i) = __fmaf_rn(acc(i), __fmul_rn(sa, sb.x), total(i));
+          total(i + 1) = __fmaf_rn(acc(i + 1), __fmul_rn(sa, sb.y), total(i + 1));
+        }
+      }
+    };
+    PipelineState release_state;  // the oldest stage not yet released (trails read_state)
+    struct KScales {
+      float sa0, sa1;
+      const float* sb_tile;
+    };
+    // k-block kt of tile t: its B scales staged into buffer step % 3, the next k-block's scales
+    // loaded (across tiles too), the barrier that publishes the buffer.
+    auto stage_scales = [&](const TileCoord& t, int kt, const TileCoord& t_next, bool prefetch_next) {
+      const KScales k{sa0_next, sa1_next, smem.b_scales[step % 3]};
+      if (wg == 0) smem.b_scales[step % 3][tid] = sb_next;
+      if (kt + 1 < t.k_tiles) {
+        load_next(t, t.row0 + kt + 1);
+      } else if (prefetch_next) {
+        load_next(t_next, t_next.row0);
+        next_loaded = true;
+      }
+      cutlass::arch::NamedBarrier::arrive_and_wait(
+          256, static_cast<uint32_t>(GemmBarrier::fp8_wgrad_scales));
+      ++step;
+      return k;
+    };
+    // Waits for the next stage and issues its k-block's wgmmas into `acc` (one commit group).
+    auto issue = [&](auto& acc) {
+      pipeline.consumer_wait(read_state);
+      const int stage = read_state.index();
+      ++read_state;
+      warpgroup_fence_operand(acc);
+      warpgroup_arrive();
+      tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(tCrA); ++k) {
+        cute::gemm(tiled_mma, tCrA(_, _, k, stage), tCrB(_, _, k, stage), acc);
+        tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+      }
+      warpgroup_commit_batch();
+      warpgroup_fence_operand(acc);
+    };
+    // The oldest k-block in flight has completed (younger_in_flight: wait<1>, else wait<0>,
+    // compile-time counts): release its stage, promote it while the younger one's MMA runs.
+    auto retire = [&](auto& acc, auto younger_in_flight, const KScales& k) {
+      warpgroup_wait<decltype(younger_in_flight)::value ? 1 : 0>();
+      warpgroup_fence_operand(acc);
+      pipeline.consumer_release(release_state);
+      ++release_state;
+      promote(acc, k.sa0, k.sa1, k.sb_tile);
+    };
+    // k-blocks alternate between block (even kt) and block1 (odd kt), unrolled by two.
+    auto consume_overlapped = [&](const TileCoord& t, const TileCoord& t_next, bool prefetch_next) {
+      const int n = t.k_tiles;
+      if (n <= 0) return;
+      KScales e = stage_scales(t, 0, t_next, prefetch_next);
+      issue(block);
+      int kt = 0;
+      for (; kt + 2 < n; kt += 2) {  // block holds k-block kt in flight; kt + 2 exists
+        const KScales o = stage_scales(t, kt + 1, t_next, prefetch_next);
+        issue(block1);
+        retire(block, cute::true_type{}, e);
+        e = stage_scales(t, kt + 2, t_next, prefetch_next);
+        issue(block);
+        retire(block1, cute::true_type{}, o);
+      }
+      if (kt + 1 < n) {  // two left
+        const KScales o = stage_scales(t, kt + 1, t_next, prefetch_next);
+        issue(block1);
+        retire(block, cute::true_type{}, e);
+        retire(block1, cute::false_type{}, o);
+      } else {
+        retire(block, cute::false_type{}, e);
+      }
+    };
+
     for (int tile = blockIdx.x; tile < sched.total; tile += gridDim.x) {
       const TileCoord t = sched.at(tile);
       const int following = tile + static_cast<int>(gridDim.x);
@@ -232,45 +326,49 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       next_loaded = false;
       CUTE_UNROLL
       for (int i = 0; i < size(total); ++i) total(i) = 0.0f;
-      for (int kt = 0; kt < t.k_tiles; ++kt) {
-        const float sa0 = sa0_next, sa1 = sa1_next;
-        float* sb_tile = smem.b_scales[step & 1];
-        if (wg == 0) sb_tile[tid] = sb_next;
-        if (kt + 1 < t.k_tiles) {  // in flight during the MMA
-          load_next(t, t.row0 + kt + 1);
-        } else if (prefetch_next) {
-          load_next(t_next, t_next.row0);
-          next_loaded = true;
-        }
-        cutlass::arch::NamedBarrier::arrive_and_wait(
-            256, static_cast<uint32_t>(GemmBarrier::fp8_wgrad_scales));
-        pipeline.consumer_wait(read_state);
-        const int stage = read_state.index();
-        warpgroup_fence_operand(block);
-        warpgroup_arrive();
-        tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
-        CUTE_UNROLL
-        for (int k = 0; k < size<2>(tCrA); ++k) {
-          cute::gemm(tiled_mma, tCrA(_, _, k, stage), tCrB(_, _, k, stage), block);
-          tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-        }
-        warpgroup_commit_batch();
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(block);
-        pipeline.consumer_release(read_state);
-        ++read_state;
-        CUTE_UNROLL
-        for (int g = 0; g < BN / 8; ++g) {
-          const float2 sb = *reinterpret_cast<const float2*>(sb_tile + 8 * g + 2 * quad);
-          CUTE_UNROLL
-          for (int h = 0; h < 2; ++h) {
-            const int i = 4 * g + 2 * h;
-            const float sa = h == 0 ? sa0 : sa1;
-            total(i) = __fmaf_rn(block(i), __fmul_rn(sa, sb.x), total(i));
-            total(i + 1) = __fmaf_rn(block(i + 1), __fmul_rn(sa, sb.y), total(i + 1));
+      if constexpr (kOverlap) {
+        consume_overlapped(t, t_next, prefetch_next);
+      } else {
+        for (int kt = 0; kt < t.k_tiles; ++kt) {
+          const float sa0 = sa0_next, sa1 = sa1_next;
+          float* sb_tile = smem.b_scales[step & 1];
+          if (wg == 0) sb_tile[tid] = sb_next;
+          if (kt + 1 < t.k_tiles) {  // in flight during the MMA
+            load_next(t, t.row0 + kt + 1);
+          } else if (prefetch_next) {
+            load_next(t_next, t_next.row0);
+            next_loaded = true;
           }
+          cutlass::arch::NamedBarrier::arrive_and_wait(
+              256, static_cast<uint32_t>(GemmBarrier::fp8_wgrad_scales));
+          pipeline.consumer_wait(read_state);
+          const int stage = read_state.index();
+          warpgroup_fence_operand(block);
+          warpgroup_arrive();
+          tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+          CUTE_UNROLL
+          for (int k = 0; k < size<2>(tCrA); ++k) {
+            cute::gemm(tiled_mma, tCrA(_, _, k, stage), tCrB(_, _, k, stage), block);
+            tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+          }
+          warpgroup_commit_batch();
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(block);
+          pipeline.consumer_release(read_state);
+          ++read_state;
+          CUTE_UNROLL
+          for (int g = 0; g < BN / 8; ++g) {
+            const float2 sb = *reinterpret_cast<const float2*>(sb_tile + 8 * g + 2 * quad);
+            CUTE_UNROLL
+            for (int h = 0; h < 2; ++h) {
+              const int i = 4 * g + 2 * h;
+              const float sa = h == 0 ? sa0 : sa1;
+              total(i) = __fmaf_rn(block(i), __fmul_rn(sa, sb.x), total(i));
+              total(i + 1) = __fmaf_rn(block(i + 1), __fmul_rn(sa, sb.y), total(i + 1));
+            }
+          }
+          ++step;
         }
-        ++step;
       }
       epilogue.store(t, total, total);
     }
