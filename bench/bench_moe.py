@@ -18,7 +18,7 @@ forward reads (codes, block scales, globals of the experts it touches, and the a
 GEMMs read), ratio_to_bf16 against the epmoe bf16 decode row of the same shape (eager vs eager,
 graph vs graph) and y's rel-L2 against it. --no-nvfp4 leaves them out; --nvfp4-only times the bf16
 decode rows and these alone. EPMOE_NVFP4_SPLITK=<n> in the environment forces the NVFP4 GEMMs' K
-splits (unset or 0: the heuristic; docs/formats.md "Split-K"); the rows record it (nvfp4_splitk).
+splits (unset: one; auto: the heuristic; docs/formats.md "Split-K"); the rows record it (nvfp4_splitk).
 """
 import argparse
 import datetime
@@ -400,7 +400,7 @@ def bench_nvfp4_decode(lib, shape, routing, ceil, rows, iters, bf16_dec, bf16_de
     err = rel_l2(Ln.y, y_bf16)
     t_dec, t_dec_graph, active = decode_times(Ln, iters)
     per_expert = sum(p.nbytes() for p in Ln.prepared) // E
-    # The GEMMs' K-split count: EPMOE_NVFP4_SPLITK as set for this process (None: the heuristic).
+    # The GEMMs' K-split count: EPMOE_NVFP4_SPLITK as set for this process (None: one split).
     splitk = os.environ.get("EPMOE_NVFP4_SPLITK") or None
     weight_bytes = active * per_expert
     read_bytes = weight_bytes + Ln.routes * (D + F) * 2

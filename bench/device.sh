@@ -14,7 +14,7 @@
 #   bash bench/device.sh nvfp4 [bench_moe args...]   NVFP4 weight-only inference: builds libepmoe
 #       and its tests, runs them (measured errors, memcheck), then bench_moe.py --nvfp4-only:
 #       $OUT/nvfp4_*.log, $OUT/bench_nvfp4.json; then once per n in EPMOE_NVFP4_SPLITK_SWEEP
-#       (default "1") with EPMOE_NVFP4_SPLITK=n on EPMOE_NVFP4_SPLITK_SHAPES (default
+#       (default "auto") with EPMOE_NVFP4_SPLITK=n on EPMOE_NVFP4_SPLITK_SHAPES (default
 #       mixtral-8x7b, the shape whose W2 the heuristic splits): $OUT/bench_nvfp4_splitk<n>.json
 # CUTLASS headers and GoogleTest sources travel in third_party/ (git-ignored; name it in carry).
 # The JSON files record EPMOE_SHA when set: the device machine's copy of .git can be older than the
@@ -148,9 +148,9 @@ if [[ $mode == nvfp4 ]]; then
       --nvfp4-only --out "$OUT/bench_nvfp4.json" --lib "$build/src/libepmoe.so" "$@" \
       > "$OUT/bench_nvfp4.log" 2>&1 || status=1
   grep -v "^ceilings" "$OUT/bench_nvfp4.log" | tail -40
-  # Split-K against fixed split counts (EPMOE_NVFP4_SPLITK; 1 = the single-kernel path) on the
+  # Split-K against fixed split counts (EPMOE_NVFP4_SPLITK; 1 = the single-kernel path, the default) on the
   # shapes where the heuristic splits: $OUT/bench_nvfp4_splitk<n>.json / .log.
-  for n in ${EPMOE_NVFP4_SPLITK_SWEEP-1}; do
+  for n in ${EPMOE_NVFP4_SPLITK_SWEEP-auto}; do
     EPMOE_NVFP4_SPLITK=$n PYTHONUNBUFFERED=1 timeout -k 10 "${EPMOE_NVFP4_BENCH_TIMEOUT:-360}" \
       python3 bench/bench_moe.py --nvfp4-only --routings balanced \
       --shapes "${EPMOE_NVFP4_SPLITK_SHAPES:-mixtral-8x7b}" --out "$OUT/bench_nvfp4_splitk$n.json" \

@@ -1,5 +1,6 @@
 // An environment variable set for a scope and restored (or unset) after it: for the switches the
-// launchers read on every launch (EPMOE_NVFP4_SPLITK, EPMOE_GEMM_SCHEDULE, ...).
+// launchers read on every launch (EPMOE_NVFP4_SPLITK, EPMOE_GEMM_SCHEDULE, ...); value nullptr
+// unsets it for the scope.
 #pragma once
 
 #include <cstdlib>
@@ -13,7 +14,11 @@ class ScopedEnv {
     const char* old = std::getenv(name);
     had_ = old != nullptr;
     if (had_) old_ = old;
-    setenv(name, value, 1);
+    if (value != nullptr) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
   }
   ~ScopedEnv() {
     if (had_) {

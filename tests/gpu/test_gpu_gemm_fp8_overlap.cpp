@@ -240,12 +240,14 @@ TEST(GpuGemmFp8Overlap, SelectionFromArgsAndEnvironment) {
   const char* saved = std::getenv("EPMOE_FP8_OVERLAP");
   const std::string restore = saved != nullptr ? saved : "";
   unsetenv("EPMOE_FP8_OVERLAP");
-  EXPECT_FALSE(cuda::fp8_overlap_selected(-1));
+  EXPECT_TRUE(cuda::fp8_overlap_selected(-1));
   setenv("EPMOE_FP8_OVERLAP", "1", 1);
   EXPECT_TRUE(cuda::fp8_overlap_selected(-1));
   EXPECT_FALSE(cuda::fp8_overlap_selected(0));
   setenv("EPMOE_FP8_OVERLAP", "0", 1);
   EXPECT_FALSE(cuda::fp8_overlap_selected(-1));
+  setenv("EPMOE_FP8_OVERLAP", "yes", 1);
+  EXPECT_THROW(cuda::fp8_overlap_selected(-1), Error);
   if (saved != nullptr) {
     setenv("EPMOE_FP8_OVERLAP", restore.c_str(), 1);
   } else {

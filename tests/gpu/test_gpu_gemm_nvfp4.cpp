@@ -448,6 +448,27 @@ TEST(GpuGemmNvfp4, SplitCountFollowsTheArgumentsTheEnvironmentAndTheScratch) {
     const ScopedEnv env("EPMOE_NVFP4_SPLITK", "1");
     EXPECT_EQ(cuda::nvfp4_launch_splits(x), 1);
   }
+  // Unset: one split; anything but a count or auto (the heuristic: it reads the SM count, so on
+  // a GPU only) names the variable.
+  if (cuda_device_count() > 0) {
+    const ScopedEnv env("EPMOE_NVFP4_SPLITK", "auto");
+    const int splits = cuda::nvfp4_launch_splits(x);
+    EXPECT_GE(splits, 1);
+    EXPECT_LE(splits, 5);
+  }
+  {
+    const ScopedEnv env("EPMOE_NVFP4_SPLITK", nullptr);
+    EXPECT_EQ(cuda::nvfp4_launch_splits(x), 1);
+  }
+  {
+    const ScopedEnv env("EPMOE_NVFP4_SPLITK", "many");
+    try {
+      cuda::nvfp4_launch_splits(x);
+      ADD_FAILURE() << "EPMOE_NVFP4_SPLITK=many accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "EPMOE_NVFP4_SPLITK") << e.what();
+    }
+  }
 }
 
 TEST(GpuGemmNvfp4, ArgumentsAreChecked) {

@@ -51,7 +51,7 @@ struct Fp8GroupedGemmArgs {
   Fp8Tile tile = Fp8Tile::from_env;
   // Main loop: 0 one block accumulator (wgmma, wait, promote); 1 two, the next k-block's MMA in
   // flight during the promotion (bitwise the same results); -1 the environment's
-  // EPMOE_FP8_OVERLAP=0|1, read per launch (unset: 0). The 128 x 128 tile's; ping-pong has one loop.
+  // EPMOE_FP8_OVERLAP=0|1, read per launch (unset: 1). The 128 x 128 tile's; ping-pong has one loop.
   int overlap = -1;
 };
 

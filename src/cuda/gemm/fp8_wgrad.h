@@ -33,7 +33,7 @@ struct Fp8WgradArgs {
   DType out_dtype = DType::bf16;         // bf16 or f32
   bool accumulate = false;               // out = round(out + sum), else out = round(sum)
   // Main loop, as Fp8GroupedGemmArgs::overlap: 0 one block accumulator, 1 two (bitwise the same
-  // results), -1 EPMOE_FP8_OVERLAP=0|1 read per launch (unset: 0). bf16 overwritten (the TMA-store
+  // results), -1 EPMOE_FP8_OVERLAP=0|1 read per launch (unset: 1). bf16 overwritten (the TMA-store
   // epilogue) always runs with one: with two that kernel spills.
   int overlap = -1;
 };

@@ -44,7 +44,7 @@ struct Nvfp4GroupedGemmArgs {
   ActivationParams act;
   // Split-K (deterministic): K splits, each storing fp32 partials [splits, M, N] into this
   // scratch, then a reduce kernel summing them in split order. splits = 0: EPMOE_NVFP4_SPLITK=<n>
-  // if set and >= 1, else nvfp4_choose_splits; either is lowered to what the scratch holds (none
+  // (>= 1), =auto nvfp4_choose_splits, unset one split (measured fastest); either is lowered to what the scratch holds (none
   // or too small: one split). splits >= 1: that count (at most K / 128), the scratch must hold it.
   float* splitk_scratch_SMN = nullptr;  // device, 4-byte aligned; nullable
   int64_t splitk_scratch_bytes = 0;
