@@ -9,6 +9,8 @@
 // Loops below are unrolled with static bounds so every acc(i) is a register, never memory.
 #pragma once
 
+#include <type_traits>
+
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
@@ -399,12 +401,26 @@ struct WgradEpilogue {
       return;
     }
     const int seg = stage.tid % 8;  // 4 floats of a 32-float row chunk
+    // The 16-byte (f32) or 8-byte (bf16) vector of 4 outputs a thread owns in a chunk's pass.
+    using Vec = std::conditional_t<sizeof(OutT) == 4, float4, uint2>;
     for_each_chunk<Traits::BLOCK_N / 32, 32>(col0, p.n_out, [&](auto c) {
       constexpr int C = decltype(c)::value;
+      const int64_t col = col0 + 32 * C + seg * 4;
+      const bool in = col < p.n_out;  // n_out % 8 == 0: a segment is all in or all out
+      // Accumulating: the four previous vectors are loaded before the staging, all in flight at
+      // once (one DRAM round trip per chunk instead of one per pass, and hidden behind put_f32).
+      Vec prev[4];
+      CUTE_UNROLL
+      for (int pass = 0; pass < 4; ++pass) {
+        const int64_t row = row0 + pass * 16 + stage.tid / 8;
+        prev[pass] = Vec{};
+        if (p.accumulate && in && row < p.m_out) {
+          prev[pass] = *reinterpret_cast<const Vec*>(out + row * p.n_out + col);
+        }
+      }
       stage.template put_f32<C>(acc);
       stage.sync();
-      const int64_t col = col0 + 32 * C + seg * 4;
-      if (col < p.n_out) {  // n_out % 8 == 0: a segment is all in or all out
+      if (in) {
         CUTE_UNROLL
         for (int pass = 0; pass < 4; ++pass) {
           const int r = pass * 16 + stage.tid / 8;
@@ -415,14 +431,13 @@ struct WgradEpilogue {
           if constexpr (sizeof(OutT) == 4) {
             float4 o = v;
             if (p.accumulate) {
-              const float4 prev = *reinterpret_cast<const float4*>(dst);
-              o = make_float4(prev.x + v.x, prev.y + v.y, prev.z + v.z, prev.w + v.w);
+              const float4 pr = prev[pass];
+              o = make_float4(pr.x + v.x, pr.y + v.y, pr.z + v.z, pr.w + v.w);
             }
             *reinterpret_cast<float4*>(dst) = o;
           } else {
             const float a[4] = {v.x, v.y, v.z, v.w};
-            const uint2 prev = p.accumulate ? *reinterpret_cast<const uint2*>(dst) : make_uint2(0, 0);
-            const bf16_t* pv = reinterpret_cast<const bf16_t*>(&prev);
+            const bf16_t* pv = reinterpret_cast<const bf16_t*>(&prev[pass]);
             uint2 packed;
             bf16_t* po = reinterpret_cast<bf16_t*>(&packed);
             CUTE_UNROLL
