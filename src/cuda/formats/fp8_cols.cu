@@ -7,13 +7,14 @@
 // (a warp prefix over the experts' block counts), then per tile
 //   1. loads the block's rows of the tile into shared memory, coalesced (16-byte vectors of 8 bf16
 //      per lane, kept as bf16; or words of 4 E4M3 codes, decoded to fp32 with the row's 1x128
-//      scale: tile columns align to the row-scale blocks, so one scale per row); element loads
-//      where L or the base is not aligned; rows past the block's end are not loaded;
-//   2. thread (column c, half h) takes the amax of rows 64 h .. 64 h + 63 of column c (an integer
-//      max of |x| bits: exact and order-free); a warp reads 32 consecutive columns of one row, so
-//      shared reads are conflict-free; the two halves meet through shared memory;
-//   3. the same thread encodes its 64 rows with the column's scale and stores them as 64 contiguous
-//      bytes (four 16-byte vectors) of row l of qt; the h = 0 threads store the scales (coalesced).
+//      scale: tile columns align to the row-scale blocks, so one scale per row; element loads
+//      where L or the base is not aligned; rows past the block's end are not loaded), each thread
+//      keeping the amax of its columns over its rows (an integer max of |x| bits: exact and
+//      order-free) for shared memory;
+//   2. thread (column c, half h) takes column c's amax from those partials (conflict-free: a warp
+//      reads 32 consecutive columns), encodes rows 64 h .. 64 h + 63 of column c with the scale and
+//      stores them as 64 contiguous bytes (four 16-byte vectors) of row l of qt; rows past the
+//      block's end are +0; the h = 0 threads store the scales (coalesced).
 // The codec functions are the host's (core/formats/fp8_block.h), so codes and scales are bitwise.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -30,7 +31,7 @@ namespace {
 
 constexpr int kBlock = kFp8RowBlock;  // rows of a column block
 constexpr int kTile = 128;            // columns of a tile (= the 1x128 row-scale block)
-constexpr int kHalf = kBlock / 2;     // rows per thread in steps 2 and 3
+constexpr int kHalf = kBlock / 2;     // rows per thread in step 2
 constexpr int kColsThreads = kTile * 2;
 constexpr int kTilesPerCta = 4;       // column tiles per CTA: one expert search serves them
 static_assert(kColsThreads == kThreads, "one thread per (column, half)");
@@ -87,94 +88,157 @@ __device__ bool find_block(const int32_t* offsets_E1, int E, int64_t b, int64_t&
 __device__ __forceinline__ float tile_value(bf16_t v) { return bf16_to_float(v); }
 __device__ __forceinline__ float tile_value(float v) { return v; }
 
-// Step 1, bf16: rows [0, n) x columns [0, width) of the tile at x_ML + m0 * L + l0 into tile_RC
-// [128, 128]. vec: L % 8 == 0 and x 16-byte aligned, so a row's 8-element vectors are whole.
-__device__ __forceinline__ void load_tile(const bf16_t* x_ML, int64_t L, int64_t m0, int64_t l0,
-                                          int n, int width, bool vec, bf16_t* tile_RC) {
+// Step 1 loads rows [0, n) x columns [0, width) of the tile into tile_RC [128, 128] and takes
+// the column amaxes on the way: each thread keeps the amax of its columns over its rows (a row
+// group g) and stores it at amax_GC[g][column]; it returns the number of row groups G, which
+// partition the rows, so the max over g of amax_GC[g][c] is column c's amax (integer max of |x|
+// bits: exact and order-free). Columns past width are neither loaded nor given an amax.
+constexpr int kMaxGroups = 16;
+
+// bf16. vec: L % 8 == 0 and x 16-byte aligned, so a row's 8-element vectors are whole; thread t
+// takes the vector j = t % 16 of rows t / 16 + 16 i (group t / 16, 16 groups).
+__device__ __forceinline__ int load_tile(const bf16_t* x_ML, int64_t L, int64_t m0, int64_t l0,
+                                         int n, int width, bool vec, bf16_t* tile_RC,
+                                         uint32_t (*amax_GC)[kTile]) {
   const int t = static_cast<int>(threadIdx.x);
   if (vec) {
     constexpr int kPerRow = kTile / 8, kSteps = kBlock * kPerRow / kThreads;
+    static_assert(kThreads % kPerRow == 0 && kThreads / kPerRow <= kMaxGroups, "fixed vector per thread");
+    const int j = t % kPerRow, g = t / kPerRow;
+    if (8 * j >= width) return kThreads / kPerRow;
     uint4 v[kSteps] = {};
 #pragma unroll
     for (int i = 0; i < kSteps; ++i) {  // all loads first: kSteps vectors in flight per thread
-      const int r = (t + i * kThreads) / kPerRow, j = (t + i * kThreads) % kPerRow;
-      if (r < n && 8 * j < width) {
-        v[i] = *reinterpret_cast<const uint4*>(x_ML + (m0 + r) * L + l0 + 8 * j);
-      }
+      const int r = g + i * (kThreads / kPerRow);
+      if (r < n) v[i] = *reinterpret_cast<const uint4*>(x_ML + (m0 + r) * L + l0 + 8 * j);
     }
+    uint32_t amax[8] = {};
 #pragma unroll
     for (int i = 0; i < kSteps; ++i) {
-      const int r = (t + i * kThreads) / kPerRow, j = (t + i * kThreads) % kPerRow;
-      if (r < n && 8 * j < width) *reinterpret_cast<uint4*>(tile_RC + r * kTile + 8 * j) = v[i];
+      const int r = g + i * (kThreads / kPerRow);
+      if (r < n) {
+        *reinterpret_cast<uint4*>(tile_RC + r * kTile + 8 * j) = v[i];
+        const uint32_t w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          amax[2 * k] = amax_bits_add(amax[2 * k], bf16_to_float(static_cast<bf16_t>(w[k] & 0xffffu)));
+          amax[2 * k + 1] = amax_bits_add(amax[2 * k + 1], bf16_to_float(static_cast<bf16_t>(w[k] >> 16)));
+        }
+      }
     }
-  } else {
-#pragma unroll 8
-    for (int i = t; i < kBlock * kTile; i += kThreads) {
-      const int r = i / kTile, c = i % kTile;
-      if (r < n && c < width) tile_RC[i] = x_ML[(m0 + r) * L + l0 + c];
-    }
+    uint4* amax_C = reinterpret_cast<uint4*>(&amax_GC[g][8 * j]);
+    amax_C[0] = make_uint4(amax[0], amax[1], amax[2], amax[3]);
+    amax_C[1] = make_uint4(amax[4], amax[5], amax[6], amax[7]);
+    return kThreads / kPerRow;
   }
+  // Elements: thread t takes column t % 128 of rows t / 128 + 2 i (2 groups).
+  const int c = t % kTile, g = t / kTile;
+  if (c >= width) return kThreads / kTile;
+  uint32_t amax = 0;
+#pragma unroll 8
+  for (int r = g; r < n; r += kThreads / kTile) {
+    const bf16_t x = x_ML[(m0 + r) * L + l0 + c];
+    tile_RC[r * kTile + c] = x;
+    amax = amax_bits_add(amax, bf16_to_float(x));
+  }
+  amax_GC[g][c] = amax;
+  return kThreads / kTile;
 }
 
-// fp8_decode_fp32 of the four codes of a little-endian word with one scale, through the exact
-// hardware E4M3 -> f16 conversion (every E4M3 value is an f16) instead of the integer decode: the
-// same product for every non-NaN code, a NaN for a NaN code, and canonical_nan makes both the
-// same bits. The instructions it saves keep the E4M3 variant at the memory roofline.
+// The four codes of a little-endian word times one scale, through the exact hardware E4M3 -> f16
+// conversion (every E4M3 value is an f16) instead of the integer decode: fp8_decode_fp32's value
+// for every non-NaN code. A NaN code gives a NaN whose payload is not canonicalized: no output
+// depends on it (its |x| bits exceed +Inf's, so the block's scale is the canonical NaN, and every
+// x / NaN encodes to 0x7F). The instructions saved keep the E4M3 variant at the memory roofline.
 __device__ __forceinline__ float4 decode4(uint32_t w, float scale) {
   const __half2_raw lo_raw = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), __NV_E4M3);
   const __half2_raw hi_raw = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
   const float2 lo = __half22float2(__half2(lo_raw)), hi = __half22float2(__half2(hi_raw));
-  return make_float4(canonical_nan(lo.x * scale), canonical_nan(lo.y * scale),
-                     canonical_nan(hi.x * scale), canonical_nan(hi.y * scale));
+  return make_float4(lo.x * scale, lo.y * scale, hi.x * scale, hi.y * scale);
 }
 
-// Step 1, E4M3 rows: codes_ML [*, L] decoded with their scales (scales_SM[s * ld + m], s = tile).
-// vec: L % 4 == 0 and the codes 4-byte aligned; a warp reads one row's 128 codes as 32 words.
-__device__ __forceinline__ void load_tile(const uint8_t* codes_ML, const float* scales_SM,
-                                          int64_t ld, int64_t tile, int64_t L, int64_t m0,
-                                          int64_t l0, int n, int width, bool vec, float* tile_RC) {
+// E4M3 rows: codes_ML [*, L] decoded with their scales (scales_SM[s * ld + m], s = tile). vec:
+// L % 4 == 0 and the codes 4-byte aligned; thread t takes the word j = t % 32 (codes 4 j .. 4 j + 3)
+// of rows t / 32 + 8 i: a warp reads one row's 128 codes (group = warp, 8 groups).
+__device__ __forceinline__ int load_tile(const uint8_t* codes_ML, const float* scales_SM, int64_t ld,
+                                         int64_t tile, int64_t L, int64_t m0, int64_t l0, int n,
+                                         int width, bool vec, float* tile_RC,
+                                         uint32_t (*amax_GC)[kTile]) {
   const int t = static_cast<int>(threadIdx.x);
   const float* scale_M = scales_SM + tile * ld + m0;
   if (vec) {
     constexpr int kPerRow = kTile / 4, kSteps = kBlock * kPerRow / kThreads;
-    static_assert(kPerRow == 32 && kSteps <= 32, "step i: warp w reads row w + 8 i");
-    // Lane i holds the scale of the warp's row of step i, shuffled to the warp at the decode.
-    const int warp = t / 32, lane = t % 32;
-    const int scale_row = warp + (kThreads / 32) * lane;
-    const float scale_lane = lane < kSteps && scale_row < n ? scale_M[scale_row] : 0.0f;
+    constexpr int kGroups = kThreads / kPerRow;
+    static_assert(kPerRow == 32 && kSteps <= 32 && kGroups <= kMaxGroups, "step i: warp w reads row w + 8 i");
+    const int j = t % kPerRow, g = t / kPerRow;
+    const bool active = 4 * j < width;
+    // Lane i holds the scale of the warp's row of step i, shuffled to the warp at the decode
+    // (every lane runs the loops, so every lane reaches the shuffles).
+    const int scale_row = g + kGroups * j;
+    const float scale_lane = j < kSteps && scale_row < n ? scale_M[scale_row] : 0.0f;
     uint32_t w[kSteps] = {};
 #pragma unroll
     for (int i = 0; i < kSteps; ++i) {
-      const int r = (t + i * kThreads) / kPerRow, j = (t + i * kThreads) % kPerRow;
-      if (r < n && 4 * j < width) {
-        w[i] = *reinterpret_cast<const uint32_t*>(codes_ML + (m0 + r) * L + l0 + 4 * j);
-      }
+      const int r = g + i * kGroups;
+      if (active && r < n) w[i] = *reinterpret_cast<const uint32_t*>(codes_ML + (m0 + r) * L + l0 + 4 * j);
     }
+    uint32_t amax[4] = {};
 #pragma unroll
     for (int i = 0; i < kSteps; ++i) {
-      const int r = (t + i * kThreads) / kPerRow, j = (t + i * kThreads) % kPerRow;
-      const float s = __shfl_sync(0xffffffffu, scale_lane, i);
-      if (r < n && 4 * j < width) {
-        *reinterpret_cast<float4*>(tile_RC + r * kTile + 4 * j) = decode4(w[i], s);
+      const int r = g + i * kGroups;
+      const float row_scale = __shfl_sync(0xffffffffu, scale_lane, i);
+      if (active && r < n) {
+        const float4 f = decode4(w[i], row_scale);
+        *reinterpret_cast<float4*>(tile_RC + r * kTile + 4 * j) = f;
+        amax[0] = amax_bits_add(amax[0], f.x);
+        amax[1] = amax_bits_add(amax[1], f.y);
+        amax[2] = amax_bits_add(amax[2], f.z);
+        amax[3] = amax_bits_add(amax[3], f.w);
       }
     }
-  } else {
+    if (active) *reinterpret_cast<uint4*>(&amax_GC[g][4 * j]) = make_uint4(amax[0], amax[1], amax[2], amax[3]);
+    return kGroups;
+  }
+  const int c = t % kTile, g = t / kTile;
+  if (c >= width) return kThreads / kTile;
+  uint32_t amax = 0;
 #pragma unroll 8
-    for (int i = t; i < kBlock * kTile; i += kThreads) {
-      const int r = i / kTile, c = i % kTile;
-      if (r < n && c < width) tile_RC[i] = fp8_decode_fp32(codes_ML[(m0 + r) * L + l0 + c], scale_M[r]);
+  for (int r = g; r < n; r += kThreads / kTile) {
+    const float x = fp8_decode_fp32(codes_ML[(m0 + r) * L + l0 + c], scale_M[r]);
+    tile_RC[r * kTile + c] = x;
+    amax = amax_bits_add(amax, x);
+  }
+  amax_GC[g][c] = amax;
+  return kThreads / kTile;
+}
+
+// Step 2: rows [r0, r0 + 64) of column c as codes (+0 at rows n and past; kWhole: none), 64
+// contiguous bytes at codes_K (16-byte aligned).
+template <bool kWhole, class Elem>
+__device__ __forceinline__ void encode_half(const Elem* tile_RC, int c, int r0, int n, float scale,
+                                            uint8_t* codes_K) {
+#pragma unroll
+  for (int g = 0; g < kHalf; g += 16) {
+    uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const int r = r0 + g + j;
+      if (kWhole || r < n) {
+        w[j / 4] |= uint32_t{fp8_encode_fp32(tile_value(tile_RC[r * kTile + c]), scale)} << (8 * (j % 4));
+      }
     }
+    *reinterpret_cast<uint4*>(codes_K + g) = make_uint4(w[0], w[1], w[2], w[3]);
   }
 }
 
-// Resident CTAs per SM the registers must allow: 4 with the 32 KB bf16 tile, 3 with the 64 KB
-// fp32 tile of decoded E4M3 rows (their shared memory allows as many).
+// Resident CTAs per SM the registers must allow: 4 with the 32 KiB bf16 tile, 3 with the 64 KiB
+// fp32 tile of decoded E4M3 rows (with the 8 KiB of partial amaxes, shared memory allows as many).
 template <bool kFromE4m3>
 __global__ void __launch_bounds__(kColsThreads, kFromE4m3 ? 3 : 4) quantize_cols_kernel(const ColsArgs a, bool vec_x) {
   using Elem = std::conditional_t<kFromE4m3, float, bf16_t>;  // shared tile element
   extern __shared__ __align__(16) unsigned char smem[];
   Elem* tile_RC = reinterpret_cast<Elem*>(smem);  // [128 rows, 128 columns]
-  __shared__ uint32_t half_amax_HC[2][kTile];
+  __shared__ __align__(16) uint32_t amax_GC[kMaxGroups][kTile];  // step 1's partial amaxes
 
   if (a.skip_1 != nullptr && *a.skip_1 != 0) return;  // uniform over the grid
   int64_t valid_rows = a.M;
@@ -207,38 +271,25 @@ __global__ void __launch_bounds__(kColsThreads, kFromE4m3 ? 3 : 4) quantize_cols
       const int64_t l0 = tile * kTile;
       const int width = a.L - l0 < kTile ? static_cast<int>(a.L - l0) : kTile;
       __syncthreads();  // the previous tile's shared reads are done
+      int groups = 0;
       if constexpr (kFromE4m3) {
-        load_tile(codes_ML, row_scales_SM, ld, tile, a.L, m0, l0, n, width, vec, tile_RC);
+        groups = load_tile(codes_ML, row_scales_SM, ld, tile, a.L, m0, l0, n, width, vec, tile_RC, amax_GC);
       } else {
-        load_tile(a.x_ML, a.L, m0, l0, n, width, vec, tile_RC);
+        groups = load_tile(a.x_ML, a.L, m0, l0, n, width, vec, tile_RC, amax_GC);
       }
       __syncthreads();
-      const int r0 = h * kHalf;
-      const int r1 = n < r0 + kHalf ? n : r0 + kHalf;
       if (c < width) {
         uint32_t amax = 0;
-        for (int r = r0; r < r1; ++r) amax = amax_bits_add(amax, tile_value(tile_RC[r * kTile + c]));
-        half_amax_HC[h][c] = amax;
-      }
-      __syncthreads();
-      if (c < width) {
-        const uint32_t amax0 = half_amax_HC[0][c], amax1 = half_amax_HC[1][c];
-        const float scale = fp8_scale_fp32(amax0 > amax1 ? amax0 : amax1);
+        for (int g = 0; g < groups; ++g) amax = amax > amax_GC[g][c] ? amax : amax_GC[g][c];
+        const float scale = fp8_scale_fp32(amax);
         const int64_t l = l0 + c;
         if (h == 0) a.scales_BL[b * a.L + l] = scale;
+        const int r0 = h * kHalf;
         uint8_t* codes_K = a.qt_LK + l * K + b * kBlock + r0;  // 16-byte aligned
-#pragma unroll
-        for (int g = 0; g < kHalf; g += 16) {
-          uint32_t w[4] = {0, 0, 0, 0};
-#pragma unroll
-          for (int j = 0; j < 16; ++j) {
-            const int r = r0 + g + j;
-            if (r < n) {
-              w[j / 4] |= uint32_t{fp8_encode_fp32(tile_value(tile_RC[r * kTile + c]), scale)}
-                          << (8 * (j % 4));
-            }
-          }
-          *reinterpret_cast<uint4*>(codes_K + g) = make_uint4(w[0], w[1], w[2], w[3]);
+        if (r0 + kHalf <= n) {  // no row of this half past the block's end
+          encode_half<true>(tile_RC, c, r0, n, scale, codes_K);
+        } else {
+          encode_half<false>(tile_RC, c, r0, n, scale, codes_K);
         }
       }
     }
