@@ -19,6 +19,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <atomic>
 #include <type_traits>
 
 #include "core/formats/codecs.h"
@@ -296,6 +297,21 @@ __global__ void __launch_bounds__(kColsThreads, kFromE4m3 ? 3 : 4) quantize_cols
   }
 }
 
+// Dynamic shared memory past 48 KiB is a per-device attribute of the kernel: set once per device
+// (several GPUs, one thread each, may share the process), not on every (captured) launch.
+template <bool kFromE4m3>
+void allow_shared_memory(int bytes) {
+  static std::atomic<uint64_t> set_on{0};  // bit d: set on device d
+  int device = 0;
+  EPMOE_CUDA_CHECK(cudaGetDevice(&device));
+  const uint64_t bit = uint64_t{1} << (device % 64);
+  if ((set_on.load(std::memory_order_acquire) & bit) == 0) {
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(quantize_cols_kernel<kFromE4m3>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    set_on.fetch_or(bit, std::memory_order_release);
+  }
+}
+
 template <bool kFromE4m3>
 void launch_cols(const ColsArgs& a, void* stream) {
   check_codec_shape(a.M, a.L, "M", "L");
@@ -313,10 +329,7 @@ void launch_cols(const ColsArgs& a, void* stream) {
   const unsigned blocks = static_cast<unsigned>(a.max_blocks < 65535 ? a.max_blocks : 65535);
   using Elem = std::conditional_t<kFromE4m3, float, bf16_t>;
   constexpr int kSmem = kBlock * kTile * static_cast<int>(sizeof(Elem));
-  if constexpr (kSmem > 48 * 1024) {
-    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(quantize_cols_kernel<kFromE4m3>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  }
+  if constexpr (kSmem > 48 * 1024) allow_shared_memory<kFromE4m3>(kSmem);
   const bool vec_x = a.L % 8 == 0 && reinterpret_cast<uintptr_t>(a.x_ML) % 16 == 0;
   quantize_cols_kernel<kFromE4m3><<<dim3(runs, blocks), kColsThreads, kSmem,
                                     static_cast<cudaStream_t>(stream)>>>(a, vec_x);
