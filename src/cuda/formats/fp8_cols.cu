@@ -1,11 +1,27 @@
 // FP8 E4M3 with 128x1 column blocks along the rows of each expert (the weight-gradient operands,
 // cpu::fp8_quantize_cols): block b of expert e covers rows first_e + 128 i .. (its last block may be
-// partial), b = sum_{e' < e} ceil(rows_e' / 128) + i. One thread per (block, column): pass 1 the
-// amax (an integer max of |x| bits over the block's rows, exact and order-free), pass 2 the codes
-// with the block scale; threads of a warp take consecutive columns, so each row read is coalesced.
-// Codes go transposed, [L, K] for the FP8 WGRAD (K-major, K = 128 * max_blocks, block b at
-// k = 128 b): each thread writes its block's 128 codes, zero-padded, as 16-byte vectors.
+// partial), b = sum_{e' < e} ceil(rows_e' / 128) + i. Codes go transposed, [L, K] for the FP8
+// WGRAD (K-major, K = 128 * max_blocks, block b at k = 128 b, zero-padded to 128 rows).
+//
+// One CTA per (block b, run of kTilesPerCta column tiles of 128): the CTA finds b's expert once
+// (a warp prefix over the experts' block counts), then per tile
+//   1. loads the block's rows of the tile into shared memory, coalesced (16-byte vectors of 8 bf16
+//      per lane, kept as bf16; or words of 4 E4M3 codes, decoded to fp32 with the row's 1x128
+//      scale: tile columns align to the row-scale blocks, so one scale per row; element loads
+//      where L or the base is not aligned; rows past the block's end are not loaded), each thread
+//      keeping the amax of its columns over its rows (an integer max of |x| bits: exact and
+//      order-free) for shared memory;
+//   2. thread (column c, half h) takes column c's amax from those partials (conflict-free: a warp
+//      reads 32 consecutive columns), encodes rows 64 h .. 64 h + 63 of column c with the scale and
+//      stores them as 64 contiguous bytes (four 16-byte vectors) of row l of qt; rows past the
+//      block's end are +0; the h = 0 threads store the scales (coalesced).
 // The codec functions are the host's (core/formats/fp8_block.h), so codes and scales are bitwise.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <atomic>
+#include <type_traits>
+
 #include "core/formats/codecs.h"
 #include "core/fp8_terms.h"
 #include "cuda/formats/formats.h"
@@ -13,6 +29,13 @@
 
 namespace epmoe::cuda {
 namespace {
+
+constexpr int kBlock = kFp8RowBlock;  // rows of a column block
+constexpr int kTile = 128;            // columns of a tile (= the 1x128 row-scale block)
+constexpr int kHalf = kBlock / 2;     // rows per thread in step 2
+constexpr int kColsThreads = kTile * 2;
+constexpr int kTilesPerCta = 4;       // column tiles per CTA: one expert search serves them
+static_assert(kColsThreads == kThreads, "one thread per (column, half)");
 
 struct ColsArgs {
   const bf16_t* x_ML = nullptr;         // bf16 input [M, L]
@@ -28,14 +51,202 @@ struct ColsArgs {
   int64_t max_blocks = 0;
 };
 
+// Rows [m0, m1) of column block b, or false past the last block. Every lane of the warp calls it;
+// the experts go 32 at a time through an inclusive shuffle scan of their block counts.
+__device__ bool find_block(const int32_t* offsets_E1, int E, int64_t b, int64_t& m0, int64_t& m1) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  int64_t base = 0;  // blocks of the experts before this group of 32
+  for (int e0 = 0; e0 < E; e0 += 32) {
+    const int e = e0 + lane;
+    int64_t first = 0, rows = 0;
+    if (e < E) {
+      first = offsets_E1[e];
+      rows = offsets_E1[e + 1] - first;
+    }
+    const int64_t blocks = rows > 0 ? (rows + kBlock - 1) / kBlock : 0;
+    int64_t end = blocks;  // inclusive prefix: the group's blocks up to expert e
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int64_t other = __shfl_up_sync(0xffffffffu, end, d);
+      if (lane >= d) end += other;
+    }
+    // The first expert whose blocks end past b holds it (it has blocks: its start is <= b).
+    const unsigned hit = __ballot_sync(0xffffffffu, e < E && b < base + end);
+    if (hit != 0) {
+      const int src = __ffs(static_cast<int>(hit)) - 1;
+      const int64_t start = base + __shfl_sync(0xffffffffu, end - blocks, src);
+      const int64_t f = __shfl_sync(0xffffffffu, first, src);
+      const int64_t r = __shfl_sync(0xffffffffu, rows, src);
+      m0 = f + (b - start) * kBlock;
+      m1 = m0 + kBlock < f + r ? m0 + kBlock : f + r;
+      return true;
+    }
+    base += __shfl_sync(0xffffffffu, end, 31);
+  }
+  return false;
+}
+
+__device__ __forceinline__ float tile_value(bf16_t v) { return bf16_to_float(v); }
+__device__ __forceinline__ float tile_value(float v) { return v; }
+
+// Step 1 loads rows [0, n) x columns [0, width) of the tile into tile_RC [128, 128] and takes
+// the column amaxes on the way: each thread keeps the amax of its columns over its rows (a row
+// group g) and stores it at amax_GC[g][column]; it returns the number of row groups G, which
+// partition the rows, so the max over g of amax_GC[g][c] is column c's amax (integer max of |x|
+// bits: exact and order-free). Columns past width are neither loaded nor given an amax.
+constexpr int kMaxGroups = 16;
+
+// bf16. vec: L % 8 == 0 and x 16-byte aligned, so a row's 8-element vectors are whole; thread t
+// takes the vector j = t % 16 of rows t / 16 + 16 i (group t / 16, 16 groups).
+__device__ __forceinline__ int load_tile(const bf16_t* x_ML, int64_t L, int64_t m0, int64_t l0,
+                                         int n, int width, bool vec, bf16_t* tile_RC,
+                                         uint32_t (*amax_GC)[kTile]) {
+  const int t = static_cast<int>(threadIdx.x);
+  if (vec) {
+    constexpr int kPerRow = kTile / 8, kSteps = kBlock * kPerRow / kThreads;
+    static_assert(kThreads % kPerRow == 0 && kThreads / kPerRow <= kMaxGroups, "fixed vector per thread");
+    const int j = t % kPerRow, g = t / kPerRow;
+    if (8 * j >= width) return kThreads / kPerRow;
+    uint4 v[kSteps] = {};
+#pragma unroll
+    for (int i = 0; i < kSteps; ++i) {  // all loads first: kSteps vectors in flight per thread
+      const int r = g + i * (kThreads / kPerRow);
+      if (r < n) v[i] = *reinterpret_cast<const uint4*>(x_ML + (m0 + r) * L + l0 + 8 * j);
+    }
+    uint32_t amax[8] = {};
+#pragma unroll
+    for (int i = 0; i < kSteps; ++i) {
+      const int r = g + i * (kThreads / kPerRow);
+      if (r < n) {
+        *reinterpret_cast<uint4*>(tile_RC + r * kTile + 8 * j) = v[i];
+        const uint32_t w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          amax[2 * k] = amax_bits_add(amax[2 * k], bf16_to_float(static_cast<bf16_t>(w[k] & 0xffffu)));
+          amax[2 * k + 1] = amax_bits_add(amax[2 * k + 1], bf16_to_float(static_cast<bf16_t>(w[k] >> 16)));
+        }
+      }
+    }
+    uint4* amax_C = reinterpret_cast<uint4*>(&amax_GC[g][8 * j]);
+    amax_C[0] = make_uint4(amax[0], amax[1], amax[2], amax[3]);
+    amax_C[1] = make_uint4(amax[4], amax[5], amax[6], amax[7]);
+    return kThreads / kPerRow;
+  }
+  // Elements: thread t takes column t % 128 of rows t / 128 + 2 i (2 groups).
+  const int c = t % kTile, g = t / kTile;
+  if (c >= width) return kThreads / kTile;
+  uint32_t amax = 0;
+#pragma unroll 8
+  for (int r = g; r < n; r += kThreads / kTile) {
+    const bf16_t x = x_ML[(m0 + r) * L + l0 + c];
+    tile_RC[r * kTile + c] = x;
+    amax = amax_bits_add(amax, bf16_to_float(x));
+  }
+  amax_GC[g][c] = amax;
+  return kThreads / kTile;
+}
+
+// The four codes of a little-endian word times one scale, through the exact hardware E4M3 -> f16
+// conversion (every E4M3 value is an f16) instead of the integer decode: fp8_decode_fp32's value
+// for every non-NaN code. A NaN code gives a NaN whose payload is not canonicalized: no output
+// depends on it (its |x| bits exceed +Inf's, so the block's scale is the canonical NaN, and every
+// x / NaN encodes to 0x7F). The instructions saved keep the E4M3 variant at the memory roofline.
+__device__ __forceinline__ float4 decode4(uint32_t w, float scale) {
+  const __half2_raw lo_raw = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), __NV_E4M3);
+  const __half2_raw hi_raw = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
+  const float2 lo = __half22float2(__half2(lo_raw)), hi = __half22float2(__half2(hi_raw));
+  return make_float4(lo.x * scale, lo.y * scale, hi.x * scale, hi.y * scale);
+}
+
+// E4M3 rows: codes_ML [*, L] decoded with their scales (scales_SM[s * ld + m], s = tile). vec:
+// L % 4 == 0 and the codes 4-byte aligned; thread t takes the word j = t % 32 (codes 4 j .. 4 j + 3)
+// of rows t / 32 + 8 i: a warp reads one row's 128 codes (group = warp, 8 groups).
+__device__ __forceinline__ int load_tile(const uint8_t* codes_ML, const float* scales_SM, int64_t ld,
+                                         int64_t tile, int64_t L, int64_t m0, int64_t l0, int n,
+                                         int width, bool vec, float* tile_RC,
+                                         uint32_t (*amax_GC)[kTile]) {
+  const int t = static_cast<int>(threadIdx.x);
+  const float* scale_M = scales_SM + tile * ld + m0;
+  if (vec) {
+    constexpr int kPerRow = kTile / 4, kSteps = kBlock * kPerRow / kThreads;
+    constexpr int kGroups = kThreads / kPerRow;
+    static_assert(kPerRow == 32 && kSteps <= 32 && kGroups <= kMaxGroups, "step i: warp w reads row w + 8 i");
+    const int j = t % kPerRow, g = t / kPerRow;
+    const bool active = 4 * j < width;
+    // Lane i holds the scale of the warp's row of step i, shuffled to the warp at the decode
+    // (every lane runs the loops, so every lane reaches the shuffles).
+    const int scale_row = g + kGroups * j;
+    const float scale_lane = j < kSteps && scale_row < n ? scale_M[scale_row] : 0.0f;
+    uint32_t w[kSteps] = {};
+#pragma unroll
+    for (int i = 0; i < kSteps; ++i) {
+      const int r = g + i * kGroups;
+      if (active && r < n) w[i] = *reinterpret_cast<const uint32_t*>(codes_ML + (m0 + r) * L + l0 + 4 * j);
+    }
+    uint32_t amax[4] = {};
+#pragma unroll
+    for (int i = 0; i < kSteps; ++i) {
+      const int r = g + i * kGroups;
+      const float row_scale = __shfl_sync(0xffffffffu, scale_lane, i);
+      if (active && r < n) {
+        const float4 f = decode4(w[i], row_scale);
+        *reinterpret_cast<float4*>(tile_RC + r * kTile + 4 * j) = f;
+        amax[0] = amax_bits_add(amax[0], f.x);
+        amax[1] = amax_bits_add(amax[1], f.y);
+        amax[2] = amax_bits_add(amax[2], f.z);
+        amax[3] = amax_bits_add(amax[3], f.w);
+      }
+    }
+    if (active) *reinterpret_cast<uint4*>(&amax_GC[g][4 * j]) = make_uint4(amax[0], amax[1], amax[2], amax[3]);
+    return kGroups;
+  }
+  const int c = t % kTile, g = t / kTile;
+  if (c >= width) return kThreads / kTile;
+  uint32_t amax = 0;
+#pragma unroll 8
+  for (int r = g; r < n; r += kThreads / kTile) {
+    const float x = fp8_decode_fp32(codes_ML[(m0 + r) * L + l0 + c], scale_M[r]);
+    tile_RC[r * kTile + c] = x;
+    amax = amax_bits_add(amax, x);
+  }
+  amax_GC[g][c] = amax;
+  return kThreads / kTile;
+}
+
+// Step 2: rows [r0, r0 + 64) of column c as codes (+0 at rows n and past; kWhole: none), 64
+// contiguous bytes at codes_K (16-byte aligned).
+template <bool kWhole, class Elem>
+__device__ __forceinline__ void encode_half(const Elem* tile_RC, int c, int r0, int n, float scale,
+                                            uint8_t* codes_K) {
+#pragma unroll
+  for (int g = 0; g < kHalf; g += 16) {
+    uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const int r = r0 + g + j;
+      if (kWhole || r < n) {
+        w[j / 4] |= uint32_t{fp8_encode_fp32(tile_value(tile_RC[r * kTile + c]), scale)} << (8 * (j % 4));
+      }
+    }
+    *reinterpret_cast<uint4*>(codes_K + g) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+// Resident CTAs per SM the registers must allow: 4 with the 32 KiB bf16 tile, 3 with the 64 KiB
+// fp32 tile of decoded E4M3 rows (with the 8 KiB of partial amaxes, shared memory allows as many).
 template <bool kFromE4m3>
-__global__ void __launch_bounds__(kThreads) quantize_cols_kernel(const ColsArgs a) {
+__global__ void __launch_bounds__(kColsThreads, kFromE4m3 ? 3 : 4) quantize_cols_kernel(const ColsArgs a, bool vec_x) {
+  using Elem = std::conditional_t<kFromE4m3, float, bf16_t>;  // shared tile element
+  extern __shared__ __align__(16) unsigned char smem[];
+  Elem* tile_RC = reinterpret_cast<Elem*>(smem);  // [128 rows, 128 columns]
+  __shared__ __align__(16) uint32_t amax_GC[kMaxGroups][kTile];  // step 1's partial amaxes
+
   if (a.skip_1 != nullptr && *a.skip_1 != 0) return;  // uniform over the grid
-  constexpr int64_t kBlock = kFp8RowBlock;
   int64_t valid_rows = a.M;
   const uint8_t* codes_ML = nullptr;     // E4M3 input
   const float* row_scales_SM = nullptr;  // its 1x128 scales, S-major [S, ld]
   int64_t ld = 0;
+  bool vec = vec_x;
   if constexpr (kFromE4m3) {
     const char* base = a.rows + (a.rows_offset_1 != nullptr ? *a.rows_offset_1 : 0);
     const int64_t count = *a.rows_1;
@@ -43,47 +254,61 @@ __global__ void __launch_bounds__(kThreads) quantize_cols_kernel(const ColsArgs 
     codes_ML = reinterpret_cast<const uint8_t*>(base);
     row_scales_SM = reinterpret_cast<const float*>(base + fp8_rows_scales_offset(valid_rows, a.L));
     ld = fp8_rows_ld(valid_rows);
+    vec = a.L % 4 == 0 && reinterpret_cast<uintptr_t>(base) % 4 == 0;
   }
-  auto load = [&](int64_t m, int64_t l) -> float {
-    if constexpr (kFromE4m3) {
-      return fp8_decode_fp32(codes_ML[m * a.L + l], row_scales_SM[(l / kBlock) * ld + m]);
-    } else {
-      return bf16_to_float(a.x_ML[m * a.L + l]);
-    }
-  };
+  const int64_t tiles = (a.L + kTile - 1) / kTile;
+  const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * kTilesPerCta;
+  const int64_t tile1 = tile0 + kTilesPerCta < tiles ? tile0 + kTilesPerCta : tiles;
+  const int c = static_cast<int>(threadIdx.x) % kTile;  // this thread's column of the tile
+  const int h = static_cast<int>(threadIdx.x) / kTile;  // and half of the block's rows
+  const int64_t K = kBlock * a.max_blocks;
+
   for (int64_t b = blockIdx.y; b < a.max_blocks; b += gridDim.y) {  // CTA-uniform
-    // The expert holding block b and the block's rows [m0, m1).
-    int64_t base = 0, m0 = -1, m1 = -1;
-    for (int e = 0; e < a.E; ++e) {
-      const int64_t first = a.offsets_E1[e];
-      const int64_t rows = a.offsets_E1[e + 1] - first;
-      const int64_t blocks = rows > 0 ? (rows + kBlock - 1) / kBlock : 0;
-      if (b < base + blocks) {
-        m0 = first + (b - base) * kBlock;
-        m1 = m0 + kBlock < first + rows ? m0 + kBlock : first + rows;
-        break;
-      }
-      base += blocks;
-    }
-    if (m0 < 0) break;  // past the last block (later b too)
+    int64_t m0 = 0, m1 = 0;
+    if (!find_block(a.offsets_E1, a.E, b, m0, m1)) break;  // past the last block (later b too)
     m1 = m1 < valid_rows ? m1 : valid_rows;
-    for (int64_t l = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; l < a.L;
-         l += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-      uint32_t amax = 0;
-      for (int64_t m = m0; m < m1; ++m) amax = amax_bits_add(amax, load(m, l));
-      const float scale = fp8_scale_fp32(amax);
-      a.scales_BL[b * a.L + l] = scale;
-      uint8_t* block_K = a.qt_LK + l * (kBlock * a.max_blocks) + b * kBlock;  // 16-byte aligned
-      for (int64_t c = 0; c < kBlock; c += 16) {
-        uint32_t w[4] = {0, 0, 0, 0};
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          const int64_t m = m0 + c + j;
-          if (m < m1) w[j / 4] |= uint32_t{fp8_encode_fp32(load(m, l), scale)} << (8 * (j % 4));
+    const int n = m1 > m0 ? static_cast<int>(m1 - m0) : 0;  // rows present; the rest encode +0
+    for (int64_t tile = tile0; tile < tile1; ++tile) {
+      const int64_t l0 = tile * kTile;
+      const int width = a.L - l0 < kTile ? static_cast<int>(a.L - l0) : kTile;
+      __syncthreads();  // the previous tile's shared reads are done
+      int groups = 0;
+      if constexpr (kFromE4m3) {
+        groups = load_tile(codes_ML, row_scales_SM, ld, tile, a.L, m0, l0, n, width, vec, tile_RC, amax_GC);
+      } else {
+        groups = load_tile(a.x_ML, a.L, m0, l0, n, width, vec, tile_RC, amax_GC);
+      }
+      __syncthreads();
+      if (c < width) {
+        uint32_t amax = 0;
+        for (int g = 0; g < groups; ++g) amax = amax > amax_GC[g][c] ? amax : amax_GC[g][c];
+        const float scale = fp8_scale_fp32(amax);
+        const int64_t l = l0 + c;
+        if (h == 0) a.scales_BL[b * a.L + l] = scale;
+        const int r0 = h * kHalf;
+        uint8_t* codes_K = a.qt_LK + l * K + b * kBlock + r0;  // 16-byte aligned
+        if (r0 + kHalf <= n) {  // no row of this half past the block's end
+          encode_half<true>(tile_RC, c, r0, n, scale, codes_K);
+        } else {
+          encode_half<false>(tile_RC, c, r0, n, scale, codes_K);
         }
-        *reinterpret_cast<uint4*>(block_K + c) = make_uint4(w[0], w[1], w[2], w[3]);
       }
     }
+  }
+}
+
+// Dynamic shared memory past 48 KiB is a per-device attribute of the kernel: set once per device
+// (several GPUs, one thread each, may share the process), not on every (captured) launch.
+template <bool kFromE4m3>
+void allow_shared_memory(int bytes) {
+  static std::atomic<uint64_t> set_on{0};  // bit d: set on device d
+  int device = 0;
+  EPMOE_CUDA_CHECK(cudaGetDevice(&device));
+  const uint64_t bit = uint64_t{1} << (device % 64);
+  if ((set_on.load(std::memory_order_acquire) & bit) == 0) {
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(quantize_cols_kernel<kFromE4m3>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    set_on.fetch_or(bit, std::memory_order_release);
   }
 }
 
@@ -99,10 +324,15 @@ void launch_cols(const ColsArgs& a, void* stream) {
   check_codec_pointer(a.scales_BL, a.max_blocks * a.L, "scales_BL");
   EPMOE_CHECK_ARG(a.offsets_E1 != nullptr, "offsets_E1", "device expert offsets [E + 1]", "nullptr");
   if (a.M * a.L == 0 || a.max_blocks == 0) return;
-  const unsigned columns = grid_for(a.L, kThreads);
+  const int64_t tiles = (a.L + kTile - 1) / kTile;
+  const unsigned runs = static_cast<unsigned>((tiles + kTilesPerCta - 1) / kTilesPerCta);
   const unsigned blocks = static_cast<unsigned>(a.max_blocks < 65535 ? a.max_blocks : 65535);
-  quantize_cols_kernel<kFromE4m3><<<dim3(columns, blocks), kThreads, 0,
-                                    static_cast<cudaStream_t>(stream)>>>(a);
+  using Elem = std::conditional_t<kFromE4m3, float, bf16_t>;
+  constexpr int kSmem = kBlock * kTile * static_cast<int>(sizeof(Elem));
+  if constexpr (kSmem > 48 * 1024) allow_shared_memory<kFromE4m3>(kSmem);
+  const bool vec_x = a.L % 8 == 0 && reinterpret_cast<uintptr_t>(a.x_ML) % 16 == 0;
+  quantize_cols_kernel<kFromE4m3><<<dim3(runs, blocks), kColsThreads, kSmem,
+                                    static_cast<cudaStream_t>(stream)>>>(a, vec_x);
   EPMOE_CUDA_LAUNCH_CHECK();
 }
 
