@@ -32,24 +32,14 @@
 #include "device_buffer.h"
 #include "epmoe/cuda.h"
 #include "epmoe/error.h"
+#include "fp8_gemm_problem.h"
+#include "grouped_shape.h"
 #include "require_gpu.h"
 
 namespace epmoe::test {
 namespace {
 
-struct Shape {
-  std::vector<int32_t> rows_E;  // rows per expert
-  int64_t spare_rows;           // capacity past the last group
-  int64_t N, K;
-};
-
-std::string describe(const Shape& s) {
-  std::string r = "E " + std::to_string(s.rows_E.size()) + " rows {";
-  for (int32_t v : s.rows_E) r += std::to_string(v) + " ";
-  return r + "} N " + std::to_string(s.N) + " K " + std::to_string(s.K);
-}
-
-std::vector<Shape> shapes() {
+std::vector<GroupedShape> shapes() {
   return {
       {{300}, 0, 128, 128},                       // one expert, 3 tiles (last partial)
       {{0, 200, 1, 130}, 5, 256, 512},            // empty expert, 1-row expert, spare rows
@@ -59,95 +49,22 @@ std::vector<Shape> shapes() {
   };
 }
 
-// One problem in both layouts: host codes/scales, then the device copies.
-struct Problem {
-  Shape shape;
-  int E = 0;
-  int64_t M = 0, N = 0, K = 0, S = 0, B = 0, ld_sa = 0;
-  std::vector<int32_t> offsets;
-  std::vector<uint8_t> a, b;
-  std::vector<float> sa_SM, sb;
-
-  explicit Problem(const Shape& s) : shape(s) {
-    E = static_cast<int>(s.rows_E.size());
-    N = s.N;
-    K = s.K;
-    offsets.assign(1, 0);
-    for (int32_t r : s.rows_E) offsets.push_back(offsets.back() + r);
-    M = offsets.back() + s.spare_rows;
-    S = (K + 127) / 128;
-    B = (N + 127) / 128;
-    ld_sa = (M + 3) / 4 * 4;
-  }
-
-  // Runs the kernel; returns the [M, N] output (rows outside the groups keep 0xA5A5).
-  std::vector<bf16_t> run_gpu(const int32_t* skip = nullptr) const {
-    Dev<uint8_t> da(a), db(b);
-    Dev<float> dsa(sa_SM), dsb(sb);
-    Dev<int32_t> doff(offsets);
-    Dev<bf16_t> dout(static_cast<size_t>(M * N));
-    cuda::Fp8GroupedGemmArgs args;
-    args.a_MK = da.ptr;
-    args.a_scales_SM = dsa.ptr;
-    args.ld_a_scales = ld_sa;
-    args.b_ENK = db.ptr;
-    args.b_scales_EBS = dsb.ptr;
-    args.offsets_E1 = doff.ptr;
-    args.skip = skip;
-    args.E = E;
-    args.M = M;
-    args.N = N;
-    args.K = K;
-    args.out_MN = dout.ptr;
-    args.ld_out = N;
-    cuda::fp8_grouped_gemm(args, nullptr);
-    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-    return dout.get();
-  }
-
-  std::vector<bf16_t> run_cpu(std::vector<float>* magnitude = nullptr) const {
-    std::vector<bf16_t> out(static_cast<size_t>(M * N), static_cast<bf16_t>(0xA5A5));
-    if (magnitude != nullptr) magnitude->assign(out.size(), 0.0f);
-    cpu::fp8_grouped_gemm_reference(a.data(), sa_SM.data(), ld_sa, b.data(), sb.data(), offsets.data(), E, N,
-                                    K, out.data(), N, magnitude != nullptr ? magnitude->data() : nullptr);
-    return out;
-  }
-};
-
-void expect_bitwise(const std::vector<bf16_t>& cpu, const std::vector<bf16_t>& gpu, int64_t N,
-                    const std::string& what) {
-  ASSERT_EQ(cpu.size(), gpu.size()) << what;
-  int shown = 0;
-  size_t differ = 0;
-  for (size_t i = 0; i < cpu.size(); ++i) {
-    if (cpu[i] == gpu[i]) continue;
-    ++differ;
-    if (shown++ < 8) {
-      ADD_FAILURE() << what << ": row " << i / N << " col " << i % N << ": cpu " << bf16_to_float(cpu[i])
-                    << " (0x" << std::hex << cpu[i] << "), gpu " << bf16_to_float(gpu[i]) << " (0x" << gpu[i]
-                    << std::dec << ")";
-    }
-  }
-  EXPECT_EQ(differ, 0u) << what;
+// Runs the kernel on device copies of p: the [M, N] output (rows outside the groups keep 0xA5A5).
+std::vector<bf16_t> run_gpu(const Fp8GemmProblem& p, const int32_t* skip = nullptr) {
+  const Fp8GemmDevice d(p);
+  cuda::Fp8GroupedGemmArgs x = d.args(p);
+  x.skip = skip;
+  return run_rows(p, x);
 }
 
 TEST(GpuGemmFp8, ExactBlocksBitwise) {
   EPMOE_REQUIRE_GPU();
   std::mt19937 rng(11);
-  const uint8_t kInts[7] = {0xC8, 0xC0, 0xB8, 0x00, 0x38, 0x40, 0x48};  // e4m3 -3 -2 -1 0 1 2 3
   std::uniform_int_distribution<int> pick(0, 6);
-  std::uniform_real_distribution<float> scale(0.01f, 3.0f);
-  for (const Shape& s : shapes()) {
-    Problem p(s);
-    p.a.resize(static_cast<size_t>(p.M * p.K));
-    p.b.resize(static_cast<size_t>(p.E * p.N * p.K));
-    for (uint8_t& v : p.a) v = kInts[pick(rng)];
-    for (uint8_t& v : p.b) v = kInts[pick(rng)];
-    p.sa_SM.assign(static_cast<size_t>(p.S * p.ld_sa), 0.0f);
-    for (float& v : p.sa_SM) v = scale(rng);
-    p.sb.resize(static_cast<size_t>(p.E * p.B * p.S));
-    for (float& v : p.sb) v = scale(rng);
-    expect_bitwise(p.run_cpu(), p.run_gpu(), p.N, describe(s));
+  for (const GroupedShape& s : shapes()) {
+    Fp8GemmProblem p(s);
+    p.fill([&] { return kE4m3Ints[pick(rng)]; }, rng);
+    expect_bitwise(p.reference(), run_gpu(p), p.N, describe(s));
   }
 }
 
@@ -155,8 +72,8 @@ TEST(GpuGemmFp8, CodecQuantizedRandomWithinBound) {
   EPMOE_REQUIRE_GPU();
   std::mt19937 rng(12);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (const Shape& s : shapes()) {
-    Problem p(s);
+  for (const GroupedShape& s : shapes()) {
+    Fp8GemmProblem p(s);
     // bf16 inputs quantized on the GPU by the codecs: activations with S-major scales.
     std::vector<bf16_t> x(static_cast<size_t>(p.M * p.K)), w(static_cast<size_t>(p.E * p.N * p.K));
     for (bf16_t& v : x) v = float_to_bf16(normal(rng));
@@ -174,8 +91,8 @@ TEST(GpuGemmFp8, CodecQuantizedRandomWithinBound) {
       p.sb = sb.get();
     }
     std::vector<float> magnitude;
-    const std::vector<bf16_t> cpu = p.run_cpu(&magnitude);
-    const std::vector<bf16_t> gpu = p.run_gpu();
+    const std::vector<bf16_t> cpu = p.reference(&magnitude);
+    const std::vector<bf16_t> gpu = run_gpu(p);
     double worst_ratio = 0.0, err2 = 0.0, ref2 = 0.0;
     int shown = 0;
     for (int e = 0; e < p.E; ++e) {
@@ -206,13 +123,13 @@ TEST(GpuGemmFp8, CodecQuantizedRandomWithinBound) {
 
 TEST(GpuGemmFp8, SkipFlagLeavesOutputUntouched) {
   EPMOE_REQUIRE_GPU();
-  Problem p(shapes()[1]);
+  Fp8GemmProblem p(shapes()[1]);
   p.a.assign(static_cast<size_t>(p.M * p.K), 0x38);
   p.b.assign(static_cast<size_t>(p.E * p.N * p.K), 0x38);
   p.sa_SM.assign(static_cast<size_t>(p.S * p.ld_sa), 1.0f);
   p.sb.assign(static_cast<size_t>(p.E * p.B * p.S), 1.0f);
   Dev<int32_t> skip(std::vector<int32_t>{1});
-  for (bf16_t v : p.run_gpu(skip.ptr)) ASSERT_EQ(v, 0xA5A5);
+  for (bf16_t v : run_gpu(p, skip.ptr)) ASSERT_EQ(v, 0xA5A5);
 }
 
 TEST(GpuGemmFp8, ScalesSMajorEqualRowMajor) {

@@ -40,23 +40,14 @@
 #include "cuda/gemm/nvfp4_gemm.h"
 #include "device_buffer.h"
 #include "epmoe/error.h"
+#include "grouped_shape.h"
 #include "require_gpu.h"
 #include "scoped_env.h"
 
 namespace epmoe::test {
 namespace {
 
-struct Shape {
-  std::vector<int32_t> rows_E;  // rows per expert
-  int64_t spare_rows;           // capacity past the last group
-  int64_t N, K;
-};
-
-std::string describe(const Shape& s) {
-  std::string r = "E " + std::to_string(s.rows_E.size()) + " rows {";
-  for (int32_t v : s.rows_E) r += std::to_string(v) + " ";
-  return r + "} N " + std::to_string(s.N) + " K " + std::to_string(s.K);
-}
+using Shape = GroupedShape;
 
 // Split counts every numeric test runs: one (the single-kernel path), 2, 3 (uneven over 5 and 8
 // chunks).
@@ -88,8 +79,7 @@ struct Problem {
     K = s.K;
     P = K / 2;
     S = K / 16;
-    offsets.assign(1, 0);
-    for (int32_t r : s.rows_E) offsets.push_back(offsets.back() + r);
+    offsets = group_offsets(s.rows_E);
     M = offsets.back() + s.spare_rows;
   }
 

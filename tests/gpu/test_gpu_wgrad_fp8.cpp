@@ -32,6 +32,7 @@
 #include "cuda/gemm/fp8_wgrad.h"
 #include "device_buffer.h"
 #include "epmoe/error.h"
+#include "grouped_shape.h"
 #include "require_gpu.h"
 
 namespace epmoe::test {
@@ -44,9 +45,7 @@ struct Shape {
 };
 
 std::string describe(const Shape& s) {
-  std::string r = "E " + std::to_string(s.rows_E.size()) + " rows {";
-  for (int32_t v : s.rows_E) r += std::to_string(v) + " ";
-  return r + "} N " + std::to_string(s.N) + " L " + std::to_string(s.L);
+  return describe_rows(s.rows_E) + "N " + std::to_string(s.N) + " L " + std::to_string(s.L);
 }
 
 std::vector<Shape> shapes() {
@@ -74,8 +73,7 @@ struct Problem {
     E = static_cast<int>(s.rows_E.size());
     N = s.N;
     L = s.L;
-    offsets.assign(1, 0);
-    for (int32_t r : s.rows_E) offsets.push_back(offsets.back() + r);
+    offsets = group_offsets(s.rows_E);
     M = offsets.back() + s.spare_rows;
     max_blocks = fp8_col_blocks(M, E);
     K = fp8_col_k(M, E);

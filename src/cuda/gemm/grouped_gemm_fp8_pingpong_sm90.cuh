@@ -1,5 +1,6 @@
 // FP8 block-scaled grouped GEMM, ping-pong tile (rows grouping): the formula, layouts, scale loads
-// and promotion of grouped_gemm_fp8_sm90.cuh, on 64 x 256 tiles instead of 128 x 128.
+// and promotion of grouped_gemm_fp8_sm90.cuh (fp8_mainloop.cuh), on 64 x 256 tiles instead of
+// 128 x 128.
 //
 // Why: with ~128 rows per expert the GEMM is weight-bound, and a stage of this tile holds a 256 x 128
 // weight k-block (32 KiB, plus 8 KiB of A): 5 stages keep 160 KiB of weights in flight against the
@@ -30,6 +31,7 @@
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "cuda/gemm/fp8_mainloop.cuh"
 #include "cuda/gemm/grouped_gemm_fp8_sm90.cuh"
 #include "cuda/gemm/grouped_gemm_sm90.cuh"
 
@@ -114,18 +116,11 @@ __global__ void __launch_bounds__(Fp8PingPongTraits::kThreads, 1)
   const int warp_in_group = cutlass::canonical_warp_idx_sync() % 4;
   const int lane_predicate = cute::elect_one_sync();
 
-  typename Pipeline::Params pipe_params;
-  pipe_params.transaction_bytes = Traits::kTxBytes;
-  pipe_params.role = warpgroup == 0 ? Pipeline::ThreadCategory::Producer
-                                    : Pipeline::ThreadCategory::Consumer;
-  pipe_params.is_leader = warpgroup == 0 && warp_in_group == 0 && lane_predicate;
-  pipe_params.num_consumers = 128;  // one warpgroup works on (and releases) a stage
-  Pipeline pipeline(smem.pipeline, pipe_params, Shape<_1, _1, _1>{});
-
-  if (threadIdx.x == 0) {
-    cute::prefetch_tma_descriptor(tma_a.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(tma_b.get_tma_descriptor());
-  }
+  // One warpgroup works on (and releases) a stage.
+  Pipeline pipeline(smem.pipeline,
+                    fp8_pipeline_params<Pipeline>(warpgroup, warp_in_group, lane_predicate, Traits::kTxBytes, 128),
+                    Shape<_1, _1, _1>{});
+  fp8_prefetch_descriptors(tma_a, tma_b);
   using Units = Fp8PingPongUnits<kPairs>;
   const TileScheduler<Units> sched = make_scheduler<Units>(smem, group_args);  // syncs the CTA
 
@@ -148,18 +143,7 @@ __global__ void __launch_bounds__(Fp8PingPongTraits::kThreads, 1)
                                  make_coord(0, _));  // (BM, BK, k)
           Tensor gB = local_tile(domain_offset(make_coord(static_cast<int64_t>(t.n_tile) * BN, 0, t.group), mB)(_, _, 0),
                                  Shape<Int<BN>, Int<BK>>{}, make_coord(0, _));  // (BN, BK, k)
-          auto [tAgA, tAsA] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA),
-                                            group_modes<0, 2>(gA));
-          auto [tBgB, tBsB] = tma_partition(tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sB),
-                                            group_modes<0, 2>(gB));
-          for (int kt = 0; kt < t.k_tiles; ++kt) {
-            pipeline.producer_acquire(write_state);
-            auto* barrier = pipeline.producer_get_barrier(write_state);
-            const int stage = write_state.index();
-            copy(tma_a.with(*barrier), tAgA(_, kt), tAsA(_, stage));
-            copy(tma_b.with(*barrier), tBgB(_, kt), tBsB(_, stage));
-            ++write_state;
-          }
+          fp8_load_k_blocks(pipeline, write_state, tma_a, tma_b, gA, gB, sA, sB, t.k_tiles);
         }
       }
     }
@@ -182,9 +166,6 @@ __global__ void __launch_bounds__(Fp8PingPongTraits::kThreads, 1)
     // This thread's two fragment rows within the tile (value i is in row 16 w + l / 4 + 8 h).
     const int scale_row0 = 16 * (tid / 32) + (tid % 32) / 4;
     const Fp8ActScales sa = resolve_act_scales(sa_args);
-    auto act_scale = [&](int64_t row, int kb) {  // rows past the last one: masked outputs
-      return row < sa.rows ? __ldg(sa.scales_SM + kb * sa.ld + row) : 0.0f;
-    };
 
     Epilogue epilogue(epi_params, smem.epilogue[wg], wg, /*row_block=*/0, tid);
     PipelineState read_state;
@@ -216,38 +197,26 @@ __global__ void __launch_bounds__(Fp8PingPongTraits::kThreads, 1)
         for (int i = 0; i < size(total); ++i) total(i) = 0.0f;
         const int64_t row0 = static_cast<int64_t>(t.row0) + scale_row0, row1 = row0 + 8;
         float sb0_next = __ldg(sb_S), sb1_next = has_nb1 ? __ldg(sb_S + sb.k_blocks) : 0.0f;
-        float sa0_next = act_scale(row0, 0), sa1_next = act_scale(row1, 0);
+        float sa0_next = fp8_act_scale(sa, row0, 0), sa1_next = fp8_act_scale(sa, row1, 0);
         for (int kt = 0; kt < t.k_tiles; ++kt) {
           const float sb_k[2] = {sb0_next, sb1_next};
           const float sa0 = sa0_next, sa1 = sa1_next;
           if (kt + 1 < t.k_tiles) {  // in flight during the MMA
             sb0_next = __ldg(sb_S + kt + 1);
             if (has_nb1) sb1_next = __ldg(sb_S + sb.k_blocks + kt + 1);
-            sa0_next = act_scale(row0, kt + 1);
-            sa1_next = act_scale(row1, kt + 1);
+            sa0_next = fp8_act_scale(sa, row0, kt + 1);
+            sa1_next = fp8_act_scale(sa, row1, kt + 1);
           }
           pipeline.consumer_wait(read_state);
           const int stage = read_state.index();
           CUTE_UNROLL
           for (int half_n = 0; half_n < 2; ++half_n) {
-            warpgroup_fence_operand(block);
-            warpgroup_arrive();
-            tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
-            CUTE_UNROLL
-            for (int kb = 0; kb < size<2>(tCrA); ++kb) {
-              cute::gemm(tiled_mma, tCrA(_, _, kb, stage), tCrB(_, _, kb, 2 * stage + half_n), block);
-              tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-            }
-            warpgroup_commit_batch();
+            fp8_mma_k_block(tiled_mma, tCrA, tCrB, stage, 2 * stage + half_n, block);
             warpgroup_wait<0>();
             warpgroup_fence_operand(block);
             if (half_n == 1) pipeline.consumer_release(read_state);  // operands are read
             const float s0 = sa0 * sb_k[half_n], s1 = sa1 * sb_k[half_n];
-            CUTE_UNROLL
-            for (int i = 0; i < size(block); ++i) {
-              const int j = kBlockValues * half_n + i;
-              total(j) = __fmaf_rn(block(i), (i & 2) ? s1 : s0, total(j));
-            }
+            fp8_promote_rows(total, block, s0, s1, kBlockValues * half_n);  // into half n's values
           }
           ++read_state;
         }

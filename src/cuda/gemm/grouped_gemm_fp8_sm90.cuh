@@ -6,7 +6,9 @@
 // activation scales sa and 128x128 weight scales sb (fp32). Hopper's fp8 wgmma accumulates with
 // reduced precision, so each 128-deep k-block goes into a block accumulator (zeroed by the first
 // wgmma) that the consumer promotes into an fp32 total in registers with the block's scales:
-// total = fma(block, sa * sb, total). CPU twin: cpu/gemm_fp8_reference.h.
+// total = fma(block, sa * sb, total). CPU twin: cpu/gemm_fp8_reference.h. The scale loads,
+// producer loop, k-block MMA, two-accumulator loop and promotion are fp8_mainloop.cuh's, shared
+// with the ping-pong tile and the WGRAD.
 //
 // Structure as the bf16 kernel (grouped_gemm_sm90.cuh, whose tile scheduler and epilogues this
 // reuses): persistent grid, one producer warpgroup (one thread issues TMA), BLOCK_M / 64 consumer
@@ -31,6 +33,7 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "core/fp8_terms.h"
+#include "cuda/gemm/fp8_mainloop.cuh"
 #include "cuda/gemm/gemm_config.h"
 #include "cuda/gemm/grouped_gemm_sm90.cuh"
 
@@ -77,35 +80,10 @@ struct alignas(1024) Fp8SharedStorage {
   int tile_prefix[kMaxGroups + 1];
 };
 
-// Activation scales as the consumers read them: [k_blocks, ld] fp32, rows < `rows` valid. With
-// rows_1 set, the operand holds a row count known only on the device (received rows,
-// core/fp8_terms.h): rows = clamp(*rows_1, 0, rows), and its scales follow its codes, at
-// codes + fp8_rows_scales_offset(rows, k) with ld = fp8_rows_ld(rows); scales_SM is then the codes.
-struct Fp8ActScales {
-  const float* scales_SM;
-  int64_t ld;
-  int64_t rows;
-  const int32_t* rows_1 = nullptr;
-  int64_t k = 0;  // the operand's row length (codes bytes per row), with rows_1
-};
-
-// Resolved once per consumer thread, before any tile.
-__device__ __forceinline__ Fp8ActScales resolve_act_scales(const Fp8ActScales& sa) {
-  if (sa.rows_1 == nullptr) return sa;
-  const int64_t count = *sa.rows_1;
-  Fp8ActScales r = sa;
-  r.rows = count < 0 ? 0 : (count < sa.rows ? count : sa.rows);
-  r.scales_SM = reinterpret_cast<const float*>(reinterpret_cast<const char*>(sa.scales_SM) +
-                                               fp8_rows_scales_offset(r.rows, sa.k));
-  r.ld = fp8_rows_ld(r.rows);
-  return r;
-}
-
-// Weight scales as the consumers read them: [groups, n_blocks, k_blocks] fp32.
-struct Fp8WeightScales {
-  const float* scales_EBS;
-  int64_t n_blocks;  // ceil(N / 128)
-  int64_t k_blocks;  // ceil(K / 128)
+// One k-block's scales for a consumer thread: the tile's weight scale and its two rows' activation
+// scales.
+struct Fp8RowScales {
+  float sb, sa0, sa1;
 };
 
 template <class Traits, class Epilogue, bool kOverlap, class TmaA, class TmaB>
@@ -127,18 +105,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int warp_in_group = cutlass::canonical_warp_idx_sync() % 4;
   const int lane_predicate = cute::elect_one_sync();
 
-  typename Pipeline::Params pipe_params;
-  pipe_params.transaction_bytes = Traits::kTxBytes;
-  pipe_params.role = warpgroup == 0 ? Pipeline::ThreadCategory::Producer
-                                    : Pipeline::ThreadCategory::Consumer;
-  pipe_params.is_leader = warpgroup == 0 && warp_in_group == 0 && lane_predicate;
-  pipe_params.num_consumers = 128 * Traits::kWarpgroupsPerTile;
-  Pipeline pipeline(smem.pipeline, pipe_params, Shape<_1, _1, _1>{});
-
-  if (threadIdx.x == 0) {
-    cute::prefetch_tma_descriptor(tma_a.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(tma_b.get_tma_descriptor());
-  }
+  Pipeline pipeline(smem.pipeline,
+                    fp8_pipeline_params<Pipeline>(warpgroup, warp_in_group, lane_predicate, Traits::kTxBytes,
+                                                  128 * Traits::kWarpgroupsPerTile),
+                    Shape<_1, _1, _1>{});
+  fp8_prefetch_descriptors(tma_a, tma_b);
   const TileScheduler<Traits> sched = make_scheduler<Traits>(smem, group_args);  // syncs the CTA
 
   Tensor sA = make_tensor(make_smem_ptr(smem.a.data()), typename Traits::SmemLayoutA{});
@@ -157,18 +128,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                make_coord(0, _));  // (BM, BK, k)
         Tensor gB = local_tile(domain_offset(make_coord(static_cast<int64_t>(t.n_tile) * BN, 0, t.group), mB)(_, _, 0),
                                Shape<Int<BN>, Int<BK>>{}, make_coord(0, _));  // (BN, BK, k)
-        auto [tAgA, tAsA] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA),
-                                          group_modes<0, 2>(gA));
-        auto [tBgB, tBsB] = tma_partition(tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sB),
-                                          group_modes<0, 2>(gB));
-        for (int kt = 0; kt < t.k_tiles; ++kt) {
-          pipeline.producer_acquire(write_state);
-          auto* barrier = pipeline.producer_get_barrier(write_state);
-          const int stage = write_state.index();
-          copy(tma_a.with(*barrier), tAgA(_, kt), tAsA(_, stage));
-          copy(tma_b.with(*barrier), tBgB(_, kt), tBsB(_, stage));
-          ++write_state;
-        }
+        fp8_load_k_blocks(pipeline, write_state, tma_a, tma_b, gA, gB, sA, sB, t.k_tiles);
       }
     }
   } else {
@@ -190,77 +150,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // 16 w + l / 4 + 8 h of the warpgroup's 64; epilogues.cuh).
     const int scale_row0 = 64 * wg + 16 * (tid / 32) + (tid % 32) / 4;
     const Fp8ActScales sa = resolve_act_scales(sa_args);
-    // Rows past the last one read no scale (their outputs are masked by the epilogue).
-    auto act_scale = [&](int64_t row, int kb) {
-      return row < sa.rows ? __ldg(sa.scales_SM + kb * sa.ld + row) : 0.0f;
-    };
-
-    // The same fma per element and k-block, in k order, in both variants: results are bitwise equal.
-    auto promote = [&](const auto& block, float s0, float s1) {
-      CUTE_UNROLL
-      for (int i = 0; i < size(block); ++i) {
-        total(i) = __fmaf_rn(block(i), (i & 2) ? s1 : s0, total(i));
-      }
-    };
+    auto promote = [&](const auto& block, float s0, float s1) { fp8_promote_rows(total, block, s0, s1); };
     PipelineState read_state;     // the next stage to wait for
     PipelineState release_state;  // the oldest stage not yet released (trails read_state)
-    // Waits for the next stage and issues its k-block's wgmmas into `block` (one commit group).
-    auto issue = [&](auto& block) {
-      pipeline.consumer_wait(read_state);
-      const int stage = read_state.index();
-      ++read_state;
-      warpgroup_fence_operand(block);
-      warpgroup_arrive();
-      tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
-      CUTE_UNROLL
-      for (int kb = 0; kb < size<2>(tCrA); ++kb) {
-        cute::gemm(tiled_mma, tCrA(_, _, kb, stage), tCrB(_, _, kb, stage), block);
-        tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-      }
-      warpgroup_commit_batch();
-      warpgroup_fence_operand(block);
-    };
-    // The oldest k-block in flight has completed (younger_in_flight: wait<1>, else wait<0>):
-    // release its stage, then promote it while the younger k-block's MMA runs. The waits are
-    // compile-time counts in straight-line code, so ptxas can see which accumulator is complete.
-    auto retire = [&](auto& block, auto younger_in_flight, float s0, float s1) {
-      warpgroup_wait<decltype(younger_in_flight)::value ? 1 : 0>();
-      warpgroup_fence_operand(block);
-      pipeline.consumer_release(release_state);  // its wgmmas have read the stage
-      ++release_state;
-      promote(block, s0, s1);
-    };
-    // k-blocks alternate between block0 (even kt) and block1 (odd kt), the loop unrolled by two so
-    // each is a static register array. A k-block's scales load just before its MMA is issued and
-    // are used by its promotion, after the next k-block's issue.
-    auto consume_overlapped = [&](int k_tiles, int64_t row0, int64_t row1, const float* sb_S) {
-      if (k_tiles <= 0) return;
-      float sb_e = __ldg(sb_S), sa0_e = act_scale(row0, 0), sa1_e = act_scale(row1, 0);
-      float sb_o = 0.0f, sa0_o = 0.0f, sa1_o = 0.0f;
-      issue(block0);
-      int kt = 0;
-      for (; kt + 2 < k_tiles; kt += 2) {  // block0 holds k-block kt in flight; kt + 2 exists
-        sb_o = __ldg(sb_S + kt + 1);
-        sa0_o = act_scale(row0, kt + 1);
-        sa1_o = act_scale(row1, kt + 1);
-        issue(block1);
-        retire(block0, cute::true_type{}, sa0_e * sb_e, sa1_e * sb_e);
-        sb_e = __ldg(sb_S + kt + 2);
-        sa0_e = act_scale(row0, kt + 2);
-        sa1_e = act_scale(row1, kt + 2);
-        issue(block0);
-        retire(block1, cute::true_type{}, sa0_o * sb_o, sa1_o * sb_o);
-      }
-      if (kt + 1 < k_tiles) {  // two k-blocks left: kt in block0 (in flight), kt + 1
-        sb_o = __ldg(sb_S + kt + 1);
-        sa0_o = act_scale(row0, kt + 1);
-        sa1_o = act_scale(row1, kt + 1);
-        issue(block1);
-        retire(block0, cute::true_type{}, sa0_e * sb_e, sa1_e * sb_e);
-        retire(block1, cute::false_type{}, sa0_o * sb_o, sa1_o * sb_o);
-      } else {  // one left
-        retire(block0, cute::false_type{}, sa0_e * sb_e, sa1_e * sb_e);
-      }
+    // kOverlap (fp8_overlapped_k_blocks): k-blocks alternate between block0 and block1; a k-block's
+    // scales load just before its MMA is issued and are used by its promotion, after the next
+    // k-block's issue.
+    auto issue = [&](auto& block) { fp8_issue_k_block(pipeline, read_state, tiled_mma, tCrA, tCrB, block); };
+    auto retire = [&](auto& block, auto younger_in_flight, const Fp8RowScales& k) {
+      const float s0 = k.sa0 * k.sb, s1 = k.sa1 * k.sb;
+      fp8_retire_k_block<decltype(younger_in_flight)::value>(pipeline, release_state, block);
+      promote(block, s0, s1);  // while the younger k-block's MMA runs
     };
 
     Epilogue epilogue(epi_params, smem.epilogue[wg], wg, wg, tid);
@@ -270,34 +170,25 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       CUTE_UNROLL
       for (int i = 0; i < size(total); ++i) total(i) = 0.0f;
       const int64_t row0 = static_cast<int64_t>(t.row0) + scale_row0, row1 = row0 + 8;
+      // Rows past the last one read no scale (their outputs are masked by the epilogue).
+      auto scales_of = [&](int kb) {
+        return Fp8RowScales{__ldg(sb_S + kb), fp8_act_scale(sa, row0, kb), fp8_act_scale(sa, row1, kb)};
+      };
       if constexpr (kOverlap) {
-        consume_overlapped(t.k_tiles, row0, row1, sb_S);
+        fp8_overlapped_k_blocks(t.k_tiles, block0, block1, scales_of, issue, retire);
       } else {
-        float sb_next = __ldg(sb_S);
-        float sa0_next = act_scale(row0, 0), sa1_next = act_scale(row1, 0);
+        Fp8RowScales next = scales_of(0);
         for (int kt = 0; kt < t.k_tiles; ++kt) {
-          const float sb_k = sb_next, sa0 = sa0_next, sa1 = sa1_next;
-          if (kt + 1 < t.k_tiles) {  // in flight during the MMA
-            sb_next = __ldg(sb_S + kt + 1);
-            sa0_next = act_scale(row0, kt + 1);
-            sa1_next = act_scale(row1, kt + 1);
-          }
+          const Fp8RowScales k = next;
+          if (kt + 1 < t.k_tiles) next = scales_of(kt + 1);  // in flight during the MMA
           pipeline.consumer_wait(read_state);
           const int stage = read_state.index();
-          warpgroup_fence_operand(block0);
-          warpgroup_arrive();
-          tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
-          CUTE_UNROLL
-          for (int kb = 0; kb < size<2>(tCrA); ++kb) {
-            cute::gemm(tiled_mma, tCrA(_, _, kb, stage), tCrB(_, _, kb, stage), block0);
-            tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-          }
-          warpgroup_commit_batch();
+          fp8_mma_k_block(tiled_mma, tCrA, tCrB, stage, stage, block0);
           warpgroup_wait<0>();
           warpgroup_fence_operand(block0);
           pipeline.consumer_release(read_state);  // operands and scales are read
           ++read_state;
-          promote(block0, sa0 * sb_k, sa1 * sb_k);
+          promote(block0, k.sa0 * k.sb, k.sa1 * k.sb);
         }
       }
       epilogue.store(t, total, total);

@@ -7,8 +7,9 @@
 // e4m3 wgmma takes; an expert's partial last block is zero-padded, so no k-tail handling) and
 // fp32 scales of 128x1 blocks, [blocks, N] and [blocks, L]. Each k-block goes into a block
 // accumulator that the consumer promotes into an fp32 total in registers, as the FP8 grouped GEMM
-// does (grouped_gemm_fp8_sm90.cuh, whose traits this shares), but with a scale per output row
-// and one per output column. CPU twin: cpu::fp8_wgrad_expert_reference (fp8_steps.h).
+// does (grouped_gemm_fp8_sm90.cuh, whose traits this shares, and the main loop pieces of
+// fp8_mainloop.cuh), but with a scale per output row and one per output column. CPU twin:
+// cpu::fp8_wgrad_expert_reference (fp8_steps.h).
 //
 // Tiles: one per (expert, n-tile, l-tile), looping over the expert's k-blocks; an expert without
 // rows (or every expert, when the step is skipped) has no k-block and its epilogue writes zeros or
@@ -35,6 +36,7 @@
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "cuda/gemm/fp8_mainloop.cuh"
 #include "cuda/gemm/gemm_config.h"
 #include "cuda/gemm/grouped_gemm_fp8_sm90.cuh"
 #include "cuda/gemm/grouped_gemm_sm90.cuh"
@@ -144,18 +146,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int warp_in_group = cutlass::canonical_warp_idx_sync() % 4;
   const int lane_predicate = cute::elect_one_sync();
 
-  typename Pipeline::Params pipe_params;
-  pipe_params.transaction_bytes = Traits::kTxBytes;
-  pipe_params.role = warpgroup == 0 ? Pipeline::ThreadCategory::Producer
-                                    : Pipeline::ThreadCategory::Consumer;
-  pipe_params.is_leader = warpgroup == 0 && warp_in_group == 0 && lane_predicate;
-  pipe_params.num_consumers = 128 * Traits::kWarpgroupsPerTile;
-  Pipeline pipeline(smem.pipeline, pipe_params, Shape<_1, _1, _1>{});
-
-  if (threadIdx.x == 0) {
-    cute::prefetch_tma_descriptor(tma_a.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(tma_b.get_tma_descriptor());
-  }
+  Pipeline pipeline(smem.pipeline,
+                    fp8_pipeline_params<Pipeline>(warpgroup, warp_in_group, lane_predicate, Traits::kTxBytes,
+                                                  128 * Traits::kWarpgroupsPerTile),
+                    Shape<_1, _1, _1>{});
+  fp8_prefetch_descriptors(tma_a, tma_b);
   const Fp8WgradScheduler<Traits> sched = make_wgrad_scheduler<Traits>(smem, groups);  // syncs
 
   Tensor sA = make_tensor(make_smem_ptr(smem.a.data()), typename Traits::SmemLayoutA{});
@@ -176,18 +171,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                Shape<Int<BM>, Int<BK>>{}, make_coord(0, _));  // (BM, BK, k)
         Tensor gB = local_tile(domain_offset(make_coord(static_cast<int64_t>(t.n_tile) * BN, k0), mB),
                                Shape<Int<BN>, Int<BK>>{}, make_coord(0, _));  // (BN, BK, k)
-        auto [tAgA, tAsA] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA),
-                                          group_modes<0, 2>(gA));
-        auto [tBgB, tBsB] = tma_partition(tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sB),
-                                          group_modes<0, 2>(gB));
-        for (int kt = 0; kt < t.k_tiles; ++kt) {
-          pipeline.producer_acquire(write_state);
-          auto* barrier = pipeline.producer_get_barrier(write_state);
-          const int stage = write_state.index();
-          copy(tma_a.with(*barrier), tAgA(_, kt), tAsA(_, stage));
-          copy(tma_b.with(*barrier), tBgB(_, kt), tBsB(_, stage));
-          ++write_state;
-        }
+        fp8_load_k_blocks(pipeline, write_state, tma_a, tma_b, gA, gB, sA, sB, t.k_tiles);
       }
     }
   } else {
@@ -231,31 +215,21 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       sa1_next = a_scale(n + 8, kb);
       if (wg == 0) sb_next = b_scale(static_cast<int64_t>(c.n_tile) * BN + tid, kb);
     };
-    // ---- kOverlap ----
-    // The same fmas as the one-accumulator loop below, per element in k order.
+    // The same fmas in both loops, per element in k order.
     auto promote = [&](const auto& acc, float sa0, float sa1, const float* sb_tile) {
-      CUTE_UNROLL
-      for (int g = 0; g < BN / 8; ++g) {
-        const float2 sb = *reinterpret_cast<const float2*>(sb_tile + 8 * g + 2 * quad);
-        CUTE_UNROLL
-        for (int h = 0; h < 2; ++h) {
-          const int i = 4 * g + 2 * h;
-          const float sa = h == 0 ? sa0 : sa1;
-          total(i) = __fmaf_rn(acc(i), __fmul_rn(sa, sb.x), total(i));
-          total(i + 1) = __fmaf_rn(acc(i + 1), __fmul_rn(sa, sb.y), total(i + 1));
-        }
-      }
+      fp8_promote_rows_cols<BN>(total, acc, sa0, sa1, sb_tile, quad);
     };
-    PipelineState release_state;  // the oldest stage not yet released (trails read_state)
     struct KScales {
       float sa0, sa1;
       const float* sb_tile;
     };
-    // k-block kt of tile t: its B scales staged into buffer step % 3, the next k-block's scales
-    // loaded (across tiles too), the barrier that publishes the buffer.
+    // k-block kt of tile t: its B scales staged into buffer step % 3 (kOverlap) or step % 2, the
+    // next k-block's scales loaded (in flight during the MMA; across tiles too), the barrier that
+    // publishes the buffer.
     auto stage_scales = [&](const TileCoord& t, int kt, const TileCoord& t_next, bool prefetch_next) {
-      const KScales k{sa0_next, sa1_next, smem.b_scales[step % 3]};
-      if (wg == 0) smem.b_scales[step % 3][tid] = sb_next;
+      float* sb_tile = smem.b_scales[kOverlap ? step % 3 : step & 1];
+      const KScales k{sa0_next, sa1_next, sb_tile};
+      if (wg == 0) sb_tile[tid] = sb_next;
       if (kt + 1 < t.k_tiles) {
         load_next(t, t.row0 + kt + 1);
       } else if (prefetch_next) {
@@ -267,54 +241,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ++step;
       return k;
     };
-    // Waits for the next stage and issues its k-block's wgmmas into `acc` (one commit group).
-    auto issue = [&](auto& acc) {
-      pipeline.consumer_wait(read_state);
-      const int stage = read_state.index();
-      ++read_state;
-      warpgroup_fence_operand(acc);
-      warpgroup_arrive();
-      tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
-      CUTE_UNROLL
-      for (int k = 0; k < size<2>(tCrA); ++k) {
-        cute::gemm(tiled_mma, tCrA(_, _, k, stage), tCrB(_, _, k, stage), acc);
-        tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-      }
-      warpgroup_commit_batch();
-      warpgroup_fence_operand(acc);
-    };
-    // The oldest k-block in flight has completed (younger_in_flight: wait<1>, else wait<0>,
-    // compile-time counts): release its stage, promote it while the younger one's MMA runs.
+    // ---- kOverlap (fp8_overlapped_k_blocks: k-blocks alternate between block and block1) ----
+    PipelineState release_state;  // the oldest stage not yet released (trails read_state)
+    auto issue = [&](auto& acc) { fp8_issue_k_block(pipeline, read_state, tiled_mma, tCrA, tCrB, acc); };
+    // Promotes the retired k-block while the younger one's MMA runs.
     auto retire = [&](auto& acc, auto younger_in_flight, const KScales& k) {
-      warpgroup_wait<decltype(younger_in_flight)::value ? 1 : 0>();
-      warpgroup_fence_operand(acc);
-      pipeline.consumer_release(release_state);
-      ++release_state;
+      fp8_retire_k_block<decltype(younger_in_flight)::value>(pipeline, release_state, acc);
       promote(acc, k.sa0, k.sa1, k.sb_tile);
-    };
-    // k-blocks alternate between block (even kt) and block1 (odd kt), unrolled by two.
-    auto consume_overlapped = [&](const TileCoord& t, const TileCoord& t_next, bool prefetch_next) {
-      const int n = t.k_tiles;
-      if (n <= 0) return;
-      KScales e = stage_scales(t, 0, t_next, prefetch_next);
-      issue(block);
-      int kt = 0;
-      for (; kt + 2 < n; kt += 2) {  // block holds k-block kt in flight; kt + 2 exists
-        const KScales o = stage_scales(t, kt + 1, t_next, prefetch_next);
-        issue(block1);
-        retire(block, cute::true_type{}, e);
-        e = stage_scales(t, kt + 2, t_next, prefetch_next);
-        issue(block);
-        retire(block1, cute::true_type{}, o);
-      }
-      if (kt + 1 < n) {  // two left
-        const KScales o = stage_scales(t, kt + 1, t_next, prefetch_next);
-        issue(block1);
-        retire(block, cute::true_type{}, e);
-        retire(block1, cute::false_type{}, o);
-      } else {
-        retire(block, cute::false_type{}, e);
-      }
     };
 
     for (int tile = blockIdx.x; tile < sched.total; tile += gridDim.x) {
@@ -327,47 +260,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       CUTE_UNROLL
       for (int i = 0; i < size(total); ++i) total(i) = 0.0f;
       if constexpr (kOverlap) {
-        consume_overlapped(t, t_next, prefetch_next);
+        auto scales_of = [&](int kt) { return stage_scales(t, kt, t_next, prefetch_next); };
+        fp8_overlapped_k_blocks(t.k_tiles, block, block1, scales_of, issue, retire);
       } else {
         for (int kt = 0; kt < t.k_tiles; ++kt) {
-          const float sa0 = sa0_next, sa1 = sa1_next;
-          float* sb_tile = smem.b_scales[step & 1];
-          if (wg == 0) sb_tile[tid] = sb_next;
-          if (kt + 1 < t.k_tiles) {  // in flight during the MMA
-            load_next(t, t.row0 + kt + 1);
-          } else if (prefetch_next) {
-            load_next(t_next, t_next.row0);
-            next_loaded = true;
-          }
-          cutlass::arch::NamedBarrier::arrive_and_wait(
-              256, static_cast<uint32_t>(GemmBarrier::fp8_wgrad_scales));
+          const KScales k = stage_scales(t, kt, t_next, prefetch_next);
           pipeline.consumer_wait(read_state);
           const int stage = read_state.index();
-          warpgroup_fence_operand(block);
-          warpgroup_arrive();
-          tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
-          CUTE_UNROLL
-          for (int k = 0; k < size<2>(tCrA); ++k) {
-            cute::gemm(tiled_mma, tCrA(_, _, k, stage), tCrB(_, _, k, stage), block);
-            tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-          }
-          warpgroup_commit_batch();
+          fp8_mma_k_block(tiled_mma, tCrA, tCrB, stage, stage, block);
           warpgroup_wait<0>();
           warpgroup_fence_operand(block);
           pipeline.consumer_release(read_state);
           ++read_state;
-          CUTE_UNROLL
-          for (int g = 0; g < BN / 8; ++g) {
-            const float2 sb = *reinterpret_cast<const float2*>(sb_tile + 8 * g + 2 * quad);
-            CUTE_UNROLL
-            for (int h = 0; h < 2; ++h) {
-              const int i = 4 * g + 2 * h;
-              const float sa = h == 0 ? sa0 : sa1;
-              total(i) = __fmaf_rn(block(i), __fmul_rn(sa, sb.x), total(i));
-              total(i + 1) = __fmaf_rn(block(i + 1), __fmul_rn(sa, sb.y), total(i + 1));
-            }
-          }
-          ++step;
+          promote(block, k.sa0, k.sa1, k.sb_tile);
         }
       }
       epilogue.store(t, total, total);
