@@ -160,11 +160,12 @@ EPMOE_STAGE(plan_backward, cuda::plan_backward(s))
 EPMOE_STAGE(restore_input, cuda::restore_input(s))
 EPMOE_STAGE(publish_backward, cuda::publish_backward(s))
 EPMOE_STAGE(grad_scores, cuda::grad_scores(s))
-// FP8 (s.fp8): grad_h3 and grad_h13 quantized after the bf16 kernels that make them; the DGRADs
+// FP8 (s.fp8): grad_h3 and grad_h13 quantized by the bf16 kernels that write them; the DGRADs
 // on the FP8 GEMM, the WGRADs on FP8-quantized operands (fp8_backward.h).
-EPMOE_STAGE(gather_grad, cuda::gather_grad(s); if (s.fp8) cuda::fp8_quantize_grad_h3(s))
+EPMOE_STAGE(gather_grad, if (s.fp8) cuda::fp8_gather_grad(s); else cuda::gather_grad(s))
 EPMOE_STAGE(w2_dgrad, if (s.fp8) cuda::fp8_w2_dgrad(s, false); else cuda::w2_dgrad(s, false))
-EPMOE_STAGE(swiglu_backward, cuda::swiglu_backward(s); if (s.fp8) cuda::fp8_quantize_grad_h13(s))
+EPMOE_STAGE(swiglu_backward,
+            if (s.fp8) cuda::fp8_swiglu_backward(s); else cuda::swiglu_backward(s))
 EPMOE_STAGE(w2_dgrad_swiglu, if (s.fp8) cuda::fp8_w2_dgrad(s, true); else cuda::w2_dgrad(s, true))
 EPMOE_STAGE(w2_wgrad, if (s.fp8) cuda::fp8_w2_wgrad(s); else cuda::w2_wgrad(s))
 EPMOE_STAGE(w13_dgrad, if (s.fp8) cuda::fp8_w13_dgrad(s, false); else cuda::w13_dgrad(s, false))
