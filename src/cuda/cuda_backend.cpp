@@ -139,11 +139,11 @@ EPMOE_STAGE(route, cuda::route(s))
 EPMOE_STAGE(plan_forward, cuda::plan_forward(s))
 EPMOE_STAGE(save_input, cuda::save_input(s))
 EPMOE_STAGE(dispatch, cuda::dispatch(s))
-// FP8 (s.fp8): the E4M3 GEMMs, and h quantized after the unfused SwiGLU (fp8_forward.h).
+// FP8 (s.fp8): the E4M3 GEMMs, and h quantized by the unfused SwiGLU kernel (fp8_forward.h).
 // NVFP4 (s.nvfp4): the weight-only GEMMs on bf16 rows (nvfp4_forward.h).
 EPMOE_STAGE(w13_gemm, if (s.fp8) cuda::fp8_w13_fprop(s);
             else if (s.nvfp4) cuda::nvfp4_w13_fprop(s); else cuda::w13_fprop(s, false))
-EPMOE_STAGE(swiglu_forward, cuda::swiglu_forward(s); if (s.fp8) cuda::fp8_quantize_h(s))
+EPMOE_STAGE(swiglu_forward, if (s.fp8) cuda::fp8_swiglu_forward(s); else cuda::swiglu_forward(s))
 EPMOE_STAGE(w13_swiglu, if (s.fp8) cuda::fp8_w13_swiglu(s);
             else if (s.nvfp4) cuda::nvfp4_w13_swiglu(s); else cuda::w13_fprop(s, true))
 EPMOE_STAGE(w2_gemm, if (s.fp8) cuda::fp8_w2_fprop(s, false);

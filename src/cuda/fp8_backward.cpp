@@ -1,8 +1,5 @@
 #include "cuda/fp8_backward.h"
 
-#include <cstdlib>
-#include <cstring>
-
 #include "core/formats/fp8_block.h"
 #include "core/fp8_terms.h"
 #include "cuda/formats/formats.h"
@@ -28,17 +25,6 @@ ScratchRows scratch_rows(const Step& s, int64_t offset, int64_t L) {
   char* base = s.fp8_scratch + offset;
   return {reinterpret_cast<uint8_t*>(base),
           reinterpret_cast<float*>(base + fp8_rows_scales_offset(M, L)), fp8_rows_ld(M)};
-}
-
-// EPMOE_FP8_ROW_QUANT (read per launch, for measurements): "producer" (unset) quantizes grad_h3
-// and grad_h13 in the kernels that write them; "separate" reads them back in a second kernel.
-// Both give the same bits.
-bool rows_quantized_by_producer() {
-  const char* env = std::getenv("EPMOE_FP8_ROW_QUANT");
-  if (env == nullptr || std::strcmp(env, "producer") == 0) return true;
-  EPMOE_CHECK_ARG(std::strcmp(env, "separate") == 0, "EPMOE_FP8_ROW_QUANT",
-                  "producer or separate", env);
-  return false;
 }
 
 void quantize_rows(const Step& s, const bf16_t* x_ML, int64_t offset, int64_t L) {
@@ -148,7 +134,7 @@ void fp8_quantize_grad_h13(const Step& s) {
 }
 
 void fp8_gather_grad(const Step& s) {
-  if (!rows_quantized_by_producer()) {
+  if (!fp8_rows_quantized_by_producer()) {
     gather_grad(s);
     fp8_quantize_grad_h3(s);
     return;
@@ -159,7 +145,7 @@ void fp8_gather_grad(const Step& s) {
 
 void fp8_swiglu_backward(const Step& s) {
   // A 1x128 block of grad_h13 [gate | up] spans both halves unless F % 128 == 0: then separate.
-  if (s.dims.F % kFp8RowBlock != 0 || !rows_quantized_by_producer()) {
+  if (s.dims.F % kFp8RowBlock != 0 || !fp8_rows_quantized_by_producer()) {
     swiglu_backward(s);
     fp8_quantize_grad_h13(s);
     return;

@@ -20,11 +20,16 @@ struct SwigluParams {
   bf16_t* grad_h13_M2F;       // [capacity, 2F] bf16 (backward)
   const float* row_scores_M;  // [capacity] f32 (backward), nullable: grad_h is already scaled
   float* score_parts_MC;      // [capacity, chunks] f32 (backward, with row scores)
-  Fp8RowsOut q;               // backward, kQuantize: the E4M3 rows of grad_h13 (fp8_rows_bytes)
+  Fp8RowsOut q;               // kQuantize: the E4M3 rows of h / grad_h13 (fp8_rows_bytes)
   int64_t F, capacity, chunks;
   ActivationParams act;
 };
 
+// kQuantize (FP8, F % 128 == 0): h is also quantized 1x128 into p.q as fp8_quantize_rows_counted
+// would from the stored rows. A row holds a multiple of 16 vectors and the stride is a multiple of
+// 32, so each half warp holds one 1x128 block of one row, lane j elements 8j .. 8j + 7
+// (fp8_row_vectors.cuh).
+template <bool kQuantize>
 __global__ void __launch_bounds__(kThreads) swiglu_forward_kernel(const SwigluParams p) {
   if (layout_skip(p.header) || replay_skipped(p.replay_skip)) return;
   const bf16_t* h13_M2F = p.h13.get<const bf16_t>();  // [capacity, 2F]
@@ -32,6 +37,7 @@ __global__ void __launch_bounds__(kThreads) swiglu_forward_kernel(const SwigluPa
   const int64_t vecs_per_row = p.F / kVec;
   const int64_t total = M * vecs_per_row;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const unsigned block_lanes = 0xffffu << ((threadIdx.x % 32) & 16u);  // a 1x128 block's 16 lanes
   for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < total; j += stride) {
     const int64_t m = j / vecs_per_row;
     const int64_t f = (j % vecs_per_row) * kVec;
@@ -41,7 +47,11 @@ __global__ void __launch_bounds__(kThreads) swiglu_forward_kernel(const SwigluPa
     Bf16x8 h;
 #pragma unroll
     for (int e = 0; e < kVec; ++e) h.v[e] = ::epmoe::swiglu_forward(gate.v[e], up.v[e], p.act);
-    store_vec(p.h_MF + m * p.F + f, pack8(h));
+    const uint4 h_8 = pack8(h);
+    store_vec(p.h_MF + m * p.F + f, h_8);
+    if constexpr (kQuantize) {
+      store_fp8_run8(p.q, m, p.F, f, fp8_quantize_run8(h_8, true, block_lanes));
+    }
   }
 }
 
@@ -126,14 +136,37 @@ SwigluParams swiglu_params(const Step& s) {
   return p;
 }
 
+// The E4M3 rows a kernel writes beside h or grad_h13: F % 128 == 0 (a half warp is one block, and
+// no block of [gate | up] spans both halves).
+void check_fp8_rows(const Step& s, const uint8_t* codes, const float* scales_SM, int64_t ld,
+                    const char* codes_name) {
+  EPMOE_CHECK_ARG(s.dims.F % kFp8RowBlock == 0, "Config.intermediate_dim",
+                  "a multiple of 128 for the SwiGLU kernels' E4M3 rows", s.dims.F);
+  EPMOE_CHECK_ARG(ld >= s.capacity_rows, "ld", ">= the capacity rows", ld);
+  EPMOE_CHECK_ARG(codes != nullptr && scales_SM != nullptr, codes_name,
+                  "the E4M3 rows' codes and scales", "nullptr");
+  check_aligned16(codes, codes_name);
+}
+
 }  // namespace
 
 void swiglu_forward(const Step& s) {
   SwigluParams p = swiglu_params(s);
   p.replay_skip = replay_skip_flag(s);
   const int64_t items = s.capacity_rows * (s.dims.F / kVec);
-  swiglu_forward_kernel<<<grid_for(items, kThreads), kThreads, 0,
-                          static_cast<cudaStream_t>(s.stream)>>>(p);
+  swiglu_forward_kernel<false><<<grid_for(items, kThreads), kThreads, 0,
+                                 static_cast<cudaStream_t>(s.stream)>>>(p);
+  EPMOE_CUDA_LAUNCH_CHECK();
+}
+
+void swiglu_forward_fp8_rows(const Step& s, uint8_t* q_MF, float* scales_SM, int64_t ld) {
+  check_fp8_rows(s, q_MF, scales_SM, ld, "q_MF");
+  SwigluParams p = swiglu_params(s);
+  p.replay_skip = replay_skip_flag(s);
+  p.q = Fp8RowsOut{q_MF, scales_SM, ld};
+  const int64_t items = s.capacity_rows * (s.dims.F / kVec);
+  swiglu_forward_kernel<true><<<grid_for(items, kThreads), kThreads, 0,
+                                static_cast<cudaStream_t>(s.stream)>>>(p);
   EPMOE_CUDA_LAUNCH_CHECK();
 }
 
@@ -148,12 +181,7 @@ void swiglu_backward(const Step& s) {
 
 void swiglu_backward_fp8_rows(const Step& s, uint8_t* q_M2F, float* scales_SM, int64_t ld) {
   EPMOE_CHECK_ARG(s.grad_h_MF != nullptr, "Step.grad_h_MF", "the unfused grad_h buffer", "nullptr");
-  EPMOE_CHECK_ARG(s.dims.F % kFp8RowBlock == 0, "Config.intermediate_dim",
-                  "a multiple of 128 for the SwiGLU backward's E4M3 rows", s.dims.F);
-  EPMOE_CHECK_ARG(ld >= s.capacity_rows, "ld", ">= the capacity rows", ld);
-  EPMOE_CHECK_ARG(q_M2F != nullptr && scales_SM != nullptr, "q_M2F, scales_SM",
-                  "the E4M3 rows' codes and scales", "nullptr");
-  check_aligned16(q_M2F, "q_M2F");
+  check_fp8_rows(s, q_M2F, scales_SM, ld, "q_M2F");
   SwigluParams p = swiglu_params(s);
   p.q = Fp8RowsOut{q_M2F, scales_SM, ld};
   const int64_t items = s.capacity_rows * p.chunks * 8;

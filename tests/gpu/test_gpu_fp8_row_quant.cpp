@@ -1,10 +1,11 @@
-// FP8 training's E4M3 rows of grad_h3 and grad_h13 written by the kernels that write the bf16 rows
-// (gather_grad's pull, the SwiGLU backward) against the separate chain (the bf16 kernel, then
-// fp8_quantize_rows_counted reading the rows back), both through the CUDA backend's stages with
-// EPMOE_FP8_ROW_QUANT=producer / separate: bf16 outputs, codes and scales bitwise over the whole
-// capacity (rows past the device row count untouched by both), for R simulated ranks on one GPU
-// (the pull reads peers' rows), a received row count below capacity, partial last blocks, both
-// backward forms (score in gather_grad, row scores after the W2 DGRAD) and a skipped step.
+// FP8's E4M3 rows of h, grad_h3 and grad_h13 written by the kernels that write the bf16 rows (the
+// SwiGLU forward, gather_grad's pull, the SwiGLU backward) against the separate chain (the bf16
+// kernel, then fp8_quantize_rows_counted reading the rows back), both through the CUDA backend's
+// stages with EPMOE_FP8_ROW_QUANT=producer / separate: bf16 outputs, codes and scales bitwise over
+// the whole capacity (rows past the device row count untouched by both), for R simulated ranks on
+// one GPU (the pull reads peers' rows), a received row count below capacity, partial last blocks,
+// F % 128 != 0 (the SwiGLU kernels fall back to the separate chain), both backward forms (score in
+// gather_grad, row scores after the W2 DGRAD) and a skipped step.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -193,6 +194,35 @@ TEST(GpuFp8RowQuant, SwigluBackwardQuantizingEqualsSwigluThenQuantizeBitwise) {
   }
 }
 
+TEST(GpuFp8RowQuant, SwigluForwardQuantizingEqualsSwigluThenQuantizeBitwise) {
+  EPMOE_REQUIRE_GPU();
+  auto gpu = make_cuda_backend(0);
+  uint32_t seed = 270;
+  for (const RowQuantCase& c : cases()) {
+    if (c.row_scores) continue;  // the forward has no row scores
+    SCOPED_TRACE(c.name);
+    const Shape& sh = c.shape;
+    World w(*gpu, sh);
+    route_and_publish(w, seed, c.live, c.pattern);
+    Rng rng(seed++);
+    const int64_t cap = sh.cap(), F = sh.F;
+    const int64_t offset = fp8_scratch_layout(sh.dims(), cap).h_q;
+    for (int r = 0; r < sh.R; ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      const int64_t M = w.rows(r);
+      ASSERT_GT(M, 0);
+      ASSERT_LT(M, cap) << "the case should leave rows past the device count";
+      const Step s = w.step(r);
+      w.fill(s.h13_M2F, rng.bf16s(cap * 2 * F));  // stands in for the W13 FPROP
+      const std::vector<std::pair<void*, int64_t>> outs = {{s.h_MF, cap * F * 2}};
+      const StageOut want = run_stage(w, r, "separate", outs, &Backend::swiglu_forward);
+      const StageOut got = run_stage(w, r, nullptr, outs, &Backend::swiglu_forward);
+      expect_same_outputs(want, got, {"h"});
+      expect_rows_written_below(rows_region(got.scratch, offset, cap, F), M, cap, F);
+    }
+  }
+}
+
 // Capacity overflow: the step is skipped; neither form writes a bf16 row, a code or a scale.
 TEST(GpuFp8RowQuant, SkippedStepWritesNothing) {
   EPMOE_REQUIRE_GPU();
@@ -220,6 +250,10 @@ TEST(GpuFp8RowQuant, SkippedStepWritesNothing) {
       EXPECT_TRUE(same_bits(std::vector<uint8_t>(static_cast<size_t>(cap * 2 * sh.F * 2), kPoison),
                             b.buffers[0])) << "grad_h13 written";
       EXPECT_TRUE(same_bits(poisoned, b.scratch)) << "swiglu_backward wrote the FP8 scratch";
+      const StageOut f = run_stage(w, r, mode, {{s.h_MF, cap * sh.F * 2}}, &Backend::swiglu_forward);
+      EXPECT_TRUE(same_bits(std::vector<uint8_t>(static_cast<size_t>(cap * sh.F * 2), kPoison),
+                            f.buffers[0])) << "h written";
+      EXPECT_TRUE(same_bits(poisoned, f.scratch)) << "swiglu_forward wrote the FP8 scratch";
     }
   }
 }
