@@ -36,10 +36,18 @@ __device__ __forceinline__ void release_add(uint32_t* counter, uint32_t v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(counter), "r"(v) : "memory");
 }
 
+// bf16(score * x) of 8 elements.
+__device__ __forceinline__ uint4 scaled(uint4 u, float score) {
+  Bf16x8 x = unpack8(u);
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) x.v[e] = __fmul_rn(score, x.v[e]);
+  return pack8(x);
+}
+
 // kScale: gather_grad (each row scaled by its own route's score, or with row scores copied and
 // the score stored per row), otherwise a plain copy. kQuantize (gather_grad in FP8 training): each
 // stored row is also quantized 1x128 into p.q as fp8_quantize_rows_counted would from the stored
-// bf16 (fp8_row_vectors.cuh); the vector loop is warp-uniform for its shuffles.
+// bf16 (fp8_row_vectors.cuh).
 template <bool kScale, bool kQuantize>
 __global__ void __launch_bounds__(kThreads) pull_rows_kernel(const PullParams p) {
   static_assert(kScale || !kQuantize, "only gather_grad quantizes");
@@ -71,12 +79,14 @@ __global__ void __launch_bounds__(kThreads) pull_rows_kernel(const PullParams p)
         }
       }
     }
-    // Lane l of pass `base` holds vectors base + l + 32 b: 16 lanes are one 1x128 block.
-    for (int64_t base = 0; base < vecs; base += 32 * kBatch) {
+    // Lane l holds vectors v0 + 32 b. Quantizing, v0 = base + l with base warp-uniform: the loop
+    // runs on every lane (shuffles) and 16 lanes are one 1x128 block.
+    const int64_t lane_offset = kQuantize ? lane : 0;
+    for (int64_t v0 = kQuantize ? 0 : lane; v0 < vecs; v0 += 32 * kBatch) {
       uint4 u[kBatch];
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
-        const int64_t v = base + lane + 32 * b;
+        const int64_t v = v0 + lane_offset + 32 * b;
         if (v < vecs) u[b] = load_vec_cg(row_D + v * kVec);
       }
       for (int k = 0; k < p.K; ++k) {
@@ -87,20 +97,18 @@ __global__ void __launch_bounds__(kThreads) pull_rows_kernel(const PullParams p)
         if (scale) score = __ldcg(scores_K + k);
 #pragma unroll
         for (int b = 0; b < kBatch; ++b) {
-          const int64_t v = base + lane + 32 * b;
-          if (base + 32 * b >= vecs) break;  // warp-uniform: no lane of this or a later b in the row
-          const bool in = v < vecs;
-          uint4 w = in ? u[b] : make_uint4(0u, 0u, 0u, 0u);
-          if (scale) {
-            Bf16x8 x = unpack8(w);
-#pragma unroll
-            for (int e = 0; e < kVec; ++e) x.v[e] = __fmul_rn(score, x.v[e]);
-            w = pack8(x);
-          }
-          if (in) store_vec(out_D + v * kVec, w);
+          const int64_t v = v0 + lane_offset + 32 * b;
           if constexpr (kQuantize) {
+            if (v0 + 32 * b >= vecs) break;  // warp-uniform: no lane of this or a later b in the row
+            const bool in = v < vecs;
+            uint4 w = in ? u[b] : make_uint4(0u, 0u, 0u, 0u);
+            if (scale) w = scaled(w, score);
+            if (in) store_vec(out_D + v * kVec, w);
             const Fp8Run8 q = fp8_quantize_run8(w, in, 0xffffffffu);
             if (in) store_fp8_run8(p.q, m, p.D, v * kVec, q);
+          } else {
+            if (v >= vecs) continue;
+            store_vec(out_D + v * kVec, scale ? scaled(u[b], score) : u[b]);
           }
         }
       }
