@@ -89,6 +89,26 @@ __global__ void __launch_bounds__(kThreads) pull_rows_kernel(const PullParams p)
         const int64_t v = v0 + lane_offset + 32 * b;
         if (v < vecs) u[b] = load_vec_cg(row_D + v * kVec);
       }
+      if constexpr (kQuantize) {
+        if (!scale) {  // row scores: the pull's local rows are one row, quantized once
+#pragma unroll
+          for (int b = 0; b < kBatch; ++b) {
+            if (v0 + 32 * b >= vecs) break;  // warp-uniform: no lane of this or a later b in the row
+            const int64_t v = v0 + lane_offset + 32 * b;
+            const bool in = v < vecs;
+            const uint4 w = in ? u[b] : make_uint4(0u, 0u, 0u, 0u);
+            const Fp8Run8 q = fp8_quantize_run8(w, in, 0xffffffffu);
+            if (!in) continue;
+            for (int k = 0; k < p.K; ++k) {
+              const int64_t m = rows_K[k];
+              if (m < 0) continue;
+              store_vec(out_MD + m * p.D + v * kVec, w);
+              store_fp8_run8(p.q, m, p.D, v * kVec, q);
+            }
+          }
+          continue;
+        }
+      }
       for (int k = 0; k < p.K; ++k) {
         const int64_t m = rows_K[k];  // warp-uniform
         if (m < 0) continue;
@@ -100,12 +120,13 @@ __global__ void __launch_bounds__(kThreads) pull_rows_kernel(const PullParams p)
           const int64_t v = v0 + lane_offset + 32 * b;
           if constexpr (kQuantize) {
             if (v0 + 32 * b >= vecs) break;  // warp-uniform: no lane of this or a later b in the row
-            const bool in = v < vecs;
-            uint4 w = in ? u[b] : make_uint4(0u, 0u, 0u, 0u);
-            if (scale) w = scaled(w, score);
-            if (in) store_vec(out_D + v * kVec, w);
+            const bool in = v < vecs;  // scale holds here: row scores took the branch above
+            const uint4 w = scaled(in ? u[b] : make_uint4(0u, 0u, 0u, 0u), score);
             const Fp8Run8 q = fp8_quantize_run8(w, in, 0xffffffffu);
-            if (in) store_fp8_run8(p.q, m, p.D, v * kVec, q);
+            if (in) {
+              store_vec(out_D + v * kVec, w);
+              store_fp8_run8(p.q, m, p.D, v * kVec, q);
+            }
           } else {
             if (v >= vecs) continue;
             store_vec(out_D + v * kVec, scale ? scaled(u[b], score) : u[b]);
