@@ -139,11 +139,11 @@ EPMOE_STAGE(route, cuda::route(s))
 EPMOE_STAGE(plan_forward, cuda::plan_forward(s))
 EPMOE_STAGE(save_input, cuda::save_input(s))
 EPMOE_STAGE(dispatch, cuda::dispatch(s))
-// FP8 (s.fp8): the E4M3 GEMMs, and h quantized after the unfused SwiGLU (fp8_forward.h).
+// FP8 (s.fp8): the E4M3 GEMMs, and h quantized by the unfused SwiGLU kernel (fp8_forward.h).
 // NVFP4 (s.nvfp4): the weight-only GEMMs on bf16 rows (nvfp4_forward.h).
 EPMOE_STAGE(w13_gemm, if (s.fp8) cuda::fp8_w13_fprop(s);
             else if (s.nvfp4) cuda::nvfp4_w13_fprop(s); else cuda::w13_fprop(s, false))
-EPMOE_STAGE(swiglu_forward, cuda::swiglu_forward(s); if (s.fp8) cuda::fp8_quantize_h(s))
+EPMOE_STAGE(swiglu_forward, if (s.fp8) cuda::fp8_swiglu_forward(s); else cuda::swiglu_forward(s))
 EPMOE_STAGE(w13_swiglu, if (s.fp8) cuda::fp8_w13_swiglu(s);
             else if (s.nvfp4) cuda::nvfp4_w13_swiglu(s); else cuda::w13_fprop(s, true))
 EPMOE_STAGE(w2_gemm, if (s.fp8) cuda::fp8_w2_fprop(s, false);
@@ -160,11 +160,12 @@ EPMOE_STAGE(plan_backward, cuda::plan_backward(s))
 EPMOE_STAGE(restore_input, cuda::restore_input(s))
 EPMOE_STAGE(publish_backward, cuda::publish_backward(s))
 EPMOE_STAGE(grad_scores, cuda::grad_scores(s))
-// FP8 (s.fp8): grad_h3 and grad_h13 quantized after the bf16 kernels that make them; the DGRADs
+// FP8 (s.fp8): grad_h3 and grad_h13 quantized by the bf16 kernels that write them; the DGRADs
 // on the FP8 GEMM, the WGRADs on FP8-quantized operands (fp8_backward.h).
-EPMOE_STAGE(gather_grad, cuda::gather_grad(s); if (s.fp8) cuda::fp8_quantize_grad_h3(s))
+EPMOE_STAGE(gather_grad, if (s.fp8) cuda::fp8_gather_grad(s); else cuda::gather_grad(s))
 EPMOE_STAGE(w2_dgrad, if (s.fp8) cuda::fp8_w2_dgrad(s, false); else cuda::w2_dgrad(s, false))
-EPMOE_STAGE(swiglu_backward, cuda::swiglu_backward(s); if (s.fp8) cuda::fp8_quantize_grad_h13(s))
+EPMOE_STAGE(swiglu_backward,
+            if (s.fp8) cuda::fp8_swiglu_backward(s); else cuda::swiglu_backward(s))
 EPMOE_STAGE(w2_dgrad_swiglu, if (s.fp8) cuda::fp8_w2_dgrad(s, true); else cuda::w2_dgrad(s, true))
 EPMOE_STAGE(w2_wgrad, if (s.fp8) cuda::fp8_w2_wgrad(s); else cuda::w2_wgrad(s))
 EPMOE_STAGE(w13_dgrad, if (s.fp8) cuda::fp8_w13_dgrad(s, false); else cuda::w13_dgrad(s, false))

@@ -6,6 +6,7 @@
 #include "cuda/dispatch.h"
 
 #include "core/fp8_terms.h"
+#include "cuda/formats/fp8_row_vectors.cuh"
 #include "cuda/kernel_common.cuh"
 #include "cuda/placed.h"
 
@@ -26,6 +27,7 @@ struct PullParams {
   // gather_grad with the score after the W2 DGRAD (Step::row_scores_M): rows copied unscaled and
   // each row's score stored here [capacity] f32; nullptr: rows scaled by their scores.
   float* row_scores_M;
+  Fp8RowsOut q;  // kQuantize: the E4M3 rows of out (fp8_rows_bytes(capacity, D))
   int64_t T, D, pull_capacity, scores_offset;
   int K;
 };
@@ -34,10 +36,21 @@ __device__ __forceinline__ void release_add(uint32_t* counter, uint32_t v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(counter), "r"(v) : "memory");
 }
 
+// bf16(score * x) of 8 elements.
+__device__ __forceinline__ uint4 scaled(uint4 u, float score) {
+  Bf16x8 x = unpack8(u);
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) x.v[e] = __fmul_rn(score, x.v[e]);
+  return pack8(x);
+}
+
 // kScale: gather_grad (each row scaled by its own route's score, or with row scores copied and
-// the score stored per row), otherwise a plain copy.
-template <bool kScale>
+// the score stored per row), otherwise a plain copy. kQuantize (gather_grad in FP8 training): each
+// stored row is also quantized 1x128 into p.q as fp8_quantize_rows_counted would from the stored
+// bf16 (fp8_row_vectors.cuh).
+template <bool kScale, bool kQuantize>
 __global__ void __launch_bounds__(kThreads) pull_rows_kernel(const PullParams p) {
+  static_assert(kScale || !kQuantize, "only gather_grad quantizes");
   // A programmatically dependent W13 may launch once every CTA of this grid has started: it waits
   // on the arrival counters, never on this grid's end, and these CTAs are all resident by then.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -66,30 +79,57 @@ __global__ void __launch_bounds__(kThreads) pull_rows_kernel(const PullParams p)
         }
       }
     }
-    for (int64_t v0 = lane; v0 < vecs; v0 += 32 * kBatch) {
+    // Lane l holds vectors v0 + 32 b. Quantizing, v0 = base + l with base warp-uniform: the loop
+    // runs on every lane (shuffles) and 16 lanes are one 1x128 block.
+    const int64_t lane_offset = kQuantize ? lane : 0;
+    for (int64_t v0 = kQuantize ? 0 : lane; v0 < vecs; v0 += 32 * kBatch) {
       uint4 u[kBatch];
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
-        const int64_t v = v0 + 32 * b;
+        const int64_t v = v0 + lane_offset + 32 * b;
         if (v < vecs) u[b] = load_vec_cg(row_D + v * kVec);
       }
+      if constexpr (kQuantize) {
+        if (!scale) {  // row scores: the pull's local rows are one row, quantized once
+#pragma unroll
+          for (int b = 0; b < kBatch; ++b) {
+            if (v0 + 32 * b >= vecs) break;  // warp-uniform: no lane of this or a later b in the row
+            const int64_t v = v0 + lane_offset + 32 * b;
+            const bool in = v < vecs;
+            const uint4 w = in ? u[b] : make_uint4(0u, 0u, 0u, 0u);
+            const Fp8Run8 q = fp8_quantize_run8(w, in, 0xffffffffu);
+            if (!in) continue;
+            for (int k = 0; k < p.K; ++k) {
+              const int64_t m = rows_K[k];
+              if (m < 0) continue;
+              store_vec(out_MD + m * p.D + v * kVec, w);
+              store_fp8_run8(p.q, m, p.D, v * kVec, q);
+            }
+          }
+          continue;
+        }
+      }
       for (int k = 0; k < p.K; ++k) {
-        const int64_t m = rows_K[k];
+        const int64_t m = rows_K[k];  // warp-uniform
         if (m < 0) continue;
         bf16_t* out_D = out_MD + m * p.D;  // [D] local row m
         float score = 0.0f;
         if (scale) score = __ldcg(scores_K + k);
 #pragma unroll
         for (int b = 0; b < kBatch; ++b) {
-          const int64_t v = v0 + 32 * b;
-          if (v >= vecs) continue;
-          if (scale) {
-            Bf16x8 x = unpack8(u[b]);
-#pragma unroll
-            for (int e = 0; e < kVec; ++e) x.v[e] = __fmul_rn(score, x.v[e]);
-            store_vec(out_D + v * kVec, pack8(x));
+          const int64_t v = v0 + lane_offset + 32 * b;
+          if constexpr (kQuantize) {
+            if (v0 + 32 * b >= vecs) break;  // warp-uniform: no lane of this or a later b in the row
+            const bool in = v < vecs;  // scale holds here: row scores took the branch above
+            const uint4 w = scaled(in ? u[b] : make_uint4(0u, 0u, 0u, 0u), score);
+            const Fp8Run8 q = fp8_quantize_run8(w, in, 0xffffffffu);
+            if (in) {
+              store_vec(out_D + v * kVec, w);
+              store_fp8_run8(p.q, m, p.D, v * kVec, q);
+            }
           } else {
-            store_vec(out_D + v * kVec, u[b]);
+            if (v >= vecs) continue;
+            store_vec(out_D + v * kVec, scale ? scaled(u[b], score) : u[b]);
           }
         }
       }
@@ -107,8 +147,8 @@ __global__ void __launch_bounds__(kThreads) pull_rows_kernel(const PullParams p)
   }
 }
 
-template <bool kScale>
-void launch_pulls(const Step& s, Placed out, uint32_t* arrivals) {
+template <bool kScale, bool kQuantize = false>
+void launch_pulls(const Step& s, Placed out, uint32_t* arrivals, Fp8RowsOut q = {}) {
   PullParams p{};
   p.routing_R = s.routing_R;
   p.dispatch_R = s.dispatch_R;
@@ -124,9 +164,10 @@ void launch_pulls(const Step& s, Placed out, uint32_t* arrivals) {
   p.pull_capacity = pull_capacity(s.capacity_rows, s.dims.T, s.dims.R);
   p.scores_offset = routing_buffer_layout(s.dims.T, s.dims.K).scores_offset;
   p.K = s.dims.K;
+  p.q = q;
   // One warp per pull; at most a persistent grid (kBlocksPerSm per SM, all resident at once).
   const int64_t threads = p.pull_capacity * 32;
-  pull_rows_kernel<kScale>
+  pull_rows_kernel<kScale, kQuantize>
       <<<grid_for(threads, kThreads), kThreads, 0, static_cast<cudaStream_t>(s.stream)>>>(p);
   EPMOE_CUDA_LAUNCH_CHECK();
 }
@@ -235,5 +276,14 @@ void dispatch(const Step& s) {
   launch_pulls<false>(s, placed_x_gathered(s), arrivals_B(s));
 }
 void gather_grad(const Step& s) { launch_pulls<true>(s, plain(s.grad_h3_MD), nullptr); }
+void gather_grad_fp8_rows(const Step& s, uint8_t* q_MD, float* scales_SM, int64_t ld) {
+  EPMOE_CHECK_ARG(s.dims.D % 16 == 0, "Config.hidden_dim",
+                  "a multiple of 16 with precision fp8_block", s.dims.D);
+  EPMOE_CHECK_ARG(ld >= s.capacity_rows, "ld", ">= the capacity rows", ld);
+  EPMOE_CHECK_ARG(q_MD != nullptr && scales_SM != nullptr, "q_MD, scales_SM",
+                  "the E4M3 rows' codes and scales", "nullptr");
+  check_aligned16(q_MD, "q_MD");
+  launch_pulls<true, true>(s, plain(s.grad_h3_MD), nullptr, Fp8RowsOut{q_MD, scales_SM, ld});
+}
 
 }  // namespace epmoe::cuda

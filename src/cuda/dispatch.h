@@ -3,6 +3,8 @@
 // the token's local rows (the layout's pulls). Launchers only (no CUDA types).
 #pragma once
 
+#include <cstdint>
+
 #include "core/step.h"
 
 namespace epmoe::cuda {
@@ -14,5 +16,10 @@ void dispatch(const Step& s);
 // Step::row_scores_M), else grad_h3[m] = bf16(score[t,k] * grad_y[t]); score from the owner's
 // routing buffer (f32) and grad_y from its dispatch buffer.
 void gather_grad(const Step& s);
+// gather_grad that also writes every stored grad_h3 row quantized 1x128 along D (FP8 training):
+// codes q_MD [capacity, D] (16-byte aligned) and fp32 scales S-major, (row m, block b) at
+// scales_SM[b * ld + m], ld >= capacity; bitwise what fp8_quantize_rows_counted writes from the
+// stored rows (rows [0, M), nothing past them or when the step is skipped). D % 16 == 0.
+void gather_grad_fp8_rows(const Step& s, uint8_t* q_MD, float* scales_SM, int64_t ld);
 
 }  // namespace epmoe::cuda

@@ -1,7 +1,9 @@
 #include "cuda/fp8_backward.h"
 
+#include "core/formats/fp8_block.h"
 #include "core/fp8_terms.h"
 #include "cuda/formats/formats.h"
+#include "cuda/dispatch.h"
 #include "cuda/fp8_forward.h"
 #include "cuda/gemm/fp8_gemm.h"
 #include "cuda/gemm/fp8_wgrad.h"
@@ -131,6 +133,28 @@ void fp8_quantize_grad_h13(const Step& s) {
                 2 * s.dims.F);
 }
 
+void fp8_gather_grad(const Step& s) {
+  if (!fp8_rows_quantized_by_producer()) {
+    gather_grad(s);
+    fp8_quantize_grad_h3(s);
+    return;
+  }
+  const ScratchRows q = scratch_rows(s, fp8_scratch_layout(s.dims, s.capacity_rows).grad_h3_q, s.dims.D);
+  gather_grad_fp8_rows(s, q.codes, q.scales_SM, q.ld);
+}
+
+void fp8_swiglu_backward(const Step& s) {
+  // A 1x128 block of grad_h13 [gate | up] spans both halves unless F % 128 == 0: then separate.
+  if (s.dims.F % kFp8RowBlock != 0 || !fp8_rows_quantized_by_producer()) {
+    swiglu_backward(s);
+    fp8_quantize_grad_h13(s);
+    return;
+  }
+  const ScratchRows q =
+      scratch_rows(s, fp8_scratch_layout(s.dims, s.capacity_rows).grad_h13_q, 2 * s.dims.F);
+  swiglu_backward_fp8_rows(s, q.codes, q.scales_SM, q.ld);
+}
+
 void fp8_w2_dgrad(const Step& s, bool swiglu_backward_after) {
   const int64_t D = s.dims.D, F = s.dims.F;
   const Fp8ScratchLayout l = fp8_scratch_layout(s.dims, s.capacity_rows);
@@ -149,8 +173,7 @@ void fp8_w2_dgrad(const Step& s, bool swiglu_backward_after) {
   if (!swiglu_backward_after) return;
   Step t = s;
   t.grad_h_MF = grad_h_MF;
-  swiglu_backward(t);
-  fp8_quantize_grad_h13(s);
+  fp8_swiglu_backward(t);
 }
 
 void fp8_w13_dgrad(const Step& s, bool scatter) {

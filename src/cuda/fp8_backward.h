@@ -10,8 +10,15 @@ namespace epmoe::cuda {
 
 // grad_h3 (bf16, gather_grad's) quantized 1x128 along D into the FP8 scratch (received rows).
 void fp8_quantize_grad_h3(const Step& s);
-// grad_h = bf16(grad_h3 @ w2[e]) on w2 transposed; swiglu_backward: then the unfused SwiGLU
-// backward and fp8_quantize_grad_h13, otherwise grad_h into s.grad_h_MF.
+// The FP8 gather_grad stage: gather_grad with grad_h3 quantized as fp8_quantize_grad_h3 does, in
+// the pull that writes it (EPMOE_FP8_ROW_QUANT=separate: gather_grad, then fp8_quantize_grad_h3).
+void fp8_gather_grad(const Step& s);
+// The FP8 SwiGLU backward: swiglu_backward with grad_h13 quantized as fp8_quantize_grad_h13 does,
+// in the kernel that writes it when F % 128 == 0 (otherwise, or with
+// EPMOE_FP8_ROW_QUANT=separate: swiglu_backward, then fp8_quantize_grad_h13).
+void fp8_swiglu_backward(const Step& s);
+// grad_h = bf16(grad_h3 @ w2[e]) on w2 transposed; swiglu_backward: then fp8_swiglu_backward on
+// it, otherwise grad_h into s.grad_h_MF.
 void fp8_w2_dgrad(const Step& s, bool swiglu_backward);
 // grad_h13 (bf16, the SwiGLU backward's) quantized 1x128 along 2F into the FP8 scratch.
 void fp8_quantize_grad_h13(const Step& s);

@@ -1,5 +1,9 @@
 #include "cuda/fp8_forward.h"
 
+#include <cstdlib>
+#include <cstring>
+
+#include "core/formats/fp8_block.h"
 #include "core/fp8_terms.h"
 #include "cuda/formats/formats.h"
 #include "cuda/gemm/fp8_gemm.h"
@@ -61,10 +65,30 @@ void fp8_quantize_h(const Step& s) {
                             fp8_rows_ld(M), s.stream);
 }
 
+bool fp8_rows_quantized_by_producer() {
+  const char* env = std::getenv("EPMOE_FP8_ROW_QUANT");
+  if (env == nullptr || std::strcmp(env, "producer") == 0) return true;
+  EPMOE_CHECK_ARG(std::strcmp(env, "separate") == 0, "EPMOE_FP8_ROW_QUANT",
+                  "producer or separate", env);
+  return false;
+}
+
+void fp8_swiglu_forward(const Step& s) {
+  if (s.dims.F % kFp8RowBlock != 0 || !fp8_rows_quantized_by_producer()) {
+    swiglu_forward(s);
+    fp8_quantize_h(s);
+    return;
+  }
+  const int64_t F = s.dims.F, M = s.capacity_rows;
+  char* h = s.fp8_scratch + fp8_scratch_layout(s.dims, M).h_q;
+  swiglu_forward_fp8_rows(s, reinterpret_cast<uint8_t*>(h),
+                          reinterpret_cast<float*>(h + fp8_rows_scales_offset(M, F)),
+                          fp8_rows_ld(M));
+}
+
 void fp8_w13_swiglu(const Step& s) {
   fp8_w13_fprop(s);
-  swiglu_forward(s);
-  fp8_quantize_h(s);
+  fp8_swiglu_forward(s);
 }
 
 void fp8_rows_output(const Step& s, bool scatter, Fp8GroupedGemmArgs& a) {

@@ -16,7 +16,16 @@ void fp8_w13_fprop(const Step& s);
 // h (the SwiGLU of the rounded h13, already in s.h_MF) quantized 1x128 along F into the FP8
 // scratch at capacity rows (fp8_scratch_layout().h_q), the received rows only.
 void fp8_quantize_h(const Step& s);
-// The fused stage: fp8_w13_fprop, the unfused SwiGLU kernel, fp8_quantize_h.
+// EPMOE_FP8_ROW_QUANT (read per launch, for measurements): "producer" (unset) quantizes h,
+// grad_h3 and grad_h13 1x128 in the kernels that write them (SwiGLU forward, gather_grad's pull,
+// SwiGLU backward; the SwiGLU kernels when F % 128 == 0); "separate" reads the bf16 rows back in
+// fp8_quantize_rows_counted. Both give the same bits.
+bool fp8_rows_quantized_by_producer();
+// The FP8 SwiGLU stage: the unfused SwiGLU kernel with h quantized as fp8_quantize_h does, in the
+// kernel when F % 128 == 0 (otherwise, or with EPMOE_FP8_ROW_QUANT=separate, fp8_quantize_h after
+// it). With the replay skipped neither h nor its codes are written (the W2 FPROP skips too).
+void fp8_swiglu_forward(const Step& s);
+// The fused stage: fp8_w13_fprop, then fp8_swiglu_forward.
 void fp8_w13_swiglu(const Step& s);
 // rows = bf16(h @ w2[e]^T) from the E4M3 h rows; scatter: into the owners' combine slots,
 // otherwise into s.rows_MD.

@@ -4,6 +4,7 @@
 #include "cuda/swiglu.h"
 
 #include "core/activation.h"
+#include "cuda/formats/fp8_row_vectors.cuh"
 #include "cuda/kernel_common.cuh"
 #include "cuda/placed.h"
 
@@ -19,10 +20,16 @@ struct SwigluParams {
   bf16_t* grad_h13_M2F;       // [capacity, 2F] bf16 (backward)
   const float* row_scores_M;  // [capacity] f32 (backward), nullable: grad_h is already scaled
   float* score_parts_MC;      // [capacity, chunks] f32 (backward, with row scores)
+  Fp8RowsOut q;               // kQuantize: the E4M3 rows of h / grad_h13 (fp8_rows_bytes)
   int64_t F, capacity, chunks;
   ActivationParams act;
 };
 
+// kQuantize (FP8, F % 128 == 0): h is also quantized 1x128 into p.q as fp8_quantize_rows_counted
+// would from the stored rows. A row holds a multiple of 16 vectors and the stride is a multiple of
+// 32, so each half warp holds one 1x128 block of one row, lane j elements 8j .. 8j + 7
+// (fp8_row_vectors.cuh).
+template <bool kQuantize>
 __global__ void __launch_bounds__(kThreads) swiglu_forward_kernel(const SwigluParams p) {
   if (layout_skip(p.header) || replay_skipped(p.replay_skip)) return;
   const bf16_t* h13_M2F = p.h13.get<const bf16_t>();  // [capacity, 2F]
@@ -30,6 +37,7 @@ __global__ void __launch_bounds__(kThreads) swiglu_forward_kernel(const SwigluPa
   const int64_t vecs_per_row = p.F / kVec;
   const int64_t total = M * vecs_per_row;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const unsigned block_lanes = 0xffffu << ((threadIdx.x % 32) & 16u);  // a 1x128 block's 16 lanes
   for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < total; j += stride) {
     const int64_t m = j / vecs_per_row;
     const int64_t f = (j % vecs_per_row) * kVec;
@@ -39,7 +47,11 @@ __global__ void __launch_bounds__(kThreads) swiglu_forward_kernel(const SwigluPa
     Bf16x8 h;
 #pragma unroll
     for (int e = 0; e < kVec; ++e) h.v[e] = ::epmoe::swiglu_forward(gate.v[e], up.v[e], p.act);
-    store_vec(p.h_MF + m * p.F + f, pack8(h));
+    const uint4 h_8 = pack8(h);
+    store_vec(p.h_MF + m * p.F + f, h_8);
+    if constexpr (kQuantize) {
+      store_fp8_run8(p.q, m, p.F, f, fp8_quantize_run8(h_8, true, block_lanes));
+    }
   }
 }
 
@@ -48,6 +60,11 @@ __global__ void __launch_bounds__(kThreads) swiglu_forward_kernel(const SwigluPa
 // whose math and grad_scores partials this repeats bit for bit: with row scores grad_h = dh is
 // unscaled, the SwiGLU backward takes score * dh, h is stored as bf16(score * act), and
 // <dh, bf16(act)> goes to score_parts_MC[m, c] (8 columns in order, then the xor tree).
+// kQuantize (FP8 training, F % 128 == 0): grad_h13 is also quantized 1x128 into p.q as
+// fp8_quantize_rows_counted would from the stored rows. Chunks 2b and 2b + 1 of a row are the 16
+// lanes of a half warp (chunks is even, the stride a multiple of 32), which then hold gate block b
+// and up block F / 128 + b, lane j of the half elements 8j .. 8j + 7 of both (fp8_row_vectors.cuh).
+template <bool kQuantize>
 __global__ void __launch_bounds__(kThreads) swiglu_backward_kernel(const SwigluParams p) {
   if (layout_skip(p.header)) return;
   const bf16_t* h13_M2F = p.h13.get<const bf16_t>();  // [capacity, 2F]
@@ -56,11 +73,13 @@ __global__ void __launch_bounds__(kThreads) swiglu_backward_kernel(const SwigluP
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;  // a multiple of 32
   const bool scored = p.row_scores_M != nullptr;                          // kernel-uniform
   const unsigned row_lanes = 0xffu << ((threadIdx.x % 32) & ~7u);        // the chunk's 8 lanes
+  const unsigned block_lanes = 0xffffu << ((threadIdx.x % 32) & 16u);    // a 1x128 block's 16 lanes
   for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < total; j += stride) {
     const int64_t m = j / (p.chunks * 8);
     const int64_t c = (j / 8) % p.chunks;
     const int64_t f = c * kScoreChunkCols + (j % 8) * kVec;
     float dot = 0.0f;
+    uint4 d_gate_8 = make_uint4(0u, 0u, 0u, 0u), d_up_8 = make_uint4(0u, 0u, 0u, 0u);
     if (f < p.F) {  // F % 8 == 0: a segment is all in or all out
       const float score = scored ? p.row_scores_M[m] : 1.0f;
       const bf16_t* row_2F = h13_M2F + m * 2 * p.F;  // [2F]
@@ -79,8 +98,18 @@ __global__ void __launch_bounds__(kThreads) swiglu_backward_kernel(const SwigluP
       }
       store_vec(p.h_MF + m * p.F + f, pack8(h));
       bf16_t* grad_2F = p.grad_h13_M2F + m * 2 * p.F;  // [2F]
-      store_vec(grad_2F + f, pack8(d_gate));
-      store_vec(grad_2F + p.F + f, pack8(d_up));
+      d_gate_8 = pack8(d_gate);
+      d_up_8 = pack8(d_up);
+      store_vec(grad_2F + f, d_gate_8);
+      store_vec(grad_2F + p.F + f, d_up_8);
+    }
+    if constexpr (kQuantize) {  // f < F on every lane (F % 128 == 0); the half warp is all in
+      const Fp8Run8 q_gate = fp8_quantize_run8(d_gate_8, f < p.F, block_lanes);
+      const Fp8Run8 q_up = fp8_quantize_run8(d_up_8, f < p.F, block_lanes);
+      if (f < p.F) {
+        store_fp8_run8(p.q, m, 2 * p.F, f, q_gate);
+        store_fp8_run8(p.q, m, 2 * p.F, p.F + f, q_up);
+      }
     }
     if (scored) {
       dot = __fadd_rn(dot, __shfl_xor_sync(row_lanes, dot, 4));
@@ -107,14 +136,37 @@ SwigluParams swiglu_params(const Step& s) {
   return p;
 }
 
+// The E4M3 rows a kernel writes beside h or grad_h13: F % 128 == 0 (a half warp is one block, and
+// no block of [gate | up] spans both halves).
+void check_fp8_rows(const Step& s, const uint8_t* codes, const float* scales_SM, int64_t ld,
+                    const char* codes_name) {
+  EPMOE_CHECK_ARG(s.dims.F % kFp8RowBlock == 0, "Config.intermediate_dim",
+                  "a multiple of 128 for the SwiGLU kernels' E4M3 rows", s.dims.F);
+  EPMOE_CHECK_ARG(ld >= s.capacity_rows, "ld", ">= the capacity rows", ld);
+  EPMOE_CHECK_ARG(codes != nullptr && scales_SM != nullptr, codes_name,
+                  "the E4M3 rows' codes and scales", "nullptr");
+  check_aligned16(codes, codes_name);
+}
+
 }  // namespace
 
 void swiglu_forward(const Step& s) {
   SwigluParams p = swiglu_params(s);
   p.replay_skip = replay_skip_flag(s);
   const int64_t items = s.capacity_rows * (s.dims.F / kVec);
-  swiglu_forward_kernel<<<grid_for(items, kThreads), kThreads, 0,
-                          static_cast<cudaStream_t>(s.stream)>>>(p);
+  swiglu_forward_kernel<false><<<grid_for(items, kThreads), kThreads, 0,
+                                 static_cast<cudaStream_t>(s.stream)>>>(p);
+  EPMOE_CUDA_LAUNCH_CHECK();
+}
+
+void swiglu_forward_fp8_rows(const Step& s, uint8_t* q_MF, float* scales_SM, int64_t ld) {
+  check_fp8_rows(s, q_MF, scales_SM, ld, "q_MF");
+  SwigluParams p = swiglu_params(s);
+  p.replay_skip = replay_skip_flag(s);
+  p.q = Fp8RowsOut{q_MF, scales_SM, ld};
+  const int64_t items = s.capacity_rows * (s.dims.F / kVec);
+  swiglu_forward_kernel<true><<<grid_for(items, kThreads), kThreads, 0,
+                                static_cast<cudaStream_t>(s.stream)>>>(p);
   EPMOE_CUDA_LAUNCH_CHECK();
 }
 
@@ -122,8 +174,19 @@ void swiglu_backward(const Step& s) {
   EPMOE_CHECK_ARG(s.grad_h_MF != nullptr, "Step.grad_h_MF", "the unfused grad_h buffer", "nullptr");
   const SwigluParams p = swiglu_params(s);
   const int64_t items = s.capacity_rows * p.chunks * 8;
-  swiglu_backward_kernel<<<grid_for(items, kThreads), kThreads, 0,
-                           static_cast<cudaStream_t>(s.stream)>>>(p);
+  swiglu_backward_kernel<false><<<grid_for(items, kThreads), kThreads, 0,
+                                  static_cast<cudaStream_t>(s.stream)>>>(p);
+  EPMOE_CUDA_LAUNCH_CHECK();
+}
+
+void swiglu_backward_fp8_rows(const Step& s, uint8_t* q_M2F, float* scales_SM, int64_t ld) {
+  EPMOE_CHECK_ARG(s.grad_h_MF != nullptr, "Step.grad_h_MF", "the unfused grad_h buffer", "nullptr");
+  check_fp8_rows(s, q_M2F, scales_SM, ld, "q_M2F");
+  SwigluParams p = swiglu_params(s);
+  p.q = Fp8RowsOut{q_M2F, scales_SM, ld};
+  const int64_t items = s.capacity_rows * p.chunks * 8;
+  swiglu_backward_kernel<true><<<grid_for(items, kThreads), kThreads, 0,
+                                 static_cast<cudaStream_t>(s.stream)>>>(p);
   EPMOE_CUDA_LAUNCH_CHECK();
 }
 

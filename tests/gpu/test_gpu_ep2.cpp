@@ -33,6 +33,7 @@
 #include "moe_case.h"
 #include "nvfp4_weights.h"
 #include "output_compare.h"
+#include "scoped_env.h"
 #include "tolerances.h"
 
 namespace epmoe::test {
@@ -190,6 +191,27 @@ TEST(GpuEp2, Fp8TrainingMatchesCpu) {
             << vs_cpu.to_string() << ")";
       }
     }
+  }
+}
+
+// fp8_block training on 2 GPUs: grad_h3 and grad_h13 quantized by the kernels that write them
+// (the pull reads the peer's rows) give y and every gradient bitwise as the separate quantization.
+TEST(GpuEp2, Fp8RowQuantizationInProducersEqualsSeparateBitwise) {
+  EPMOE_REQUIRE_2GPUS();
+  for (bool fused : {true, false}) {
+    Problem p = problem(300, 384, 256, 16, 4);  // F % 128 == 0: both producers quantize
+    p.precision = Precision::fp8_block;
+    p.fused = fused;
+    std::vector<RankInputs> in = make_inputs(p, 45, p.max_tokens);
+    in[0].live = p.max_tokens - 41;
+    std::vector<RankOutputs> separate;
+    {
+      const ScopedEnv env("EPMOE_FP8_ROW_QUANT", "separate");
+      separate = run_gpu_layer(p, in);
+    }
+    expect_bitwise_equal(run_gpu_layer(p, in), separate,
+                         p.name() + (fused ? " fused" : " unfused") +
+                             ": EP=2 quantized by the producers vs separately");
   }
 }
 

@@ -26,6 +26,7 @@
 #include "moe_case.h"
 #include "output_compare.h"
 #include "require_gpu.h"
+#include "scoped_env.h"
 #include "slot_stack.h"
 #include "tolerances.h"
 
@@ -154,6 +155,33 @@ TEST(GpuFp8Training, DevicePreparedTransposedEqualsPerCallBitwise) {
     expect_bitwise_equal({train_once(*ctx, call, &w, nullptr)}, {per_call},
                          p.name() + ": refilled in place vs per-call");
     ctx->close();
+  }
+}
+
+// grad_h3 and grad_h13 quantized by the kernels that write them (EPMOE_FP8_ROW_QUANT unset) give
+// y and every gradient bitwise as the separate quantization kernel does, fused and unfused.
+TEST(GpuFp8Training, RowQuantizationInProducersEqualsSeparateBitwise) {
+  EPMOE_REQUIRE_GPU();
+  const std::vector<Problem> cases = {
+      fp8_problem(512, 1024, 768, 8, 2),  // F % 128 == 0: both producers quantize
+      fp8_problem(96, 144, 256, 8, 2),    // D = 144: a 16-wide last block of grad_h3
+      fp8_problem(64, 128, 96, 8, 2),     // F % 128 != 0: the SwiGLU backward quantizes apart
+  };
+  uint64_t seed = 1300;
+  for (const Problem& base : cases) {
+    const std::vector<RankInputs> in = make_inputs(base, seed++, base.max_tokens);
+    for (bool fused : {true, false}) {
+      Problem p = base;
+      p.fused = fused;
+      RankOutputs separate;
+      {
+        const ScopedEnv env("EPMOE_FP8_ROW_QUANT", "separate");
+        separate = gpu_train(p, in[0]);
+      }
+      expect_bitwise_equal({gpu_train(p, in[0])}, {separate},
+                           p.name() + (fused ? " fused" : " unfused") +
+                               ": quantized by the producers vs separately");
+    }
   }
 }
 

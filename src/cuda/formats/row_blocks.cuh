@@ -22,13 +22,14 @@ namespace epmoe::cuda {
 __device__ __forceinline__ float load_as_float(const float* p) { return *p; }
 __device__ __forceinline__ float load_as_float(const bf16_t* p) { return bf16_to_float(*p); }
 
-// Max over the kLanes lanes of an aligned lane group (every lane of the warp must call it).
+// Max over the kLanes lanes of an aligned lane group (every lane of `mask` must call it; the
+// mask holds whole groups).
 template <int kLanes>
-__device__ __forceinline__ uint32_t group_max(uint32_t v) {
+__device__ __forceinline__ uint32_t group_max(uint32_t v, unsigned mask = 0xffffffffu) {
   static_assert(kLanes >= 1 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0, "a power of two");
 #pragma unroll
   for (int offset = kLanes / 2; offset > 0; offset /= 2) {
-    const uint32_t other = __shfl_xor_sync(0xffffffffu, v, offset);
+    const uint32_t other = __shfl_xor_sync(mask, v, offset);
     v = other > v ? other : v;
   }
   return v;
