@@ -277,8 +277,9 @@ def ep_fp8_table(c, rows, keys, get):
             if impl == "epmoe-fp8":
                 vs_bf16 = (f"{fmt(f.get('ratio_to_bf16'), '.2f')}x / "
                            f"{fmt(s.get('ratio_to_bf16'), '.2f')}x")
-                vs_recipe = (f"{fmt(f.get('ratio_to_recipe'), '.2f')}x / "
-                             f"{fmt(s.get('ratio_to_recipe'), '.2f')}x")
+                if s.get("ratio_to_recipe") is not None:  # torch-native-fp8 ran
+                    vs_recipe = (f"{fmt(f.get('ratio_to_recipe'), '.2f')}x / "
+                                 f"{fmt(s.get('ratio_to_recipe'), '.2f')}x")
             ref = "" if s.get("rel_l2_reference", "epmoe") == "epmoe" else " (vs torch-native)"
             print(f"| {shape} | {routing} | {impl} | {fmt(f.get('median_ms'), '.3f')} | "
                   f"{fmt(f.get('useful_tflops'), '.0f')} | {fmt(s.get('median_ms'), '.3f')} "
