@@ -156,9 +156,11 @@ Config::Config(const ConfigFields& fields) : f_(fields) {
   const bool combine_ok =
       f_.combine == CombineMode::per_route || f_.combine == CombineMode::per_rank;
   EPMOE_CHECK_ARG(combine_ok, "Config.combine", "per_route or per_rank", enum_value(f_.combine));
-  // The weight-only formats' GEMMs write per-rank rows too, but no test covers them yet.
+  // The per-rank send sums bf16 rows, which the bf16 and FP8 GEMMs write; the weight-only formats
+  // (nvfp4, mxfp8) have no per-rank tests and stay refused.
   if (f_.combine == CombineMode::per_rank) {
-    const bool per_rank_ok = f_.precision == Precision::bf16 || f_.precision == Precision::fp8_block;
+    const bool per_rank_ok =
+        f_.precision == Precision::bf16 || f_.precision == Precision::fp8_block;
     EPMOE_CHECK_ARG(per_rank_ok, "Config.precision", "bf16 or fp8_block with combine per_rank",
                     epmoe::to_string(f_.precision));
   }
