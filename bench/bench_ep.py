@@ -20,6 +20,10 @@ outputs (the bf16 recipe's where epmoe did not run); torch-native-fp8 is the EP 
 expert GEMMs on torch._scaled_grouped_mm (torch_recipe_fp8.moe_forward_ep: all_to_all dispatch and
 combine unchanged, backward GEMMs in bf16), the epmoe-fp8 rows' ratio_to_recipe. Where
 torch._scaled_grouped_mm does not run, its rows are left out with the reason in the JSON's notes.
+epmoe-fp8-per-rank is epmoe-fp8 with Config.combine = per_rank (one combine row per token and
+rank), timed and compared the same way, e.g.
+
+    torchrun --nproc-per-node 2 bench/bench_ep.py --variants epmoe-fp8,epmoe-fp8-per-rank
 
     torchrun --nproc-per-node 2 bench/bench_ep.py --self-check   (CPU, gloo: the recipe's math)
 """
@@ -52,8 +56,9 @@ OUTPUTS = ("y", "grad_x", "grad_scores", "grad_w13", "grad_w2")
 VARIANTS = {"epmoe": (True, False, 0), "epmoe-gated": (True, True, 0),
             "epmoe-unfused": (False, False, 0), "epmoe-per-rank": (True, False, 1)}
 # fp8_block training contexts with prepared weights (Config.precision = fp8_block,
-# prepared_weights): the same fields as above.
-FP8_VARIANTS = {"epmoe-fp8": (True, False, 0)}
+# prepared_weights): the same fields as above. "epmoe-fp8-per-rank" is epmoe-fp8 with the per-rank
+# combine.
+FP8_VARIANTS = {"epmoe-fp8": (True, False, 0), "epmoe-fp8-per-rank": (True, False, 1)}
 # The EP recipe with its expert GEMMs in row-wise fp8 (torch_recipe_fp8.moe_forward_ep).
 RECIPE_FP8 = "torch-native-fp8"
 # Outputs of an fp8 row compared with the bf16 ones (bench_moe.py's epmoe-fp8 rows: the same).
@@ -435,7 +440,7 @@ def imbalance_rows(rows, shape):
         return None
 
     for impl in ("epmoe", "epmoe-gated", "epmoe-unfused", "epmoe-per-rank", "torch-native",
-                 "epmoe-fp8", RECIPE_FP8):
+                 "epmoe-fp8", "epmoe-fp8-per-rank", RECIPE_FP8):
         bal, skew = get(impl, "balanced", "fwd+bwd"), get(impl, "skew", "fwd+bwd")
         if not bal or not skew:
             continue
@@ -487,7 +492,7 @@ def summary(r):
     if r["phase"] == "stage-breakdown":
         return None
     tf = r.get("useful_tflops")
-    s = f"{r['shape']:14s} {r['routing']:9s} {r['impl']:16s} {r['phase']:21s}"
+    s = f"{r['shape']:14s} {r['routing']:9s} {r['impl']:18s} {r['phase']:21s}"
     if r["phase"] == "imbalance":
         return s + f" rows x{r['row_ratio']:.2f} -> time x{r['time_ratio']:.2f}"
     s += f" {r['median_ms']:9.3f} ms"
@@ -720,8 +725,8 @@ def main():
     ap.add_argument("--shapes", default="qwen3-30b-a3b,deepseek-v3,gpt-oss-120b,mixtral-8x7b")
     ap.add_argument("--routings", default="balanced,skew")
     ap.add_argument("--variants", default="epmoe,epmoe-unfused",
-                    help=f"comma-separated from {sorted(VARIANTS)}, epmoe-fp8 and {RECIPE_FP8} "
-                         "(the FP8 rows, opt-in)")
+                    help=f"comma-separated from {sorted(VARIANTS)}, {sorted(FP8_VARIANTS)} and "
+                         f"{RECIPE_FP8} (the FP8 rows, opt-in)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--capacity-factor", type=float, default=2.0,
                     help="Config.capacity_factor (2 = R: skew fits)")

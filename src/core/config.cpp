@@ -156,9 +156,13 @@ Config::Config(const ConfigFields& fields) : f_(fields) {
   const bool combine_ok =
       f_.combine == CombineMode::per_route || f_.combine == CombineMode::per_rank;
   EPMOE_CHECK_ARG(combine_ok, "Config.combine", "per_route or per_rank", enum_value(f_.combine));
+  // The per-rank send sums bf16 rows, which the bf16 and FP8 GEMMs write; the weight-only formats
+  // (nvfp4, mxfp8) have no per-rank tests and stay refused.
   if (f_.combine == CombineMode::per_rank) {
-    EPMOE_CHECK_ARG(f_.precision == Precision::bf16, "Config.precision",
-                    "bf16 with combine per_rank", epmoe::to_string(f_.precision));
+    const bool per_rank_ok =
+        f_.precision == Precision::bf16 || f_.precision == Precision::fp8_block;
+    EPMOE_CHECK_ARG(per_rank_ok, "Config.precision", "bf16 or fp8_block with combine per_rank",
+                    epmoe::to_string(f_.precision));
   }
   if (f_.scratch_device_bytes) {
     EPMOE_CHECK_ARG(*f_.scratch_device_bytes >= 0, "Config.scratch_device_bytes",

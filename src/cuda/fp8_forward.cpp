@@ -114,13 +114,17 @@ void fp8_w2_fprop(const Step& s, bool scatter) {
   a.b_ENK = s.w2_q_EDF;
   a.b_scales_EBS = s.w2_scales_EBS;
   fp8_rows_output(s, scatter, a);
-  fp8_grouped_gemm(a, s.stream);
-  // Per-rank combine: the rows are h3, kept where the layer plan placed them (send_partials and
-  // gather_grad read them there).
+  // Per-rank combine: the rows are h3, which the send reads at placed_h3_rows: the call scratch's
+  // rows_MD, where the GEMM stores them (the planner's h3 offset is the geometry's scratch_rows;
+  // without a plan Step::h3_MD is rows_MD), so no copy follows.
   if (!scatter && s.combine_per_rank) {
-    copy_placed_rows(plain(s.rows_MD), placed_h3_rows(s), s.layout.header, M, D * 2, 0,
-                     replay_skip_flag(s), s.stream);
+    EPMOE_ASSERT(s.layer_plan == nullptr
+                     ? s.h3_MD == s.rows_MD
+                     : s.slot_geometry.h3_rows != 0 &&
+                           s.arena + s.slot_geometry.scratch_rows ==
+                               reinterpret_cast<const char*>(s.rows_MD));
   }
+  fp8_grouped_gemm(a, s.stream);
 }
 
 }  // namespace epmoe::cuda

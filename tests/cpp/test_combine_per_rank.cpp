@@ -4,7 +4,7 @@
 // weight gradients bitwise equal to the per-route ones (the same dots and GEMMs, on the expert
 // side); fused == unfused and repeated calls bitwise; rows that cross ranks counted for both
 // modes; the configurations it does not support are refused naming the field. Recompute == full
-// save for per_rank: test_slots.cpp.
+// save for per_rank: test_slots.cpp; with fp8_block: test_combine_per_rank_fp8.cpp.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -189,16 +189,26 @@ TEST(CombinePerRankRows, PerRankSendsOneRowPerTokenAndRank) {
   }
 }
 
-TEST(CombinePerRankConfig, Fp8AndLayeredAreRefusedNamingTheField) {
+// fp8_block is accepted (training and inference: test_combine_per_rank_fp8.cpp); the weight-only
+// formats and the layered API are refused naming the field.
+TEST(CombinePerRankConfig, Fp8AcceptedWeightOnlyFormatsAndLayeredRefusedNamingTheField) {
   Problem p = inference_problem({2, 8, 32, 16, 2, 4, false}, CombineMode::per_rank);
   p.inference = false;
   p.precision = Precision::fp8_block;
-  try {
-    (void)p.config();
-    ADD_FAILURE() << "per_rank fp8_block accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "Config.precision") << e.what();
+  EXPECT_NE(p.config().to_string().find("combine=per_rank"), std::string::npos);
+  p.inference = true;
+  EXPECT_NO_THROW((void)p.config());
+  p.prepared_weights = true;
+  for (const Precision weight_only : {Precision::nvfp4, Precision::mxfp8}) {
+    p.precision = weight_only;
+    try {
+      (void)p.config();
+      ADD_FAILURE() << "per_rank " << to_string(weight_only) << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "Config.precision") << e.what();
+    }
   }
+  p.prepared_weights = false;
   p.precision = Precision::bf16;
   p.inference = true;
   p.ranks = 1;

@@ -157,6 +157,30 @@ TEST(Config, Fp8BlockLimits) {
   expect_config_error(f, "Config.prepared_weights", "true");
 }
 
+// The per-rank combine runs with bf16 and fp8_block (training and inference, prepared weights or
+// not); the weight-only formats refuse it naming Config.precision.
+TEST(Config, PerRankCombineWithBf16AndFp8Block) {
+  ConfigFields f = tiny();
+  f.combine = CombineMode::per_rank;
+  EXPECT_NO_THROW(Config c(f));
+  f.precision = Precision::fp8_block;
+  for (bool inference : {false, true}) {
+    for (bool prepared : {false, true}) {
+      f.inference = inference;
+      f.prepared_weights = prepared;
+      EXPECT_NO_THROW(Config c(f)) << "inference " << inference << " prepared " << prepared;
+    }
+  }
+  f.inference = true;
+  f.prepared_weights = true;
+  f.precision = Precision::nvfp4;
+  expect_config_error(f, "Config.precision", "nvfp4");
+  f.precision = Precision::mxfp8;
+  expect_config_error(f, "Config.precision", "mxfp8");
+  f.combine = CombineMode::per_route;
+  EXPECT_NO_THROW(Config c(f));
+}
+
 TEST(Config, PrecisionNames) {
   EXPECT_STREQ(to_string(Precision::bf16), "bf16");
   EXPECT_STREQ(to_string(Precision::fp8_block), "fp8_block");

@@ -719,6 +719,48 @@ TEST(MemoryPlan, Fp8BlockInferenceKeepsTheHRowsOnly) {
   EXPECT_EQ(prepared.arena_bytes, bf16.arena_bytes + 896);
 }
 
+// fp8_block with the per-rank combine: the FP8 terms of per_route, plus per_rank's own terms as in
+// bf16 (the combine buffer [T, R, D] bf16 and the call scratch's rows_MD [M, D] bf16, which W2 and
+// the W13 DGRAD write for the send), in training and inference, at R = 4 ([T, R, D] is twice
+// [T, K, D] with K = 2).
+TEST(MemoryPlan, Fp8BlockPerRankAddsThePerRankTermsOnly) {
+  for (bool inference : {false, true}) {
+    ConfigFields f = fields(16, 32, 24, 8, 2);
+    f.inference = inference;
+    auto plan = [&](Precision precision, CombineMode combine) {
+      f.precision = precision;
+      f.combine = combine;
+      return plan_memory(Config(f), 4);
+    };
+    const MemoryPlan bf16_route = plan(Precision::bf16, CombineMode::per_route);
+    const MemoryPlan bf16_rank = plan(Precision::bf16, CombineMode::per_rank);
+    const MemoryPlan fp8_route = plan(Precision::fp8_block, CombineMode::per_route);
+    const MemoryPlan fp8_rank = plan(Precision::fp8_block, CombineMode::per_rank);
+    const std::string what = inference ? "inference" : "training";
+    const int64_t rows_MD = align_bytes(fp8_rank.recv_capacity_rows * 32 * 2);
+    EXPECT_EQ(fp8_rank.combine, CombineMode::per_rank) << what;
+    EXPECT_EQ(fp8_rank.combine_buffer_bytes, align_bytes(16 * 4 * 32 * 2)) << what;
+    EXPECT_EQ(fp8_rank.combine_buffer_bytes, 2 * fp8_route.combine_buffer_bytes) << what;
+    EXPECT_EQ(fp8_rank.dispatch_buffer_bytes, fp8_route.dispatch_buffer_bytes) << what;
+    EXPECT_EQ(fp8_rank.fp8_scratch_bytes, fp8_route.fp8_scratch_bytes) << what;
+    EXPECT_EQ(fp8_rank.fp8_weight_scratch_bytes, fp8_route.fp8_weight_scratch_bytes) << what;
+    EXPECT_EQ(fp8_rank.slot_bytes, fp8_route.slot_bytes) << what;
+    EXPECT_EQ(fp8_rank.backward_scratch_bytes, fp8_route.backward_scratch_bytes + rows_MD) << what;
+    EXPECT_EQ(fp8_rank.forward_scratch_bytes, fp8_route.forward_scratch_bytes + rows_MD) << what;
+    EXPECT_EQ(fp8_rank.total_bytes - fp8_route.total_bytes,
+              bf16_rank.total_bytes - bf16_route.total_bytes)
+        << what;
+    EXPECT_EQ(fp8_rank.total_bytes,
+              fp8_route.total_bytes + fp8_route.combine_buffer_bytes + rows_MD)
+        << what;
+    const std::string text = fp8_rank.explain();
+    for (const char* part : {"dispatch x [T,D] E4M3 + scales [T,ceil(D/128)] f32",
+                             "combine [T,R,D] bf16 (one partial row per source rank): "}) {
+      EXPECT_NE(text.find(part), std::string::npos) << part << " missing in\n" << text;
+    }
+  }
+}
+
 TEST(MemoryPlan, IsPure) {
   const Config c(small());
   const MemoryPlan a = plan_memory(c, 2);

@@ -162,8 +162,7 @@ TEST_P(Slots, MinimumBudgetReplaysEveryLayerBitwise) {
 // the same values), so replayed layers give the full save's bits too.
 TEST_P(Slots, Fp8MinimumBudgetReplaysEveryLayerBitwise) {
   const auto [R, fused, combine] = GetParam();
-  if (combine == CombineMode::per_rank) GTEST_SKIP() << "the per-rank combine is bf16 only";
-  Problem p = stack_problem(R, fused);
+  Problem p = stack_problem(R, fused, combine);
   p.precision = Precision::fp8_block;
   const auto in = stack_inputs(p);
   const MemoryPlan plan = plan_memory(p.config(), R);

@@ -174,7 +174,7 @@ TEST(GpuEp2, Nvfp4InferenceForwardMatchesCpu) {
 TEST(GpuEp2, Fp8TrainingMatchesCpu) {
   EPMOE_REQUIRE_2GPUS();
   for (bool fused : {true, false}) {
-    for (CombineMode combine : {CombineMode::per_route}) {  // Config refuses fp8_block per_rank
+    for (CombineMode combine : {CombineMode::per_route, CombineMode::per_rank}) {
       Problem p = problem(333, 256, 528, 16, 4);
       p.precision = Precision::fp8_block;
       p.fused = fused;

@@ -1,8 +1,9 @@
 // EP = 2 on two GPUs of one process, under CUDA-graph capture and activation slots: graph replay on
 // both ranks with new routings and live counts equals eager, the per-rank combine (against the CPU
-// backend and the per-route combine, and replayed), a stack of layers in one slot whose recomputed
-// results equal the saved ones bitwise, and replay at the minimum slot budget (every backward
-// replaying its forward across both ranks). Skips where fewer than 2 GPUs exist.
+// backend and the per-route combine, and replayed; bf16 and fp8_block), a stack of layers in one
+// slot whose recomputed results equal the saved ones bitwise, and replay at the minimum slot
+// budget (every backward replaying its forward across both ranks). Skips where fewer than 2 GPUs
+// exist.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -262,10 +263,11 @@ TEST(GpuEp2, RecomputeStackEqualsFullSaveBitwise) {
 // minimum fits one input x [T, D]; a full save (x_gathered and h13 at the received rows) fits
 // only when it is no larger on the fullest rank (slot_plan.h): a replay with few live tokens
 // saves everything, the others replay the forward's W13 in backward.
-void graph_replay_with_recompute(CombineMode combine) {
+void graph_replay_with_recompute(CombineMode combine, Precision precision = Precision::bf16) {
   Problem p = problem(256, 256, 192, 16, 4);
   p.capacity_factor = 2.0;
   p.combine = combine;
+  p.precision = precision;
   SCOPED_TRACE(p.name());
   const MemoryPlan plan = plan_memory(p.config(), kRanks);
   ConfigFields f = p.config().fields();
@@ -320,7 +322,8 @@ void graph_replay_with_recompute(CombineMode combine) {
   for (const Replay& rp : replays) {
     expected_recomputes += recomputes(routing(rp.seed, rp.live0, rp.live1)) ? 1 : 0;
   }
-  // 3 of 4 with either combine (the replay with live 1 and 0 receives at most K rows a rank).
+  // 3 of 4 with either combine and precision (the replay with live 1 and 0 receives at most K
+  // rows a rank; fp8_block saves the same bytes as bf16).
   EXPECT_EQ(expected_recomputes, static_cast<int>(replays.size()) - 1);
   for (int r = 0; r < kRanks; ++r) {
     EXPECT_EQ(replayed_layers[static_cast<size_t>(r)], expected_recomputes)
@@ -331,8 +334,8 @@ void graph_replay_with_recompute(CombineMode combine) {
                          "graph replay with recompute, routing seed " + std::to_string(replays[i].seed));
     const auto in = routing(replays[i].seed, replays[i].live0, replays[i].live1);
     const OutputErrors err = compare(eager[i], run_layer(p, in));
-    EXPECT_LE(err[Output::y], backend_rel_l2_bound(Precision::bf16, Output::y)) << err.to_string();
-    EXPECT_LE(err[Output::grad_x], backend_rel_l2_bound(Precision::bf16, Output::grad_x))
+    EXPECT_LE(err[Output::y], backend_rel_l2_bound(precision, Output::y)) << err.to_string();
+    EXPECT_LE(err[Output::grad_x], backend_rel_l2_bound(precision, Output::grad_x))
         << err.to_string();
   }
 }
@@ -347,6 +350,41 @@ TEST(GpuEp2, GraphReplayWithRecomputeEqualsEager) {
 TEST(GpuEp2, PerRankGraphReplayWithRecomputeEqualsEager) {
   EPMOE_REQUIRE_2GPUS();
   graph_replay_with_recompute(CombineMode::per_rank);
+}
+
+// fp8_block with the per-rank combine: the replay re-quantizes x and rebuilds x_gathered and h13
+// on the FP8 W13; W2's rows stay in the call scratch for the send.
+TEST(GpuEp2, Fp8PerRankGraphReplayWithRecomputeEqualsEager) {
+  EPMOE_REQUIRE_2GPUS();
+  graph_replay_with_recompute(CombineMode::per_rank, Precision::fp8_block);
+}
+
+// fp8_block training with the per-rank combine at EP = 2: grad_scores and both weight gradients
+// bitwise equal to the per-route combine's (the FP8 GEMMs see the same rows; only the k-sum moves
+// to the expert side), fused and unfused. y and grad_x against the CPU backend:
+// GpuEp2.Fp8TrainingMatchesCpu.
+TEST(GpuEp2, Fp8PerRankTrainingEqualsPerRouteOnTheExpertSide) {
+  EPMOE_REQUIRE_2GPUS();
+  for (bool fused : {true, false}) {
+    Problem p = problem(256, 256, 192, 16, 4);
+    p.capacity_factor = 2.0;
+    p.precision = Precision::fp8_block;
+    p.fused = fused;
+    p.combine = CombineMode::per_rank;
+    std::vector<RankInputs> in = make_inputs(p, 33, 256);
+    in[0].live = 219;
+    const auto rank = run_gpu_layer(p, in);
+    Problem q = p;
+    q.combine = CombineMode::per_route;
+    const auto route = run_gpu_layer(q, in);
+    for (int r = 0; r < kRanks; ++r) {
+      const size_t i = static_cast<size_t>(r);
+      const std::string what = " rank " + std::to_string(r) + " " + p.name();
+      EXPECT_EQ(rank[i].grad_scores_TK, route[i].grad_scores_TK) << "grad_scores" << what;
+      EXPECT_EQ(rank[i].grad_w13_EFD, route[i].grad_w13_EFD) << "grad_w13" << what;
+      EXPECT_EQ(rank[i].grad_w2_EDF, route[i].grad_w2_EDF) << "grad_w2" << what;
+    }
+  }
 }
 
 }  // namespace

@@ -7,7 +7,9 @@
 // - random inputs: y within kBackendTolerances (fp8_block), and within the float64 bound of the
 //   CPU path (kTrainingTolerances);
 // - fused == unfused, prepared == per-call weights, repeated calls, CUDA-graph replay with new
-//   routings and live counts == eager: bitwise.
+//   routings and live counts == eager: bitwise;
+// - the per-rank combine (Config.combine = per_rank) at EP = 1: y bitwise the per-route one, and
+//   bitwise the CPU backend's on exact blocks.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -212,12 +214,51 @@ TEST(GpuFp8Forward, RandomInputsWithinBoundsFusedUnfusedPreparedRepeatBitwise) {
   }
 }
 
+// The per-rank combine at EP = 1: the W2 rows go to rows_MD and the send sums a token's routes
+// (score-weighted, k ascending, fp32) into one row, which the reduce adds to 0: y is bitwise the
+// per-route y (fused, unfused, prepared, a live count below T), and on exact blocks bitwise the
+// CPU backend's per-rank y.
+TEST(GpuFp8Forward, PerRankCombineEqualsPerRouteAtEp1) {
+  EPMOE_REQUIRE_GPU();
+  uint64_t seed = 560;
+  for (Problem base : {fp8_problem(64, 128, 96, 8, 2), fp8_problem(333, 256, 528, 16, 4),
+                       fp8_problem(96, 192, 144, 8, 2, true)}) {
+    RankInputs in = make_inputs(base, seed++, base.max_tokens)[0];
+    in.live = base.max_tokens - base.max_tokens / 4;
+    const std::vector<bf16_t> per_route = gpu_forward(base, in);
+    for (bool fused : {true, false}) {
+      for (bool prepared : {false, true}) {
+        Problem q = base;
+        q.combine = CombineMode::per_rank;
+        q.fused = fused;
+        q.prepared_weights = prepared;
+        expect_same_y(gpu_forward(q, in, 2), per_route, q.hidden,
+                      q.name() + ": per_rank vs per_route");
+      }
+    }
+  }
+  Problem exact = fp8_problem(333, 384, 272, 16, 4);
+  exact.combine = CombineMode::per_rank;
+  RankInputs in = make_inputs(exact, seed, exact.max_tokens)[0];
+  make_exact(exact, in, seed);
+  expect_same_y(gpu_forward(exact, in), cpu_forward(exact, in), exact.hidden,
+                exact.name() + ": CUDA vs CPU, exact blocks");
+}
+
 TEST(GpuFp8Forward, GraphReplayWithNewRoutingsEqualsEager) {
   EPMOE_REQUIRE_GPU();
-  for (bool prepared : {false, true}) {
+  struct Variant {
+    bool prepared;
+    CombineMode combine;
+  };
+  for (const Variant v : {Variant{false, CombineMode::per_route},
+                          Variant{true, CombineMode::per_route},
+                          Variant{false, CombineMode::per_rank}}) {
+    const bool prepared = v.prepared;
     Problem p = fp8_problem(256, 256, 192, 16, 4);
     p.capacity_factor = 1.0;
     p.prepared_weights = prepared;
+    p.combine = v.combine;
     // Same x and weights every time; a new routing per seed.
     auto routing = [&](uint64_t seed, int64_t live) {
       return rerouted(p, 100, seed, 256, {live})[0];

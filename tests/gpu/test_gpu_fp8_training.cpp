@@ -2,12 +2,14 @@
 // the public API, against the CPU backend on the same inputs:
 // - y and every gradient within kBackendTolerances (fp8_block) and the CPU path's float64 bounds
 //   (EPMOE_REPORT_ERRORS=1 prints the errors);
-// - fused == unfused, repeated calls, prepared == per-call weights (per_rank refuses fp8_block)
-//   (EP = 1): bitwise; prepared on the device (with the transposed copies the DGRADs read) ==
-//   per-call, bitwise, also after a refill in place;
+// - fused == unfused, repeated calls, prepared == per-call weights (EP = 1): bitwise; prepared on
+//   the device (with the transposed copies the DGRADs read) == per-call, bitwise, also after a
+//   refill in place;
+// - the per-rank combine (Config.combine = per_rank) at EP = 1: every output bitwise the
+//   per-route one, and within the bounds of the CPU backend's per-rank outputs;
 // - a stack of layers at the minimum slot budget (every layer replays its forward) == full save,
-//   bitwise; one forward + backward captured in a CUDA graph and replayed with new routings ==
-//   eager, bitwise.
+//   bitwise, with either combine; one forward + backward captured in a CUDA graph and replayed
+//   with new routings == eager, bitwise, with either combine.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -220,7 +222,7 @@ TEST(GpuFp8Training, EdgeRoutingsMatchCpuWithinBounds) {
 TEST(GpuFp8Training, RecomputeAtMinimumBudgetEqualsFullSaveBitwise) {
   EPMOE_REQUIRE_GPU();
   for (bool fused : {true, false}) {
-    for (CombineMode combine : {CombineMode::per_route}) {  // Config refuses fp8_block per_rank
+    for (CombineMode combine : {CombineMode::per_route, CombineMode::per_rank}) {
       Problem p = fp8_problem(96, 144, 112, 8, 2);  // 2D = 288 bytes: granule lcm(128, 288)
       p.fused = fused;
       p.combine = combine;
@@ -249,13 +251,59 @@ TEST(GpuFp8Training, RecomputeAtMinimumBudgetEqualsFullSaveBitwise) {
   }
 }
 
+// The per-rank combine at EP = 1: one partial row per token (the sum of its routes' W2 rows,
+// score-weighted, and of its W13 DGRAD rows), which the owner adds to 0: y, grad_x and every other
+// output bitwise the per-route ones; fused == unfused == prepared, repeated calls; against the CPU
+// backend's per-rank outputs within the fp8_block backend bounds; a live count below T.
+TEST(GpuFp8Training, PerRankCombineEqualsPerRouteAtEp1AndMatchesCpu) {
+  EPMOE_REQUIRE_GPU();
+  const std::vector<Problem> cases = {
+      fp8_problem(64, 128, 96, 8, 2),     // ci-tiny
+      fp8_problem(333, 256, 528, 16, 4),  // ragged tiles in every dimension
+      fp8_problem(96, 192, 144, 8, 2, true),
+  };
+  uint64_t seed = 1400;
+  for (const Problem& base : cases) {
+    std::vector<RankInputs> in = make_inputs(base, seed++, base.max_tokens);
+    in[0].live = base.max_tokens - base.max_tokens / 5;
+    Problem p = base;
+    p.combine = CombineMode::per_rank;
+    const RankOutputs per_rank = gpu_train(p, in[0], 2);
+    expect_bitwise_equal({gpu_train(base, in[0])}, {per_rank},
+                         p.name() + ": per_route vs per_rank");
+    Problem unfused = p;
+    unfused.fused = false;
+    expect_bitwise_equal({gpu_train(unfused, in[0])}, {per_rank}, p.name() + ": unfused vs fused");
+    Problem prepared = p;
+    prepared.prepared_weights = true;
+    expect_bitwise_equal({gpu_train(prepared, in[0])}, {per_rank},
+                         p.name() + ": prepared vs per-call");
+    const OutputErrors vs_cpu = compare(per_rank, run_layer(p, in)[0]);
+    report_errors(p.name() + " fp8 per_rank gpu vs cpu", vs_cpu);
+    for (int o = 0; o < kNumOutputs; ++o) {
+      const Output out = static_cast<Output>(o);
+      EXPECT_LE(vs_cpu[out], backend_rel_l2_bound(Precision::fp8_block, out))
+          << p.name() << ": " << to_string(out) << " CUDA vs CPU backend (" << vs_cpu.to_string()
+          << ")";
+    }
+  }
+}
+
 // One forward + backward captured in a graph, replayed with new routings and live counts.
 TEST(GpuFp8Training, GraphReplayWithNewRoutingsEqualsEager) {
   EPMOE_REQUIRE_GPU();
-  for (bool prepared : {false, true}) {
+  struct Variant {
+    bool prepared;
+    CombineMode combine;
+  };
+  for (const Variant v : {Variant{false, CombineMode::per_route},
+                          Variant{true, CombineMode::per_route},
+                          Variant{false, CombineMode::per_rank}}) {
+    const bool prepared = v.prepared;
     Problem p = fp8_problem(256, 256, 192, 16, 4);
     p.capacity_factor = 1.0;
     p.prepared_weights = prepared;
+    p.combine = v.combine;
     // Same x, grad_y and weights every time; a new routing per seed.
     auto routing = [&](uint64_t seed, int64_t live) {
       return rerouted(p, 100, seed, 256, {live})[0];
