@@ -39,12 +39,13 @@ typedef struct {
   double slot_capacity_factor;
   int64_t slot_bytes;
   int32_t precision;           /* 0 bf16 (default), 1 fp8_block (E4M3, 1x128 / 128x128 fp32 scales),
-                                  2 mxfp8 (E4M3 + E8M0 per 1x32 weights and activations; inference = 1,
-                                  prepared_weights = 1),
+                                  2 mxfp8 (E4M3 + E8M0 per 1x32 weights and activations;
+                                  inference = 1, prepared_weights = 1),
                                   3 nvfp4 (weight-only inference: inference = 1, prepared_weights = 1) */
   int32_t inference;           /* 1: forward only, no activation slots; 0: training (default) */
   int32_t prepared_weights;    /* fp8_block: 1: forward takes prepared weights (below); 0: the bf16
-                                  weights are quantized on every call (default). nvfp4, mxfp8: must be 1 */
+                                  weights are quantized on every call (default). nvfp4 and
+                                  mxfp8: must be 1 */
   int32_t combine;             /* 0: per_route (default); 1: per_rank (one row per token and rank) */
 } epmoe_config;
 

@@ -58,7 +58,8 @@ void row_times_nt(const bf16_t* a_L, const Mxfp8Expert* w, int64_t N, int64_t L,
       for (int64_t k = b * kMxBlock; k < std::min(L, (b + 1) * kMxBlock); ++k) {
         block += static_cast<double>(a[k]) * static_cast<double>(w_L[k]);
       }
-      total += mx_block_scaled(static_cast<float>(block), scale_a[static_cast<size_t>(b)], scale_w[b]);
+      total +=
+          mx_block_scaled(static_cast<float>(block), scale_a[static_cast<size_t>(b)], scale_w[b]);
     }
     out_N[n] = total;
   }

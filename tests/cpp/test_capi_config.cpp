@@ -1,6 +1,6 @@
 // The C ABI's config (include/epmoe/c_api.h) without a device: defaults of the appended fields,
-// fp8_block, nvfp4 and mxfp8 inference with prepared weights reaching the planner, and a bad precision
-// refused naming the field.
+// fp8_block, nvfp4 and mxfp8 inference with prepared weights reaching the planner, and a bad
+// precision refused naming the field.
 #include <gtest/gtest.h>
 
 #include <string>

@@ -17,7 +17,8 @@
 // - random data (codec-prepared weights and activations): a block's exact sum may need more than
 //   24 bits, then the tensor cores round it their own way: per element |gpu - cpu| <= 2^-7 |cpu|
 //   (a flipped bf16 rounding) + 2^-16 * sum_b 2^(sa+sw) sum_k |qa qw| (a few fp32 ulps of each
-//   block's magnitude; generous). The worst ratio to the bound is printed with EPMOE_REPORT_ERRORS=1.
+//   block's magnitude; generous). The worst ratio to the bound is printed with
+//   EPMOE_REPORT_ERRORS=1.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -282,14 +283,16 @@ TEST(GpuGemmMxfp8, FormulaIsTheCpuBackends) {
     x.L = p.K;
     x.v_NL.resize(static_cast<size_t>(p.N * p.K));
     for (int64_t i = 0; i < p.N * p.K; ++i) {
-      x.v_NL[static_cast<size_t>(i)] = e4m3_to_float(p.w_codes[static_cast<size_t>(e * p.N * p.K + i)]);
+      const size_t code = static_cast<size_t>(e * p.N * p.K + i);
+      x.v_NL[static_cast<size_t>(i)] = e4m3_to_float(p.w_codes[code]);
     }
     x.scales_NS = p.w_scales.data() + e * p.N * p.S;
     for (int64_t m = p.offsets[static_cast<size_t>(e)]; m < p.offsets[static_cast<size_t>(e) + 1];
          ++m) {
       cpu::row_times_nt(p.a.data() + m * p.K, &x, p.N, p.K, row.data());
       for (int64_t n = 0; n < p.N; ++n) {
-        ASSERT_EQ(f32_bits(row[static_cast<size_t>(n)]), f32_bits(f[static_cast<size_t>(m * p.N + n)]))
+        ASSERT_EQ(f32_bits(row[static_cast<size_t>(n)]),
+                  f32_bits(f[static_cast<size_t>(m * p.N + n)]))
             << "expert " << e << " row " << m << " col " << n;
       }
     }
@@ -310,7 +313,8 @@ TEST(GpuGemmMxfp8, CodecPreparedRandomDataWithinBound) {
     // Weights through the codec, scaled per expert so the scales differ.
     std::vector<float> w(static_cast<size_t>(p.E * p.N * p.K));
     for (size_t i = 0; i < w.size(); ++i) {
-      w[i] = normal(rng) * std::ldexp(1.0f, static_cast<int>(i / static_cast<size_t>(p.N * p.K)) % 7 - 3);
+      const int expert = static_cast<int>(i / static_cast<size_t>(p.N * p.K));
+      w[i] = normal(rng) * std::ldexp(1.0f, expert % 7 - 3);
     }
     p.w_codes.assign(w.size(), 0);
     p.w_scales.assign(static_cast<size_t>(p.E * p.N * p.S), 0);

@@ -73,7 +73,9 @@ ForwardArgs gpu_args(const DeviceCall& call, const Weights& w, cudaStream_t stre
 
 std::string first_difference(const std::vector<bf16_t>& a, const std::vector<bf16_t>& b,
                              int64_t D) {
-  if (a.size() != b.size()) return "sizes " + std::to_string(a.size()) + " vs " + std::to_string(b.size());
+  if (a.size() != b.size()) {
+    return "sizes " + std::to_string(a.size()) + " vs " + std::to_string(b.size());
+  }
   int64_t count = 0, first = -1;
   for (size_t i = 0; i < a.size(); ++i) {
     if (a[i] == b[i]) continue;
@@ -170,7 +172,9 @@ TEST(GpuMxfp8Forward, GraphReplayWithNewRoutingsEqualsEager) {
   Problem p = mxfp8_problem(128, 256, 160, 16, 4);
   p.capacity_factor = 1.0;
   // Same x and weights every time; a new routing per seed.
-  auto routing = [&](uint64_t seed, int64_t live) { return rerouted(p, 100, seed, 128, {live})[0]; };
+  auto routing = [&](uint64_t seed, int64_t live) {
+    return rerouted(p, 100, seed, 128, {live})[0];
+  };
   const RankInputs first = routing(1, 128);
   const Weights w(p, first);
   auto graph_ctx = Context::create(mxfp8_config(p), make_single_gpu_transport(0));

@@ -4,7 +4,7 @@
 // (src/cpu/stages_mxfp8.cpp), compared in tests/gpu/test_gpu_gemm_mxfp8.cpp.
 //
 //   out[m, n] = bf16( sum over blocks b, ascending, of
-//                     fp32(sum_{k in b} e4m3(a[m, k]) * e4m3(w_e[n, k])) * 2^(sa[m, b] + sw[n, b]) )
+//                fp32(sum_{k in b} e4m3(a[m, k]) * e4m3(w_e[n, k])) * 2^(sa[m, b] + sw[n, b]) )
 //   for the rows m of expert e, [offsets_E1[e], offsets_E1[e + 1]); sa, sw the unbiased E8M0
 //   exponents; a NaN scale (0xFF) makes its block NaN.
 //
@@ -34,7 +34,8 @@ struct Mxfp8GroupedGemmArgs {
   bf16_t* out_MN = nullptr;               // row pitch ld_out; rows outside the groups untouched
   int64_t ld_out = 0;
   // Set instead of out_MN: row m goes to its owner's combine slot, combine_R[rank of src] at slot
-  // (t, k) of src = recv_src_M[m] (core/layout.h encode_src; [T, K, N] bf16 buffers, peer pointers).
+  // (t, k) of src = recv_src_M[m] (core/layout.h encode_src; [T, K, N] bf16 buffers, peer
+  // pointers).
   bf16_t* const* combine_R = nullptr;     // device [R] table
   const int32_t* recv_src_M = nullptr;    // device [M]
   int64_t T = 0;
