@@ -19,6 +19,12 @@ GEMMs read), ratio_to_bf16 against the epmoe bf16 decode row of the same shape (
 graph vs graph) and y's rel-L2 against it. --no-nvfp4 leaves them out; --nvfp4-only times the bf16
 decode rows and these alone. EPMOE_NVFP4_SPLITK=<n> in the environment forces the NVFP4 GEMMs' K
 splits (unset: one; auto: the heuristic; docs/formats.md "Split-K"); the rows record it (nvfp4_splitk).
+
+Each shape also gets epmoe-mxfp8 rows (Config.precision = mxfp8: MXFP8 inference on weights
+prepared once, activation rows quantized 1x32 before each GEMM): decode-fwd (and -graph) beside the
+bf16 decode rows and fwd at train T (prefill) beside the bf16 fwd row, with ratio_to_bf16 and y's
+rel-L2 against the bf16 rows' y on the same inputs. --no-mxfp8 leaves them out; --mxfp8-only times
+the bf16 decode and fwd rows and these alone.
 """
 import argparse
 import datetime
@@ -123,7 +129,8 @@ class Layer:
         """precision "fp8": an fp8_block inference context (forward only) with the weights
         prepared once (epmoe_prepare_weights_fp8), as an inference server holds them;
         "fp8-train": an fp8_block training context with prepared weights (forward + backward);
-        "nvfp4": weight-only NVFP4 inference on weights prepared once (epmoe_prepare_weights_nvfp4)."""
+        "nvfp4": weight-only NVFP4 inference on weights prepared once (epmoe_prepare_weights_nvfp4);
+        "mxfp8": MXFP8 inference on weights prepared once (epmoe_prepare_weights_mxfp8)."""
         D, F, E, K, _, _ = S.SHAPES[shape]
         g = torch.Generator(device="cuda").manual_seed(seed)
         self.D, self.F, self.E, self.K, self.T = D, F, E, K, T
@@ -137,7 +144,11 @@ class Layer:
         cfg = lib.epmoe_config_default(T, D, F, K, E)
         cfg.fuse_epilogues = int(fused)
         cfg.scratch_device_bytes = SCRATCH_DEVICE_BYTES
-        self.inference = precision in ("fp8", "nvfp4")
+        self.inference = precision in ("fp8", "nvfp4", "mxfp8")
+        if precision == "mxfp8":
+            cfg.precision, cfg.inference, cfg.prepared_weights = 2, 1, 1
+            self.prepared = (epmoe_ctypes.PreparedMxfp8(lib, self.w13),
+                             epmoe_ctypes.PreparedMxfp8(lib, self.w2))
         if precision == "nvfp4":
             cfg.precision, cfg.inference, cfg.prepared_weights = 3, 1, 1
             self.prepared = (epmoe_ctypes.PreparedNvfp4(lib, self.w13),
@@ -421,6 +432,68 @@ def bench_nvfp4_decode(lib, shape, routing, ceil, rows, iters, bf16_dec, bf16_de
     torch.cuda.empty_cache()
 
 
+def bench_bf16_fwd(lib, shape, routing, ceil, rows, iters):
+    """The epmoe bf16 fwd row at train T alone (--mxfp8-only). Returns (times, y)."""
+    D, F, E, K, T_train, _ = S.SHAPES[shape]
+    L = Layer(lib, shape, routing, T_train)
+    L.forward(False)
+    L.ctx.check()
+    t = timed(lambda: L.forward(False), iters)
+    flops = 6 * L.routes * D * F
+    rows.append(row("epmoe", shape, routing, "fwd", T_train, t, flops,
+                    ratio_to_ceiling=flops / t[0] / 1e9 / ceil["bf16_matmul_tflops"]))
+    L.forward(False)
+    y = L.y.clone()
+    L.close()
+    del L
+    torch.cuda.empty_cache()
+    return t, y
+
+
+def bench_mxfp8(lib, shape, routing, ceil, rows, iters, bf16_dec, bf16_dec_graph, y_dec,
+                bf16_fwd, y_fwd):
+    """epmoe-mxfp8: the MXFP8 inference forward (weights prepared once) at decode T (eager and
+    graph) and at train T (prefill), on the inputs of the bf16 rows (same seeds); bf16_dec /
+    bf16_dec_graph / y_dec and bf16_fwd / y_fwd: those rows' times and y (ratio_to_bf16, rel-L2).
+    Decode bytes read: the touched experts' codes and scales, and the activation rows the two GEMMs
+    read (x rows [routes, D], h rows [routes, F], bf16, and their E4M3 codes and E8M0 scales)."""
+    D, F, E, K, T_train, T_decode = S.SHAPES[shape]
+    Ld = Layer(lib, shape, routing, T_decode, seed=1, precision="mxfp8")
+    Ld.forward(False)
+    Ld.ctx.check()
+    err = rel_l2(Ld.y, y_dec)
+    t_dec, t_dec_graph, active = decode_times(Ld, iters)
+    weight_bytes = active * (sum(p.nbytes() for p in Ld.prepared) // E)
+    read_bytes = weight_bytes + Ld.routes * (D + F) * (2 + 1 + 1 / 32)
+    for impl, t, ref in (("epmoe-mxfp8", t_dec, bf16_dec),
+                         ("epmoe-mxfp8-graph", t_dec_graph, bf16_dec_graph)):
+        rows.append(row(impl, shape, routing, "decode-fwd", T_decode, t, 6 * Ld.routes * D * F,
+                        GBps=read_bytes / t[0] / 1e6, precision="mxfp8",
+                        roofline_fraction=read_bytes / (ceil["hbm_copy_GBps"] * 1e6) / t[0],
+                        weight_bytes=weight_bytes, read_bytes=read_bytes,
+                        ratio_to_bf16=ref[0] / t[0], rel_l2_vs_bf16={"y": err}))
+        print(f"{shape} {routing} {impl} decode-fwd {t[0]:.4f} ms, x{ref[0] / t[0]:.2f} vs bf16, "
+              f"{100 * read_bytes / (ceil['hbm_copy_GBps'] * 1e6) / t[0]:.0f}% of HBM roofline "
+              f"({read_bytes / 1e6:.1f} MB read), y rel-L2 vs bf16 {err:.3e}", flush=True)
+    Ld.close()
+    del Ld
+    torch.cuda.empty_cache()
+    L = Layer(lib, shape, routing, T_train, precision="mxfp8")
+    L.forward(False)
+    L.ctx.check()
+    err = rel_l2(L.y, y_fwd)
+    t = timed(lambda: L.forward(False), iters)
+    flops = 6 * L.routes * D * F
+    rows.append(row("epmoe-mxfp8", shape, routing, "fwd", T_train, t, flops, precision="mxfp8",
+                    ratio_to_bf16=bf16_fwd[0] / t[0], rel_l2_vs_bf16={"y": err}))
+    print(f"{shape} {routing} epmoe-mxfp8 fwd (T {T_train}) {t[0]:.3f} ms "
+          f"({flops / t[0] / 1e9:.0f} TFLOP/s, x{bf16_fwd[0] / t[0]:.2f} vs bf16), "
+          f"y rel-L2 vs bf16 {err:.3e}", flush=True)
+    L.close()
+    del L
+    torch.cuda.empty_cache()
+
+
 def bench_fp8_train(lib, shape, routing, rows, iters, bf16_out, t_step_bf16, recipe_ms=None):
     """epmoe-fp8 fwd+bwd: an fp8_block training context with prepared weights (prepared once, as
     an optimizer step would refill them) at training T, on the inputs of the bf16 rows; useful
@@ -450,9 +523,10 @@ def bench_fp8_train(lib, shape, routing, rows, iters, bf16_out, t_step_bf16, rec
     torch.cuda.empty_cache()
 
 
-def bench_shape(lib, shape, routing, ceil, rows, iters, fp8=True, fp8_recipe=True, nvfp4=True):
+def bench_shape(lib, shape, routing, ceil, rows, iters, fp8=True, fp8_recipe=True, nvfp4=True,
+                mxfp8=True):
     """fp8: the epmoe-fp8 rows; fp8_recipe: the torch-native-fp8 rows (with fp8 only); nvfp4: the
-    epmoe-nvfp4 decode rows."""
+    epmoe-nvfp4 decode rows; mxfp8: the epmoe-mxfp8 decode and fwd rows."""
     D, F, E, K, T_train, T_decode = S.SHAPES[shape]
     L = Layer(lib, shape, routing, T_train)
     N = L.routes
@@ -556,6 +630,9 @@ def bench_shape(lib, shape, routing, ceil, rows, iters, fp8=True, fp8_recipe=Tru
     torch.cuda.empty_cache()
     if nvfp4:
         bench_nvfp4_decode(lib, shape, routing, ceil, rows, iters, t_dec, t_dec_graph, y_dec)
+    if mxfp8:
+        bench_mxfp8(lib, shape, routing, ceil, rows, iters, t_dec, t_dec_graph, y_dec, t_fwd,
+                    y_bf16)
     if fp8:
         bench_fp8_forward(lib, shape, routing, ceil, rows, iters, y_bf16, t_fwd, recipe_fp8_ms)
         bench_fp8_train(lib, shape, routing, rows, iters, bf16_out, t_step, recipe_fp8_ms)
@@ -593,6 +670,10 @@ def main():
     ap.add_argument("--no-nvfp4", action="store_true", help="leave out the epmoe-nvfp4 rows")
     ap.add_argument("--nvfp4-only", action="store_true",
                     help="only the bf16 decode rows (epmoe, epmoe-graph) and the epmoe-nvfp4 rows")
+    ap.add_argument("--no-mxfp8", action="store_true", help="leave out the epmoe-mxfp8 rows")
+    ap.add_argument("--mxfp8-only", action="store_true",
+                    help="only the bf16 decode and fwd rows (epmoe, epmoe-graph) and the "
+                         "epmoe-mxfp8 rows")
     ap.add_argument("--scratch-device-bytes", type=int, default=-1,
                     help="Config.scratch_device_bytes of the epmoe contexts (-1: all scratch on device)")
     args = ap.parse_args()
@@ -603,7 +684,7 @@ def main():
     print(f"ceilings: {ceil}", flush=True)
     rows = []
     fp8_recipe = False
-    if not args.no_fp8 and not args.epmoe_only and not args.nvfp4_only:
+    if not args.no_fp8 and not args.epmoe_only and not args.nvfp4_only and not args.mxfp8_only:
         reason = torch_recipe_fp8.unsupported_reason()
         fp8_recipe = reason is None
         if reason:
@@ -616,13 +697,20 @@ def main():
                                  args.epmoe_only_precision)
                 write_results(args.out, ceil, rows)
                 continue
+            if args.mxfp8_only:
+                dec = bench_bf16_decode(lib, shape, routing, ceil, rows, args.iters)
+                bench_mxfp8(lib, shape, routing, ceil, rows, args.iters, *dec,
+                            *bench_bf16_fwd(lib, shape, routing, ceil, rows, args.iters))
+                write_results(args.out, ceil, rows)
+                continue
             if args.nvfp4_only:
                 bench_nvfp4_decode(lib, shape, routing, ceil, rows, args.iters,
                                    *bench_bf16_decode(lib, shape, routing, ceil, rows, args.iters))
                 write_results(args.out, ceil, rows)
                 continue
             err = bench_shape(lib, shape, routing, ceil, rows, args.iters, fp8=not args.no_fp8,
-                              fp8_recipe=fp8_recipe, nvfp4=not args.no_nvfp4)
+                              fp8_recipe=fp8_recipe, nvfp4=not args.no_nvfp4,
+                              mxfp8=not args.no_mxfp8)
             for r in rows:
                 if r["shape"] == shape and r["routing"] == routing and r.get("median_ms") is not None:
                     tf = r["useful_tflops"]

@@ -109,6 +109,9 @@ def load(path=None):
     lib.epmoe_prepare_weights_nvfp4.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                                 ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                                                 ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    lib.epmoe_prepare_weights_mxfp8.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                                ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                                                ctypes.c_int, ctypes.c_void_p]
     return lib
 
 
@@ -170,6 +173,30 @@ class PreparedNvfp4:
     def nbytes(self):
         """Bytes of codes, block scales and globals."""
         return self.q.numel() + self.scales.numel() + 4 * self.global_scale.numel()
+
+
+class PreparedMxfp8:
+    """mxfp8 prepared weights of a bf16 [G, N, L] tensor on cuda:device (E4M3 codes [G, N, L],
+    E8M0 scales [G, N, L/32]; MXFP8 inference) (epmoe_prepare_weights_mxfp8; refill() after the
+    bf16 weights change)."""
+
+    def __init__(self, lib, w, device=0):
+        G, N, L = w.shape
+        self.lib, self.w, self.device = lib, w, device
+        self.q = torch.empty(G, N, L, dtype=torch.uint8, device=w.device)
+        self.scales = torch.empty(G, N, (L + 31) // 32, dtype=torch.uint8, device=w.device)
+        self.refill()
+
+    def refill(self):
+        G, N, L = self.w.shape
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        if self.lib.epmoe_prepare_weights_mxfp8(_ptr(self.w), G, N, L, _ptr(self.q),
+                                                _ptr(self.scales), self.device, stream) != 0:
+            raise RuntimeError(self.lib.epmoe_last_error().decode())
+
+    def nbytes(self):
+        """Bytes of codes and scales."""
+        return self.q.numel() + self.scales.numel()
 
 
 NCCL_UNIQUE_ID_BYTES = 128  # EPMOE_NCCL_UNIQUE_ID_BYTES of include/epmoe/c_api_nccl.h
@@ -247,7 +274,7 @@ class Context:
 
     def forward(self, x, ids, scores, w13, w2, y, save=True, num_tokens=None, slot=0, prepared=None):
         """prepared: (w13, w2) PreparedFp8 for a Config with prepared_weights, PreparedNvfp4
-        for precision nvfp4."""
+        for precision nvfp4, PreparedMxfp8 for precision mxfp8."""
         a = ForwardArgs(_ptr(x), x.shape[0], _ptr(num_tokens), _ptr(ids),
                         int(ids.dtype == torch.int64), _ptr(scores),
                         int(scores.dtype == torch.bfloat16), _ptr(w13), _ptr(w2), _ptr(y),
@@ -258,6 +285,10 @@ class Context:
                                                          _ptr(p13.global_scale))
             a.w2_q, a.w2_block_scales, a.w2_global = (_ptr(p2.q), _ptr(p2.scales),
                                                       _ptr(p2.global_scale))
+        elif prepared is not None and isinstance(prepared[0], PreparedMxfp8):
+            p13, p2 = prepared
+            a.w13_q, a.w13_block_scales = _ptr(p13.q), _ptr(p13.scales)
+            a.w2_q, a.w2_block_scales = _ptr(p2.q), _ptr(p2.scales)
         elif prepared is not None:
             p13, p2 = prepared
             a.w13_q, a.w13_scales = _ptr(p13.q), _ptr(p13.scales)

@@ -39,10 +39,13 @@ typedef struct {
   double slot_capacity_factor;
   int64_t slot_bytes;
   int32_t precision;           /* 0 bf16 (default), 1 fp8_block (E4M3, 1x128 / 128x128 fp32 scales),
+                                  2 mxfp8 (E4M3 + E8M0 per 1x32 weights and activations;
+                                  inference = 1, prepared_weights = 1),
                                   3 nvfp4 (weight-only inference: inference = 1, prepared_weights = 1) */
   int32_t inference;           /* 1: forward only, no activation slots; 0: training (default) */
   int32_t prepared_weights;    /* fp8_block: 1: forward takes prepared weights (below); 0: the bf16
-                                  weights are quantized on every call (default). nvfp4: must be 1 */
+                                  weights are quantized on every call (default). nvfp4 and
+                                  mxfp8: must be 1 */
   int32_t combine;             /* 0: per_route (default); 1: per_rank (one row per token and rank) */
 } epmoe_config;
 
@@ -62,7 +65,9 @@ typedef struct {
   const void* w13_q; const float* w13_scales; const void* w2_q; const float* w2_scales;
   /* precision nvfp4: weights from epmoe_prepare_weights_nvfp4: packed E2M1 codes [E, N, L/2] in
      w13_q / w2_q (w13_scales / w2_scales unused), E4M3 block scales [E, N, L/16] and fp32 global
-     scales [E] here. */
+     scales [E] here. precision mxfp8: weights from epmoe_prepare_weights_mxfp8: E4M3 codes
+     [E, N, L] in w13_q / w2_q, E8M0 scales [E, N, L/32] in w13_block_scales / w2_block_scales
+     (the global scales unused). */
   const void* w13_block_scales; const float* w13_global; const void* w2_block_scales;
   const float* w2_global;
 } epmoe_forward_args;
@@ -118,6 +123,11 @@ int epmoe_prepare_weights_fp8(const void* w_GNL, int64_t G, int64_t N, int64_t L
    group global_G [G], enqueued on stream (graph-capturable). */
 int epmoe_prepare_weights_nvfp4(const void* w_GNL, int64_t G, int64_t N, int64_t L, void* q_GNP,
                                 void* scales_GNS, float* global_G, int device, void* stream);
+
+/* prepare_weights for mxfp8 on cuda:device: bf16 w_GNL [G, N, L] -> E4M3 q_GNL [G, N, L] and E8M0
+   scales_GNS [G, N, ceil(L/32)], enqueued on stream (graph-capturable). */
+int epmoe_prepare_weights_mxfp8(const void* w_GNL, int64_t G, int64_t N, int64_t L, void* q_GNL,
+                                void* scales_GNS, int device, void* stream);
 
 /* plan_memory(config, ep_size).explain() into buf (truncated to len - 1). */
 int epmoe_explain_plan(const epmoe_config* config, int ep_size, char* buf, size_t len);

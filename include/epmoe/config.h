@@ -31,7 +31,8 @@ struct Activation {
 // nvfp4 is weight-only inference (NVFP4 prepared weights, bf16 activations; needs inference and
 // prepared_weights; docs/formats.md "NVFP4 weight-only inference") on both backends; mxfp8 is
 // inference with MXFP8 weights and activations quantized 1x32 (needs inference and
-// prepared_weights; docs/formats.md "MXFP8 inference") on the CPU backend only.
+// prepared_weights; docs/formats.md "MXFP8 inference") on both backends (CUDA: D, F multiples of
+// 32).
 enum class Precision : int { bf16, fp8_block, mxfp8, nvfp4 };
 const char* to_string(Precision precision);
 

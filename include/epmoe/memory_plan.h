@@ -80,6 +80,10 @@ struct MemoryPlan {
   // transposed for the DGRADs (core/fp8_terms.h fp8_transposed_layout). On: 0 (the caller's
   // prepared weights carry their transposed copies).
   int64_t fp8_weight_scratch_bytes = 0;
+  // mxfp8 only (0 otherwise): the CUDA GEMMs' activation rows quantized 1x32 (codes + E8M0
+  // scales, core/plan_terms.h mxfp8_scratch_layout), inside the call scratch's backward rows that
+  // an inference context leaves unused: counted in forward_scratch_bytes, not added to scratch.
+  int64_t mxfp8_scratch_bytes = 0;
   int64_t scratch_bytes = 0;           // route + pad + backward (+ fp8); backward's holds forward's
 
   int64_t status_bytes = 0;            // device status word

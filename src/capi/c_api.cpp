@@ -43,9 +43,10 @@ Config to_config(const epmoe_config& c) {
   // Negative: unset. NaN is passed on, so that Config names it.
   if (!(c.slot_capacity_factor < 0.0)) f.slots.slot_capacity_factor = c.slot_capacity_factor;
   if (c.slot_bytes >= 0) f.slots.slot_bytes = c.slot_bytes;
-  EPMOE_CHECK_ARG(c.precision == 0 || c.precision == 1 || c.precision == 3,
-                  "epmoe_config.precision", "0 (bf16), 1 (fp8_block) or 3 (nvfp4)", c.precision);
+  EPMOE_CHECK_ARG(c.precision >= 0 && c.precision <= 3, "epmoe_config.precision",
+                  "0 (bf16), 1 (fp8_block), 2 (mxfp8) or 3 (nvfp4)", c.precision);
   f.precision = c.precision == 1   ? Precision::fp8_block
+                : c.precision == 2 ? Precision::mxfp8
                 : c.precision == 3 ? Precision::nvfp4
                                    : Precision::bf16;
   f.inference = c.inference != 0;
@@ -100,6 +101,18 @@ epmoe::PreparedWeights prepared_nvfp4(const void* q, const void* scales, const f
   p.scales.data = const_cast<void*>(scales);
   p.global_scale.data = const_cast<float*>(global);
   p.data.device = p.scales.device = p.global_scale.device = device;
+  return p;
+}
+
+// mxfp8 prepared-weight views of caller memory.
+epmoe::PreparedWeights prepared_mxfp8(const void* q, const void* scales, int64_t G, int64_t N,
+                                      int64_t L, const epmoe::Device& device) {
+  const epmoe::PreparedWeightShapes sh =
+      epmoe::prepared_weight_shapes(epmoe::WeightFormat::mxfp8, G, N, L);
+  epmoe::PreparedWeights p{epmoe::WeightFormat::mxfp8, G, N, L, sh.data, sh.scales, {}, {}, {}};
+  p.data.data = const_cast<void*>(q);
+  p.scales.data = const_cast<void*>(scales);
+  p.data.device = p.scales.device = device;
   return p;
 }
 
@@ -158,6 +171,15 @@ int epmoe_prepare_weights_nvfp4(const void* w_GNL, int64_t G, int64_t N, int64_t
   });
 }
 
+int epmoe_prepare_weights_mxfp8(const void* w_GNL, int64_t G, int64_t N, int64_t L, void* q_GNL,
+                                void* scales_GNS, int device, void* stream) {
+  return guarded([&] {
+    const epmoe::Device dev = epmoe::Device::cuda(device);
+    epmoe::prepare_weights(ref(w_GNL, epmoe::DType::bf16, {G, N, L}, dev),
+                           prepared_mxfp8(q_GNL, scales_GNS, G, N, L, dev), stream);
+  });
+}
+
 int epmoe_cuda_device_count(void) { return epmoe::cuda_device_count(); }
 
 int epmoe_context_create_single_gpu(const epmoe_config* config, int device, epmoe_context** out) {
@@ -205,6 +227,11 @@ int epmoe_forward(epmoe_context* h, const epmoe_forward_args* a, epmoe_saved* sa
       w13 = prepared_nvfp4(a->w13_q, a->w13_block_scales, a->w13_global, E, 2 * c.F(), c.D(),
                            h->device);
       w2 = prepared_nvfp4(a->w2_q, a->w2_block_scales, a->w2_global, E, c.D(), c.F(), h->device);
+      f.w13_prepared = &w13;
+      f.w2_prepared = &w2;
+    } else if (c.fields().precision == epmoe::Precision::mxfp8) {
+      w13 = prepared_mxfp8(a->w13_q, a->w13_block_scales, E, 2 * c.F(), c.D(), h->device);
+      w2 = prepared_mxfp8(a->w2_q, a->w2_block_scales, E, c.D(), c.F(), h->device);
       f.w13_prepared = &w13;
       f.w2_prepared = &w2;
     } else if (c.fields().prepared_weights) {

@@ -135,7 +135,7 @@ Config::Config(const ConfigFields& fields) : f_(fields) {
                     "true with precision nvfp4 (the caller prepares the NVFP4 weights)", "false");
   }
   if (f_.precision == Precision::mxfp8) {
-    // MXFP8 inference (CPU backend): the caller's prepared weights, activations quantized 1x32.
+    // MXFP8 inference (both backends): the caller's prepared weights, activations quantized 1x32.
     EPMOE_CHECK_ARG(f_.inference, "Config.inference",
                     "true with precision mxfp8 (inference only)", "false");
     EPMOE_CHECK_ARG(f_.prepared_weights, "Config.prepared_weights",

@@ -151,12 +151,21 @@ struct Context::Impl {
       return;
     }
     if (config.fields().precision == Precision::mxfp8) {
-      // MXFP8 inference (validated: both prepared, format mxfp8; the CUDA backend refuses it).
+      // MXFP8 inference (validated: both prepared, format mxfp8).
       s.mxfp8 = true;
       s.w13_mx_EFD = w13_prepared->data.as<uint8_t>();
       s.w13_mx_scales_EFS = w13_prepared->scales.as<uint8_t>();
       s.w2_mx_EDF = w2_prepared->data.as<uint8_t>();
       s.w2_mx_scales_EDS = w2_prepared->scales.as<uint8_t>();
+      // The CUDA GEMMs' quantized rows: grad_h3 .. rows_MD of the call scratch (backward's; mxfp8
+      // contexts are inference only), so the plan counts them already.
+      const CallScratchLayout cl = call_scratch_layout(dims, plan.recv_capacity_rows,
+                                                       !config.fields().fuse_epilogues, per_rank());
+      EPMOE_EXPECT(mxfp8_scratch_fits(cl, dims, plan.recv_capacity_rows), internal,
+                   "mxfp8 scratch", "within the call scratch's backward rows",
+                   std::to_string(mxfp8_scratch_layout(dims, plan.recv_capacity_rows).total) +
+                       " bytes > " + std::to_string(cl.rows_MD - cl.grad_h3));
+      s.mxfp8_scratch = call_scratch() + cl.grad_h3;
       return;
     }
     if (!fp8()) return;

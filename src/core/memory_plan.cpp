@@ -215,6 +215,10 @@ MemoryPlan plan_memory(const Config& config, int ep_size) {
                            : fp8_weight_layout(d).total +
                                  (c.inference ? 0 : fp8_transposed_layout(d).total);
   }
+  if (c.precision == Precision::mxfp8) {
+    p.mxfp8_scratch_bytes = mxfp8_scratch_layout(d, M).total;
+    p.forward_scratch_bytes += p.mxfp8_scratch_bytes;
+  }
   p.scratch_bytes = p.route_scratch_bytes + p.call_scratch_pad_bytes + p.backward_scratch_bytes +
                     p.fp8_scratch_bytes + p.fp8_weight_scratch_bytes;
 
@@ -360,6 +364,8 @@ std::string MemoryPlan::explain() const {
     if (precision == Precision::mxfp8) {
       line("    mxfp8 weights: prepared by the caller (bf16 rows cross ranks; the GEMMs quantize "
            "them 1x32)");
+      line("    mxfp8 quantized rows (CUDA): " + bytes_text(mxfp8_scratch_bytes) +
+           " in the call scratch's backward rows (no bytes added)");
     }
   }
   {

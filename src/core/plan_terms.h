@@ -133,6 +133,26 @@ inline CallScratchLayout call_scratch_layout(const Dims& d, int64_t M, bool unfu
   return l;
 }
 
+// MXFP8 inference on CUDA: each GEMM's activation rows quantized 1x32 by the codec just before
+// it (x_gathered for W13, then h for W2: one region serves both), E4M3 codes [M, L] then E8M0
+// scales [M, L / 32] with L = max(D, F) (each GEMM uses its own K and S = K / 32 inside). It lies
+// in the call scratch's grad_h3 .. rows_MD bytes, which an inference context never touches, so the
+// plan adds nothing; mxfp8_scratch_fits says whether it fits there (the context checks it).
+struct Mxfp8ScratchLayout {
+  int64_t codes = 0, scales = 0, total = 0;
+};
+inline Mxfp8ScratchLayout mxfp8_scratch_layout(const Dims& d, int64_t M) {
+  const int64_t L = d.D > d.F ? d.D : d.F;
+  Mxfp8ScratchLayout l;
+  l.codes = 0;
+  l.scales = align_bytes(M * L);
+  l.total = l.scales + align_bytes(M * ((L + 31) / 32));
+  return l;
+}
+inline bool mxfp8_scratch_fits(const CallScratchLayout& cl, const Dims& d, int64_t M) {
+  return mxfp8_scratch_layout(d, M).total <= cl.rows_MD - cl.grad_h3;
+}
+
 // Zero bytes between the route scratch and the call scratch so that the call scratch's
 // x_gathered starts on the packing granule G: the scratch starts at N * slot_bytes (a multiple
 // of G), so x_gathered then starts on a whole row of the arena viewed as rows of D bf16, as every

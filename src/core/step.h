@@ -131,6 +131,8 @@ struct Step {
   const uint8_t* w13_mx_scales_EFS = nullptr;  // [E, 2F, ceil(D/32)] E8M0
   const uint8_t* w2_mx_EDF = nullptr;          // [E, D, F] E4M3
   const uint8_t* w2_mx_scales_EDS = nullptr;   // [E, D, ceil(F/32)] E8M0
+  // CUDA: the quantized activation rows, mxfp8_scratch_layout(dims, capacity_rows) (plan_terms.h).
+  char* mxfp8_scratch = nullptr;
 
   Status* status = nullptr;
 };

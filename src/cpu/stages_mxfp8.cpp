@@ -2,7 +2,7 @@
 // each GEMM quantizes its bf16 activation row 1x32 by the codec (core/formats/mxfp8.h) and
 // multiplies it with the MXFP8 weight rows block by block: the exact sum of a 32-element k-block's
 // code products rounded once to fp32, scaled by 2^(scale_a + scale_w), added to an fp32 total in
-// k-block order. The CUDA backend has no MXFP8 GEMM and refuses the precision.
+// k-block order. The CUDA twin: gemm/mxfp8_gemm.h.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -27,13 +27,6 @@ Mxfp8Expert expert_of(const uint8_t* q_ENL, const uint8_t* scales_ENS, int e, in
   for (int64_t i = 0; i < N * L; ++i) w.v_NL[static_cast<size_t>(i)] = e4m3_to_float(q_NL[i]);
   w.scales_NS = scales_ENS + e * N * S;
   return w;
-}
-
-// A block's partial sum times 2^(a + w) of its two E8M0 scales: exact unless the result leaves
-// the fp32 range (then ldexp rounds once: to a denormal, zero or infinity); NaN for a NaN scale.
-float scaled(float partial, uint8_t scale_a, uint8_t scale_w) {
-  if (scale_a == kE8m0NaN || scale_w == kE8m0NaN) return f32_nan();
-  return std::ldexp(partial, static_cast<int>(scale_a) + static_cast<int>(scale_w) - 2 * kE8m0Bias);
 }
 
 }  // namespace
@@ -65,7 +58,8 @@ void row_times_nt(const bf16_t* a_L, const Mxfp8Expert* w, int64_t N, int64_t L,
       for (int64_t k = b * kMxBlock; k < std::min(L, (b + 1) * kMxBlock); ++k) {
         block += static_cast<double>(a[k]) * static_cast<double>(w_L[k]);
       }
-      total += scaled(static_cast<float>(block), scale_a[static_cast<size_t>(b)], scale_w[b]);
+      total +=
+          mx_block_scaled(static_cast<float>(block), scale_a[static_cast<size_t>(b)], scale_w[b]);
     }
     out_N[n] = total;
   }

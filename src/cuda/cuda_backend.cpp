@@ -12,6 +12,7 @@
 #include "cuda/fp8_backward.h"
 #include "cuda/fp8_forward.h"
 #include "cuda/gemm/expert_gemm.h"
+#include "cuda/mxfp8_forward.h"
 #include "cuda/nvfp4_forward.h"
 #include "cuda/publish.h"
 #include "cuda/reduce.h"
@@ -39,14 +40,15 @@ CudaBackend::CudaBackend(int device_ordinal) : ordinal_(device_ordinal) {
 }
 
 void CudaBackend::validate(const Config& config, int ep_size) const {
-  // The FP8 and NVFP4 paths are defined by the CPU reference (docs/formats.md). The FP8 forward
-  // and backward and the NVFP4 weight-only forward run on CUDA.
+  // The FP8, NVFP4 and MXFP8 paths are defined by the CPU reference (docs/formats.md). The FP8
+  // forward and backward, the NVFP4 weight-only forward and the MXFP8 forward run on CUDA.
   const Precision precision = config.fields().precision;
-  EPMOE_CHECK_ARG(precision == Precision::bf16 || precision == Precision::fp8_block ||
-                      precision == Precision::nvfp4,
-                  "Config.precision",
-                  "bf16, fp8_block or nvfp4 on the CUDA backend (mxfp8 runs on the CPU backend)",
-                  std::string(to_string(precision)));
+  if (precision == Precision::mxfp8) {
+    EPMOE_CHECK_ARG(config.D() % 32 == 0, "Config.hidden_dim",
+                    "a multiple of 32 with mxfp8 on CUDA (whole MX blocks: W13's K)", config.D());
+    EPMOE_CHECK_ARG(config.F() % 32 == 0, "Config.intermediate_dim",
+                    "a multiple of 32 with mxfp8 on CUDA (whole MX blocks: W2's K)", config.F());
+  }
   if (precision == Precision::fp8_block) {
     EPMOE_CHECK_ARG(config.D() % 16 == 0, "Config.hidden_dim",
                     "a multiple of 16 with fp8_block on CUDA (16-byte E4M3 rows; the FP8 GEMM's K)",
@@ -140,17 +142,22 @@ EPMOE_STAGE(plan_forward, cuda::plan_forward(s))
 EPMOE_STAGE(save_input, cuda::save_input(s))
 EPMOE_STAGE(dispatch, cuda::dispatch(s))
 // FP8 (s.fp8): the E4M3 GEMMs, and h quantized by the unfused SwiGLU kernel (fp8_forward.h).
-// NVFP4 (s.nvfp4): the weight-only GEMMs on bf16 rows (nvfp4_forward.h).
+// NVFP4 (s.nvfp4): the weight-only GEMMs on bf16 rows (nvfp4_forward.h). MXFP8 (s.mxfp8): the
+// rows quantized 1x32, then the MXFP8 GEMMs (mxfp8_forward.h).
 EPMOE_STAGE(w13_gemm, if (s.fp8) cuda::fp8_w13_fprop(s);
-            else if (s.nvfp4) cuda::nvfp4_w13_fprop(s); else cuda::w13_fprop(s, false))
+            else if (s.nvfp4) cuda::nvfp4_w13_fprop(s);
+            else if (s.mxfp8) cuda::mxfp8_w13_fprop(s); else cuda::w13_fprop(s, false))
 EPMOE_STAGE(swiglu_forward, if (s.fp8) cuda::fp8_swiglu_forward(s); else cuda::swiglu_forward(s))
 EPMOE_STAGE(w13_swiglu, if (s.fp8) cuda::fp8_w13_swiglu(s);
-            else if (s.nvfp4) cuda::nvfp4_w13_swiglu(s); else cuda::w13_fprop(s, true))
+            else if (s.nvfp4) cuda::nvfp4_w13_swiglu(s);
+            else if (s.mxfp8) cuda::mxfp8_w13_swiglu(s); else cuda::w13_fprop(s, true))
 EPMOE_STAGE(w2_gemm, if (s.fp8) cuda::fp8_w2_fprop(s, false);
-            else if (s.nvfp4) cuda::nvfp4_w2_fprop(s, false); else cuda::w2_fprop(s, false))
+            else if (s.nvfp4) cuda::nvfp4_w2_fprop(s, false);
+            else if (s.mxfp8) cuda::mxfp8_w2_fprop(s, false); else cuda::w2_fprop(s, false))
 EPMOE_STAGE(scatter_rows, cuda::scatter_rows(s))
 EPMOE_STAGE(w2_scatter, if (s.fp8) cuda::fp8_w2_fprop(s, true);
-            else if (s.nvfp4) cuda::nvfp4_w2_fprop(s, true); else cuda::w2_fprop(s, true))
+            else if (s.nvfp4) cuda::nvfp4_w2_fprop(s, true);
+            else if (s.mxfp8) cuda::mxfp8_w2_fprop(s, true); else cuda::w2_fprop(s, true))
 EPMOE_STAGE(combine_send_forward, cuda::send_partials(s, true))
 EPMOE_STAGE(reduce_forward, s.combine_per_rank
                                 ? cuda::reduce_partials(s, s.y_TD, "y_TD", nullptr)

@@ -1,6 +1,6 @@
 // The C ABI's config (include/epmoe/c_api.h) without a device: defaults of the appended fields,
-// fp8_block and nvfp4 inference with prepared weights reaching the planner, and a bad precision
-// refused naming the field.
+// fp8_block, nvfp4 and mxfp8 inference with prepared weights reaching the planner, and a bad
+// precision refused naming the field.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -47,9 +47,23 @@ TEST(CapiConfig, Nvfp4WeightOnlyInferenceReachesThePlanner) {
   EXPECT_NE(error.find("Config.inference"), std::string::npos) << error;
 }
 
+TEST(CapiConfig, Mxfp8InferenceReachesThePlanner) {
+  epmoe_config c = epmoe_config_default(16, 32, 24, 2, 8);
+  c.precision = 2;
+  c.inference = 1;
+  c.prepared_weights = 1;
+  const std::string text = explain(c, 2);
+  EXPECT_NE(text.find("mxfp8 weights: prepared by the caller"), std::string::npos) << text;
+  c.inference = 0;  // mxfp8 is forward only
+  std::vector<char> buf(256);
+  EXPECT_NE(epmoe_explain_plan(&c, 2, buf.data(), buf.size()), 0);
+  const std::string error = epmoe_last_error();
+  EXPECT_NE(error.find("Config.inference"), std::string::npos) << error;
+}
+
 TEST(CapiConfig, UnknownPrecisionIsRefusedNamingTheField) {
   epmoe_config c = epmoe_config_default(16, 32, 24, 2, 8);
-  c.precision = 2;  // mxfp8: CPU-only inference, not exposed through the C ABI
+  c.precision = 4;
   std::vector<char> buf(256);
   EXPECT_NE(epmoe_explain_plan(&c, 2, buf.data(), buf.size()), 0);
   const std::string error = epmoe_last_error();

@@ -26,6 +26,7 @@
 
 #include <string>
 
+#include "core/plan_terms.h"
 #include "epmoe/config.h"
 #include "epmoe/error.h"
 #include "epmoe/memory_plan.h"
@@ -499,11 +500,14 @@ TEST(MemoryPlan, Nvfp4InferenceAsBf16Inference) {
   expect_contains(p.explain(), "nvfp4 weights: prepared by the caller");
 }
 
-// MXFP8 inference adds no bytes either: the caller owns the weights, bf16 rows cross ranks, and
-// the CPU GEMMs quantize each activation row into their own temporaries (no arena scratch).
+// MXFP8 inference adds no bytes either: the caller owns the weights, bf16 rows cross ranks, the
+// CPU GEMMs quantize each activation row into their own temporaries, and the CUDA GEMMs' quantized
+// rows (codes [M, max(D, F)] + E8M0 scales [M, max(D, F) / 32]) lie in the call scratch's
+// backward rows (grad_h3 .. rows_MD), which an inference context leaves unused.
 TEST(MemoryPlan, Mxfp8InferenceAsBf16Inference) {
   ConfigFields f = small();
   f.inference = true;
+  const MemoryPlan bf16 = plan_memory(Config(f), 2);
   f.precision = Precision::mxfp8;
   f.prepared_weights = true;
   const MemoryPlan p = plan_memory(Config(f), 2);
@@ -511,9 +515,26 @@ TEST(MemoryPlan, Mxfp8InferenceAsBf16Inference) {
   EXPECT_EQ(p.dispatch_buffer_bytes, 1024);  // A(4*128*2), bf16 rows
   EXPECT_EQ(p.fp8_scratch_bytes, 0);
   EXPECT_EQ(p.fp8_weight_scratch_bytes, 0);
+  EXPECT_EQ(p.recv_capacity_rows, 8);
+  EXPECT_EQ(p.mxfp8_scratch_bytes, 1152);  // A(8*128) = 1024 codes + A(8*4) = 128 scales
+  EXPECT_EQ(p.forward_scratch_bytes, bf16.forward_scratch_bytes + 1152);
   EXPECT_EQ(p.scratch_bytes, 16384);  // as MemoryPlan.Inference
   EXPECT_EQ(p.total_bytes, 20352);
-  expect_contains(p.explain(), "mxfp8 weights: prepared by the caller");
+  EXPECT_EQ(bf16.mxfp8_scratch_bytes, 0);
+  const std::string text = p.explain();
+  expect_contains(text, "mxfp8 weights: prepared by the caller");
+  expect_contains(text, "mxfp8 quantized rows (CUDA): 0.000 GiB (1,152 bytes)");
+  // The region it lies in: grad_h3 A(8*128*2) = 2048 + grad_h13 A(8*256*2) = 4096 bytes.
+  const Dims d{4, 128, 128, 2, 2, 2};
+  const CallScratchLayout cl = call_scratch_layout(d, 8, false);
+  EXPECT_EQ(cl.rows_MD - cl.grad_h3, 6144);
+  EXPECT_EQ(mxfp8_scratch_layout(d, 8).scales, 1024);
+  EXPECT_TRUE(mxfp8_scratch_fits(cl, d, 8));
+  // F > D: the rows are F wide. D 32, F 4096, M 8: A(8*4096) = 32768 + A(8*128) = 1024, within
+  // A(8*32*2) = 512 + A(8*8192*2) = 131072.
+  const Dims wide{4, 32, 4096, 2, 2, 2};
+  EXPECT_EQ(mxfp8_scratch_layout(wide, 8).total, 33792);
+  EXPECT_TRUE(mxfp8_scratch_fits(call_scratch_layout(wide, 8, false), wide, 8));
 }
 
 TEST(MemoryPlan, DeepSeekV3Like) {

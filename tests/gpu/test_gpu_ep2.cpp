@@ -1,6 +1,6 @@
 // EP = 2 on two GPUs of one process: the whole layer against the CPU backend with 2 thread ranks on
 // identical global inputs (tolerance tables), the fp8_block forward and training, CUDA IPC peer
-// access, NVFP4 weight-only inference, edge routings with different live counts per rank, the arrival-gated W13, overflow on one
+// access, NVFP4 weight-only and MXFP8 inference, edge routings with different live counts per rank, the arrival-gated W13, overflow on one
 // rank reported on both with the step skipped on both, and a rank that never enters the call (the
 // other rank gets a timeout naming it instead of hanging). Graph replay, the per-rank combine and
 // recompute: test_gpu_ep2_replay.cpp; the transport alone: test_gpu_nccl_transport.cpp. Every test
@@ -31,6 +31,7 @@
 #include "fp8_exact_inputs.h"
 #include "harness.h"
 #include "moe_case.h"
+#include "mxfp8_weights.h"
 #include "nvfp4_weights.h"
 #include "output_compare.h"
 #include "scoped_env.h"
@@ -166,6 +167,61 @@ TEST(GpuEp2, Nvfp4InferenceForwardMatchesCpu) {
     }
     EXPECT_LE(rel, backend_rel_l2_bound(Precision::nvfp4, Output::y))
         << p.name() << " nvfp4: y EP=2 CUDA vs CPU backend";
+  }
+}
+
+// MXFP8 inference on 2 GPUs against 2 CPU thread ranks on the same inputs and the same
+// prepared weights (each rank's own experts, prepared on the host): y within kBackendTolerances
+// (mxfp8); fused and unfused, different live counts per rank.
+TEST(GpuEp2, Mxfp8InferenceForwardMatchesCpu) {
+  EPMOE_REQUIRE_2GPUS();
+  for (bool fused : {true, false}) {
+    Problem p = problem(128, 416, 288, 16, 4);
+    p.inference = true;
+    p.fused = fused;
+    std::vector<RankInputs> in = make_inputs(p, 48, p.max_tokens);
+    in[1].live = p.max_tokens - 37;
+    std::vector<std::vector<bf16_t>> gpu(kRanks), cpu(kRanks);
+    run_on_gpus([&](int r, std::shared_ptr<Transport> t) {
+      auto ctx = Context::create(mxfp8_config(p), t);
+      DeviceCall call(p, in[r], r);
+      const Mxfp8Weights w(p, in[r], r);
+      ForwardArgs a = call.forward_args(nullptr);
+      a.save_for_backward = false;
+      a.w13_prepared = &w.w13.device;
+      a.w2_prepared = &w.w2.device;
+      ctx->forward(a);
+      ctx->check();
+      gpu[r] = download(call.y, call.host.y.size());
+      ctx->close();
+    });
+    run_on_ranks(kRanks, [&](int r, std::shared_ptr<Transport> t) {
+      auto ctx = Context::create(mxfp8_config(p), std::move(t));
+      RankCall call(p, in[r]);
+      const Mxfp8Weight w13(in[r].w13_EFD, p.local_experts(), 2 * p.intermediate, p.hidden);
+      const Mxfp8Weight w2(in[r].w2_EDF, p.local_experts(), p.hidden, p.intermediate);
+      ForwardArgs a = call.forward_args();
+      a.save_for_backward = false;
+      a.w13_prepared = &w13.host;
+      a.w2_prepared = &w2.host;
+      ctx->forward(a);
+      cpu[r] = call.y;
+      ctx->close();
+    });
+    double num = 0, den = 0;
+    for (int r = 0; r < kRanks; ++r) {
+      for (size_t i = 0; i < cpu[r].size(); ++i) {
+        const double g = bf16_to_float(gpu[r][i]), c = bf16_to_float(cpu[r][i]);
+        num += (g - c) * (g - c);
+        den += c * c;
+      }
+    }
+    const double rel = std::sqrt(num / std::max(den, 1e-300));
+    if (std::getenv("EPMOE_REPORT_ERRORS") != nullptr) {
+      std::printf("%s mxfp8: y EP=2 CUDA vs CPU rel-L2 %.3e\n", p.name().c_str(), rel);
+    }
+    EXPECT_LE(rel, backend_rel_l2_bound(Precision::mxfp8, Output::y))
+        << p.name() << " mxfp8: y EP=2 CUDA vs CPU backend";
   }
 }
 

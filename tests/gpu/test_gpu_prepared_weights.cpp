@@ -2,7 +2,7 @@
 // bitwise for every format (fp8_block_fp32 also with its transposed copy, which the host path
 // makes with cpu::fp8_transpose_weights), including a refill in place after the weights change;
 // and what the CUDA backend accepts of fp8_block (training and inference; D, F multiples of 16)
-// and of nvfp4, and that it refuses mxfp8 (CPU-only inference).
+// and of nvfp4 and mxfp8 (whole blocks along D and F); the C ABI's nvfp4 and mxfp8 preparers.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -226,26 +226,53 @@ TEST(GpuPreparedWeights, CudaBackendAcceptsNvfp4WithWholeBlocks) {
   }
 }
 
-// MXFP8 inference runs on the CPU backend only (docs/formats.md "MXFP8 inference"): the CUDA
-// backend refuses the precision when the context is created, naming Config.precision.
-TEST(GpuPreparedWeights, CudaBackendRefusesMxfp8) {
+// MXFP8 inference runs on CUDA (test_gpu_mxfp8_forward); whole MX blocks are required along D and
+// F, each refused naming its field.
+TEST(GpuPreparedWeights, CudaBackendAcceptsMxfp8WithWholeBlocks) {
   EPMOE_REQUIRE_GPU();
   ConfigFields f;
   f.max_tokens_per_rank = 16;
-  f.hidden_dim = 128;
-  f.intermediate_dim = 128;
+  f.hidden_dim = 96;
+  f.intermediate_dim = 160;
   f.top_k = 2;
   f.num_experts = 4;
   f.precision = Precision::mxfp8;
   f.inference = true;
   f.prepared_weights = true;
-  try {
-    Context::create(Config(f), make_single_gpu_transport(0));
-    ADD_FAILURE() << "the CUDA backend accepted mxfp8";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "Config.precision") << e.what();
-    EXPECT_NE(std::string(e.what()).find("mxfp8"), std::string::npos) << e.what();
+  EXPECT_NO_THROW(Context::create(Config(f), make_single_gpu_transport(0))->close());
+  for (const auto& [D, F, field] : {std::tuple<int64_t, int64_t, const char*>{112, 160, "Config.hidden_dim"},
+                                    {96, 144, "Config.intermediate_dim"}}) {
+    f.hidden_dim = D;
+    f.intermediate_dim = F;
+    try {
+      Context::create(Config(f), make_single_gpu_transport(0));
+      ADD_FAILURE() << "the CUDA backend accepted mxfp8 with D " << D << " F " << F;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), field) << e.what();
+    }
   }
+}
+
+// The C ABI's epmoe_prepare_weights_mxfp8 writes the host prepare_weights bits (codes, scales).
+TEST(GpuPreparedWeights, CApiPreparesMxfp8) {
+  EPMOE_REQUIRE_GPU();
+  const std::vector<bf16_t> w = normal_bf16(9);
+  void* w_dev = nullptr;
+  const size_t bytes = w.size() * sizeof(bf16_t);
+  ASSERT_EQ(cudaMalloc(&w_dev, bytes), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(w_dev, w.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  Buffers on_host(WeightFormat::mxfp8, Device::cpu());
+  prepare_weights(TensorRef::contiguous(const_cast<bf16_t*>(w.data()), DType::bf16, {G, N, L}),
+                  on_host.view);
+  Buffers on_device(WeightFormat::mxfp8, Device::cuda(0));
+  const PreparedWeights& v = on_device.view;
+  ASSERT_EQ(epmoe_prepare_weights_mxfp8(w_dev, G, N, L, v.data.data, v.scales.data, 0, nullptr), 0)
+      << epmoe_last_error();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<std::vector<uint8_t>> got = on_device.download();  // data, scales
+  ASSERT_EQ(got.size(), on_host.host.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], on_host.host[i]) << "part " << i;
+  cudaFree(w_dev);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 //     NaN-scaled block as NaN) and the elements are written as the E4M3 NaN too.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "core/formats/e4m3.h"
@@ -35,6 +36,23 @@ EPMOE_HD uint8_t mxfp8_encode(float x, uint8_t scale_code) {
 }
 EPMOE_HD float mxfp8_decode(uint8_t q, uint8_t scale_code) {
   return canonical_nan(e4m3_to_float(q) * e8m0_to_float(scale_code));
+}
+
+// A product block's partial sum (fp32) times 2^(sa + sw) of the two operands' E8M0 scale codes:
+// ldexp, exact unless the result leaves fp32's normal range (then rounded once: to a denormal,
+// zero or infinity); NaN when either scale is NaN. The CPU and CUDA MXFP8 GEMMs' block step.
+EPMOE_HD float mx_block_scaled(float partial, uint8_t scale_a, uint8_t scale_w) {
+  if (scale_a == kE8m0NaN || scale_w == kE8m0NaN) return f32_nan();
+  const int e = static_cast<int>(scale_a) + static_cast<int>(scale_w) - 2 * kE8m0Bias;
+#if defined(__CUDA_ARCH__)
+  // A normal power of two multiplies exactly, rounded once like ldexp. Otherwise the product is
+  // exact in double (|e| <= 254) and rounds once to fp32 (denormal, zero or infinity).
+  if (e >= -126 && e <= 127) return __fmul_rn(partial, exp2i(e));
+  const double scale = __longlong_as_double(static_cast<long long>(e + 1023) << 52);
+  return __double2float_rn(__dmul_rn(static_cast<double>(partial), scale));
+#else
+  return std::ldexp(partial, e);
+#endif
 }
 
 // Scale policy (see fp8_block.h): MXFP8 rows share the FP8 row-block encoder.

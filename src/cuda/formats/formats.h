@@ -81,6 +81,11 @@ void fp8_quantize_cols_transposed_from_rows(const char* rows, const int64_t* row
 // ---- MXFP8: E4M3 + E8M0 per 1x32 ----
 void mxfp8_quantize_rows(const float* x_NL, int64_t N, int64_t L, uint8_t* q_NL, uint8_t* scales_NS, void* stream);
 void mxfp8_quantize_rows(const bf16_t* x_NL, int64_t N, int64_t L, uint8_t* q_NL, uint8_t* scales_NS, void* stream);
+// bf16 rows whose count is known only on the device: rows [0, clamp(*count_1, 0, N)) (all N when
+// count_1 is null), none when *skip_1 != 0 (nullable); one launch serves every count (CUDA graphs).
+void mxfp8_quantize_rows_counted(const bf16_t* x_NL, int64_t N, int64_t L, const int32_t* count_1,
+                                 const int32_t* skip_1, uint8_t* q_NL, uint8_t* scales_NS,
+                                 void* stream);
 void mxfp8_dequantize_rows(const uint8_t* q_NL, const uint8_t* scales_NS, int64_t N, int64_t L, float* x_NL,
                            void* stream);
 

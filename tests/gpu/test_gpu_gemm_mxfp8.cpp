@@ -1,0 +1,463 @@
+// MXFP8 grouped GEMM (cuda/gemm/mxfp8_gemm.h) against the CPU formula (cpu::row_times_nt's:
+// each 32-element block's exact code-product sum rounded once to fp32, times 2^(sa + sw), summed
+// into an fp32 total in block order), on awkward shapes: K a multiple of 32 but not of 128 (one
+// block, 3 blocks, 21 and 35 blocks past the kernel's 4-block steps), empty experts, rows not a
+// multiple of 8 (1 .. 70 rows, several 32-row passes), rows past the last group, N not a multiple
+// of 16 or 64; the skip flag; rows stored into combine slots; the SwiGLU epilogue.
+//
+// Activations are quantized by the host codec here (the forward quantizes on the device with the
+// CUDA codec, bitwise the host's: test_gpu_formats), weights are codes and scales as given.
+// Checks:
+// - exact block sums: activation values -3..3 (times 2^p), weight codes of magnitude >= 1/8, so
+//   every product is a multiple of 2 and a block's sum of magnitudes is below 2^23: exact in fp32
+//   in any order. The scaling and the block-order total are the CPU's fp32 operations, so the
+//   output is bitwise the CPU's, also with extreme E8M0 scales whose product leaves fp32's normal
+//   range (denormal, zero, infinity: ldexp's one rounding on both sides).
+// - the test's formula equals cpu::row_times_nt (fp32 bits), tying the GPU to the CPU backend.
+// - random data (codec-prepared weights and activations): a block's exact sum may need more than
+//   24 bits, then the tensor cores round it their own way: per element |gpu - cpu| <= 2^-7 |cpu|
+//   (a flipped bf16 rounding) + 2^-16 * sum_b 2^(sa+sw) sum_k |qa qw| (a few fp32 ulps of each
+//   block's magnitude; generous). The worst ratio to the bound is printed with
+//   EPMOE_REPORT_ERRORS=1.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/activation.h"
+#include "core/formats/codecs.h"
+#include "core/layout.h"
+#include "core/numeric.h"
+#include "cpu/cpu_backend.h"
+#include "cuda/gemm/mxfp8_gemm.h"
+#include "device_buffer.h"
+#include "epmoe/error.h"
+#include "grouped_shape.h"
+#include "require_gpu.h"
+
+namespace epmoe::test {
+namespace {
+
+using Shape = GroupedShape;
+
+constexpr bf16_t kUntouched = 0xA5A5;
+
+std::vector<Shape> shapes() {
+  return {
+      {{4}, 0, 64, 128},                         // one 4-block step, one group
+      {{0, 1, 8, 33, 70}, 5, 200, 96},           // N % 16 != 0; 3 blocks: single steps only
+      {{3, 0, 0, 40, 9, 1, 0, 2}, 3, 128, 32},   // one block
+      {{17, 5}, 0, 96, 672},                     // 21 blocks: 5 steps of 4 + 1
+      {{2, 31, 32}, 1, 48, 1120},                // 35 blocks: 8 steps of 4 + 3
+      {{0, 0, 0}, 7, 64, 256},                   // every expert empty
+  };
+}
+
+struct Problem {
+  Shape shape;
+  int E = 0;
+  int64_t M = 0, N = 0, K = 0, S = 0;
+  std::vector<int32_t> offsets;
+  std::vector<bf16_t> a;                 // [M, K]
+  std::vector<uint8_t> a_codes, a_scales;  // the host codec's [M, K], [M, S]
+  std::vector<uint8_t> w_codes, w_scales;  // [E, N, K], [E, N, S]
+
+  explicit Problem(const Shape& s) : shape(s) {
+    E = static_cast<int>(s.rows_E.size());
+    N = s.N;
+    K = s.K;
+    S = K / kMxBlock;
+    offsets = group_offsets(s.rows_E);
+    M = offsets.back() + s.spare_rows;
+  }
+
+  // The activations' codes and scales by the host codec (bf16 widens exactly).
+  void quantize_a() {
+    std::vector<float> x(a.size());
+    for (size_t i = 0; i < a.size(); ++i) x[i] = bf16_to_float(a[i]);
+    a_codes.assign(static_cast<size_t>(M * K), 0);
+    a_scales.assign(static_cast<size_t>(M * S), 0);
+    mxfp8_quantize_rows(x.data(), M, K, a_codes.data(), a_scales.data());
+  }
+
+  cuda::Mxfp8GroupedGemmArgs args(const Dev<uint8_t>& daq, const Dev<uint8_t>& das,
+                                  const Dev<uint8_t>& dwq, const Dev<uint8_t>& dws,
+                                  const Dev<int32_t>& doff) const {
+    cuda::Mxfp8GroupedGemmArgs x;
+    x.a_codes_MK = daq.ptr;
+    x.a_scales_MS = das.ptr;
+    x.b_codes_ENK = dwq.ptr;
+    x.b_scales_ENS = dws.ptr;
+    x.offsets_E1 = doff.ptr;
+    x.E = E;
+    x.M = M;
+    x.N = N;
+    x.K = K;
+    return x;
+  }
+
+  // [M, N] output, with swiglu [M, N / 2]; rows outside the groups keep kUntouched.
+  std::vector<bf16_t> run_gpu(const int32_t* skip = nullptr,
+                              const ActivationParams* swiglu = nullptr) const {
+    const int64_t cols = swiglu != nullptr ? N / 2 : N;
+    Dev<uint8_t> daq(a_codes), das(a_scales), dwq(w_codes), dws(w_scales);
+    Dev<int32_t> doff(offsets);
+    Dev<bf16_t> dout(static_cast<size_t>(M * cols));
+    cuda::Mxfp8GroupedGemmArgs x = args(daq, das, dwq, dws, doff);
+    x.skip = skip;
+    x.out_MN = dout.ptr;
+    x.ld_out = cols;
+    if (swiglu != nullptr) {
+      x.swiglu = true;
+      x.act = *swiglu;
+    }
+    cuda::mxfp8_grouped_gemm(x, nullptr);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    return dout.get();
+  }
+
+  // The formula in fp32 (before the bf16 rounding), [M, N]; magnitude: sum_b 2^(sa+sw) sum_k
+  // |qa qw| per element. Rows outside the groups: 0.
+  std::vector<float> formula(std::vector<double>* magnitude = nullptr) const {
+    std::vector<float> out(static_cast<size_t>(M * N), 0.0f);
+    if (magnitude != nullptr) magnitude->assign(out.size(), 0.0);
+    for (int e = 0; e < E; ++e) {
+      for (int64_t m = offsets[static_cast<size_t>(e)]; m < offsets[static_cast<size_t>(e) + 1];
+           ++m) {
+        for (int64_t n = 0; n < N; ++n) {
+          const int64_t row = e * N + n;
+          float total = 0.0f;
+          double mag = 0.0;
+          for (int64_t b = 0; b < S; ++b) {
+            double block = 0.0, block_mag = 0.0;  // exact: 41 bits at most
+            for (int64_t k = b * kMxBlock; k < (b + 1) * kMxBlock; ++k) {
+              const double p =
+                  static_cast<double>(e4m3_to_float(a_codes[static_cast<size_t>(m * K + k)])) *
+                  static_cast<double>(e4m3_to_float(w_codes[static_cast<size_t>(row * K + k)]));
+              block += p;
+              block_mag += std::fabs(p);
+            }
+            const uint8_t sa = a_scales[static_cast<size_t>(m * S + b)];
+            const uint8_t sw = w_scales[static_cast<size_t>(row * S + b)];
+            total += mx_block_scaled(static_cast<float>(block), sa, sw);
+            mag += std::ldexp(block_mag, static_cast<int>(sa) + static_cast<int>(sw) - 254);
+          }
+          out[static_cast<size_t>(m * N + n)] = total;
+          if (magnitude != nullptr) (*magnitude)[static_cast<size_t>(m * N + n)] = mag;
+        }
+      }
+    }
+    return out;
+  }
+
+  // bf16 of the formula, kUntouched outside the groups.
+  std::vector<bf16_t> run_cpu(std::vector<double>* magnitude = nullptr) const {
+    const std::vector<float> f = formula(magnitude);
+    std::vector<bf16_t> out(f.size(), kUntouched);
+    for (int64_t m = 0; m < offsets.back(); ++m) {
+      for (int64_t n = 0; n < N; ++n) {
+        out[static_cast<size_t>(m * N + n)] = float_to_bf16(f[static_cast<size_t>(m * N + n)]);
+      }
+    }
+    return out;
+  }
+};
+
+bool same(bf16_t x, bf16_t y) {
+  const bool nan_x = std::isnan(bf16_to_float(x)), nan_y = std::isnan(bf16_to_float(y));
+  return nan_x || nan_y ? nan_x && nan_y : x == y;
+}
+
+void expect_bitwise(const std::vector<bf16_t>& cpu, const std::vector<bf16_t>& gpu, int64_t N,
+                    const std::string& what) {
+  ASSERT_EQ(cpu.size(), gpu.size()) << what;
+  int shown = 0;
+  size_t differ = 0;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    if (same(cpu[i], gpu[i])) continue;
+    ++differ;
+    if (shown++ < 8) {
+      ADD_FAILURE() << what << ": row " << i / static_cast<size_t>(N) << " col "
+                    << i % static_cast<size_t>(N) << ": cpu " << bf16_to_float(cpu[i])
+                    << " (0x" << std::hex << cpu[i] << "), gpu " << bf16_to_float(gpu[i])
+                    << " (0x" << gpu[i] << std::dec << ")";
+    }
+  }
+  EXPECT_EQ(differ, 0u) << what;
+}
+
+// An E4M3 code of magnitude >= 1/8 (exponent field 4 .. 15, not NaN), either sign.
+uint8_t coarse_code(std::mt19937& rng) {
+  std::uniform_int_distribution<int> exp(4, 15), man(0, 7), sign(0, 1);
+  int e = exp(rng), m = man(rng);
+  if (e == 15 && m == 7) m = 6;
+  return static_cast<uint8_t>((sign(rng) << 7) | (e << 3) | m);
+}
+
+// Exact-sum inputs: activations -3..3 times 2^p (p from powers), weight codes of magnitude
+// >= 1/8 with E8M0 scales from w_scale_codes.
+void fill_exact(Problem& p, std::mt19937& rng, const std::vector<int>& powers,
+                const std::vector<uint8_t>& w_scale_codes) {
+  std::uniform_int_distribution<int> ints(-3, 3);
+  std::uniform_int_distribution<size_t> pick_p(0, powers.size() - 1),
+      pick_s(0, w_scale_codes.size() - 1);
+  p.a.resize(static_cast<size_t>(p.M * p.K));
+  for (int64_t m = 0; m < p.M; ++m) {
+    for (int64_t b = 0; b < p.S; ++b) {  // one power per block: the codec's scale follows it
+      const int pw = powers[pick_p(rng)];
+      for (int64_t k = b * kMxBlock; k < (b + 1) * kMxBlock; ++k) {
+        p.a[static_cast<size_t>(m * p.K + k)] =
+            float_to_bf16(std::ldexp(static_cast<float>(ints(rng)), pw));
+      }
+    }
+  }
+  p.quantize_a();
+  p.w_codes.resize(static_cast<size_t>(p.E * p.N * p.K));
+  for (uint8_t& v : p.w_codes) v = coarse_code(rng);
+  p.w_scales.resize(static_cast<size_t>(p.E * p.N * p.S));
+  for (uint8_t& v : p.w_scales) v = w_scale_codes[pick_s(rng)];
+}
+
+TEST(GpuGemmMxfp8, ExactSumsBitwise) {
+  EPMOE_REQUIRE_GPU();
+  std::mt19937 rng(31);
+  for (const Shape& s : shapes()) {
+    Problem p(s);
+    fill_exact(p, rng, {-2, 0, 3}, {125, 126, 127, 128, 129});
+    expect_bitwise(p.run_cpu(), p.run_gpu(), p.N, describe(s));
+  }
+}
+
+// Scale products outside fp32's normal range: 2^(sa + sw) from 2^-254 to 2^254 (activation
+// blocks of 2^-120 .. 2^120, weight scale codes 0 .. 254): the results underflow to denormals or
+// zero and overflow to infinity (NaN where +inf and -inf meet) exactly as the CPU's ldexp does.
+TEST(GpuGemmMxfp8, ExtremeScalesBitwise) {
+  EPMOE_REQUIRE_GPU();
+  std::mt19937 rng(32);
+  for (const Shape& s : shapes()) {
+    Problem p(s);
+    fill_exact(p, rng, {-120, -60, 0, 60, 120}, {0, 1, 7, 20, 127, 200, 240, 250, 254});
+    expect_bitwise(p.run_cpu(), p.run_gpu(), p.N, describe(s) + " extreme scales");
+  }
+}
+
+// A NaN scale (0xFF) makes its block, and so its outputs, NaN on both sides.
+TEST(GpuGemmMxfp8, NanScaleGivesNan) {
+  EPMOE_REQUIRE_GPU();
+  std::mt19937 rng(33);
+  Problem p(shapes()[3]);
+  fill_exact(p, rng, {0}, {127});
+  p.w_scales[static_cast<size_t>(5 * p.S + 2)] = kE8m0NaN;  // expert 0, weight row 5, block 2
+  const std::vector<bf16_t> cpu = p.run_cpu(), gpu = p.run_gpu();
+  expect_bitwise(cpu, gpu, p.N, "NaN weight scale");
+  for (int64_t m = 0; m < p.offsets[1]; ++m) {
+    EXPECT_TRUE(std::isnan(bf16_to_float(gpu[static_cast<size_t>(m * p.N + 5)]))) << "row " << m;
+  }
+}
+
+// The test's formula is cpu::row_times_nt's (the CPU backend's MXFP8 GEMM), to the fp32 bit.
+TEST(GpuGemmMxfp8, FormulaIsTheCpuBackends) {
+  std::mt19937 rng(34);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  Problem p(shapes()[4]);
+  p.a.resize(static_cast<size_t>(p.M * p.K));
+  for (bf16_t& v : p.a) v = float_to_bf16(normal(rng));
+  p.quantize_a();
+  std::vector<float> w(static_cast<size_t>(p.E * p.N * p.K));
+  for (float& v : w) v = normal(rng);
+  p.w_codes.assign(w.size(), 0);
+  p.w_scales.assign(static_cast<size_t>(p.E * p.N * p.S), 0);
+  mxfp8_quantize_rows(w.data(), p.E * p.N, p.K, p.w_codes.data(), p.w_scales.data());
+  const std::vector<float> f = p.formula();
+  std::vector<float> row(static_cast<size_t>(p.N));
+  for (int e = 0; e < p.E; ++e) {
+    cpu::Mxfp8Expert x;
+    x.N = p.N;
+    x.L = p.K;
+    x.v_NL.resize(static_cast<size_t>(p.N * p.K));
+    for (int64_t i = 0; i < p.N * p.K; ++i) {
+      const size_t code = static_cast<size_t>(e * p.N * p.K + i);
+      x.v_NL[static_cast<size_t>(i)] = e4m3_to_float(p.w_codes[code]);
+    }
+    x.scales_NS = p.w_scales.data() + e * p.N * p.S;
+    for (int64_t m = p.offsets[static_cast<size_t>(e)]; m < p.offsets[static_cast<size_t>(e) + 1];
+         ++m) {
+      cpu::row_times_nt(p.a.data() + m * p.K, &x, p.N, p.K, row.data());
+      for (int64_t n = 0; n < p.N; ++n) {
+        ASSERT_EQ(f32_bits(row[static_cast<size_t>(n)]),
+                  f32_bits(f[static_cast<size_t>(m * p.N + n)]))
+            << "expert " << e << " row " << m << " col " << n;
+      }
+    }
+  }
+}
+
+TEST(GpuGemmMxfp8, CodecPreparedRandomDataWithinBound) {
+  EPMOE_REQUIRE_GPU();
+  std::mt19937 rng(35);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  double worst = 0.0;
+  size_t bitwise = 0, total = 0;
+  for (const Shape& s : shapes()) {
+    Problem p(s);
+    p.a.resize(static_cast<size_t>(p.M * p.K));
+    for (bf16_t& v : p.a) v = float_to_bf16(normal(rng) * 4.0f);
+    p.quantize_a();
+    // Weights through the codec, scaled per expert so the scales differ.
+    std::vector<float> w(static_cast<size_t>(p.E * p.N * p.K));
+    for (size_t i = 0; i < w.size(); ++i) {
+      const int expert = static_cast<int>(i / static_cast<size_t>(p.N * p.K));
+      w[i] = normal(rng) * std::ldexp(1.0f, expert % 7 - 3);
+    }
+    p.w_codes.assign(w.size(), 0);
+    p.w_scales.assign(static_cast<size_t>(p.E * p.N * p.S), 0);
+    mxfp8_quantize_rows(w.data(), p.E * p.N, p.K, p.w_codes.data(), p.w_scales.data());
+    std::vector<double> mag;
+    const std::vector<bf16_t> cpu = p.run_cpu(&mag), gpu = p.run_gpu();
+    int shown = 0;
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      if (cpu[i] == kUntouched) {
+        EXPECT_EQ(gpu[i], cpu[i]) << describe(s) << ": element " << i << " outside the groups";
+        continue;
+      }
+      ++total;
+      bitwise += cpu[i] == gpu[i] ? 1 : 0;
+      const double c = bf16_to_float(cpu[i]), g = bf16_to_float(gpu[i]);
+      const double bound = std::ldexp(std::fabs(c), -7) + std::ldexp(mag[i], -16) + 1e-30;
+      worst = std::max(worst, std::fabs(g - c) / bound);
+      if (!(std::fabs(g - c) <= bound) && shown++ < 8) {
+        ADD_FAILURE() << describe(s) << ": row " << i / static_cast<size_t>(p.N) << " col "
+                      << i % static_cast<size_t>(p.N) << ": cpu " << c << ", gpu " << g
+                      << ", bound " << bound;
+      }
+    }
+  }
+  if (std::getenv("EPMOE_REPORT_ERRORS") != nullptr) {
+    std::printf("mxfp8 GEMM: worst |gpu - cpu| / bound %.3g; %zu of %zu outputs bitwise\n", worst,
+                bitwise, total);
+  }
+}
+
+// The SwiGLU epilogue (gate rows [0, N/2), up rows [N/2, N)) against the host SwiGLU of the plain
+// output's rounded values: equal up to the device / host expf difference (one bf16 rounding
+// step), rows outside the groups untouched; plain and clamped.
+TEST(GpuGemmMxfp8, SwigluEpilogueMatchesThePlainOutputsSwiglu) {
+  EPMOE_REQUIRE_GPU();
+  std::mt19937 rng(36);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  ActivationParams clamped;
+  clamped.clamped = 1;
+  clamped.alpha = 1.702f;
+  clamped.limit = 7.0f;
+  for (const ActivationParams& act : {ActivationParams{}, clamped}) {
+    for (const Shape& s : shapes()) {
+      Problem p(s);
+      fill_exact(p, rng, {0}, {127});
+      for (bf16_t& v : p.a) v = float_to_bf16(0.05f * normal(rng));  // gates around the knee
+      p.quantize_a();
+      const std::vector<bf16_t> plain = p.run_gpu(), fused = p.run_gpu(nullptr, &act);
+      const int64_t F = p.N / 2;
+      for (int64_t m = 0; m < p.M; ++m) {
+        const bool in_group = m < p.offsets.back();
+        for (int64_t f = 0; f < F; ++f) {
+          const bf16_t got = fused[static_cast<size_t>(m * F + f)];
+          if (!in_group) {
+            ASSERT_EQ(got, kUntouched) << describe(s) << " row " << m;
+            continue;
+          }
+          const float gate = bf16_to_float(plain[static_cast<size_t>(m * p.N + f)]);
+          const float up = bf16_to_float(plain[static_cast<size_t>(m * p.N + F + f)]);
+          const double want = bf16_to_float(float_to_bf16(swiglu_forward(gate, up, act)));
+          const double g = bf16_to_float(got);
+          ASSERT_LE(std::fabs(g - want), std::ldexp(std::fabs(want), -7) + 1e-30)
+              << describe(s) << (act.clamped ? " clamped" : " plain") << " row " << m << " col "
+              << f << ": gate " << gate << " up " << up;
+        }
+      }
+    }
+  }
+}
+
+TEST(GpuGemmMxfp8, SkipFlagLeavesTheOutputUntouched) {
+  EPMOE_REQUIRE_GPU();
+  std::mt19937 rng(37);
+  Problem p(shapes()[1]);
+  fill_exact(p, rng, {0}, {127});
+  Dev<int32_t> skip(std::vector<int32_t>{1});
+  for (bf16_t v : p.run_gpu(skip.ptr)) ASSERT_EQ(v, kUntouched);
+}
+
+// Rows stored into combine slots (R = 1): row m of the groups goes to slot recv_src[m] of a
+// [T, K, N] buffer; the rows equal the plain output's.
+TEST(GpuGemmMxfp8, ScatterStoresEachRowInItsSlot) {
+  EPMOE_REQUIRE_GPU();
+  std::mt19937 rng(38);
+  Problem p(shapes()[4]);
+  fill_exact(p, rng, {0, 2}, {126, 127, 128});
+  const int top_k = 2;
+  const int64_t T = (p.M + top_k - 1) / top_k + 3;
+  std::vector<int32_t> slots(static_cast<size_t>(T * top_k));
+  for (size_t i = 0; i < slots.size(); ++i) slots[i] = static_cast<int32_t>(i);
+  std::shuffle(slots.begin(), slots.end(), rng);
+  std::vector<int32_t> recv_src(slots.begin(), slots.begin() + p.M);
+  for (int32_t& v : recv_src) v = encode_src(0, v / top_k, v % top_k, T, top_k);
+  Dev<uint8_t> daq(p.a_codes), das(p.a_scales), dwq(p.w_codes), dws(p.w_scales);
+  Dev<int32_t> doff(p.offsets), dsrc(recv_src);
+  Dev<bf16_t> combine(static_cast<size_t>(T * top_k * p.N));
+  Dev<bf16_t*> table(std::vector<bf16_t*>{combine.ptr});
+  cuda::Mxfp8GroupedGemmArgs x = p.args(daq, das, dwq, dws, doff);
+  x.combine_R = table.ptr;
+  x.recv_src_M = dsrc.ptr;
+  x.T = T;
+  x.top_k = top_k;
+  cuda::mxfp8_grouped_gemm(x, nullptr);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  const std::vector<bf16_t> got = combine.get(), plain = p.run_gpu();
+  for (int64_t m = 0; m < p.offsets.back(); ++m) {
+    const int64_t slot = src_slot(recv_src[static_cast<size_t>(m)], T, top_k);
+    for (int64_t n = 0; n < p.N; ++n) {
+      ASSERT_EQ(got[static_cast<size_t>(slot * p.N + n)], plain[static_cast<size_t>(m * p.N + n)])
+          << "row " << m << " col " << n;
+    }
+  }
+}
+
+TEST(GpuGemmMxfp8, ArgumentsAreChecked) {
+  cuda::Mxfp8GroupedGemmArgs x;
+  x.E = 1;
+  x.M = 0;
+  x.N = 64;
+  x.K = 48;  // not a multiple of 32
+  try {
+    cuda::mxfp8_grouped_gemm(x, nullptr);
+    ADD_FAILURE() << "K = 48 accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "K") << e.what();
+  }
+  x.K = 96;
+  x.ld_out = 64;
+  try {
+    cuda::mxfp8_grouped_gemm(x, nullptr);
+    ADD_FAILURE() << "null weights accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "b_codes_ENK") << e.what();
+  }
+  x.swiglu = true;
+  x.N = 63;
+  try {
+    cuda::mxfp8_grouped_gemm(x, nullptr);
+    ADD_FAILURE() << "odd N accepted with swiglu";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "N") << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace epmoe::test
