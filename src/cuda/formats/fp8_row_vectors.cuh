@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "core/formats/fp8_block.h"
+#include "cuda/formats/e4m3_bounded.cuh"
 #include "cuda/formats/row_blocks.cuh"
 #include "cuda/kernel_common.cuh"
 
@@ -32,12 +33,7 @@ __device__ __forceinline__ Fp8Run8 fp8_quantize_run8(uint4 x_8, bool in, unsigne
   amax = group_max<16>(amax, mask);
   Fp8Run8 r;
   r.scale = Fp8Fp32Scale::from_amax(amax);
-  uint32_t w[2] = {0u, 0u};
-#pragma unroll
-  for (int i = 0; i < kVec; ++i) {
-    w[i / 4] |= static_cast<uint32_t>(Fp8Fp32Scale::encode(x.v[i], r.scale)) << (8 * (i % 4));
-  }
-  r.codes = make_uint2(w[0], w[1]);
+  r.codes = fp8_encode8_fp32(x.v, r.scale);
   return r;
 }
 
