@@ -36,10 +36,10 @@ __device__ __forceinline__ uint8_t fp8_encode_fp32_exact(float x, float scale, F
   return fp8_encode_fp32_bounded(x, b, code) ? code : fp8_encode_fp32(x, scale);
 }
 
-// Eight elements as two words (element 0 in the low byte of w.x), fp8_encode_fp32's codes: an
-// element whose bounds disagree (its byte of `miss` nonzero) is divided.
-__device__ __forceinline__ uint2 fp8_encode8_fp32(const float (&v)[8], float scale) {
-  const Fp8Fp32Bounds b = fp8_fp32_bounds(scale);
+// Eight elements v[0..7] as two words (element 0 in the low byte of w.x), fp8_encode_fp32's codes
+// under bounds b = fp8_fp32_bounds(scale): an element whose bounds disagree (its byte of `miss`
+// nonzero) is divided.
+__device__ __forceinline__ uint2 fp8_encode8_fp32(const float* v, float scale, Fp8Fp32Bounds b) {
   uint32_t miss[2] = {0u, 0u};
   uint32_t w[2] = {e4m3x4_bounded(v[0], v[1], v[2], v[3], b, miss[0]),
                    e4m3x4_bounded(v[4], v[5], v[6], v[7], b, miss[1])};

@@ -77,9 +77,9 @@ struct DeviceRows {
   const int64_t* x_offset_1 = nullptr;  // nullable: x starts this many bytes past the pointer given
 };
 
-// Resident CTAs per SM the registers must allow (6 x 256 threads: 40 registers): a memory-bound loop
-// with one 16-byte load per lane an iteration needs the warps to keep loads in flight.
-constexpr int kRowQuantCtasPerSm = 6;
+// Resident CTAs per SM the registers must allow (5 x 256 threads: 48 registers): a memory-bound loop
+// needs enough warps, each with its lanes' 16-byte loads, to keep loads in flight.
+constexpr int kRowQuantCtasPerSm = 5;
 
 template <class Policy, int kBlock, int kLanes, class T>
 __global__ void __launch_bounds__(kThreads, kRowQuantCtasPerSm)
@@ -143,8 +143,10 @@ __global__ void __launch_bounds__(kThreads, kRowQuantCtasPerSm)
     if (sub == 0) scales[n * scale_stride_n + blk_s * scale_stride_s] = scale;
     uint8_t* q_R = q_NL + n * L + begin + j0;
     alignas(16) uint8_t codes[kPerLane];
-    if constexpr (std::is_same_v<Policy, Fp8Fp32Scale> && kPerLane == 8) {
-      *reinterpret_cast<uint2*>(codes) = fp8_encode8_fp32(v, scale);  // no divide per element
+    if constexpr (std::is_same_v<Policy, Fp8Fp32Scale> && kPerLane % 8 == 0) {  // no divide per element
+      const Fp8Fp32Bounds bounds = fp8_fp32_bounds(scale);
+#pragma unroll
+      for (int h = 0; h < kPerLane; h += 8) *reinterpret_cast<uint2*>(codes + h) = fp8_encode8_fp32(v + h, scale, bounds);
     } else {
 #pragma unroll
       for (int i = 0; i < kPerLane; ++i) codes[i] = Policy::encode(v[i], scale);
