@@ -332,6 +332,51 @@ TEST(FormatsFp8Block, ScaleRules) {
   EXPECT_EQ(fp8_scale_ue8m0(bitsf(kNaN)), 0xFF);
 }
 
+// The kernels' division-free encode (fp8_encode_fp32_bounded): whenever its two bounds agree the
+// code is fp8_encode_fp32's, on every bf16 x for scales from every 61st positive bf16 amax and
+// random fp32 amaxes, on random fp32 x, and on x placed a few ulps around each E4M3 rounding
+// midpoint times the scale (where the bounds must disagree and the caller divides). Undecided
+// elements stay rare on ordinary data.
+TEST(FormatsFp8Block, BoundedEncodeEqualsDivision) {
+  std::vector<float> scales = {1.0f, 0x1p-126f, fp8_scale_fp32(0x7F7FFFFFu), kNaN};
+  for (uint32_t amax = 0x0001u; amax < 0x7F80u; amax += 61) scales.push_back(fp8_scale_fp32(amax << 16));
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<uint32_t> any_bits(0, 0xFFFFFFFFu);
+  for (int i = 0; i < 300; ++i) scales.push_back(fp8_scale_fp32(any_bits(rng) % 0x7F800000u));
+  int64_t checked = 0, undecided = 0, bad = 0;
+  auto check = [&](float x, float scale) {
+    uint8_t code = 0;
+    ++checked;
+    if (!fp8_encode_fp32_bounded(x, fp8_fp32_bounds(scale), code)) {
+      ++undecided;
+    } else if (code != fp8_encode_fp32(x, scale) && bad++ < 5) {
+      ADD_FAILURE() << "x bits 0x" << std::hex << bitsf(x) << " scale bits 0x" << bitsf(scale) << ": bounded "
+                    << int{code} << ", divided " << int{fp8_encode_fp32(x, scale)};
+    }
+  };
+  for (const float scale : scales) {
+    for (uint32_t b = 0; b <= 0xFFFFu; ++b) check(fbits(b << 16), scale);
+  }
+  const int64_t bulk_checked = checked, bulk_undecided = undecided;
+  for (int i = 0; i < 2000000; ++i) check(fbits(any_bits(rng)), scales[any_bits(rng) % scales.size()]);
+  for (const float scale : scales) {
+    for (uint32_t code = 0; code < 0x7E; ++code) {  // midpoint between code and code + 1
+      const float mid = 0.5f * (e4m3_to_float(static_cast<uint8_t>(code)) +
+                                e4m3_to_float(static_cast<uint8_t>(code + 1)));
+      const float x = mid * scale;
+      for (int d = -6; d <= 6; ++d) {
+        if (std::isfinite(x) && x != 0.0f) {
+          check(fbits(bitsf(x) + static_cast<uint32_t>(d)), scale);
+          check(-fbits(bitsf(x) + static_cast<uint32_t>(d)), scale);
+        }
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0) << "of " << checked;
+  EXPECT_LT(bulk_undecided * 1000, bulk_checked) << bulk_undecided << " undecided of " << bulk_checked;
+  EXPECT_GT(undecided, bulk_undecided);  // the midpoint probes reach the fallback
+}
+
 // One 1x128 row block: amax 4.0 (a power of two), six hand-chosen values, the rest zeros.
 //   fp32 scale s = 4 / 448 = 1/112 rounded: 2^23 / 7 = 1198372.57 -> fraction 1198373 = 0x124925,
 //   exponent -7 -> bits 0x3C124925, s = 9586981 * 2^-30 = (1/112)(1 + 4.5e-8).

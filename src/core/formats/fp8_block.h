@@ -41,6 +41,28 @@ EPMOE_HD float fp8_scale_fp32(uint32_t amax_bits) {
 EPMOE_HD uint8_t fp8_encode_fp32(float x, float scale) { return e4m3_from_float(x / scale); }
 EPMOE_HD float fp8_decode_fp32(uint8_t q, float scale) { return canonical_nan(e4m3_to_float(q) * scale); }
 
+// Division-free encode for the kernels' inner loops (one fp32 divide per element is a dozen
+// instructions and a branch on the device). With r = RN(1 / scale), lo = RN(r * (1 - 2^-20)) and
+// hi = RN(r * (1 + 2^-20)), the products x * lo and x * hi bracket z = RN(x / scale) in magnitude:
+// |x * lo| <= |x / scale| (1 - 2^-20)(1 + 2^-24)^3 < |z| <= |x * hi| while the values are normal
+// (z is within 2^-24 relative of x / scale, and 4 * 2^-24 < 2^-20); below 2^-100 all three round to
+// the E4M3 zero of x's sign. scale >= 2^-126 (fp8_scale_fp32), so 1 / scale is normal. The E4M3
+// rounding is monotone in magnitude, so when x * lo and x * hi give the same code it is e4m3(z),
+// fp8_encode_fp32's code; otherwise (x / scale within 2^-20 of a rounding midpoint, mostly exact
+// ties) the caller divides. NaN scale or x: both codes the NaN, as the division's.
+struct Fp8Fp32Bounds {
+  float lo, hi;
+};
+EPMOE_HD Fp8Fp32Bounds fp8_fp32_bounds(float scale) {
+  const float r = 1.0f / scale;
+  return {r * (1.0f - 0x1p-20f), r * (1.0f + 0x1p-20f)};
+}
+// The code of x when the bounds decide it (returns false: use fp8_encode_fp32).
+EPMOE_HD bool fp8_encode_fp32_bounded(float x, Fp8Fp32Bounds b, uint8_t& code) {
+  code = e4m3_from_float(x * b.lo);
+  return code == e4m3_from_float(x * b.hi);
+}
+
 // ---- UE8M0 scales ----
 
 // amax = 1.f * 2^E; 448 * 2^(E-8) = 1.75 * 2^E, so e = E - 8 when 1.f <= 1.75 (fraction bits

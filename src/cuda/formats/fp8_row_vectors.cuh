@@ -1,14 +1,14 @@
 // FP8 1x128 row quantization inside a kernel that writes the bf16 rows as 16-byte vectors (the
 // gather_grad pull, the SwiGLU backward): a block is 16 aligned lanes of a warp, lane j of the
-// group holding elements 8j .. 8j + 7 of the block, exactly the lanes of fp8_quantize_rows
-// (fp8_rows.cu: quantize_row_blocks_kernel<Fp8Fp32Scale, 128, 16>). The same integer amax, scale
-// rule and element encoder on the same bf16 values give its codes and scales bitwise, so the
-// rows need not be read back by a second kernel.
+// group holding elements 8j .. 8j + 7 of the block (fp8_quantize_rows gives a lane 16 of them).
+// The same integer amax (order-free), scale rule and element encoder on the same bf16 values give
+// its codes and scales bitwise, so the rows need not be read back by a second kernel.
 #pragma once
 
 #include <cstdint>
 
 #include "core/formats/fp8_block.h"
+#include "cuda/formats/e4m3_bounded.cuh"
 #include "cuda/formats/row_blocks.cuh"
 #include "cuda/kernel_common.cuh"
 
@@ -32,12 +32,7 @@ __device__ __forceinline__ Fp8Run8 fp8_quantize_run8(uint4 x_8, bool in, unsigne
   amax = group_max<16>(amax, mask);
   Fp8Run8 r;
   r.scale = Fp8Fp32Scale::from_amax(amax);
-  uint32_t w[2] = {0u, 0u};
-#pragma unroll
-  for (int i = 0; i < kVec; ++i) {
-    w[i / 4] |= static_cast<uint32_t>(Fp8Fp32Scale::encode(x.v[i], r.scale)) << (8 * (i % 4));
-  }
-  r.codes = make_uint2(w[0], w[1]);
+  r.codes = fp8_encode8_fp32(x.v, r.scale, fp8_fp32_bounds(r.scale));
   return r;
 }
 

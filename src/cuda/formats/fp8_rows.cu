@@ -1,11 +1,13 @@
 // FP8 E4M3 with 1x128 row blocks (activations), fp32 or UE8M0 scales: row_blocks.cuh with
-// 16 lanes per block (8 consecutive elements per lane: one 16-byte bf16 load), 2 blocks per warp.
+// 8 lanes per block (16 consecutive elements per lane: two 16-byte bf16 loads in flight, one
+// 16-byte store of codes, and the block's scale and index work spread over 16 elements), 4 blocks
+// per warp.
 #include "cuda/formats/formats.h"
 #include "cuda/formats/row_blocks.cuh"
 
 namespace epmoe::cuda {
 namespace {
-constexpr int kLanes = 16;
+constexpr int kLanes = 8;
 }  // namespace
 
 void fp8_quantize_rows(const float* x_NL, int64_t N, int64_t L, uint8_t* q_NL, float* scales_NS, void* stream) {

@@ -11,10 +11,14 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/formats/codecs.h"
+#include "core/formats/fp8_block.h"
 #include "core/numeric.h"
+#include "cuda/formats/e4m3_bounded.cuh"
 #include "cuda/kernel_common.cuh"
 
 namespace epmoe::cuda {
@@ -73,8 +77,12 @@ struct DeviceRows {
   const int64_t* x_offset_1 = nullptr;  // nullable: x starts this many bytes past the pointer given
 };
 
+// Resident CTAs per SM the registers must allow (5 x 256 threads: 48 registers): a memory-bound loop
+// needs enough warps, each with its lanes' 16-byte loads, to keep loads in flight.
+constexpr int kRowQuantCtasPerSm = 5;
+
 template <class Policy, int kBlock, int kLanes, class T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kRowQuantCtasPerSm)
     quantize_row_blocks_kernel(const T* __restrict__ x_NL, int64_t N, int64_t L, uint8_t* __restrict__ q_NL,
                                typename Policy::Scale* __restrict__ scales, int64_t scale_stride_n,
                                int64_t scale_stride_s, const DeviceRows rows) {
@@ -92,16 +100,26 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int sub = lane % kLanes;
   const int64_t S = scale_blocks(L, kBlock);
-  const int64_t total = N * S;
-  const int64_t tiles = (total + kBlocksPerWarp - 1) / kBlocksPerWarp;
+  const int64_t tiles = (N * S + kBlocksPerWarp - 1) / kBlocksPerWarp;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  // This lane's block blk = (row, block) = (bn, bs), advanced by `step` blocks an iteration with a
+  // carry instead of a 64-bit divide per iteration.
+  const int64_t tile0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int64_t blk0 = tile0 * kBlocksPerWarp + lane / kLanes;
+  const int64_t step = warps * kBlocksPerWarp;
+  const int64_t step_n = step / S, step_s = step % S;
+  int64_t bn = blk0 / S, bs = blk0 % S;
   // Warp-uniform loop: every lane reaches the shuffles; lanes past the last block idle.
-  for (int64_t tile = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; tile < tiles;
-       tile += warps) {
-    const int64_t blk = tile * kBlocksPerWarp + lane / kLanes;
-    const bool valid = blk < total;
-    const int64_t n = valid ? blk / S : 0;
-    const int64_t begin = valid ? (blk % S) * kBlock : 0;
+  for (int64_t tile = tile0; tile < tiles; tile += warps) {
+    const bool valid = bn < N;  // blk < N * S
+    const int64_t n = valid ? bn : 0, blk_s = valid ? bs : 0;
+    const int64_t begin = blk_s * kBlock;
+    bs += step_s;
+    bn += step_n;
+    if (bs >= S) {
+      bs -= S;
+      ++bn;
+    }
     const int64_t len = valid ? (L - begin < kBlock ? L - begin : kBlock) : 0;
     const int64_t j0 = static_cast<int64_t>(sub) * kPerLane;  // this lane's run in the block
     const T* x_R = x_NL + n * L + begin + j0;
@@ -122,11 +140,17 @@ __global__ void __launch_bounds__(kThreads)
     amax = group_max<kLanes>(amax);
     const typename Policy::Scale scale = Policy::from_amax(amax);
     if (!valid) continue;
-    if (sub == 0) scales[n * scale_stride_n + (blk % S) * scale_stride_s] = scale;
+    if (sub == 0) scales[n * scale_stride_n + blk_s * scale_stride_s] = scale;
     uint8_t* q_R = q_NL + n * L + begin + j0;
     alignas(16) uint8_t codes[kPerLane];
+    if constexpr (std::is_same_v<Policy, Fp8Fp32Scale> && kPerLane % 8 == 0) {  // no divide per element
+      const Fp8Fp32Bounds bounds = fp8_fp32_bounds(scale);
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) codes[i] = Policy::encode(v[i], scale);
+      for (int h = 0; h < kPerLane; h += 8) *reinterpret_cast<uint2*>(codes + h) = fp8_encode8_fp32(v + h, scale, bounds);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) codes[i] = Policy::encode(v[i], scale);
+    }
     if (whole && run_aligned<uint8_t, kPerLane>(q_R)) {
       copy_run<uint8_t, kPerLane>(q_R, codes);
     } else {
@@ -169,9 +193,20 @@ void launch_quantize_row_blocks(const T* x_NL, int64_t N, int64_t L, uint8_t* q_
     check_codec_pointer(scales, N * S, "scales_NS");
   }
   if (N * L == 0) return;
+  const auto kernel = quantize_row_blocks_kernel<Policy, kBlock, kLanes, T>;
+  // One wave of resident CTAs (their registers allow fewer than kBlocksPerSm per SM): the grid-stride
+  // loop then never leaves a second, partial wave of CTAs waiting behind the first.
+  static std::atomic<int> resident{0};
+  int per_sm = resident.load(std::memory_order_relaxed);
+  if (per_sm == 0) {
+    EPMOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
+    per_sm = per_sm < 1 ? 1 : (per_sm > kBlocksPerSm ? kBlocksPerSm : per_sm);
+    resident.store(per_sm, std::memory_order_relaxed);
+  }
   const int64_t tiles = (N * S + (32 / kLanes) - 1) / (32 / kLanes);
-  quantize_row_blocks_kernel<Policy, kBlock, kLanes, T>
-      <<<grid_for(tiles * 32, kThreads), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+  const int64_t needed = (tiles * 32 + kThreads - 1) / kThreads;
+  const int64_t wave = static_cast<int64_t>(sm_count()) * per_sm;
+  kernel<<<static_cast<unsigned>(needed < wave ? needed : wave), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
           x_NL, N, L, q_NL, scales, ld_sn > 0 ? 1 : S, ld_sn > 0 ? ld_sn : 1, rows);
   EPMOE_CUDA_LAUNCH_CHECK();
 }
