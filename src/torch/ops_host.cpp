@@ -172,7 +172,8 @@ std::string plan_fields(const std::string& config_text, int64_t ep_size) {
     EPMOE_FIELD(planner_state_bytes);
     EPMOE_FIELD(route_scratch_bytes); EPMOE_FIELD(call_scratch_pad_bytes);
     EPMOE_FIELD(forward_scratch_bytes); EPMOE_FIELD(backward_scratch_bytes);
-    EPMOE_FIELD(fp8_scratch_bytes); EPMOE_FIELD(fp8_weight_scratch_bytes); EPMOE_FIELD(scratch_bytes);
+    EPMOE_FIELD(fp8_scratch_bytes); EPMOE_FIELD(fp8_weight_scratch_bytes);
+    EPMOE_FIELD(mxfp8_scratch_bytes); EPMOE_FIELD(scratch_bytes);
     EPMOE_FIELD(status_bytes); EPMOE_FIELD(peer_table_bytes); EPMOE_FIELD(arena_bytes); EPMOE_FIELD(total_bytes);
     EPMOE_FIELD(host_backed_scratch); EPMOE_FIELD(scratch_device_minimum_bytes);
     EPMOE_FIELD(scratch_device_bytes); EPMOE_FIELD(arena_device_bytes); EPMOE_FIELD(arena_host_bytes);
