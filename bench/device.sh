@@ -2,7 +2,7 @@
 # One call on the GPU machine: build from source, GPU tests, compute-sanitizer memcheck on a small
 # case, then the benchmarks. Logs and JSON go under $OUT (the device tool brings them back).
 #   bash bench/device.sh [all|test|bench] [bench args...]
-#   bash bench/device.sh ep [bench_ep args...]   EP = 2 on 2 GPUs: builds only what it needs
+#   bash bench/device.sh ep [bench_ep args...]   EP = 2 on 2 GPUs (EPMOE_EP_SIZE=4 or 8 on those machines): builds only what it needs
 #       (libepmoe, libepmoe_nccl, ep_peer_store, the C ABI test), runs the C ABI test, then
 #       bench/bench_ep.py under torchrun: $OUT/bench_ep.json, $OUT/bench_ep.log
 #   bash bench/device.sh slots [bench_slots args...]   activation slots, EP = 1: builds libepmoe
@@ -90,7 +90,7 @@ if [[ $mode == ep ]]; then
   t0=$(date +%s)
   # EPMOE_EP_TIMEOUT (s): a hang still returns the log and the JSON of the shapes that ran.
   PYTHONUNBUFFERED=1 timeout -k 10 "${EPMOE_EP_TIMEOUT:-480}" \
-    python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
+    python3 -m torch.distributed.run --standalone --nproc-per-node "${EPMOE_EP_SIZE:-2}" \
       bench/bench_ep.py --out "$OUT/bench_ep.json" --lib "$build/src/libepmoe.so" \
       --nccl-lib "$build/src/cuda/comm/libepmoe_nccl.so" --peer-store "$build/bench/ep_peer_store" \
       "$@" > "$OUT/bench_ep.log" 2>&1 || status=1
