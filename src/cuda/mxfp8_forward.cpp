@@ -3,6 +3,7 @@
 #include "core/plan_terms.h"
 #include "cuda/formats/formats.h"
 #include "cuda/gemm/mxfp8_gemm.h"
+#include "cuda/w2_rows_output.h"
 #include "epmoe/error.h"
 
 namespace epmoe::cuda {
@@ -63,19 +64,7 @@ void mxfp8_w2_fprop(const Step& s, bool scatter) {
   Mxfp8GroupedGemmArgs a = quantized_gemm(s, s.h_MF, D, F);
   a.b_codes_ENK = s.w2_mx_EDF;
   a.b_scales_ENS = s.w2_mx_scales_EDS;
-  if (scatter) {
-    a.combine_R = s.combine_R;
-    a.recv_src_M = s.layout.recv_src_M;
-    a.T = s.dims.T;
-    a.top_k = s.dims.K;
-  } else {
-    // Per-rank combine: the rows are h3, kept for the send stage (no plan: the Step's buffer).
-    bf16_t* out = s.combine_per_rank ? s.h3_MD : s.rows_MD;
-    EPMOE_CHECK_ARG(out != nullptr, s.combine_per_rank ? "Step.h3_MD" : "Step.rows_MD",
-                    "the unfused rows buffer", "nullptr");
-    a.out_MN = out;
-    a.ld_out = D;
-  }
+  w2_rows_output(s, scatter, a);
   mxfp8_grouped_gemm(a, s.stream);
 }
 

@@ -1,6 +1,7 @@
 #include "cuda/nvfp4_forward.h"
 
 #include "cuda/gemm/nvfp4_gemm.h"
+#include "cuda/w2_rows_output.h"
 #include "epmoe/error.h"
 
 namespace epmoe::cuda {
@@ -58,19 +59,7 @@ void nvfp4_w2_fprop(const Step& s, bool scatter) {
   a.b_codes_ENP = s.w2_nvfp4_EDP;
   a.b_scales_ENS = s.w2_nvfp4_scales_EDS;
   a.b_global_E = s.w2_nvfp4_global_E;
-  if (scatter) {
-    a.combine_R = s.combine_R;
-    a.recv_src_M = s.layout.recv_src_M;
-    a.T = s.dims.T;
-    a.top_k = s.dims.K;
-  } else {
-    // Per-rank combine: the rows are h3, kept for the send stage (no plan: the Step's buffer).
-    bf16_t* out = s.combine_per_rank ? s.h3_MD : s.rows_MD;
-    EPMOE_CHECK_ARG(out != nullptr, s.combine_per_rank ? "Step.h3_MD" : "Step.rows_MD",
-                    "the unfused rows buffer", "nullptr");
-    a.out_MN = out;
-    a.ld_out = D;
-  }
+  w2_rows_output(s, scatter, a);
   nvfp4_grouped_gemm(a, s.stream);
 }
 
