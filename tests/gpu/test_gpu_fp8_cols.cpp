@@ -247,5 +247,72 @@ TEST(GpuFp8Cols, E4m3RowsOfEveryCodeMatchHostCodec) {
   }
 }
 
+// Elements on E4M3 rounding midpoints (and one bf16 ulp off them) under power-of-two column
+// scales (an amax of 448 * 2^k every 32 rows): x / scale is a tie or within 2^-8 of one, where the
+// kernel's division-free encode leaves the element to the divide (e4m3_bounded.cuh). bf16 rows
+// (vector and element loads), and E4M3 rows with power-of-two row scales: decoded x = q * 2^j, and
+// where a column's amax is 448 * 2^k (its scale 2^k) x / 2^k may be a midpoint of a coarser binade.
+TEST(GpuFp8Cols, RoundingMidpointsMatchHostCodec) {
+  EPMOE_REQUIRE_GPU();
+  std::vector<float> mids;  // positive E4M3 midpoints, 2^-10 .. 432
+  for (int code = 0; code < 0x7e; ++code) {
+    const float a = fp8_decode_fp32(static_cast<uint8_t>(code), 1.0f);
+    const float b = fp8_decode_fp32(static_cast<uint8_t>(code + 1), 1.0f);
+    mids.push_back(0.5f * (a + b));
+  }
+  const std::vector<int32_t> off = offsets_of(kAwkwardRows);
+  const int E = static_cast<int>(kAwkwardRows.size());
+  const int64_t M = off.back() + 3, L = 200;
+  const int64_t max_blocks = fp8_col_blocks(M, E);
+  std::vector<bf16_t> x(static_cast<size_t>(M * L));
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t l = 0; l < L; ++l) {
+      const float pow2 = std::exp2(static_cast<float>(l % 7 - 3));
+      float v = m % 32 == 0 ? 448.0f : mids[static_cast<size_t>((m * 7 + l) % static_cast<int64_t>(mids.size()))];
+      bf16_t b = float_to_bf16(v * pow2 * ((m + l) % 2 == 0 ? 1.0f : -1.0f));  // exact: 5 bits
+      if (m % 32 != 0 && m % 3 == 1) b = static_cast<bf16_t>(b + 1);          // one ulp further out
+      x[static_cast<size_t>(m * L + l)] = b;
+    }
+  }
+  std::vector<float> xf(x.size());
+  for (size_t i = 0; i < x.size(); ++i) xf[i] = bf16_to_float(x[i]);
+  const Expected want = expected(xf, L, off, max_blocks);
+  std::vector<bf16_t> shifted(x.size() + 1, 0);
+  std::copy(x.begin(), x.end(), shifted.begin() + 1);
+  Dev<int32_t> doff(off);
+  for (int shift : {0, 1}) {
+    Dev<bf16_t> dx(shift == 0 ? x : shifted);
+    Dev<uint8_t> dqt(want.qt_LK.size());
+    Dev<float> ds(want.scales_BL.size());
+    cuda::fp8_quantize_cols_transposed(dx.ptr + shift, M, L, doff.ptr, E, nullptr, dqt.ptr, ds.ptr,
+                                       max_blocks, nullptr);
+    expect_equal(want, dqt, ds, "bf16 midpoints, shift " + std::to_string(shift));
+  }
+  // E4M3 rows: random codes (no NaN), row scales 2^(m % 5 - 2).
+  const int64_t ld = fp8_rows_ld(M);
+  std::vector<char> buf(static_cast<size_t>(fp8_rows_bytes(M, L)), 0);
+  uint8_t* codes = reinterpret_cast<uint8_t*>(buf.data());
+  float* row_scales = reinterpret_cast<float*>(buf.data() + fp8_rows_scales_offset(M, L));
+  std::mt19937_64 rng(11);
+  for (int64_t i = 0; i < M * L; ++i) {
+    uint8_t q = static_cast<uint8_t>(rng());
+    if ((q & 0x7f) == 0x7f) q = static_cast<uint8_t>(q - 1);
+    codes[i] = q;
+  }
+  for (int64_t s = 0; s < fp8_blocks(L); ++s) {
+    for (int64_t m = 0; m < M; ++m) row_scales[s * ld + m] = std::exp2(static_cast<float>(m % 5 - 2));
+  }
+  std::vector<float> decoded(static_cast<size_t>(M * L), 0.0f);
+  cpu::fp8_dequantize_rows_s_major(codes, row_scales, ld, M, L, decoded.data());
+  const Expected want_e4m3 = expected(decoded, L, off, max_blocks);
+  Dev<char> dbuf(buf);
+  Dev<int32_t> dcount(std::vector<int32_t>{static_cast<int32_t>(M)});
+  Dev<uint8_t> dqt(want_e4m3.qt_LK.size());
+  Dev<float> ds(want_e4m3.scales_BL.size());
+  cuda::fp8_quantize_cols_transposed_from_rows(dbuf.ptr, nullptr, dcount.ptr, M, L, doff.ptr, E,
+                                               nullptr, dqt.ptr, ds.ptr, max_blocks, nullptr);
+  expect_equal(want_e4m3, dqt, ds, "E4M3 rows, power-of-two row scales");
+}
+
 }  // namespace
 }  // namespace epmoe::test
