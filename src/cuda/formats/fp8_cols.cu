@@ -9,13 +9,15 @@
 //      per lane, kept as bf16; or words of 4 E4M3 codes, kept as codes beside the rows' 1x128
 //      scales: tile columns align to the row-scale blocks, so one scale per row; element loads
 //      where L or the base is not aligned; rows past the block's end and columns past L are
-//      stored as zeros, so later steps need no guards), each thread keeping the amax of its
-//      columns over its rows (an integer max of |x| bits: exact and order-free) for shared memory;
+//      stored as zeros, so the loads and the amax need no guards), each thread keeping the amax
+//      of its columns over its rows (an integer max of |x| bits: exact and order-free) for shared
+//      memory;
 //   2. thread c < 128 turns column c's partial amaxes into its scale (stored, coalesced) and the
 //      encode bounds; thread (lane q, warp g) encodes columns 4 q .. 4 q + 3, rows 16 g .. 16 g + 15
 //      (a warp reads whole tile rows) without a divide per element (e4m3_bounded.cuh) into
-//      shared memory, swizzled;
-//   3. a warp stores 4 whole 128-byte rows of qt per instruction; rows past the block's end are +0.
+//      shared memory, swizzled; its codes of rows past the block's end are masked to +0 (the
+//      tile's zeros there encode as NaN under a NaN column scale, a column holding Inf or NaN);
+//   3. a warp stores 4 whole 128-byte rows of qt per instruction.
 // The codec functions are the host's (core/formats/fp8_block.h), so codes and scales are bitwise.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -88,10 +90,11 @@ __device__ bool find_block(const int32_t* offsets_E1, int E, int64_t b, int64_t&
 }
 
 // Step 1 loads rows [0, n) x columns [0, width) of the tile into shared memory (rows past n and
-// columns past width as zeros, so steps 2 and 3 need no guards) and takes the column amaxes on the
-// way: each thread keeps the amax of its columns over its rows (a row group g) and stores it at
-// amax_GC[g][column]; it returns the number of row groups G, which partition the rows, so the max
-// over g of amax_GC[g][c] is column c's amax (integer max of |x| bits: exact and order-free).
+// columns past width as zeros: they change no amax; step 2 masks rows past n to +0 and step 3
+// stores no column past width) and takes the column amaxes on the way: each thread keeps the amax
+// of its columns over its rows (a row group g) and stores it at amax_GC[g][column]; it returns the
+// number of row groups G, which partition the rows, so the max over g of amax_GC[g][c] is column
+// c's amax (integer max of |x| bits: exact and order-free).
 constexpr int kMaxGroups = 8;
 
 // bf16 tile_RC [128, 128] as loaded. vec: L % 8 == 0 and x 16-byte aligned, so a row's 8-element
@@ -239,14 +242,22 @@ __device__ __forceinline__ float tile_value(const uint8_t* tile_RC, const float*
 // the row reads (8 lanes: one column's 8 chunks) are conflict-free.
 __device__ __forceinline__ int chunk_slot(int l, int p) { return l * 8 + (p ^ ((l >> 2) & 7)); }
 
+// The bytes of a word of 4 rows r .. r + 3 (row r in the low byte) that hold rows of the block,
+// given rows = n - r: all when rows >= 4, none when rows <= 0. The others are padding, +0 in qt.
+__device__ __forceinline__ uint32_t present_bytes(int rows) {
+  return rows >= 4 ? 0xffffffffu : rows <= 0 ? 0u : (1u << (8 * rows)) - 1u;
+}
+
 // Step 2 of thread (lane, warp): the codes of its 4 columns x 16 rows into codes_LC, fp8_encode_fp32's
 // codes under the columns' scales (e4m3_bounded.cuh): the bounded codes first, then each word (4
 // rows of a column) with an undecided element again element by element, dividing there, after the
-// stores, so that the divides' subroutine calls find few live registers.
+// stores, so that the divides' subroutine calls find few live registers. Rows n and past (the
+// block's end) are masked to +0 at the staging store: their tile zeros would encode as 0x7F under a
+// NaN scale (they never leave an element undecided: 0 * lo and 0 * hi give one code).
 template <class Elem>
 __device__ __forceinline__ void encode_chunks(const Elem* tile_RC, const float* scale_R, const float* scale_C,
-                                              const float* lo_C, const float* hi_C, int lane, int warp,
-                                              uint4* codes_LC) {
+                                              const float* lo_C, const float* hi_C, int n, int lane,
+                                              int warp, uint4* codes_LC) {
   const int c0 = 4 * lane, r0 = kRowsPerGroup * warp;
   const float4 lo = *reinterpret_cast<const float4*>(lo_C + c0), hi = *reinterpret_cast<const float4*>(hi_C + c0);
   const Fp8Fp32Bounds bounds[4] = {{lo.x, hi.x}, {lo.y, hi.y}, {lo.z, hi.z}, {lo.w, hi.w}};
@@ -265,8 +276,14 @@ __device__ __forceinline__ void encode_chunks(const Elem* tile_RC, const float* 
 #pragma unroll
     for (int i = 0; i < 4; ++i) flags |= (miss[i] != 0 ? 1u : 0u) << (4 * i + k);
   }
+  uint32_t keep[4];  // word k: the bytes of rows r0 + 4 k .. r0 + 4 k + 3 below n
 #pragma unroll
-  for (int i = 0; i < 4; ++i) codes_LC[chunk_slot(c0 + i, warp)] = make_uint4(w[i][0], w[i][1], w[i][2], w[i][3]);
+  for (int k = 0; k < 4; ++k) keep[k] = present_bytes(n - r0 - 4 * k);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    codes_LC[chunk_slot(c0 + i, warp)] =
+        make_uint4(w[i][0] & keep[0], w[i][1] & keep[1], w[i][2] & keep[2], w[i][3] & keep[3]);
+  }
   while (flags != 0) {  // rare per word (about 2 % on bf16 data)
     const int bit = __ffs(static_cast<int>(flags)) - 1;
     flags &= flags - 1;
@@ -278,6 +295,7 @@ __device__ __forceinline__ void encode_chunks(const Elem* tile_RC, const float* 
     for (int j = 0; j < 4; ++j) {
       word |= uint32_t{fp8_encode_fp32_exact(tile_value(tile_RC, scale_R, r + j, c), scale, b)} << (8 * j);
     }
+    word &= present_bytes(n - r);
     reinterpret_cast<uint32_t*>(codes_LC + chunk_slot(c, warp))[bit % 4] = word;
   }
 }
@@ -342,7 +360,7 @@ __global__ void __launch_bounds__(kColsThreads, 4) quantize_cols_kernel(const Co
         if (t < width) a.scales_BL[b * a.L + l0 + t] = scale;
       }
       __syncthreads();
-      encode_chunks(tile_RC, scale_R, scale_C, lo_C, hi_C, lane, warp, codes_LC);
+      encode_chunks(tile_RC, scale_R, scale_C, lo_C, hi_C, n, lane, warp, codes_LC);
       __syncthreads();
       // Step 3: a warp stores 4 rows of qt (4 whole 128-byte runs) per instruction.
 #pragma unroll
