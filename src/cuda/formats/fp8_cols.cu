@@ -6,15 +6,18 @@
 // One CTA per (block b, run of kTilesPerCta column tiles of 128): the CTA finds b's expert once
 // (a warp prefix over the experts' block counts), then per tile
 //   1. loads the block's rows of the tile into shared memory, coalesced (16-byte vectors of 8 bf16
-//      per lane, kept as bf16; or words of 4 E4M3 codes, decoded to fp32 with the row's 1x128
-//      scale: tile columns align to the row-scale blocks, so one scale per row; element loads
-//      where L or the base is not aligned; rows past the block's end are not loaded), each thread
-//      keeping the amax of its columns over its rows (an integer max of |x| bits: exact and
-//      order-free) for shared memory;
-//   2. thread (column c, half h) takes column c's amax from those partials (conflict-free: a warp
-//      reads 32 consecutive columns), encodes rows 64 h .. 64 h + 63 of column c with the scale and
-//      stores them as 64 contiguous bytes (four 16-byte vectors) of row l of qt; rows past the
-//      block's end are +0; the h = 0 threads store the scales (coalesced).
+//      per lane, kept as bf16; or words of 4 E4M3 codes, kept as codes beside the rows' 1x128
+//      scales: tile columns align to the row-scale blocks, so one scale per row; element loads
+//      where L or the base is not aligned; rows past the block's end and columns past L are
+//      stored as zeros, so the loads and the amax need no guards), each thread keeping the amax
+//      of its columns over its rows (an integer max of |x| bits: exact and order-free) for shared
+//      memory;
+//   2. thread c < 128 turns column c's partial amaxes into its scale (stored, coalesced) and the
+//      encode bounds; thread (lane q, warp g) encodes columns 4 q .. 4 q + 3, rows 16 g .. 16 g + 15
+//      (a warp reads whole tile rows) without a divide per element (e4m3_bounded.cuh) into
+//      shared memory, swizzled; its codes of rows past the block's end are masked to +0 (the
+//      tile's zeros there encode as NaN under a NaN column scale, a column holding Inf or NaN);
+//   3. a warp stores 4 whole 128-byte rows of qt per instruction.
 // The codec functions are the host's (core/formats/fp8_block.h), so codes and scales are bitwise.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -24,6 +27,7 @@
 
 #include "core/formats/codecs.h"
 #include "core/fp8_terms.h"
+#include "cuda/formats/e4m3_bounded.cuh"
 #include "cuda/formats/formats.h"
 #include "cuda/kernel_common.cuh"
 
@@ -32,10 +36,9 @@ namespace {
 
 constexpr int kBlock = kFp8RowBlock;  // rows of a column block
 constexpr int kTile = 128;            // columns of a tile (= the 1x128 row-scale block)
-constexpr int kHalf = kBlock / 2;     // rows per thread in step 2
-constexpr int kColsThreads = kTile * 2;
+constexpr int kColsThreads = 256;
 constexpr int kTilesPerCta = 4;       // column tiles per CTA: one expert search serves them
-static_assert(kColsThreads == kThreads, "one thread per (column, half)");
+static_assert(kColsThreads == kThreads, "the kernel_common block size");
 
 struct ColsArgs {
   const bf16_t* x_ML = nullptr;         // bf16 input [M, L]
@@ -86,59 +89,59 @@ __device__ bool find_block(const int32_t* offsets_E1, int E, int64_t b, int64_t&
   return false;
 }
 
-__device__ __forceinline__ float tile_value(bf16_t v) { return bf16_to_float(v); }
-__device__ __forceinline__ float tile_value(float v) { return v; }
+// Step 1 loads rows [0, n) x columns [0, width) of the tile into shared memory (rows past n and
+// columns past width as zeros: they change no amax; step 2 masks rows past n to +0 and step 3
+// stores no column past width) and takes the column amaxes on the way: each thread keeps the amax
+// of its columns over its rows (a row group g) and stores it at amax_GC[g][column]; it returns the
+// number of row groups G, which partition the rows, so the max over g of amax_GC[g][c] is column
+// c's amax (integer max of |x| bits: exact and order-free).
+constexpr int kMaxGroups = 8;
 
-// Step 1 loads rows [0, n) x columns [0, width) of the tile into tile_RC [128, 128] and takes
-// the column amaxes on the way: each thread keeps the amax of its columns over its rows (a row
-// group g) and stores it at amax_GC[g][column]; it returns the number of row groups G, which
-// partition the rows, so the max over g of amax_GC[g][c] is column c's amax (integer max of |x|
-// bits: exact and order-free). Columns past width are neither loaded nor given an amax.
-constexpr int kMaxGroups = 16;
-
-// bf16. vec: L % 8 == 0 and x 16-byte aligned, so a row's 8-element vectors are whole; thread t
-// takes the vector j = t % 16 of rows t / 16 + 16 i (group t / 16, 16 groups).
+// bf16 tile_RC [128, 128] as loaded. vec: L % 8 == 0 and x 16-byte aligned, so a row's 8-element
+// vectors are whole; thread t takes the vector j = t % 16 of rows t / 16 + 16 i, and lanes t and
+// t ^ 16 (rows of the same warp) combine their amaxes: group = warp, 8 groups.
 __device__ __forceinline__ int load_tile(const bf16_t* x_ML, int64_t L, int64_t m0, int64_t l0,
                                          int n, int width, bool vec, bf16_t* tile_RC,
                                          uint32_t (*amax_GC)[kTile]) {
   const int t = static_cast<int>(threadIdx.x);
   if (vec) {
     constexpr int kPerRow = kTile / 8, kSteps = kBlock * kPerRow / kThreads;
-    static_assert(kThreads % kPerRow == 0 && kThreads / kPerRow <= kMaxGroups, "fixed vector per thread");
+    static_assert(kPerRow == 16 && kThreads / 32 <= kMaxGroups, "two row groups per warp");
     const int j = t % kPerRow, g = t / kPerRow;
-    if (8 * j >= width) return kThreads / kPerRow;
+    const bool active = 8 * j < width;
     uint4 v[kSteps] = {};
 #pragma unroll
     for (int i = 0; i < kSteps; ++i) {  // all loads first: kSteps vectors in flight per thread
       const int r = g + i * (kThreads / kPerRow);
-      if (r < n) v[i] = *reinterpret_cast<const uint4*>(x_ML + (m0 + r) * L + l0 + 8 * j);
+      if (active && r < n) v[i] = *reinterpret_cast<const uint4*>(x_ML + (m0 + r) * L + l0 + 8 * j);
     }
-    uint32_t amax[8] = {};
+    // Per column pair, the max of the |x| bf16 bits in two 16-bit lanes (one VIMNMX per pair):
+    // the fp32 bits of a bf16 are its bits << 16, so the max shifted is amax_bits_add's amax.
+    uint32_t amax2[4] = {};
 #pragma unroll
     for (int i = 0; i < kSteps; ++i) {
       const int r = g + i * (kThreads / kPerRow);
-      if (r < n) {
-        *reinterpret_cast<uint4*>(tile_RC + r * kTile + 8 * j) = v[i];
-        const uint32_t w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          amax[2 * k] = amax_bits_add(amax[2 * k], bf16_to_float(static_cast<bf16_t>(w[k] & 0xffffu)));
-          amax[2 * k + 1] = amax_bits_add(amax[2 * k + 1], bf16_to_float(static_cast<bf16_t>(w[k] >> 16)));
-        }
-      }
+      *reinterpret_cast<uint4*>(tile_RC + r * kTile + 8 * j) = v[i];
+      amax2[0] = __vmaxu2(amax2[0], v[i].x & 0x7fff7fffu);
+      amax2[1] = __vmaxu2(amax2[1], v[i].y & 0x7fff7fffu);
+      amax2[2] = __vmaxu2(amax2[2], v[i].z & 0x7fff7fffu);
+      amax2[3] = __vmaxu2(amax2[3], v[i].w & 0x7fff7fffu);
     }
-    uint4* amax_C = reinterpret_cast<uint4*>(&amax_GC[g][8 * j]);
-    amax_C[0] = make_uint4(amax[0], amax[1], amax[2], amax[3]);
-    amax_C[1] = make_uint4(amax[4], amax[5], amax[6], amax[7]);
-    return kThreads / kPerRow;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) amax2[k] = __vmaxu2(amax2[k], __shfl_xor_sync(0xffffffffu, amax2[k], 16));
+    if (t % 32 < kPerRow) {
+      uint4* amax_C = reinterpret_cast<uint4*>(&amax_GC[t / 32][8 * j]);
+      amax_C[0] = make_uint4(amax2[0] << 16, amax2[0] & 0xffff0000u, amax2[1] << 16, amax2[1] & 0xffff0000u);
+      amax_C[1] = make_uint4(amax2[2] << 16, amax2[2] & 0xffff0000u, amax2[3] << 16, amax2[3] & 0xffff0000u);
+    }
+    return kThreads / 32;
   }
   // Elements: thread t takes column t % 128 of rows t / 128 + 2 i (2 groups).
   const int c = t % kTile, g = t / kTile;
-  if (c >= width) return kThreads / kTile;
   uint32_t amax = 0;
 #pragma unroll 8
-  for (int r = g; r < n; r += kThreads / kTile) {
-    const bf16_t x = x_ML[(m0 + r) * L + l0 + c];
+  for (int r = g; r < kBlock; r += kThreads / kTile) {
+    const bf16_t x = c < width && r < n ? x_ML[(m0 + r) * L + l0 + c] : bf16_t{0};
     tile_RC[r * kTile + c] = x;
     amax = amax_bits_add(amax, bf16_to_float(x));
   }
@@ -150,7 +153,7 @@ __device__ __forceinline__ int load_tile(const bf16_t* x_ML, int64_t L, int64_t 
 // conversion (every E4M3 value is an f16) instead of the integer decode: fp8_decode_fp32's value
 // for every non-NaN code. A NaN code gives a NaN whose payload is not canonicalized: no output
 // depends on it (its |x| bits exceed +Inf's, so the block's scale is the canonical NaN, and every
-// x / NaN encodes to 0x7F). The instructions saved keep the E4M3 variant at the memory roofline.
+// x / NaN encodes to 0x7F).
 __device__ __forceinline__ float4 decode4(uint32_t w, float scale) {
   const __half2_raw lo_raw = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), __NV_E4M3);
   const __half2_raw hi_raw = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
@@ -158,15 +161,17 @@ __device__ __forceinline__ float4 decode4(uint32_t w, float scale) {
   return make_float4(lo.x * scale, lo.y * scale, hi.x * scale, hi.y * scale);
 }
 
-// E4M3 rows: codes_ML [*, L] decoded with their scales (scales_SM[s * ld + m], s = tile). vec:
-// L % 4 == 0 and the codes 4-byte aligned; thread t takes the word j = t % 32 (codes 4 j .. 4 j + 3)
-// of rows t / 32 + 8 i: a warp reads one row's 128 codes (group = warp, 8 groups).
+// E4M3 rows: codes_ML [*, L] with their scales (scales_SM[s * ld + m], s = tile). The tile keeps
+// the codes (tile_RC [128, 128] bytes) and scale_R the rows' scales (0 past n); both steps decode.
+// vec: L % 4 == 0 and the codes 4-byte aligned; thread t takes the word j = t % 32 (codes 4 j ..
+// 4 j + 3) of rows t / 32 + 8 i: a warp reads one row's 128 codes (group = warp, 8 groups).
 __device__ __forceinline__ int load_tile(const uint8_t* codes_ML, const float* scales_SM, int64_t ld,
                                          int64_t tile, int64_t L, int64_t m0, int64_t l0, int n,
-                                         int width, bool vec, float* tile_RC,
+                                         int width, bool vec, uint8_t* tile_RC, float* scale_R,
                                          uint32_t (*amax_GC)[kTile]) {
   const int t = static_cast<int>(threadIdx.x);
   const float* scale_M = scales_SM + tile * ld + m0;
+  if (t < kBlock) scale_R[t] = t < n ? scale_M[t] : 0.0f;
   if (vec) {
     constexpr int kPerRow = kTile / 4, kSteps = kBlock * kPerRow / kThreads;
     constexpr int kGroups = kThreads / kPerRow;
@@ -188,58 +193,124 @@ __device__ __forceinline__ int load_tile(const uint8_t* codes_ML, const float* s
     for (int i = 0; i < kSteps; ++i) {
       const int r = g + i * kGroups;
       const float row_scale = __shfl_sync(0xffffffffu, scale_lane, i);
-      if (active && r < n) {
-        const float4 f = decode4(w[i], row_scale);
-        *reinterpret_cast<float4*>(tile_RC + r * kTile + 4 * j) = f;
-        amax[0] = amax_bits_add(amax[0], f.x);
-        amax[1] = amax_bits_add(amax[1], f.y);
-        amax[2] = amax_bits_add(amax[2], f.z);
-        amax[3] = amax_bits_add(amax[3], f.w);
-      }
+      *reinterpret_cast<uint32_t*>(tile_RC + r * kTile + 4 * j) = w[i];
+      const float4 f = decode4(w[i], row_scale);  // rows past n: code 0, scale 0
+      amax[0] = amax_bits_add(amax[0], f.x);
+      amax[1] = amax_bits_add(amax[1], f.y);
+      amax[2] = amax_bits_add(amax[2], f.z);
+      amax[3] = amax_bits_add(amax[3], f.w);
     }
-    if (active) *reinterpret_cast<uint4*>(&amax_GC[g][4 * j]) = make_uint4(amax[0], amax[1], amax[2], amax[3]);
+    *reinterpret_cast<uint4*>(&amax_GC[g][4 * j]) = make_uint4(amax[0], amax[1], amax[2], amax[3]);
     return kGroups;
   }
   const int c = t % kTile, g = t / kTile;
-  if (c >= width) return kThreads / kTile;
   uint32_t amax = 0;
 #pragma unroll 8
-  for (int r = g; r < n; r += kThreads / kTile) {
-    const float x = fp8_decode_fp32(codes_ML[(m0 + r) * L + l0 + c], scale_M[r]);
-    tile_RC[r * kTile + c] = x;
-    amax = amax_bits_add(amax, x);
+  for (int r = g; r < kBlock; r += kThreads / kTile) {
+    const uint8_t code = c < width && r < n ? codes_ML[(m0 + r) * L + l0 + c] : uint8_t{0};
+    tile_RC[r * kTile + c] = code;
+    amax = amax_bits_add(amax, fp8_decode_fp32(code, r < n ? scale_M[r] : 0.0f));
   }
   amax_GC[g][c] = amax;
   return kThreads / kTile;
 }
 
-// Step 2: rows [r0, r0 + 64) of column c as codes (+0 at rows n and past; kWhole: none), 64
-// contiguous bytes at codes_K (16-byte aligned).
-template <bool kWhole, class Elem>
-__device__ __forceinline__ void encode_half(const Elem* tile_RC, int c, int r0, int n, float scale,
-                                            uint8_t* codes_K) {
+// Step 2: thread (lane q, warp g) encodes columns 4 q .. 4 q + 3 of the tile, rows 16 g .. 16 g + 15
+// (a warp reads whole tile rows: conflict-free), as one 16-byte chunk of codes per column.
+constexpr int kQuads = kTile / 4;                                // lanes of a warp
+constexpr int kRowsPerGroup = kBlock / (kColsThreads / kQuads);  // rows of a warp
+static_assert(kQuads == 32 && kRowsPerGroup == 16, "a warp: 32 column quads x 16 rows (one chunk)");
+
+// Row r, columns c0 .. c0 + 3 of the tile as values.
+__device__ __forceinline__ float4 tile_row4(const bf16_t* tile_RC, const float*, int r, int c0) {
+  const uint2 u = *reinterpret_cast<const uint2*>(tile_RC + r * kTile + c0);
+  return make_float4(bf16_to_float(static_cast<bf16_t>(u.x & 0xffffu)), bf16_to_float(static_cast<bf16_t>(u.x >> 16)),
+                     bf16_to_float(static_cast<bf16_t>(u.y & 0xffffu)), bf16_to_float(static_cast<bf16_t>(u.y >> 16)));
+}
+__device__ __forceinline__ float4 tile_row4(const uint8_t* tile_RC, const float* scale_R, int r, int c0) {
+  return decode4(*reinterpret_cast<const uint32_t*>(tile_RC + r * kTile + c0), scale_R[r]);
+}
+__device__ __forceinline__ float tile_value(const bf16_t* tile_RC, const float*, int r, int c) {
+  return bf16_to_float(tile_RC[r * kTile + c]);
+}
+__device__ __forceinline__ float tile_value(const uint8_t* tile_RC, const float* scale_R, int r, int c) {
+  return fp8_decode_fp32(tile_RC[r * kTile + c], scale_R[r]);
+}
+
+// Step 3 stages the tile's codes as codes_LC [128 tile columns][8 chunks of 16 rows], chunk p of
+// column l at p ^ ((l / 4) % 8): the step-2 writes (8 lanes: 8 column quads, one chunk each) and
+// the row reads (8 lanes: one column's 8 chunks) are conflict-free.
+__device__ __forceinline__ int chunk_slot(int l, int p) { return l * 8 + (p ^ ((l >> 2) & 7)); }
+
+// The bytes of a word of 4 rows r .. r + 3 (row r in the low byte) that hold rows of the block,
+// given rows = n - r: all when rows >= 4, none when rows <= 0. The others are padding, +0 in qt.
+__device__ __forceinline__ uint32_t present_bytes(int rows) {
+  return rows >= 4 ? 0xffffffffu : rows <= 0 ? 0u : (1u << (8 * rows)) - 1u;
+}
+
+// Step 2 of thread (lane, warp): the codes of its 4 columns x 16 rows into codes_LC, fp8_encode_fp32's
+// codes under the columns' scales (e4m3_bounded.cuh): the bounded codes first, then each word (4
+// rows of a column) with an undecided element again element by element, dividing there, after the
+// stores, so that the divides' subroutine calls find few live registers. Rows n and past (the
+// block's end) are masked to +0 at the staging store: their tile zeros would encode as 0x7F under a
+// NaN scale (they never leave an element undecided: 0 * lo and 0 * hi give one code).
+template <class Elem>
+__device__ __forceinline__ void encode_chunks(const Elem* tile_RC, const float* scale_R, const float* scale_C,
+                                              const float* lo_C, const float* hi_C, int n, int lane,
+                                              int warp, uint4* codes_LC) {
+  const int c0 = 4 * lane, r0 = kRowsPerGroup * warp;
+  const float4 lo = *reinterpret_cast<const float4*>(lo_C + c0), hi = *reinterpret_cast<const float4*>(hi_C + c0);
+  const Fp8Fp32Bounds bounds[4] = {{lo.x, hi.x}, {lo.y, hi.y}, {lo.z, hi.z}, {lo.w, hi.w}};
+  uint32_t w[4][4];    // [column][word of 4 rows]
+  uint32_t flags = 0;  // bit 4 i + k: word k of column i holds an undecided element
 #pragma unroll
-  for (int g = 0; g < kHalf; g += 16) {
-    uint32_t w[4] = {0, 0, 0, 0};
+  for (int k = 0; k < 4; ++k) {
+    float4 v[4];  // rows r0 + 4 k + j
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const int r = r0 + g + j;
-      if (kWhole || r < n) {
-        w[j / 4] |= uint32_t{fp8_encode_fp32(tile_value(tile_RC[r * kTile + c]), scale)} << (8 * (j % 4));
-      }
+    for (int j = 0; j < 4; ++j) v[j] = tile_row4(tile_RC, scale_R, r0 + 4 * k + j, c0);
+    uint32_t miss[4] = {0u, 0u, 0u, 0u};
+    w[0][k] = e4m3x4_bounded(v[0].x, v[1].x, v[2].x, v[3].x, bounds[0], miss[0]);
+    w[1][k] = e4m3x4_bounded(v[0].y, v[1].y, v[2].y, v[3].y, bounds[1], miss[1]);
+    w[2][k] = e4m3x4_bounded(v[0].z, v[1].z, v[2].z, v[3].z, bounds[2], miss[2]);
+    w[3][k] = e4m3x4_bounded(v[0].w, v[1].w, v[2].w, v[3].w, bounds[3], miss[3]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) flags |= (miss[i] != 0 ? 1u : 0u) << (4 * i + k);
+  }
+  uint32_t keep[4];  // word k: the bytes of rows r0 + 4 k .. r0 + 4 k + 3 below n
+#pragma unroll
+  for (int k = 0; k < 4; ++k) keep[k] = present_bytes(n - r0 - 4 * k);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    codes_LC[chunk_slot(c0 + i, warp)] =
+        make_uint4(w[i][0] & keep[0], w[i][1] & keep[1], w[i][2] & keep[2], w[i][3] & keep[3]);
+  }
+  while (flags != 0) {  // rare per word (about 2 % on bf16 data)
+    const int bit = __ffs(static_cast<int>(flags)) - 1;
+    flags &= flags - 1;
+    const int c = c0 + bit / 4, r = r0 + 4 * (bit % 4);
+    const float scale = scale_C[c];
+    const Fp8Fp32Bounds b{lo_C[c], hi_C[c]};
+    uint32_t word = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      word |= uint32_t{fp8_encode_fp32_exact(tile_value(tile_RC, scale_R, r + j, c), scale, b)} << (8 * j);
     }
-    *reinterpret_cast<uint4*>(codes_K + g) = make_uint4(w[0], w[1], w[2], w[3]);
+    word &= present_bytes(n - r);
+    reinterpret_cast<uint32_t*>(codes_LC + chunk_slot(c, warp))[bit % 4] = word;
   }
 }
 
-// Resident CTAs per SM the registers must allow: 4 with the 32 KiB bf16 tile, 3 with the 64 KiB
-// fp32 tile of decoded E4M3 rows (with the 8 KiB of partial amaxes, shared memory allows as many).
+// Shared memory: the tile (32 KiB of bf16 or 16 KiB of E4M3 codes) and the staged codes (16 KiB)
+// dynamic, 5.5 KiB static: 4 CTAs per SM with the bf16 tile, which the registers must allow too.
 template <bool kFromE4m3>
-__global__ void __launch_bounds__(kColsThreads, kFromE4m3 ? 3 : 4) quantize_cols_kernel(const ColsArgs a, bool vec_x) {
-  using Elem = std::conditional_t<kFromE4m3, float, bf16_t>;  // shared tile element
+__global__ void __launch_bounds__(kColsThreads, 4) quantize_cols_kernel(const ColsArgs a, bool vec_x) {
+  using Elem = std::conditional_t<kFromE4m3, uint8_t, bf16_t>;  // shared tile element
   extern __shared__ __align__(16) unsigned char smem[];
   Elem* tile_RC = reinterpret_cast<Elem*>(smem);  // [128 rows, 128 columns]
+  uint4* codes_LC = reinterpret_cast<uint4*>(smem + kBlock * kTile * sizeof(Elem));
   __shared__ __align__(16) uint32_t amax_GC[kMaxGroups][kTile];  // step 1's partial amaxes
+  __shared__ __align__(16) float scale_C[kTile], lo_C[kTile], hi_C[kTile];  // per column
+  __shared__ __align__(16) float scale_R[kFromE4m3 ? kBlock : 1];  // E4M3 rows' scales
 
   if (a.skip_1 != nullptr && *a.skip_1 != 0) return;  // uniform over the grid
   int64_t valid_rows = a.M;
@@ -259,8 +330,7 @@ __global__ void __launch_bounds__(kColsThreads, kFromE4m3 ? 3 : 4) quantize_cols
   const int64_t tiles = (a.L + kTile - 1) / kTile;
   const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * kTilesPerCta;
   const int64_t tile1 = tile0 + kTilesPerCta < tiles ? tile0 + kTilesPerCta : tiles;
-  const int c = static_cast<int>(threadIdx.x) % kTile;  // this thread's column of the tile
-  const int h = static_cast<int>(threadIdx.x) / kTile;  // and half of the block's rows
+  const int t = static_cast<int>(threadIdx.x), lane = t % 32, warp = t / 32;
   const int64_t K = kBlock * a.max_blocks;
 
   for (int64_t b = blockIdx.y; b < a.max_blocks; b += gridDim.y) {  // CTA-uniform
@@ -274,23 +344,30 @@ __global__ void __launch_bounds__(kColsThreads, kFromE4m3 ? 3 : 4) quantize_cols
       __syncthreads();  // the previous tile's shared reads are done
       int groups = 0;
       if constexpr (kFromE4m3) {
-        groups = load_tile(codes_ML, row_scales_SM, ld, tile, a.L, m0, l0, n, width, vec, tile_RC, amax_GC);
+        groups = load_tile(codes_ML, row_scales_SM, ld, tile, a.L, m0, l0, n, width, vec, tile_RC, scale_R, amax_GC);
       } else {
         groups = load_tile(a.x_ML, a.L, m0, l0, n, width, vec, tile_RC, amax_GC);
       }
       __syncthreads();
-      if (c < width) {
+      if (t < kTile) {  // column t's scale (coalesced store) and bounds, once per column
         uint32_t amax = 0;
-        for (int g = 0; g < groups; ++g) amax = amax > amax_GC[g][c] ? amax : amax_GC[g][c];
+        for (int g = 0; g < groups; ++g) amax = umax(amax, amax_GC[g][t]);
         const float scale = fp8_scale_fp32(amax);
-        const int64_t l = l0 + c;
-        if (h == 0) a.scales_BL[b * a.L + l] = scale;
-        const int r0 = h * kHalf;
-        uint8_t* codes_K = a.qt_LK + l * K + b * kBlock + r0;  // 16-byte aligned
-        if (r0 + kHalf <= n) {  // no row of this half past the block's end
-          encode_half<true>(tile_RC, c, r0, n, scale, codes_K);
-        } else {
-          encode_half<false>(tile_RC, c, r0, n, scale, codes_K);
+        const Fp8Fp32Bounds bounds = fp8_fp32_bounds(scale);
+        scale_C[t] = scale;
+        lo_C[t] = bounds.lo;
+        hi_C[t] = bounds.hi;
+        if (t < width) a.scales_BL[b * a.L + l0 + t] = scale;
+      }
+      __syncthreads();
+      encode_chunks(tile_RC, scale_R, scale_C, lo_C, hi_C, n, lane, warp, codes_LC);
+      __syncthreads();
+      // Step 3: a warp stores 4 rows of qt (4 whole 128-byte runs) per instruction.
+#pragma unroll
+      for (int k = 0; k < kRowsPerGroup / 4; ++k) {
+        const int l = kRowsPerGroup * warp + 4 * k + lane / 8, p = lane % 8;
+        if (l < width) {
+          *reinterpret_cast<uint4*>(a.qt_LK + (l0 + l) * K + b * kBlock + 16 * p) = codes_LC[chunk_slot(l, p)];
         }
       }
     }
@@ -327,9 +404,9 @@ void launch_cols(const ColsArgs& a, void* stream) {
   const int64_t tiles = (a.L + kTile - 1) / kTile;
   const unsigned runs = static_cast<unsigned>((tiles + kTilesPerCta - 1) / kTilesPerCta);
   const unsigned blocks = static_cast<unsigned>(a.max_blocks < 65535 ? a.max_blocks : 65535);
-  using Elem = std::conditional_t<kFromE4m3, float, bf16_t>;
-  constexpr int kSmem = kBlock * kTile * static_cast<int>(sizeof(Elem));
-  if constexpr (kSmem > 48 * 1024) allow_shared_memory<kFromE4m3>(kSmem);
+  using Elem = std::conditional_t<kFromE4m3, uint8_t, bf16_t>;
+  constexpr int kSmem = kBlock * kTile * static_cast<int>(sizeof(Elem) + 1);  // tile and staged codes
+  allow_shared_memory<kFromE4m3>(kSmem);  // with the static arrays, past 48 KiB
   const bool vec_x = a.L % 8 == 0 && reinterpret_cast<uintptr_t>(a.x_ML) % 16 == 0;
   quantize_cols_kernel<kFromE4m3><<<dim3(runs, blocks), kColsThreads, kSmem,
                                     static_cast<cudaStream_t>(stream)>>>(a, vec_x);
