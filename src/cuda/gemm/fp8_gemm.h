@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "core/numeric.h"
+#include "cuda/placed.h"
 
 namespace epmoe::cuda {
 
@@ -42,6 +43,9 @@ struct Fp8GroupedGemmArgs {
   int64_t M = 0, N = 0, K = 0;
   bf16_t* out_MN = nullptr;               // row pitch ld_out; rows outside the groups untouched
   int64_t ld_out = 0;
+  // Nullable device offset: the rows start *out_offset bytes past out_MN (a layer plan's placement,
+  // placed.h), read by the kernel.
+  const int64_t* out_offset = nullptr;
   // Set instead of out_MN: row m goes to its owner's combine slot, combine_R[rank of src] at slot
   // (t, k) of src = recv_src_M[m] (core/layout.h encode_src; [T, K, N] bf16 buffers, peer pointers).
   bf16_t* const* combine_R = nullptr;     // device [R] table

@@ -131,7 +131,7 @@ void fp8_grouped_gemm(const Fp8GroupedGemmArgs& args, void* stream) {
                                                        args.top_k, args.N};
     launch<ScatterEpilogue<Traits>>(args, epi, stream);
   } else {
-    const typename RowsEpilogue<Traits>::Params epi{plain(args.out_MN), args.ld_out, args.N};
+    const typename RowsEpilogue<Traits>::Params epi{fp8_rows_out(args), args.ld_out, args.N};
     launch<RowsEpilogue<Traits>>(args, epi, stream);
   }
 }
