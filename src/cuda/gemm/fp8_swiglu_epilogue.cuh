@@ -66,7 +66,7 @@ struct SwigluBackwardFp8Epilogue {
     for (int i = 0; i < 8; ++i) {  // round i / 4, pass i % 4
       const int m = 64 * row_block + 32 * (i / 4) + 8 * (i % 4) + tid / 16;
       if (m < t.rows_valid) {
-        const bf16_t* gate = h13 + (t.row0 + m) * 2 * p.F + f;
+        const bf16_t* gate = h13 + (static_cast<int64_t>(t.row0) + m) * 2 * p.F + f;
         asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(gate)));
         asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(gate + p.F)));
       }
@@ -109,7 +109,7 @@ struct SwigluBackwardFp8Epilogue {
       const int r = 8 * pass + tid / 16;
       const int m = 64 * row_block + 32 * half + r;
       if (m >= t.rows_valid) continue;
-      const int64_t row = t.row0 + m;
+      const int64_t row = static_cast<int64_t>(t.row0) + m;
       const float score = scored ? p.row_scores[row] : 1.0f;
       const bf16_t* h13_2F = h13 + row * 2 * F;  // [2F]
       const SwigluBackwardRun8 o = swiglu_backward_run8(
