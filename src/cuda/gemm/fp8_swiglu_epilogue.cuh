@@ -12,7 +12,8 @@
 // 8 (t % 16) .. + 7 of staged row t / 16 + 8 p in pass p. The 8 lanes of a 64-column half are a
 // grad_scores chunk: the same xor tree as the unfused kernel. The math runs in a pass loop that is
 // not unrolled (code size, as for the bf16 SwigluBackwardEpilogue); the h13 it loads is prefetched
-// into L2 before the tile's main loop (prefetch, which the kernel calls where an epilogue has it).
+// into L2 before the tile's main loop (prefetch, which the kernel calls where an epilogue has it),
+// and each pass issues the next pass's loads before its math.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -94,8 +95,19 @@ struct SwigluBackwardFp8Epilogue {
     }
   }
 
+  // Gate and up of this thread's run in pass `pass` of round `half`, if its row is in the group.
+  __device__ __forceinline__ void load_h13(const TileCoord& t, int64_t f, int half, int pass, uint4& gate,
+                                           uint4& up) const {
+    const int m = 64 * row_block + 32 * half + 8 * pass + tid / 16;
+    if (m >= t.rows_valid) return;
+    const bf16_t* h13_2F = h13 + (static_cast<int64_t>(t.row0) + m) * 2 * p.F;  // [2F]
+    gate = load_vec(h13_2F + f);
+    up = load_vec(h13_2F + p.F + f);
+  }
+
   // The staged rows of round `half` (warpgroup rows [32 half, 32 half + 32)): SwiGLU backward,
-  // quantization and the stores. A row's 16 lanes are all valid or all masked.
+  // quantization and the stores. A row's 16 lanes are all valid or all masked. The next pass's h13
+  // loads are issued before this pass's math.
   __device__ __forceinline__ void rows_out(const TileCoord& t, int64_t f0, int half) const {
     const int seg = tid % 16;
     const int64_t f = f0 + 8 * seg;  // first of this thread's 8 columns; f < F
@@ -104,17 +116,19 @@ struct SwigluBackwardFp8Epilogue {
     const unsigned chunk_lanes = 0xffu << (lane & 24);    // 8 of them: one 64-column score chunk
     const bool scored = p.row_scores != nullptr;          // kernel-uniform
     const int64_t F = p.F;
+    uint4 gate_next = make_uint4(0u, 0u, 0u, 0u), up_next = gate_next;
+    load_h13(t, f, half, 0, gate_next, up_next);
 #pragma unroll 1
     for (int pass = 0; pass < 4; ++pass) {
+      const uint4 gate = gate_next, up = up_next;
+      if (pass + 1 < 4) load_h13(t, f, half, pass + 1, gate_next, up_next);
       const int r = 8 * pass + tid / 16;
       const int m = 64 * row_block + 32 * half + r;
       if (m >= t.rows_valid) continue;
       const int64_t row = static_cast<int64_t>(t.row0) + m;
       const float score = scored ? p.row_scores[row] : 1.0f;
-      const bf16_t* h13_2F = h13 + row * 2 * F;  // [2F]
       const SwigluBackwardRun8 o = swiglu_backward_run8(
-          load_vec(h13_2F + f), load_vec(h13_2F + F + f),
-          *reinterpret_cast<const uint4*>(smem + r * kPitch + seg * 16), scored, score, p.act);
+          gate, up, *reinterpret_cast<const uint4*>(smem + r * kPitch + seg * 16), scored, score, p.act);
       bf16_t* grad_2F = p.grad_h13 + row * 2 * F;  // [2F]
       store_vec(grad_2F + f, o.d_gate);
       store_vec(grad_2F + F + f, o.d_up);
