@@ -1,5 +1,8 @@
 #include "cuda/fp8_backward.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #include "core/formats/fp8_block.h"
 #include "core/fp8_terms.h"
 #include "cuda/formats/formats.h"
@@ -155,6 +158,15 @@ void fp8_swiglu_backward(const Step& s) {
   swiglu_backward_fp8_rows(s, q.codes, q.scales_SM, q.ld);
 }
 
+bool fp8_swiglu_backward_in_epilogue(const Step& s) {
+  const char* env = std::getenv("EPMOE_FP8_SWIGLU_BACKWARD");  // per call, for measurements
+  EPMOE_CHECK_ARG(env == nullptr || std::strcmp(env, "epilogue") == 0 || std::strcmp(env, "kernel") == 0,
+                  "EPMOE_FP8_SWIGLU_BACKWARD", "epilogue or kernel", env);
+  const bool kernel = env != nullptr && env[0] == 'k';
+  return !kernel && s.dims.F % kFp8RowBlock == 0 && fp8_rows_quantized_by_producer() &&
+         fp8_tile_from_env() == Fp8Tile::m128_n128;
+}
+
 void fp8_w2_dgrad(const Step& s, bool swiglu_backward_after) {
   const int64_t D = s.dims.D, F = s.dims.F;
   const Fp8ScratchLayout l = fp8_scratch_layout(s.dims, s.capacity_rows);
@@ -162,7 +174,25 @@ void fp8_w2_dgrad(const Step& s, bool swiglu_backward_after) {
   // w2 [E, D, F]: the DGRAD contracts D, so the GEMM reads w2^T [E, F, D].
   Fp8GroupedGemmArgs a =
       dgrad_args(s, g, s.w2_q_EDF, s.w2_scales_EBS, {s.w2_qt_EFD, s.w2_scales_t_EBS}, D, F);
-  // Fused: grad_h goes to the column scratch (col_a holds M * max(D, 2F) >= M * F bf16 and is
+  if (swiglu_backward_after && fp8_swiglu_backward_in_epilogue(s)) {
+    // The SwiGLU backward and grad_h13's E4M3 rows from the accumulators: grad_h is not stored.
+    const ScratchRows q = scratch_rows(s, l.grad_h13_q, 2 * F);
+    Fp8SwigluBackwardOut& o = a.swiglu_backward;
+    o.h13 = placed_h13(s);
+    o.grad_h13_M2F = s.grad_h13_M2F;
+    o.h_MF = s.h_MF;
+    o.q_M2F = q.codes;
+    o.q_scales_SM = q.scales_SM;
+    o.q_ld = q.ld;
+    o.row_scores_M = s.row_scores_M;
+    o.score_parts_MC = s.score_parts_MC;
+    o.act = s.act;
+    a.tile = Fp8Tile::m128_n128;
+    fp8_grouped_gemm(a, s.stream);
+    return;
+  }
+  // Fused otherwise (F % 128 != 0, EPMOE_FP8_SWIGLU_BACKWARD=kernel, EPMOE_FP8_ROW_QUANT=separate
+  // or the 64 x 256 tile): grad_h goes to the column scratch (col_a holds M * max(D, 2F) >= M * F bf16 and is
   // free until the WGRADs), then the unfused SwiGLU backward reads it.
   bf16_t* grad_h_MF =
       swiglu_backward_after ? reinterpret_cast<bf16_t*>(s.fp8_scratch + l.col_a) : s.grad_h_MF;

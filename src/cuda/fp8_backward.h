@@ -17,8 +17,15 @@ void fp8_gather_grad(const Step& s);
 // in the kernel that writes it when F % 128 == 0 (otherwise, or with
 // EPMOE_FP8_ROW_QUANT=separate: swiglu_backward, then fp8_quantize_grad_h13).
 void fp8_swiglu_backward(const Step& s);
-// grad_h = bf16(grad_h3 @ w2[e]) on w2 transposed; swiglu_backward: then fp8_swiglu_backward on
-// it, otherwise grad_h into s.grad_h_MF.
+// Whether the fused W2 DGRAD runs the SwiGLU backward in the FP8 GEMM's epilogue: F % 128 == 0,
+// rows quantized by their producers (EPMOE_FP8_ROW_QUANT unset or producer), the 128 x 128 tile
+// (EPMOE_FP8_TILE unset or 128x128), and EPMOE_FP8_SWIGLU_BACKWARD (read per call, for
+// measurements) unset or "epilogue"; "kernel": the GEMM stores grad_h, then fp8_swiglu_backward.
+bool fp8_swiglu_backward_in_epilogue(const Step& s);
+// grad_h = bf16(grad_h3 @ w2[e]) on w2 transposed; swiglu_backward: then the SwiGLU backward with
+// grad_h13's E4M3 rows, in the GEMM's epilogue (fp8_swiglu_backward_in_epilogue) or by
+// fp8_swiglu_backward on the stored grad_h, the same bits either way; otherwise grad_h into
+// s.grad_h_MF.
 void fp8_w2_dgrad(const Step& s, bool swiglu_backward);
 // grad_h13 (bf16, the SwiGLU backward's) quantized 1x128 along 2F into the FP8 scratch.
 void fp8_quantize_grad_h13(const Step& s);

@@ -33,9 +33,10 @@ Fp8GroupedGemmArgs step_gemm(const Step& s, int64_t N, int64_t K) {
 void fp8_w13_fprop(const Step& s) {
   const int64_t D = s.dims.D, F = s.dims.F, M = s.capacity_rows;
   const int32_t* header = s.layout.header;
-  // With a layer plan, x_gathered and h13 sit in the layer's slot at device-known offsets: the GEMM
-  // (host-built TMA descriptors) reads and writes the call scratch's copies (no copy when the plan
-  // placed them there: recompute).
+  // With a layer plan, x_gathered and h13 sit in the layer's slot at device-known offsets. A is
+  // read by TMA through a descriptor built on the host, which needs the address: the GEMM reads the
+  // call scratch's copy of x_gathered (no copy when the plan placed it there: recompute). h13 is
+  // stored by the epilogue's plain stores, which resolve the placement on the device: no copy.
   if (s.layer_plan != nullptr) {
     copy_placed_rows(placed_x_gathered(s), plain(s.x_gathered_MD), header, M, 0, D,
                      replay_skip_flag(s), s.stream);
@@ -47,13 +48,11 @@ void fp8_w13_fprop(const Step& s) {
   a.a_rows_1 = header + kLayoutRows;
   a.b_ENK = s.w13_q_EFD;
   a.b_scales_EBS = s.w13_scales_EBS;
-  a.out_MN = s.h13_M2F;
+  const Placed h13 = placed_h13(s);
+  a.out_MN = reinterpret_cast<bf16_t*>(h13.base);
+  a.out_offset = h13.offset;
   a.ld_out = 2 * F;
   fp8_grouped_gemm(a, s.stream);
-  if (s.layer_plan != nullptr) {
-    copy_placed_rows(plain(s.h13_M2F), placed_h13(s), header, M, 2 * F * 2, 0, replay_skip_flag(s),
-                     s.stream);
-  }
 }
 
 void fp8_quantize_h(const Step& s) {

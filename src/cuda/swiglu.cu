@@ -7,6 +7,7 @@
 #include "cuda/formats/fp8_row_vectors.cuh"
 #include "cuda/kernel_common.cuh"
 #include "cuda/placed.h"
+#include "cuda/swiglu_backward_run8.cuh"
 
 namespace epmoe::cuda {
 namespace {
@@ -56,8 +57,9 @@ __global__ void __launch_bounds__(kThreads) swiglu_forward_kernel(const SwigluPa
 }
 
 // Backward: items (row m, 64-column chunk c, 8-column segment s), s fastest, so the 8 segments of
-// a chunk are lanes 8a .. 8a + 7 of one warp, as in the W2 DGRAD epilogue (gemm/epilogues.cuh),
-// whose math and grad_scores partials this repeats bit for bit: with row scores grad_h = dh is
+// a chunk are lanes 8a .. 8a + 7 of one warp, as in the W2 DGRAD epilogues (gemm/epilogues.cuh,
+// gemm/fp8_swiglu_epilogue.cuh; the FP8 one shares swiglu_backward_run8), whose math and
+// grad_scores partials this repeats bit for bit: with row scores grad_h = dh is
 // unscaled, the SwiGLU backward takes score * dh, h is stored as bf16(score * act), and
 // <dh, bf16(act)> goes to score_parts_MC[m, c] (8 columns in order, then the xor tree).
 // kQuantize (FP8 training, F % 128 == 0): grad_h13 is also quantized 1x128 into p.q as
@@ -83,23 +85,14 @@ __global__ void __launch_bounds__(kThreads) swiglu_backward_kernel(const SwigluP
     if (f < p.F) {  // F % 8 == 0: a segment is all in or all out
       const float score = scored ? p.row_scores_M[m] : 1.0f;
       const bf16_t* row_2F = h13_M2F + m * 2 * p.F;  // [2F]
-      const Bf16x8 gate = unpack8(load_vec(row_2F + f));
-      const Bf16x8 up = unpack8(load_vec(row_2F + p.F + f));
-      const Bf16x8 dh = unpack8(load_vec(p.grad_h_MF + m * p.F + f));
-      Bf16x8 h, d_gate, d_up;
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        ::epmoe::swiglu_backward(gate.v[e], up.v[e], scored ? __fmul_rn(score, dh.v[e]) : dh.v[e],
-                                 p.act, d_gate.v[e], d_up.v[e]);
-        const float act = ::epmoe::swiglu_forward(gate.v[e], up.v[e], p.act);
-        const float act16 = bf16_to_float(float_to_bf16(act));
-        dot = __fadd_rn(dot, __fmul_rn(dh.v[e], act16));
-        h.v[e] = scored ? __fmul_rn(score, act) : act;
-      }
-      store_vec(p.h_MF + m * p.F + f, pack8(h));
+      const SwigluBackwardRun8 r = swiglu_backward_run8(load_vec(row_2F + f), load_vec(row_2F + p.F + f),
+                                                        load_vec(p.grad_h_MF + m * p.F + f), scored,
+                                                        score, p.act);
+      dot = r.dot;
+      store_vec(p.h_MF + m * p.F + f, r.h);
       bf16_t* grad_2F = p.grad_h13_M2F + m * 2 * p.F;  // [2F]
-      d_gate_8 = pack8(d_gate);
-      d_up_8 = pack8(d_up);
+      d_gate_8 = r.d_gate;
+      d_up_8 = r.d_up;
       store_vec(grad_2F + f, d_gate_8);
       store_vec(grad_2F + p.F + f, d_up_8);
     }

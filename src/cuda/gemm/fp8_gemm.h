@@ -8,7 +8,9 @@
 
 #include <cstdint>
 
+#include "core/activation.h"
 #include "core/numeric.h"
+#include "cuda/placed.h"
 
 namespace epmoe::cuda {
 
@@ -22,6 +24,23 @@ enum class Fp8Tile { from_env, m128_n128, m64_n256, m64_n256_spread };
 
 // The tile from_env stands for now (Error(invalid_argument) naming EPMOE_FP8_TILE if unrecognised).
 Fp8Tile fp8_tile_from_env();
+
+// The W2 DGRAD's SwiGLU backward in the epilogue (gemm/fp8_swiglu_epilogue.cuh): the GEMM's
+// output is grad_h [M, F] (N = F, a multiple of 128), which is not stored; instead, bitwise what
+// swiglu_backward_fp8_rows (swiglu.h) writes from the stored grad_h: grad_h13 and h (bf16), grad_h13
+// quantized 1x128 along 2F, and with row scores the grad_scores partials. Rows outside the groups
+// are untouched. The 128 x 128 tile only.
+struct Fp8SwigluBackwardOut {
+  Placed h13;                          // [M, 2F] saved h13 (a layer plan's placement, or plain)
+  bf16_t* grad_h13_M2F = nullptr;      // [M, 2F]
+  bf16_t* h_MF = nullptr;              // [M, F]
+  uint8_t* q_M2F = nullptr;            // grad_h13's E4M3 codes [M, 2F]
+  float* q_scales_SM = nullptr;        // their scales, (row m, block b) at q_scales_SM[b * q_ld + m]
+  int64_t q_ld = 0;                    // >= M
+  const float* row_scores_M = nullptr; // nullable: grad_h is already scaled
+  float* score_parts_MC = nullptr;     // [M, F / 64] (with row_scores_M)
+  ActivationParams act;
+};
 
 // Letters: M rows (capacity), K contraction, N output columns, E experts, S = ceil(K / 128),
 // B = ceil(N / 128).
@@ -42,6 +61,11 @@ struct Fp8GroupedGemmArgs {
   int64_t M = 0, N = 0, K = 0;
   bf16_t* out_MN = nullptr;               // row pitch ld_out; rows outside the groups untouched
   int64_t ld_out = 0;
+  // Nullable device offset: the rows start *out_offset bytes past out_MN (a layer plan's placement,
+  // placed.h), read by the kernel.
+  const int64_t* out_offset = nullptr;
+  // Set (grad_h13_M2F non-null) instead of out_MN: the SwiGLU backward epilogue.
+  Fp8SwigluBackwardOut swiglu_backward;
   // Set instead of out_MN: row m goes to its owner's combine slot, combine_R[rank of src] at slot
   // (t, k) of src = recv_src_M[m] (core/layout.h encode_src; [T, K, N] bf16 buffers, peer pointers).
   bf16_t* const* combine_R = nullptr;     // device [R] table
@@ -56,7 +80,8 @@ struct Fp8GroupedGemmArgs {
 };
 
 // Requirements (checked; Error(invalid_argument) naming the field): 1 <= E <= 512, K > 0 and
-// K % 16 == 0, N > 0 and N % 8 == 0, ld_out >= N and ld_out % 8 == 0 (or the combine fields),
+// K % 16 == 0, N > 0 and N % 8 == 0, ld_out >= N and ld_out % 8 == 0 (or the combine fields, or
+// swiglu_backward with N % 128 == 0, q_ld >= M and the 128 x 128 tile),
 // ld_a_scales as above (or a_rows_1), 16-byte aligned pointers. The launch is persistent (one CTA per SM) and graph-capturable.
 void fp8_grouped_gemm(const Fp8GroupedGemmArgs& args, void* stream);
 

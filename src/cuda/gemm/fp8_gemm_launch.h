@@ -36,6 +36,11 @@ inline Fp8WeightScales fp8_weight_scales(const Fp8GroupedGemmArgs& args) {
   return Fp8WeightScales{args.b_scales_EBS, (args.N + 127) / 128, (args.K + 127) / 128};
 }
 
+// Where plain rows go: out_MN, or past it by the device-held out_offset.
+inline Placed fp8_rows_out(const Fp8GroupedGemmArgs& args) {
+  return Placed{reinterpret_cast<char*>(args.out_MN), args.out_offset};
+}
+
 // The 64 x 256 ping-pong tile (grouped_gemm_fp8_pingpong_sm90.cuh) on checked args with M > 0;
 // pairs: a CTA runs both 64-row halves of a 128-row block (else they go to neighbouring CTAs).
 void fp8_grouped_gemm_pingpong(const Fp8GroupedGemmArgs& args, bool pairs, void* stream);

@@ -1,6 +1,7 @@
 // Launcher and the instantiations of the FP8 block-scaled grouped GEMM: 128 x 128 tiles,
-// 128-deep k-blocks, 6 stages (32.5 KiB each), cooperative consumers; plain bf16 rows, or rows
-// stored into their owners' combine slots (the W2 forward); each with one block accumulator or
+// 128-deep k-blocks, 6 stages (32.5 KiB each), cooperative consumers; plain bf16 rows, rows
+// stored into their owners' combine slots (the W2 forward), or the W2 DGRAD's SwiGLU backward
+// (fp8_swiglu_epilogue.cuh); each with one block accumulator or
 // two (kOverlap: MMA of the next k-block during the promotion; Fp8GroupedGemmArgs::overlap).
 // The argument checks and the tile choice (Fp8Tile; the 64 x 256 ping-pong tile is launched by
 // grouped_gemm_fp8_pingpong.cu).
@@ -15,6 +16,7 @@
 #include "cuda/gemm/epilogues.cuh"
 #include "cuda/gemm/fp8_gemm.h"
 #include "cuda/gemm/fp8_gemm_launch.h"
+#include "cuda/gemm/fp8_swiglu_epilogue.cuh"
 #include "cuda/gemm/grouped_gemm_fp8_sm90.cuh"
 #include "cuda/gemm/launch.cuh"
 #include "epmoe/error.h"
@@ -39,7 +41,18 @@ void check_args(const Fp8GroupedGemmArgs& a) {
   EPMOE_CHECK_ARG(a.K > 0 && a.K % 16 == 0, "K", "> 0 and a multiple of 16", a.K);
   EPMOE_CHECK_ARG(a.N > 0 && a.N % 8 == 0, "N", "> 0 and a multiple of 8", a.N);
   const bool scatter = a.combine_R != nullptr;
-  if (scatter) {
+  const Fp8SwigluBackwardOut& sw = a.swiglu_backward;
+  const bool swiglu = sw.grad_h13_M2F != nullptr;
+  if (swiglu) {
+    EPMOE_CHECK_ARG(a.out_MN == nullptr && !scatter, "out_MN, combine_R",
+                    "nullptr with swiglu_backward (one destination)", "a pointer");
+    EPMOE_CHECK_ARG(a.N % 128 == 0, "N", "a multiple of 128 with swiglu_backward (F)", a.N);
+    EPMOE_CHECK_ARG(sw.q_ld >= a.M, "swiglu_backward.q_ld", ">= M", sw.q_ld);
+    EPMOE_CHECK_ARG(sw.q_scales_SM != nullptr, "swiglu_backward.q_scales_SM", "a device pointer",
+                    "nullptr");
+    EPMOE_CHECK_ARG(sw.row_scores_M == nullptr || sw.score_parts_MC != nullptr,
+                    "swiglu_backward.score_parts_MC", "a device pointer with row_scores_M", "nullptr");
+  } else if (scatter) {
     EPMOE_CHECK_ARG(a.out_MN == nullptr, "out_MN", "nullptr with combine_R (one destination)",
                     "a pointer");
     EPMOE_CHECK_ARG(a.T >= 1 && a.top_k >= 1, "T, top_k", ">= 1 with combine_R",
@@ -59,7 +72,12 @@ void check_args(const Fp8GroupedGemmArgs& a) {
   if (a.M == 0) return;
   check_aligned(a.a_MK, "a_MK");
   if (a.a_rows_1 == nullptr) check_aligned(a.a_scales_SM, "a_scales_SM");
-  if (scatter) {
+  if (swiglu) {
+    check_aligned(sw.h13.base, "swiglu_backward.h13");
+    check_aligned(sw.grad_h13_M2F, "swiglu_backward.grad_h13_M2F");
+    check_aligned(sw.h_MF, "swiglu_backward.h_MF");
+    check_aligned(sw.q_M2F, "swiglu_backward.q_M2F");
+  } else if (scatter) {
     check_aligned(a.combine_R, "combine_R");
     check_aligned(a.recv_src_M, "recv_src_M");
   } else {
@@ -122,16 +140,27 @@ void fp8_grouped_gemm(const Fp8GroupedGemmArgs& args, void* stream) {
   EPMOE_CHECK_ARG(tile == Fp8Tile::m128_n128 || tile == Fp8Tile::m64_n256 ||
                       tile == Fp8Tile::m64_n256_spread,
                   "tile", "from_env, m128_n128, m64_n256 or m64_n256_spread", static_cast<int>(tile));
+  const Fp8SwigluBackwardOut& sw = args.swiglu_backward;
+  if (sw.grad_h13_M2F != nullptr) {
+    EPMOE_CHECK_ARG(tile == Fp8Tile::m128_n128, "tile",
+                    "m128_n128 with swiglu_backward (from_env: EPMOE_FP8_TILE unset or 128x128)",
+                    static_cast<int>(tile));
+  }
   if (args.M == 0) return;  // no rows: every group is empty
   if (tile != Fp8Tile::m128_n128) {
     return fp8_grouped_gemm_pingpong(args, tile == Fp8Tile::m64_n256, stream);
   }
-  if (args.combine_R != nullptr) {
+  if (sw.grad_h13_M2F != nullptr) {
+    const typename SwigluBackwardFp8Epilogue<Traits>::Params epi{
+        sw.h13, sw.grad_h13_M2F, sw.h_MF, Fp8RowsOut{sw.q_M2F, sw.q_scales_SM, sw.q_ld}, args.N, sw.act,
+        sw.row_scores_M, sw.score_parts_MC, score_chunks(args.N)};
+    launch<SwigluBackwardFp8Epilogue<Traits>>(args, epi, stream);
+  } else if (args.combine_R != nullptr) {
     const typename ScatterEpilogue<Traits>::Params epi{args.combine_R, args.recv_src_M, args.T,
                                                        args.top_k, args.N};
     launch<ScatterEpilogue<Traits>>(args, epi, stream);
   } else {
-    const typename RowsEpilogue<Traits>::Params epi{plain(args.out_MN), args.ld_out, args.N};
+    const typename RowsEpilogue<Traits>::Params epi{fp8_rows_out(args), args.ld_out, args.N};
     launch<RowsEpilogue<Traits>>(args, epi, stream);
   }
 }

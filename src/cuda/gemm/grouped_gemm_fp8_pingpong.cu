@@ -41,7 +41,7 @@ void launch_order(const Fp8GroupedGemmArgs& args, void* stream) {
                                                        args.top_k, args.N};
     launch<kPairs, ScatterEpilogue<Traits>>(args, epi, stream);
   } else {
-    const typename RowsEpilogue<Traits>::Params epi{plain(args.out_MN), args.ld_out, args.N};
+    const typename RowsEpilogue<Traits>::Params epi{fp8_rows_out(args), args.ld_out, args.N};
     launch<kPairs, RowsEpilogue<Traits>>(args, epi, stream);
   }
 }

@@ -166,6 +166,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     Epilogue epilogue(epi_params, smem.epilogue[wg], wg, wg, tid);
     for (int tile = blockIdx.x; tile < sched.total; tile += gridDim.x) {
       const TileCoord t = sched.at(tile);
+      if constexpr (requires { epilogue.prefetch(t); }) epilogue.prefetch(t);  // its global inputs
       const float* sb_S = sb.scales_EBS + (static_cast<int64_t>(t.group) * sb.n_blocks + t.n_tile) * sb.k_blocks;
       CUTE_UNROLL
       for (int i = 0; i < size(total); ++i) total(i) = 0.0f;
