@@ -88,6 +88,12 @@ struct Mxfp8WgmmaTraits {
   static_assert(cosize_v<SmemLayoutBHalves> == cosize_v<SmemLayoutB>, "halves tile B's stages");
 };
 
+// Row r of B's stage p is row r % 64 of half 2 p + r / 64 (the TMA boxes' view), swizzle included.
+static_assert(Mxfp8WgmmaTraits::SmemLayoutB{}(70, 37, 2) == Mxfp8WgmmaTraits::SmemLayoutBHalves{}(6, 37, 5) &&
+                  Mxfp8WgmmaTraits::SmemLayoutB{}(63, 127, 4) == Mxfp8WgmmaTraits::SmemLayoutBHalves{}(63, 127, 8) &&
+                  Mxfp8WgmmaTraits::SmemLayoutB{}(64, 0, 1) == Mxfp8WgmmaTraits::SmemLayoutBHalves{}(0, 0, 3),
+              "the B halves must alias B's stages");
+
 // One stage's scales as exponent terms. col[slice][quad][2 g + j] is tile column 8 g + 2 quad + j
 // (the wgmma fragment's columns of lane quad `quad`: a thread reads its 32 as 8 16-byte loads);
 // the pitch of 36 puts the four quads on different banks.
