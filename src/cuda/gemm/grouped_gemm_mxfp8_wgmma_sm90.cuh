@@ -22,8 +22,9 @@
 // the stage's Mxfp8StageScales (as exponent terms: row sa << 23, column (sw - 127) << 23, so
 // their integer sum is the bit pattern of 2^(sa + sw - 254)), and arrive on the stage's own
 // barrier (scales_full, 32 arrivals); consumers wait on it beside the TMA barrier and release the
-// stage after its last slice is promoted. Rows past M, columns past N and slices past S get the
-// neutral code 127 (their block sums are 0: TMA fills those codes with zeros).
+// stage after its last slice is promoted. Slices past S, rows past M and columns past N get the
+// neutral code 127 (their block sums are 0: TMA fills those codes with zeros), and so do rows past
+// the tile's group, whose outputs the epilogue masks (so stale rows cannot force the exact path).
 //
 // Promotion per accumulator element and slice: 1 IADD (row term + column term = the factor's
 // bits) + 1 FFMA (total = fma(block, factor, total)), plus per thread and slice 8 LDS.128 of
@@ -151,8 +152,10 @@ __device__ __forceinline__ void mx_load_stage_scales(const Mxfp8ScaleArgs& sc, c
   uint32_t codes[4];
   CUTE_UNROLL
   for (int i = 0; i < 4; ++i) {
-    const int64_t row = static_cast<int64_t>(t.row0) + lane + 32 * i;
-    codes[i] = row < sc.M ? mx_stage_codes(sc.a_scales_MS + row * sc.S, kt, sc.S, sc.words) : kNeutral;
+    const int r = lane + 32 * i;  // rows past the tile's group (masked outputs) are neutral too
+    const int64_t row = static_cast<int64_t>(t.row0) + r;
+    const bool valid = r < t.rows_valid && row < sc.M;
+    codes[i] = valid ? mx_stage_codes(sc.a_scales_MS + row * sc.S, kt, sc.S, sc.words) : kNeutral;
   }
   uint32_t a_min = 255, a_max = 0;
   CUTE_UNROLL
