@@ -45,7 +45,8 @@ __global__ void fill_e8m0(uint8_t* p, int64_t n, uint32_t seed) {
   }
 }
 
-__global__ void count_differences(const uint16_t* a, const uint16_t* b, int64_t n, unsigned long long* count) {
+__global__ void count_differences(const uint16_t* a, const uint16_t* b, int64_t n,
+                                  unsigned long long* count) {
   unsigned long long local = 0;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -54,22 +55,24 @@ __global__ void count_differences(const uint16_t* a, const uint16_t* b, int64_t 
   if (local != 0) atomicAdd(count, local);
 }
 
-void report(const ModelShape& s, int64_t T, const char* gemm, const char* kernel, int64_t M, int64_t N,
-            int64_t K, const Timing& t, double ratio_to_decode) {
-  const double tflops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) /
-                        (t.median_ms * 1e-3) / 1e12;
-  std::printf("%-14s %-4s %-6s M %6lld N %6lld K %6lld  median %8.3f ms (%.3f-%.3f)  %7.1f TFLOP/s", s.name,
-              gemm, kernel, static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
-              t.median_ms, t.min_ms, t.max_ms, tflops);
+void report(const ModelShape& s, int64_t T, const char* gemm, const char* kernel, int64_t M,
+            int64_t N, int64_t K, const Timing& t, double ratio_to_decode) {
+  const double tflops = 2.0 * static_cast<double>(M) * static_cast<double>(N) *
+                        static_cast<double>(K) / (t.median_ms * 1e-3) / 1e12;
+  std::printf("%-14s %-4s %-6s M %6lld N %6lld K %6lld  median %8.3f ms (%.3f-%.3f)  %7.1f TFLOP/s",
+              s.name, gemm, kernel, static_cast<long long>(M), static_cast<long long>(N),
+              static_cast<long long>(K), t.median_ms, t.min_ms, t.max_ms, tflops);
   if (ratio_to_decode > 0) std::printf("  x%.2f vs decode", ratio_to_decode);
   std::printf("\n");
-  std::printf("JSON {\"impl\": \"epmoe\", \"shape\": \"%s\", \"ep\": 1, \"routing\": \"balanced\", "
-              "\"precision\": \"mxfp8\", \"phase\": \"grouped-gemm-%s\", \"tokens_per_rank\": %lld, "
-              "\"median_ms\": %.5f, \"min_ms\": %.5f, \"max_ms\": %.5f, \"useful_tflops\": %.2f, "
-              "\"GBps\": null, \"busiest_rank_rows\": %lld, \"balanced_rows\": %lld, \"peak_mem_bytes\": null, "
-              "\"mxfp8_kernel\": \"%s\"}\n",
-              s.name, gemm, static_cast<long long>(T), t.median_ms, t.min_ms, t.max_ms, tflops,
-              static_cast<long long>(M), static_cast<long long>(M), kernel);
+  std::printf(
+      "JSON {\"impl\": \"epmoe\", \"shape\": \"%s\", \"ep\": 1, \"routing\": \"balanced\", "
+      "\"precision\": \"mxfp8\", \"phase\": \"grouped-gemm-%s\", \"tokens_per_rank\": %lld, "
+      "\"median_ms\": %.5f, \"min_ms\": %.5f, \"max_ms\": %.5f, \"useful_tflops\": %.2f, "
+      "\"GBps\": null, \"busiest_rank_rows\": %lld, \"balanced_rows\": %lld, \"peak_mem_bytes\": "
+      "null, "
+      "\"mxfp8_kernel\": \"%s\"}\n",
+      s.name, gemm, static_cast<long long>(T), t.median_ms, t.min_ms, t.max_ms, tflops,
+      static_cast<long long>(M), static_cast<long long>(M), kernel);
 }
 
 void run_shape(const ModelShape& s, int64_t T, int iters) {
@@ -108,10 +111,12 @@ void run_shape(const ModelShape& s, int64_t T, int iters) {
     args.K = g.K;
     args.ld_out = g.N;
     args.out_MN = reinterpret_cast<epmoe::bf16_t*>(out[0]);
-    const Timing decode = time_launches([&] { epmoe::cuda::mxfp8_grouped_gemm(args, nullptr); }, iters);
+    const Timing decode =
+        time_launches([&] { epmoe::cuda::mxfp8_grouped_gemm(args, nullptr); }, iters);
     report(s, T, g.name, "decode", M, g.N, g.K, decode, 0.0);
     args.out_MN = reinterpret_cast<epmoe::bf16_t*>(out[1]);
-    const Timing wgmma = time_launches([&] { epmoe::cuda::mxfp8_grouped_gemm_wgmma(args, nullptr); }, iters);
+    const Timing wgmma =
+        time_launches([&] { epmoe::cuda::mxfp8_grouped_gemm_wgmma(args, nullptr); }, iters);
     report(s, T, g.name, "wgmma", M, g.N, g.K, wgmma, decode.median_ms / wgmma.median_ms);
     unsigned long long* count = alloc<unsigned long long>(1);
     BENCH_CHECK(cudaMemset(count, 0, sizeof(unsigned long long)));
@@ -122,8 +127,9 @@ void run_shape(const ModelShape& s, int64_t T, int iters) {
     std::printf("%-14s %-4s wgmma vs decode: %llu of %lld outputs differ\n", s.name, g.name, differ,
                 static_cast<long long>(M * g.N));
     BENCH_CHECK(cudaFree(count));
-    for (void* p : {static_cast<void*>(a), static_cast<void*>(sa), static_cast<void*>(w), static_cast<void*>(sw),
-                    static_cast<void*>(out[0]), static_cast<void*>(out[1])}) {
+    for (void* p :
+         {static_cast<void*>(a), static_cast<void*>(sa), static_cast<void*>(w),
+          static_cast<void*>(sw), static_cast<void*>(out[0]), static_cast<void*>(out[1])}) {
       BENCH_CHECK(cudaFree(p));
     }
   }
@@ -144,10 +150,11 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--tokens") == 0 && i + 1 < argc) {
       tokens = std::max<int64_t>(1, std::atoll(argv[++i]));
     } else {
-      std::fprintf(stderr,
-                   "usage: %s [--shape qwen3-30b-a3b|deepseek-v3|gpt-oss-120b|mixtral-8x7b|all] [--iters N] "
-                   "[--tokens T]\n",
-                   argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--shape qwen3-30b-a3b|deepseek-v3|gpt-oss-120b|mixtral-8x7b|all] [--iters N] "
+          "[--tokens T]\n",
+          argv[0]);
       return 2;
     }
   }

@@ -59,14 +59,14 @@ constexpr bf16_t kUntouched = 0xA5A5;
 
 std::vector<Shape> shapes() {
   return {
-      {{4}, 0, 64, 128},                              // one stage; N below one tile
-      {{0, 1, 8, 33, 70}, 5, 200, 96},                // 3 slices: one partial stage; N tail
-      {{3, 0, 0, 40, 9, 1, 0, 2}, 3, 128, 32},        // one slice
-      {{17, 5}, 0, 96, 672},                          // 21 slices: S % 4 == 1, byte scale loads
-      {{2, 31, 32}, 1, 48, 1120},                     // 35 slices; N = 48
-      {{1}, 0, 136, 256},                             // 1 row; N = 136: a tile of 8 columns
-      {{300, 0, 129, 1, 520}, 9, 256, 512},           // 3 and 5 row tiles per expert, 2 n-tiles
-      {{0, 0, 0}, 7, 64, 256},                        // every expert empty
+      {{4}, 0, 64, 128},                        // one stage; N below one tile
+      {{0, 1, 8, 33, 70}, 5, 200, 96},          // 3 slices: one partial stage; N tail
+      {{3, 0, 0, 40, 9, 1, 0, 2}, 3, 128, 32},  // one slice
+      {{17, 5}, 0, 96, 672},                    // 21 slices: S % 4 == 1, byte scale loads
+      {{2, 31, 32}, 1, 48, 1120},               // 35 slices; N = 48
+      {{1}, 0, 136, 256},                       // 1 row; N = 136: a tile of 8 columns
+      {{300, 0, 129, 1, 520}, 9, 256, 512},     // 3 and 5 row tiles per expert, 2 n-tiles
+      {{0, 0, 0}, 7, 64, 256},                  // every expert empty
   };
 }
 
@@ -204,9 +204,9 @@ void expect_bitwise(const std::vector<bf16_t>& want, const std::vector<bf16_t>& 
     ++differ;
     if (shown++ < 8) {
       ADD_FAILURE() << what << ": row " << i / static_cast<size_t>(N) << " col "
-                    << i % static_cast<size_t>(N) << ": want " << bf16_to_float(want[i])
-                    << " (0x" << std::hex << want[i] << "), got " << bf16_to_float(got[i])
-                    << " (0x" << got[i] << std::dec << ")";
+                    << i % static_cast<size_t>(N) << ": want " << bf16_to_float(want[i]) << " (0x"
+                    << std::hex << want[i] << "), got " << bf16_to_float(got[i]) << " (0x" << got[i]
+                    << std::dec << ")";
     }
   }
   EXPECT_EQ(differ, 0u) << what;
@@ -268,8 +268,8 @@ TEST(GpuGemmMxfp8Wgmma, NanScaleGivesNan) {
   std::mt19937 rng(63);
   Problem p(shapes()[3]);
   fill_narrow_exact(p, rng, {0}, {127});
-  p.w_scales[static_cast<size_t>(5 * p.S + 2)] = kE8m0NaN;    // expert 0, weight row 5, block 2
-  p.a_scales[static_cast<size_t>(3 * p.S + 20)] = kE8m0NaN;   // row 3, last block
+  p.w_scales[static_cast<size_t>(5 * p.S + 2)] = kE8m0NaN;   // expert 0, weight row 5, block 2
+  p.a_scales[static_cast<size_t>(3 * p.S + 20)] = kE8m0NaN;  // row 3, last block
   const std::vector<bf16_t> cpu = p.run_cpu(), gpu = p.run_gpu();
   expect_bitwise(cpu, gpu, p.N, "NaN scales");
   for (int64_t m = 0; m < p.offsets[1]; ++m) {
@@ -293,9 +293,10 @@ struct Agreement {
   }
   double rel_l2() const { return std::sqrt(num / std::max(den, 1e-300)); }
   void print(const char* what) const {
-    std::printf("mxfp8 wgmma GEMM vs %s: %zu of %zu outputs bitwise, max rel error %.3g, "
-                "rel-L2 %.3g\n",
-                what, bitwise, total, max_rel, rel_l2());
+    std::printf(
+        "mxfp8 wgmma GEMM vs %s: %zu of %zu outputs bitwise, max rel error %.3g, "
+        "rel-L2 %.3g\n",
+        what, bitwise, total, max_rel, rel_l2());
   }
 };
 
@@ -372,7 +373,8 @@ TEST(GpuGemmMxfp8Wgmma, SwigluEpilogueMatchesDecodeAndPlain) {
       Problem p(s);
       fill_narrow_exact(p, rng, {-3, -2}, {123, 124, 125});  // gates around the knee
       const std::string what = describe(s) + (act.clamped ? " clamped" : " plain");
-      const std::vector<bf16_t> plain = p.run_gpu(), fused = p.run_gpu(Kernel::wgmma, nullptr, &act);
+      const std::vector<bf16_t> plain = p.run_gpu(),
+                                fused = p.run_gpu(Kernel::wgmma, nullptr, &act);
       const std::vector<bf16_t> fused_decode = p.run_gpu(Kernel::decode, nullptr, &act);
       const int64_t F = p.N / 2;
       expect_bitwise(fused_decode, fused, F, what + ": vs the decode kernel");
@@ -513,7 +515,8 @@ TEST(GpuGemmMxfp8Wgmma, KernelChoiceRuleAndOverride) {
     EXPECT_EQ(cuda::mxfp8_kernel_for(128 * 8, 128), Mxfp8Kernel::decode);   // decode T = 128, K = 8
     EXPECT_EQ(cuda::mxfp8_kernel_for(8192 * 8, 128), Mxfp8Kernel::wgmma);   // prefill
     EXPECT_EQ(cuda::mxfp8_kernel_for(1 << 20, 1024), Mxfp8Kernel::decode);  // E past the scheduler
-    EXPECT_NE(cuda::mxfp8_kernel_rule().find("64 * E"), std::string::npos) << cuda::mxfp8_kernel_rule();
+    EXPECT_NE(cuda::mxfp8_kernel_rule().find("64 * E"), std::string::npos)
+        << cuda::mxfp8_kernel_rule();
   }
   {
     ScopedEnv automatic("EPMOE_MXFP8_KERNEL", "auto");

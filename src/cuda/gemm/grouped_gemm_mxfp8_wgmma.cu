@@ -127,8 +127,10 @@ void launch(const Mxfp8GroupedGemmArgs& args, const typename Epilogue::Params& e
                  ? 1
                  : 0;
 
-  constexpr auto kernel = &grouped_gemm_mxfp8_wgmma_kernel<Epilogue, decltype(tma_a), decltype(tma_b)>;
-  constexpr int kSmem = static_cast<int>(sizeof(Mxfp8SharedStorage<Epilogue::kSmemBytesPerWarpgroup>));
+  constexpr auto kernel =
+      &grouped_gemm_mxfp8_wgmma_kernel<Epilogue, decltype(tma_a), decltype(tma_b)>;
+  constexpr int kSmem =
+      static_cast<int>(sizeof(Mxfp8SharedStorage<Epilogue::kSmemBytesPerWarpgroup>));
   static_assert(kSmem <= 227 * 1024, "shared memory of one CTA on sm_90 is at most 227 KiB");
   set_shared_memory_limit<kernel>(kSmem);
   kernel<<<device_sm_count(), Traits::kThreads, kSmem, static_cast<cudaStream_t>(stream)>>>(

@@ -81,18 +81,22 @@ struct Mxfp8WgmmaTraits {
   using SmemLayoutBHalves = decltype(tile_to_shape(
       AtomK{}, make_shape(Int<kHalfRows>{}, Int<BLOCK_K>{}, Int<2 * kStages>{})));
   using MmaAtom = decltype(SM90::GMMA::ss_op_selector<Element, Element, float,
-                                                       Shape<_64, Int<BLOCK_N>, Int<kMxBlock>>,
-                                                       GMMA::Major::K, GMMA::Major::K>());
-  using TiledMma = decltype(make_tiled_mma(MmaAtom{}, Layout<Shape<Int<kWarpgroupsPerTile>, _1, _1>>{}));
+                                                      Shape<_64, Int<BLOCK_N>, Int<kMxBlock>>,
+                                                      GMMA::Major::K, GMMA::Major::K>());
+  using TiledMma =
+      decltype(make_tiled_mma(MmaAtom{}, Layout<Shape<Int<kWarpgroupsPerTile>, _1, _1>>{}));
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   static constexpr uint32_t kTxBytes = static_cast<uint32_t>(BLOCK_M * BLOCK_K + BLOCK_N * BLOCK_K);
   static_assert(cosize_v<SmemLayoutBHalves> == cosize_v<SmemLayoutB>, "halves tile B's stages");
 };
 
 // Row r of B's stage p is row r % 64 of half 2 p + r / 64 (the TMA boxes' view), swizzle included.
-static_assert(Mxfp8WgmmaTraits::SmemLayoutB{}(70, 37, 2) == Mxfp8WgmmaTraits::SmemLayoutBHalves{}(6, 37, 5) &&
-                  Mxfp8WgmmaTraits::SmemLayoutB{}(63, 127, 4) == Mxfp8WgmmaTraits::SmemLayoutBHalves{}(63, 127, 8) &&
-                  Mxfp8WgmmaTraits::SmemLayoutB{}(64, 0, 1) == Mxfp8WgmmaTraits::SmemLayoutBHalves{}(0, 0, 3),
+static_assert(Mxfp8WgmmaTraits::SmemLayoutB{}(70, 37, 2) ==
+                      Mxfp8WgmmaTraits::SmemLayoutBHalves{}(6, 37, 5) &&
+                  Mxfp8WgmmaTraits::SmemLayoutB{}(63, 127, 4) ==
+                      Mxfp8WgmmaTraits::SmemLayoutBHalves{}(63, 127, 8) &&
+                  Mxfp8WgmmaTraits::SmemLayoutB{}(64, 0, 1) ==
+                      Mxfp8WgmmaTraits::SmemLayoutBHalves{}(0, 0, 3),
               "the B halves must alias B's stages");
 
 // One stage's scales as exponent terms. col[slice][quad][2 g + j] is tile column 8 g + 2 quad + j
@@ -100,8 +104,8 @@ static_assert(Mxfp8WgmmaTraits::SmemLayoutB{}(70, 37, 2) == Mxfp8WgmmaTraits::Sm
 // the pitch of 36 puts the four quads on different banks.
 struct alignas(16) Mxfp8StageScales {
   static constexpr int kColPitch = 36;
-  int32_t row[Mxfp8WgmmaTraits::kSlices][Mxfp8WgmmaTraits::BLOCK_M];   // sa << 23
-  int32_t col[Mxfp8WgmmaTraits::kSlices][4][kColPitch];                // (sw - 127) << 23
+  int32_t row[Mxfp8WgmmaTraits::kSlices][Mxfp8WgmmaTraits::BLOCK_M];  // sa << 23
+  int32_t col[Mxfp8WgmmaTraits::kSlices][4][kColPitch];               // (sw - 127) << 23
   int32_t fast;  // 1: every exponent sum of the stage in the fma band (header comment)
 };
 
@@ -132,7 +136,8 @@ struct Mxfp8ScaleArgs {
 };
 
 // Codes of slices [4 kt, 4 kt + 4) of one scale row (slices past S: 127), little-endian bytes.
-__device__ __forceinline__ uint32_t mx_stage_codes(const uint8_t* row_S, int kt, int64_t S, int words) {
+__device__ __forceinline__ uint32_t mx_stage_codes(const uint8_t* row_S, int kt, int64_t S,
+                                                   int words) {
   if (words) return __ldg(reinterpret_cast<const uint32_t*>(row_S) + kt);
   uint32_t v = 0;
   CUTE_UNROLL
@@ -146,8 +151,8 @@ __device__ __forceinline__ uint32_t mx_stage_codes(const uint8_t* row_S, int kt,
 
 // The loader lane's part of one stage: rows and tile columns lane + 32 i, i = 0..3 (each part's
 // four loads in flight before its stores).
-__device__ __forceinline__ void mx_load_stage_scales(const Mxfp8ScaleArgs& sc, const TileCoord& t, int kt,
-                                                     int lane, Mxfp8StageScales& out) {
+__device__ __forceinline__ void mx_load_stage_scales(const Mxfp8ScaleArgs& sc, const TileCoord& t,
+                                                     int kt, int lane, Mxfp8StageScales& out) {
   constexpr uint32_t kNeutral = 0x7f7f7f7fu;
   uint32_t codes[4];
   CUTE_UNROLL
@@ -192,7 +197,7 @@ __device__ __forceinline__ void mx_load_stage_scales(const Mxfp8ScaleArgs& sc, c
   a_max = __reduce_max_sync(0xffffffffu, a_max);
   w_min = __reduce_min_sync(0xffffffffu, w_min);
   w_max = __reduce_max_sync(0xffffffffu, w_max);
-  // No NaN code (255 is the largest code, so the maxima tell) and every sa + sw - 254 in [-108, 104].
+  // No NaN code (255 is the largest code: the maxima tell) and every sa + sw - 254 in [-108, 104].
   const bool fast = a_max < 255 && w_max < 255 && a_min + w_min >= 146 && a_max + w_max <= 358;
   if (lane == 0) out.fast = fast ? 1 : 0;
 }
@@ -200,8 +205,8 @@ __device__ __forceinline__ void mx_load_stage_scales(const Mxfp8ScaleArgs& sc, c
 // total += block * 2^(sa + sw - 254) for slice b of a stage: value i = j + 2 h + 4 g of the
 // fragment is in the thread's row h (row terms ra0, ra1) and tile column 8 g + 2 quad + j.
 template <class Total, class Block>
-__device__ __forceinline__ void mx_promote(Total& total, const Block& block, const Mxfp8StageScales& sc, int b,
-                                           int row0, int quad) {
+__device__ __forceinline__ void mx_promote(Total& total, const Block& block,
+                                           const Mxfp8StageScales& sc, int b, int row0, int quad) {
   const int32_t ra[2] = {sc.row[b][row0], sc.row[b][row0 + 8]};
   const int4* cw = reinterpret_cast<const int4*>(&sc.col[b][quad][0]);
   if (sc.fast) {
@@ -241,10 +246,12 @@ __device__ __forceinline__ void mx_promote(Total& total, const Block& block, con
 
 template <class Epilogue, class TmaA, class TmaB>
 __global__ void __launch_bounds__(Mxfp8WgmmaTraits::kThreads, 1)
-    grouped_gemm_mxfp8_wgmma_kernel(CUTE_GRID_CONSTANT const TmaA tma_a, CUTE_GRID_CONSTANT const TmaB tma_b,
-                                    const GroupArgs group_args, const Mxfp8ScaleArgs scale_args,
+    grouped_gemm_mxfp8_wgmma_kernel(CUTE_GRID_CONSTANT const TmaA tma_a,
+                                    CUTE_GRID_CONSTANT const TmaB tma_b, const GroupArgs group_args,
+                                    const Mxfp8ScaleArgs scale_args,
                                     CUTE_GRID_CONSTANT const typename Epilogue::Params epi_params,
-                                    int64_t a_rows, int64_t a_cols, int64_t b_rows, int64_t b_cols) {
+                                    int64_t a_rows, int64_t a_cols, int64_t b_rows,
+                                    int64_t b_cols) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Traits = Mxfp8WgmmaTraits;
   constexpr int BM = Traits::BLOCK_M, BK = Traits::BLOCK_K, kHalf = Traits::kHalfRows;
@@ -260,12 +267,15 @@ __global__ void __launch_bounds__(Mxfp8WgmmaTraits::kThreads, 1)
   const int warp_in_group = cutlass::canonical_warp_idx_sync() % 4;
   const int lane_predicate = cute::elect_one_sync();
 
-  Pipeline pipeline(smem.pipeline,
-                    fp8_pipeline_params<Pipeline>(warpgroup, warp_in_group, lane_predicate, Traits::kTxBytes,
-                                                  128 * Traits::kWarpgroupsPerTile),
-                    Shape<_1, _1, _1>{});
+  Pipeline pipeline(
+      smem.pipeline,
+      fp8_pipeline_params<Pipeline>(warpgroup, warp_in_group, lane_predicate, Traits::kTxBytes,
+                                    128 * Traits::kWarpgroupsPerTile),
+      Shape<_1, _1, _1>{});
   if (threadIdx.x == 0) {
-    for (int s = 0; s < Traits::kStages; ++s) cutlass::arch::ClusterBarrier::init(&smem.scales_full[s], 32);
+    for (int s = 0; s < Traits::kStages; ++s) {
+      cutlass::arch::ClusterBarrier::init(&smem.scales_full[s], 32);
+    }
     cutlass::arch::fence_barrier_init();
   }
   fp8_prefetch_descriptors(tma_a, tma_b);
@@ -279,21 +289,24 @@ __global__ void __launch_bounds__(Mxfp8WgmmaTraits::kThreads, 1)
     if (warp_in_group == 0) {
       // ---------------- producer: one thread issues every TMA load ----------------
       if (lane_predicate) {
-        Tensor sBh = make_tensor(make_smem_ptr(smem.b.data()), typename Traits::SmemLayoutBHalves{});
-        Tensor mA = tma_a.get_tma_tensor(make_shape(a_rows, a_cols));                     // (M, K)
-        Tensor mB = tma_b.get_tma_tensor(make_shape(b_rows, b_cols, group_args.groups));  // (N, K, G)
+        Tensor sBh =
+            make_tensor(make_smem_ptr(smem.b.data()), typename Traits::SmemLayoutBHalves{});
+        Tensor mA = tma_a.get_tma_tensor(make_shape(a_rows, a_cols));  // (M, K)
+        Tensor mB =
+            tma_b.get_tma_tensor(make_shape(b_rows, b_cols, group_args.groups));  // (N, K, G)
         PipelineState write_state = cutlass::make_producer_start_state<Pipeline>();
         for (int tile = blockIdx.x; tile < sched.total; tile += gridDim.x) {
           const TileCoord t = sched.at(tile);
-          Tensor gA = local_tile(domain_offset(make_coord(t.row0, 0), mA), Shape<Int<BM>, Int<BK>>{},
-                                 make_coord(0, _));  // (BM, BK, k)
+          Tensor gA = local_tile(domain_offset(make_coord(t.row0, 0), mA),
+                                 Shape<Int<BM>, Int<BK>>{}, make_coord(0, _));  // (BM, BK, k)
           auto [tAgA, tAsA] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA),
                                             group_modes<0, 2>(gA));
           const int64_t n0 = static_cast<int64_t>(t.n_tile) * scale_args.step;
           Tensor gB0 = local_tile(domain_offset(make_coord(n0, 0, t.group), mB)(_, _, 0),
                                   Shape<Int<kHalf>, Int<BK>>{}, make_coord(0, _));  // (BN/2, BK, k)
-          Tensor gB1 = local_tile(domain_offset(make_coord(n0 + scale_args.origin1, 0, t.group), mB)(_, _, 0),
-                                  Shape<Int<kHalf>, Int<BK>>{}, make_coord(0, _));
+          Tensor gB1 = local_tile(
+              domain_offset(make_coord(n0 + scale_args.origin1, 0, t.group), mB)(_, _, 0),
+              Shape<Int<kHalf>, Int<BK>>{}, make_coord(0, _));
           auto [tBgB0, tBsB] = tma_partition(tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sBh),
                                              group_modes<0, 2>(gB0));
           auto [tBgB1, tBsB1] = tma_partition(tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sBh),
@@ -311,7 +324,7 @@ __global__ void __launch_bounds__(Mxfp8WgmmaTraits::kThreads, 1)
         }
       }
     } else {
-      // ---------------- scale loaders: warp w loads the stages s with s % 3 == w - 1 ----------------
+      // ---------------- scale loaders: warp w loads the stages s with s % 3 == w - 1 -------------
       const int loader = warp_in_group - 1, lane = static_cast<int>(threadIdx.x % 32);
       PipelineState state = cutlass::make_producer_start_state<Pipeline>();  // waits on empty only
       int sequence = 0;
@@ -322,7 +335,8 @@ __global__ void __launch_bounds__(Mxfp8WgmmaTraits::kThreads, 1)
           pipeline.producer_acquire(state);  // not the leader: waits for the stage to be free
           const int stage = state.index();
           mx_load_stage_scales(scale_args, t, kt, lane, smem.scales[stage]);
-          cutlass::arch::ClusterBarrier::arrive(&smem.scales_full[stage]);  // release: the stores above
+          // Release: the stores above are seen by the consumers that wait on the barrier.
+          cutlass::arch::ClusterBarrier::arrive(&smem.scales_full[stage]);
         }
       }
     }
@@ -334,8 +348,10 @@ __global__ void __launch_bounds__(Mxfp8WgmmaTraits::kThreads, 1)
     const int tid = consumer_tid % 128;
     typename Traits::TiledMma tiled_mma;
     auto thr_mma = tiled_mma.get_thread_slice(consumer_tid);
-    Tensor tCrA = thr_mma.make_fragment_A(thr_mma.partition_A(sA));  // (MMA, MMA_M, MMA_K = slices, PIPE)
-    Tensor tCrB = thr_mma.make_fragment_B(thr_mma.partition_B(sB));  // (MMA, MMA_N, MMA_K = slices, PIPE)
+    Tensor tCrA =
+        thr_mma.make_fragment_A(thr_mma.partition_A(sA));  // (MMA, MMA_M, MMA_K = slices, PIPE)
+    Tensor tCrB =
+        thr_mma.make_fragment_B(thr_mma.partition_B(sB));  // (MMA, MMA_N, MMA_K = slices, PIPE)
     Tensor block0 = partition_fragment_C(tiled_mma, Shape<Int<BM>, Int<Traits::BLOCK_N>>{});
     Tensor block1 = partition_fragment_C(tiled_mma, Shape<Int<BM>, Int<Traits::BLOCK_N>>{});
     Tensor total = partition_fragment_C(tiled_mma, Shape<Int<BM>, Int<Traits::BLOCK_N>>{});
@@ -351,7 +367,8 @@ __global__ void __launch_bounds__(Mxfp8WgmmaTraits::kThreads, 1)
       const int b = issued % kSlices;
       if (b == 0) {
         pipeline.consumer_wait(read_state);
-        cutlass::arch::ClusterBarrier::wait(&smem.scales_full[read_state.index()], read_state.phase());
+        cutlass::arch::ClusterBarrier::wait(&smem.scales_full[read_state.index()],
+                                            read_state.phase());
         issue_stage = read_state.index();
         ++read_state;
       }
