@@ -302,11 +302,14 @@ __global__ void __launch_bounds__(Mxfp8WgmmaTraits::kThreads, 1)
           auto [tAgA, tAsA] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA),
                                             group_modes<0, 2>(gA));
           const int64_t n0 = static_cast<int64_t>(t.n_tile) * scale_args.step;
+          // A plain tile's second half may lie wholly past N (N - n0 <= 64): it loads the first
+          // half's rows again instead of a box with no row inside the tensor (its columns are
+          // masked, their scales neutral). SwiGLU's up half always starts inside (f0 < F).
+          const int64_t n1 = n0 + scale_args.origin1 < b_rows ? n0 + scale_args.origin1 : n0;
           Tensor gB0 = local_tile(domain_offset(make_coord(n0, 0, t.group), mB)(_, _, 0),
                                   Shape<Int<kHalf>, Int<BK>>{}, make_coord(0, _));  // (BN/2, BK, k)
-          Tensor gB1 = local_tile(
-              domain_offset(make_coord(n0 + scale_args.origin1, 0, t.group), mB)(_, _, 0),
-              Shape<Int<kHalf>, Int<BK>>{}, make_coord(0, _));
+          Tensor gB1 = local_tile(domain_offset(make_coord(n1, 0, t.group), mB)(_, _, 0),
+                                  Shape<Int<kHalf>, Int<BK>>{}, make_coord(0, _));
           auto [tBgB0, tBsB] = tma_partition(tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sBh),
                                              group_modes<0, 2>(gB0));
           auto [tBgB1, tBsB1] = tma_partition(tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sBh),
