@@ -24,11 +24,14 @@ Each shape also gets epmoe-mxfp8 rows (Config.precision = mxfp8: MXFP8 inference
 prepared once, activation rows quantized 1x32 before each GEMM): decode-fwd (and -graph) beside the
 bf16 decode rows and fwd at train T (prefill) beside the bf16 fwd row, with ratio_to_bf16 and y's
 rel-L2 against the bf16 rows' y on the same inputs. --no-mxfp8 leaves them out; --mxfp8-only times
-the bf16 decode and fwd rows and these alone.
+the bf16 decode and fwd rows and these alone. The rows record the MXFP8 GEMM kernel the library
+picks (mxfp8_kernel: decode or wgmma; mxfp8_kernel_for in src/cuda/mxfp8_forward.h: wgmma when the
+capacity rows M >= 64 E, EPMOE_MXFP8_KERNEL=decode|wgmma|auto overrides it).
 """
 import argparse
 import datetime
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -142,6 +145,7 @@ class Layer:
         self.y = torch.empty_like(self.x)
         self.prepared = None
         cfg = lib.epmoe_config_default(T, D, F, K, E)
+        self.capacity_factor = cfg.capacity_factor
         cfg.fuse_epilogues = int(fused)
         cfg.scratch_device_bytes = SCRATCH_DEVICE_BYTES
         self.inference = precision in ("fp8", "nvfp4", "mxfp8")
@@ -450,6 +454,20 @@ def bench_bf16_fwd(lib, shape, routing, ceil, rows, iters):
     return t, y
 
 
+def mxfp8_kernel(layer):
+    """The MXFP8 GEMM kernel the library runs for `layer` (EP = 1), as cuda::mxfp8_kernel_for picks
+    it: EPMOE_MXFP8_KERNEL=decode|wgmma, else (unset or auto) wgmma when the capacity rows
+    M >= 64 E and E <= 512. M is the planner's recv_capacity_rows at R = 1 (memory_plan.cpp):
+    max(1, min(ceil(T K min(capacity_factor, 1)), T min(K, E)))."""
+    forced = os.environ.get("EPMOE_MXFP8_KERNEL", "auto")
+    if forced in ("decode", "wgmma"):
+        return forced
+    T, K, E = layer.T, layer.K, layer.E
+    cf = min(layer.capacity_factor, 1.0)
+    M = max(1, min(math.ceil(T * K * cf - 1e-9), T * min(K, E)))
+    return "wgmma" if E <= 512 and M >= 64 * E else "decode"
+
+
 def bench_mxfp8(lib, shape, routing, ceil, rows, iters, bf16_dec, bf16_dec_graph, y_dec,
                 bf16_fwd, y_fwd):
     """epmoe-mxfp8: the MXFP8 inference forward (weights prepared once) at decode T (eager and
@@ -471,10 +489,12 @@ def bench_mxfp8(lib, shape, routing, ceil, rows, iters, bf16_dec, bf16_dec_graph
                         GBps=read_bytes / t[0] / 1e6, precision="mxfp8",
                         roofline_fraction=read_bytes / (ceil["hbm_copy_GBps"] * 1e6) / t[0],
                         weight_bytes=weight_bytes, read_bytes=read_bytes,
-                        ratio_to_bf16=ref[0] / t[0], rel_l2_vs_bf16={"y": err}))
+                        ratio_to_bf16=ref[0] / t[0], rel_l2_vs_bf16={"y": err},
+                        mxfp8_kernel=mxfp8_kernel(Ld)))
         print(f"{shape} {routing} {impl} decode-fwd {t[0]:.4f} ms, x{ref[0] / t[0]:.2f} vs bf16, "
               f"{100 * read_bytes / (ceil['hbm_copy_GBps'] * 1e6) / t[0]:.0f}% of HBM roofline "
-              f"({read_bytes / 1e6:.1f} MB read), y rel-L2 vs bf16 {err:.3e}", flush=True)
+              f"({read_bytes / 1e6:.1f} MB read), y rel-L2 vs bf16 {err:.3e}, "
+              f"kernel {mxfp8_kernel(Ld)}", flush=True)
     Ld.close()
     del Ld
     torch.cuda.empty_cache()
@@ -484,11 +504,13 @@ def bench_mxfp8(lib, shape, routing, ceil, rows, iters, bf16_dec, bf16_dec_graph
     err = rel_l2(L.y, y_fwd)
     t = timed(lambda: L.forward(False), iters)
     flops = 6 * L.routes * D * F
+    kernel = mxfp8_kernel(L)
     rows.append(row("epmoe-mxfp8", shape, routing, "fwd", T_train, t, flops, precision="mxfp8",
-                    ratio_to_bf16=bf16_fwd[0] / t[0], rel_l2_vs_bf16={"y": err}))
+                    ratio_to_bf16=bf16_fwd[0] / t[0], rel_l2_vs_bf16={"y": err},
+                    mxfp8_kernel=kernel))
     print(f"{shape} {routing} epmoe-mxfp8 fwd (T {T_train}) {t[0]:.3f} ms "
           f"({flops / t[0] / 1e9:.0f} TFLOP/s, x{bf16_fwd[0] / t[0]:.2f} vs bf16), "
-          f"y rel-L2 vs bf16 {err:.3e}", flush=True)
+          f"y rel-L2 vs bf16 {err:.3e}, kernel {kernel}", flush=True)
     L.close()
     del L
     torch.cuda.empty_cache()

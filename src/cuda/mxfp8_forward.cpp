@@ -1,12 +1,41 @@
 #include "cuda/mxfp8_forward.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #include "core/plan_terms.h"
 #include "cuda/formats/formats.h"
+#include "cuda/gemm/gemm_config.h"
 #include "cuda/gemm/mxfp8_gemm.h"
+#include "cuda/gemm/mxfp8_wgmma_gemm.h"
 #include "cuda/w2_rows_output.h"
 #include "epmoe/error.h"
 
 namespace epmoe::cuda {
+
+Mxfp8Kernel mxfp8_kernel_for(int64_t M, int E) {
+  const char* env = std::getenv("EPMOE_MXFP8_KERNEL");  // per call (~100 ns), for measurements
+  if (env != nullptr && std::strcmp(env, "auto") != 0) {
+    if (std::strcmp(env, "decode") == 0) return Mxfp8Kernel::decode;
+    EPMOE_CHECK_ARG(std::strcmp(env, "wgmma") == 0, "EPMOE_MXFP8_KERNEL", "decode, wgmma or auto",
+                    env);
+    return Mxfp8Kernel::wgmma;
+  }
+  const bool prefill = E >= 1 && E <= kMaxGroups && M >= kMxfp8WgmmaRowsPerExpert * E;
+  return prefill ? Mxfp8Kernel::wgmma : Mxfp8Kernel::decode;
+}
+
+const char* to_string(Mxfp8Kernel kernel) {
+  return kernel == Mxfp8Kernel::wgmma ? "wgmma" : "decode";
+}
+
+std::string mxfp8_kernel_rule() {
+  const char* env = std::getenv("EPMOE_MXFP8_KERNEL");
+  return "wgmma when capacity rows M >= " + std::to_string(kMxfp8WgmmaRowsPerExpert) +
+         " * E (E <= " + std::to_string(kMaxGroups) + "), else decode; EPMOE_MXFP8_KERNEL=" +
+         (env == nullptr ? std::string("(unset: auto)") : std::string(env));
+}
+
 namespace {
 
 // Quantizes the received rows of a_MK [capacity, K] (count and skip from the layout header) into
@@ -35,6 +64,14 @@ Mxfp8GroupedGemmArgs quantized_gemm(const Step& s, const bf16_t* a_MK, int64_t N
   return a;
 }
 
+void run_gemm(const Mxfp8GroupedGemmArgs& a, void* stream) {
+  if (mxfp8_kernel_for(a.M, a.E) == Mxfp8Kernel::wgmma) {
+    mxfp8_grouped_gemm_wgmma(a, stream);
+  } else {
+    mxfp8_grouped_gemm(a, stream);
+  }
+}
+
 }  // namespace
 
 void mxfp8_w13_fprop(const Step& s) {
@@ -44,7 +81,7 @@ void mxfp8_w13_fprop(const Step& s) {
   a.b_scales_ENS = s.w13_mx_scales_EFS;
   a.out_MN = s.h13_M2F;
   a.ld_out = 2 * F;
-  mxfp8_grouped_gemm(a, s.stream);
+  run_gemm(a, s.stream);
 }
 
 void mxfp8_w13_swiglu(const Step& s) {
@@ -56,7 +93,7 @@ void mxfp8_w13_swiglu(const Step& s) {
   a.act = s.act;
   a.out_MN = s.h_MF;
   a.ld_out = F;
-  mxfp8_grouped_gemm(a, s.stream);
+  run_gemm(a, s.stream);
 }
 
 void mxfp8_w2_fprop(const Step& s, bool scatter) {
@@ -65,7 +102,7 @@ void mxfp8_w2_fprop(const Step& s, bool scatter) {
   a.b_codes_ENK = s.w2_mx_EDF;
   a.b_scales_ENS = s.w2_mx_scales_EDS;
   w2_rows_output(s, scatter, a);
-  mxfp8_grouped_gemm(a, s.stream);
+  run_gemm(a, s.stream);
 }
 
 }  // namespace epmoe::cuda

@@ -3,11 +3,30 @@
 // mxfp8_quantize_rows_counted, bitwise the host codec) into Step.mxfp8_scratch, then the MXFP8
 // grouped GEMM (gemm/mxfp8_gemm.h) multiplies them with the prepared weights
 // (docs/formats.md "MXFP8 inference"). Launchers only (no CUDA types).
+//
+// Two GEMM kernels, chosen per call by mxfp8_kernel_for on host-known sizes (capacity rows M and
+// local experts E): the decode kernel (gemm/mxfp8_gemm.h: mma.sync, 32 rows per weight pass,
+// bitwise the CPU formula) and the wgmma kernel (gemm/mxfp8_wgmma_gemm.h: a weight tile read once
+// per 128 rows, block sums on the fp8 tensor-core path, within the tolerance of the CPU formula).
 #pragma once
+
+#include <cstdint>
+#include <string>
 
 #include "core/step.h"
 
 namespace epmoe::cuda {
+
+enum class Mxfp8Kernel { decode, wgmma };
+
+// auto: wgmma when M >= kMxfp8WgmmaRowsPerExpert * E (and E <= 512, the grouped GEMM's groups),
+// else decode. EPMOE_MXFP8_KERNEL=decode|wgmma|auto overrides it (read per call, for benchmarks;
+// unset = auto; anything else: Error(invalid_argument) naming EPMOE_MXFP8_KERNEL).
+inline constexpr int64_t kMxfp8WgmmaRowsPerExpert = 64;
+Mxfp8Kernel mxfp8_kernel_for(int64_t M, int E);
+const char* to_string(Mxfp8Kernel kernel);
+// The rule in words, with the override's value: what benchmarks print beside their rows.
+std::string mxfp8_kernel_rule();
 
 // h13 = bf16(mx(x_gathered) @ w13[e]^T).
 void mxfp8_w13_fprop(const Step& s);

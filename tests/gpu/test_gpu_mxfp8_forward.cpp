@@ -5,6 +5,9 @@
 //   measured rel-L2 printed with EPMOE_REPORT_ERRORS=1);
 // - fused == unfused, no bf16 weights == with them, repeated calls: bitwise;
 // - CUDA-graph replay with new routings and live counts == eager, bitwise;
+// - each GEMM kernel forced by EPMOE_MXFP8_KERNEL (decode, wgmma) on decode- and prefill-shaped
+//   steps: the same checks (graph replay included), and the two kernels' y within the bound of
+//   each other;
 // - a skipped step (capacity overflow) reported as the bf16 path does, the context usable after.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -28,6 +31,7 @@
 #include "moe_case.h"
 #include "mxfp8_weights.h"
 #include "require_gpu.h"
+#include "scoped_env.h"
 #include "tolerances.h"
 
 namespace epmoe::test {
@@ -130,6 +134,47 @@ struct Case {
   int64_t live;  // -1: all tokens
 };
 
+// Each kernel forced: y within the bound of the CPU backend, repeated calls, fused == unfused
+// bitwise; the two kernels within the bound of each other. T = 1000 has ~250 rows per expert
+// (several wgmma row tiles), T = 1 one row; D, F multiples of 32 but not of 128 (partial stages).
+TEST(GpuMxfp8Forward, EachKernelMatchesCpuAndVariantsBitwise) {
+  EPMOE_REQUIRE_GPU();
+  const std::vector<Case> cases = {
+      {mxfp8_problem(1, 96, 64, 8, 2), -1},
+      {mxfp8_problem(128, 416, 288, 16, 4), -1},
+      {mxfp8_problem(96, 192, 160, 8, 2, true), -1},
+      {mxfp8_problem(128, 256, 160, 8, 2), 77},
+      {mxfp8_problem(1000, 352, 224, 8, 2), -1},
+      {mxfp8_problem(1000, 352, 224, 8, 2, true), 999},
+  };
+  uint64_t seed = 2100;
+  const bool report = std::getenv("EPMOE_REPORT_ERRORS") != nullptr;
+  const double bound = backend_rel_l2_bound(Precision::mxfp8, Output::y);
+  for (const Case& c : cases) {
+    RankInputs in = make_inputs(c.p, seed++, c.p.max_tokens)[0];
+    in.live = c.live;
+    const Weights w(c.p, in);
+    const std::string what = c.p.name() + " live " + std::to_string(c.live);
+    const std::vector<bf16_t> cpu = cpu_forward(c.p, in, w);
+    std::vector<bf16_t> y[2];
+    const char* kernels[2] = {"decode", "wgmma"};
+    for (int k = 0; k < 2; ++k) {
+      ScopedEnv env("EPMOE_MXFP8_KERNEL", kernels[k]);
+      const std::string which = what + " EPMOE_MXFP8_KERNEL=" + kernels[k];
+      y[k] = gpu_forward(c.p, in, w, 2);
+      const double vs_cpu = rel_l2(y[k], cpu);
+      if (report) std::printf("%s: y rel-L2 CUDA vs CPU %.3e\n", which.c_str(), vs_cpu);
+      EXPECT_LE(vs_cpu, bound) << which << ": y CUDA vs CPU backend";
+      Problem unfused = c.p;
+      unfused.fused = false;
+      expect_same_y(gpu_forward(unfused, in, w), y[k], c.p.hidden, which + ": unfused vs fused");
+    }
+    const double between = rel_l2(y[1], y[0]);
+    if (report) std::printf("%s: y rel-L2 wgmma vs decode %.3e\n", what.c_str(), between);
+    EXPECT_LE(between, bound) << what << ": wgmma vs decode kernel";
+  }
+}
+
 TEST(GpuMxfp8Forward, MatchesCpuWithinBoundAndVariantsBitwise) {
   EPMOE_REQUIRE_GPU();
   std::vector<Case> cases = {
@@ -167,8 +212,8 @@ TEST(GpuMxfp8Forward, MatchesCpuWithinBoundAndVariantsBitwise) {
   }
 }
 
-TEST(GpuMxfp8Forward, GraphReplayWithNewRoutingsEqualsEager) {
-  EPMOE_REQUIRE_GPU();
+void graph_replay_equals_eager(const char* kernel) {
+  ScopedEnv env("EPMOE_MXFP8_KERNEL", kernel);
   Problem p = mxfp8_problem(128, 256, 160, 16, 4);
   p.capacity_factor = 1.0;
   // Same x and weights every time; a new routing per seed.
@@ -198,6 +243,14 @@ TEST(GpuMxfp8Forward, GraphReplayWithNewRoutingsEqualsEager) {
                       std::to_string(live));
   }
   graph_ctx->close();
+}
+
+TEST(GpuMxfp8Forward, GraphReplayWithNewRoutingsEqualsEager) {
+  EPMOE_REQUIRE_GPU();
+  for (const char* kernel : {static_cast<const char*>(nullptr), "decode", "wgmma"}) {
+    SCOPED_TRACE(kernel == nullptr ? "EPMOE_MXFP8_KERNEL unset" : kernel);
+    graph_replay_equals_eager(kernel);
+  }
 }
 
 // Capacity overflow is reported through the status and the context stays usable (the row
