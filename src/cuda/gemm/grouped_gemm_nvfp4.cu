@@ -27,22 +27,22 @@
 // 4t .. 4t + 3. Each (tile, group) accumulator sums its steps in K order, chunk by chunk.
 //
 // Arithmetic per CTA and chunk (G = live 8-row groups <= kGroups; at 4.8 TB/s over 132 SMs an
-// SM must take ~19 B/clk of weights, one chunk of a CTA = 16 KiB of codes = ~860 clk):
-// - weights: 16 KiB of codes + 2 KiB of scales, HBM -> smem by cp.async (each byte written once,
-//   read once: 8-byte ld.shared per lane, 2-way conflicts, so ~2 smem cycles per 128 B).
+// SM must take ~19 B/clk of weights; a CTA's chunk = 16 KiB of codes = ~860 SM clocks of HBM):
+// - weights: 16 KiB of codes + 2 KiB of scales, HBM -> smem by cp.async, each byte written once
+//   and read once (a lane's 16 code bytes of a row in one conflict-free ld.shared.v4).
 // - activations: G x 2 KiB, L2 -> smem once per CTA (was once per warp and 16 weight rows: 8x
 //   the weight bytes through L1 at G = 4), read by each warp once per chunk: 4 x 2 G KiB, i.e.
 //   0.5 G bytes of smem reads per code byte (G = 4: 2).
-//   smem traffic per code byte: 1 (fill) + ~2 (weight reads) + 0.5 G + 0.125 G (act fill):
-//   <= 5.5 at G = 4, ~105 of the 128 B/clk at the roofline; 3.6 (~70 B/clk) at G = 1.
+//   smem traffic per code byte: 1 (fill) + 1 (weight reads) + 0.5 G + 0.125 G (activation fill):
+//   4.5 at G = 4, ~86 of the 128 B/clk at the roofline; 2.6 (~50 B/clk) at G = 1.
 // - tensor cores: 8 G mma.m16n8k16 per KiB of codes (16 rows x 16 k each), 64 G flops per code
 //   byte: G = 4 (mixtral, 32 rows) needs ~2.4 kflop/clk/SM, near mma.sync's rate on Hopper;
 //   G = 1 (deepseek, ~4 rows) a quarter of it.
 // - ALU per KiB of codes (warp instructions): decode 8 words x 15 (e2m1_bf16.h) = 120, block
 //   tables 4 x ~12 = 48, 8 G mma, ~8 smem loads and ~3 copies: ~185 at G = 1, i.e. ~46 of the
 //   ~54 clk a KiB takes at the roofline (4 schedulers): the decode bounds at few rows.
-// - registers: accumulators 4 x G x 4, a half-chunk's A (16) and activation fragments (8 G);
-//   -Xptxas -v numbers in docs/cuda_backend.md.
+// - registers: accumulators 4 x G x 4, the chunk's activation fragments (16 G), a tile's codes
+//   (8) and a half's A (16); -Xptxas -v numbers in docs/cuda_backend.md.
 // - in flight: kStages - 1 = 2 chunks per CTA (32 KiB of codes); smem per CTA kStages x (18 +
 //   2 G) KiB = 60 (G = 1) .. 78 (G = 4) KiB, so 3 .. 2 CTAs per SM and 96 .. 64 KiB in flight.
 #include <cuda_fp8.h>
@@ -223,10 +223,11 @@ __device__ __forceinline__ void copy_chunk(const Lane& l, uint32_t c, uint8_t* s
   }
 }
 
-// The warp's tiles x live groups of one chunk from a stage. Per half h, each live group's
-// activation fragments are read once (two 16-byte loads) and feed all kTiles tiles; tile i's A
-// fragments of steps 4h .. 4h + 3 are a[0..3], registers {row g k-pair 0, row g+8 pair 0, row g
-// pair 1, row g+8 pair 1} (mma.m16n8k16's A layout), each pair = one code byte, scaled.
+// The warp's tiles x live groups of one chunk from a stage. Each live group's activation
+// fragments are read once (four 16-byte loads: v[q][2h + j]) and feed all kTiles tiles; a tile's
+// codes are read once per row (16 bytes: conflict-free), half h of them decoded into the A
+// fragments of steps 4h .. 4h + 3, a[0..3], registers {row g k-pair 0, row g+8 pair 0, row g pair
+// 1, row g+8 pair 1} (mma.m16n8k16's A layout), each pair = one code byte, scaled.
 template <int kGroups>
 __device__ __forceinline__ void mma_chunk(const uint8_t* stage, int warp, int lane, int live,
                                           float (&acc)[kTiles][kGroups][4]) {
@@ -234,33 +235,37 @@ __device__ __forceinline__ void mma_chunk(const uint8_t* stage, int warp, int la
   const uint8_t* codes = stage + warp * kWarpStageBytes;
   const uint8_t* scales = codes + kWarpCodeBytes;
   const uint8_t* act = stage + kWarps * kWarpStageBytes;
+  uint4 v[kGroups][4] = {};
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    uint4 v[kGroups][2] = {};
+  for (int q = 0; q < kGroups; ++q) {
+    if (q >= live) break;
 #pragma unroll
-    for (int q = 0; q < kGroups; ++q) {
-      if (q >= live) break;
+    for (int u = 0; u < 4; ++u) {  // u = 2h + j
+      v[q][u] = *reinterpret_cast<const uint4*>(act + q * kGroupActBytes + (u * 32 + lane) * 16);
+    }
+  }
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        v[q][j] = *reinterpret_cast<const uint4*>(act + q * kGroupActBytes +
-                                                  ((h * 2 + j) * 32 + lane) * 16);
-      }
+  for (int i = 0; i < kTiles; ++i) {
+    uint4 w[2];
+    uint16_t sc[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      w[r] = *reinterpret_cast<const uint4*>(codes + ((i * 2 + r) * 32 + lane) * 16);
+      sc[r] = *reinterpret_cast<const uint16_t*>(scales + i * 128 + (r * 8 + g) * 8 + 2 * t);
     }
 #pragma unroll
-    for (int i = 0; i < kTiles; ++i) {
+    for (int h = 0; h < 2; ++h) {
       uint32_t a[4][4];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const uint2 w = *reinterpret_cast<const uint2*>(codes + ((i * 2 + r) * 32 + lane) * 16 +
-                                                        h * 8);
-        const E2m1Bf16Table table = block_table(scales[i * 128 + (r * 8 + g) * 8 + 2 * t + h]);
+        const E2m1Bf16Table table = block_table(static_cast<uint8_t>(sc[r] >> (8 * h)));
         uint32_t e[4];
-        e2m1x8_to_bf16x2(w.x, table, e);  // elements 16 h + 0 .. 7: steps 0, 1
+        e2m1x8_to_bf16x2(h == 0 ? w[r].x : w[r].z, table, e);  // elements 16 h + 0 .. 7
         a[0][r] = e[0];
         a[0][2 + r] = e[1];
         a[1][r] = e[2];
         a[1][2 + r] = e[3];
-        e2m1x8_to_bf16x2(w.y, table, e);  // elements 16 h + 8 .. 15: steps 2, 3
+        e2m1x8_to_bf16x2(h == 0 ? w[r].y : w[r].w, table, e);  // elements 16 h + 8 .. 15
         a[2][r] = e[0];
         a[2][2 + r] = e[1];
         a[3][r] = e[2];
@@ -269,10 +274,10 @@ __device__ __forceinline__ void mma_chunk(const uint8_t* stage, int warp, int la
 #pragma unroll
       for (int q = 0; q < kGroups; ++q) {
         if (q >= live) break;
-        mma_bf16(acc[i][q], a[0], v[q][0].x, v[q][0].y);
-        mma_bf16(acc[i][q], a[1], v[q][0].z, v[q][0].w);
-        mma_bf16(acc[i][q], a[2], v[q][1].x, v[q][1].y);
-        mma_bf16(acc[i][q], a[3], v[q][1].z, v[q][1].w);
+        mma_bf16(acc[i][q], a[0], v[q][2 * h].x, v[q][2 * h].y);
+        mma_bf16(acc[i][q], a[1], v[q][2 * h].z, v[q][2 * h].w);
+        mma_bf16(acc[i][q], a[2], v[q][2 * h + 1].x, v[q][2 * h + 1].y);
+        mma_bf16(acc[i][q], a[3], v[q][2 * h + 1].z, v[q][2 * h + 1].w);
       }
     }
   }
