@@ -373,7 +373,7 @@ __global__ void __launch_bounds__(kGemmThreads, ctas_per_sm<kGroups>())
     }
   }
   [[maybe_unused]] const float global = a.b_global_E[e];  // split-K: the reduce applies it
-  // Chunk counts in 32 bits (K / 128 < 2^25: N * K / 2 < 2^32 with N >= 1).
+  // Chunk counts in 32 bits (N * K / 2 < 2^32 with N >= 1: K / 128 < 2^26).
   const int all_chunks = static_cast<int>(a.K / kChunk);
   const int z = kSplit ? static_cast<int>(blockIdx.z) : 0;
   const int splits = kSplit ? static_cast<int>(gridDim.z) : 1;
@@ -450,7 +450,7 @@ __global__ void __launch_bounds__(kGemmThreads, ctas_per_sm<kGroups>())
           if (m >= row_end) continue;
           const int64_t f = f0 + 8 * i + g;
           if constexpr (kSplit) {
-            float* part = p.partials_SMN + (z * a.M + m) * a.N;  // z: int64 by a.M
+            float* part = p.partials_SMN + (z * a.M + m) * a.N;
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
               const int64_t n = kSwiglu ? r * F + f : n0 + 16 * i + g + 8 * r;
