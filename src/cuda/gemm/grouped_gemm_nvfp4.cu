@@ -662,7 +662,9 @@ int nvfp4_launch_groups(const Nvfp4GroupedGemmArgs& a) {
 }
 
 namespace {
-// The shared-memory limit is a per-device attribute of each instantiation: set once per device.
+// The shared-memory limit is a per-device attribute of each instantiation: set once per device,
+// with the carveout preference for shared memory (the resident CTAs are counted in it; L1 keeps
+// only scale copies and the K tail).
 template <int kGroups, bool kWide, bool kSwiglu, bool kSplit>
 void launch_kernel(const Params& p, dim3 grid, cudaStream_t st) {
   constexpr int kBytes = kStages * stage_bytes<kGroups>();
@@ -671,8 +673,11 @@ void launch_kernel(const Params& p, dim3 grid, cudaStream_t st) {
   EPMOE_CUDA_CHECK(cudaGetDevice(&device));
   const uint64_t bit = uint64_t{1} << (device % 64);
   if ((set_on.load(std::memory_order_acquire) & bit) == 0) {
-    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(nvfp4_gemm_kernel<kGroups, kWide, kSwiglu, kSplit>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
+    const auto kernel = nvfp4_gemm_kernel<kGroups, kWide, kSwiglu, kSplit>;
+    EPMOE_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                          cudaSharedmemCarveoutMaxShared));
     set_on.fetch_or(bit, std::memory_order_release);
   }
   nvfp4_gemm_kernel<kGroups, kWide, kSwiglu, kSplit><<<grid, kGemmThreads, kBytes, st>>>(p);
