@@ -11,7 +11,9 @@
 // a reduce kernel sums them in ascending split order and applies the global scale and the
 // epilogue (plain, combine slots, SwiGLU). CTAs of experts without rows return at once.
 //
-// Staging: a ring of kStages shared-memory stages per CTA, one 128-element chunk of K each:
+// Staging (offsets: nvfp4_stage_layout.h, run thread by thread on the host by
+// tests/cpp/test_nvfp4_stage_layout.cpp): a ring of kStages shared-memory stages per CTA, one
+// 128-element chunk of K each:
 // every lane copies its own 16 code bytes of its 8 weight rows (cp.async.cg: 16-byte, L2 only, no
 // registers held while in flight), 4 scale bytes, and the CTA copies the chunk's activation rows
 // once (16-byte units, stored in fragment order so a warp reads them conflict-free). One
@@ -59,37 +61,35 @@
 #include "core/layout.h"
 #include "cuda/check.h"
 #include "cuda/gemm/nvfp4_gemm.h"
+#include "cuda/gemm/nvfp4_stage_layout.h"
 #include "cuda/kernel_common.cuh"
 #include "epmoe/error.h"
 
 namespace epmoe::cuda {
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kGemmThreads = kWarps * 32;
-constexpr int kTiles = 4;                           // m16 weight tiles per warp
-constexpr int kRowsPerWarp = 16 * kTiles;           // weight rows (outputs' columns n) per warp
-constexpr int kSlab = kWarps * kRowsPerWarp;        // weight rows per CTA
-constexpr int kChunk = 128;                         // K elements per chunk (64 code bytes a row)
-constexpr int kStages = 3;                          // shared-memory ring of chunks
-
-// One stage: per warp its tiles' codes [tile][row r][lane][16 B] and scales [tile][16 rows][8
-// blocks]; then the activation units [group][half][j][lane][16 B] (group q's row g, elements
-// 32 t + 16 h + 8 j .. + 7 of the chunk for lane 4 g + t).
-constexpr int kWarpCodeBytes = kTiles * 2 * 32 * 16;
-constexpr int kWarpScaleBytes = kTiles * 16 * 8;
-constexpr int kWarpStageBytes = kWarpCodeBytes + kWarpScaleBytes;
-constexpr int kGroupActBytes = 2 * 2 * 32 * 16;     // 8 rows x 128 elements
-template <int kGroups>
-constexpr int stage_bytes() {
-  return kWarps * kWarpStageBytes + kGroups * kGroupActBytes;
-}
+// The stage layout and the CTA's shape (nvfp4_stage_layout.h, shared with the host model).
+using nvfp4_stage::act_copy_element;
+using nvfp4_stage::act_copy_offset;
+using nvfp4_stage::act_copy_row;
+using nvfp4_stage::act_offset;
+using nvfp4_stage::code_offset;
+using nvfp4_stage::kChunk;
+using nvfp4_stage::kRowsPerWarp;
+using nvfp4_stage::kSlab;
+using nvfp4_stage::kStages;
+using nvfp4_stage::kTiles;
+using nvfp4_stage::scale_copy_block;
+using nvfp4_stage::scale_copy_r;
+using nvfp4_stage::scale_offset;
+using nvfp4_stage::stage_bytes;
+constexpr int kGemmThreads = nvfp4_stage::kThreads;
 
 // CTAs per SM that the shared memory holds (228 KiB, 1 KiB reserved per CTA); the registers
 // are bounded to match.
 template <int kGroups>
 constexpr int ctas_per_sm() {
-  return (228 * 1024) / (kStages * stage_bytes<kGroups>() + 1024);
+  return (228 * 1024) / (kStages * stage_bytes(kGroups) + 1024);
 }
 
 struct Params {
@@ -177,41 +177,37 @@ struct Lane {
   uint32_t row_S[kTiles][2];
 };
 
-// This thread's share of chunk c (of the whole K) into a stage: its 16 code bytes (elements
-// 32 t .. 32 t + 31) of each of its 8 weight rows, 4 scale bytes (row r = t / 2 of each tile,
-// blocks 4 (t % 2) .. + 3; the lane reading them is another), and activation units (act_src:
-// this thread's unit of group q, at the chunk's start; act_dst: its place in the stage).
+// This thread's share of chunk c (of the whole K) into a stage (nvfp4_stage_layout.h): its 16
+// code bytes of each of its 8 weight rows, 4 scale bytes of one row per tile (another lane reads
+// them), and one activation unit per live group (act_src: the unit's elements in chunk 0).
 // copy_weights: the warp's rows exist (warp-uniform).
 template <bool kWide, int kGroups>
 __device__ __forceinline__ void copy_chunk(const Lane& l, uint32_t c, uint8_t* stage, int warp,
-                                           int lane, bool copy_weights, int live,
-                                           const bf16_t* const (&act_src)[kGroups],
-                                           int act_dst) {
-  const int g = lane / 4, t = lane % 4;
-  uint8_t* act = stage + kWarps * kWarpStageBytes;
+                                           int tid, bool copy_weights, int live,
+                                           const bf16_t* const (&act_src)[kGroups]) {
+  const int lane = tid % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int q = 0; q < kGroups; ++q) {
     if (q >= live) break;
-    cp_async16(act + q * kGroupActBytes + act_dst, act_src[q] + static_cast<int64_t>(c) * kChunk);
+    cp_async16(stage + act_copy_offset(q, tid), act_src[q] + static_cast<int64_t>(c) * kChunk);
   }
   if (!copy_weights) return;
-  uint8_t* codes = stage + warp * kWarpStageBytes;
-  uint8_t* scales = codes + kWarpCodeBytes;
 #pragma unroll
   for (int i = 0; i < kTiles; ++i) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const uint8_t* src = l.codes + (l.row_S[i][r] + c * (kChunk / 16)) * 8u + t * 16;
-      uint8_t* dst = codes + ((i * 2 + r) * 32 + lane) * 16;
+      uint8_t* dst = stage + code_offset(warp, i, r, lane);
       if constexpr (kWide) {
         cp_async16(dst, src);
       } else {
         *reinterpret_cast<uint4*>(dst) = load_codes_narrow(src);
       }
     }
-    const uint32_t row = t < 2 ? l.row_S[i][0] : l.row_S[i][1];
-    const uint8_t* src = l.scales + row + c * (kChunk / 16) + 4 * (t % 2);
-    uint8_t* dst = scales + i * 128 + ((t / 2) * 8 + g) * 8 + 4 * (t % 2);
+    const int r = scale_copy_r(lane), block = scale_copy_block(lane);
+    const uint32_t row = r == 0 ? l.row_S[i][0] : l.row_S[i][1];
+    const uint8_t* src = l.scales + row + c * (kChunk / 16) + block;
+    uint8_t* dst = stage + scale_offset(warp, i, r, g, block);
     if constexpr (kWide) {
       cp_async4(dst, src);
     } else {
@@ -232,16 +228,13 @@ template <int kGroups>
 __device__ __forceinline__ void mma_chunk(const uint8_t* stage, int warp, int lane, int live,
                                           float (&acc)[kTiles][kGroups][4]) {
   const int g = lane / 4, t = lane % 4;
-  const uint8_t* codes = stage + warp * kWarpStageBytes;
-  const uint8_t* scales = codes + kWarpCodeBytes;
-  const uint8_t* act = stage + kWarps * kWarpStageBytes;
   uint4 v[kGroups][4] = {};
 #pragma unroll
   for (int q = 0; q < kGroups; ++q) {
     if (q >= live) break;
 #pragma unroll
     for (int u = 0; u < 4; ++u) {  // u = 2h + j
-      v[q][u] = *reinterpret_cast<const uint4*>(act + q * kGroupActBytes + (u * 32 + lane) * 16);
+      v[q][u] = *reinterpret_cast<const uint4*>(stage + act_offset(q, u, lane));
     }
   }
 #pragma unroll
@@ -250,8 +243,8 @@ __device__ __forceinline__ void mma_chunk(const uint8_t* stage, int warp, int la
     uint16_t sc[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      w[r] = *reinterpret_cast<const uint4*>(codes + ((i * 2 + r) * 32 + lane) * 16);
-      sc[r] = *reinterpret_cast<const uint16_t*>(scales + i * 128 + (r * 8 + g) * 8 + 2 * t);
+      w[r] = *reinterpret_cast<const uint4*>(stage + code_offset(warp, i, r, lane));
+      sc[r] = *reinterpret_cast<const uint16_t*>(stage + scale_offset(warp, i, r, g, 2 * t));
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -330,7 +323,7 @@ __device__ __forceinline__ bf16_t* out_row(const Nvfp4GroupedGemmArgs& a, int64_
 // stores h = act(bf16(gate), bf16(up)) as the unfused kernel does (core/activation.h).
 // kSplit: split blockIdx.z of gridDim.z stores its unscaled fp32 sums at partials_SMN[z, m, n]
 // (gate at n = f, up at n = F + f); the reduce kernel applies the scale and the epilogue.
-// Dynamic shared memory: kStages * stage_bytes<kGroups>().
+// Dynamic shared memory: kStages * stage_bytes(kGroups).
 template <int kGroups, bool kWide, bool kSwiglu, bool kSplit>
 __global__ void __launch_bounds__(kGemmThreads, ctas_per_sm<kGroups>())
     nvfp4_gemm_kernel(const Params p) {
@@ -384,13 +377,10 @@ __global__ void __launch_bounds__(kGemmThreads, ctas_per_sm<kGroups>())
   const int64_t tail_begin = static_cast<int64_t>(all_chunks) * (kChunk / 16);
   const int64_t tail_end = z == splits - 1 ? a.K / 16 : tail_begin;
   const uint32_t c_first = static_cast<uint32_t>(c_begin);
-  // This thread's activation unit of each group: row 8 q + tid / 16, elements 8 (tid % 16) ..
-  // + 7 of a chunk (a half-warp reads a row's 256 contiguous bytes), stored at group q's
-  // [h][j][lane 4 g + t] with t = (tid % 16) / 4, h = (tid / 2) % 2, j = tid % 2.
-  const int unit_row = tid / 16, unit_piece = tid % 16;
-  const int act_dst = (((unit_piece / 2) % 2 * 2 + unit_piece % 2) * 32 + 4 * unit_row +
-                       unit_piece / 4) * 16;
-  constexpr int kStageBytes = stage_bytes<kGroups>();
+  // This thread's activation unit of each group: row 8 q + unit_row, elements act_copy_element
+  // .. + 7 of a chunk.
+  const int unit_row = act_copy_row(tid);
+  constexpr int kStageBytes = stage_bytes(kGroups);
 
   for (int64_t m0 = row_begin; m0 < row_end; m0 += 8 * kGroups) {
     const int live = static_cast<int>((row_end - m0 + 7) / 8 < kGroups ? (row_end - m0 + 7) / 8
@@ -400,7 +390,7 @@ __global__ void __launch_bounds__(kGemmThreads, ctas_per_sm<kGroups>())
 #pragma unroll
     for (int q = 0; q < kGroups; ++q) {
       const int64_t m = m0 + q * 8 + unit_row < row_end ? m0 + q * 8 + unit_row : row_end - 1;
-      act_src[q] = a.a_MK + m * a.K + unit_piece * 8;
+      act_src[q] = a.a_MK + m * a.K + act_copy_element(tid);
       const int64_t mg = m0 + q * 8 + g < row_end ? m0 + q * 8 + g : row_end - 1;
       row_starts[q] = a.a_MK + mg * a.K;
     }
@@ -413,7 +403,7 @@ __global__ void __launch_bounds__(kGemmThreads, ctas_per_sm<kGroups>())
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < chunks) {
         copy_chunk<kWide, kGroups>(l, c_first + static_cast<uint32_t>(s), smem + s * kStageBytes,
-                                   warp, lane, warp_live, live, act_src, act_dst);
+                                   warp, tid, warp_live, live, act_src);
       }
       cp_async_commit();
     }
@@ -424,8 +414,8 @@ __global__ void __launch_bounds__(kGemmThreads, ctas_per_sm<kGroups>())
       __syncthreads();
       if (c + kStages - 1 < chunks) {
         copy_chunk<kWide, kGroups>(l, c_first + static_cast<uint32_t>(c + kStages - 1),
-                                   smem + write_stage * kStageBytes, warp, lane, warp_live, live,
-                                   act_src, act_dst);
+                                   smem + write_stage * kStageBytes, warp, tid, warp_live, live,
+                                   act_src);
       }
       cp_async_commit();
       if (warp_live) mma_chunk<kGroups>(smem + read_stage * kStageBytes, warp, lane, live, acc);
@@ -667,7 +657,7 @@ namespace {
 // only scale copies and the K tail).
 template <int kGroups, bool kWide, bool kSwiglu, bool kSplit>
 void launch_kernel(const Params& p, dim3 grid, cudaStream_t st) {
-  constexpr int kBytes = kStages * stage_bytes<kGroups>();
+  constexpr int kBytes = kStages * stage_bytes(kGroups);
   static std::atomic<uint64_t> set_on{0};  // bit d: set on device d
   int device = 0;
   EPMOE_CUDA_CHECK(cudaGetDevice(&device));
