@@ -34,10 +34,9 @@ TEST(Nvfp4StageLayout, EveryByteWrittenOnceAtItsCopysAlignment) {
     const auto write = [&](int offset, int bytes, int tid) {
       ASSERT_EQ(offset % bytes, 0) << "offset " << offset << " of a " << bytes << "-byte copy";
       for (int b = 0; b < bytes; ++b) {
-        ASSERT_EQ(writer[static_cast<size_t>(offset + b)], -1)
-            << "byte " << offset + b << " written by threads " << writer[static_cast<size_t>(offset + b)]
-            << " and " << tid;
-        writer[static_cast<size_t>(offset + b)] = tid;
+        int& w = writer[static_cast<size_t>(offset + b)];
+        ASSERT_EQ(w, -1) << "byte " << offset + b << " written by threads " << w << " and " << tid;
+        w = tid;
       }
     };
     for (int tid = 0; tid < st::kThreads; ++tid) {
@@ -95,7 +94,8 @@ struct Problem {
 uint32_t bf16x2_times(uint32_t v, float s) {
   const float lo = bf16_to_float(static_cast<bf16_t>(v & 0xffffu)) * s;
   const float hi = bf16_to_float(static_cast<bf16_t>(v >> 16)) * s;
-  return static_cast<uint32_t>(float_to_bf16(lo)) | (static_cast<uint32_t>(float_to_bf16(hi)) << 16);
+  return static_cast<uint32_t>(float_to_bf16(lo)) |
+         (static_cast<uint32_t>(float_to_bf16(hi)) << 16);
 }
 
 float lo_half(uint32_t v) { return bf16_to_float(static_cast<bf16_t>(v & 0xffffu)); }

@@ -636,8 +636,8 @@ Nvfp4Groups nvfp4_choose_groups(int64_t M, int E) {
   c.groups = 2 * mean <= 8 ? 1 : (2 * mean <= 16 ? 2 : 4);
   c.reason = std::to_string(M) + " rows over " + std::to_string(E) + " experts: ~" +
              std::to_string(mean) + " per expert; the fewest groups holding twice that (at most " +
-             "4): " + std::to_string(c.groups) + " 8-row group(s) (" + std::to_string(kTiles * c.groups * 4) +
-             " accumulator registers per thread)";
+             "4): " + std::to_string(c.groups) + " 8-row group(s) (" +
+             std::to_string(kTiles * c.groups * 4) + " accumulator registers per thread)";
   return c;
 }
 
