@@ -162,8 +162,12 @@ bool fp8_swiglu_backward_in_epilogue(const Step& s) {
   const char* env = std::getenv("EPMOE_FP8_SWIGLU_BACKWARD");  // per call, for measurements
   EPMOE_CHECK_ARG(env == nullptr || std::strcmp(env, "epilogue") == 0 || std::strcmp(env, "kernel") == 0,
                   "EPMOE_FP8_SWIGLU_BACKWARD", "epilogue or kernel", env);
-  const bool kernel = env != nullptr && env[0] == 'k';
-  return !kernel && s.dims.F % kFp8RowBlock == 0 && fp8_rows_quantized_by_producer() &&
+  // Default: the kernel. The epilogue (the cooperative tile's consumers load h13 and run the
+  // SwiGLU math with no MMA to hide it) measured slower on every shape (52ac101 -> 0d97856, W2
+  // DGRAD + SwiGLU backward ms kernel / epilogue: qwen3 0.52 / 0.96, deepseek-v3 1.78 / 2.88,
+  // gpt-oss 1.26 / 1.27, mixtral 3.14 / 5.02); kept selectable for the ping-pong tile to come.
+  const bool epilogue = env != nullptr && env[0] == 'e';
+  return epilogue && s.dims.F % kFp8RowBlock == 0 && fp8_rows_quantized_by_producer() &&
          fp8_tile_from_env() == Fp8Tile::m128_n128;
 }
 
