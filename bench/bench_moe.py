@@ -26,7 +26,7 @@ bf16 decode rows and fwd at train T (prefill) beside the bf16 fwd row, with rati
 rel-L2 against the bf16 rows' y on the same inputs. --no-mxfp8 leaves them out; --mxfp8-only times
 the bf16 decode and fwd rows and these alone. The rows record the MXFP8 GEMM kernel the library
 picks (mxfp8_kernel: decode or wgmma; mxfp8_kernel_for in src/cuda/mxfp8_forward.h: wgmma when the
-capacity rows M >= 64 E, EPMOE_MXFP8_KERNEL=decode|wgmma|auto overrides it).
+capacity rows M >= 16 E, EPMOE_MXFP8_KERNEL=decode|wgmma|auto overrides it).
 """
 import argparse
 import datetime
@@ -457,7 +457,7 @@ def bench_bf16_fwd(lib, shape, routing, ceil, rows, iters):
 def mxfp8_kernel(layer):
     """The MXFP8 GEMM kernel the library runs for `layer` (EP = 1), as cuda::mxfp8_kernel_for picks
     it: EPMOE_MXFP8_KERNEL=decode|wgmma, else (unset or auto) wgmma when the capacity rows
-    M >= 64 E and E <= 512. M is the planner's recv_capacity_rows at R = 1 (memory_plan.cpp):
+    M >= 16 E and E <= 512. M is the planner's recv_capacity_rows at R = 1 (memory_plan.cpp):
     max(1, min(ceil(T K min(capacity_factor, 1)), T min(K, E)))."""
     forced = os.environ.get("EPMOE_MXFP8_KERNEL", "auto")
     if forced in ("decode", "wgmma"):
@@ -465,7 +465,7 @@ def mxfp8_kernel(layer):
     T, K, E = layer.T, layer.K, layer.E
     cf = min(layer.capacity_factor, 1.0)
     M = max(1, min(math.ceil(T * K * cf - 1e-9), T * min(K, E)))
-    return "wgmma" if E <= 512 and M >= 64 * E else "decode"
+    return "wgmma" if E <= 512 and M >= 16 * E else "decode"
 
 
 def bench_mxfp8(lib, shape, routing, ceil, rows, iters, bf16_dec, bf16_dec_graph, y_dec,

@@ -22,7 +22,10 @@ enum class Mxfp8Kernel { decode, wgmma };
 // auto: wgmma when M >= kMxfp8WgmmaRowsPerExpert * E (and E <= 512, the grouped GEMM's groups),
 // else decode. EPMOE_MXFP8_KERNEL=decode|wgmma|auto overrides it (read per call, for benchmarks;
 // unset = auto; anything else: Error(invalid_argument) naming EPMOE_MXFP8_KERNEL).
-inline constexpr int64_t kMxfp8WgmmaRowsPerExpert = 64;
+// 16: measured at decode T = 128 (e36a4de, EPMOE_MXFP8_KERNEL forced): wgmma / decode graph ms
+// mixtral (32 rows per expert) 1.343 / 4.403, qwen3 (8) 0.700 / 0.751, deepseek-v3 (4) 9.32 / 9.50,
+// gpt-oss (4) 3.00 / 2.72; prefill (>= 256 rows per expert) wgmma 8-12x decode.
+inline constexpr int64_t kMxfp8WgmmaRowsPerExpert = 16;
 Mxfp8Kernel mxfp8_kernel_for(int64_t M, int E);
 const char* to_string(Mxfp8Kernel kernel);
 // The rule in words, with the override's value: what benchmarks print beside their rows.

@@ -504,23 +504,24 @@ TEST(GpuGemmMxfp8Wgmma, ArgumentsAreChecked) {
   expect_refused("E", "E = 513");
 }
 
-// The choice: wgmma from 64 rows per expert on (E <= 512), the override in both directions,
+// The choice: wgmma from 16 rows per expert on (E <= 512), the override in both directions,
 // anything else refused naming the variable. Runs without a GPU.
 TEST(GpuGemmMxfp8Wgmma, KernelChoiceRuleAndOverride) {
   using cuda::Mxfp8Kernel;
   {
     ScopedEnv unset("EPMOE_MXFP8_KERNEL", nullptr);
-    EXPECT_EQ(cuda::mxfp8_kernel_for(8 * 64, 8), Mxfp8Kernel::wgmma);
-    EXPECT_EQ(cuda::mxfp8_kernel_for(8 * 64 - 1, 8), Mxfp8Kernel::decode);
+    EXPECT_EQ(cuda::mxfp8_kernel_for(8 * 16, 8), Mxfp8Kernel::wgmma);
+    EXPECT_EQ(cuda::mxfp8_kernel_for(8 * 16 - 1, 8), Mxfp8Kernel::decode);
     EXPECT_EQ(cuda::mxfp8_kernel_for(128 * 8, 128), Mxfp8Kernel::decode);   // decode T = 128, K = 8
+    EXPECT_EQ(cuda::mxfp8_kernel_for(128 * 2, 8), Mxfp8Kernel::wgmma);      // mixtral decode
     EXPECT_EQ(cuda::mxfp8_kernel_for(8192 * 8, 128), Mxfp8Kernel::wgmma);   // prefill
     EXPECT_EQ(cuda::mxfp8_kernel_for(1 << 20, 1024), Mxfp8Kernel::decode);  // E past the scheduler
-    EXPECT_NE(cuda::mxfp8_kernel_rule().find("64 * E"), std::string::npos)
+    EXPECT_NE(cuda::mxfp8_kernel_rule().find("16 * E"), std::string::npos)
         << cuda::mxfp8_kernel_rule();
   }
   {
     ScopedEnv automatic("EPMOE_MXFP8_KERNEL", "auto");
-    EXPECT_EQ(cuda::mxfp8_kernel_for(8 * 64, 8), Mxfp8Kernel::wgmma);
+    EXPECT_EQ(cuda::mxfp8_kernel_for(8 * 16, 8), Mxfp8Kernel::wgmma);
   }
   {
     ScopedEnv decode("EPMOE_MXFP8_KERNEL", "decode");
