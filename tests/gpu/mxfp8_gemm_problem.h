@@ -9,13 +9,16 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "core/activation.h"
 #include "core/formats/codecs.h"
+#include "core/layout.h"
 #include "core/numeric.h"
 #include "cuda/gemm/mxfp8_gemm.h"
 #include "cuda/gemm/mxfp8_wgmma_gemm.h"
@@ -169,6 +172,38 @@ inline void expect_bitwise(const std::vector<bf16_t>& want, const std::vector<bf
     }
   }
   EXPECT_EQ(differ, 0u) << what;
+}
+
+// Rows stored into combine slots (R = 1): row m of the groups goes to slot recv_src[m] of a
+// [T, K, N] buffer (a shuffled slot per row); every stored row equals the plain output's row.
+inline void expect_scatter_equals_plain(const Problem& p, cuda::Mxfp8Kernel kernel,
+                                        std::mt19937& rng, const std::string& what) {
+  const int top_k = 2;
+  const int64_t T = (p.M + top_k - 1) / top_k + 3;
+  std::vector<int32_t> slots(static_cast<size_t>(T * top_k));
+  for (size_t i = 0; i < slots.size(); ++i) slots[i] = static_cast<int32_t>(i);
+  std::shuffle(slots.begin(), slots.end(), rng);
+  std::vector<int32_t> recv_src(slots.begin(), slots.begin() + p.M);
+  for (int32_t& v : recv_src) v = encode_src(0, v / top_k, v % top_k, T, top_k);
+  Dev<uint8_t> daq(p.a_codes), das(p.a_scales), dwq(p.w_codes), dws(p.w_scales);
+  Dev<int32_t> doff(p.offsets), dsrc(recv_src);
+  Dev<bf16_t> combine(static_cast<size_t>(T * top_k * p.N));
+  Dev<bf16_t*> table(std::vector<bf16_t*>{combine.ptr});
+  cuda::Mxfp8GroupedGemmArgs x = p.args(daq, das, dwq, dws, doff);
+  x.combine_R = table.ptr;
+  x.recv_src_M = dsrc.ptr;
+  x.T = T;
+  x.top_k = top_k;
+  Problem::run(x, kernel, nullptr);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  const std::vector<bf16_t> got = combine.get(), plain = p.run_gpu(kernel);
+  for (int64_t m = 0; m < p.offsets.back(); ++m) {
+    const int64_t slot = src_slot(recv_src[static_cast<size_t>(m)], T, top_k);
+    for (int64_t n = 0; n < p.N; ++n) {
+      ASSERT_EQ(got[static_cast<size_t>(slot * p.N + n)], plain[static_cast<size_t>(m * p.N + n)])
+          << what << " row " << m << " col " << n;
+    }
+  }
 }
 
 }  // namespace epmoe::test::mxfp8_gemm

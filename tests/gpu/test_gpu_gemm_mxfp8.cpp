@@ -47,6 +47,7 @@ namespace epmoe::test {
 namespace {
 
 using mxfp8_gemm::expect_bitwise;
+using mxfp8_gemm::expect_scatter_equals_plain;
 using mxfp8_gemm::kUntouched;
 using mxfp8_gemm::Problem;
 using mxfp8_gemm::same;
@@ -273,32 +274,7 @@ TEST(GpuGemmMxfp8, ScatterStoresEachRowInItsSlot) {
   std::mt19937 rng(38);
   Problem p(shapes()[4]);
   fill_exact(p, rng, {0, 2}, {126, 127, 128});
-  const int top_k = 2;
-  const int64_t T = (p.M + top_k - 1) / top_k + 3;
-  std::vector<int32_t> slots(static_cast<size_t>(T * top_k));
-  for (size_t i = 0; i < slots.size(); ++i) slots[i] = static_cast<int32_t>(i);
-  std::shuffle(slots.begin(), slots.end(), rng);
-  std::vector<int32_t> recv_src(slots.begin(), slots.begin() + p.M);
-  for (int32_t& v : recv_src) v = encode_src(0, v / top_k, v % top_k, T, top_k);
-  Dev<uint8_t> daq(p.a_codes), das(p.a_scales), dwq(p.w_codes), dws(p.w_scales);
-  Dev<int32_t> doff(p.offsets), dsrc(recv_src);
-  Dev<bf16_t> combine(static_cast<size_t>(T * top_k * p.N));
-  Dev<bf16_t*> table(std::vector<bf16_t*>{combine.ptr});
-  cuda::Mxfp8GroupedGemmArgs x = p.args(daq, das, dwq, dws, doff);
-  x.combine_R = table.ptr;
-  x.recv_src_M = dsrc.ptr;
-  x.T = T;
-  x.top_k = top_k;
-  cuda::mxfp8_grouped_gemm(x, nullptr);
-  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-  const std::vector<bf16_t> got = combine.get(), plain = p.run_gpu(kDecode);
-  for (int64_t m = 0; m < p.offsets.back(); ++m) {
-    const int64_t slot = src_slot(recv_src[static_cast<size_t>(m)], T, top_k);
-    for (int64_t n = 0; n < p.N; ++n) {
-      ASSERT_EQ(got[static_cast<size_t>(slot * p.N + n)], plain[static_cast<size_t>(m * p.N + n)])
-          << "row " << m << " col " << n;
-    }
-  }
+  expect_scatter_equals_plain(p, kDecode, rng, describe(shapes()[4]));
 }
 
 TEST(GpuGemmMxfp8, ArgumentsAreChecked) {
