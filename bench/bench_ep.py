@@ -21,9 +21,11 @@ expert GEMMs on torch._scaled_grouped_mm (torch_recipe_fp8.moe_forward_ep: all_t
 combine unchanged, backward GEMMs in bf16), the epmoe-fp8 rows' ratio_to_recipe. Where
 torch._scaled_grouped_mm does not run, its rows are left out with the reason in the JSON's notes.
 epmoe-fp8-per-rank is epmoe-fp8 with Config.combine = per_rank (one combine row per token and
-rank), timed and compared the same way, e.g.
+rank), timed and compared the same way; epmoe-fp8-wgrad-bf16 is epmoe-fp8 with
+Config.fp8_wgrad = bf16 (both weight gradients as bf16 WGRADs, x decoded from its E4M3 rows), e.g.
 
     torchrun --nproc-per-node 2 bench/bench_ep.py --variants epmoe-fp8,epmoe-fp8-per-rank
+    torchrun --nproc-per-node 2 bench/bench_ep.py --variants epmoe,epmoe-fp8,epmoe-fp8-wgrad-bf16
 
     torchrun --nproc-per-node 2 bench/bench_ep.py --self-check   (CPU, gloo: the recipe's math)
 """
@@ -56,9 +58,11 @@ OUTPUTS = ("y", "grad_x", "grad_scores", "grad_w13", "grad_w2")
 VARIANTS = {"epmoe": (True, False, 0), "epmoe-gated": (True, True, 0),
             "epmoe-unfused": (False, False, 0), "epmoe-per-rank": (True, False, 1)}
 # fp8_block training contexts with prepared weights (Config.precision = fp8_block,
-# prepared_weights): the same fields as above. "epmoe-fp8-per-rank" is epmoe-fp8 with the per-rank
-# combine.
-FP8_VARIANTS = {"epmoe-fp8": (True, False, 0), "epmoe-fp8-per-rank": (True, False, 1)}
+# prepared_weights): the same fields as above, then Config.fp8_wgrad (0 fp8, 1 bf16).
+# "epmoe-fp8-per-rank" is epmoe-fp8 with the per-rank combine; "epmoe-fp8-wgrad-bf16" with both
+# weight gradients as bf16 WGRADs.
+FP8_VARIANTS = {"epmoe-fp8": (True, False, 0, 0), "epmoe-fp8-per-rank": (True, False, 1, 0),
+                "epmoe-fp8-wgrad-bf16": (True, False, 0, 1)}
 # The EP recipe with its expert GEMMs in row-wise fp8 (torch_recipe_fp8.moe_forward_ep).
 RECIPE_FP8 = "torch-native-fp8"
 # Outputs of an fp8 row compared with the bf16 ones (bench_moe.py's epmoe-fp8 rows: the same).
@@ -203,7 +207,7 @@ class EpmoeRun:
     def __init__(self, lib, nccl, ranks, inp, variant, capacity_factor, fp8=False):
         """fp8: an fp8_block training context whose forward and backward read this rank's
         experts prepared once here (with the transposed copies a backward reads)."""
-        fused, gated, combine = variant
+        fused, gated, combine = variant[:3]
         cfg = lib.epmoe_config_default(inp.T, inp.D, inp.F, inp.K, inp.E)
         cfg.fuse_epilogues = int(fused)
         cfg.arrival_gated_w13 = int(gated)
@@ -212,6 +216,7 @@ class EpmoeRun:
         self.prepared = None
         if fp8:
             cfg.precision, cfg.inference, cfg.prepared_weights = 1, 0, 1
+            cfg.fp8_wgrad = variant[3]
             dev = torch.cuda.current_device()
             self.prepared = (epmoe_ctypes.PreparedFp8(lib, inp.w13, device=dev, transposed=True),
                              epmoe_ctypes.PreparedFp8(lib, inp.w2, device=dev, transposed=True))
@@ -367,6 +372,7 @@ def bench_shape(lib, nccl, ranks, shape, routing, ceil, args):
         if fp8:
             bf16 = times.get("epmoe")
             ext.update(precision="fp8", prepared_weights=True,
+                       fp8_wgrad="bf16" if FP8_VARIANTS[impl][3] else "fp8",
                        rel_l2_reference="epmoe" if bf16_out is not None else "torch-native")
             fwd_extra = {
                 "ratio_to_ceiling": fwd_flops / t_fwd[0] / 1e9 / fp8_ceil if fp8_ceil else None,
