@@ -231,27 +231,27 @@ TEST(GpuEp2, Mxfp8InferenceForwardMatchesCpu) {
 TEST(GpuEp2, Fp8TrainingMatchesCpu) {
   EPMOE_REQUIRE_2GPUS();
   for (Fp8Wgrad wgrad : {Fp8Wgrad::fp8, Fp8Wgrad::bf16}) {
-  for (bool fused : {true, false}) {
-    for (CombineMode combine : {CombineMode::per_route, CombineMode::per_rank}) {
-      if (wgrad == Fp8Wgrad::bf16 && (!fused || combine != CombineMode::per_route)) continue;
-      Problem p = problem(333, 256, 528, 16, 4);
-      p.precision = Precision::fp8_block;
-      p.fused = fused;
-      p.combine = combine;
-      p.fp8_wgrad = wgrad;
-      std::vector<RankInputs> in = make_inputs(p, 44, p.max_tokens);
-      in[1].live = p.max_tokens - 37;
-      const auto gpu = run_gpu_layer(p, in);
-      const OutputErrors vs_cpu = compare(gpu, run_layer(p, in));
-      report_errors(p.name() + " fp8 ep2 gpu vs cpu", vs_cpu);
-      for (int o = 0; o < kNumOutputs; ++o) {
-        const Output out = static_cast<Output>(o);
-        EXPECT_LE(vs_cpu[out], backend_rel_l2_bound(Precision::fp8_block, out))
-            << p.name() << ": " << to_string(out) << " EP=2 CUDA vs CPU backend ("
-            << vs_cpu.to_string() << ")";
+    for (bool fused : {true, false}) {
+      for (CombineMode combine : {CombineMode::per_route, CombineMode::per_rank}) {
+        if (wgrad == Fp8Wgrad::bf16 && (!fused || combine != CombineMode::per_route)) continue;
+        Problem p = problem(333, 256, 528, 16, 4);
+        p.precision = Precision::fp8_block;
+        p.fused = fused;
+        p.combine = combine;
+        p.fp8_wgrad = wgrad;
+        std::vector<RankInputs> in = make_inputs(p, 44, p.max_tokens);
+        in[1].live = p.max_tokens - 37;
+        const auto gpu = run_gpu_layer(p, in);
+        const OutputErrors vs_cpu = compare(gpu, run_layer(p, in));
+        report_errors(p.name() + " fp8 ep2 gpu vs cpu", vs_cpu);
+        for (int o = 0; o < kNumOutputs; ++o) {
+          const Output out = static_cast<Output>(o);
+          EXPECT_LE(vs_cpu[out], backend_rel_l2_bound(Precision::fp8_block, out))
+              << p.name() << ": " << to_string(out) << " EP=2 CUDA vs CPU backend ("
+              << vs_cpu.to_string() << ")";
+        }
       }
     }
-  }
   }
 }
 

@@ -199,31 +199,31 @@ TEST(GpuFp8Training, RowQuantizationInProducersEqualsSeparateBitwise) {
 TEST(GpuFp8Training, EdgeRoutingsMatchCpuWithinBounds) {
   EPMOE_REQUIRE_GPU();
   for (Fp8Wgrad wgrad : {Fp8Wgrad::fp8, Fp8Wgrad::bf16}) {
-  Problem p = fp8_problem(300, 256, 160, 8, 2);
-  p.fp8_wgrad = wgrad;
-  const auto one_expert = [](int, int64_t, int, std::mt19937_64&) -> int64_t { return 3; };
-  struct Case {
-    int64_t live;
-    Router router;
-  };
-  uint64_t seed = 950;
-  for (const Case& c : {Case{77, nullptr}, Case{0, nullptr}, Case{-1, one_expert}}) {
-    std::vector<RankInputs> in =
-        make_inputs(p, seed++, p.max_tokens, c.router ? c.router : distinct_router(p.experts, p.top_k));
-    in[0].live = c.live;
-    const RankOutputs gpu = gpu_train(p, in[0]);
-    const RankOutputs cpu = run_layer(p, in)[0];
-    const OutputErrors vs_cpu = compare(gpu, cpu);
-    const std::string what = p.name() + " live " + std::to_string(c.live);
-    report_errors(what + " fp8 gpu vs cpu", vs_cpu);
-    for (int o = 0; o < kNumOutputs; ++o) {
-      const Output out = static_cast<Output>(o);
-      if (c.live == 0) continue;  // all zeros on both sides: checked bitwise below
-      EXPECT_LE(vs_cpu[out], backend_rel_l2_bound(Precision::fp8_block, out))
-          << what << ": " << to_string(out) << " (" << vs_cpu.to_string() << ")";
+    Problem p = fp8_problem(300, 256, 160, 8, 2);
+    p.fp8_wgrad = wgrad;
+    const auto one_expert = [](int, int64_t, int, std::mt19937_64&) -> int64_t { return 3; };
+    struct Case {
+      int64_t live;
+      Router router;
+    };
+    uint64_t seed = 950;
+    for (const Case& c : {Case{77, nullptr}, Case{0, nullptr}, Case{-1, one_expert}}) {
+      std::vector<RankInputs> in =
+          make_inputs(p, seed++, p.max_tokens, c.router ? c.router : distinct_router(p.experts, p.top_k));
+      in[0].live = c.live;
+      const RankOutputs gpu = gpu_train(p, in[0]);
+      const RankOutputs cpu = run_layer(p, in)[0];
+      const OutputErrors vs_cpu = compare(gpu, cpu);
+      const std::string what = p.name() + " live " + std::to_string(c.live);
+      report_errors(what + " fp8 gpu vs cpu", vs_cpu);
+      for (int o = 0; o < kNumOutputs; ++o) {
+        const Output out = static_cast<Output>(o);
+        if (c.live == 0) continue;  // all zeros on both sides: checked bitwise below
+        EXPECT_LE(vs_cpu[out], backend_rel_l2_bound(Precision::fp8_block, out))
+            << what << ": " << to_string(out) << " (" << vs_cpu.to_string() << ")";
+      }
+      if (c.live == 0) expect_bitwise_equal({gpu}, {cpu}, what + ": no live tokens");
     }
-    if (c.live == 0) expect_bitwise_equal({gpu}, {cpu}, what + ": no live tokens");
-  }
   }
 }
 
@@ -233,35 +233,35 @@ TEST(GpuFp8Training, EdgeRoutingsMatchCpuWithinBounds) {
 TEST(GpuFp8Training, RecomputeAtMinimumBudgetEqualsFullSaveBitwise) {
   EPMOE_REQUIRE_GPU();
   for (Fp8Wgrad wgrad : {Fp8Wgrad::fp8, Fp8Wgrad::bf16}) {
-  for (bool fused : {true, false}) {
-    for (CombineMode combine : {CombineMode::per_route, CombineMode::per_rank}) {
-      Problem p = fp8_problem(96, 144, 112, 8, 2);  // 2D = 288 bytes: granule lcm(128, 288)
-      p.fused = fused;
-      p.combine = combine;
-      p.fp8_wgrad = wgrad;  // bf16: x decoded from where the plan placed it (slot or scratch)
-      p.layers_per_slot = kStackLayers;
-      const int64_t tokens[kStackLayers] = {96, 29, 96, 61};
-      std::vector<RankInputs> in;
-      for (int l = 0; l < kStackLayers; ++l) {
-        in.push_back(make_inputs(p, 970 + static_cast<uint64_t>(l), tokens[l])[0]);
+    for (bool fused : {true, false}) {
+      for (CombineMode combine : {CombineMode::per_route, CombineMode::per_rank}) {
+        Problem p = fp8_problem(96, 144, 112, 8, 2);  // 2D = 288 bytes: granule lcm(128, 288)
+        p.fused = fused;
+        p.combine = combine;
+        p.fp8_wgrad = wgrad;  // bf16: x decoded from where the plan placed it (slot or scratch)
+        p.layers_per_slot = kStackLayers;
+        const int64_t tokens[kStackLayers] = {96, 29, 96, 61};
+        std::vector<RankInputs> in;
+        for (int l = 0; l < kStackLayers; ++l) {
+          in.push_back(make_inputs(p, 970 + static_cast<uint64_t>(l), tokens[l])[0]);
+        }
+        const MemoryPlan plan = plan_memory(stack_config(p, -1), 1);
+        StackResult results[2];
+        int i = 0;
+        for (int64_t budget : {int64_t{-1}, plan.minimum_slot_bytes}) {
+          auto ctx = Context::create(stack_config(p, budget), make_single_gpu_transport(0));
+          auto calls = stack_calls(p, in, 0);
+          results[i] = run_stack(*ctx, calls, nullptr);
+          const StackResult again = run_stack(*ctx, calls, nullptr);
+          expect_stack_bitwise_equal(again, results[i], p.name() + ": second pass");
+          ctx->close();
+          ++i;
+        }
+        EXPECT_EQ(results[0].recomputed, std::vector<bool>(kStackLayers, false)) << p.name();
+        EXPECT_EQ(results[1].recomputed, std::vector<bool>(kStackLayers, true)) << p.name();
+        expect_stack_bitwise_equal(results[1], results[0], p.name() + ": recompute vs full save");
       }
-      const MemoryPlan plan = plan_memory(stack_config(p, -1), 1);
-      StackResult results[2];
-      int i = 0;
-      for (int64_t budget : {int64_t{-1}, plan.minimum_slot_bytes}) {
-        auto ctx = Context::create(stack_config(p, budget), make_single_gpu_transport(0));
-        auto calls = stack_calls(p, in, 0);
-        results[i] = run_stack(*ctx, calls, nullptr);
-        const StackResult again = run_stack(*ctx, calls, nullptr);
-        expect_stack_bitwise_equal(again, results[i], p.name() + ": second pass");
-        ctx->close();
-        ++i;
-      }
-      EXPECT_EQ(results[0].recomputed, std::vector<bool>(kStackLayers, false)) << p.name();
-      EXPECT_EQ(results[1].recomputed, std::vector<bool>(kStackLayers, true)) << p.name();
-      expect_stack_bitwise_equal(results[1], results[0], p.name() + ": recompute vs full save");
     }
-  }
   }
 }
 
