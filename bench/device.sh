@@ -14,8 +14,11 @@
 #   bash bench/device.sh nvfp4 [bench_moe args...]   NVFP4 weight-only inference: builds libepmoe
 #       and its tests, runs them (measured errors, memcheck), then bench_moe.py --nvfp4-only:
 #       $OUT/nvfp4_*.log, $OUT/bench_nvfp4.json; then once per n in EPMOE_NVFP4_SPLITK_SWEEP
-#       (default "auto") with EPMOE_NVFP4_SPLITK=n on EPMOE_NVFP4_SPLITK_SHAPES (default
-#       mixtral-8x7b, the shape whose W2 the heuristic splits): $OUT/bench_nvfp4_splitk<n>.json
+#       (default "1", the single-kernel path against the heuristic's default) with
+#       EPMOE_NVFP4_SPLITK=n on EPMOE_NVFP4_SPLITK_SHAPES (default mixtral-8x7b, the shape whose W2
+#       the heuristic splits): $OUT/bench_nvfp4_splitk<n>.json; then once per g in
+#       EPMOE_NVFP4_GROUPS_SWEEP (default none) with EPMOE_NVFP4_GROUPS=g on every shape:
+#       $OUT/bench_nvfp4_groups<g>.json
 # CUTLASS headers and GoogleTest sources travel in third_party/ (git-ignored; name it in carry).
 # The JSON files record EPMOE_SHA when set: the device machine's copy of .git can be older than the
 # working tree it runs, so pass the commit from the calling machine (EPMOE_SHA=<sha> bash ...).
@@ -44,7 +47,7 @@ elif [[ $mode == profile ]]; then
   EPMOE_BUILD_TARGETS=${EPMOE_BUILD_TARGETS:-epmoe}
 elif [[ $mode == nvfp4 ]]; then
   EPMOE_BUILD_TARGETS=${EPMOE_BUILD_TARGETS:-epmoe test_gpu_gemm_nvfp4 test_gpu_nvfp4_forward \
-    test_gpu_prepared_weights test_c_api test_formats}
+    test_gpu_prepared_weights test_c_api test_formats test_nvfp4_stage_layout}
 fi
 for t in ${EPMOE_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
 if ! cmake --build "$build" -j "$(nproc)" "${targets[@]}" > "$OUT/build.log" 2>&1; then
@@ -128,7 +131,8 @@ if [[ $mode == profile ]]; then
 fi
 if [[ $mode == nvfp4 ]]; then
   t0=$(date +%s)
-  for t in tests/cpp/test_formats tests/cpp/test_c_api tests/gpu/test_gpu_prepared_weights; do
+  for t in tests/cpp/test_formats tests/cpp/test_c_api tests/cpp/test_nvfp4_stage_layout \
+      tests/gpu/test_gpu_prepared_weights; do
     "$build/$t" > "$OUT/nvfp4_$(basename "$t").log" 2>&1 || status=1
     grep -E "FAILED|PASSED" "$OUT/nvfp4_$(basename "$t").log" | head -10
   done
@@ -148,14 +152,23 @@ if [[ $mode == nvfp4 ]]; then
       --nvfp4-only --out "$OUT/bench_nvfp4.json" --lib "$build/src/libepmoe.so" "$@" \
       > "$OUT/bench_nvfp4.log" 2>&1 || status=1
   grep -v "^ceilings" "$OUT/bench_nvfp4.log" | tail -40
-  # Split-K against fixed split counts (EPMOE_NVFP4_SPLITK; 1 = the single-kernel path, the default) on the
-  # shapes where the heuristic splits: $OUT/bench_nvfp4_splitk<n>.json / .log.
-  for n in ${EPMOE_NVFP4_SPLITK_SWEEP-auto}; do
+  # Split-K against fixed split counts (EPMOE_NVFP4_SPLITK; 1 = the single-kernel path; unset =
+  # the heuristic, the run above) on the shapes where the heuristic splits:
+  # $OUT/bench_nvfp4_splitk<n>.json / .log.
+  for n in ${EPMOE_NVFP4_SPLITK_SWEEP-1}; do
     EPMOE_NVFP4_SPLITK=$n PYTHONUNBUFFERED=1 timeout -k 10 "${EPMOE_NVFP4_BENCH_TIMEOUT:-360}" \
       python3 bench/bench_moe.py --nvfp4-only --routings balanced \
       --shapes "${EPMOE_NVFP4_SPLITK_SHAPES:-mixtral-8x7b}" --out "$OUT/bench_nvfp4_splitk$n.json" \
       --lib "$build/src/libepmoe.so" > "$OUT/bench_nvfp4_splitk$n.log" 2>&1 || status=1
     grep -E "epmoe-nvfp4" "$OUT/bench_nvfp4_splitk$n.log" | tail -8
+  done
+  # Groups per weight pass against the heuristic's (EPMOE_NVFP4_GROUPS): bench_nvfp4_groups<g>.*
+  for g in ${EPMOE_NVFP4_GROUPS_SWEEP-}; do
+    EPMOE_NVFP4_GROUPS=$g PYTHONUNBUFFERED=1 timeout -k 10 "${EPMOE_NVFP4_BENCH_TIMEOUT:-360}" \
+      python3 bench/bench_moe.py --nvfp4-only --routings balanced \
+      --out "$OUT/bench_nvfp4_groups$g.json" --lib "$build/src/libepmoe.so" \
+      > "$OUT/bench_nvfp4_groups$g.log" 2>&1 || status=1
+    grep -E "epmoe-nvfp4" "$OUT/bench_nvfp4_groups$g.log" | tail -8
   done
 fi
 exit $status
