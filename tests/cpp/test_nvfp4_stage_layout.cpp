@@ -1,11 +1,13 @@
 // Host model of the NVFP4 decode GEMM's shared-memory stage (cuda/gemm/nvfp4_stage_layout.h,
 // the functions grouped_gemm_nvfp4.cu calls): the copies of every thread and the reads of every
 // lane, run one by one on the host without a GPU.
-// - Every byte of a stage is written by exactly one thread, at the alignment its copy needs.
+// - Every byte of a stage is written by exactly one thread, at the alignment its copy needs, and
+//   every read (a lane's 8 code bytes of a half, its activation units) is aligned to its width.
 // - The model GEMM: per chunk, the stage filled by the CTA's 128 threads as the kernel fills it,
 //   then each warp's mma.m16n8k16 fragments gathered lane by lane from the offsets the kernel
-//   reads (A: the tile's codes decoded through the block's byte-permute table, B: the
-//   activation units), multiplied as matrices and accumulated per (tile, group); outputs stored
+//   reads, half by half (A: the 8 code bytes of half h of the tile's rows decoded through the
+//   block's byte-permute table, B: the half's activation units), multiplied as matrices and
+//   accumulated per (tile, group) in the kernel's order (steps 0 .. 7 of a chunk); outputs stored
 //   by the lane mapping of the epilogue. On exact sums it equals the formula bitwise, for 1, 2
 //   and 4 groups, several passes, an N tail inside a tile and warps without rows.
 #include <gtest/gtest.h>
@@ -49,6 +51,29 @@ TEST(Nvfp4StageLayout, EveryByteWrittenOnceAtItsCopysAlignment) {
       for (int q = 0; q < groups; ++q) write(st::act_copy_offset(q, tid), 16, tid);
     }
     for (size_t b = 0; b < writer.size(); ++b) ASSERT_NE(writer[b], -1) << "byte " << b;
+    // The reads: 8-byte code halves, 1-byte scales, 16-byte activation units, inside the stage.
+    for (int warp = 0; warp < st::kWarps; ++warp) {
+      for (int lane = 0; lane < 32; ++lane) {
+        for (int h = 0; h < 2; ++h) {
+          for (int i = 0; i < st::kTiles; ++i) {
+            for (int r = 0; r < 2; ++r) {
+              const int code = st::code_offset(warp, i, r, lane) + 8 * h;
+              ASSERT_EQ(code % 8, 0) << "code half " << h << " of lane " << lane;
+              ASSERT_LE(code + 8, st::stage_bytes(groups));
+              ASSERT_LT(st::scale_offset(warp, i, r, lane / 4, 2 * (lane % 4) + h),
+                        st::stage_bytes(groups));
+            }
+          }
+          for (int q = 0; q < groups; ++q) {
+            for (int j = 0; j < 2; ++j) {
+              const int unit = st::act_offset(q, 2 * h + j, lane);
+              ASSERT_EQ(unit % 16, 0) << "activation unit " << 2 * h + j << " of lane " << lane;
+              ASSERT_LE(unit + 16, st::stage_bytes(groups));
+            }
+          }
+        }
+      }
+    }
   }
 }
 
@@ -143,8 +168,8 @@ std::vector<float> model(const Problem& p, int groups) {
         }
         for (int warp = 0; warp < st::kWarps; ++warp) {
           if (x * st::kSlab + warp * st::kRowsPerWarp >= p.N) continue;
-          for (int i = 0; i < st::kTiles; ++i) {
-            for (int h = 0; h < 2; ++h) {
+          for (int h = 0; h < 2; ++h) {  // the kernel's loop order: halves, then tiles
+            for (int i = 0; i < st::kTiles; ++i) {
               for (int s = 0; s < 4; ++s) {  // step 4h + s
                 float A[16][16] = {}, B[4][16][8] = {};
                 for (int lane = 0; lane < 32; ++lane) {
@@ -158,7 +183,7 @@ std::vector<float> model(const Problem& p, int groups) {
                         bf16x2_times(kE2m1Bf16x2_01, sc), bf16x2_times(kE2m1Bf16x2_23, sc),
                         bf16x2_times(kE2m1Bf16x2_45, sc), bf16x2_times(kE2m1Bf16x2_67, sc));
                     uint32_t e[4];
-                    e2m1x8_to_bf16x2(word_at(stage, code + 4 * (2 * h + s / 2)), table, e);
+                    e2m1x8_to_bf16x2(word_at(stage, code + 8 * h + 4 * (s / 2)), table, e);
                     const uint32_t pair0 = e[s % 2 == 0 ? 0 : 2], pair1 = e[s % 2 == 0 ? 1 : 3];
                     A[g + 8 * r][2 * t] = lo_half(pair0);
                     A[g + 8 * r][2 * t + 1] = hi_half(pair0);

@@ -85,11 +85,19 @@ using nvfp4_stage::scale_offset;
 using nvfp4_stage::stage_bytes;
 constexpr int kGemmThreads = nvfp4_stage::kThreads;
 
-// CTAs per SM that the shared memory holds (228 KiB, 1 KiB reserved per CTA); the registers
-// are bounded to match.
+// CTAs per SM that the shared memory holds (228 KiB, 1 KiB reserved per CTA).
 template <int kGroups>
-constexpr int ctas_per_sm() {
+constexpr int smem_ctas_per_sm() {
   return (228 * 1024) / (kStages * stage_bytes(kGroups) + 1024);
+}
+// The resident CTAs the registers are bounded for (65536 / (128 x CTAs) per thread: 4 -> 128, 3
+// -> 168, 2 -> 255), never more than the shared memory holds: 4 at 2 groups (-Xptxas -v: no
+// spills), 3 at 1 and 4 groups (4 spilled at 1 group: the scheduler keeps the next tiles' codes
+// and tables live); split-K 2 (its epilogue's partial addresses spill at 3).
+template <int kGroups, bool kSplit>
+constexpr int ctas_per_sm() {
+  constexpr int by_registers = kSplit ? 2 : (kGroups == 2 ? 4 : 3);
+  return by_registers < smem_ctas_per_sm<kGroups>() ? by_registers : smem_ctas_per_sm<kGroups>();
 }
 
 struct Params {
@@ -168,13 +176,15 @@ __device__ __forceinline__ E2m1Bf16Table block_table(uint8_t scale) {
                          mul_bf16x2(kE2m1Bf16x2_45, s), mul_bf16x2(kE2m1Bf16x2_67, s));
 }
 
-// A thread's weight rows inside expert e's weights: tile i's rows g (r = 0) and g + 8 (r = 1) as
-// their first scale block n * S (codes start at 8 n S = n P): one 32-bit offset per row (N * P
-// < 2^32, checked) instead of two 64-bit pointers.
+// A thread's weight rows inside expert e's weights, as 32-bit byte offsets (N * P < 2^32,
+// checked) from which a chunk's copy addresses are one add each: tile i's row g (r = 0) and
+// g + 8 (r = 1), code_off = n P + 16 t (the lane's 16 code bytes of chunk 0), and the row whose
+// scales the lane copies, scale_off = n S + scale_copy_block.
 struct Lane {
   const uint8_t* codes;    // expert e's codes
   const uint8_t* scales;   // expert e's scales
-  uint32_t row_S[kTiles][2];
+  uint32_t code_off[kTiles][2];
+  uint32_t scale_off[kTiles];
 };
 
 // This thread's share of chunk c (of the whole K) into a stage (nvfp4_stage_layout.h): its 16
@@ -185,18 +195,19 @@ template <bool kWide, int kGroups>
 __device__ __forceinline__ void copy_chunk(const Lane& l, uint32_t c, uint8_t* stage, int warp,
                                            int tid, bool copy_weights, int live,
                                            const bf16_t* const (&act_src)[kGroups]) {
-  const int lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int lane = tid % 32, g = lane / 4;
 #pragma unroll
   for (int q = 0; q < kGroups; ++q) {
     if (q >= live) break;
     cp_async16(stage + act_copy_offset(q, tid), act_src[q] + static_cast<int64_t>(c) * kChunk);
   }
   if (!copy_weights) return;
+  const uint32_t code_c = c * (kChunk / 2), scale_c = c * (kChunk / 16);
 #pragma unroll
   for (int i = 0; i < kTiles; ++i) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const uint8_t* src = l.codes + (l.row_S[i][r] + c * (kChunk / 16)) * 8u + t * 16;
+      const uint8_t* src = l.codes + (l.code_off[i][r] + code_c);
       uint8_t* dst = stage + code_offset(warp, i, r, lane);
       if constexpr (kWide) {
         cp_async16(dst, src);
@@ -204,10 +215,8 @@ __device__ __forceinline__ void copy_chunk(const Lane& l, uint32_t c, uint8_t* s
         *reinterpret_cast<uint4*>(dst) = load_codes_narrow(src);
       }
     }
-    const int r = scale_copy_r(lane), block = scale_copy_block(lane);
-    const uint32_t row = r == 0 ? l.row_S[i][0] : l.row_S[i][1];
-    const uint8_t* src = l.scales + row + c * (kChunk / 16) + block;
-    uint8_t* dst = stage + scale_offset(warp, i, r, g, block);
+    const uint8_t* src = l.scales + (l.scale_off[i] + scale_c);
+    uint8_t* dst = stage + scale_offset(warp, i, scale_copy_r(lane), g, scale_copy_block(lane));
     if constexpr (kWide) {
       cp_async4(dst, src);
     } else {
@@ -219,58 +228,58 @@ __device__ __forceinline__ void copy_chunk(const Lane& l, uint32_t c, uint8_t* s
   }
 }
 
-// The warp's tiles x live groups of one chunk from a stage. Each live group's activation
-// fragments are read once (four 16-byte loads: v[q][2h + j]) and feed all kTiles tiles; a tile's
-// codes are read once per row (16 bytes: conflict-free), half h of them decoded into the A
-// fragments of steps 4h .. 4h + 3, a[0..3], registers {row g k-pair 0, row g+8 pair 0, row g pair
-// 1, row g+8 pair 1} (mma.m16n8k16's A layout), each pair = one code byte, scaled.
-template <int kGroups>
+// The warp's tiles x live groups of one chunk from a stage, half by half (K order per
+// accumulator: steps 0 .. 3, then 4 .. 7, as the tail and the host model sum them). Per half h:
+// each live group's activation fragments of the half (two 16-byte loads: v[q][j], units 2h + j)
+// feed all kTiles tiles; a tile's 8 code bytes of each row (half h) are decoded into the A
+// fragments of steps 4h .. 4h + 3, a[s][0..3], registers {row g k-pair 0, row g+8 pair 0, row g
+// pair 1, row g+8 pair 1} (mma.m16n8k16's A layout), each pair = one code byte, scaled. The mma
+// run step by step over the groups, so back-to-back mma write different accumulators.
+// kAllLive (every group live: one group, or a full pass): no branch in the chunk, so the
+// scheduler may overlap a tile's decode with the previous tile's mma.
+template <int kGroups, bool kAllLive>
 __device__ __forceinline__ void mma_chunk(const uint8_t* stage, int warp, int lane, int live,
                                           float (&acc)[kTiles][kGroups][4]) {
   const int g = lane / 4, t = lane % 4;
-  uint4 v[kGroups][4] = {};
 #pragma unroll
-  for (int q = 0; q < kGroups; ++q) {
-    if (q >= live) break;
+  for (int h = 0; h < 2; ++h) {
+    uint4 v[kGroups][2] = {};
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {  // u = 2h + j
-      v[q][u] = *reinterpret_cast<const uint4*>(stage + act_offset(q, u, lane));
-    }
-  }
+    for (int q = 0; q < kGroups; ++q) {
+      if (!kAllLive && q > 0 && q >= live) break;  // group 0 is always live
 #pragma unroll
-  for (int i = 0; i < kTiles; ++i) {
-    uint4 w[2];
-    uint16_t sc[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      w[r] = *reinterpret_cast<const uint4*>(stage + code_offset(warp, i, r, lane));
-      sc[r] = *reinterpret_cast<const uint16_t*>(stage + scale_offset(warp, i, r, g, 2 * t));
+      for (int j = 0; j < 2; ++j) {
+        v[q][j] = *reinterpret_cast<const uint4*>(stage + act_offset(q, 2 * h + j, lane));
+      }
     }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    for (int i = 0; i < kTiles; ++i) {
       uint32_t a[4][4];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const E2m1Bf16Table table = block_table(static_cast<uint8_t>(sc[r] >> (8 * h)));
+        const uint2 w =
+            *reinterpret_cast<const uint2*>(stage + code_offset(warp, i, r, lane) + 8 * h);
+        const E2m1Bf16Table table = block_table(stage[scale_offset(warp, i, r, g, 2 * t + h)]);
         uint32_t e[4];
-        e2m1x8_to_bf16x2(h == 0 ? w[r].x : w[r].z, table, e);  // elements 16 h + 0 .. 7
+        e2m1x8_to_bf16x2(w.x, table, e);  // elements 16 h + 0 .. 7
         a[0][r] = e[0];
         a[0][2 + r] = e[1];
         a[1][r] = e[2];
         a[1][2 + r] = e[3];
-        e2m1x8_to_bf16x2(h == 0 ? w[r].y : w[r].w, table, e);  // elements 16 h + 8 .. 15
+        e2m1x8_to_bf16x2(w.y, table, e);  // elements 16 h + 8 .. 15
         a[2][r] = e[0];
         a[2][2 + r] = e[1];
         a[3][r] = e[2];
         a[3][2 + r] = e[3];
       }
 #pragma unroll
-      for (int q = 0; q < kGroups; ++q) {
-        if (q >= live) break;
-        mma_bf16(acc[i][q], a[0], v[q][2 * h].x, v[q][2 * h].y);
-        mma_bf16(acc[i][q], a[1], v[q][2 * h].z, v[q][2 * h].w);
-        mma_bf16(acc[i][q], a[2], v[q][2 * h + 1].x, v[q][2 * h + 1].y);
-        mma_bf16(acc[i][q], a[3], v[q][2 * h + 1].z, v[q][2 * h + 1].w);
+      for (int st = 0; st < 4; ++st) {
+#pragma unroll
+        for (int q = 0; q < kGroups; ++q) {
+          if (!kAllLive && q > 0 && q >= live) break;
+          const uint4& x = v[q][st / 2];
+          mma_bf16(acc[i][q], a[st], st % 2 == 0 ? x.x : x.z, st % 2 == 0 ? x.y : x.w);
+        }
       }
     }
   }
@@ -293,7 +302,7 @@ __device__ __forceinline__ void tail_block(const Lane& l, int64_t b,
     uint32_t a[4];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int64_t row_S = l.row_S[i][r];
+      const int64_t row_S = (l.code_off[i][r] - 16u * static_cast<uint32_t>(t)) / 8u;
       const uint8_t* c = l.codes + row_S * 8 + b * 8 + t * 2;
       const uint32_t w = static_cast<uint32_t>(c[0]) | (static_cast<uint32_t>(c[1]) << 8);
       const uint32_t s = scale_bf16x2(l.scales[row_S + b]);
@@ -325,7 +334,7 @@ __device__ __forceinline__ bf16_t* out_row(const Nvfp4GroupedGemmArgs& a, int64_
 // (gate at n = f, up at n = F + f); the reduce kernel applies the scale and the epilogue.
 // Dynamic shared memory: kStages * stage_bytes(kGroups).
 template <int kGroups, bool kWide, bool kSwiglu, bool kSplit>
-__global__ void __launch_bounds__(kGemmThreads, ctas_per_sm<kGroups>())
+__global__ void __launch_bounds__(kGemmThreads, ctas_per_sm<kGroups, kSplit>())
     nvfp4_gemm_kernel(const Params p) {
   extern __shared__ uint4 smem_stages[];
   uint8_t* const smem = reinterpret_cast<uint8_t*>(smem_stages);
@@ -362,7 +371,10 @@ __global__ void __launch_bounds__(kGemmThreads, ctas_per_sm<kGroups>())
       } else {
         n = n0 + 16 * i + g + 8 * r < a.N ? n0 + 16 * i + g + 8 * r : a.N - 1;
       }
-      l.row_S[i][r] = static_cast<uint32_t>(n * p.S);
+      l.code_off[i][r] = static_cast<uint32_t>(n * p.P + 16 * t);
+      if (r == scale_copy_r(lane)) {
+        l.scale_off[i] = static_cast<uint32_t>(n * p.S + scale_copy_block(lane));
+      }
     }
   }
   [[maybe_unused]] const float global = a.b_global_E[e];  // split-K: the reduce applies it
@@ -418,7 +430,14 @@ __global__ void __launch_bounds__(kGemmThreads, ctas_per_sm<kGroups>())
                                    act_src);
       }
       cp_async_commit();
-      if (warp_live) mma_chunk<kGroups>(smem + read_stage * kStageBytes, warp, lane, live, acc);
+      if (warp_live) {
+        const uint8_t* stage = smem + read_stage * kStageBytes;
+        if (kGroups == 1 || live == kGroups) {
+          mma_chunk<kGroups, true>(stage, warp, lane, live, acc);
+        } else {
+          mma_chunk<kGroups, false>(stage, warp, lane, live, acc);
+        }
+      }
       read_stage = read_stage == kStages - 1 ? 0 : read_stage + 1;
       write_stage = write_stage == kStages - 1 ? 0 : write_stage + 1;
     }
@@ -428,7 +447,10 @@ __global__ void __launch_bounds__(kGemmThreads, ctas_per_sm<kGroups>())
     }
 
     // acc[i][q]: {(A row g, m 2t), (A row g, m 2t+1), (A row g+8, m 2t), (A row g+8, m 2t+1)} of
-    // tile i and group q.
+    // tile i and group q. The pass's first row through an empty asm: the stores' addresses and
+    // bounds are computed here, not hoisted above the chunk loop and held in registers across it.
+    int64_t m_pass = m0;
+    asm volatile("" : "+l"(m_pass));
 #pragma unroll
     for (int i = 0; i < kTiles; ++i) {
 #pragma unroll
@@ -436,7 +458,7 @@ __global__ void __launch_bounds__(kGemmThreads, ctas_per_sm<kGroups>())
         if (q >= live) break;
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          const int64_t m = m0 + q * 8 + 2 * t + j;
+          const int64_t m = m_pass + q * 8 + 2 * t + j;
           if (m >= row_end) continue;
           const int64_t f = f0 + 8 * i + g;
           if constexpr (kSplit) {

@@ -6,7 +6,10 @@
 //
 // Lane = 4 g + t (mma groupID g, quad position t). Tile i of a warp: weight rows g (r = 0) and
 // g + 8 (r = 1); a lane owns elements [32 t, 32 t + 32) of each of its rows and of each
-// activation row in a chunk, half h (block 2t + h) feeding mma steps 4h .. 4h + 3.
+// activation row in a chunk, half h (block 2t + h) feeding mma steps 4h .. 4h + 3. A lane copies
+// its 16 code bytes of a row in one 16-byte cp.async and reads them back half by half (8 bytes at
+// code_offset + 8 h: 4 wavefronts per warp, 2-way conflicted, the wavefronts of reading all 16
+// bytes twice, with 2 registers held instead of 4).
 #pragma once
 
 #include "core/hd.h"
@@ -19,7 +22,7 @@ constexpr int kTiles = 4;                        // m16 weight tiles per warp
 constexpr int kRowsPerWarp = 16 * kTiles;        // weight rows (outputs' columns n) per warp
 constexpr int kSlab = kWarps * kRowsPerWarp;     // weight rows per CTA
 constexpr int kChunk = 128;                      // K elements per chunk (64 code bytes a row)
-constexpr int kStages = 3;                       // the ring of chunks
+constexpr int kStages = 2;                       // the ring of chunks (one in flight per CTA)
 
 // One stage: per warp its tiles' codes [tile][r][lane][16 B] and scales [tile][row 8 r + g][8
 // blocks]; then per group the activation units [u = 2 h + j][lane][16 B].
