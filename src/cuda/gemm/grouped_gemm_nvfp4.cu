@@ -31,7 +31,8 @@
 // Arithmetic per CTA and chunk (G = live 8-row groups <= kGroups; at 4.8 TB/s over 132 SMs an
 // SM must take ~19 B/clk of weights; a CTA's chunk = 16 KiB of codes = ~860 SM clocks of HBM):
 // - weights: 16 KiB of codes + 2 KiB of scales, HBM -> smem by cp.async, each byte written once
-//   and read once (a lane's 16 code bytes of a row in one conflict-free ld.shared.v4).
+//   and read once (a lane's 8 code bytes of a row per half: 2-way conflicted, 2 wavefronts per
+//   128 bytes; the reads of all 16 at once held 4 registers per row through both halves).
 // - activations: G x 2 KiB, L2 -> smem once per CTA (was once per warp and 16 weight rows: 8x
 //   the weight bytes through L1 at G = 4), read by each warp once per chunk: 4 x 2 G KiB, i.e.
 //   0.5 G bytes of smem reads per code byte (G = 4: 2).
@@ -43,10 +44,20 @@
 // - ALU per KiB of codes (warp instructions): decode 8 words x 15 (e2m1_bf16.h) = 120, block
 //   tables 4 x ~12 = 48, 8 G mma, ~8 smem loads and ~3 copies: ~185 at G = 1, i.e. ~46 of the
 //   ~54 clk a KiB takes at the roofline (4 schedulers): the decode bounds at few rows.
-// - registers: accumulators 4 x G x 4, the chunk's activation fragments (16 G), a tile's codes
-//   (8) and a half's A (16); -Xptxas -v numbers in docs/cuda_backend.md.
-// - in flight: kStages - 1 = 2 chunks per CTA (32 KiB of codes); smem per CTA kStages x (18 +
-//   2 G) KiB = 60 (G = 1) .. 78 (G = 4) KiB, so 3 .. 2 CTAs per SM and 96 .. 64 KiB in flight.
+// - registers: accumulators 4 x G x 4, one half's activation fragments (8 G), a tile-half's codes
+//   (4) and A (16), two tables (8); bounded for 3 CTAs (168) at G = 1, 4; 4 (128) at G = 2;
+//   -Xptxas -v numbers in docs/cuda_backend.md.
+// - in flight: kStages - 1 = 1 chunk per CTA (16 KiB of codes); smem per CTA kStages x (18 +
+//   2 G) KiB = 40 (G = 1) .. 52 (G = 4) KiB: the registers, not the smem, set 3 .. 4 CTAs per SM,
+//   48 .. 64 KiB in flight (Little: 20 B/clk x ~1.5 k clk of loaded latency = 30 KiB).
+// Measured before this loop order (3 stages, tiles outer, a branch per live group; Nsight
+// Compute, mixtral W13, G = 4): 8 warps per SM, issue slots 31 % busy, 43 % of the stalls on
+// fixed-latency dependencies (4 dependent mma per accumulator back to back), DRAM 22 %. Now:
+// 12 warps at G = 4 (16 at G = 2), a branch-free chunk on full passes, back-to-back mma on
+// independent accumulators; the chunk loop is ~1170 SASS instructions at G = 4 (was 1319), 876
+// at G = 1 (940): ~290 / ~220 per KiB, of which the decode and its tables are ~170. At the
+// roofline a KiB takes ~51 SM clocks = ~204 issue slots: the decode alone needs ~80 % of the
+// issue slots, so 80 % of the roofline needs a cheaper decode, not only more warps.
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
