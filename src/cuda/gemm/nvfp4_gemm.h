@@ -59,7 +59,8 @@ struct Nvfp4GroupedGemmArgs {
 
 // The split-K heuristic: the most splits whose CTAs fit kNvfp4TargetCtasPerSm per SM (one wave of
 // resident CTAs: four warps of 64 weight rows each; split-K kernels are register-bounded to 2),
-// >= kNvfp4MinChunksPerSplit 128-element chunks of K, at most kNvfp4MaxSplits, at least one.
+// each split >= kNvfp4MinChunksPerSplit 128-element chunks of K, at most kNvfp4MaxSplits, at
+// least one.
 // reason: the numbers it decided on, printable.
 constexpr int kNvfp4TargetCtasPerSm = 2;
 constexpr int kNvfp4MinChunksPerSplit = 8;
