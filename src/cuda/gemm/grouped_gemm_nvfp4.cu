@@ -200,17 +200,19 @@ struct Lane {
 
 // This thread's share of chunk c (of the whole K) into a stage (nvfp4_stage_layout.h): its 16
 // code bytes of each of its 8 weight rows, 4 scale bytes of one row per tile (another lane reads
-// them), and one activation unit per live group (act_src: the unit's elements in chunk 0).
+// them), and one activation unit per live group (act_MK + act_off[q]: the unit's elements in
+// chunk 0; 32-bit element offsets from the pass's first row, < 32 K < 2^32).
 // copy_weights: the warp's rows exist (warp-uniform).
 template <bool kWide, int kGroups>
 __device__ __forceinline__ void copy_chunk(const Lane& l, uint32_t c, uint8_t* stage, int warp,
                                            int tid, bool copy_weights, int live,
-                                           const bf16_t* const (&act_src)[kGroups]) {
+                                           const bf16_t* act_MK,
+                                           const uint32_t (&act_off)[kGroups]) {
   const int lane = tid % 32, g = lane / 4;
 #pragma unroll
   for (int q = 0; q < kGroups; ++q) {
     if (q >= live) break;
-    cp_async16(stage + act_copy_offset(q, tid), act_src[q] + static_cast<int64_t>(c) * kChunk);
+    cp_async16(stage + act_copy_offset(q, tid), act_MK + (act_off[q] + c * kChunk));
   }
   if (!copy_weights) return;
   const uint32_t code_c = c * (kChunk / 2), scale_c = c * (kChunk / 16);
@@ -408,14 +410,12 @@ __global__ void __launch_bounds__(kGemmThreads, ctas_per_sm<kGroups, kSplit>())
   for (int64_t m0 = row_begin; m0 < row_end; m0 += 8 * kGroups) {
     const int live = static_cast<int>((row_end - m0 + 7) / 8 < kGroups ? (row_end - m0 + 7) / 8
                                                                         : kGroups);
-    const bf16_t* act_src[kGroups];
-    const bf16_t* row_starts[kGroups];  // the lane's activation rows (the K tail)
+    const bf16_t* act_MK = a.a_MK + m0 * a.K;  // the pass's first row
+    uint32_t act_off[kGroups];
 #pragma unroll
     for (int q = 0; q < kGroups; ++q) {
       const int64_t m = m0 + q * 8 + unit_row < row_end ? m0 + q * 8 + unit_row : row_end - 1;
-      act_src[q] = a.a_MK + m * a.K + act_copy_element(tid);
-      const int64_t mg = m0 + q * 8 + g < row_end ? m0 + q * 8 + g : row_end - 1;
-      row_starts[q] = a.a_MK + mg * a.K;
+      act_off[q] = static_cast<uint32_t>((m - m0) * a.K + act_copy_element(tid));
     }
     float acc[kTiles][kGroups][4] = {};
 
@@ -426,7 +426,7 @@ __global__ void __launch_bounds__(kGemmThreads, ctas_per_sm<kGroups, kSplit>())
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < chunks) {
         copy_chunk<kWide, kGroups>(l, c_first + static_cast<uint32_t>(s), smem + s * kStageBytes,
-                                   warp, tid, warp_live, live, act_src);
+                                   warp, tid, warp_live, live, act_MK, act_off);
       }
       cp_async_commit();
     }
@@ -438,7 +438,7 @@ __global__ void __launch_bounds__(kGemmThreads, ctas_per_sm<kGroups, kSplit>())
       if (c + kStages - 1 < chunks) {
         copy_chunk<kWide, kGroups>(l, c_first + static_cast<uint32_t>(c + kStages - 1),
                                    smem + write_stage * kStageBytes, warp, tid, warp_live, live,
-                                   act_src);
+                                   act_MK, act_off);
       }
       cp_async_commit();
       if (warp_live) {
@@ -453,8 +453,16 @@ __global__ void __launch_bounds__(kGemmThreads, ctas_per_sm<kGroups, kSplit>())
       write_stage = write_stage == kStages - 1 ? 0 : write_stage + 1;
     }
     if (!warp_live) continue;  // warp-uniform; the next pass's barrier waits for it
-    for (int64_t b = tail_begin; b < tail_end; ++b) {
-      tail_block<kGroups>(l, b, row_starts, live, t, acc);
+    if (tail_begin < tail_end) {
+      const bf16_t* row_starts[kGroups];  // the lane's activation rows
+#pragma unroll
+      for (int q = 0; q < kGroups; ++q) {
+        const int64_t mg = m0 + q * 8 + g < row_end ? m0 + q * 8 + g : row_end - 1;
+        row_starts[q] = a.a_MK + mg * a.K;
+      }
+      for (int64_t b = tail_begin; b < tail_end; ++b) {
+        tail_block<kGroups>(l, b, row_starts, live, t, acc);
+      }
     }
 
     // acc[i][q]: {(A row g, m 2t), (A row g, m 2t+1), (A row g+8, m 2t), (A row g+8, m 2t+1)} of
@@ -572,6 +580,8 @@ void check_args(const Nvfp4GroupedGemmArgs& a) {
   } else {
     EPMOE_CHECK_ARG(a.ld_out >= a.N, "ld_out", ">= N", a.ld_out);
   }
+  EPMOE_CHECK_ARG(a.K < (int64_t{1} << 27), "K",
+                  "< 2^27 (32-bit activation offsets over a pass's 32 rows)", a.K);
   EPMOE_CHECK_ARG(a.N * (a.K / 2) <= int64_t{0xffffffff}, "N, K",
                   "N * K / 2 < 2^32 (32-bit offsets inside one expert's codes)",
                   std::to_string(a.N) + ", " + std::to_string(a.K));

@@ -91,13 +91,12 @@ int nvfp4_launch_splits(const Nvfp4GroupedGemmArgs& args);
 
 // Requirements (checked; Error(invalid_argument) naming the field): E >= 1, K > 0 and
 // K % 16 == 0, N > 0, ld_out >= N (or the combine fields), a_MK and b_codes_ENP 16-byte aligned,
-// b_global_E 4-byte aligned, N * K / 2 < 2^32; swiglu: N even, ld_out >= N / 2, no combine_R. Grid
-// (ceil(N / 256), E, splits) (swiglu: (ceil(N / 2 / 128), E, splits)), then with splits > 1 the
-// reduce kernel; graph-capturable (the splits and groups depend on host-known sizes and the
-// environment only);
-// deterministic (one warp owns each output of a split and sums its chunks in a fixed order; the
-// reduce sums the splits in order). One split: bitwise the single-kernel result it always was;
-// several differ from it by the fp32 summation order only.
+// b_global_E 4-byte aligned, N * K / 2 < 2^32, K < 2^27; swiglu: N even, ld_out >= N / 2, no
+// combine_R. Grid (ceil(N / 256), E, splits) (swiglu: (ceil(N / 2 / 128), E, splits)), then with
+// splits > 1 the reduce kernel; graph-capturable (the splits and groups depend on host-known
+// sizes and the environment only); deterministic (one warp owns each output of a split and sums
+// its chunks in a fixed order; the reduce sums the splits in order). One split: bitwise the
+// single-kernel result it always was; several differ from it by the fp32 summation order only.
 void nvfp4_grouped_gemm(const Nvfp4GroupedGemmArgs& args, void* stream);
 
 }  // namespace epmoe::cuda
