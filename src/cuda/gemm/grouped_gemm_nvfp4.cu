@@ -107,7 +107,7 @@ constexpr int smem_ctas_per_sm() {
 // and tables live); split-K 2 (its epilogue's partial addresses spill at 3).
 template <int kGroups, bool kSplit>
 constexpr int ctas_per_sm() {
-  constexpr int by_registers = kSplit ? 2 : (kGroups == 2 ? 4 : 3);
+  constexpr int by_registers = kSplit ? 2 : (kGroups == 4 ? 3 : 4);
   return by_registers < smem_ctas_per_sm<kGroups>() ? by_registers : smem_ctas_per_sm<kGroups>();
 }
 
