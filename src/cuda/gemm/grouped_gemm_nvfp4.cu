@@ -45,7 +45,7 @@
 //   tables 4 x ~12 = 48, 8 G mma, ~8 smem loads and ~3 copies: ~185 at G = 1, i.e. ~46 of the
 //   ~54 clk a KiB takes at the roofline (4 schedulers): the decode bounds at few rows.
 // - registers: accumulators 4 x G x 4, one half's activation fragments (8 G), a tile-half's codes
-//   (4) and A (16), two tables (8); bounded for 3 CTAs (168) at G = 1, 4; 4 (128) at G = 2;
+//   (4) and A (16), two tables (8); bounded for 4 CTAs (128) at G = 1, 2; 3 (168) at G = 4;
 //   -Xptxas -v numbers in docs/cuda_backend.md.
 // - in flight: kStages - 1 = 1 chunk per CTA (16 KiB of codes); smem per CTA kStages x (18 +
 //   2 G) KiB = 40 (G = 1) .. 52 (G = 4) KiB: the registers, not the smem, set 3 .. 4 CTAs per SM,
@@ -53,9 +53,9 @@
 // Measured before this loop order (3 stages, tiles outer, a branch per live group; Nsight
 // Compute, mixtral W13, G = 4): 8 warps per SM, issue slots 31 % busy, 43 % of the stalls on
 // fixed-latency dependencies (4 dependent mma per accumulator back to back), DRAM 22 %. Now:
-// 12 warps at G = 4 (16 at G = 2), a branch-free chunk on full passes, back-to-back mma on
-// independent accumulators; the chunk loop is ~1170 SASS instructions at G = 4 (was 1319), 876
-// at G = 1 (940): ~290 / ~220 per KiB, of which the decode and its tables are ~170. At the
+// 12 warps at G = 4 (16 at G = 1, 2), a branch-free chunk on full passes, back-to-back mma on
+// independent accumulators; the chunk loop is ~1200 SASS instructions at G = 4 (was 1319), ~890
+// at G = 1 (940): ~300 / ~220 per KiB, of which the decode and its tables are ~170. At the
 // roofline a KiB takes ~51 SM clocks = ~204 issue slots: the decode alone needs ~80 % of the
 // issue slots, so 80 % of the roofline needs a cheaper decode, not only more warps.
 #include <cuda_fp8.h>
@@ -102,9 +102,8 @@ constexpr int smem_ctas_per_sm() {
   return (228 * 1024) / (kStages * stage_bytes(kGroups) + 1024);
 }
 // The resident CTAs the registers are bounded for (65536 / (128 x CTAs) per thread: 4 -> 128, 3
-// -> 168, 2 -> 255), never more than the shared memory holds: 4 at 2 groups (-Xptxas -v: no
-// spills), 3 at 1 and 4 groups (4 spilled at 1 group: the scheduler keeps the next tiles' codes
-// and tables live); split-K 2 (its epilogue's partial addresses spill at 3).
+// -> 168, 2 -> 255), never more than the shared memory holds: 4 at 1 and 2 groups, 3 at 4 (64
+// accumulators); split-K 2 (it spills at 3). -Xptxas -v and SASS: docs/cuda_backend.md.
 template <int kGroups, bool kSplit>
 constexpr int ctas_per_sm() {
   constexpr int by_registers = kSplit ? 2 : (kGroups == 4 ? 3 : 4);
