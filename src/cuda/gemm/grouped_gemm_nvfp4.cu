@@ -214,12 +214,14 @@ __device__ __forceinline__ void copy_chunk(const Lane& l, uint32_t c, uint8_t* s
     cp_async16(stage + act_copy_offset(q, tid), act_MK + (act_off[q] + c * kChunk));
   }
   if (!copy_weights) return;
-  const uint32_t code_c = c * (kChunk / 2), scale_c = c * (kChunk / 16);
+  // The chunk's bases once (64-bit adds), then one 64-bit add of a 32-bit offset per copy.
+  const uint8_t* const codes_c = l.codes + c * (kChunk / 2);
+  const uint8_t* const scales_c = l.scales + c * (kChunk / 16);
 #pragma unroll
   for (int i = 0; i < kTiles; ++i) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const uint8_t* src = l.codes + (l.code_off[i][r] + code_c);
+      const uint8_t* src = codes_c + l.code_off[i][r];
       uint8_t* dst = stage + code_offset(warp, i, r, lane);
       if constexpr (kWide) {
         cp_async16(dst, src);
@@ -227,7 +229,7 @@ __device__ __forceinline__ void copy_chunk(const Lane& l, uint32_t c, uint8_t* s
         *reinterpret_cast<uint4*>(dst) = load_codes_narrow(src);
       }
     }
-    const uint8_t* src = l.scales + (l.scale_off[i] + scale_c);
+    const uint8_t* src = scales_c + l.scale_off[i];
     uint8_t* dst = stage + scale_offset(warp, i, scale_copy_r(lane), g, scale_copy_block(lane));
     if constexpr (kWide) {
       cp_async4(dst, src);
@@ -372,6 +374,9 @@ __global__ void __launch_bounds__(kGemmThreads, ctas_per_sm<kGroups, kSplit>())
   Lane l;
   l.codes = a.b_codes_ENP + static_cast<int64_t>(e) * a.N * p.P;
   l.scales = a.b_scales_ENS + static_cast<int64_t>(e) * a.N * p.S;
+  // Opaque, like the offsets: held (or spilled) rather than recomputed from e, N, P and the row
+  // clamps at every copy of every chunk (the compiler otherwise rematerializes them).
+  asm volatile("" : "+l"(l.codes), "+l"(l.scales));
 #pragma unroll
   for (int i = 0; i < kTiles; ++i) {
 #pragma unroll
@@ -384,10 +389,12 @@ __global__ void __launch_bounds__(kGemmThreads, ctas_per_sm<kGroups, kSplit>())
         n = n0 + 16 * i + g + 8 * r < a.N ? n0 + 16 * i + g + 8 * r : a.N - 1;
       }
       l.code_off[i][r] = static_cast<uint32_t>(n * p.P + 16 * t);
+      asm volatile("" : "+r"(l.code_off[i][r]));
       if (r == scale_copy_r(lane)) {
         l.scale_off[i] = static_cast<uint32_t>(n * p.S + scale_copy_block(lane));
       }
     }
+    asm volatile("" : "+r"(l.scale_off[i]));
   }
   [[maybe_unused]] const float global = a.b_global_E[e];  // split-K: the reduce applies it
   // Chunk counts in 32 bits (N * K / 2 < 2^32 with N >= 1: K / 128 < 2^26).
