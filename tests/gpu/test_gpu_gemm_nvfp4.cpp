@@ -594,6 +594,15 @@ TEST(GpuGemmNvfp4, ArgumentsAreChecked) {
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "N, K") << e.what();
   }
+  x.N = 16;
+  x.K = int64_t{1} << 27;  // a pass's 32 rows of K elements: past 32-bit activation offsets
+  x.ld_out = x.N;
+  try {
+    cuda::nvfp4_grouped_gemm(x, nullptr);
+    ADD_FAILURE() << "K = 2^27 accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "K") << e.what();
+  }
 }
 
 }  // namespace
