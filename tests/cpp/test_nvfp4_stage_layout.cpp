@@ -150,7 +150,7 @@ std::vector<float> model(const Problem& p, int groups) {
         std::vector<uint8_t> stage(static_cast<size_t>(st::stage_bytes(groups)), 0xcd);
         for (int tid = 0; tid < st::kThreads; ++tid) {
           const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-          for (int q = 0; q < live; ++q) {
+          for (int q = 0; q < groups; ++q) {  // dead groups too: clamped to the last row
             const int64_t m = std::min<int64_t>(m0 + 8 * q + st::act_copy_row(tid), p.rows - 1);
             const bf16_t* src = p.a.data() + m * p.K + c * st::kChunk + st::act_copy_element(tid);
             std::memcpy(stage.data() + st::act_copy_offset(q, tid), src, 16);

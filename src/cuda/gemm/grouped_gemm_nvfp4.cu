@@ -53,9 +53,10 @@
 // Measured before this loop order (3 stages, tiles outer, a branch per live group; Nsight
 // Compute, mixtral W13, G = 4): 8 warps per SM, issue slots 31 % busy, 43 % of the stalls on
 // fixed-latency dependencies (4 dependent mma per accumulator back to back), DRAM 22 %. Now:
-// 12 warps at G = 4 (16 at G = 1, 2), a branch-free chunk on full passes, back-to-back mma on
-// independent accumulators; the chunk loop is ~1200 SASS instructions at G = 4 (was 1319), ~890
-// at G = 1 (940): ~300 / ~220 per KiB, of which the decode and its tables are ~170. At the
+// 12 warps at G = 4 (16 at G = 1, 2), a branch-free chunk (dead groups computed, not stored),
+// back-to-back mma on independent accumulators, 2 instructions per cp.async; the chunk loop is
+// ~1010 SASS instructions at G = 4 (was 1319), ~900 at G = 2 (1086), ~845 at G = 1 (940): ~250
+// / ~225 / ~210 per KiB, of which the decode and its tables are ~170. At the
 // roofline a KiB takes ~51 SM clocks = ~204 issue slots: the decode alone needs ~80 % of the
 // issue slots, so 80 % of the roofline needs a cheaper decode, not only more warps.
 #include <cuda_fp8.h>
@@ -199,18 +200,16 @@ struct Lane {
 
 // This thread's share of chunk c (of the whole K) into a stage (nvfp4_stage_layout.h): its 16
 // code bytes of each of its 8 weight rows, 4 scale bytes of one row per tile (another lane reads
-// them), and one activation unit per live group (act_MK + act_off[q]: the unit's elements in
-// chunk 0; 32-bit element offsets from the pass's first row, < 32 K < 2^32).
-// copy_weights: the warp's rows exist (warp-uniform).
+// them), and one activation unit per group (act_MK + act_off[q]: the unit's elements in chunk 0;
+// 32-bit element offsets from the pass's first row, < 32 K < 2^32). copy_weights: the warp's rows
+// exist (warp-uniform).
 template <bool kWide, int kGroups>
 __device__ __forceinline__ void copy_chunk(const Lane& l, uint32_t c, uint8_t* stage, int warp,
-                                           int tid, bool copy_weights, int live,
-                                           const bf16_t* act_MK,
+                                           int tid, bool copy_weights, const bf16_t* act_MK,
                                            const uint32_t (&act_off)[kGroups]) {
   const int lane = tid % 32, g = lane / 4;
 #pragma unroll
-  for (int q = 0; q < kGroups; ++q) {
-    if (q >= live) break;
+  for (int q = 0; q < kGroups; ++q) {  // dead groups too (clamped rows): the mma read them
     cp_async16(stage + act_copy_offset(q, tid), act_MK + (act_off[q] + c * kChunk));
   }
   if (!copy_weights) return;
@@ -242,25 +241,25 @@ __device__ __forceinline__ void copy_chunk(const Lane& l, uint32_t c, uint8_t* s
   }
 }
 
-// The warp's tiles x live groups of one chunk from a stage, half by half (K order per
+// The warp's tiles x groups of one chunk from a stage, half by half (K order per
 // accumulator: steps 0 .. 3, then 4 .. 7, as the tail and the host model sum them). Per half h:
 // each live group's activation fragments of the half (two 16-byte loads: v[q][j], units 2h + j)
 // feed all kTiles tiles; a tile's 8 code bytes of each row (half h) are decoded into the A
 // fragments of steps 4h .. 4h + 3, a[s][0..3], registers {row g k-pair 0, row g+8 pair 0, row g
 // pair 1, row g+8 pair 1} (mma.m16n8k16's A layout), each pair = one code byte, scaled. The mma
-// run step by step over the groups, so back-to-back mma write different accumulators.
-// kAllLive (every group live: one group, or a full pass): no branch in the chunk, so the
-// scheduler may overlap a tile's decode with the previous tile's mma.
-template <int kGroups, bool kAllLive>
-__device__ __forceinline__ void mma_chunk(const uint8_t* stage, int warp, int lane, int live,
+// run step by step over the groups, so back-to-back mma write different accumulators. Dead
+// groups (a pass's rows past row_end: clamped copies of its last row) run too and are not
+// stored: the chunk has no branch, so the scheduler may overlap a tile's decode with the
+// previous tile's mma (a dead group costs 8 mma per KiB of codes, ~4 % of the instructions).
+template <int kGroups>
+__device__ __forceinline__ void mma_chunk(const uint8_t* stage, int warp, int lane,
                                           float (&acc)[kTiles][kGroups][4]) {
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    uint4 v[kGroups][2] = {};
+    uint4 v[kGroups][2];
 #pragma unroll
     for (int q = 0; q < kGroups; ++q) {
-      if (!kAllLive && q > 0 && q >= live) break;  // group 0 is always live
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         v[q][j] = *reinterpret_cast<const uint4*>(stage + act_offset(q, 2 * h + j, lane));
@@ -290,7 +289,6 @@ __device__ __forceinline__ void mma_chunk(const uint8_t* stage, int warp, int la
       for (int st = 0; st < 4; ++st) {
 #pragma unroll
         for (int q = 0; q < kGroups; ++q) {
-          if (!kAllLive && q > 0 && q >= live) break;
           const uint4& x = v[q][st / 2];
           mma_bf16(acc[i][q], a[st], st % 2 == 0 ? x.x : x.z, st % 2 == 0 ? x.y : x.w);
         }
@@ -432,7 +430,7 @@ __global__ void __launch_bounds__(kGemmThreads, ctas_per_sm<kGroups, kSplit>())
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < chunks) {
         copy_chunk<kWide, kGroups>(l, c_first + static_cast<uint32_t>(s), smem + s * kStageBytes,
-                                   warp, tid, warp_live, live, act_MK, act_off);
+                                   warp, tid, warp_live, act_MK, act_off);
       }
       cp_async_commit();
     }
@@ -443,18 +441,11 @@ __global__ void __launch_bounds__(kGemmThreads, ctas_per_sm<kGroups, kSplit>())
       __syncthreads();
       if (c + kStages - 1 < chunks) {
         copy_chunk<kWide, kGroups>(l, c_first + static_cast<uint32_t>(c + kStages - 1),
-                                   smem + write_stage * kStageBytes, warp, tid, warp_live, live,
-                                   act_MK, act_off);
+                                   smem + write_stage * kStageBytes, warp, tid, warp_live, act_MK,
+                                   act_off);
       }
       cp_async_commit();
-      if (warp_live) {
-        const uint8_t* stage = smem + read_stage * kStageBytes;
-        if (kGroups == 1 || live == kGroups) {
-          mma_chunk<kGroups, true>(stage, warp, lane, live, acc);
-        } else {
-          mma_chunk<kGroups, false>(stage, warp, lane, live, acc);
-        }
-      }
+      if (warp_live) mma_chunk<kGroups>(smem + read_stage * kStageBytes, warp, lane, acc);
       read_stage = read_stage == kStages - 1 ? 0 : read_stage + 1;
       write_stage = write_stage == kStages - 1 ? 0 : write_stage + 1;
     }
