@@ -12,12 +12,12 @@
 // epilogue (plain, combine slots, SwiGLU). CTAs of experts without rows return at once.
 //
 // Staging (offsets: nvfp4_stage_layout.h, run thread by thread on the host by
-// tests/cpp/test_nvfp4_stage_layout.cpp): a ring of kStages shared-memory stages per CTA, one
-// 128-element chunk of K each:
-// every lane copies its own 16 code bytes of its 8 weight rows (cp.async.cg: 16-byte, L2 only, no
-// registers held while in flight), 4 scale bytes, and the CTA copies the chunk's activation rows
-// once (16-byte units, stored in fragment order so a warp reads them conflict-free). One
-// __syncthreads per chunk publishes stage c and frees stage c - 1 for chunk c + kStages - 1.
+// tests/cpp/test_nvfp4_stage_layout.cpp): a ring of kStages shared-memory stages per CTA (2; 3
+// with split-K), one 128-element chunk of K each: every lane copies its own 16 code bytes of its
+// 8 weight rows (cp.async.cg: 16-byte, L2 only, no registers held while in flight), 4 scale
+// bytes, and the CTA copies the chunk's activation rows once (16-byte units, stored in fragment
+// order so a warp reads them conflict-free). One __syncthreads per chunk publishes stage c and
+// frees stage c - 1 for chunk c + kStages - 1.
 // K % 64 != 0 (or scales not 4-byte aligned): the copies go through registers (synchronous; a
 // slow, rare path with the same consumer).
 //
@@ -49,7 +49,8 @@
 //   -Xptxas -v numbers in docs/cuda_backend.md.
 // - in flight: kStages - 1 = 1 chunk per CTA (16 KiB of codes); smem per CTA kStages x (18 +
 //   2 G) KiB = 40 (G = 1) .. 52 (G = 4) KiB: the registers, not the smem, set 3 .. 4 CTAs per SM,
-//   48 .. 64 KiB in flight (Little: 20 B/clk x ~1.5 k clk of loaded latency = 30 KiB).
+//   48 .. 64 KiB in flight (Little: 20 B/clk x ~1.5 k clk of loaded latency = 30 KiB). Split-K
+//   (2 CTAs per SM, register-bound): 3 stages, 2 chunks per CTA, 64 KiB per SM.
 // Measured before this loop order (3 stages, tiles outer, a branch per live group; Nsight
 // Compute, mixtral W13, G = 4): 8 warps per SM, issue slots 31 % busy, 43 % of the stalls on
 // fixed-latency dependencies (4 dependent mma per accumulator back to back), DRAM 22 %. Now:
@@ -89,7 +90,6 @@ using nvfp4_stage::code_offset;
 using nvfp4_stage::kChunk;
 using nvfp4_stage::kRowsPerWarp;
 using nvfp4_stage::kSlab;
-using nvfp4_stage::kStages;
 using nvfp4_stage::kTiles;
 using nvfp4_stage::scale_copy_block;
 using nvfp4_stage::scale_copy_r;
@@ -97,10 +97,16 @@ using nvfp4_stage::scale_offset;
 using nvfp4_stage::stage_bytes;
 constexpr int kGemmThreads = nvfp4_stage::kThreads;
 
+// The ring's stages: one chunk in flight per CTA with 3 .. 4 CTAs per SM, two with split-K's 2
+// CTAs (Little: ~30 KiB of codes in flight per SM at 20 B/clk and ~1.5 k clk of loaded latency).
+template <bool kSplit>
+constexpr int ring_stages() {
+  return kSplit ? 3 : 2;
+}
 // CTAs per SM that the shared memory holds (228 KiB, 1 KiB reserved per CTA).
-template <int kGroups>
+template <int kGroups, bool kSplit>
 constexpr int smem_ctas_per_sm() {
-  return (228 * 1024) / (kStages * stage_bytes(kGroups) + 1024);
+  return (228 * 1024) / (ring_stages<kSplit>() * stage_bytes(kGroups) + 1024);
 }
 // The resident CTAs the registers are bounded for (65536 / (128 x CTAs) per thread: 4 -> 128, 3
 // -> 168, 2 -> 255), never more than the shared memory holds: 4 at 1 and 2 groups, 3 at 4 (64
@@ -108,7 +114,8 @@ constexpr int smem_ctas_per_sm() {
 template <int kGroups, bool kSplit>
 constexpr int ctas_per_sm() {
   constexpr int by_registers = kSplit ? 2 : (kGroups == 4 ? 3 : 4);
-  return by_registers < smem_ctas_per_sm<kGroups>() ? by_registers : smem_ctas_per_sm<kGroups>();
+  constexpr int by_smem = smem_ctas_per_sm<kGroups, kSplit>();
+  return by_registers < by_smem ? by_registers : by_smem;
 }
 
 struct Params {
@@ -344,10 +351,11 @@ __device__ __forceinline__ bf16_t* out_row(const Nvfp4GroupedGemmArgs& a, int64_
 // stores h = act(bf16(gate), bf16(up)) as the unfused kernel does (core/activation.h).
 // kSplit: split blockIdx.z of gridDim.z stores its unscaled fp32 sums at partials_SMN[z, m, n]
 // (gate at n = f, up at n = F + f); the reduce kernel applies the scale and the epilogue.
-// Dynamic shared memory: kStages * stage_bytes(kGroups).
+// Dynamic shared memory: ring_stages<kSplit>() * stage_bytes(kGroups).
 template <int kGroups, bool kWide, bool kSwiglu, bool kSplit>
 __global__ void __launch_bounds__(kGemmThreads, ctas_per_sm<kGroups, kSplit>())
     nvfp4_gemm_kernel(const Params p) {
+  constexpr int kStages = ring_stages<kSplit>();
   extern __shared__ uint4 smem_stages[];
   uint8_t* const smem = reinterpret_cast<uint8_t*>(smem_stages);
   const Nvfp4GroupedGemmArgs& a = p.a;
@@ -697,7 +705,7 @@ namespace {
 // only scale copies and the K tail).
 template <int kGroups, bool kWide, bool kSwiglu, bool kSplit>
 void launch_kernel(const Params& p, dim3 grid, cudaStream_t st) {
-  constexpr int kBytes = kStages * stage_bytes(kGroups);
+  constexpr int kBytes = ring_stages<kSplit>() * stage_bytes(kGroups);
   static std::atomic<uint64_t> set_on{0};  // bit d: set on device d
   int device = 0;
   EPMOE_CUDA_CHECK(cudaGetDevice(&device));

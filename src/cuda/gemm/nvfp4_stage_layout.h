@@ -22,7 +22,6 @@ constexpr int kTiles = 4;                        // m16 weight tiles per warp
 constexpr int kRowsPerWarp = 16 * kTiles;        // weight rows (outputs' columns n) per warp
 constexpr int kSlab = kWarps * kRowsPerWarp;     // weight rows per CTA
 constexpr int kChunk = 128;                      // K elements per chunk (64 code bytes a row)
-constexpr int kStages = 2;                       // the ring of chunks (one in flight per CTA)
 
 // One stage: per warp its tiles' codes [tile][r][lane][16 B] and scales [tile][row 8 r + g][8
 // blocks]; then per group the activation units [u = 2 h + j][lane][16 B].
