@@ -250,7 +250,7 @@ __device__ __forceinline__ void copy_chunk(const Lane& l, uint32_t c, uint8_t* s
 
 // The warp's tiles x groups of one chunk from a stage, half by half (K order per
 // accumulator: steps 0 .. 3, then 4 .. 7, as the tail and the host model sum them). Per half h:
-// each live group's activation fragments of the half (two 16-byte loads: v[q][j], units 2h + j)
+// each group's activation fragments of the half (two 16-byte loads: v[q][j], units 2h + j)
 // feed all kTiles tiles; a tile's 8 code bytes of each row (half h) are decoded into the A
 // fragments of steps 4h .. 4h + 3, a[s][0..3], registers {row g k-pair 0, row g+8 pair 0, row g
 // pair 1, row g+8 pair 1} (mma.m16n8k16's A layout), each pair = one code byte, scaled. The mma
