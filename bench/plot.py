@@ -78,7 +78,9 @@ def bars(doc, phase, out):
     left, right, bottom, plot_h = 60, 20, 70, 300
     bar_w, gap = 22, 56
     group_w = bar_w * len(impls) + gap
-    svg = Svg(left + right + group_w * len(groups), plot_h + bottom + 60)
+    width = left + right + group_w * len(groups)
+    legend_rows = -(-len(impls) // max(1, int((width - left) // 150)))
+    svg = Svg(width, plot_h + bottom + 60 + 18 * (legend_rows - 1))
     y0 = 40 + plot_h
 
     def y(v):
@@ -104,10 +106,11 @@ def bars(doc, phase, out):
             svg.text(x + i * bar_w + bar_w / 2, y(v) - 3, f"{v:.0f}", 8)
         svg.text(x + group_w / 2 - gap / 2, y0 + 14, shape, 10)
         svg.text(x + group_w / 2 - gap / 2, y0 + 27, routing, 10, fill="#666")
+    per_row = max(1, int((svg.w - left) // 150))  # legend entries wrap instead of leaving the canvas
     for i, impl in enumerate(impls):
-        lx = left + i * 150
-        svg.rect(lx, y0 + 45, 12, 12, color(impl, seen))
-        svg.text(lx + 16, y0 + 55, impl, 11, "start")
+        lx, ly = left + (i % per_row) * 150, y0 + 45 + (i // per_row) * 18
+        svg.rect(lx, ly, 12, 12, color(impl, seen))
+        svg.text(lx + 16, ly + 10, impl, 11, "start")
     svg.save(out)
 
 

@@ -40,14 +40,19 @@
 #include "device_buffer.h"
 #include "epmoe/error.h"
 #include "grouped_shape.h"
+#include "mxfp8_gemm_problem.h"
 #include "require_gpu.h"
 
 namespace epmoe::test {
 namespace {
 
-using Shape = GroupedShape;
-
-constexpr bf16_t kUntouched = 0xA5A5;
+using mxfp8_gemm::expect_bitwise;
+using mxfp8_gemm::expect_scatter_equals_plain;
+using mxfp8_gemm::kUntouched;
+using mxfp8_gemm::Problem;
+using mxfp8_gemm::same;
+using mxfp8_gemm::Shape;
+constexpr cuda::Mxfp8Kernel kDecode = cuda::Mxfp8Kernel::decode;
 
 std::vector<Shape> shapes() {
   return {
@@ -58,139 +63,6 @@ std::vector<Shape> shapes() {
       {{2, 31, 32}, 1, 48, 1120},                // 35 blocks: 8 steps of 4 + 3
       {{0, 0, 0}, 7, 64, 256},                   // every expert empty
   };
-}
-
-struct Problem {
-  Shape shape;
-  int E = 0;
-  int64_t M = 0, N = 0, K = 0, S = 0;
-  std::vector<int32_t> offsets;
-  std::vector<bf16_t> a;                 // [M, K]
-  std::vector<uint8_t> a_codes, a_scales;  // the host codec's [M, K], [M, S]
-  std::vector<uint8_t> w_codes, w_scales;  // [E, N, K], [E, N, S]
-
-  explicit Problem(const Shape& s) : shape(s) {
-    E = static_cast<int>(s.rows_E.size());
-    N = s.N;
-    K = s.K;
-    S = K / kMxBlock;
-    offsets = group_offsets(s.rows_E);
-    M = offsets.back() + s.spare_rows;
-  }
-
-  // The activations' codes and scales by the host codec (bf16 widens exactly).
-  void quantize_a() {
-    std::vector<float> x(a.size());
-    for (size_t i = 0; i < a.size(); ++i) x[i] = bf16_to_float(a[i]);
-    a_codes.assign(static_cast<size_t>(M * K), 0);
-    a_scales.assign(static_cast<size_t>(M * S), 0);
-    mxfp8_quantize_rows(x.data(), M, K, a_codes.data(), a_scales.data());
-  }
-
-  cuda::Mxfp8GroupedGemmArgs args(const Dev<uint8_t>& daq, const Dev<uint8_t>& das,
-                                  const Dev<uint8_t>& dwq, const Dev<uint8_t>& dws,
-                                  const Dev<int32_t>& doff) const {
-    cuda::Mxfp8GroupedGemmArgs x;
-    x.a_codes_MK = daq.ptr;
-    x.a_scales_MS = das.ptr;
-    x.b_codes_ENK = dwq.ptr;
-    x.b_scales_ENS = dws.ptr;
-    x.offsets_E1 = doff.ptr;
-    x.E = E;
-    x.M = M;
-    x.N = N;
-    x.K = K;
-    return x;
-  }
-
-  // [M, N] output, with swiglu [M, N / 2]; rows outside the groups keep kUntouched.
-  std::vector<bf16_t> run_gpu(const int32_t* skip = nullptr,
-                              const ActivationParams* swiglu = nullptr) const {
-    const int64_t cols = swiglu != nullptr ? N / 2 : N;
-    Dev<uint8_t> daq(a_codes), das(a_scales), dwq(w_codes), dws(w_scales);
-    Dev<int32_t> doff(offsets);
-    Dev<bf16_t> dout(static_cast<size_t>(M * cols));
-    cuda::Mxfp8GroupedGemmArgs x = args(daq, das, dwq, dws, doff);
-    x.skip = skip;
-    x.out_MN = dout.ptr;
-    x.ld_out = cols;
-    if (swiglu != nullptr) {
-      x.swiglu = true;
-      x.act = *swiglu;
-    }
-    cuda::mxfp8_grouped_gemm(x, nullptr);
-    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-    return dout.get();
-  }
-
-  // The formula in fp32 (before the bf16 rounding), [M, N]; magnitude: sum_b 2^(sa+sw) sum_k
-  // |qa qw| per element. Rows outside the groups: 0.
-  std::vector<float> formula(std::vector<double>* magnitude = nullptr) const {
-    std::vector<float> out(static_cast<size_t>(M * N), 0.0f);
-    if (magnitude != nullptr) magnitude->assign(out.size(), 0.0);
-    for (int e = 0; e < E; ++e) {
-      for (int64_t m = offsets[static_cast<size_t>(e)]; m < offsets[static_cast<size_t>(e) + 1];
-           ++m) {
-        for (int64_t n = 0; n < N; ++n) {
-          const int64_t row = e * N + n;
-          float total = 0.0f;
-          double mag = 0.0;
-          for (int64_t b = 0; b < S; ++b) {
-            double block = 0.0, block_mag = 0.0;  // exact: 41 bits at most
-            for (int64_t k = b * kMxBlock; k < (b + 1) * kMxBlock; ++k) {
-              const double p =
-                  static_cast<double>(e4m3_to_float(a_codes[static_cast<size_t>(m * K + k)])) *
-                  static_cast<double>(e4m3_to_float(w_codes[static_cast<size_t>(row * K + k)]));
-              block += p;
-              block_mag += std::fabs(p);
-            }
-            const uint8_t sa = a_scales[static_cast<size_t>(m * S + b)];
-            const uint8_t sw = w_scales[static_cast<size_t>(row * S + b)];
-            total += mx_block_scaled(static_cast<float>(block), sa, sw);
-            mag += std::ldexp(block_mag, static_cast<int>(sa) + static_cast<int>(sw) - 254);
-          }
-          out[static_cast<size_t>(m * N + n)] = total;
-          if (magnitude != nullptr) (*magnitude)[static_cast<size_t>(m * N + n)] = mag;
-        }
-      }
-    }
-    return out;
-  }
-
-  // bf16 of the formula, kUntouched outside the groups.
-  std::vector<bf16_t> run_cpu(std::vector<double>* magnitude = nullptr) const {
-    const std::vector<float> f = formula(magnitude);
-    std::vector<bf16_t> out(f.size(), kUntouched);
-    for (int64_t m = 0; m < offsets.back(); ++m) {
-      for (int64_t n = 0; n < N; ++n) {
-        out[static_cast<size_t>(m * N + n)] = float_to_bf16(f[static_cast<size_t>(m * N + n)]);
-      }
-    }
-    return out;
-  }
-};
-
-bool same(bf16_t x, bf16_t y) {
-  const bool nan_x = std::isnan(bf16_to_float(x)), nan_y = std::isnan(bf16_to_float(y));
-  return nan_x || nan_y ? nan_x && nan_y : x == y;
-}
-
-void expect_bitwise(const std::vector<bf16_t>& cpu, const std::vector<bf16_t>& gpu, int64_t N,
-                    const std::string& what) {
-  ASSERT_EQ(cpu.size(), gpu.size()) << what;
-  int shown = 0;
-  size_t differ = 0;
-  for (size_t i = 0; i < cpu.size(); ++i) {
-    if (same(cpu[i], gpu[i])) continue;
-    ++differ;
-    if (shown++ < 8) {
-      ADD_FAILURE() << what << ": row " << i / static_cast<size_t>(N) << " col "
-                    << i % static_cast<size_t>(N) << ": cpu " << bf16_to_float(cpu[i])
-                    << " (0x" << std::hex << cpu[i] << "), gpu " << bf16_to_float(gpu[i])
-                    << " (0x" << gpu[i] << std::dec << ")";
-    }
-  }
-  EXPECT_EQ(differ, 0u) << what;
 }
 
 // An E4M3 code of magnitude >= 1/8 (exponent field 4 .. 15, not NaN), either sign.
@@ -231,7 +103,7 @@ TEST(GpuGemmMxfp8, ExactSumsBitwise) {
   for (const Shape& s : shapes()) {
     Problem p(s);
     fill_exact(p, rng, {-2, 0, 3}, {125, 126, 127, 128, 129});
-    expect_bitwise(p.run_cpu(), p.run_gpu(), p.N, describe(s));
+    expect_bitwise(p.run_cpu(), p.run_gpu(kDecode), p.N, describe(s));
   }
 }
 
@@ -244,7 +116,7 @@ TEST(GpuGemmMxfp8, ExtremeScalesBitwise) {
   for (const Shape& s : shapes()) {
     Problem p(s);
     fill_exact(p, rng, {-120, -60, 0, 60, 120}, {0, 1, 7, 20, 127, 200, 240, 250, 254});
-    expect_bitwise(p.run_cpu(), p.run_gpu(), p.N, describe(s) + " extreme scales");
+    expect_bitwise(p.run_cpu(), p.run_gpu(kDecode), p.N, describe(s) + " extreme scales");
   }
 }
 
@@ -255,7 +127,7 @@ TEST(GpuGemmMxfp8, NanScaleGivesNan) {
   Problem p(shapes()[3]);
   fill_exact(p, rng, {0}, {127});
   p.w_scales[static_cast<size_t>(5 * p.S + 2)] = kE8m0NaN;  // expert 0, weight row 5, block 2
-  const std::vector<bf16_t> cpu = p.run_cpu(), gpu = p.run_gpu();
+  const std::vector<bf16_t> cpu = p.run_cpu(), gpu = p.run_gpu(kDecode);
   expect_bitwise(cpu, gpu, p.N, "NaN weight scale");
   for (int64_t m = 0; m < p.offsets[1]; ++m) {
     EXPECT_TRUE(std::isnan(bf16_to_float(gpu[static_cast<size_t>(m * p.N + 5)]))) << "row " << m;
@@ -320,7 +192,7 @@ TEST(GpuGemmMxfp8, CodecPreparedRandomDataWithinBound) {
     p.w_scales.assign(static_cast<size_t>(p.E * p.N * p.S), 0);
     mxfp8_quantize_rows(w.data(), p.E * p.N, p.K, p.w_codes.data(), p.w_scales.data());
     std::vector<double> mag;
-    const std::vector<bf16_t> cpu = p.run_cpu(&mag), gpu = p.run_gpu();
+    const std::vector<bf16_t> cpu = p.run_cpu(&mag), gpu = p.run_gpu(kDecode);
     int shown = 0;
     for (size_t i = 0; i < cpu.size(); ++i) {
       if (cpu[i] == kUntouched) {
@@ -362,7 +234,8 @@ TEST(GpuGemmMxfp8, SwigluEpilogueMatchesThePlainOutputsSwiglu) {
       fill_exact(p, rng, {0}, {127});
       for (bf16_t& v : p.a) v = float_to_bf16(0.05f * normal(rng));  // gates around the knee
       p.quantize_a();
-      const std::vector<bf16_t> plain = p.run_gpu(), fused = p.run_gpu(nullptr, &act);
+      const std::vector<bf16_t> plain = p.run_gpu(kDecode),
+                                fused = p.run_gpu(kDecode, nullptr, &act);
       const int64_t F = p.N / 2;
       for (int64_t m = 0; m < p.M; ++m) {
         const bool in_group = m < p.offsets.back();
@@ -391,7 +264,7 @@ TEST(GpuGemmMxfp8, SkipFlagLeavesTheOutputUntouched) {
   Problem p(shapes()[1]);
   fill_exact(p, rng, {0}, {127});
   Dev<int32_t> skip(std::vector<int32_t>{1});
-  for (bf16_t v : p.run_gpu(skip.ptr)) ASSERT_EQ(v, kUntouched);
+  for (bf16_t v : p.run_gpu(kDecode, skip.ptr)) ASSERT_EQ(v, kUntouched);
 }
 
 // Rows stored into combine slots (R = 1): row m of the groups goes to slot recv_src[m] of a
@@ -401,32 +274,7 @@ TEST(GpuGemmMxfp8, ScatterStoresEachRowInItsSlot) {
   std::mt19937 rng(38);
   Problem p(shapes()[4]);
   fill_exact(p, rng, {0, 2}, {126, 127, 128});
-  const int top_k = 2;
-  const int64_t T = (p.M + top_k - 1) / top_k + 3;
-  std::vector<int32_t> slots(static_cast<size_t>(T * top_k));
-  for (size_t i = 0; i < slots.size(); ++i) slots[i] = static_cast<int32_t>(i);
-  std::shuffle(slots.begin(), slots.end(), rng);
-  std::vector<int32_t> recv_src(slots.begin(), slots.begin() + p.M);
-  for (int32_t& v : recv_src) v = encode_src(0, v / top_k, v % top_k, T, top_k);
-  Dev<uint8_t> daq(p.a_codes), das(p.a_scales), dwq(p.w_codes), dws(p.w_scales);
-  Dev<int32_t> doff(p.offsets), dsrc(recv_src);
-  Dev<bf16_t> combine(static_cast<size_t>(T * top_k * p.N));
-  Dev<bf16_t*> table(std::vector<bf16_t*>{combine.ptr});
-  cuda::Mxfp8GroupedGemmArgs x = p.args(daq, das, dwq, dws, doff);
-  x.combine_R = table.ptr;
-  x.recv_src_M = dsrc.ptr;
-  x.T = T;
-  x.top_k = top_k;
-  cuda::mxfp8_grouped_gemm(x, nullptr);
-  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-  const std::vector<bf16_t> got = combine.get(), plain = p.run_gpu();
-  for (int64_t m = 0; m < p.offsets.back(); ++m) {
-    const int64_t slot = src_slot(recv_src[static_cast<size_t>(m)], T, top_k);
-    for (int64_t n = 0; n < p.N; ++n) {
-      ASSERT_EQ(got[static_cast<size_t>(slot * p.N + n)], plain[static_cast<size_t>(m * p.N + n)])
-          << "row " << m << " col " << n;
-    }
-  }
+  expect_scatter_equals_plain(p, kDecode, rng, describe(shapes()[4]));
 }
 
 TEST(GpuGemmMxfp8, ArgumentsAreChecked) {

@@ -46,6 +46,7 @@
 #include "device_buffer.h"
 #include "epmoe/error.h"
 #include "grouped_shape.h"
+#include "mxfp8_gemm_problem.h"
 #include "require_gpu.h"
 #include "scoped_env.h"
 #include "tolerances.h"
@@ -53,9 +54,13 @@
 namespace epmoe::test {
 namespace {
 
-using Shape = GroupedShape;
-
-constexpr bf16_t kUntouched = 0xA5A5;
+using mxfp8_gemm::expect_bitwise;
+using mxfp8_gemm::expect_scatter_equals_plain;
+using mxfp8_gemm::kUntouched;
+using mxfp8_gemm::Problem;
+using mxfp8_gemm::same;
+using mxfp8_gemm::Shape;
+using Kernel = cuda::Mxfp8Kernel;
 
 std::vector<Shape> shapes() {
   return {
@@ -68,148 +73,6 @@ std::vector<Shape> shapes() {
       {{300, 0, 129, 1, 520}, 9, 256, 512},     // 3 and 5 row tiles per expert, 2 n-tiles
       {{0, 0, 0}, 7, 64, 256},                  // every expert empty
   };
-}
-
-enum class Kernel { wgmma, decode };
-
-struct Problem {
-  Shape shape;
-  int E = 0;
-  int64_t M = 0, N = 0, K = 0, S = 0;
-  std::vector<int32_t> offsets;
-  std::vector<bf16_t> a;                   // [M, K]
-  std::vector<uint8_t> a_codes, a_scales;  // the host codec's [M, K], [M, S]
-  std::vector<uint8_t> w_codes, w_scales;  // [E, N, K], [E, N, S]
-
-  explicit Problem(const Shape& s) : shape(s) {
-    E = static_cast<int>(s.rows_E.size());
-    N = s.N;
-    K = s.K;
-    S = K / kMxBlock;
-    offsets = group_offsets(s.rows_E);
-    M = offsets.back() + s.spare_rows;
-  }
-
-  void quantize_a() {
-    std::vector<float> x(a.size());
-    for (size_t i = 0; i < a.size(); ++i) x[i] = bf16_to_float(a[i]);
-    a_codes.assign(static_cast<size_t>(M * K), 0);
-    a_scales.assign(static_cast<size_t>(M * S), 0);
-    mxfp8_quantize_rows(x.data(), M, K, a_codes.data(), a_scales.data());
-  }
-
-  cuda::Mxfp8GroupedGemmArgs args(const Dev<uint8_t>& daq, const Dev<uint8_t>& das,
-                                  const Dev<uint8_t>& dwq, const Dev<uint8_t>& dws,
-                                  const Dev<int32_t>& doff) const {
-    cuda::Mxfp8GroupedGemmArgs x;
-    x.a_codes_MK = daq.ptr;
-    x.a_scales_MS = das.ptr;
-    x.b_codes_ENK = dwq.ptr;
-    x.b_scales_ENS = dws.ptr;
-    x.offsets_E1 = doff.ptr;
-    x.E = E;
-    x.M = M;
-    x.N = N;
-    x.K = K;
-    return x;
-  }
-
-  static void run(const cuda::Mxfp8GroupedGemmArgs& x, Kernel kernel, cudaStream_t stream) {
-    if (kernel == Kernel::wgmma) {
-      cuda::mxfp8_grouped_gemm_wgmma(x, stream);
-    } else {
-      cuda::mxfp8_grouped_gemm(x, stream);
-    }
-  }
-
-  // [M, N] output, with swiglu [M, N / 2]; rows outside the groups keep kUntouched.
-  std::vector<bf16_t> run_gpu(Kernel kernel = Kernel::wgmma, const int32_t* skip = nullptr,
-                              const ActivationParams* swiglu = nullptr) const {
-    const int64_t cols = swiglu != nullptr ? N / 2 : N;
-    Dev<uint8_t> daq(a_codes), das(a_scales), dwq(w_codes), dws(w_scales);
-    Dev<int32_t> doff(offsets);
-    Dev<bf16_t> dout(static_cast<size_t>(M * cols));
-    cuda::Mxfp8GroupedGemmArgs x = args(daq, das, dwq, dws, doff);
-    x.skip = skip;
-    x.out_MN = dout.ptr;
-    x.ld_out = cols;
-    if (swiglu != nullptr) {
-      x.swiglu = true;
-      x.act = *swiglu;
-    }
-    run(x, kernel, nullptr);
-    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-    return dout.get();
-  }
-
-  // The formula in fp32 (before the bf16 rounding), [M, N]; magnitude: sum_b 2^(sa+sw) sum_k
-  // |qa qw| per element. Rows outside the groups: 0.
-  std::vector<float> formula(std::vector<double>* magnitude = nullptr) const {
-    std::vector<float> out(static_cast<size_t>(M * N), 0.0f);
-    if (magnitude != nullptr) magnitude->assign(out.size(), 0.0);
-    for (int e = 0; e < E; ++e) {
-      for (int64_t m = offsets[static_cast<size_t>(e)]; m < offsets[static_cast<size_t>(e) + 1];
-           ++m) {
-        for (int64_t n = 0; n < N; ++n) {
-          const int64_t row = e * N + n;
-          float total = 0.0f;
-          double mag = 0.0;
-          for (int64_t b = 0; b < S; ++b) {
-            double block = 0.0, block_mag = 0.0;  // exact: 41 bits at most
-            for (int64_t k = b * kMxBlock; k < (b + 1) * kMxBlock; ++k) {
-              const double p =
-                  static_cast<double>(e4m3_to_float(a_codes[static_cast<size_t>(m * K + k)])) *
-                  static_cast<double>(e4m3_to_float(w_codes[static_cast<size_t>(row * K + k)]));
-              block += p;
-              block_mag += std::fabs(p);
-            }
-            const uint8_t sa = a_scales[static_cast<size_t>(m * S + b)];
-            const uint8_t sw = w_scales[static_cast<size_t>(row * S + b)];
-            total += mx_block_scaled(static_cast<float>(block), sa, sw);
-            mag += std::ldexp(block_mag, static_cast<int>(sa) + static_cast<int>(sw) - 254);
-          }
-          out[static_cast<size_t>(m * N + n)] = total;
-          if (magnitude != nullptr) (*magnitude)[static_cast<size_t>(m * N + n)] = mag;
-        }
-      }
-    }
-    return out;
-  }
-
-  // bf16 of the formula, kUntouched outside the groups.
-  std::vector<bf16_t> run_cpu(std::vector<double>* magnitude = nullptr) const {
-    const std::vector<float> f = formula(magnitude);
-    std::vector<bf16_t> out(f.size(), kUntouched);
-    for (int64_t m = 0; m < offsets.back(); ++m) {
-      for (int64_t n = 0; n < N; ++n) {
-        out[static_cast<size_t>(m * N + n)] = float_to_bf16(f[static_cast<size_t>(m * N + n)]);
-      }
-    }
-    return out;
-  }
-};
-
-bool same(bf16_t x, bf16_t y) {
-  const bool nan_x = std::isnan(bf16_to_float(x)), nan_y = std::isnan(bf16_to_float(y));
-  return nan_x || nan_y ? nan_x && nan_y : x == y;
-}
-
-void expect_bitwise(const std::vector<bf16_t>& want, const std::vector<bf16_t>& got, int64_t N,
-                    const std::string& what) {
-  ASSERT_EQ(want.size(), got.size()) << what;
-  int shown = 0;
-  size_t differ = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (same(want[i], got[i])) continue;
-    ++differ;
-    if (shown++ < 8) {
-      ADD_FAILURE() << what << ": row " << i / static_cast<size_t>(N) << " col "
-                    << i % static_cast<size_t>(N) << ": want " << bf16_to_float(want[i]) << " (0x"
-                    << std::hex << want[i] << "), got " << bf16_to_float(got[i]) << " (0x" << got[i]
-                    << std::dec << ")";
-    }
-  }
-  EXPECT_EQ(differ, 0u) << what;
 }
 
 // Narrow exact-sum inputs: activations -3..3 times 2^p (p from powers, one per block: the
@@ -244,7 +107,7 @@ TEST(GpuGemmMxfp8Wgmma, NarrowExactSumsBitwise) {
     Problem p(s);
     fill_narrow_exact(p, rng, {-2, 0, 3}, {120, 125, 126, 127, 128, 129, 140});
     const std::vector<bf16_t> cpu = p.run_cpu();
-    expect_bitwise(cpu, p.run_gpu(), p.N, describe(s));
+    expect_bitwise(cpu, p.run_gpu(Kernel::wgmma), p.N, describe(s));
     expect_bitwise(cpu, p.run_gpu(Kernel::decode), p.N, describe(s) + " (decode kernel)");
   }
 }
@@ -258,7 +121,7 @@ TEST(GpuGemmMxfp8Wgmma, ExtremeScalesBitwise) {
   for (const Shape& s : shapes()) {
     Problem p(s);
     fill_narrow_exact(p, rng, {-120, -60, 0, 60, 120}, {0, 1, 7, 20, 127, 200, 240, 250, 254});
-    expect_bitwise(p.run_cpu(), p.run_gpu(), p.N, describe(s) + " extreme scales");
+    expect_bitwise(p.run_cpu(), p.run_gpu(Kernel::wgmma), p.N, describe(s) + " extreme scales");
   }
 }
 
@@ -270,7 +133,7 @@ TEST(GpuGemmMxfp8Wgmma, NanScaleGivesNan) {
   fill_narrow_exact(p, rng, {0}, {127});
   p.w_scales[static_cast<size_t>(5 * p.S + 2)] = kE8m0NaN;   // expert 0, weight row 5, block 2
   p.a_scales[static_cast<size_t>(3 * p.S + 20)] = kE8m0NaN;  // row 3, last block
-  const std::vector<bf16_t> cpu = p.run_cpu(), gpu = p.run_gpu();
+  const std::vector<bf16_t> cpu = p.run_cpu(), gpu = p.run_gpu(Kernel::wgmma);
   expect_bitwise(cpu, gpu, p.N, "NaN scales");
   for (int64_t m = 0; m < p.offsets[1]; ++m) {
     EXPECT_TRUE(std::isnan(bf16_to_float(gpu[static_cast<size_t>(m * p.N + 5)]))) << "row " << m;
@@ -322,7 +185,7 @@ TEST(GpuGemmMxfp8Wgmma, CodecPreparedRandomDataWithinBound) {
     p.w_scales.assign(static_cast<size_t>(p.E * p.N * p.S), 0);
     mxfp8_quantize_rows(w.data(), p.E * p.N, p.K, p.w_codes.data(), p.w_scales.data());
     std::vector<double> mag;
-    const std::vector<bf16_t> cpu = p.run_cpu(&mag), gpu = p.run_gpu();
+    const std::vector<bf16_t> cpu = p.run_cpu(&mag), gpu = p.run_gpu(Kernel::wgmma);
     const std::vector<bf16_t> decode = p.run_gpu(Kernel::decode);
     int shown = 0;
     for (size_t i = 0; i < cpu.size(); ++i) {
@@ -373,7 +236,7 @@ TEST(GpuGemmMxfp8Wgmma, SwigluEpilogueMatchesDecodeAndPlain) {
       Problem p(s);
       fill_narrow_exact(p, rng, {-3, -2}, {123, 124, 125});  // gates around the knee
       const std::string what = describe(s) + (act.clamped ? " clamped" : " plain");
-      const std::vector<bf16_t> plain = p.run_gpu(),
+      const std::vector<bf16_t> plain = p.run_gpu(Kernel::wgmma),
                                 fused = p.run_gpu(Kernel::wgmma, nullptr, &act);
       const std::vector<bf16_t> fused_decode = p.run_gpu(Kernel::decode, nullptr, &act);
       const int64_t F = p.N / 2;
@@ -415,32 +278,7 @@ TEST(GpuGemmMxfp8Wgmma, ScatterStoresEachRowInItsSlot) {
   for (const Shape& s : {shapes()[4], shapes()[6]}) {
     Problem p(s);
     fill_narrow_exact(p, rng, {0, 2}, {126, 127, 128});
-    const int top_k = 2;
-    const int64_t T = (p.M + top_k - 1) / top_k + 3;
-    std::vector<int32_t> slots(static_cast<size_t>(T * top_k));
-    for (size_t i = 0; i < slots.size(); ++i) slots[i] = static_cast<int32_t>(i);
-    std::shuffle(slots.begin(), slots.end(), rng);
-    std::vector<int32_t> recv_src(slots.begin(), slots.begin() + p.M);
-    for (int32_t& v : recv_src) v = encode_src(0, v / top_k, v % top_k, T, top_k);
-    Dev<uint8_t> daq(p.a_codes), das(p.a_scales), dwq(p.w_codes), dws(p.w_scales);
-    Dev<int32_t> doff(p.offsets), dsrc(recv_src);
-    Dev<bf16_t> combine(static_cast<size_t>(T * top_k * p.N));
-    Dev<bf16_t*> table(std::vector<bf16_t*>{combine.ptr});
-    cuda::Mxfp8GroupedGemmArgs x = p.args(daq, das, dwq, dws, doff);
-    x.combine_R = table.ptr;
-    x.recv_src_M = dsrc.ptr;
-    x.T = T;
-    x.top_k = top_k;
-    cuda::mxfp8_grouped_gemm_wgmma(x, nullptr);
-    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-    const std::vector<bf16_t> got = combine.get(), plain = p.run_gpu();
-    for (int64_t m = 0; m < p.offsets.back(); ++m) {
-      const int64_t slot = src_slot(recv_src[static_cast<size_t>(m)], T, top_k);
-      for (int64_t n = 0; n < p.N; ++n) {
-        ASSERT_EQ(got[static_cast<size_t>(slot * p.N + n)], plain[static_cast<size_t>(m * p.N + n)])
-            << describe(s) << " row " << m << " col " << n;
-      }
-    }
+    expect_scatter_equals_plain(p, Kernel::wgmma, rng, describe(s));
   }
 }
 
@@ -459,8 +297,10 @@ TEST(GpuGemmMxfp8Wgmma, RepeatRunsAndGraphReplayBitwise) {
   p.w_codes.assign(w.size(), 0);
   p.w_scales.assign(static_cast<size_t>(p.E * p.N * p.S), 0);
   mxfp8_quantize_rows(w.data(), p.E * p.N, p.K, p.w_codes.data(), p.w_scales.data());
-  const std::vector<bf16_t> first = p.run_gpu();
-  for (int r = 0; r < 3; ++r) expect_bitwise(first, p.run_gpu(), p.N, "run " + std::to_string(r));
+  const std::vector<bf16_t> first = p.run_gpu(Kernel::wgmma);
+  for (int r = 0; r < 3; ++r) {
+    expect_bitwise(first, p.run_gpu(Kernel::wgmma), p.N, "run " + std::to_string(r));
+  }
   Dev<uint8_t> daq(p.a_codes), das(p.a_scales), dwq(p.w_codes), dws(p.w_scales);
   Dev<int32_t> doff(p.offsets);
   Dev<bf16_t> dout(static_cast<size_t>(p.M * p.N));
