@@ -28,7 +28,7 @@
 // K % 128 elements runs one 16-element block per step from global memory, lane t owning elements
 // 4t .. 4t + 3. Each (tile, group) accumulator sums its steps in K order, chunk by chunk.
 //
-// Arithmetic per CTA and chunk (G = live 8-row groups <= kGroups; at 4.8 TB/s over 132 SMs an
+// Arithmetic per CTA and chunk (G = kGroups, dead groups included; at 4.8 TB/s over 132 SMs an
 // SM must take ~19 B/clk of weights; a CTA's chunk = 16 KiB of codes = ~860 SM clocks of HBM):
 // - weights: 16 KiB of codes + 2 KiB of scales, HBM -> smem by cp.async, each byte written once
 //   and read once (a lane's 8 code bytes of a row per half: 2-way conflicted, 2 wavefronts per
@@ -41,9 +41,8 @@
 // - tensor cores: 8 G mma.m16n8k16 per KiB of codes (16 rows x 16 k each), 64 G flops per code
 //   byte: G = 4 (mixtral, 32 rows) needs ~2.4 kflop/clk/SM, near mma.sync's rate on Hopper;
 //   G = 1 (deepseek, ~4 rows) a quarter of it.
-// - ALU per KiB of codes (warp instructions): decode 8 words x 15 (e2m1_bf16.h) = 120, block
-//   tables 4 x ~12 = 48, 8 G mma, ~8 smem loads and ~3 copies: ~185 at G = 1, i.e. ~46 of the
-//   ~54 clk a KiB takes at the roofline (4 schedulers): the decode bounds at few rows.
+// - ALU per KiB of codes (warp instructions, SASS): decode 8 words x 16 (e2m1_bf16.h) = 128,
+//   block tables 4 x 11 = 44, 8 G mma, ~9 smem loads, ~4 copies of 2 instructions each.
 // - registers: accumulators 4 x G x 4, one half's activation fragments (8 G), a tile-half's codes
 //   (4) and A (16), two tables (8); bounded for 4 CTAs (128) at G = 1, 2; 3 (168) at G = 4;
 //   -Xptxas -v numbers in docs/cuda_backend.md.
@@ -57,9 +56,10 @@
 // 12 warps at G = 4 (16 at G = 1, 2), a branch-free chunk (dead groups computed, not stored),
 // back-to-back mma on independent accumulators, 2 instructions per cp.async; the chunk loop is
 // ~1010 SASS instructions at G = 4 (was 1319), ~900 at G = 2 (1086), ~845 at G = 1 (940): ~250
-// / ~225 / ~210 per KiB, of which the decode and its tables are ~170. At the
-// roofline a KiB takes ~51 SM clocks = ~204 issue slots: the decode alone needs ~80 % of the
-// issue slots, so 80 % of the roofline needs a cheaper decode, not only more warps.
+// / ~225 / ~210 per KiB, of which the decode and its tables are ~170. At the roofline a KiB
+// takes ~54 SM clocks = ~216 issue slots: the decode alone needs ~80 % of them, so 80 % of the
+// roofline (~270 slots per KiB) needs ~85 % of the issue slots busy at G = 1 and ~95 % at G = 4:
+// beyond mma.sync's decode-bound kernels; the realistic ceiling is ~50 .. 60 % of the roofline.
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
