@@ -37,8 +37,9 @@ __global__ void __launch_bounds__(kThreads) send_partials_kernel(const SendParam
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   const int64_t vecs = p.D / kVec;
   const bf16_t* rows_MD = p.rows.get<const bf16_t>();
-  for (int64_t pull = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; pull < P;
-       pull += warps) {  // warp-uniform
+  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; i < P;
+       i += warps) {  // warp-uniform
+    const int64_t pull = folded_pull(i, P);
     const int32_t src = p.pull_src_P[pull];
     const int r = static_cast<int>(src / p.T);
     const int64_t t = src % p.T;

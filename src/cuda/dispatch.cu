@@ -62,8 +62,9 @@ __global__ void __launch_bounds__(kThreads) pull_rows_kernel(const PullParams p)
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   const int64_t vecs = p.D / kVec;
-  for (int64_t pull = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; pull < P;
-       pull += warps) {
+  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; i < P;
+       i += warps) {
+    const int64_t pull = folded_pull(i, P);
     const int32_t src = p.pull_src_P[pull];
     const int r = static_cast<int>(src / p.T);
     const int64_t t = src % p.T;
@@ -203,8 +204,9 @@ __global__ void __launch_bounds__(kThreads) pull_fp8_rows_kernel(const Fp8PullPa
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   const int64_t vecs = p.D / 16;  // D % 16 == 0 (CudaBackend::validate for fp8_block)
-  for (int64_t pull = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; pull < P;
-       pull += warps) {
+  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; i < P;
+       i += warps) {
+    const int64_t pull = folded_pull(i, P);
     const int32_t src = p.pull_src_P[pull];
     const char* base = p.dispatch_R[src / p.T];  // rank r's buffer (peer)
     const int64_t t = src % p.T;
