@@ -214,7 +214,8 @@ __global__ void __launch_bounds__(kThreads) pull_fp8_rows_kernel(const Fp8PullPa
     const float* scales_S = reinterpret_cast<const float*>(base + p.scales_offset) + t * p.S;  // [S]
     const int32_t* rows_K = p.pull_rows_PK + pull * p.K;  // [K]
     const int32_t lane_row = lane_route_row(rows_K, p.K, lane);
-    for (int64_t v0 = 0; v0 < vecs; v0 += 32 * kBatch) {  // warp-uniform: lane l holds v0 + l + 32 b
+    // v0 warp-uniform (route_row shuffles on every lane); lane l holds vectors v0 + l + 32 b.
+    for (int64_t v0 = 0; v0 < vecs; v0 += 32 * kBatch) {
       uint4 u[kBatch];
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
