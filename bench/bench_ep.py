@@ -116,10 +116,10 @@ def per_rank_bound_ms(tr, D, peer_GBps, hbm_GBps, elem_bytes=2):
     (the two stages added: they run one after the other)."""
     out = []
     for r in range(len(tr["received_rows"])):
-        row = D * elem_bytes
+        row_bytes = D * elem_bytes
         own, served = tr["local_token_rows"][r], tr["served_token_rows"][r]
-        link = max(tr["remote_token_rows"][r], served) * row / (peer_GBps * 1e6)
-        hbm = (own + served + tr["received_rows"][r]) * row / (hbm_GBps * 1e6)
+        link = max(tr["remote_token_rows"][r], served) * row_bytes / (peer_GBps * 1e6)
+        hbm = (own + served + tr["received_rows"][r]) * row_bytes / (hbm_GBps * 1e6)
         out.append(2 * max(link, hbm))  # dispatch and combine_send move the same bytes
     return out
 
