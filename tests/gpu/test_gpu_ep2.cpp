@@ -115,22 +115,26 @@ TEST(GpuEp2, Fp8InferenceForwardMatchesCpu) {
   }
 }
 
-// NVFP4 weight-only inference on 2 GPUs against 2 CPU thread ranks on the same inputs and the same
-// prepared weights (each rank's own experts, prepared on the host): y within kBackendTolerances
-// (nvfp4); fused and unfused, different live counts per rank.
-TEST(GpuEp2, Nvfp4InferenceForwardMatchesCpu) {
-  EPMOE_REQUIRE_2GPUS();
+// Weight-only inference (NVFP4, MXFP8) on 2 GPUs against 2 CPU thread ranks on the same inputs
+// and the same prepared weights (each rank's own experts, prepared on the host): y within
+// kBackendTolerances of the precision; fused and unfused, different live counts per rank.
+// DeviceWeights(p, in, r): both weights on rank r's GPU; HostWeight(w, E, rows, cols): one on the
+// host; config(p): the precision's config of the problem.
+template <class DeviceWeights, class HostWeight>
+void expect_weight_only_forward_matches_cpu(Problem p, uint64_t seed,
+                                            Config (*config)(const Problem&), Precision precision,
+                                            const char* what) {
   for (bool fused : {true, false}) {
-    Problem p = problem(128, 400, 272, 16, 4);
     p.inference = true;
     p.fused = fused;
-    std::vector<RankInputs> in = make_inputs(p, 47, p.max_tokens);
+    const Config cfg = config(p);
+    std::vector<RankInputs> in = make_inputs(p, seed, p.max_tokens);
     in[1].live = p.max_tokens - 37;
     std::vector<std::vector<bf16_t>> gpu(kRanks), cpu(kRanks);
     run_on_gpus([&](int r, std::shared_ptr<Transport> t) {
-      auto ctx = Context::create(nvfp4_config(p), t);
+      auto ctx = Context::create(cfg, t);
       DeviceCall call(p, in[r], r);
-      const Nvfp4Weights w(p, in[r], r);
+      const DeviceWeights w(p, in[r], r);
       ForwardArgs a = call.forward_args(nullptr);
       a.save_for_backward = false;
       a.w13_prepared = &w.w13.device;
@@ -141,10 +145,10 @@ TEST(GpuEp2, Nvfp4InferenceForwardMatchesCpu) {
       ctx->close();
     });
     run_on_ranks(kRanks, [&](int r, std::shared_ptr<Transport> t) {
-      auto ctx = Context::create(nvfp4_config(p), std::move(t));
+      auto ctx = Context::create(cfg, std::move(t));
       RankCall call(p, in[r]);
-      const Nvfp4Weight w13(in[r].w13_EFD, p.local_experts(), 2 * p.intermediate, p.hidden);
-      const Nvfp4Weight w2(in[r].w2_EDF, p.local_experts(), p.hidden, p.intermediate);
+      const HostWeight w13(in[r].w13_EFD, p.local_experts(), 2 * p.intermediate, p.hidden);
+      const HostWeight w2(in[r].w2_EDF, p.local_experts(), p.hidden, p.intermediate);
       ForwardArgs a = call.forward_args();
       a.save_for_backward = false;
       a.w13_prepared = &w13.host;
@@ -163,66 +167,23 @@ TEST(GpuEp2, Nvfp4InferenceForwardMatchesCpu) {
     }
     const double rel = std::sqrt(num / std::max(den, 1e-300));
     if (std::getenv("EPMOE_REPORT_ERRORS") != nullptr) {
-      std::printf("%s nvfp4: y EP=2 CUDA vs CPU rel-L2 %.3e\n", p.name().c_str(), rel);
+      std::printf("%s %s: y EP=2 CUDA vs CPU rel-L2 %.3e\n", p.name().c_str(), what, rel);
     }
-    EXPECT_LE(rel, backend_rel_l2_bound(Precision::nvfp4, Output::y))
-        << p.name() << " nvfp4: y EP=2 CUDA vs CPU backend";
+    EXPECT_LE(rel, backend_rel_l2_bound(precision, Output::y))
+        << p.name() << " " << what << ": y EP=2 CUDA vs CPU backend";
   }
 }
 
-// MXFP8 inference on 2 GPUs against 2 CPU thread ranks on the same inputs and the same
-// prepared weights (each rank's own experts, prepared on the host): y within kBackendTolerances
-// (mxfp8); fused and unfused, different live counts per rank.
+TEST(GpuEp2, Nvfp4InferenceForwardMatchesCpu) {
+  EPMOE_REQUIRE_2GPUS();
+  expect_weight_only_forward_matches_cpu<Nvfp4Weights, Nvfp4Weight>(
+      problem(128, 400, 272, 16, 4), 47, nvfp4_config, Precision::nvfp4, "nvfp4");
+}
+
 TEST(GpuEp2, Mxfp8InferenceForwardMatchesCpu) {
   EPMOE_REQUIRE_2GPUS();
-  for (bool fused : {true, false}) {
-    Problem p = problem(128, 416, 288, 16, 4);
-    p.inference = true;
-    p.fused = fused;
-    std::vector<RankInputs> in = make_inputs(p, 48, p.max_tokens);
-    in[1].live = p.max_tokens - 37;
-    std::vector<std::vector<bf16_t>> gpu(kRanks), cpu(kRanks);
-    run_on_gpus([&](int r, std::shared_ptr<Transport> t) {
-      auto ctx = Context::create(mxfp8_config(p), t);
-      DeviceCall call(p, in[r], r);
-      const Mxfp8Weights w(p, in[r], r);
-      ForwardArgs a = call.forward_args(nullptr);
-      a.save_for_backward = false;
-      a.w13_prepared = &w.w13.device;
-      a.w2_prepared = &w.w2.device;
-      ctx->forward(a);
-      ctx->check();
-      gpu[r] = download(call.y, call.host.y.size());
-      ctx->close();
-    });
-    run_on_ranks(kRanks, [&](int r, std::shared_ptr<Transport> t) {
-      auto ctx = Context::create(mxfp8_config(p), std::move(t));
-      RankCall call(p, in[r]);
-      const Mxfp8Weight w13(in[r].w13_EFD, p.local_experts(), 2 * p.intermediate, p.hidden);
-      const Mxfp8Weight w2(in[r].w2_EDF, p.local_experts(), p.hidden, p.intermediate);
-      ForwardArgs a = call.forward_args();
-      a.save_for_backward = false;
-      a.w13_prepared = &w13.host;
-      a.w2_prepared = &w2.host;
-      ctx->forward(a);
-      cpu[r] = call.y;
-      ctx->close();
-    });
-    double num = 0, den = 0;
-    for (int r = 0; r < kRanks; ++r) {
-      for (size_t i = 0; i < cpu[r].size(); ++i) {
-        const double g = bf16_to_float(gpu[r][i]), c = bf16_to_float(cpu[r][i]);
-        num += (g - c) * (g - c);
-        den += c * c;
-      }
-    }
-    const double rel = std::sqrt(num / std::max(den, 1e-300));
-    if (std::getenv("EPMOE_REPORT_ERRORS") != nullptr) {
-      std::printf("%s mxfp8: y EP=2 CUDA vs CPU rel-L2 %.3e\n", p.name().c_str(), rel);
-    }
-    EXPECT_LE(rel, backend_rel_l2_bound(Precision::mxfp8, Output::y))
-        << p.name() << " mxfp8: y EP=2 CUDA vs CPU backend";
-  }
+  expect_weight_only_forward_matches_cpu<Mxfp8Weights, Mxfp8Weight>(
+      problem(128, 416, 288, 16, 4), 48, mxfp8_config, Precision::mxfp8, "mxfp8");
 }
 
 // fp8_block training on 2 GPUs against 2 CPU thread ranks: y and every gradient within

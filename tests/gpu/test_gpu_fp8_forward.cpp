@@ -31,6 +31,7 @@
 #include "epmoe/prepared_weights.h"
 #include "moe_case.h"
 #include "require_gpu.h"
+#include "y_compare.h"
 #include "tolerances.h"
 
 namespace epmoe::test {
@@ -62,21 +63,6 @@ std::vector<bf16_t> download_y(const DeviceCall& call) {
 }
 
 // First differing element, for failure messages.
-std::string first_difference(const std::vector<bf16_t>& a, const std::vector<bf16_t>& b,
-                             int64_t D) {
-  if (a.size() != b.size()) return "sizes " + std::to_string(a.size()) + " vs " + std::to_string(b.size());
-  int64_t count = 0, first = -1;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i] == b[i]) continue;
-    if (first < 0) first = static_cast<int64_t>(i);
-    ++count;
-  }
-  if (first < 0) return "equal";
-  return std::to_string(count) + " elements differ; first at t " + std::to_string(first / D) +
-         " d " + std::to_string(first % D) + ": " + std::to_string(bf16_to_float(a[first])) +
-         " vs " + std::to_string(bf16_to_float(b[first]));
-}
-
 // y of `calls` forwards on one fresh single-GPU context (every later call must repeat the first).
 std::vector<bf16_t> gpu_forward(const Problem& p, const RankInputs& in, int calls = 1) {
   auto ctx = Context::create(p.config(), make_single_gpu_transport(0));
@@ -102,11 +88,6 @@ std::vector<bf16_t> gpu_forward(const Problem& p, const RankInputs& in, int call
 
 std::vector<bf16_t> cpu_forward(const Problem& p, const RankInputs& in) {
   return forward_y(p, {in})[0];
-}
-
-void expect_same_y(const std::vector<bf16_t>& a, const std::vector<bf16_t>& b, int64_t D,
-                   const std::string& what) {
-  EXPECT_TRUE(a == b) << what << ": " << first_difference(a, b, D);
 }
 
 struct ExactCase {
@@ -151,16 +132,6 @@ TEST(GpuFp8Forward, ExactBlocksMatchCpuBitwise) {
 }
 
 // rel-L2 of a against b.
-double rel_l2(const std::vector<bf16_t>& a, const std::vector<bf16_t>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double x = bf16_to_float(a[i]), y = bf16_to_float(b[i]);
-    num += (x - y) * (x - y);
-    den += y * y;
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
-
 TEST(GpuFp8Forward, RandomInputsWithinBoundsFusedUnfusedPreparedRepeatBitwise) {
   EPMOE_REQUIRE_GPU();
   std::vector<Problem> cases = {

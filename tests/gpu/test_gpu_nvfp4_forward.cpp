@@ -29,6 +29,7 @@
 #include "moe_case.h"
 #include "nvfp4_weights.h"
 #include "require_gpu.h"
+#include "y_compare.h"
 #include "scoped_env.h"
 #include "tolerances.h"
 
@@ -73,26 +74,6 @@ ForwardArgs gpu_args(const DeviceCall& call, const Weights& w, cudaStream_t stre
   return a;
 }
 
-std::string first_difference(const std::vector<bf16_t>& a, const std::vector<bf16_t>& b,
-                             int64_t D) {
-  if (a.size() != b.size()) return "sizes " + std::to_string(a.size()) + " vs " + std::to_string(b.size());
-  int64_t count = 0, first = -1;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i] == b[i]) continue;
-    if (first < 0) first = static_cast<int64_t>(i);
-    ++count;
-  }
-  if (first < 0) return "equal";
-  return std::to_string(count) + " elements differ; first at t " + std::to_string(first / D) +
-         " d " + std::to_string(first % D) + ": " + std::to_string(bf16_to_float(a[first])) +
-         " vs " + std::to_string(bf16_to_float(b[first]));
-}
-
-void expect_same_y(const std::vector<bf16_t>& a, const std::vector<bf16_t>& b, int64_t D,
-                   const std::string& what) {
-  EXPECT_TRUE(a == b) << what << ": " << first_difference(a, b, D);
-}
-
 // y of `calls` forwards on one fresh single-GPU context (every later call must repeat the first).
 std::vector<bf16_t> gpu_forward(const Problem& p, const RankInputs& in, const Weights& w,
                                 int calls = 1, bool pass_bf16_weights = true) {
@@ -113,16 +94,6 @@ std::vector<bf16_t> gpu_forward(const Problem& p, const RankInputs& in, const We
   }
   ctx->close();
   return first;
-}
-
-double rel_l2(const std::vector<bf16_t>& a, const std::vector<bf16_t>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double x = bf16_to_float(a[i]), y = bf16_to_float(b[i]);
-    num += (x - y) * (x - y);
-    den += y * y;
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
 }
 
 struct Case {

@@ -19,6 +19,7 @@
 #include "cuda/gemm/fp8_swiglu_epilogue.cuh"
 #include "cuda/gemm/grouped_gemm_fp8_sm90.cuh"
 #include "cuda/gemm/launch.cuh"
+#include "cuda/gemm/launch_checks.h"
 #include "epmoe/error.h"
 
 namespace epmoe::cuda {
@@ -28,11 +29,6 @@ using namespace gemm;
 namespace {
 
 using Traits = Fp8GemmTraits<128, 6>;
-
-void check_aligned(const void* p, const char* name) {
-  EPMOE_CHECK_ARG(p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0, name,
-                  "a non-null, 16-byte aligned device pointer", reinterpret_cast<uintptr_t>(p));
-}
 
 void check_args(const Fp8GroupedGemmArgs& a) {
   EPMOE_CHECK_ARG(a.E >= 1 && a.E <= kMaxGroups, "E", "1 .. " + std::to_string(kMaxGroups), a.E);
@@ -66,22 +62,22 @@ void check_args(const Fp8GroupedGemmArgs& a) {
     EPMOE_CHECK_ARG(a.ld_a_scales >= a.M && a.ld_a_scales % 4 == 0, "ld_a_scales",
                     ">= M and a multiple of 4", a.ld_a_scales);
   }
-  check_aligned(a.b_ENK, "b_ENK");
-  check_aligned(a.b_scales_EBS, "b_scales_EBS");
-  check_aligned(a.offsets_E1, "offsets_E1");
+  check_device_pointer(a.b_ENK, "b_ENK", 16);
+  check_device_pointer(a.b_scales_EBS, "b_scales_EBS", 16);
+  check_device_pointer(a.offsets_E1, "offsets_E1", 16);
   if (a.M == 0) return;
-  check_aligned(a.a_MK, "a_MK");
-  if (a.a_rows_1 == nullptr) check_aligned(a.a_scales_SM, "a_scales_SM");
+  check_device_pointer(a.a_MK, "a_MK", 16);
+  if (a.a_rows_1 == nullptr) check_device_pointer(a.a_scales_SM, "a_scales_SM", 16);
   if (swiglu) {
-    check_aligned(sw.h13.base, "swiglu_backward.h13");
-    check_aligned(sw.grad_h13_M2F, "swiglu_backward.grad_h13_M2F");
-    check_aligned(sw.h_MF, "swiglu_backward.h_MF");
-    check_aligned(sw.q_M2F, "swiglu_backward.q_M2F");
+    check_device_pointer(sw.h13.base, "swiglu_backward.h13", 16);
+    check_device_pointer(sw.grad_h13_M2F, "swiglu_backward.grad_h13_M2F", 16);
+    check_device_pointer(sw.h_MF, "swiglu_backward.h_MF", 16);
+    check_device_pointer(sw.q_M2F, "swiglu_backward.q_M2F", 16);
   } else if (scatter) {
-    check_aligned(a.combine_R, "combine_R");
-    check_aligned(a.recv_src_M, "recv_src_M");
+    check_device_pointer(a.combine_R, "combine_R", 16);
+    check_device_pointer(a.recv_src_M, "recv_src_M", 16);
   } else {
-    check_aligned(a.out_MN, "out_MN");
+    check_device_pointer(a.out_MN, "out_MN", 16);
   }
 }
 

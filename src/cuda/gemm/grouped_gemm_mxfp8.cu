@@ -26,6 +26,7 @@
 #include "core/layout.h"
 #include "cuda/check.h"
 #include "cuda/gemm/mxfp8_gemm.h"
+#include "cuda/gemm/launch_checks.h"
 #include "cuda/kernel_common.cuh"
 #include "epmoe/error.h"
 
@@ -222,43 +223,20 @@ __global__ void __launch_bounds__(kGemmThreads) mxfp8_gemm_kernel(const Mxfp8Gro
   }
 }
 
-void check_aligned(const void* p, const char* name, uintptr_t align) {
-  EPMOE_CHECK_ARG(p != nullptr && reinterpret_cast<uintptr_t>(p) % align == 0, name,
-                  "a non-null, " + std::to_string(align) + "-byte aligned device pointer",
-                  reinterpret_cast<uintptr_t>(p));
-}
-
 void check_args(const Mxfp8GroupedGemmArgs& a) {
   EPMOE_CHECK_ARG(a.E >= 1 && a.E <= 65535, "E", "1 .. 65535 (grid y)", a.E);
   EPMOE_CHECK_ARG(a.M >= 0, "M", ">= 0", a.M);
   EPMOE_CHECK_ARG(a.K > 0 && a.K % kMxBlock == 0, "K", "> 0 and a multiple of 32 (MX blocks)",
                   a.K);
   EPMOE_CHECK_ARG(a.N > 0, "N", "> 0", a.N);
-  const bool scatter = a.combine_R != nullptr;
-  if (scatter) {
-    EPMOE_CHECK_ARG(a.out_MN == nullptr, "out_MN", "nullptr with combine_R (one destination)",
-                    "a pointer");
-    EPMOE_CHECK_ARG(!a.swiglu, "swiglu", "false with combine_R (W2 has no SwiGLU)", "true");
-    EPMOE_CHECK_ARG(a.T >= 1 && a.top_k >= 1, "T, top_k", ">= 1 with combine_R",
-                    std::to_string(a.T) + ", " + std::to_string(a.top_k));
-  } else if (a.swiglu) {
-    EPMOE_CHECK_ARG(a.N % 2 == 0, "N", "even with swiglu (gate rows, then up rows)", a.N);
-    EPMOE_CHECK_ARG(a.ld_out >= a.N / 2, "ld_out", ">= N / 2 with swiglu", a.ld_out);
-  } else {
-    EPMOE_CHECK_ARG(a.ld_out >= a.N, "ld_out", ">= N", a.ld_out);
-  }
-  check_aligned(a.b_codes_ENK, "b_codes_ENK", 16);
-  check_aligned(a.b_scales_ENS, "b_scales_ENS", 1);
-  check_aligned(a.offsets_E1, "offsets_E1", 4);
+  gemm::check_output_destination(a);
+  gemm::check_device_pointer(a.b_codes_ENK, "b_codes_ENK", 16);
+  gemm::check_device_pointer(a.b_scales_ENS, "b_scales_ENS", 1);
+  gemm::check_device_pointer(a.offsets_E1, "offsets_E1", 4);
   if (a.M == 0) return;
-  check_aligned(a.a_codes_MK, "a_codes_MK", 16);
-  check_aligned(a.a_scales_MS, "a_scales_MS", 1);
-  if (scatter) {
-    check_aligned(a.combine_R, "combine_R", 8);
-    check_aligned(a.recv_src_M, "recv_src_M", 4);
-  } else {
-    check_aligned(a.out_MN, "out_MN", 2);
-  }
+  gemm::check_device_pointer(a.a_codes_MK, "a_codes_MK", 16);
+  gemm::check_device_pointer(a.a_scales_MS, "a_scales_MS", 1);
+  gemm::check_output_pointers(a, 2);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "cuda/gemm/epilogues.cuh"
 #include "cuda/gemm/grouped_gemm_mxfp8_wgmma_sm90.cuh"
 #include "cuda/gemm/launch.cuh"
+#include "cuda/gemm/launch_checks.h"
 #include "cuda/gemm/mxfp8_wgmma_gemm.h"
 #include "cuda/placed.h"
 #include "epmoe/error.h"
@@ -59,12 +60,6 @@ struct SwigluHEpilogue {
   }
 };
 
-void check_aligned(const void* p, const char* name, uintptr_t align) {
-  EPMOE_CHECK_ARG(p != nullptr && reinterpret_cast<uintptr_t>(p) % align == 0, name,
-                  "a non-null, " + std::to_string(align) + "-byte aligned device pointer",
-                  reinterpret_cast<uintptr_t>(p));
-}
-
 void check_args(const Mxfp8GroupedGemmArgs& a) {
   EPMOE_CHECK_ARG(a.E >= 1 && a.E <= kMaxGroups, "E", "1 .. " + std::to_string(kMaxGroups), a.E);
   EPMOE_CHECK_ARG(a.M >= 0, "M", ">= 0", a.M);
@@ -87,18 +82,13 @@ void check_args(const Mxfp8GroupedGemmArgs& a) {
     EPMOE_CHECK_ARG(a.ld_out >= a.N && a.ld_out % 8 == 0, "ld_out", ">= N and a multiple of 8",
                     a.ld_out);
   }
-  check_aligned(a.b_codes_ENK, "b_codes_ENK", 16);
-  check_aligned(a.b_scales_ENS, "b_scales_ENS", 1);
-  check_aligned(a.offsets_E1, "offsets_E1", 4);
+  check_device_pointer(a.b_codes_ENK, "b_codes_ENK", 16);
+  check_device_pointer(a.b_scales_ENS, "b_scales_ENS", 1);
+  check_device_pointer(a.offsets_E1, "offsets_E1", 4);
   if (a.M == 0) return;
-  check_aligned(a.a_codes_MK, "a_codes_MK", 16);
-  check_aligned(a.a_scales_MS, "a_scales_MS", 1);
-  if (scatter) {
-    check_aligned(a.combine_R, "combine_R", 8);
-    check_aligned(a.recv_src_M, "recv_src_M", 4);
-  } else {
-    check_aligned(a.out_MN, "out_MN", 16);
-  }
+  check_device_pointer(a.a_codes_MK, "a_codes_MK", 16);
+  check_device_pointer(a.a_scales_MS, "a_scales_MS", 1);
+  check_output_pointers(a, 16);
 }
 
 template <class Epilogue>

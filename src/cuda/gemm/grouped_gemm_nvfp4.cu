@@ -74,6 +74,7 @@
 #include "core/layout.h"
 #include "cuda/check.h"
 #include "cuda/gemm/nvfp4_gemm.h"
+#include "cuda/gemm/launch_checks.h"
 #include "cuda/gemm/nvfp4_stage_layout.h"
 #include "cuda/kernel_common.cuh"
 #include "epmoe/error.h"
@@ -561,30 +562,12 @@ __global__ void __launch_bounds__(256) nvfp4_splitk_reduce_kernel(const Params p
   }
 }
 
-void check_aligned(const void* p, const char* name, uintptr_t align) {
-  EPMOE_CHECK_ARG(p != nullptr && reinterpret_cast<uintptr_t>(p) % align == 0, name,
-                  "a non-null, " + std::to_string(align) + "-byte aligned device pointer",
-                  reinterpret_cast<uintptr_t>(p));
-}
-
 void check_args(const Nvfp4GroupedGemmArgs& a) {
   EPMOE_CHECK_ARG(a.E >= 1 && a.E <= 65535, "E", "1 .. 65535 (grid y)", a.E);
   EPMOE_CHECK_ARG(a.M >= 0, "M", ">= 0", a.M);
   EPMOE_CHECK_ARG(a.K > 0 && a.K % 16 == 0, "K", "> 0 and a multiple of 16 (NVFP4 blocks)", a.K);
   EPMOE_CHECK_ARG(a.N > 0, "N", "> 0", a.N);
-  const bool scatter = a.combine_R != nullptr;
-  if (scatter) {
-    EPMOE_CHECK_ARG(a.out_MN == nullptr, "out_MN", "nullptr with combine_R (one destination)",
-                    "a pointer");
-    EPMOE_CHECK_ARG(!a.swiglu, "swiglu", "false with combine_R (W2 has no SwiGLU)", "true");
-    EPMOE_CHECK_ARG(a.T >= 1 && a.top_k >= 1, "T, top_k", ">= 1 with combine_R",
-                    std::to_string(a.T) + ", " + std::to_string(a.top_k));
-  } else if (a.swiglu) {
-    EPMOE_CHECK_ARG(a.N % 2 == 0, "N", "even with swiglu (gate rows, then up rows)", a.N);
-    EPMOE_CHECK_ARG(a.ld_out >= a.N / 2, "ld_out", ">= N / 2 with swiglu", a.ld_out);
-  } else {
-    EPMOE_CHECK_ARG(a.ld_out >= a.N, "ld_out", ">= N", a.ld_out);
-  }
+  gemm::check_output_destination(a);
   EPMOE_CHECK_ARG(a.K < (int64_t{1} << 27), "K",
                   "< 2^27 (32-bit activation offsets over a pass's 32 rows)", a.K);
   EPMOE_CHECK_ARG(a.N * (a.K / 2) <= int64_t{0xffffffff}, "N, K",
@@ -592,23 +575,20 @@ void check_args(const Nvfp4GroupedGemmArgs& a) {
                   std::to_string(a.N) + ", " + std::to_string(a.K));
   EPMOE_CHECK_ARG(a.groups == 0 || a.groups == 1 || a.groups == 2 || a.groups == 4, "groups",
                   "0 (EPMOE_NVFP4_GROUPS or the heuristic), 1, 2 or 4", a.groups);
-  check_aligned(a.b_codes_ENP, "b_codes_ENP", 16);
-  check_aligned(a.b_scales_ENS, "b_scales_ENS", 1);
-  check_aligned(a.b_global_E, "b_global_E", 4);
-  check_aligned(a.offsets_E1, "offsets_E1", 4);
+  gemm::check_device_pointer(a.b_codes_ENP, "b_codes_ENP", 16);
+  gemm::check_device_pointer(a.b_scales_ENS, "b_scales_ENS", 1);
+  gemm::check_device_pointer(a.b_global_E, "b_global_E", 4);
+  gemm::check_device_pointer(a.offsets_E1, "offsets_E1", 4);
   EPMOE_CHECK_ARG(a.splits >= 0, "splits", ">= 0 (0: EPMOE_NVFP4_SPLITK or the heuristic)",
                   a.splits);
   EPMOE_CHECK_ARG(a.splitk_scratch_bytes >= 0, "splitk_scratch_bytes", ">= 0",
                   a.splitk_scratch_bytes);
-  if (a.splitk_scratch_SMN != nullptr) check_aligned(a.splitk_scratch_SMN, "splitk_scratch_SMN", 4);
-  if (a.M == 0) return;
-  check_aligned(a.a_MK, "a_MK", 16);
-  if (scatter) {
-    check_aligned(a.combine_R, "combine_R", 8);
-    check_aligned(a.recv_src_M, "recv_src_M", 4);
-  } else {
-    check_aligned(a.out_MN, "out_MN", 2);
+  if (a.splitk_scratch_SMN != nullptr) {
+    gemm::check_device_pointer(a.splitk_scratch_SMN, "splitk_scratch_SMN", 4);
   }
+  if (a.M == 0) return;
+  gemm::check_device_pointer(a.a_MK, "a_MK", 16);
+  gemm::check_output_pointers(a, 2);
 }
 
 }  // namespace

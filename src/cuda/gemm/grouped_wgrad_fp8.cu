@@ -13,6 +13,7 @@
 #include "cuda/gemm/fp8_wgrad.h"
 #include "cuda/gemm/grouped_wgrad_fp8_sm90.cuh"
 #include "cuda/gemm/launch.cuh"
+#include "cuda/gemm/launch_checks.h"
 #include "epmoe/error.h"
 
 namespace epmoe::cuda {
@@ -24,11 +25,6 @@ namespace {
 // Five stages leave room for the TMA-store staging (2 x 16 KiB) under 227 KiB.
 using Traits = Fp8GemmTraits<128, 5>;
 
-void check_aligned(const void* p, const char* name) {
-  EPMOE_CHECK_ARG(p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0, name,
-                  "a non-null, 16-byte aligned device pointer", reinterpret_cast<uintptr_t>(p));
-}
-
 void check_args(const Fp8WgradArgs& a) {
   EPMOE_CHECK_ARG(a.E >= 1 && a.E <= kMaxGroups, "E", "1 .. " + std::to_string(kMaxGroups), a.E);
   EPMOE_CHECK_ARG(a.N > 0, "N", "> 0", a.N);
@@ -38,12 +34,12 @@ void check_args(const Fp8WgradArgs& a) {
                   a.K);
   EPMOE_CHECK_ARG(a.out_dtype == DType::bf16 || a.out_dtype == DType::f32, "out_dtype",
                   "bf16 or f32", to_string(a.out_dtype));
-  check_aligned(a.a_NK, "a_NK");
-  check_aligned(a.a_scales_BN, "a_scales_BN");
-  check_aligned(a.b_LK, "b_LK");
-  check_aligned(a.b_scales_BL, "b_scales_BL");
-  check_aligned(a.offsets_E1, "offsets_E1");
-  check_aligned(a.out_ENL, "out_ENL");
+  check_device_pointer(a.a_NK, "a_NK", 16);
+  check_device_pointer(a.a_scales_BN, "a_scales_BN", 16);
+  check_device_pointer(a.b_LK, "b_LK", 16);
+  check_device_pointer(a.b_scales_BL, "b_scales_BL", 16);
+  check_device_pointer(a.offsets_E1, "offsets_E1", 16);
+  check_device_pointer(a.out_ENL, "out_ENL", 16);
 }
 
 template <class Epilogue, bool kOverlap>
