@@ -21,9 +21,11 @@ expert GEMMs on torch._scaled_grouped_mm (torch_recipe_fp8.moe_forward_ep: all_t
 combine unchanged, backward GEMMs in bf16), the epmoe-fp8 rows' ratio_to_recipe. Where
 torch._scaled_grouped_mm does not run, its rows are left out with the reason in the JSON's notes.
 epmoe-fp8-per-rank is epmoe-fp8 with Config.combine = per_rank (one combine row per token and
-rank), timed and compared the same way, e.g.
+rank), timed and compared the same way; epmoe-fp8-wgrad-bf16 is epmoe-fp8 with
+Config.fp8_wgrad = bf16 (both weight gradients as bf16 WGRADs, x decoded from its E4M3 rows), e.g.
 
     torchrun --nproc-per-node 2 bench/bench_ep.py --variants epmoe-fp8,epmoe-fp8-per-rank
+    torchrun --nproc-per-node 2 bench/bench_ep.py --variants epmoe,epmoe-fp8,epmoe-fp8-wgrad-bf16
 
     torchrun --nproc-per-node 2 bench/bench_ep.py --self-check   (CPU, gloo: the recipe's math)
 """
@@ -56,9 +58,11 @@ OUTPUTS = ("y", "grad_x", "grad_scores", "grad_w13", "grad_w2")
 VARIANTS = {"epmoe": (True, False, 0), "epmoe-gated": (True, True, 0),
             "epmoe-unfused": (False, False, 0), "epmoe-per-rank": (True, False, 1)}
 # fp8_block training contexts with prepared weights (Config.precision = fp8_block,
-# prepared_weights): the same fields as above. "epmoe-fp8-per-rank" is epmoe-fp8 with the per-rank
-# combine.
-FP8_VARIANTS = {"epmoe-fp8": (True, False, 0), "epmoe-fp8-per-rank": (True, False, 1)}
+# prepared_weights): the same fields as above, then Config.fp8_wgrad (0 fp8, 1 bf16).
+# "epmoe-fp8-per-rank" is epmoe-fp8 with the per-rank combine; "epmoe-fp8-wgrad-bf16" with both
+# weight gradients as bf16 WGRADs.
+FP8_VARIANTS = {"epmoe-fp8": (True, False, 0, 0), "epmoe-fp8-per-rank": (True, False, 1, 0),
+                "epmoe-fp8-wgrad-bf16": (True, False, 0, 1)}
 # The EP recipe with its expert GEMMs in row-wise fp8 (torch_recipe_fp8.moe_forward_ep).
 RECIPE_FP8 = "torch-native-fp8"
 # Outputs of an fp8 row compared with the bf16 ones (bench_moe.py's epmoe-fp8 rows: the same).
@@ -88,7 +92,9 @@ def traffic(C_RR, tokens_RR=None):
     route there). Per rank d: received rows (all routes it computes) and the routes from other
     ranks (= rows it stores back into their combine slots); busiest received rows and the balanced
     share; with tokens_RR, the (token, rank) pairs from other ranks: the rows dispatch and
-    gather_grad read from peers (one read per source rank and token)."""
+    gather_grad read from peers (one read per source rank and token); local_token_rows: this
+    rank's own tokens with a route here; served_token_rows: (token, other rank) pairs of this
+    rank's tokens (rows peers read from it; per-rank combine rows they send back)."""
     R = len(C_RR)
     received = [sum(C_RR[s][d] for s in range(R)) for d in range(R)]
     remote = [received[d] - C_RR[d][d] for d in range(R)]
@@ -97,6 +103,28 @@ def traffic(C_RR, tokens_RR=None):
     if tokens_RR is not None:
         out["remote_token_rows"] = [sum(tokens_RR[s][d] for s in range(R) if s != d)
                                     for d in range(R)]
+        out["local_token_rows"] = [tokens_RR[d][d] for d in range(R)]
+        out["served_token_rows"] = [sum(tokens_RR[d][s] for s in range(R) if s != d)
+                                    for d in range(R)]
+    return out
+
+
+def per_rank_bound_ms(tr, D, peer_GBps, hbm_GBps, elem_bytes=2):
+    """Beside dispatch_combine_GBps (which counts remote bytes only): the time each rank's
+    dispatch (or gather_grad) + per-rank combine_send cannot beat, from every byte they move. Per
+    stage and rank: max(bytes sent over NVLink, bytes received over NVLink) / peer stores (both
+    directions at once) vs the rank's HBM bytes / HBM copy (read + write bytes). Dispatch on rank
+    r reads its local tokens' rows and the rows peers pull from it and writes every received row;
+    combine_send reads every received row and writes its own tokens' partials and the ones peers
+    send it. The backward's 4-byte grad_scores are left out. Returns [ms per rank] of one phase
+    (the two stages added: they run one after the other)."""
+    out = []
+    for r in range(len(tr["received_rows"])):
+        row_bytes = D * elem_bytes
+        own, served = tr["local_token_rows"][r], tr["served_token_rows"][r]
+        link = max(tr["remote_token_rows"][r], served) * row_bytes / (peer_GBps * 1e6)
+        hbm = (own + served + tr["received_rows"][r]) * row_bytes / (hbm_GBps * 1e6)
+        out.append(2 * max(link, hbm))  # dispatch and combine_send move the same bytes
     return out
 
 
@@ -203,7 +231,7 @@ class EpmoeRun:
     def __init__(self, lib, nccl, ranks, inp, variant, capacity_factor, fp8=False):
         """fp8: an fp8_block training context whose forward and backward read this rank's
         experts prepared once here (with the transposed copies a backward reads)."""
-        fused, gated, combine = variant
+        fused, gated, combine = variant[:3]
         cfg = lib.epmoe_config_default(inp.T, inp.D, inp.F, inp.K, inp.E)
         cfg.fuse_epilogues = int(fused)
         cfg.arrival_gated_w13 = int(gated)
@@ -212,6 +240,7 @@ class EpmoeRun:
         self.prepared = None
         if fp8:
             cfg.precision, cfg.inference, cfg.prepared_weights = 1, 0, 1
+            cfg.fp8_wgrad = variant[3]
             dev = torch.cuda.current_device()
             self.prepared = (epmoe_ctypes.PreparedFp8(lib, inp.w13, device=dev, transposed=True),
                              epmoe_ctypes.PreparedFp8(lib, inp.w2, device=dev, transposed=True))
@@ -367,6 +396,7 @@ def bench_shape(lib, nccl, ranks, shape, routing, ceil, args):
         if fp8:
             bf16 = times.get("epmoe")
             ext.update(precision="fp8", prepared_weights=True,
+                       fp8_wgrad="bf16" if FP8_VARIANTS[impl][3] else "fp8",
                        rel_l2_reference="epmoe" if bf16_out is not None else "torch-native")
             fwd_extra = {
                 "ratio_to_ceiling": fwd_flops / t_fwd[0] / 1e9 / fp8_ceil if fp8_ceil else None,
@@ -415,9 +445,16 @@ def bench_shape(lib, nccl, ranks, shape, routing, ceil, args):
         bw = dispatch_combine_GBps(stages[impl], tr["remote_rows"], tr["remote_token_rows"], D,
                                    per_rank=per_rank)
         peer = ceil.get("peer_store_GBps")
+        hbm = ceil.get("hbm_copy_GBps")
+        bound_R = (per_rank_bound_ms(tr, D, peer, hbm) if per_rank and peer and hbm and
+                   "local_token_rows" in tr else None)
         for phase, (gbps, gbps_R, ms_R) in bw.items():
             ms = (max(ms_R),) * 3
-            rows.append(row(impl, shape, routing, phase, T, ms, GBps=gbps,
+            extra = {}
+            if bound_R is not None and all(m > 0 for m in ms_R):
+                extra = {"bound_ms_per_rank": bound_R,
+                         "ratio_to_bound": sum(bound_R) / sum(ms_R)}
+            rows.append(row(impl, shape, routing, phase, T, ms, GBps=gbps, **extra,
                             GBps_per_rank=gbps_R, ms_per_rank=ms_R,
                             remote_rows_per_rank=tr["remote_rows"],
                             remote_token_rows_per_rank=tr["remote_token_rows"],
@@ -509,6 +546,8 @@ def summary(r):
         s += f" {r['GBps']:.0f} GB/s"
         if r.get("ratio_to_peer_store") is not None:
             s += f" ({100 * r['ratio_to_peer_store']:.0f}% of peer stores)"
+        if r.get("ratio_to_bound") is not None:
+            s += f", {100 * r['ratio_to_bound']:.0f}% of its NVLink/HBM bound"
     return s
 
 
@@ -706,6 +745,18 @@ def self_check():
     if (abs(bw["dispatch+combine"][0] - want_fwd) > 1e-9 or
             abs(bw["dispatch+combine-bwd"][0] - want_bwd) > 1e-9):
         print(f"self-check: dispatch_combine_GBps per_rank FAILED: {bw}", flush=True)
+        failures += 1
+    tr = traffic([[700, 300], [200, 800]], [[500, 250], [150, 600]])
+    got = per_rank_bound_ms(tr, 1000, 100.0, 1000.0)
+    # rank 0: link max(150, 250) * 2000 B / 1e8 B/ms = 5 us, HBM (500 + 250 + 900) * 2000 / 1e9
+    # = 3.3 us; rank 1: link 5 us, HBM (600 + 150 + 1100) * 2000 / 1e9 = 3.7 us; twice (2 stages).
+    if (tr["local_token_rows"] != [500, 600] or tr["served_token_rows"] != [250, 150] or
+            any(abs(a - b) > 1e-12 for a, b in zip(got, [0.010, 0.010]))):
+        print(f"self-check: per_rank_bound_ms FAILED: {got} {tr}", flush=True)
+        failures += 1
+    got = per_rank_bound_ms(tr, 1000, 1000.0, 100.0)  # HBM-bound: 33 us and 37 us, twice
+    if any(abs(a - b) > 1e-12 for a, b in zip(got, [0.066, 0.074])):
+        print(f"self-check: per_rank_bound_ms (HBM) FAILED: {got}", flush=True)
         failures += 1
     if step_stats([[1.0, 5.0, 3.0], [2.0, 4.0, 3.5]]) != (3.5, 2.0, 5.0):
         print("self-check: step_stats FAILED", flush=True)

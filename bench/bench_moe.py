@@ -8,7 +8,9 @@ Each shape also gets epmoe-fp8 rows (fp8_block inference forward with prepared w
 and decode T; fp8_block training fwd+bwd with prepared weights at train T) beside the bf16 rows,
 and torch-native-fp8 rows (torch_recipe_fp8.py: the recipe on torch._scaled_grouped_mm, row-wise
 scales, weights quantized once) for fwd, fwd+bwd and decode-fwd; both rel-L2 against epmoe's bf16
-outputs on the same inputs. --no-fp8 leaves all of them out; where torch._scaled_grouped_mm does
+outputs on the same inputs, and epmoe-fp8-wgrad-bf16 fwd+bwd rows with a stage breakdown (the
+training rows with Config.fp8_wgrad = bf16: both weight gradients as bf16 WGRADs, x decoded from
+its E4M3 rows; ratio_to_fp8 against the epmoe-fp8 fwd+bwd row). --no-fp8 leaves all of them out; where torch._scaled_grouped_mm does
 not run the row-wise recipe the torch-native-fp8 rows are left out with the reason printed and
 kept under "notes" in the JSON.
 
@@ -18,7 +20,9 @@ forward reads (codes, block scales, globals of the experts it touches, and the a
 GEMMs read), ratio_to_bf16 against the epmoe bf16 decode row of the same shape (eager vs eager,
 graph vs graph) and y's rel-L2 against it. --no-nvfp4 leaves them out; --nvfp4-only times the bf16
 decode rows and these alone. EPMOE_NVFP4_SPLITK=<n> in the environment forces the NVFP4 GEMMs' K
-splits (unset: one; auto: the heuristic; docs/formats.md "Split-K"); the rows record it (nvfp4_splitk).
+splits (unset or auto: the heuristic; docs/formats.md "Split-K"), EPMOE_NVFP4_GROUPS=<1|2|4> their
+8-row groups per weight pass (unset: from the mean rows per expert); the rows record both
+(nvfp4_splitk, nvfp4_groups).
 
 Each shape also gets epmoe-mxfp8 rows (Config.precision = mxfp8: MXFP8 inference on weights
 prepared once, activation rows quantized 1x32 before each GEMM): decode-fwd (and -graph) beside the
@@ -132,6 +136,7 @@ class Layer:
         """precision "fp8": an fp8_block inference context (forward only) with the weights
         prepared once (epmoe_prepare_weights_fp8), as an inference server holds them;
         "fp8-train": an fp8_block training context with prepared weights (forward + backward);
+        "fp8-train-wgrad-bf16": the same with Config.fp8_wgrad = bf16 (bf16 weight gradients);
         "nvfp4": weight-only NVFP4 inference on weights prepared once (epmoe_prepare_weights_nvfp4);
         "mxfp8": MXFP8 inference on weights prepared once (epmoe_prepare_weights_mxfp8)."""
         D, F, E, K, _, _ = S.SHAPES[shape]
@@ -157,8 +162,9 @@ class Layer:
             cfg.precision, cfg.inference, cfg.prepared_weights = 3, 1, 1
             self.prepared = (epmoe_ctypes.PreparedNvfp4(lib, self.w13),
                              epmoe_ctypes.PreparedNvfp4(lib, self.w2))
-        if precision in ("fp8", "fp8-train"):
+        if precision in ("fp8", "fp8-train", "fp8-train-wgrad-bf16"):
             cfg.precision, cfg.inference, cfg.prepared_weights = 1, int(self.inference), 1
+            cfg.fp8_wgrad = int(precision == "fp8-train-wgrad-bf16")
             t = not self.inference  # a backward reads the transposed copies
             self.prepared = (epmoe_ctypes.PreparedFp8(lib, self.w13, transposed=t),
                              epmoe_ctypes.PreparedFp8(lib, self.w2, transposed=t))
@@ -415,8 +421,9 @@ def bench_nvfp4_decode(lib, shape, routing, ceil, rows, iters, bf16_dec, bf16_de
     err = rel_l2(Ln.y, y_bf16)
     t_dec, t_dec_graph, active = decode_times(Ln, iters)
     per_expert = sum(p.nbytes() for p in Ln.prepared) // E
-    # The GEMMs' K-split count: EPMOE_NVFP4_SPLITK as set for this process (None: one split).
+    # The GEMMs' K-split count and groups per pass as set for this process (None: the heuristics).
     splitk = os.environ.get("EPMOE_NVFP4_SPLITK") or None
+    groups = os.environ.get("EPMOE_NVFP4_GROUPS") or None
     weight_bytes = active * per_expert
     read_bytes = weight_bytes + Ln.routes * (D + F) * 2
     for impl, t, ref in (("epmoe-nvfp4", t_dec, bf16_dec),
@@ -426,11 +433,12 @@ def bench_nvfp4_decode(lib, shape, routing, ceil, rows, iters, bf16_dec, bf16_de
                         roofline_fraction=read_bytes / (ceil["hbm_copy_GBps"] * 1e6) / t[0],
                         weight_bytes=weight_bytes, read_bytes=read_bytes,
                         ratio_to_bf16=ref[0] / t[0], rel_l2_vs_bf16={"y": err},
-                        nvfp4_splitk=splitk))
+                        nvfp4_splitk=splitk, nvfp4_groups=groups))
         print(f"{shape} {routing} {impl} decode-fwd {t[0]:.4f} ms, x{ref[0] / t[0]:.2f} vs bf16, "
               f"{100 * read_bytes / (ceil['hbm_copy_GBps'] * 1e6) / t[0]:.0f}% of HBM roofline "
               f"({read_bytes / 1e6:.1f} MB read), y rel-L2 vs bf16 {err:.3e}, "
-              f"EPMOE_NVFP4_SPLITK={splitk or 'heuristic'}", flush=True)
+              f"EPMOE_NVFP4_SPLITK={splitk or 'heuristic'}, "
+              f"EPMOE_NVFP4_GROUPS={groups or 'heuristic'}", flush=True)
     Ln.close()
     del Ln
     torch.cuda.empty_cache()
@@ -516,33 +524,45 @@ def bench_mxfp8(lib, shape, routing, ceil, rows, iters, bf16_dec, bf16_dec_graph
     torch.cuda.empty_cache()
 
 
-def bench_fp8_train(lib, shape, routing, rows, iters, bf16_out, t_step_bf16, recipe_ms=None):
+def bench_fp8_train(lib, shape, routing, rows, iters, bf16_out, t_step_bf16, recipe_ms=None,
+                    wgrad_bf16=False, t_step_fp8=None):
     """epmoe-fp8 fwd+bwd: an fp8_block training context with prepared weights (prepared once, as
     an optimizer step would refill them) at training T, on the inputs of the bf16 rows; useful
     FLOPs as bf16. bf16_out: the bf16 step's y, grad_x, grad_scores (errors); t_step_bf16 its
-    times; recipe_ms: the torch-native-fp8 times by phase, None where it did not run."""
+    times; recipe_ms: the torch-native-fp8 times by phase, None where it did not run.
+    wgrad_bf16: the epmoe-fp8-wgrad-bf16 rows (Config.fp8_wgrad = bf16), with ratio_to_fp8
+    against t_step_fp8 (the epmoe-fp8 fwd+bwd times). Returns the times."""
     D, F, E, K, T_train, _ = S.SHAPES[shape]
-    L = Layer(lib, shape, routing, T_train, precision="fp8-train")
+    impl = "epmoe-fp8-wgrad-bf16" if wgrad_bf16 else "epmoe-fp8"
+    L = Layer(lib, shape, routing, T_train,
+              precision="fp8-train-wgrad-bf16" if wgrad_bf16 else "fp8-train")
     N = L.routes
     L.step()
     L.ctx.check()
     err = {name: rel_l2(getattr(L, name), ref) for name, ref in bf16_out.items()}
     t = timed(L.step, iters)
     flops = 18 * N * D * F
-    rows.append(row("epmoe-fp8", shape, routing, "fwd+bwd", T_train, t, flops, precision="fp8",
+    extra = {"fp8_wgrad": "bf16" if wgrad_bf16 else "fp8"}
+    if t_step_fp8 is not None:
+        extra["ratio_to_fp8"] = t_step_fp8[0] / t[0]
+    rows.append(row(impl, shape, routing, "fwd+bwd", T_train, t, flops, precision="fp8",
                     ratio_to_bf16=t_step_bf16[0] / t[0], rel_l2_vs_bf16=err,
-                    ratio_to_recipe=ratio_to(recipe_ms, "fwd+bwd", t)))
+                    ratio_to_recipe=ratio_to(recipe_ms, "fwd+bwd", t), **extra))
     stage_ms = stage_times(L)
     breakdown = {k: statistics.median(v) for k, v in stage_ms.items()}
-    rows.append({"impl": "epmoe-fp8", "shape": shape, "ep": 1, "routing": routing, "precision": "fp8",
-                 "phase": "stage-breakdown", "tokens_per_rank": T_train, "stages_ms": breakdown})
-    print(f"{shape} {routing} fp8 fwd+bwd {t[0]:.3f} ms ({flops / t[0] / 1e9:.0f} TFLOP/s, "
-          f"x{t_step_bf16[0] / t[0]:.2f} vs bf16), rel-L2 vs bf16 " +
+    rows.append({"impl": impl, "shape": shape, "ep": 1, "routing": routing, "precision": "fp8",
+                 "phase": "stage-breakdown", "tokens_per_rank": T_train, "stages_ms": breakdown,
+                 **extra})
+    print(f"{shape} {routing} {impl} fwd+bwd {t[0]:.3f} ms ({flops / t[0] / 1e9:.0f} TFLOP/s, "
+          f"x{t_step_bf16[0] / t[0]:.2f} vs bf16" +
+          (f", x{t_step_fp8[0] / t[0]:.2f} vs epmoe-fp8" if t_step_fp8 is not None else "") +
+          "), rel-L2 vs bf16 " +
           ", ".join(f"{k} {v:.3e}" for k, v in err.items()) + "; stages (ms): " +
           ", ".join(f"{k} {v:.3f}" for k, v in breakdown.items()), flush=True)
     L.close()
     del L
     torch.cuda.empty_cache()
+    return t
 
 
 def bench_shape(lib, shape, routing, ceil, rows, iters, fp8=True, fp8_recipe=True, nvfp4=True,
@@ -657,7 +677,9 @@ def bench_shape(lib, shape, routing, ceil, rows, iters, fp8=True, fp8_recipe=Tru
                     y_bf16)
     if fp8:
         bench_fp8_forward(lib, shape, routing, ceil, rows, iters, y_bf16, t_fwd, recipe_fp8_ms)
-        bench_fp8_train(lib, shape, routing, rows, iters, bf16_out, t_step, recipe_fp8_ms)
+        t8 = bench_fp8_train(lib, shape, routing, rows, iters, bf16_out, t_step, recipe_fp8_ms)
+        bench_fp8_train(lib, shape, routing, rows, iters, bf16_out, t_step, recipe_fp8_ms,
+                        wgrad_bf16=True, t_step_fp8=t8)
     return err
 
 

@@ -252,7 +252,8 @@ def ep_fp8_table(c, rows, keys, get):
     """The EP = 2 FP8 rows (bench_ep.py --variants epmoe-fp8,torch-native-fp8): times, ratios to
     epmoe's bf16 row and to the torch-native FP8 recipe, rel-L2 against bf16 outputs. Returns the
     FP8 impls present."""
-    impls = [i for i in ("epmoe-fp8", "epmoe-fp8-per-rank", "torch-native-fp8")
+    impls = [i for i in ("epmoe-fp8", "epmoe-fp8-per-rank", "epmoe-fp8-wgrad-bf16",
+                         "torch-native-fp8")
              if any(r["impl"] == i for r in rows)]
     if not impls:
         return impls
@@ -275,7 +276,7 @@ def ep_fp8_table(c, rows, keys, get):
             if not s:
                 continue
             vs_bf16 = vs_recipe = "-"
-            if impl in ("epmoe-fp8", "epmoe-fp8-per-rank"):
+            if impl in ("epmoe-fp8", "epmoe-fp8-per-rank", "epmoe-fp8-wgrad-bf16"):
                 vs_bf16 = (f"{fmt(f.get('ratio_to_bf16'), '.2f')}x / "
                            f"{fmt(s.get('ratio_to_bf16'), '.2f')}x")
                 if s.get("ratio_to_recipe") is not None:  # torch-native-fp8 ran

@@ -47,6 +47,9 @@ typedef struct {
                                   weights are quantized on every call (default). nvfp4 and
                                   mxfp8: must be 1 */
   int32_t combine;             /* 0: per_route (default); 1: per_rank (one row per token and rank) */
+  int32_t fp8_wgrad;           /* precision fp8_block training: 0 fp8 (FP8 WGRADs on column-quantized
+                                  operands; the default), 1 bf16 (bf16 WGRADs, x decoded from its
+                                  E4M3 rows); other precisions: 0 */
 } epmoe_config;
 
 /* Defaults of the C++ Config for the four required fields. */

@@ -47,6 +47,17 @@ const char* to_string(Precision precision);
 enum class CombineMode : int { per_route, per_rank };
 const char* to_string(CombineMode mode);
 
+// Precision of the two weight gradients of FP8 training (precision fp8_block; docs/formats.md
+// "FP8 training", "The weight gradients in bf16").
+//   fp8:  both operands quantized 128x1 along each expert's rows, then the FP8 WGRAD.
+//   bf16: the bf16 path's WGRAD (bf16 operands, fp32 accumulation) on the bf16 grad_h3 / h and
+//         grad_h13 the step holds, and x as its received E4M3 rows decoded, each value
+//         bf16(fp32 code * scale). No column quantization.
+enum class Fp8Wgrad : int { fp8, bf16 };
+const char* to_string(Fp8Wgrad wgrad);
+// The default of ConfigFields::fp8_wgrad (one place to change it).
+constexpr Fp8Wgrad kDefaultFp8Wgrad = Fp8Wgrad::fp8;
+
 // What happens when a rank receives more rows than its planned capacity.
 //   report: no out-of-bounds access; the status word records (rank, required, available), every
 //           rank skips the step consistently, Context::check() throws; the context stays usable.
@@ -99,6 +110,9 @@ struct ConfigFields {
   // layout), which stays in device memory. Unset: everything in device memory (plain cudaMalloc).
   std::optional<int64_t> scratch_device_bytes{};
   CombineMode combine = CombineMode::per_route;
+  // fp8_block training: the weight gradients' precision (Fp8Wgrad above); other precisions
+  // must leave it at the default.
+  Fp8Wgrad fp8_wgrad = kDefaultFp8Wgrad;
 };
 
 class Config {

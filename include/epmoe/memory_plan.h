@@ -75,7 +75,9 @@ struct MemoryPlan {
   int64_t forward_scratch_bytes = 0;   // worst forward (recompute mode)
   int64_t backward_scratch_bytes = 0;  // worst backward (recompute mode)
   // fp8_block only (0 otherwise), after the call scratch (core/fp8_terms.h):
-  int64_t fp8_scratch_bytes = 0;         // E4M3 operands: h, grad_h3, grad_h13 rows, WGRAD columns
+  // E4M3 operands: h, grad_h3, grad_h13 rows, then the WGRAD columns (fp8_wgrad fp8) or x decoded
+  // to bf16 (fp8_wgrad bf16)
+  int64_t fp8_scratch_bytes = 0;
   // Config.prepared_weights off: weights quantized per call, then (training) one weight
   // transposed for the DGRADs (core/fp8_terms.h fp8_transposed_layout). On: 0 (the caller's
   // prepared weights carry their transposed copies).
@@ -104,6 +106,7 @@ struct MemoryPlan {
   bool inference = false;
   Precision precision = Precision::bf16;
   CombineMode combine = CombineMode::per_route;
+  Fp8Wgrad fp8_wgrad = kDefaultFp8Wgrad;  // Config.fp8_wgrad (fp8_block training)
 
   // Multi-line, human-readable account of every term above.
   std::string explain() const;

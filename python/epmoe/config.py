@@ -16,6 +16,7 @@ import torch
 _ACTIVATIONS = ("swiglu", "swiglu_clamped")
 _PRECISIONS = ("bf16", "fp8_block")  # nvfp4 inference needs prepared weights, not exposed yet
 _COMBINES = ("per_route", "per_rank")
+_FP8_WGRADS = ("fp8", "bf16")
 
 
 def _positive_int(name: str, value) -> None:
@@ -70,6 +71,10 @@ class Config:
     # "per_route": one combine row per route crosses back to the token's rank; "per_rank": one row
     # per (token, rank holding its routes), summed on the expert side (bf16 only).
     combine: str = "per_route"
+    # precision "fp8_block" (training): "fp8", both weight gradients as FP8 WGRADs on 128x1
+    # column-quantized operands; "bf16", as bf16 WGRADs on the bf16 operands (x decoded from its
+    # E4M3 rows). Other precisions: "fp8" (docs/formats.md "FP8 training").
+    fp8_wgrad: str = "fp8"
 
     def __post_init__(self) -> None:
         for name in ("max_num_local_input_tokens", "hidden_dim", "intermediate_dim", "top_k",
@@ -101,6 +106,11 @@ class Config:
             raise ValueError(f"Config.precision: expected one of {_PRECISIONS}, got {self.precision!r}")
         if self.combine not in _COMBINES:
             raise ValueError(f"Config.combine: expected one of {_COMBINES}, got {self.combine!r}")
+        if self.fp8_wgrad not in _FP8_WGRADS:
+            raise ValueError(f"Config.fp8_wgrad: expected one of {_FP8_WGRADS}, got {self.fp8_wgrad!r}")
+        if self.fp8_wgrad != "fp8" and self.precision != "fp8_block":
+            raise ValueError(f"Config.fp8_wgrad: expected 'fp8' (the default) with precision "
+                             f"{self.precision!r}, got {self.fp8_wgrad!r}")
         if self.overflow not in ("report", "trap"):
             raise ValueError(f"Config.overflow: expected 'report' or 'trap', got {self.overflow!r}")
         for name in ("inference", "check_inputs", "fuse_epilogues", "arrival_gated_w13"):
@@ -139,6 +149,7 @@ class Config:
             "fuse_epilogues": int(self.fuse_epilogues),
             "arrival_gated_w13": int(self.arrival_gated_w13),
             "combine": self.combine,
+            "fp8_wgrad": self.fp8_wgrad,
         }
         if self.activation_slot_bytes is not None:
             fields["activation_slot_bytes"] = self.activation_slot_bytes

@@ -52,6 +52,7 @@ Config to_config(const epmoe_config& c) {
   f.inference = c.inference != 0;
   f.prepared_weights = c.prepared_weights != 0;
   f.combine = static_cast<CombineMode>(c.combine);  // Config validates the value
+  f.fp8_wgrad = static_cast<Fp8Wgrad>(c.fp8_wgrad);  // Config validates the value
   return Config(f);
 }
 
@@ -146,6 +147,7 @@ epmoe_config epmoe_config_default(int64_t T, int64_t D, int64_t F, int32_t K, in
   c.inference = d.inference ? 1 : 0;
   c.prepared_weights = d.prepared_weights ? 1 : 0;
   c.combine = static_cast<int32_t>(d.combine);
+  c.fp8_wgrad = static_cast<int32_t>(d.fp8_wgrad);
   return c;
 }
 

@@ -102,6 +102,14 @@ const char* to_string(Precision precision) {
   return "invalid";
 }
 
+const char* to_string(Fp8Wgrad wgrad) {
+  switch (wgrad) {
+    case Fp8Wgrad::fp8: return "fp8";
+    case Fp8Wgrad::bf16: return "bf16";
+  }
+  return "invalid";
+}
+
 const char* to_string(CombineMode mode) {
   switch (mode) {
     case CombineMode::per_route: return "per_route";
@@ -164,6 +172,13 @@ Config::Config(const ConfigFields& fields) : f_(fields) {
     EPMOE_CHECK_ARG(per_rank_ok, "Config.precision", "bf16 or fp8_block with combine per_rank",
                     epmoe::to_string(f_.precision));
   }
+  const bool fp8_wgrad_ok = f_.fp8_wgrad == Fp8Wgrad::fp8 || f_.fp8_wgrad == Fp8Wgrad::bf16;
+  EPMOE_CHECK_ARG(fp8_wgrad_ok, "Config.fp8_wgrad", "fp8 or bf16", enum_value(f_.fp8_wgrad));
+  EPMOE_CHECK_ARG(f_.fp8_wgrad == kDefaultFp8Wgrad || f_.precision == Precision::fp8_block,
+                  "Config.fp8_wgrad",
+                  std::string(epmoe::to_string(kDefaultFp8Wgrad)) + " (the default) with precision " +
+                      epmoe::to_string(f_.precision) + " (it chooses fp8_block's weight gradients)",
+                  epmoe::to_string(f_.fp8_wgrad));
   if (f_.scratch_device_bytes) {
     EPMOE_CHECK_ARG(*f_.scratch_device_bytes >= 0, "Config.scratch_device_bytes",
                     ">= 0 (or unset: all scratch in device memory)", *f_.scratch_device_bytes);
@@ -205,7 +220,8 @@ std::string Config::to_string() const {
       ", prepared_weights=", f_.prepared_weights ? "true" : "false",
       ", scratch_device_bytes=",
       f_.scratch_device_bytes ? std::to_string(*f_.scratch_device_bytes) : "unset",
-      ", combine=", epmoe::to_string(f_.combine), "}");
+      ", combine=", epmoe::to_string(f_.combine),
+      ", fp8_wgrad=", epmoe::to_string(f_.fp8_wgrad), "}");
 }
 
 }  // namespace epmoe

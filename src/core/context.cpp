@@ -26,7 +26,7 @@ struct ConfigFingerprint {
   float alpha, limit;
   double capacity_factor;
   int32_t num_slots, layers_per_slot, inference, fuse_epilogues;
-  int32_t arrival_gated_w13, prepared_weights, combine, reserved;
+  int32_t arrival_gated_w13, prepared_weights, combine, fp8_wgrad;
   int64_t slot_bytes;
 };
 
@@ -50,6 +50,7 @@ ConfigFingerprint fingerprint(const Config& c, int64_t slot_bytes) {
   f.arrival_gated_w13 = x.arrival_gated_w13;
   f.prepared_weights = x.prepared_weights;
   f.combine = static_cast<int32_t>(x.combine);
+  f.fp8_wgrad = static_cast<int32_t>(x.fp8_wgrad);
   f.slot_bytes = slot_bytes;
   return f;
 }
@@ -171,6 +172,7 @@ struct Context::Impl {
     if (!fp8()) return;
     s.fp8 = true;
     s.fp8_scratch = fp8_scratch();
+    s.fp8_wgrad = config.fields().fp8_wgrad;
     if (w13_prepared != nullptr) {
       s.w13_q_EFD = w13_prepared->data.as<uint8_t>();
       s.w13_scales_EBS = w13_prepared->scales.as<float>();

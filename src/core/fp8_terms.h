@@ -9,6 +9,7 @@
 #include "core/formats/fp8_block.h"
 #include "core/hd.h"
 #include "core/plan_terms.h"
+#include "epmoe/config.h"
 
 namespace epmoe {
 
@@ -47,15 +48,20 @@ inline Fp8DispatchLayout fp8_dispatch_layout(int64_t T, int64_t D) {
 
 // FP8 operand scratch at M rows, after the call scratch:
 //   h_q      [M, F] rows (W2 FPROP)     | grad_h3_q [M, D] rows (W2 DGRAD)
-//   grad_h13_q [M, 2F] rows (W13 DGRAD) | col_a, col_b: the two column-quantized operands of one
-//   weight gradient (W2: grad_h3 [M, D], h [M, F]; then W13: grad_h13 [M, 2F], x [M, D]):
-//   codes [A, Kc] (room for [M, A] too) | scales [Bc, A] f32 with A = max(D, 2F) for col_a,
-//   max(F, D) for col_b, Bc = fp8_col_blocks(M, E), Kc = fp8_col_k(M, E) = 128 Bc.
+//   grad_h13_q [M, 2F] rows (W13 DGRAD) | then, by Config.fp8_wgrad:
+//   fp8:  col_a, col_b: the two column-quantized operands of one weight gradient (W2: grad_h3
+//         [M, D], h [M, F]; then W13: grad_h13 [M, 2F], x [M, D]): codes [A, Kc] (room for
+//         [M, A] too) | scales [Bc, A] f32 with A = max(D, 2F) for col_a, max(F, D) for col_b,
+//         Bc = fp8_col_blocks(M, E), Kc = fp8_col_k(M, E) = 128 Bc.
+//   bf16: x_bf16 [M, max(D, F)] bf16 at col_a: the received x rows decoded for the bf16 W13 WGRAD
+//         ([M, D]); no column operands (col_a_scales .. col_b_scales = total, empty).
+// Both: col_a holds >= M * F bf16, the fused W2 DGRAD's grad_h before the SwiGLU backward (free
+// until the WGRADs).
 // Row operands are laid out as fp8_rows_bytes(M, L).
 struct Fp8ScratchLayout {
-  int64_t h_q, grad_h3_q, grad_h13_q, col_a, col_a_scales, col_b, col_b_scales, total;
+  int64_t h_q, grad_h3_q, grad_h13_q, col_a, col_a_scales, col_b, col_b_scales, x_bf16, total;
 };
-inline Fp8ScratchLayout fp8_scratch_layout(const Dims& d, int64_t M) {
+inline Fp8ScratchLayout fp8_scratch_layout(const Dims& d, int64_t M, Fp8Wgrad wgrad) {
   const int64_t A = std::max(d.D, 2 * d.F), B = std::max(d.F, d.D);
   const int64_t Bc = fp8_col_blocks(M, d.E), Kc = fp8_col_k(M, d.E);
   Fp8ScratchLayout l;
@@ -63,13 +69,18 @@ inline Fp8ScratchLayout fp8_scratch_layout(const Dims& d, int64_t M) {
   l.grad_h3_q = l.h_q + align_bytes(fp8_rows_bytes(M, d.F));
   l.grad_h13_q = l.grad_h3_q + align_bytes(fp8_rows_bytes(M, d.D));
   l.col_a = l.grad_h13_q + align_bytes(fp8_rows_bytes(M, 2 * d.F));
+  l.x_bf16 = l.col_a;
+  if (wgrad == Fp8Wgrad::bf16) {
+    l.total = l.col_a + align_bytes(M * std::max(d.D, d.F) * 2);
+    l.col_a_scales = l.col_b = l.col_b_scales = l.total;
+    return l;
+  }
   l.col_a_scales = l.col_a + align_bytes(Kc * A);
   l.col_b = l.col_a_scales + align_bytes(Bc * A * 4);
   l.col_b_scales = l.col_b + align_bytes(Kc * B);
   l.total = l.col_b_scales + align_bytes(Bc * B * 4);
   return l;
 }
-
 // Weights quantized per call when the caller prepares none (Config.prepared_weights = false),
 // in the PreparedWeights fp8_block_fp32 layout: w13 [E, 2F, D] | scales [E, S_2F, S_D] |
 // w2 [E, D, F] | scales [E, S_D, S_F].

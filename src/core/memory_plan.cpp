@@ -122,6 +122,7 @@ MemoryPlan plan_memory(const Config& config, int ep_size) {
   // ---- symmetric buffers ----
   p.routing_buffer_bytes = routing_buffer_layout(T, K).bytes;
   p.precision = c.precision;
+  p.fp8_wgrad = c.fp8_wgrad;
   const bool fp8 = c.precision == Precision::fp8_block;
   p.dispatch_buffer_bytes = align_bytes(T * D * 2);
   if (fp8) p.dispatch_buffer_bytes = std::max(p.dispatch_buffer_bytes, fp8_dispatch_layout(T, D).total);
@@ -204,7 +205,7 @@ MemoryPlan plan_memory(const Config& config, int ep_size) {
   if (fp8) {
     // An inference context runs the forward only: of the FP8 operands it needs the h rows (the
     // first region of fp8_scratch_layout, so the carve is the same).
-    p.fp8_scratch_bytes = c.inference ? align_bytes(fp8_rows_bytes(M, F)) : fp8_scratch_layout(d, M).total;
+    p.fp8_scratch_bytes = c.inference ? align_bytes(fp8_rows_bytes(M, F)) : fp8_scratch_layout(d, M, c.fp8_wgrad).total;
     // The h rows are the forward's too.
     p.forward_scratch_bytes += align_bytes(fp8_rows_bytes(M, F));
     // Per-call weights, then, for training, one transposed weight for the DGRADs (the CUDA
@@ -332,14 +333,18 @@ std::string MemoryPlan::explain() const {
          bytes_text(backward_scratch_bytes) + " + fp8 operands " +
          bytes_text(fp8_scratch_bytes) + " + fp8 weights " + bytes_text(fp8_weight_scratch_bytes));
     const Dims d{tokens, hidden, intermediate, top_k, experts_local, ep_size};
-    const Fp8ScratchLayout l = fp8_scratch_layout(d, recv_capacity_rows);
+    const Fp8ScratchLayout l = fp8_scratch_layout(d, recv_capacity_rows, fp8_wgrad);
     if (inference) {
       line("    fp8 operands (E4M3 + fp32 scales): h rows " + bytes_text(fp8_scratch_bytes) +
            " (inference: forward only)");
     } else {
       line("    fp8 operands (E4M3 + fp32 scales): h rows " + bytes_text(l.grad_h3_q - l.h_q) +
            ", grad_h3 rows " + bytes_text(l.grad_h13_q - l.grad_h3_q) + ", grad_h13 rows " +
-           bytes_text(l.col_a - l.grad_h13_q) + ", WGRAD columns (128 rows per block) " +
+           bytes_text(l.col_a - l.grad_h13_q) +
+           (fp8_wgrad == Fp8Wgrad::bf16
+                ? ", x decoded to bf16 for the bf16 WGRADs (Config.fp8_wgrad = bf16; no WGRAD "
+                  "columns) "
+                : ", WGRAD columns (128 rows per block) ") +
            bytes_text(l.total - l.col_a));
     }
     // Prepared weights (no per-call weights) bring their transposed copies: no region either.

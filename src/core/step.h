@@ -10,6 +10,7 @@
 #include "core/numeric.h"
 #include "core/plan_terms.h"
 #include "core/slot_plan.h"
+#include "epmoe/config.h"
 #include "epmoe/status.h"
 #include "epmoe/tensor.h"
 
@@ -99,7 +100,10 @@ struct Step {
   const float* w13_scales_EBS = nullptr;  // [E, S_2F, S_D] fp32, one per 128x128 block
   const uint8_t* w2_q_EDF = nullptr;      // [E, D, F] E4M3
   const float* w2_scales_EBS = nullptr;   // [E, S_D, S_F]
-  char* fp8_scratch = nullptr;            // fp8_scratch_layout(dims, capacity_rows); inference: h rows only
+  char* fp8_scratch = nullptr;  // fp8_scratch_layout(dims, capacity_rows, fp8_wgrad); inference: h rows only
+  // Config.fp8_wgrad: fp8, the FP8 WGRADs on column-quantized operands; bf16, the bf16 WGRADs (x
+  // decoded from its E4M3 rows into fp8_scratch's x_bf16 first).
+  Fp8Wgrad fp8_wgrad = kDefaultFp8Wgrad;
   // The DGRAD operands: w13^T [E, D, 2F] + scales [E, S_D, S_2F], w2^T [E, F, D] + scales
   // [E, S_F, S_D]. Prepared weights: the caller's transposed copies (read as they are). Per-call
   // weights: null, and the CUDA DGRADs transpose into fp8_transposed, the training scratch

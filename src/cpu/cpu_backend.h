@@ -155,6 +155,9 @@ void fp8_w13_dgrad(const Step& s, bool scatter);
 // Weight gradients from column-quantized operands: W2 (grad_h3, h) and W13 (grad_h13, x).
 void fp8_w2_wgrad(const Step& s);
 void fp8_w13_wgrad(const Step& s);
+// Config.fp8_wgrad = bf16: the received E4M3 x rows decoded to bf16 (cpu::fp8_decode_rows_bf16)
+// into the FP8 scratch's x_bf16 [capacity, D]; returns it (the bf16 W13 WGRAD's x operand).
+const bf16_t* fp8_decode_x_bf16(const Step& s);
 
 // ---- per-rank combine (stages_combine.cpp) ----
 // Each pull's routes' rows_MD summed (score-weighted when scaled) into one row of its owner's

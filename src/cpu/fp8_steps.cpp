@@ -36,6 +36,16 @@ void fp8_dequantize_rows_s_major(const uint8_t* q_ML, const float* scales_SM, in
   }
 }
 
+void fp8_decode_rows_bf16(const uint8_t* q_ML, const float* scales_SM, int64_t ld, int64_t rows,
+                          int64_t L, bf16_t* x_ML) {
+  for (int64_t m = 0; m < rows; ++m) {
+    for (int64_t l = 0; l < L; ++l) {
+      x_ML[m * L + l] =
+          float_to_bf16(fp8_decode_fp32(q_ML[m * L + l], scales_SM[(l / kBlock) * ld + m]));
+    }
+  }
+}
+
 int64_t fp8_col_block_base(const int32_t* offsets_E1, int e) {
   int64_t base = 0;
   for (int i = 0; i < e; ++i) base += blocks(offsets_E1[i + 1] - offsets_E1[i]);

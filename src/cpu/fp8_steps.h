@@ -24,6 +24,12 @@ void fp8_quantize_rows_s_major(const bf16_t* x_ML, int64_t rows, int64_t L, uint
 void fp8_dequantize_rows_s_major(const uint8_t* q_ML, const float* scales_SM, int64_t ld,
                                  int64_t rows, int64_t L, float* x_ML);
 
+// The same rows decoded to bf16 (Config.fp8_wgrad = bf16: the W13 WGRAD's x operand): each value
+// bf16(fp32 code * scale), the fp32 decode above rounded once to nearest even (the product is not
+// always a bf16: a 4-bit code significand times a 24-bit scale).
+void fp8_decode_rows_bf16(const uint8_t* q_ML, const float* scales_SM, int64_t ld, int64_t rows,
+                          int64_t L, bf16_t* x_ML);
+
 // First column block of expert e: sum over earlier experts of ceil(rows / 128).
 int64_t fp8_col_block_base(const int32_t* offsets_E1, int e);
 // Column quantization for the weight gradients: 128x1 blocks along the rows of each expert,

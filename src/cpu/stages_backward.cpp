@@ -239,7 +239,8 @@ void CpuBackend::w2_dgrad_swiglu(const Step& step) {
 }
 
 void CpuBackend::w2_wgrad(const Step& s) {
-  if (s.fp8 && !skipped(s)) {
+  // Config.fp8_wgrad = bf16: the bf16 WGRAD below on the bf16 grad_h3 and h the FP8 steps keep.
+  if (s.fp8 && s.fp8_wgrad == Fp8Wgrad::fp8 && !skipped(s)) {
     fp8_w2_wgrad(s);
     return;
   }
@@ -259,12 +260,14 @@ void CpuBackend::w13_dgrad_scatter(const Step& s) {
 
 void CpuBackend::w13_wgrad(const Step& step) {
   const Step s = placed(step);
-  if (s.fp8 && !skipped(s)) {
+  if (s.fp8 && s.fp8_wgrad == Fp8Wgrad::fp8 && !skipped(s)) {
     fp8_w13_wgrad(s);
     return;
   }
+  // Config.fp8_wgrad = bf16: x is the received E4M3 rows decoded to bf16.
+  const bf16_t* x_MD = s.fp8 && !skipped(s) ? fp8_decode_x_bf16(s) : s.x_gathered_MD;
   // grad_w13[e][j, d] = sum_m grad_h13[m, j] * x_gathered[m, d]
-  weight_grad(s, s.grad_h13_M2F, 2 * s.dims.F, s.x_gathered_MD, s.dims.D, s.grad_w13_EFD);
+  weight_grad(s, s.grad_h13_M2F, 2 * s.dims.F, x_MD, s.dims.D, s.grad_w13_EFD);
 }
 
 void CpuBackend::reduce_backward(const Step& s) {

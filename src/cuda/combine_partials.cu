@@ -1,13 +1,15 @@
-// Per-rank combine kernels. send: one warp per pull of a grid-stride loop over the P pulls; each
-// lane sums its 16-byte column vectors of the pull's local rows in k order and stores the rounded
-// sum once through the peer table (.cg). reduce: grid-stride over [T', D/8] vectors of the owner.
-// Separate fp32 multiply and add (__fmul_rn / __fadd_rn, never an FMA) in the CPU reference's
-// order, so both backends agree bitwise.
+// Per-rank combine kernels. send: one warp per pull of a grid-stride loop over the P pulls (the
+// pull's routes and scores read once, pull_walk.cuh); each lane sums its 16-byte column vectors of
+// the pull's local rows in k order and stores the rounded sum once through the peer table (.cg).
+// reduce: grid-stride over [T', D/8] vectors of the owner. Separate fp32 multiply and add
+// (__fmul_rn / __fadd_rn, never an FMA) in the CPU reference's order, so both backends agree
+// bitwise.
 #include "cuda/combine_partials.h"
 
 #include "core/combine_ranks.h"
 #include "cuda/kernel_common.cuh"
 #include "cuda/placed.h"
+#include "cuda/pull_walk.cuh"
 
 namespace epmoe::cuda {
 namespace {
@@ -35,18 +37,24 @@ __global__ void __launch_bounds__(kThreads) send_partials_kernel(const SendParam
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   const int64_t vecs = p.D / kVec;
   const bf16_t* rows_MD = p.rows.get<const bf16_t>();
-  for (int64_t pull = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; pull < P;
-       pull += warps) {  // warp-uniform
+  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; i < P;
+       i += warps) {  // warp-uniform
+    const int64_t pull = folded_pull(i, P);
     const int32_t src = p.pull_src_P[pull];
     const int r = static_cast<int>(src / p.T);
     const int64_t t = src % p.T;
     const int32_t* rows_K = p.pull_rows_PK + pull * p.K;  // [K]
+    const int32_t lane_row = lane_route_row(rows_K, p.K, lane);
     const float* scores_K = nullptr;                      // [K] the token's scores (peer)
+    float lane_score = 1.0f;
     if constexpr (kScaled) {
       scores_K = reinterpret_cast<const float*>(p.routing_R[r] + p.scores_offset) + t * p.K;
+      lane_score = lane_route_score(scores_K, p.K, lane);
     }
     bf16_t* out_D = p.combine_R[r] + (t * p.R + p.rank) * p.D;  // [D] on the owner (peer)
-    for (int64_t v0 = lane; v0 < vecs; v0 += 32 * kBatch) {
+    // base is warp-uniform (every lane runs every pass: route_row shuffles); lane l sums the
+    // vectors base + l + 32 b.
+    for (int64_t base = 0; base < vecs; base += 32 * kBatch) {
       Bf16x8 acc[kBatch];
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
@@ -54,14 +62,14 @@ __global__ void __launch_bounds__(kThreads) send_partials_kernel(const SendParam
         for (int e = 0; e < kVec; ++e) acc[b].v[e] = 0.0f;
       }
       for (int k = 0; k < p.K; ++k) {
-        const int64_t m = rows_K[k];
+        const int64_t m = route_row(lane_row, rows_K, k);  // warp-uniform
+        float score = 1.0f;
+        if constexpr (kScaled) score = route_score(lane_score, scores_K, k);
         if (m < 0) continue;
         const bf16_t* row_D = rows_MD + m * p.D;  // [D] local row m
-        float score = 1.0f;
-        if constexpr (kScaled) score = __ldcg(scores_K + k);
 #pragma unroll
         for (int b = 0; b < kBatch; ++b) {
-          const int64_t v = v0 + 32 * b;
+          const int64_t v = base + lane + 32 * b;
           if (v >= vecs) continue;
           const Bf16x8 x = unpack8(load_vec(row_D + v * kVec));
 #pragma unroll
@@ -76,7 +84,7 @@ __global__ void __launch_bounds__(kThreads) send_partials_kernel(const SendParam
       }
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
-        const int64_t v = v0 + 32 * b;
+        const int64_t v = base + lane + 32 * b;
         if (v < vecs) store_vec_cg(out_D + v * kVec, pack8(acc[b]));
       }
     }

@@ -168,17 +168,20 @@ EPMOE_STAGE(restore_input, cuda::restore_input(s))
 EPMOE_STAGE(publish_backward, cuda::publish_backward(s))
 EPMOE_STAGE(grad_scores, cuda::grad_scores(s))
 // FP8 (s.fp8): grad_h3 and grad_h13 quantized by the bf16 kernels that write them; the DGRADs
-// on the FP8 GEMM, the WGRADs on FP8-quantized operands (fp8_backward.h).
+// on the FP8 GEMM, the WGRADs on FP8-quantized operands (fp8_backward.h), or with
+// Config.fp8_wgrad = bf16 the bf16 WGRADs (x decoded to bf16 first).
 EPMOE_STAGE(gather_grad, if (s.fp8) cuda::fp8_gather_grad(s); else cuda::gather_grad(s))
 EPMOE_STAGE(w2_dgrad, if (s.fp8) cuda::fp8_w2_dgrad(s, false); else cuda::w2_dgrad(s, false))
 EPMOE_STAGE(swiglu_backward,
             if (s.fp8) cuda::fp8_swiglu_backward(s); else cuda::swiglu_backward(s))
 EPMOE_STAGE(w2_dgrad_swiglu, if (s.fp8) cuda::fp8_w2_dgrad(s, true); else cuda::w2_dgrad(s, true))
-EPMOE_STAGE(w2_wgrad, if (s.fp8) cuda::fp8_w2_wgrad(s); else cuda::w2_wgrad(s))
+EPMOE_STAGE(w2_wgrad, if (s.fp8 && s.fp8_wgrad == Fp8Wgrad::fp8) cuda::fp8_w2_wgrad(s);
+            else cuda::w2_wgrad(s))
 EPMOE_STAGE(w13_dgrad, if (s.fp8) cuda::fp8_w13_dgrad(s, false); else cuda::w13_dgrad(s, false))
 EPMOE_STAGE(w13_dgrad_scatter,
             if (s.fp8) cuda::fp8_w13_dgrad(s, true); else cuda::w13_dgrad(s, true))
-EPMOE_STAGE(w13_wgrad, if (s.fp8) cuda::fp8_w13_wgrad(s); else cuda::w13_wgrad(s))
+EPMOE_STAGE(w13_wgrad, if (s.fp8 && s.fp8_wgrad == Fp8Wgrad::fp8) cuda::fp8_w13_wgrad(s);
+            else if (s.fp8) cuda::fp8_w13_wgrad_bf16(s); else cuda::w13_wgrad(s))
 EPMOE_STAGE(combine_send_backward, cuda::send_partials(s, false))
 EPMOE_STAGE(reduce_backward, s.combine_per_rank
                                  ? cuda::reduce_partials(s, s.grad_x_TD, "grad_x_TD",

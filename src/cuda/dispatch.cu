@@ -9,6 +9,7 @@
 #include "cuda/formats/fp8_row_vectors.cuh"
 #include "cuda/kernel_common.cuh"
 #include "cuda/placed.h"
+#include "cuda/pull_walk.cuh"
 
 namespace epmoe::cuda {
 namespace {
@@ -61,17 +62,21 @@ __global__ void __launch_bounds__(kThreads) pull_rows_kernel(const PullParams p)
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   const int64_t vecs = p.D / kVec;
-  for (int64_t pull = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; pull < P;
-       pull += warps) {
+  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; i < P;
+       i += warps) {
+    const int64_t pull = folded_pull(i, P);
     const int32_t src = p.pull_src_P[pull];
     const int r = static_cast<int>(src / p.T);
     const int64_t t = src % p.T;
     const bf16_t* row_D = p.dispatch_R[r] + t * p.D;          // [D] of rank r, token t (peer)
     const int32_t* rows_K = p.pull_rows_PK + pull * p.K;      // [K]
+    const int32_t lane_row = lane_route_row(rows_K, p.K, lane);
     const float* scores_K = nullptr;                          // [K] the token's scores (peer)
+    float lane_score = 0.0f;
     const bool scale = kScale && p.row_scores_M == nullptr;  // kernel-uniform
     if constexpr (kScale) {
       scores_K = reinterpret_cast<const float*>(p.routing_R[r] + p.scores_offset) + t * p.K;
+      if (scale) lane_score = lane_route_score(scores_K, p.K, lane);
       if (!scale) {
         for (int k = lane; k < p.K; k += 32) {
           const int32_t m = rows_K[k];
@@ -79,10 +84,10 @@ __global__ void __launch_bounds__(kThreads) pull_rows_kernel(const PullParams p)
         }
       }
     }
-    // Lane l holds vectors v0 + 32 b. Quantizing, v0 = base + l with base warp-uniform: the loop
-    // runs on every lane (shuffles) and 16 lanes are one 1x128 block.
-    const int64_t lane_offset = kQuantize ? lane : 0;
-    for (int64_t v0 = kQuantize ? 0 : lane; v0 < vecs; v0 += 32 * kBatch) {
+    // Lane l holds vectors v0 + l + 32 b with v0 warp-uniform: the loop runs on every lane (route
+    // and quantization shuffles); quantizing, 16 lanes are one 1x128 block.
+    const int64_t lane_offset = lane;
+    for (int64_t v0 = 0; v0 < vecs; v0 += 32 * kBatch) {
       uint4 u[kBatch];
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
@@ -110,11 +115,11 @@ __global__ void __launch_bounds__(kThreads) pull_rows_kernel(const PullParams p)
         }
       }
       for (int k = 0; k < p.K; ++k) {
-        const int64_t m = rows_K[k];  // warp-uniform
+        const int64_t m = route_row(lane_row, rows_K, k);  // warp-uniform
         if (m < 0) continue;
         bf16_t* out_D = out_MD + m * p.D;  // [D] local row m
         float score = 0.0f;
-        if (scale) score = __ldcg(scores_K + k);
+        if (scale) score = route_score(lane_score, scores_K, k);
 #pragma unroll
         for (int b = 0; b < kBatch; ++b) {
           const int64_t v = v0 + lane_offset + 32 * b;
@@ -199,28 +204,31 @@ __global__ void __launch_bounds__(kThreads) pull_fp8_rows_kernel(const Fp8PullPa
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   const int64_t vecs = p.D / 16;  // D % 16 == 0 (CudaBackend::validate for fp8_block)
-  for (int64_t pull = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; pull < P;
-       pull += warps) {
+  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; i < P;
+       i += warps) {
+    const int64_t pull = folded_pull(i, P);
     const int32_t src = p.pull_src_P[pull];
     const char* base = p.dispatch_R[src / p.T];  // rank r's buffer (peer)
     const int64_t t = src % p.T;
     const uint4* codes_V = reinterpret_cast<const uint4*>(base + t * p.D);                // [D / 16]
     const float* scales_S = reinterpret_cast<const float*>(base + p.scales_offset) + t * p.S;  // [S]
     const int32_t* rows_K = p.pull_rows_PK + pull * p.K;  // [K]
-    for (int64_t v0 = lane; v0 < vecs; v0 += 32 * kBatch) {
+    const int32_t lane_row = lane_route_row(rows_K, p.K, lane);
+    // v0 warp-uniform (route_row shuffles on every lane); lane l holds vectors v0 + l + 32 b.
+    for (int64_t v0 = 0; v0 < vecs; v0 += 32 * kBatch) {
       uint4 u[kBatch];
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
-        const int64_t v = v0 + 32 * b;
+        const int64_t v = v0 + lane + 32 * b;
         if (v < vecs) u[b] = __ldcg(codes_V + v);
       }
       for (int k = 0; k < p.K; ++k) {
-        const int64_t m = rows_K[k];
+        const int64_t m = route_row(lane_row, rows_K, k);  // warp-uniform
         if (m < 0) continue;
         uint4* out_V = reinterpret_cast<uint4*>(q_MD + m * p.D);  // [D / 16] local row m
 #pragma unroll
         for (int b = 0; b < kBatch; ++b) {
-          const int64_t v = v0 + 32 * b;
+          const int64_t v = v0 + lane + 32 * b;
           if (v < vecs) out_V[v] = u[b];
         }
       }

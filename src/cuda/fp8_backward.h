@@ -38,5 +38,9 @@ void fp8_w13_dgrad(const Step& s, bool scatter);
 // FP8 WGRAD (E4M3 wgmma per 128-row block, promoted with the two blocks' scales).
 void fp8_w2_wgrad(const Step& s);
 void fp8_w13_wgrad(const Step& s);
+// Config.fp8_wgrad = bf16: grad_w13[e] (+)= grad_h13^T x on the bf16 WGRAD, x the received E4M3
+// rows decoded to bf16 (fp8_decode_rows_bf16_counted) first. The W2 WGRAD is the bf16 one as it
+// is (grad_h3 and the score-scaled h are bf16 in the FP8 steps too).
+void fp8_w13_wgrad_bf16(const Step& s);
 
 }  // namespace epmoe::cuda

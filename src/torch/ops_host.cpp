@@ -181,6 +181,7 @@ std::string plan_fields(const std::string& config_text, int64_t ep_size) {
     EPMOE_FIELD(inference);
     os << "precision=" << epmoe::to_string(p.precision) << '\n';
     os << "combine=" << epmoe::to_string(p.combine) << '\n';
+    os << "fp8_wgrad=" << epmoe::to_string(p.fp8_wgrad) << '\n';
 #undef EPMOE_FIELD
     return os.str();
   });

@@ -49,6 +49,10 @@ Config parse_config(const std::string& text) {
                       "'bf16' or 'fp8_block' (nvfp4 needs prepared weights, not exposed to Python yet)",
                       "'" + v + "'");
       f.precision = v == "bf16" ? Precision::bf16 : Precision::fp8_block;
+    } else if (k == "fp8_wgrad") {
+      EPMOE_CHECK_ARG(v == "fp8" || v == "bf16", "Config.fp8_wgrad", "'fp8' or 'bf16'",
+                      "'" + v + "'");
+      f.fp8_wgrad = v == "fp8" ? Fp8Wgrad::fp8 : Fp8Wgrad::bf16;
     } else if (k == "combine") {
       EPMOE_CHECK_ARG(v == "per_route" || v == "per_rank", "Config.combine",
                       "'per_route' or 'per_rank'", "'" + v + "'");

@@ -50,6 +50,7 @@ Config Problem::config() const {
   f.scratch_device_bytes = scratch_device_bytes;
   f.inference = inference;
   f.combine = combine;
+  f.fp8_wgrad = fp8_wgrad;
   return Config(f);
 }
 
@@ -60,7 +61,9 @@ std::string Problem::name() const {
      << (act.kind == ActivationKind::swiglu_clamped ? " clamped" : " swiglu")
      << (fused ? " fused" : " unfused") << (arrival_gated_w13 ? "" : " staged") << " wgrad=" << epmoe::to_string(wgrad_dtype)
      << " " << epmoe::to_string(precision) << (prepared_weights ? " prepared" : "")
-     << (inference ? " inference" : "") << " combine=" << epmoe::to_string(combine);
+     << (inference ? " inference" : "") << " combine=" << epmoe::to_string(combine)
+     << (precision == Precision::fp8_block ? std::string(" fp8_wgrad=") + epmoe::to_string(fp8_wgrad)
+                                           : std::string());
   return os.str();
 }
 

@@ -43,6 +43,7 @@ struct Problem {
   std::optional<int64_t> scratch_device_bytes;  // Config.scratch_device_bytes (unset: all device)
   bool inference = false;  // Config.inference: forward only (run_forward), no slots
   CombineMode combine = CombineMode::per_route;  // Config.combine
+  Fp8Wgrad fp8_wgrad = kDefaultFp8Wgrad;         // Config.fp8_wgrad (fp8_block training)
 
   int local_experts() const { return experts / ranks; }
   Config config() const;

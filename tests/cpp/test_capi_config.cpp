@@ -61,6 +61,25 @@ TEST(CapiConfig, Mxfp8InferenceReachesThePlanner) {
   EXPECT_NE(error.find("Config.inference"), std::string::npos) << error;
 }
 
+// fp8_wgrad: 0 (fp8) by default; 1 (bf16) reaches the planner with fp8_block training (x decoded
+// to bf16 instead of the WGRAD columns) and is refused naming Config.fp8_wgrad with bf16.
+TEST(CapiConfig, Fp8WgradBf16ReachesThePlanner) {
+  epmoe_config c = epmoe_config_default(16, 32, 24, 2, 8);
+  EXPECT_EQ(c.fp8_wgrad, 0);
+  c.precision = 1;
+  std::string text = explain(c, 2);
+  EXPECT_NE(text.find("WGRAD columns (128 rows per block)"), std::string::npos) << text;
+  c.fp8_wgrad = 1;
+  text = explain(c, 2);
+  EXPECT_NE(text.find("x decoded to bf16 for the bf16 WGRADs"), std::string::npos) << text;
+  EXPECT_EQ(text.find("WGRAD columns (128 rows per block)"), std::string::npos) << text;
+  c.precision = 0;
+  std::vector<char> buf(256);
+  EXPECT_NE(epmoe_explain_plan(&c, 2, buf.data(), buf.size()), 0);
+  const std::string error = epmoe_last_error();
+  EXPECT_NE(error.find("Config.fp8_wgrad"), std::string::npos) << error;
+}
+
 TEST(CapiConfig, UnknownPrecisionIsRefusedNamingTheField) {
   epmoe_config c = epmoe_config_default(16, 32, 24, 2, 8);
   c.precision = 4;

@@ -181,6 +181,38 @@ TEST(Config, PerRankCombineWithBf16AndFp8Block) {
   EXPECT_NO_THROW(Config c(f));
 }
 
+// Config.fp8_wgrad chooses fp8_block training's weight gradients: bf16 with fp8_block (training
+// or inference, prepared weights or not); any precision with the default; a value outside the
+// enum, or bf16 with another precision, refused naming the field.
+TEST(Config, Fp8WgradOnlyWithFp8Block) {
+  ConfigFields f = tiny();
+  EXPECT_EQ(f.fp8_wgrad, Fp8Wgrad::fp8);
+  EXPECT_EQ(kDefaultFp8Wgrad, Fp8Wgrad::fp8);
+  f.fp8_wgrad = Fp8Wgrad::bf16;
+  expect_config_error(f, "Config.fp8_wgrad", "bf16");
+  f.precision = Precision::fp8_block;
+  for (bool inference : {false, true}) {
+    for (bool prepared : {false, true}) {
+      f.inference = inference;
+      f.prepared_weights = prepared;
+      EXPECT_NO_THROW(Config c(f)) << "inference " << inference << " prepared " << prepared;
+    }
+  }
+  f.precision = Precision::mxfp8;
+  expect_config_error(f, "Config.fp8_wgrad", "bf16");
+  f.precision = Precision::nvfp4;
+  expect_config_error(f, "Config.fp8_wgrad", "bf16");
+  f.fp8_wgrad = Fp8Wgrad::fp8;
+  EXPECT_NO_THROW(Config c(f));
+  f.precision = Precision::fp8_block;
+  f.fp8_wgrad = static_cast<Fp8Wgrad>(7);
+  expect_config_error(f, "Config.fp8_wgrad", "7");
+  f.fp8_wgrad = Fp8Wgrad::bf16;
+  EXPECT_NE(Config(f).to_string().find("fp8_wgrad=bf16"), std::string::npos);
+  EXPECT_STREQ(to_string(Fp8Wgrad::fp8), "fp8");
+  EXPECT_STREQ(to_string(Fp8Wgrad::bf16), "bf16");
+}
+
 TEST(Config, PrecisionNames) {
   EXPECT_STREQ(to_string(Precision::bf16), "bf16");
   EXPECT_STREQ(to_string(Precision::fp8_block), "fp8_block");
@@ -305,7 +337,8 @@ TEST(Config, ToStringListsEveryField) {
         "capacity_factor=1.25", "num_slots=3", "max_layers_per_slot=4", "slot_bytes=unset",
         "slot_capacity_factor=0.5", "overflow=trap", "wgrad_dtype=f32", "inference=false",
         "check_inputs=true", "barrier_timeout_ms=30000", "fuse_epilogues=false",
-        "arrival_gated_w13=true", "prepared_weights=false", "scratch_device_bytes=unset"}) {
+        "arrival_gated_w13=true", "prepared_weights=false", "scratch_device_bytes=unset",
+        "fp8_wgrad=fp8"}) {
     EXPECT_NE(s.find(part), std::string::npos) << part << " missing in " << s;
   }
 }

@@ -1,18 +1,24 @@
 // The steps of the FP8 training path one by one (src/cpu/fp8_steps.h): row quantization with
 // S-major scales is the codec's, column blocks start at every expert's first row, DGRAD reads the
 // 128x128 weight blocks transposed (bitwise the FPROP twin on the transposed weight), WGRAD sums
-// 128-row blocks of each expert; GEMMs on exactly representable data equal the float64 result.
+// 128-row blocks of each expert; GEMMs on exactly representable data equal the float64 result;
+// Config.fp8_wgrad = bf16: the weight gradients are the bf16 path's on the bf16 operands (x its
+// E4M3 rows decoded to bf16).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <vector>
 
+#include "core/backend.h"
 #include "core/formats/codecs.h"
 #include "core/fp8_terms.h"
+#include "core/step.h"
 #include "cpu/fp8_steps.h"
 #include "cpu/gemm_fp8_reference.h"
+#include "tolerances.h"
 
 namespace epmoe::cpu {
 namespace {
@@ -200,6 +206,137 @@ TEST(Fp8Steps, ReceivedRowsFitTheBf16RowSpace) {
   }
   // Why D = 3 is refused: 17 rows need 64 bytes of codes + 80 of scales, more than A(102) = 128.
   EXPECT_GT(fp8_rows_bytes(17, 3), align_bytes(17 * 3 * 2));
+}
+
+TEST(Fp8Steps, DecodedBf16RowsAreTheDequantizedRowsRoundedOnce) {
+  std::mt19937_64 rng(4);
+  const int64_t rows = 37, L = 300;  // a partial last block
+  const std::vector<bf16_t> x = random_bf16(rng, rows * L, 3.0);
+  const int64_t ld = fp8_rows_ld(rows);
+  std::vector<uint8_t> q(static_cast<size_t>(rows * L));
+  std::vector<float> scales(static_cast<size_t>(fp8_blocks(L) * ld));
+  fp8_quantize_rows_s_major(x.data(), rows, L, q.data(), scales.data(), ld);
+  std::vector<float> f(static_cast<size_t>(rows * L));
+  fp8_dequantize_rows_s_major(q.data(), scales.data(), ld, rows, L, f.data());
+  std::vector<bf16_t> b(static_cast<size_t>(rows * L));
+  fp8_decode_rows_bf16(q.data(), scales.data(), ld, rows, L, b.data());
+  int64_t inexact = 0;
+  for (size_t i = 0; i < f.size(); ++i) {
+    ASSERT_EQ(b[i], float_to_bf16(f[i])) << i;
+    inexact += bf16_to_float(b[i]) != f[i];
+  }
+  // code * scale needs up to 4 + 24 significant bits: the bf16 rounding is not a no-op.
+  EXPECT_GT(inexact, 0);
+}
+
+// One expert-grouped weight-gradient problem through the CPU backend's WGRAD stages: M received
+// rows in E experts (one empty, partial 128-row blocks), x as E4M3 rows in the x_gathered space.
+struct WgradProblem {
+  static constexpr int E = 3;
+  static constexpr int64_t M = 301, D = 136, F = 20;
+  int32_t offsets[E + 1] = {0, 130, 130, 301};
+  std::vector<int32_t> header = std::vector<int32_t>(kLayoutHeaderInts, 0);
+  std::vector<bf16_t> x_MD, grad_h13_M2F, grad_h3_MD, h_MF;
+  std::vector<char> x_rows;  // E4M3 rows + S-major scales (fp8_rows_bytes)
+  std::vector<char> fp8_scratch;
+  std::vector<float> grad_w13, grad_w2;
+
+  explicit WgradProblem(Fp8Wgrad wgrad) {
+    std::mt19937_64 rng(9);
+    x_MD = random_bf16(rng, M * D, 1.0);
+    grad_h13_M2F = random_bf16(rng, M * 2 * F, 1.0);
+    grad_h3_MD = random_bf16(rng, M * D, 1.0);
+    h_MF = random_bf16(rng, M * F, 1.0);
+    x_rows.resize(static_cast<size_t>(align_bytes(M * D * 2)));
+    auto* q = reinterpret_cast<uint8_t*>(x_rows.data());
+    auto* sc = reinterpret_cast<float*>(x_rows.data() + fp8_rows_scales_offset(M, D));
+    fp8_quantize_rows_s_major(x_MD.data(), M, D, q, sc, fp8_rows_ld(M));
+    fp8_scratch.resize(static_cast<size_t>(fp8_scratch_layout(dims(), M, wgrad).total));
+    grad_w13.assign(static_cast<size_t>(E * 2 * F * D), -1.0f);
+    grad_w2.assign(static_cast<size_t>(E * D * F), -1.0f);
+    header[kLayoutRows] = static_cast<int32_t>(M);
+  }
+  static Dims dims() { return Dims{8, D, F, 2, E, 1, false}; }
+  Step step(bool fp8, Fp8Wgrad wgrad) {
+    Step s;
+    s.dims = dims();
+    s.capacity_rows = M;
+    s.layout.header = header.data();
+    s.layout.expert_offsets_E1 = offsets;
+    s.x_gathered_MD = reinterpret_cast<bf16_t*>(x_rows.data());
+    s.grad_h13_M2F = grad_h13_M2F.data();
+    s.grad_h3_MD = grad_h3_MD.data();
+    s.h_MF = h_MF.data();
+    s.grad_w13_EFD = grad_w13.data();
+    s.grad_w2_EDF = grad_w2.data();
+    s.wgrad_dtype = DType::f32;
+    s.fp8 = fp8;
+    s.fp8_wgrad = wgrad;
+    s.fp8_scratch = fp8_scratch.data();
+    return s;
+  }
+};
+
+// rel-L2 of grad_w13 against the float64 WGRAD of grad_h13 and x_used (what the WGRAD should see).
+double w13_rel_l2(const WgradProblem& p, const std::vector<float>& x_used) {
+  const int64_t D = WgradProblem::D, F2 = 2 * WgradProblem::F;
+  double err = 0.0, norm = 0.0;
+  for (int e = 0; e < WgradProblem::E; ++e) {
+    for (int64_t j = 0; j < F2; ++j) {
+      for (int64_t d = 0; d < D; ++d) {
+        double ref = 0.0;
+        for (int64_t m = p.offsets[e]; m < p.offsets[e + 1]; ++m) {
+          ref += static_cast<double>(bf16_to_float(p.grad_h13_M2F[m * F2 + j])) * x_used[m * D + d];
+        }
+        const double got = p.grad_w13[(e * F2 + j) * D + d];
+        err += (got - ref) * (got - ref);
+        norm += ref * ref;
+      }
+    }
+  }
+  return std::sqrt(err / norm);
+}
+
+// Config.fp8_wgrad = bf16: W2's WGRAD is the bf16 path's on the same bf16 grad_h3 and h, W13's
+// the bf16 path's on x decoded to bf16, bitwise; against the float64 WGRAD of those operands it
+// is within the bf16 WGRAD bound (fp32 sums of exact products), where the FP8 WGRAD on the same
+// data carries its column quantization.
+TEST(Fp8Steps, WgradBf16IsTheBf16WgradOnTheDecodedRows) {
+  const std::unique_ptr<Backend> cpu = make_cpu_backend();
+  const int64_t M = WgradProblem::M, D = WgradProblem::D;
+  WgradProblem p(Fp8Wgrad::bf16);
+  cpu->w2_wgrad(p.step(true, Fp8Wgrad::bf16));
+  cpu->w13_wgrad(p.step(true, Fp8Wgrad::bf16));
+  const std::vector<float> w13 = p.grad_w13, w2 = p.grad_w2;
+
+  // The bf16 path on x decoded to bf16 in a plain bf16 x_gathered.
+  WgradProblem b(Fp8Wgrad::bf16);
+  std::vector<bf16_t> x_bf16(static_cast<size_t>(M * D));
+  fp8_decode_rows_bf16(reinterpret_cast<const uint8_t*>(b.x_rows.data()),
+                       reinterpret_cast<const float*>(b.x_rows.data() + fp8_rows_scales_offset(M, D)),
+                       fp8_rows_ld(M), M, D, x_bf16.data());
+  Step plain = b.step(false, Fp8Wgrad::fp8);
+  plain.x_gathered_MD = x_bf16.data();
+  cpu->w2_wgrad(plain);
+  cpu->w13_wgrad(plain);
+  EXPECT_EQ(w13, b.grad_w13);
+  EXPECT_EQ(w2, b.grad_w2);
+
+  std::vector<float> x_used(static_cast<size_t>(M * D));
+  for (size_t i = 0; i < x_used.size(); ++i) x_used[i] = bf16_to_float(x_bf16[i]);
+  const double bf16_err = w13_rel_l2(p, x_used);
+  EXPECT_LE(bf16_err, epmoe::test::rel_l2_bound(Precision::bf16, epmoe::test::Output::grad_w13));
+  EXPECT_LT(bf16_err, 1e-6);  // fp32 sums of exact bf16 products: far below one bf16 rounding
+
+  WgradProblem f(Fp8Wgrad::fp8);
+  cpu->w13_wgrad(f.step(true, Fp8Wgrad::fp8));
+  const double fp8_err = w13_rel_l2(f, x_used);
+  EXPECT_GT(fp8_err, 1e-2) << "the FP8 WGRAD's column quantization (~2.6e-2 per operand)";
+
+  // A skipped step writes zeros, as the bf16 path does.
+  p.header[kLayoutSkip] = 1;
+  cpu->w13_wgrad(p.step(true, Fp8Wgrad::bf16));
+  for (float v : p.grad_w13) ASSERT_EQ(v, 0.0f);
 }
 
 }  // namespace

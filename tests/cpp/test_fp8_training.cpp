@@ -100,6 +100,60 @@ INSTANTIATE_TEST_SUITE_P(
                       Shape{2, 100, 136, 72, 2, 2, false, DType::bf16},  // 200 rows per expert
                       Shape{1, 1, 8, 8, 1, 1, false, DType::bf16, false}));
 
+// Config.fp8_wgrad = bf16: both weight gradients on the bf16 WGRAD (x decoded from its E4M3 rows).
+// Every output within the FP8 training bounds against float64 and the bf16 path; y, grad_x and
+// grad_scores bitwise the fp8 choice's (the choice moves only the WGRADs); repeated calls, fused
+// == unfused, prepared == per-call weights, bitwise. (The WGRAD itself against the float64 WGRAD
+// of its operands: test_fp8_steps WgradBf16IsTheBf16WgradOnTheDecodedRows.)
+class Fp8TrainingWgradBf16 : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(Fp8TrainingWgradBf16, MatchesReferenceAndEqualsFp8ChoiceOutsideTheWgrads) {
+  const Problem fp8 = fp8_problem(GetParam());
+  Problem p = fp8;
+  p.fp8_wgrad = Fp8Wgrad::bf16;
+  const bool clamped = GetParam().clamped, statistical = GetParam().statistical;
+  for (uint64_t seed = 11; seed < 11u + static_cast<uint64_t>(seed_count()); ++seed) {
+    const std::vector<RankInputs> in = make_inputs(p, seed, p.max_tokens);
+    const auto ref = reference_layer(p, in);
+    const std::string what = p.name() + " seed " + std::to_string(seed);
+    const std::vector<RankOutputs> got = run_twice(p, in);
+    Problem bf = p;
+    bf.precision = Precision::bf16;
+    bf.fp8_wgrad = Fp8Wgrad::fp8;
+    const std::vector<RankOutputs> bf16 = run_layer(bf, in);
+    if (statistical) {
+      expect_within_training_tolerance(measure(got, ref, in), Precision::fp8_block, clamped,
+                                       Against::float64, "fp8 wgrad bf16 vs float64 | " + what);
+      expect_within_training_tolerance(measure_against(got, bf16, ref, in), Precision::fp8_block,
+                                       clamped, Against::bf16_path,
+                                       "fp8 wgrad bf16 vs bf16 | " + what);
+    }
+    std::vector<RankOutputs> fp8_out = run_layer(fp8, in), no_wgrad = got;
+    for (int r = 0; r < p.ranks; ++r) {
+      for (RankOutputs* o : {&fp8_out[r], &no_wgrad[r]}) {
+        o->grad_w13_EFD.clear();
+        o->grad_w2_EDF.clear();
+      }
+    }
+    expect_bitwise_equal(no_wgrad, fp8_out, what + ": y, grad_x, grad_scores vs fp8_wgrad fp8");
+    if (seed != 11u) continue;  // the bitwise checks once per shape
+    Problem unfused = p;
+    unfused.fused = false;
+    expect_bitwise_equal(run_layer(unfused, in), got, what + ": unfused vs fused");
+    Problem prepared = p;
+    prepared.prepared_weights = true;
+    expect_bitwise_equal(run_layer(prepared, in), got, what + ": prepared vs per-call weights");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, Fp8TrainingWgradBf16,
+    ::testing::Values(Shape{1, 16, 32, 24, 2, 8, false, DType::bf16},
+                      Shape{2, 19, 111, 40, 3, 6, true, DType::bf16},
+                      Shape{2, 24, 256, 200, 2, 4, false, DType::f32},   // 2 and partial blocks
+                      Shape{2, 100, 136, 72, 2, 2, false, DType::bf16},  // 200 rows per expert
+                      Shape{1, 1, 8, 8, 1, 1, false, DType::bf16, false}));
+
 // R = 2 and R = 1 on the same global problem: rank r's tokens are rows [r*T, (r+1)*T) of the one
 // rank, its experts the one rank's [r*E, (r+1)*E). Every expert receives the same rows in the same
 // order (source rank, then token), so the 128-row column blocks of the weight gradients coincide

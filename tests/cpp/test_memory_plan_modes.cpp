@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "core/fp8_terms.h"
 #include "core/plan_terms.h"
 #include "epmoe/config.h"
 #include "epmoe/error.h"
@@ -201,6 +202,54 @@ TEST(MemoryPlan, Fp8BlockTermsExactBytes) {
   f = fields(4096, 7168, 2048, 256, 8);
   f.precision = Precision::fp8_block;
   EXPECT_EQ(plan_memory(Config(f), 8).dispatch_buffer_bytes, 4096 * 7168 * 2);
+}
+
+// Config.fp8_wgrad = bf16 (the same shape): the WGRAD columns give way to x decoded to bf16, bf16
+// [M, max(D, F)] = A(32*32*2) = 2048 (room for the fused W2 DGRAD's grad_h [M, F] too), after the
+// same row operands (896 + 1152 + 1664 = 3712): 5760 bytes. The weights, the saved state and the
+// forward scratch do not change; an inference context keeps the h rows only either way.
+TEST(MemoryPlan, Fp8WgradBf16DecodedXReplacesTheWgradColumns) {
+  ConfigFields f = fields(16, 32, 24, 8, 2);
+  f.precision = Precision::fp8_block;
+  const MemoryPlan fp8 = plan_memory(Config(f), 2);
+  f.fp8_wgrad = Fp8Wgrad::bf16;
+  const MemoryPlan p = plan_memory(Config(f), 2);
+  EXPECT_EQ(fp8.fp8_wgrad, Fp8Wgrad::fp8);
+  EXPECT_EQ(p.fp8_wgrad, Fp8Wgrad::bf16);
+  EXPECT_EQ(p.fp8_scratch_bytes, 5760);
+  EXPECT_EQ(p.fp8_weight_scratch_bytes, fp8.fp8_weight_scratch_bytes);
+  EXPECT_EQ(p.forward_scratch_bytes, fp8.forward_scratch_bytes);
+  EXPECT_EQ(p.saved_full_bytes_capacity, fp8.saved_full_bytes_capacity);
+  EXPECT_EQ(p.slot_bytes, fp8.slot_bytes);
+  EXPECT_EQ(p.scratch_bytes, fp8.scratch_bytes - 56576 + 5760);
+  EXPECT_EQ(p.total_bytes, fp8.total_bytes - 56576 + 5760);
+  const Dims d{16, 32, 24, 2, 4, 2};
+  const Fp8ScratchLayout l = fp8_scratch_layout(d, 32, Fp8Wgrad::bf16);
+  const Fp8ScratchLayout l8 = fp8_scratch_layout(d, 32, Fp8Wgrad::fp8);
+  EXPECT_EQ(l.h_q, l8.h_q);
+  EXPECT_EQ(l.grad_h3_q, l8.grad_h3_q);
+  EXPECT_EQ(l.grad_h13_q, l8.grad_h13_q);
+  EXPECT_EQ(l.col_a, l8.col_a);  // the fused W2 DGRAD's grad_h: the same place in both
+  EXPECT_EQ(l.x_bf16, l.col_a);
+  EXPECT_EQ(l.total, 5760);
+  EXPECT_GE(l.total - l.x_bf16, 32 * 24 * 2);  // grad_h [M, F] bf16 fits
+  const std::string text = p.explain();
+  for (const char* part :
+       {"+ fp8 operands 0.000 GiB (5,760 bytes)", "grad_h13 rows 0.000 GiB (1,664 bytes)",
+        "x decoded to bf16 for the bf16 WGRADs (Config.fp8_wgrad = bf16; no WGRAD columns) "
+        "0.000 GiB (2,048 bytes)"}) {
+    EXPECT_NE(text.find(part), std::string::npos) << part << " missing in\n" << text;
+  }
+  EXPECT_EQ(text.find("WGRAD columns (128"), std::string::npos) << text;
+  // F > D: the region is [M, F] (grad_h); a wide D: [M, D] (x).
+  EXPECT_EQ(fp8_scratch_layout(Dims{16, 32, 200, 2, 4, 2}, 32, Fp8Wgrad::bf16).total -
+                fp8_scratch_layout(Dims{16, 32, 200, 2, 4, 2}, 32, Fp8Wgrad::bf16).x_bf16,
+            align_bytes(32 * 200 * 2));
+  EXPECT_EQ(fp8_scratch_layout(Dims{16, 300, 24, 2, 4, 2}, 32, Fp8Wgrad::bf16).total -
+                fp8_scratch_layout(Dims{16, 300, 24, 2, 4, 2}, 32, Fp8Wgrad::bf16).x_bf16,
+            align_bytes(32 * 300 * 2));
+  f.inference = true;
+  EXPECT_EQ(plan_memory(Config(f), 2).fp8_scratch_bytes, 896);
 }
 
 // An fp8_block inference context (the same shape as above) keeps, of the FP8 operands, the h rows

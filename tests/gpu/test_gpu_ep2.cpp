@@ -187,25 +187,30 @@ TEST(GpuEp2, Mxfp8InferenceForwardMatchesCpu) {
 }
 
 // fp8_block training on 2 GPUs against 2 CPU thread ranks: y and every gradient within
-// kBackendTolerances (fp8_block); fused and unfused, both combines, different live counts per rank.
+// kBackendTolerances (fp8_block); fused and unfused, both combines, different live counts per rank;
+// and Config.fp8_wgrad = bf16 (fused, per-route: x decoded from the received E4M3 rows).
 TEST(GpuEp2, Fp8TrainingMatchesCpu) {
   EPMOE_REQUIRE_2GPUS();
-  for (bool fused : {true, false}) {
-    for (CombineMode combine : {CombineMode::per_route, CombineMode::per_rank}) {
-      Problem p = problem(333, 256, 528, 16, 4);
-      p.precision = Precision::fp8_block;
-      p.fused = fused;
-      p.combine = combine;
-      std::vector<RankInputs> in = make_inputs(p, 44, p.max_tokens);
-      in[1].live = p.max_tokens - 37;
-      const auto gpu = run_gpu_layer(p, in);
-      const OutputErrors vs_cpu = compare(gpu, run_layer(p, in));
-      report_errors(p.name() + " fp8 ep2 gpu vs cpu", vs_cpu);
-      for (int o = 0; o < kNumOutputs; ++o) {
-        const Output out = static_cast<Output>(o);
-        EXPECT_LE(vs_cpu[out], backend_rel_l2_bound(Precision::fp8_block, out))
-            << p.name() << ": " << to_string(out) << " EP=2 CUDA vs CPU backend ("
-            << vs_cpu.to_string() << ")";
+  for (Fp8Wgrad wgrad : {Fp8Wgrad::fp8, Fp8Wgrad::bf16}) {
+    for (bool fused : {true, false}) {
+      for (CombineMode combine : {CombineMode::per_route, CombineMode::per_rank}) {
+        if (wgrad == Fp8Wgrad::bf16 && (!fused || combine != CombineMode::per_route)) continue;
+        Problem p = problem(333, 256, 528, 16, 4);
+        p.precision = Precision::fp8_block;
+        p.fused = fused;
+        p.combine = combine;
+        p.fp8_wgrad = wgrad;
+        std::vector<RankInputs> in = make_inputs(p, 44, p.max_tokens);
+        in[1].live = p.max_tokens - 37;
+        const auto gpu = run_gpu_layer(p, in);
+        const OutputErrors vs_cpu = compare(gpu, run_layer(p, in));
+        report_errors(p.name() + " fp8 ep2 gpu vs cpu", vs_cpu);
+        for (int o = 0; o < kNumOutputs; ++o) {
+          const Output out = static_cast<Output>(o);
+          EXPECT_LE(vs_cpu[out], backend_rel_l2_bound(Precision::fp8_block, out))
+              << p.name() << ": " << to_string(out) << " EP=2 CUDA vs CPU backend ("
+              << vs_cpu.to_string() << ")";
+        }
       }
     }
   }

@@ -1,9 +1,9 @@
 // EP = 2 on two GPUs of one process, under CUDA-graph capture and activation slots: graph replay on
 // both ranks with new routings and live counts equals eager, the per-rank combine (against the CPU
-// backend and the per-route combine, and replayed; bf16 and fp8_block), a stack of layers in one
-// slot whose recomputed results equal the saved ones bitwise, and replay at the minimum slot
-// budget (every backward replaying its forward across both ranks). Skips where fewer than 2 GPUs
-// exist.
+// backend and the per-route combine, and replayed; bf16 and fp8_block), more routes per token than
+// a warp has lanes, a stack of layers in one slot whose recomputed results equal the saved ones
+// bitwise, and replay at the minimum slot budget (every backward replaying its forward across both
+// ranks). Skips where fewer than 2 GPUs exist.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -103,6 +103,29 @@ TEST(GpuEp2, PerRankCombineTrainingMatchesCpuAndPerRoute) {
     EXPECT_EQ(gpu[i].grad_scores_TK, route[i].grad_scores_TK) << "grad_scores rank " << r;
     EXPECT_EQ(gpu[i].grad_w13_EFD, route[i].grad_w13_EFD) << "grad_w13 rank " << r;
     EXPECT_EQ(gpu[i].grad_w2_EDF, route[i].grad_w2_EDF) << "grad_w2 rank " << r;
+  }
+}
+
+// More routes per token than a warp has lanes (K = 40): the pull kernels (dispatch, gather_grad,
+// the per-rank combine's send) hold routes 0..31 in lanes and read the rest directly
+// (src/cuda/pull_walk.cuh). Both combines against the CPU backend and the float64 reference;
+// per-rank grad_scores and weight gradients bitwise equal to the per-route combine's.
+TEST(GpuEp2, MoreRoutesThanLanesMatchCpu) {
+  EPMOE_REQUIRE_2GPUS();
+  Problem p = problem(48, 128, 64, 48, 40);
+  p.capacity_factor = 2.0;
+  const auto in = make_inputs(p, 37, 48);
+  std::vector<std::vector<RankOutputs>> got;
+  for (const CombineMode combine : {CombineMode::per_route, CombineMode::per_rank}) {
+    p.combine = combine;
+    got.push_back(run_gpu_layer(p, in));
+    expect_matches_cpu(p, in, got.back(), p.name());
+  }
+  for (int r = 0; r < kRanks; ++r) {
+    const size_t i = static_cast<size_t>(r);
+    EXPECT_EQ(got[1][i].grad_scores_TK, got[0][i].grad_scores_TK) << "grad_scores rank " << r;
+    EXPECT_EQ(got[1][i].grad_w13_EFD, got[0][i].grad_w13_EFD) << "grad_w13 rank " << r;
+    EXPECT_EQ(got[1][i].grad_w2_EDF, got[0][i].grad_w2_EDF) << "grad_w2 rank " << r;
   }
 }
 

@@ -65,7 +65,7 @@ Step fp8_step(World& w, int r, Dev<uint8_t>& scratch) {
   return s;
 }
 
-int64_t scratch_bytes(const Shape& sh) { return fp8_scratch_layout(sh.dims(), sh.cap()).total; }
+int64_t scratch_bytes(const Shape& sh) { return fp8_scratch_layout(sh.dims(), sh.cap(), Fp8Wgrad::fp8).total; }
 
 // The rows region [offset, offset + fp8_rows_bytes(capacity, L)) of a scratch copy.
 std::vector<uint8_t> rows_region(const std::vector<uint8_t>& scratch, int64_t offset, int64_t cap,
@@ -140,7 +140,7 @@ TEST(GpuFp8RowQuant, GatherGradQuantizingPullEqualsPullThenQuantizeBitwise) {
     w.score_after_w2_dgrad = c.row_scores;
     route_and_publish(w, seed++, c.live, c.pattern);
     const int64_t cap = sh.cap(), D = sh.D;
-    const int64_t offset = fp8_scratch_layout(sh.dims(), cap).grad_h3_q;
+    const int64_t offset = fp8_scratch_layout(sh.dims(), cap, Fp8Wgrad::fp8).grad_h3_q;
     for (int r = 0; r < sh.R; ++r) {
       SCOPED_TRACE("rank " + std::to_string(r));
       const int64_t M = w.rows(r);
@@ -171,7 +171,7 @@ TEST(GpuFp8RowQuant, SwigluBackwardQuantizingEqualsSwigluThenQuantizeBitwise) {
     route_and_publish(w, seed, c.live, c.pattern);
     Rng rng(seed++);
     const int64_t cap = sh.cap(), F = sh.F;
-    const int64_t offset = fp8_scratch_layout(sh.dims(), cap).grad_h13_q;
+    const int64_t offset = fp8_scratch_layout(sh.dims(), cap, Fp8Wgrad::fp8).grad_h13_q;
     for (int r = 0; r < sh.R; ++r) {
       SCOPED_TRACE("rank " + std::to_string(r));
       const int64_t M = w.rows(r);
@@ -206,7 +206,7 @@ TEST(GpuFp8RowQuant, SwigluForwardQuantizingEqualsSwigluThenQuantizeBitwise) {
     route_and_publish(w, seed, c.live, c.pattern);
     Rng rng(seed++);
     const int64_t cap = sh.cap(), F = sh.F;
-    const int64_t offset = fp8_scratch_layout(sh.dims(), cap).h_q;
+    const int64_t offset = fp8_scratch_layout(sh.dims(), cap, Fp8Wgrad::fp8).h_q;
     for (int r = 0; r < sh.R; ++r) {
       SCOPED_TRACE("rank " + std::to_string(r));
       const int64_t M = w.rows(r);

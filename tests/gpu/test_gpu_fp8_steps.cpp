@@ -5,7 +5,10 @@
 // - the 128x1 column quantization of the WGRAD operands (blocks from each expert's first row;
 //   empty experts, partial blocks, rows outside every expert) with the codes transposed for the
 //   FP8 WGRAD ([L, 128 blocks], partial blocks zero-padded: cpu::fp8_transpose_cols of the CPU's
-//   codes), from bf16 rows and from E4M3 rows at a device-held offset; and the skip flag.
+//   codes), from bf16 rows and from E4M3 rows at a device-held offset; and the skip flag;
+// - the E4M3 rows decoded to bf16 (Config.fp8_wgrad = bf16: the W13 WGRAD's x) against
+//   cpu::fp8_decode_rows_bf16: rows at a device-held offset (8-byte aligned or not), device counts
+//   M, below M and 0 (rows past the count untouched), the skip flag.
 // Argument checks run without a GPU.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -228,6 +231,45 @@ TEST(GpuFp8Steps, ColumnQuantizationOfE4m3RowsMatchesCpuBitwise) {
   }
 }
 
+TEST(GpuFp8Steps, RowsDecodedToBf16MatchCpuBitwise) {
+  EPMOE_REQUIRE_GPU();
+  struct Case {
+    int64_t M, L, rows;
+  };
+  uint64_t seed = 190;
+  for (const Case& c : {Case{1, 16, 1}, Case{37, 144, 37}, Case{37, 144, 30}, Case{300, 272, 300},
+                        Case{300, 272, 0}, Case{129, 2880, 129}, Case{64, 7168, 61}}) {
+    for (int64_t pad : {int64_t{256}, int64_t{260}}) {  // 260: codes not 8-byte aligned
+      const std::vector<bf16_t> x = random_bf16(static_cast<size_t>(c.rows * c.L), seed++);
+      std::vector<char> buf(static_cast<size_t>(pad + fp8_rows_bytes(c.M, c.L)), 0);
+      uint8_t* codes = reinterpret_cast<uint8_t*>(buf.data() + pad);
+      float* scales =
+          reinterpret_cast<float*>(buf.data() + pad + fp8_rows_scales_offset(c.rows, c.L));
+      const int64_t ld = fp8_rows_ld(c.rows);
+      cpu::fp8_quantize_rows_s_major(x.data(), c.rows, c.L, codes, scales, ld);
+      std::vector<bf16_t> want(static_cast<size_t>(c.M * c.L), 0xA5A5);
+      cpu::fp8_decode_rows_bf16(codes, scales, ld, c.rows, c.L, want.data());
+      Dev<char> dbuf(buf);
+      Dev<int64_t> doffset(std::vector<int64_t>{pad});
+      Dev<int32_t> drows(std::vector<int32_t>{static_cast<int32_t>(c.rows)});
+      Dev<bf16_t> dx(static_cast<size_t>(c.M * c.L));
+      cuda::fp8_decode_rows_bf16_counted(dbuf.ptr, doffset.ptr, drows.ptr, c.M, c.L, nullptr,
+                                         dx.ptr, nullptr);
+      const std::vector<bf16_t> got = dx.get();
+      int64_t bad = 0;
+      for (size_t i = 0; i < want.size(); ++i) bad += got[i] != want[i];
+      EXPECT_EQ(bad, 0) << "M " << c.M << " L " << c.L << " rows " << c.rows << " pad " << pad
+                        << ": decoded values differ (rows past the count must stay 0xA5A5)";
+      // A set skip flag: nothing written.
+      Dev<int32_t> skip(std::vector<int32_t>{1});
+      Dev<bf16_t> dskip(static_cast<size_t>(c.M * c.L));
+      cuda::fp8_decode_rows_bf16_counted(dbuf.ptr, doffset.ptr, drows.ptr, c.M, c.L, skip.ptr,
+                                         dskip.ptr, nullptr);
+      EXPECT_TRUE(dskip.get() == std::vector<bf16_t>(dskip.size, 0xA5A5)) << "skipped";
+    }
+  }
+}
+
 TEST(GpuFp8Steps, ArgumentErrorsNameTheArgument) {
   try {
     cuda::fp8_quantize_cols_transposed(nullptr, 4, 16, nullptr, 1, nullptr, nullptr, nullptr, 5,
@@ -249,6 +291,20 @@ TEST(GpuFp8Steps, ArgumentErrorsNameTheArgument) {
     ADD_FAILURE() << "accepted a null qt_LK";
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "qt_LK") << e.what();
+  }
+  try {
+    cuda::fp8_decode_rows_bf16_counted(nullptr, nullptr, nullptr, 4, 16, nullptr, nullptr, nullptr);
+    ADD_FAILURE() << "accepted a null rows";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "rows") << e.what();
+  }
+  try {
+    std::vector<char> host(64);
+    cuda::fp8_decode_rows_bf16_counted(host.data(), nullptr, nullptr, 4, 12, nullptr, nullptr,
+                                       nullptr);
+    ADD_FAILURE() << "accepted L = 12";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "L") << e.what();
   }
 }
 

@@ -9,7 +9,9 @@
 //   per-route one, and within the bounds of the CPU backend's per-rank outputs;
 // - a stack of layers at the minimum slot budget (every layer replays its forward) == full save,
 //   bitwise, with either combine; one forward + backward captured in a CUDA graph and replayed
-//   with new routings == eager, bitwise, with either combine.
+//   with new routings == eager, bitwise, with either combine;
+// - Config.fp8_wgrad = bf16 (the bf16 WGRADs, x decoded from its E4M3 rows) in the cases tables:
+//   against the CPU backend, variants, edge routings, recompute and graph replay as above.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -99,6 +101,12 @@ TEST(GpuFp8Training, MatchesCpuWithinBoundsAndVariantsBitwise) {
   Problem f32 = fp8_problem(80, 128, 64, 6, 3);
   f32.wgrad_dtype = DType::f32;
   cases.push_back(f32);
+  // Each case again with the bf16 weight gradients.
+  for (size_t i = 0, n = cases.size(); i < n; ++i) {
+    Problem b = cases[i];
+    b.fp8_wgrad = Fp8Wgrad::bf16;
+    cases.push_back(b);
+  }
   uint64_t seed = 900;
   for (const Problem& p : cases) {
     const std::vector<RankInputs> in = make_inputs(p, seed++, p.max_tokens);
@@ -190,29 +198,32 @@ TEST(GpuFp8Training, RowQuantizationInProducersEqualsSeparateBitwise) {
 // Live counts below T and none, and a skewed routing (one expert with > 128 rows).
 TEST(GpuFp8Training, EdgeRoutingsMatchCpuWithinBounds) {
   EPMOE_REQUIRE_GPU();
-  const Problem p = fp8_problem(300, 256, 160, 8, 2);
-  const auto one_expert = [](int, int64_t, int, std::mt19937_64&) -> int64_t { return 3; };
-  struct Case {
-    int64_t live;
-    Router router;
-  };
-  uint64_t seed = 950;
-  for (const Case& c : {Case{77, nullptr}, Case{0, nullptr}, Case{-1, one_expert}}) {
-    std::vector<RankInputs> in =
-        make_inputs(p, seed++, p.max_tokens, c.router ? c.router : distinct_router(p.experts, p.top_k));
-    in[0].live = c.live;
-    const RankOutputs gpu = gpu_train(p, in[0]);
-    const RankOutputs cpu = run_layer(p, in)[0];
-    const OutputErrors vs_cpu = compare(gpu, cpu);
-    const std::string what = p.name() + " live " + std::to_string(c.live);
-    report_errors(what + " fp8 gpu vs cpu", vs_cpu);
-    for (int o = 0; o < kNumOutputs; ++o) {
-      const Output out = static_cast<Output>(o);
-      if (c.live == 0) continue;  // all zeros on both sides: checked bitwise below
-      EXPECT_LE(vs_cpu[out], backend_rel_l2_bound(Precision::fp8_block, out))
-          << what << ": " << to_string(out) << " (" << vs_cpu.to_string() << ")";
+  for (Fp8Wgrad wgrad : {Fp8Wgrad::fp8, Fp8Wgrad::bf16}) {
+    Problem p = fp8_problem(300, 256, 160, 8, 2);
+    p.fp8_wgrad = wgrad;
+    const auto one_expert = [](int, int64_t, int, std::mt19937_64&) -> int64_t { return 3; };
+    struct Case {
+      int64_t live;
+      Router router;
+    };
+    uint64_t seed = 950;
+    for (const Case& c : {Case{77, nullptr}, Case{0, nullptr}, Case{-1, one_expert}}) {
+      std::vector<RankInputs> in =
+          make_inputs(p, seed++, p.max_tokens, c.router ? c.router : distinct_router(p.experts, p.top_k));
+      in[0].live = c.live;
+      const RankOutputs gpu = gpu_train(p, in[0]);
+      const RankOutputs cpu = run_layer(p, in)[0];
+      const OutputErrors vs_cpu = compare(gpu, cpu);
+      const std::string what = p.name() + " live " + std::to_string(c.live);
+      report_errors(what + " fp8 gpu vs cpu", vs_cpu);
+      for (int o = 0; o < kNumOutputs; ++o) {
+        const Output out = static_cast<Output>(o);
+        if (c.live == 0) continue;  // all zeros on both sides: checked bitwise below
+        EXPECT_LE(vs_cpu[out], backend_rel_l2_bound(Precision::fp8_block, out))
+            << what << ": " << to_string(out) << " (" << vs_cpu.to_string() << ")";
+      }
+      if (c.live == 0) expect_bitwise_equal({gpu}, {cpu}, what + ": no live tokens");
     }
-    if (c.live == 0) expect_bitwise_equal({gpu}, {cpu}, what + ": no live tokens");
   }
 }
 
@@ -221,32 +232,35 @@ TEST(GpuFp8Training, EdgeRoutingsMatchCpuWithinBounds) {
 // buffers); the result is bitwise the full save's.
 TEST(GpuFp8Training, RecomputeAtMinimumBudgetEqualsFullSaveBitwise) {
   EPMOE_REQUIRE_GPU();
-  for (bool fused : {true, false}) {
-    for (CombineMode combine : {CombineMode::per_route, CombineMode::per_rank}) {
-      Problem p = fp8_problem(96, 144, 112, 8, 2);  // 2D = 288 bytes: granule lcm(128, 288)
-      p.fused = fused;
-      p.combine = combine;
-      p.layers_per_slot = kStackLayers;
-      const int64_t tokens[kStackLayers] = {96, 29, 96, 61};
-      std::vector<RankInputs> in;
-      for (int l = 0; l < kStackLayers; ++l) {
-        in.push_back(make_inputs(p, 970 + static_cast<uint64_t>(l), tokens[l])[0]);
+  for (Fp8Wgrad wgrad : {Fp8Wgrad::fp8, Fp8Wgrad::bf16}) {
+    for (bool fused : {true, false}) {
+      for (CombineMode combine : {CombineMode::per_route, CombineMode::per_rank}) {
+        Problem p = fp8_problem(96, 144, 112, 8, 2);  // 2D = 288 bytes: granule lcm(128, 288)
+        p.fused = fused;
+        p.combine = combine;
+        p.fp8_wgrad = wgrad;  // bf16: x decoded from where the plan placed it (slot or scratch)
+        p.layers_per_slot = kStackLayers;
+        const int64_t tokens[kStackLayers] = {96, 29, 96, 61};
+        std::vector<RankInputs> in;
+        for (int l = 0; l < kStackLayers; ++l) {
+          in.push_back(make_inputs(p, 970 + static_cast<uint64_t>(l), tokens[l])[0]);
+        }
+        const MemoryPlan plan = plan_memory(stack_config(p, -1), 1);
+        StackResult results[2];
+        int i = 0;
+        for (int64_t budget : {int64_t{-1}, plan.minimum_slot_bytes}) {
+          auto ctx = Context::create(stack_config(p, budget), make_single_gpu_transport(0));
+          auto calls = stack_calls(p, in, 0);
+          results[i] = run_stack(*ctx, calls, nullptr);
+          const StackResult again = run_stack(*ctx, calls, nullptr);
+          expect_stack_bitwise_equal(again, results[i], p.name() + ": second pass");
+          ctx->close();
+          ++i;
+        }
+        EXPECT_EQ(results[0].recomputed, std::vector<bool>(kStackLayers, false)) << p.name();
+        EXPECT_EQ(results[1].recomputed, std::vector<bool>(kStackLayers, true)) << p.name();
+        expect_stack_bitwise_equal(results[1], results[0], p.name() + ": recompute vs full save");
       }
-      const MemoryPlan plan = plan_memory(stack_config(p, -1), 1);
-      StackResult results[2];
-      int i = 0;
-      for (int64_t budget : {int64_t{-1}, plan.minimum_slot_bytes}) {
-        auto ctx = Context::create(stack_config(p, budget), make_single_gpu_transport(0));
-        auto calls = stack_calls(p, in, 0);
-        results[i] = run_stack(*ctx, calls, nullptr);
-        const StackResult again = run_stack(*ctx, calls, nullptr);
-        expect_stack_bitwise_equal(again, results[i], p.name() + ": second pass");
-        ctx->close();
-        ++i;
-      }
-      EXPECT_EQ(results[0].recomputed, std::vector<bool>(kStackLayers, false)) << p.name();
-      EXPECT_EQ(results[1].recomputed, std::vector<bool>(kStackLayers, true)) << p.name();
-      expect_stack_bitwise_equal(results[1], results[0], p.name() + ": recompute vs full save");
     }
   }
 }
@@ -295,15 +309,18 @@ TEST(GpuFp8Training, GraphReplayWithNewRoutingsEqualsEager) {
   struct Variant {
     bool prepared;
     CombineMode combine;
+    Fp8Wgrad wgrad = Fp8Wgrad::fp8;
   };
   for (const Variant v : {Variant{false, CombineMode::per_route},
                           Variant{true, CombineMode::per_route},
-                          Variant{false, CombineMode::per_rank}}) {
+                          Variant{false, CombineMode::per_rank},
+                          Variant{false, CombineMode::per_route, Fp8Wgrad::bf16}}) {
     const bool prepared = v.prepared;
     Problem p = fp8_problem(256, 256, 192, 16, 4);
     p.capacity_factor = 1.0;
     p.prepared_weights = prepared;
     p.combine = v.combine;
+    p.fp8_wgrad = v.wgrad;
     // Same x, grad_y and weights every time; a new routing per seed.
     auto routing = [&](uint64_t seed, int64_t live) {
       return rerouted(p, 100, seed, 256, {live})[0];

@@ -143,6 +143,21 @@ def test_per_rank_combine_plan():
         tiny_config(combine="per_token")
 
 
+def test_fp8_wgrad_bf16_plan():
+    """Config.fp8_wgrad = "bf16": x decoded to bf16 replaces the FP8 WGRAD's column operands."""
+    fp8 = epmoe.plan_memory(tiny_config(precision="fp8_block"), 4)
+    bf16 = epmoe.plan_memory(tiny_config(precision="fp8_block", fp8_wgrad="bf16"), 4)
+    assert fp8.fp8_wgrad == "fp8" and bf16.fp8_wgrad == "bf16"
+    assert bf16.fp8_scratch_bytes != fp8.fp8_scratch_bytes
+    assert bf16.scratch_bytes - bf16.fp8_scratch_bytes == fp8.scratch_bytes - fp8.fp8_scratch_bytes
+    assert "x decoded to bf16 for the bf16 WGRADs" in bf16.explain()
+    assert "WGRAD columns" in fp8.explain()
+    with pytest.raises(ValueError, match="Config.fp8_wgrad"):
+        tiny_config(fp8_wgrad="bf16")  # precision bf16
+    with pytest.raises(ValueError, match="Config.fp8_wgrad"):
+        tiny_config(precision="fp8_block", fp8_wgrad="fp16")
+
+
 def test_scratch_device_bytes_splits_the_arena():
     plan = epmoe.plan_memory(tiny_config(), 2)
     assert not plan.host_backed_scratch and plan.arena_host_bytes == 0

@@ -78,6 +78,15 @@ void fp8_quantize_cols_transposed_from_rows(const char* rows, const int64_t* row
                                             const int32_t* skip_1, uint8_t* qt_LK,
                                             float* scales_BL, int64_t max_blocks, void* stream);
 
+// ---- FP8 E4M3 rows decoded to bf16 (Config.fp8_wgrad = bf16: the W13 WGRAD's x) ----
+// cpu::fp8_decode_rows_bf16 on the device: E4M3 rows in the fp8_rows_bytes layout at
+// n = clamp(*rows_1, 0, M) rows, at rows + *rows_offset_1 bytes (rows_offset_1 nullable; both
+// device memory), each value bf16(fp32 code * scale) into x_ML [M, L] (16-byte aligned), rows
+// [0, n) only. L % 8 == 0. Nothing when *skip_1 != 0 (nullable). M sizes the launch (CUDA graphs).
+void fp8_decode_rows_bf16_counted(const char* rows, const int64_t* rows_offset_1,
+                                  const int32_t* rows_1, int64_t M, int64_t L,
+                                  const int32_t* skip_1, bf16_t* x_ML, void* stream);
+
 // ---- MXFP8: E4M3 + E8M0 per 1x32 ----
 void mxfp8_quantize_rows(const float* x_NL, int64_t N, int64_t L, uint8_t* q_NL, uint8_t* scales_NS, void* stream);
 void mxfp8_quantize_rows(const bf16_t* x_NL, int64_t N, int64_t L, uint8_t* q_NL, uint8_t* scales_NS, void* stream);
