@@ -20,9 +20,7 @@ forward reads (codes, block scales, globals of the experts it touches, and the a
 GEMMs read), ratio_to_bf16 against the epmoe bf16 decode row of the same shape (eager vs eager,
 graph vs graph) and y's rel-L2 against it. --no-nvfp4 leaves them out; --nvfp4-only times the bf16
 decode rows and these alone. EPMOE_NVFP4_SPLITK=<n> in the environment forces the NVFP4 GEMMs' K
-splits (unset or auto: the heuristic; docs/formats.md "Split-K"), EPMOE_NVFP4_GROUPS=<1|2|4> their
-8-row groups per weight pass (unset: from the mean rows per expert); the rows record both
-(nvfp4_splitk, nvfp4_groups).
+splits (unset: one; auto: the heuristic; docs/formats.md "Split-K"); the rows record it (nvfp4_splitk).
 
 Each shape also gets epmoe-mxfp8 rows (Config.precision = mxfp8: MXFP8 inference on weights
 prepared once, activation rows quantized 1x32 before each GEMM): decode-fwd (and -graph) beside the
@@ -421,9 +419,8 @@ def bench_nvfp4_decode(lib, shape, routing, ceil, rows, iters, bf16_dec, bf16_de
     err = rel_l2(Ln.y, y_bf16)
     t_dec, t_dec_graph, active = decode_times(Ln, iters)
     per_expert = sum(p.nbytes() for p in Ln.prepared) // E
-    # The GEMMs' K-split count and groups per pass as set for this process (None: the heuristics).
+    # The GEMMs' K-split count: EPMOE_NVFP4_SPLITK as set for this process (None: one split).
     splitk = os.environ.get("EPMOE_NVFP4_SPLITK") or None
-    groups = os.environ.get("EPMOE_NVFP4_GROUPS") or None
     weight_bytes = active * per_expert
     read_bytes = weight_bytes + Ln.routes * (D + F) * 2
     for impl, t, ref in (("epmoe-nvfp4", t_dec, bf16_dec),
@@ -433,12 +430,11 @@ def bench_nvfp4_decode(lib, shape, routing, ceil, rows, iters, bf16_dec, bf16_de
                         roofline_fraction=read_bytes / (ceil["hbm_copy_GBps"] * 1e6) / t[0],
                         weight_bytes=weight_bytes, read_bytes=read_bytes,
                         ratio_to_bf16=ref[0] / t[0], rel_l2_vs_bf16={"y": err},
-                        nvfp4_splitk=splitk, nvfp4_groups=groups))
+                        nvfp4_splitk=splitk))
         print(f"{shape} {routing} {impl} decode-fwd {t[0]:.4f} ms, x{ref[0] / t[0]:.2f} vs bf16, "
               f"{100 * read_bytes / (ceil['hbm_copy_GBps'] * 1e6) / t[0]:.0f}% of HBM roofline "
               f"({read_bytes / 1e6:.1f} MB read), y rel-L2 vs bf16 {err:.3e}, "
-              f"EPMOE_NVFP4_SPLITK={splitk or 'heuristic'}, "
-              f"EPMOE_NVFP4_GROUPS={groups or 'heuristic'}", flush=True)
+              f"EPMOE_NVFP4_SPLITK={splitk or 'heuristic'}", flush=True)
     Ln.close()
     del Ln
     torch.cuda.empty_cache()

@@ -8,18 +8,14 @@
 #   bash bench/device.sh slots [bench_slots args...]   activation slots, EP = 1: builds libepmoe
 #       and the C ABI test, runs it, then bench/bench_slots.py: $OUT/bench_slots.json, .log, .md
 #   bash bench/device.sh profile [shape...]   kernel times of one fwd+bwd step per shape (torch
-#       profiler, bench/one_step.py --profile; EPMOE_PROFILE_PRECISION, default fp8-train;
-#       EPMOE_PROFILE_DECODE=1: the forward at the shape's decode T): $OUT/profile.txt; with
-#       EPMOE_NCU_KERNEL=<regex> also Nsight Compute on that kernel's launches of the second step
-#       (EPMOE_NCU_SKIP / EPMOE_NCU_COUNT, default 4 / 4): $OUT/ncu.txt
+#       profiler, bench/one_step.py --profile; EPMOE_PROFILE_PRECISION, default fp8-train):
+#       $OUT/profile.txt; with EPMOE_NCU_KERNEL=<regex> also Nsight Compute on that kernel's
+#       launches of the second step (EPMOE_NCU_SKIP / EPMOE_NCU_COUNT, default 4 / 4): $OUT/ncu.txt
 #   bash bench/device.sh nvfp4 [bench_moe args...]   NVFP4 weight-only inference: builds libepmoe
 #       and its tests, runs them (measured errors, memcheck), then bench_moe.py --nvfp4-only:
 #       $OUT/nvfp4_*.log, $OUT/bench_nvfp4.json; then once per n in EPMOE_NVFP4_SPLITK_SWEEP
-#       (default "1", the single-kernel path against the heuristic's default) with
-#       EPMOE_NVFP4_SPLITK=n on EPMOE_NVFP4_SPLITK_SHAPES (default mixtral-8x7b, the shape whose W2
-#       the heuristic splits): $OUT/bench_nvfp4_splitk<n>.json; then once per g in
-#       EPMOE_NVFP4_GROUPS_SWEEP (default none) with EPMOE_NVFP4_GROUPS=g on every shape:
-#       $OUT/bench_nvfp4_groups<g>.json
+#       (default "auto") with EPMOE_NVFP4_SPLITK=n on EPMOE_NVFP4_SPLITK_SHAPES (default
+#       mixtral-8x7b, the shape whose W2 the heuristic splits): $OUT/bench_nvfp4_splitk<n>.json
 # CUTLASS headers and GoogleTest sources travel in third_party/ (git-ignored; name it in carry).
 # The JSON files record EPMOE_SHA when set: the device machine's copy of .git can be older than the
 # working tree it runs, so pass the commit from the calling machine (EPMOE_SHA=<sha> bash ...).
@@ -48,7 +44,7 @@ elif [[ $mode == profile ]]; then
   EPMOE_BUILD_TARGETS=${EPMOE_BUILD_TARGETS:-epmoe}
 elif [[ $mode == nvfp4 ]]; then
   EPMOE_BUILD_TARGETS=${EPMOE_BUILD_TARGETS:-epmoe test_gpu_gemm_nvfp4 test_gpu_nvfp4_forward \
-    test_gpu_prepared_weights test_c_api test_formats test_nvfp4_stage_layout}
+    test_gpu_prepared_weights test_c_api test_formats}
 fi
 for t in ${EPMOE_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
 if ! cmake --build "$build" -j "$(nproc)" "${targets[@]}" > "$OUT/build.log" 2>&1; then
@@ -116,10 +112,8 @@ if [[ $mode == slots ]]; then
 fi
 if [[ $mode == profile ]]; then
   precision=${EPMOE_PROFILE_PRECISION:-fp8-train}
-  decode=()
-  [[ -n ${EPMOE_PROFILE_DECODE:-} ]] && decode=(--decode)
   for shape in "${@:-deepseek-v3}"; do
-    python3 bench/one_step.py --shape "$shape" --precision "$precision" "${decode[@]}" --profile \
+    python3 bench/one_step.py --shape "$shape" --precision "$precision" --profile \
         --lib "$build/src/libepmoe.so" 2>&1 | grep -v -i warn >> "$OUT/profile.txt" || status=1
   done
   python3 bench/kernel_table.py "$OUT/profile.txt"
@@ -127,17 +121,14 @@ if [[ $mode == profile ]]; then
     ncu --clock-control none -k "regex:$EPMOE_NCU_KERNEL" --launch-skip "${EPMOE_NCU_SKIP:-4}" \
         --launch-count "${EPMOE_NCU_COUNT:-4}" --section SpeedOfLight --section WarpStateStats \
         --section SchedulerStats --section MemoryWorkloadAnalysis --section LaunchStats \
-        --section ComputeWorkloadAnalysis --section Occupancy \
-        python3 bench/one_step.py --shape "${1:-deepseek-v3}" --precision "$precision" \
-        "${decode[@]}" --steps 2 \
+        python3 bench/one_step.py --shape "${1:-deepseek-v3}" --precision "$precision" --steps 2 \
         --lib "$build/src/libepmoe.so" > "$OUT/ncu.txt" 2>&1 || status=1
-    grep -E "grouped_gemm|nvfp4_gemm|Duration|DRAM Throughput|Compute \(SM\) Throughput|No Eligible|Registers Per|Warp Cycles Per Issued|Stall|Issue Slots|Achieved Occupancy|Spilling" "$OUT/ncu.txt" | head -80
+    grep -E "grouped_gemm|Duration|DRAM Throughput|Compute \(SM\) Throughput|No Eligible|Registers Per|Warp Cycles Per Issued|Stall" "$OUT/ncu.txt" | head -80
   fi
 fi
 if [[ $mode == nvfp4 ]]; then
   t0=$(date +%s)
-  for t in tests/cpp/test_formats tests/cpp/test_c_api tests/cpp/test_nvfp4_stage_layout \
-      tests/gpu/test_gpu_prepared_weights; do
+  for t in tests/cpp/test_formats tests/cpp/test_c_api tests/gpu/test_gpu_prepared_weights; do
     "$build/$t" > "$OUT/nvfp4_$(basename "$t").log" 2>&1 || status=1
     grep -E "FAILED|PASSED" "$OUT/nvfp4_$(basename "$t").log" | head -10
   done
@@ -157,23 +148,14 @@ if [[ $mode == nvfp4 ]]; then
       --nvfp4-only --out "$OUT/bench_nvfp4.json" --lib "$build/src/libepmoe.so" "$@" \
       > "$OUT/bench_nvfp4.log" 2>&1 || status=1
   grep -v "^ceilings" "$OUT/bench_nvfp4.log" | tail -40
-  # Split-K against fixed split counts (EPMOE_NVFP4_SPLITK; 1 = the single-kernel path; unset =
-  # the heuristic, the run above) on the shapes where the heuristic splits:
-  # $OUT/bench_nvfp4_splitk<n>.json / .log.
-  for n in ${EPMOE_NVFP4_SPLITK_SWEEP-1}; do
+  # Split-K against fixed split counts (EPMOE_NVFP4_SPLITK; 1 = the single-kernel path, the default) on the
+  # shapes where the heuristic splits: $OUT/bench_nvfp4_splitk<n>.json / .log.
+  for n in ${EPMOE_NVFP4_SPLITK_SWEEP-auto}; do
     EPMOE_NVFP4_SPLITK=$n PYTHONUNBUFFERED=1 timeout -k 10 "${EPMOE_NVFP4_BENCH_TIMEOUT:-360}" \
       python3 bench/bench_moe.py --nvfp4-only --routings balanced \
       --shapes "${EPMOE_NVFP4_SPLITK_SHAPES:-mixtral-8x7b}" --out "$OUT/bench_nvfp4_splitk$n.json" \
       --lib "$build/src/libepmoe.so" > "$OUT/bench_nvfp4_splitk$n.log" 2>&1 || status=1
     grep -E "epmoe-nvfp4" "$OUT/bench_nvfp4_splitk$n.log" | tail -8
-  done
-  # Groups per weight pass against the heuristic's (EPMOE_NVFP4_GROUPS): bench_nvfp4_groups<g>.*
-  for g in ${EPMOE_NVFP4_GROUPS_SWEEP-}; do
-    EPMOE_NVFP4_GROUPS=$g PYTHONUNBUFFERED=1 timeout -k 10 "${EPMOE_NVFP4_BENCH_TIMEOUT:-360}" \
-      python3 bench/bench_moe.py --nvfp4-only --routings balanced \
-      --out "$OUT/bench_nvfp4_groups$g.json" --lib "$build/src/libepmoe.so" \
-      > "$OUT/bench_nvfp4_groups$g.log" 2>&1 || status=1
-    grep -E "epmoe-nvfp4" "$OUT/bench_nvfp4_groups$g.log" | tail -8
   done
 fi
 exit $status

@@ -1,16 +1,14 @@
 // NVFP4 weight-only grouped GEMM (cuda/gemm/nvfp4_gemm.h) against the CPU computation of its
 // formula, out[m, n] = bf16(global_e * sum_k a[m, k] * e2m1(q) * e4m3(scale)), on several expert
-// counts and row distributions: empty experts, 1 .. 70 rows (several passes of 8, 16 and 32 rows:
-// every numeric case runs with 1, 2 and 4 groups per pass), rows past the last group, N not a
-// multiple of 16 or 256 (warps with some, and with none, of their weight rows), K with and
-// without a tail past the 128-element chunks, more chunks than the shared-memory ring holds, the
-// cp.async path (K % 64 == 0) and the register-copy path (K % 64 != 0); the skip flag; rows
-// stored into combine slots; the SwiGLU epilogue against the host SwiGLU of the plain output.
+// counts and row distributions: empty experts, 1 .. 70 rows (several 32-row passes), rows past the
+// last group, N not a multiple of 16 or 64, K with and without a tail past the 128-element chunks,
+// code rows of 16-byte and of 8-byte pitch; the skip flag; rows stored into combine slots; the
+// SwiGLU epilogue against the host SwiGLU of the plain output.
 //
 // Two checks:
 // - exact sums: activations are the integers -3..3, block scales powers of two in [1/4, 4] and the
 //   global a power of two, so every product is a multiple of 2^-3 below 73 and every partial sum
-//   (K <= 2048: below 2^18, 21 significant bits) is exact in fp32 in any order: bitwise equal.
+//   (K <= 1120) is exact in fp32 in any order: bitwise equal.
 // - random data (codec-prepared weights, random activations and globals): the tensor cores sum in
 //   another order, so per element |gpu - cpu| <= 2^-7 |cpu| (one bf16 step: a flipped rounding) +
 //   2^-13 * global * sum_k |a w| (fp32 sums in another order, ~K ulps of the largest partial sum
@@ -54,8 +52,6 @@ using Shape = GroupedShape;
 // Split counts every numeric test runs: one (the single-kernel path), 2, 3 (uneven over 5 and 8
 // chunks).
 constexpr int kSplits[] = {1, 2, 3};
-// Activation groups per weight pass (Nvfp4GroupedGemmArgs.groups; K % 64 != 0 runs 4 whatever).
-constexpr int kGroupChoices[] = {1, 2, 4};
 
 std::vector<Shape> shapes() {
   return {
@@ -65,12 +61,6 @@ std::vector<Shape> shapes() {
       {{17, 5}, 0, 96, 640},                     // 5 chunks (past the 4 in flight), 16-byte pitch
       {{2, 31, 32}, 1, 48, 1120},                // 8 chunks + 6 tail blocks, 16-byte pitch
       {{0, 0, 0}, 7, 64, 256},                   // every expert empty
-      // cp.async path: 8 chunks + 4 tail blocks; N % 16 == 8 (a tile's second rows past N),
-      // 1 .. 70 rows (up to 9 passes of one group).
-      {{1, 9, 70, 16, 0, 24}, 2, 200, 1088},
-      // 16 chunks; N = 520: the third CTA's warp 0 has 8 rows, its warps 1 .. 3 none (SwiGLU:
-      // 4 columns of 260).
-      {{5, 33}, 0, 520, 2048},
   };
 }
 
@@ -112,8 +102,7 @@ struct Problem {
   // [M, N] output, with swiglu [M, N / 2] (rows outside the groups keep 0xA5A5); splits: the
   // count asked for (the scratch holds it).
   std::vector<bf16_t> run_gpu(const int32_t* skip = nullptr,
-                              const ActivationParams* swiglu = nullptr, int splits = 1,
-                              int groups = 4) const {
+                              const ActivationParams* swiglu = nullptr, int splits = 1) const {
     const int64_t cols = swiglu != nullptr ? N / 2 : N;
     Dev<bf16_t> da(a), dout(static_cast<size_t>(M * cols));
     Dev<float> scratch(static_cast<size_t>(
@@ -126,7 +115,6 @@ struct Problem {
     x.out_MN = dout.ptr;
     x.ld_out = cols;
     x.splits = splits;
-    x.groups = groups;
     x.splitk_scratch_SMN = scratch.ptr;
     x.splitk_scratch_bytes = static_cast<int64_t>(scratch.size * sizeof(float));
     if (swiglu != nullptr) {
@@ -209,11 +197,8 @@ TEST(GpuGemmNvfp4, ExactSumsBitwise) {
     fill_exact(p, rng);
     const std::vector<bf16_t> cpu = p.run_cpu();
     for (int splits : kSplits) {
-      for (int groups : kGroupChoices) {
-        expect_bitwise(cpu, p.run_gpu(nullptr, nullptr, splits, groups), p.N,
-                       describe(s) + " splits " + std::to_string(splits) + " groups " +
-                           std::to_string(groups));
-      }
+      expect_bitwise(cpu, p.run_gpu(nullptr, nullptr, splits), p.N,
+                     describe(s) + " splits " + std::to_string(splits));
     }
   }
 }
@@ -240,7 +225,9 @@ TEST(GpuGemmNvfp4, CodecPreparedRandomDataWithinBound) {
                         p.scales.data());
     std::vector<float> mag;
     const std::vector<bf16_t> cpu = p.run_cpu(&mag), one = p.run_gpu();
-    const auto check = [&](const std::vector<bf16_t>& gpu, int splits, const std::string& what) {
+    for (int splits : kSplits) {
+      const std::vector<bf16_t> gpu = splits == 1 ? one : p.run_gpu(nullptr, nullptr, splits);
+      const std::string what = describe(s) + " splits " + std::to_string(splits);
       int shown = 0;
       for (size_t i = 0; i < cpu.size(); ++i) {
         if (cpu[i] == static_cast<bf16_t>(0xA5A5)) {
@@ -263,16 +250,6 @@ TEST(GpuGemmNvfp4, CodecPreparedRandomDataWithinBound) {
                         << i % static_cast<size_t>(p.N) << ": one split " << o << ", gpu " << g
                         << ", bound " << split_bound;
         }
-      }
-    };
-    for (int splits : kSplits) {
-      for (int groups : kGroupChoices) {
-        const std::vector<bf16_t> gpu = p.run_gpu(nullptr, nullptr, splits, groups);
-        const std::string what = describe(s) + " splits " + std::to_string(splits) + " groups " +
-                                 std::to_string(groups);
-        // One split: every group count sums each output in the same order, bitwise.
-        if (splits == 1) expect_bitwise(one, gpu, p.N, what + " against 4 groups");
-        check(gpu, splits, what);
       }
     }
   }
@@ -299,9 +276,8 @@ TEST(GpuGemmNvfp4, SwigluEpilogueMatchesThePlainOutputsSwiglu) {
         Problem p(s);
         fill_exact(p, rng);
         for (bf16_t& v : p.a) v = float_to_bf16(0.05f * normal(rng));  // gates around the knee
-        const std::vector<bf16_t> plain = p.run_gpu(nullptr, nullptr, splits);
-        for (int groups : kGroupChoices) {
-        const std::vector<bf16_t> fused = p.run_gpu(nullptr, &act, splits, groups);
+        const std::vector<bf16_t> plain = p.run_gpu(nullptr, nullptr, splits),
+                                  fused = p.run_gpu(nullptr, &act, splits);
         const int64_t F = p.N / 2;
         for (int64_t m = 0; m < p.M; ++m) {
           const bool in_group = m < p.offsets.back();
@@ -317,10 +293,8 @@ TEST(GpuGemmNvfp4, SwigluEpilogueMatchesThePlainOutputsSwiglu) {
             const double g = bf16_to_float(got);
             ASSERT_LE(std::fabs(g - want), std::ldexp(std::fabs(want), -7) + 1e-30)
                 << describe(s) << (act.clamped ? " clamped" : " plain") << " splits " << splits
-                << " groups " << groups << " row " << m << " col " << f << ": gate " << gate
-                << " up " << up;
+                << " row " << m << " col " << f << ": gate " << gate << " up " << up;
           }
-        }
         }
       }
     }
@@ -330,16 +304,10 @@ TEST(GpuGemmNvfp4, SwigluEpilogueMatchesThePlainOutputsSwiglu) {
 TEST(GpuGemmNvfp4, SkipFlagLeavesTheOutputUntouched) {
   EPMOE_REQUIRE_GPU();
   std::mt19937 rng(23);
+  Problem p(shapes()[1]);
+  fill_exact(p, rng);
   Dev<int32_t> skip(std::vector<int32_t>{1});
-  for (size_t shape : {size_t{1}, size_t{6}}) {  // register copies; cp.async
-    Problem p(shapes()[shape]);
-    fill_exact(p, rng);
-    for (int groups : kGroupChoices) {
-      for (bf16_t v : p.run_gpu(skip.ptr, nullptr, 1, groups)) {
-        ASSERT_EQ(v, static_cast<bf16_t>(0xA5A5)) << describe(p.shape) << " groups " << groups;
-      }
-    }
-  }
+  for (bf16_t v : p.run_gpu(skip.ptr)) ASSERT_EQ(v, static_cast<bf16_t>(0xA5A5));
 }
 
 // Rows stored into combine slots (R = 1): row m of the groups goes to slot recv_src[m] of a
@@ -347,49 +315,39 @@ TEST(GpuGemmNvfp4, SkipFlagLeavesTheOutputUntouched) {
 TEST(GpuGemmNvfp4, ScatterStoresEachRowInItsSlot) {
   EPMOE_REQUIRE_GPU();
   std::mt19937 rng(24);
-  // 8 chunks + a tail (register copies; cp.async): 1 and 3 splits, 1 and 4 groups.
-  for (size_t shape : {size_t{4}, size_t{6}}) {
-    Problem p(shapes()[shape]);
-    fill_exact(p, rng);
-    const int top_k = 2;
-    const int64_t T = (p.M + top_k - 1) / top_k + 3;
-    std::vector<int32_t> slots(static_cast<size_t>(T * top_k));
-    for (size_t i = 0; i < slots.size(); ++i) slots[i] = static_cast<int32_t>(i);
-    std::shuffle(slots.begin(), slots.end(), rng);
-    std::vector<int32_t> recv_src(slots.begin(), slots.begin() + p.M);
-    for (int32_t& v : recv_src) v = encode_src(0, v / top_k, v % top_k, T, top_k);
-    const std::vector<bf16_t> plain = p.run_gpu();
-    for (int splits : {1, 3}) {
-      for (int groups : {1, 4}) {
-        Dev<bf16_t> da(p.a), combine(static_cast<size_t>(T * top_k * p.N));
-        Dev<uint8_t> dq(p.codes), ds(p.scales);
-        Dev<float> dg(p.global);
-        Dev<float> scratch(
-            static_cast<size_t>(cuda::nvfp4_splitk_scratch_bytes(3, p.M, p.N) / 4));
-        Dev<int32_t> doff(p.offsets), dsrc(recv_src);
-        Dev<bf16_t*> table(std::vector<bf16_t*>{combine.ptr});
-        cuda::Nvfp4GroupedGemmArgs x = p.args(da, dq, ds, dg, doff);
-        x.combine_R = table.ptr;
-        x.recv_src_M = dsrc.ptr;
-        x.T = T;
-        x.top_k = top_k;
-        x.splits = splits;
-        x.groups = groups;
-        x.splitk_scratch_SMN = scratch.ptr;
-        x.splitk_scratch_bytes = static_cast<int64_t>(scratch.size * sizeof(float));
-        cuda::nvfp4_grouped_gemm(x, nullptr);
-        ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-        // Exact sums: every split and group count gives the plain output's bits.
-        const std::vector<bf16_t> got = combine.get();
-        for (int64_t m = 0; m < p.offsets.back(); ++m) {
-          const int64_t slot = src_slot(recv_src[static_cast<size_t>(m)], T, top_k);
-          for (int64_t n = 0; n < p.N; ++n) {
-            ASSERT_EQ(got[static_cast<size_t>(slot * p.N + n)],
-                      plain[static_cast<size_t>(m * p.N + n)])
-                << describe(p.shape) << " splits " << splits << " groups " << groups << " row "
-                << m << " col " << n;
-          }
-        }
+  Problem p(shapes()[4]);  // 8 chunks + a tail: 1 and 3 splits
+  fill_exact(p, rng);
+  const int top_k = 2;
+  const int64_t T = (p.M + top_k - 1) / top_k + 3;
+  std::vector<int32_t> slots(static_cast<size_t>(T * top_k));
+  for (size_t i = 0; i < slots.size(); ++i) slots[i] = static_cast<int32_t>(i);
+  std::shuffle(slots.begin(), slots.end(), rng);
+  std::vector<int32_t> recv_src(slots.begin(), slots.begin() + p.M);
+  for (int32_t& v : recv_src) v = encode_src(0, v / top_k, v % top_k, T, top_k);
+  for (int splits : {1, 3}) {
+    Dev<bf16_t> da(p.a), combine(static_cast<size_t>(T * top_k * p.N));
+    Dev<uint8_t> dq(p.codes), ds(p.scales);
+    Dev<float> dg(p.global);
+    Dev<float> scratch(static_cast<size_t>(cuda::nvfp4_splitk_scratch_bytes(3, p.M, p.N) / 4));
+    Dev<int32_t> doff(p.offsets), dsrc(recv_src);
+    Dev<bf16_t*> table(std::vector<bf16_t*>{combine.ptr});
+    cuda::Nvfp4GroupedGemmArgs x = p.args(da, dq, ds, dg, doff);
+    x.combine_R = table.ptr;
+    x.recv_src_M = dsrc.ptr;
+    x.T = T;
+    x.top_k = top_k;
+    x.splits = splits;
+    x.splitk_scratch_SMN = scratch.ptr;
+    x.splitk_scratch_bytes = static_cast<int64_t>(scratch.size * sizeof(float));
+    cuda::nvfp4_grouped_gemm(x, nullptr);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    // Exact sums: every split count gives the plain output's bits.
+    const std::vector<bf16_t> got = combine.get(), plain = p.run_gpu();
+    for (int64_t m = 0; m < p.offsets.back(); ++m) {
+      const int64_t slot = src_slot(recv_src[static_cast<size_t>(m)], T, top_k);
+      for (int64_t n = 0; n < p.N; ++n) {
+        ASSERT_EQ(got[static_cast<size_t>(slot * p.N + n)], plain[static_cast<size_t>(m * p.N + n)])
+            << "splits " << splits << " row " << m << " col " << n;
       }
     }
   }
@@ -405,22 +363,20 @@ TEST(GpuGemmNvfp4, SplitChoiceHeuristic) {
     bool swiglu;
     int splits;
   };
-  // H200: 132 SMs; one wave of 2 x 132 = 264 CTAs of 256 weight rows (SwiGLU: 128 columns).
-  // The bench shapes' GEMMs (fused W13, W2), then the bounds.
+  // H200: 132 SMs; target 8 x 132 = 1056 CTAs. The bench shapes' GEMMs (fused W13, W2), then
+  // the bounds.
   const Want wants[] = {
-      {"mixtral-8x7b W2 (16 slabs x 8 experts, 112 chunks)", 4096, 14336, 8, false, 2},
-      {"mixtral-8x7b W13 (112 slabs x 8)", 28672, 4096, 8, true, 1},
-      {"qwen3-30b-a3b W13 (6 slabs x 128)", 1536, 2048, 128, true, 1},
-      {"qwen3-30b-a3b W2 (8 slabs x 128)", 2048, 768, 128, false, 1},
-      {"deepseek-v3 W13 (16 slabs x 256)", 4096, 7168, 256, true, 1},
-      {"deepseek-v3 W2 (28 slabs x 256)", 7168, 2048, 256, false, 1},
-      {"gpt-oss-120b W13 (23 slabs x 128)", 5760, 2880, 128, true, 1},
-      {"gpt-oss-120b W2 (12 slabs x 128)", 2880, 2880, 128, false, 1},
-      {"one expert, 1 slab, K = 4096 (32 chunks: 4 splits of >= 8)", 128, 4096, 1, false, 4},
+      {"mixtral-8x7b W2 (64 slabs x 8 experts, 112 chunks)", 4096, 14336, 8, false, 3},
+      {"mixtral-8x7b W13 (448 slabs x 8)", 28672, 4096, 8, true, 1},
+      {"qwen3-30b-a3b W13 (24 slabs x 128)", 1536, 2048, 128, true, 1},
+      {"qwen3-30b-a3b W2 (32 slabs x 128)", 2048, 768, 128, false, 1},
+      {"deepseek-v3 W13 (64 slabs x 256)", 4096, 7168, 256, true, 1},
+      {"deepseek-v3 W2 (112 slabs x 256)", 7168, 2048, 256, false, 1},
+      {"gpt-oss-120b W13 (90 slabs x 128)", 5760, 2880, 128, true, 1},
+      {"gpt-oss-120b W2 (45 slabs x 128)", 2880, 2880, 128, false, 1},
+      {"one expert, 2 slabs, K = 4096 (32 chunks: 4 splits of >= 8)", 128, 4096, 1, false, 4},
       {"one expert, 1 slab, K = 1 << 20 (capped at 16)", 64, 1 << 20, 1, false, 16},
       {"K < 128: no chunks", 64, 112, 1, false, 1},
-      {"133 CTAs: one split (two would pass one wave)", 256 * 133, 4096, 1, false, 1},
-      {"132 CTAs: two splits fill the wave", 256 * 132, 4096, 1, false, 2},
   };
   for (const Want& w : wants) {
     const cuda::Nvfp4Splits c = cuda::nvfp4_choose_splits(w.N, w.K, w.E, w.swiglu, 132);
@@ -482,17 +438,17 @@ TEST(GpuGemmNvfp4, SplitCountFollowsTheArgumentsTheEnvironmentAndTheScratch) {
     const ScopedEnv env("EPMOE_NVFP4_SPLITK", "1");
     EXPECT_EQ(cuda::nvfp4_launch_splits(x), 1);
   }
-  // Unset or auto: the heuristic (it reads the SM count, so on a GPU only): 5 chunks are fewer
-  // than 8 per split, one; 32 chunks in 2 CTAs, 4 (the scratch holds 5). Anything but a count or
-  // auto names the variable.
+  // Unset: one split; anything but a count or auto (the heuristic: it reads the SM count, so on
+  // a GPU only) names the variable.
   if (cuda_device_count() > 0) {
-    for (const char* value : {"auto", static_cast<const char*>(nullptr)}) {
-      const ScopedEnv env("EPMOE_NVFP4_SPLITK", value);
-      EXPECT_EQ(cuda::nvfp4_launch_splits(x), 1);
-      x.K = 4096;
-      EXPECT_EQ(cuda::nvfp4_launch_splits(x), 4);
-      x.K = 640;
-    }
+    const ScopedEnv env("EPMOE_NVFP4_SPLITK", "auto");
+    const int splits = cuda::nvfp4_launch_splits(x);
+    EXPECT_GE(splits, 1);
+    EXPECT_LE(splits, 5);
+  }
+  {
+    const ScopedEnv env("EPMOE_NVFP4_SPLITK", nullptr);
+    EXPECT_EQ(cuda::nvfp4_launch_splits(x), 1);
   }
   {
     const ScopedEnv env("EPMOE_NVFP4_SPLITK", "many");
@@ -501,58 +457,6 @@ TEST(GpuGemmNvfp4, SplitCountFollowsTheArgumentsTheEnvironmentAndTheScratch) {
       ADD_FAILURE() << "EPMOE_NVFP4_SPLITK=many accepted";
     } catch (const Error& e) {
       EXPECT_EQ(e.argument(), "EPMOE_NVFP4_SPLITK") << e.what();
-    }
-  }
-}
-
-// The groups per weight pass: the heuristic on the bench shapes' decode rows (T = 128, balanced:
-// M = T top_k rows), then the argument and the environment; no GPU needed.
-TEST(GpuGemmNvfp4, GroupChoiceHeuristic) {
-  struct Want {
-    const char* name;
-    int64_t M;
-    int E, groups;
-  };
-  const Want wants[] = {
-      {"deepseek-v3 (4 rows per expert)", 128 * 8, 256, 1},
-      {"gpt-oss-120b (4 rows per expert)", 128 * 4, 128, 1},
-      {"qwen3-30b-a3b (8 rows per expert)", 128 * 8, 128, 2},
-      {"mixtral-8x7b (32 rows per expert)", 128 * 2, 8, 4},
-      {"5 rows per expert: 10 past one group", 5 * 16, 16, 2},
-      {"prefill (1024 rows per expert)", 8192 * 2, 16, 4},
-      {"no rows", 0, 4, 1},
-  };
-  for (const Want& w : wants) {
-    const cuda::Nvfp4Groups c = cuda::nvfp4_choose_groups(w.M, w.E);
-    EXPECT_EQ(c.groups, w.groups) << w.name << ": " << c.reason;
-    if (std::getenv("EPMOE_REPORT_ERRORS") != nullptr) {
-      std::printf("%s: %s\n", w.name, c.reason.c_str());
-    }
-  }
-  cuda::Nvfp4GroupedGemmArgs x;
-  x.E = 8;
-  x.M = 256;  // 32 rows per expert: 4
-  {
-    const ScopedEnv env("EPMOE_NVFP4_GROUPS", nullptr);
-    EXPECT_EQ(cuda::nvfp4_launch_groups(x), 4);
-    x.groups = 2;
-    EXPECT_EQ(cuda::nvfp4_launch_groups(x), 2);
-    x.groups = 0;
-  }
-  {
-    const ScopedEnv env("EPMOE_NVFP4_GROUPS", "1");
-    EXPECT_EQ(cuda::nvfp4_launch_groups(x), 1);
-    x.groups = 4;  // the argument wins
-    EXPECT_EQ(cuda::nvfp4_launch_groups(x), 4);
-    x.groups = 0;
-  }
-  {
-    const ScopedEnv env("EPMOE_NVFP4_GROUPS", "3");
-    try {
-      cuda::nvfp4_launch_groups(x);
-      ADD_FAILURE() << "EPMOE_NVFP4_GROUPS=3 accepted";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.argument(), "EPMOE_NVFP4_GROUPS") << e.what();
     }
   }
 }
@@ -576,32 +480,6 @@ TEST(GpuGemmNvfp4, ArgumentsAreChecked) {
     ADD_FAILURE() << "null weights accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "b_codes_ENP") << e.what();
-  }
-  x.groups = 3;
-  try {
-    cuda::nvfp4_grouped_gemm(x, nullptr);
-    ADD_FAILURE() << "groups = 3 accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "groups") << e.what();
-  }
-  x.groups = 0;
-  x.N = int64_t{1} << 20;  // N * K / 2 = 2^32: past the kernel's 32-bit offsets
-  x.K = int64_t{1} << 13;
-  x.ld_out = x.N;
-  try {
-    cuda::nvfp4_grouped_gemm(x, nullptr);
-    ADD_FAILURE() << "N * K / 2 = 2^32 accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "N, K") << e.what();
-  }
-  x.N = 16;
-  x.K = int64_t{1} << 27;  // a pass's 32 rows of K elements: past 32-bit activation offsets
-  x.ld_out = x.N;
-  try {
-    cuda::nvfp4_grouped_gemm(x, nullptr);
-    ADD_FAILURE() << "K = 2^27 accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "K") << e.what();
   }
 }
 

@@ -44,25 +44,17 @@ struct Nvfp4GroupedGemmArgs {
   ActivationParams act;
   // Split-K (deterministic): K splits, each storing fp32 partials [splits, M, N] into this
   // scratch, then a reduce kernel summing them in split order. splits = 0: EPMOE_NVFP4_SPLITK=<n>
-  // (>= 1), else (unset or =auto) nvfp4_choose_splits; either is lowered to what the scratch
-  // holds (none or too small: one split). splits >= 1: that count (at most K / 128), the scratch
-  // must hold it.
+  // (>= 1), =auto nvfp4_choose_splits, unset one split (measured fastest); either is lowered to what the scratch holds (none
+  // or too small: one split). splits >= 1: that count (at most K / 128), the scratch must hold it.
   float* splitk_scratch_SMN = nullptr;  // device, 4-byte aligned; nullable
   int64_t splitk_scratch_bytes = 0;
   int splits = 0;
-  // 8-row activation groups per weight pass: 1, 2 or 4; 0: EPMOE_NVFP4_GROUPS=<1|2|4>, else
-  // nvfp4_choose_groups. More rows than 8 x groups loop, re-streaming the weights; fewer leave
-  // groups dead (skipped, only their registers cost). K % 32 != 0 (8-byte code rows): always 4.
-  // The result is the same for every choice (each output's fp32 sum keeps its order).
-  int groups = 0;
 };
 
-// The split-K heuristic: the most splits whose CTAs fit kNvfp4TargetCtasPerSm per SM (one wave of
-// resident CTAs: four warps of 64 weight rows each; split-K kernels are register-bounded to 2),
-// each split >= kNvfp4MinChunksPerSplit 128-element chunks of K, at most kNvfp4MaxSplits, at
-// least one.
-// reason: the numbers it decided on, printable.
-constexpr int kNvfp4TargetCtasPerSm = 2;
+// The split-K heuristic: enough CTAs for kNvfp4TargetCtasPerSm per SM (each of 4 warps, kDepth
+// chunks in flight per warp), each split >= kNvfp4MinChunksPerSplit 128-element chunks of K, at
+// most kNvfp4MaxSplits. reason: the numbers it decided on, printable.
+constexpr int kNvfp4TargetCtasPerSm = 8;
 constexpr int kNvfp4MinChunksPerSplit = 8;
 constexpr int kNvfp4MaxSplits = 16;
 struct Nvfp4Splits {
@@ -70,18 +62,6 @@ struct Nvfp4Splits {
   std::string reason;
 };
 Nvfp4Splits nvfp4_choose_splits(int64_t N, int64_t K, int E, bool swiglu, int sms);
-
-// The groups heuristic: from the mean rows per expert ceil(M / E), the fewest groups (1, 2, 4) of
-// 8 rows holding twice the mean in one weight pass. reason: its numbers, printable.
-struct Nvfp4Groups {
-  int groups = 4;
-  std::string reason;
-};
-Nvfp4Groups nvfp4_choose_groups(int64_t M, int E);
-
-// The groups nvfp4_grouped_gemm runs with 16-byte code rows (args.groups, the environment, the
-// heuristic; host only).
-int nvfp4_launch_groups(const Nvfp4GroupedGemmArgs& args);
 
 // Bytes of the fp32 partials of `splits` splits (0 for one split: no scratch).
 int64_t nvfp4_splitk_scratch_bytes(int splits, int64_t M, int64_t N);
@@ -91,12 +71,12 @@ int nvfp4_launch_splits(const Nvfp4GroupedGemmArgs& args);
 
 // Requirements (checked; Error(invalid_argument) naming the field): E >= 1, K > 0 and
 // K % 16 == 0, N > 0, ld_out >= N (or the combine fields), a_MK and b_codes_ENP 16-byte aligned,
-// b_global_E 4-byte aligned, N * K / 2 < 2^32, K < 2^27; swiglu: N even, ld_out >= N / 2, no
-// combine_R. Grid (ceil(N / 256), E, splits) (swiglu: (ceil(N / 2 / 128), E, splits)), then with
-// splits > 1 the reduce kernel; graph-capturable (the splits and groups depend on host-known
-// sizes and the environment only); deterministic (one warp owns each output of a split and sums
-// its chunks in a fixed order; the reduce sums the splits in order). One split: bitwise the
-// single-kernel result it always was; several differ from it by the fp32 summation order only.
+// b_global_E 4-byte aligned; swiglu: N even, ld_out >= N / 2, no combine_R. Grid (ceil(N / 64), E,
+// splits) (swiglu: (ceil(N / 2 / 32), E, splits)), then with splits > 1 the reduce kernel;
+// graph-capturable (the splits depend on host-known sizes and the environment only);
+// deterministic (one warp owns each output of a split and sums its chunks in a fixed order; the
+// reduce sums the splits in order). One split: bitwise the single-kernel result it always was;
+// several differ from it by the fp32 summation order only.
 void nvfp4_grouped_gemm(const Nvfp4GroupedGemmArgs& args, void* stream);
 
 }  // namespace epmoe::cuda
