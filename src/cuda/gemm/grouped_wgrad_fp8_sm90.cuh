@@ -17,10 +17,23 @@
 // output element is written by one thread, in one fixed order of k-blocks.
 //
 // Column scales: each consumer thread needs its two rows' A scales (plain loads, issued one
-// k-block ahead) and 32 columns' B scales, which the first consumer warpgroup stages in shared
-// memory, 128 per k-block, double-buffered: the buffer of k-block s is written after the named
-// barrier of k-block s - 1, which every consumer passes only once it has promoted k-block s - 2
-// (the last reader of that buffer).
+// k-block ahead) and 32 columns' B scales, which each consumer warpgroup stages in its own shared
+// buffer, 128 per k-block (one per thread), double-buffered behind a barrier of that warpgroup
+// only: the buffer of k-block s is written after the barrier of k-block s - 1, which every thread
+// of the warpgroup passes only once it has promoted k-block s - 2 (the last reader of that
+// buffer). Per warpgroup, so nothing ties the two warpgroups' k-blocks together but the pipeline
+// stages they share (and the turns below).
+//
+// Turns (kTurns, one block accumulator): the promotion (an fmul and an fma per element, half the
+// k-block's MMA time) leaves the tensor cores idle when both warpgroups promote at once. With
+// turns the warpgroups take the tensor cores in alternation, k-block by k-block: warpgroup 1
+// issues k-block s after warpgroup 0 passes it the turn for s, warpgroup 0 issues s + 1 after
+// warpgroup 1 passes it the turn for s; the turn is passed right after issuing (after_issue: the
+// next MMA queues behind this one) or once this warpgroup's MMA has completed (after_completion:
+// the MMAs cannot interleave), so one warpgroup promotes while the other's MMA runs. Two named
+// barriers of 256 (one per direction, arrive / sync); every k-block passes each turn once, in
+// order, so a barrier never sees a second arrival before its sync; warpgroup 0 takes warpgroup
+// 1's last turn after its loop. The same fmas in the same order: bitwise equal.
 //
 // kOverlap: two block accumulators, as the FP8 grouped GEMM's (the wgmmas of k-block s + 1 are
 // issued before k-block s is retired with wait<1> and promoted). k-block s is then promoted after
@@ -37,6 +50,7 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "cuda/gemm/fp8_mainloop.cuh"
+#include "cuda/gemm/fp8_wgrad.h"
 #include "cuda/gemm/gemm_config.h"
 #include "cuda/gemm/grouped_gemm_fp8_sm90.cuh"
 #include "cuda/gemm/grouped_gemm_sm90.cuh"
@@ -51,7 +65,7 @@ struct alignas(1024) Fp8WgradSharedStorage {
   cute::array_aligned<typename Traits::Element, cosize_v<typename Traits::SmemLayoutB>, 1024> b;
   alignas(1024) char epilogue[Traits::kConsumerWarpgroups][kEpilogueBytesPerWarpgroup];
   typename Traits::Pipeline::SharedStorage pipeline;
-  alignas(16) float b_scales[3][Traits::BLOCK_N];  // the tile's B scales of one k-block
+  alignas(16) float b_scales[Traits::kConsumerWarpgroups][3][Traits::BLOCK_N];  // per warpgroup
   int group_rows[kMaxGroups];        // rows of each expert (0 when the step is skipped)
   int group_block[kMaxGroups + 1];   // its first column block
 };
@@ -126,7 +140,7 @@ __device__ Fp8WgradScheduler<Traits> make_wgrad_scheduler(Smem& smem, const Fp8W
   return s;
 }
 
-template <class Traits, class Epilogue, bool kOverlap, class TmaA, class TmaB>
+template <class Traits, class Epilogue, bool kOverlap, Fp8WgradTurns kTurns, class TmaA, class TmaB>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     grouped_wgrad_fp8_kernel(CUTE_GRID_CONSTANT const TmaA tma_a, CUTE_GRID_CONSTANT const TmaB tma_b,
                              const Fp8WgradGroups groups, const Fp8ColScales scales,
@@ -134,7 +148,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BM = Traits::BLOCK_M, BN = Traits::BLOCK_N, BK = Traits::BLOCK_K;
   static_assert(Traits::kConsumerWarpgroups == 2 && BN == 128,
-                "two consumer warpgroups on one tile; one B scale per thread of the first");
+                "two consumer warpgroups on one tile; one B scale per thread of each");
+  static_assert(!kOverlap || kTurns == Fp8WgradTurns::none, "turns serve the one-accumulator loop");
   using Pipeline = typename Traits::Pipeline;
   using PipelineState = typename Pipeline::PipelineState;
 
@@ -205,15 +220,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     PipelineState read_state;
     int step = 0;  // k-blocks this CTA has consumed: picks the B-scale buffer
     // The scales of the next k-block to consume, loaded one k-block ahead, across tiles too (a
-    // tile often has one or two k-blocks): this thread's two A rows and, in the first
-    // warpgroup, the B column it stages.
+    // tile often has one or two k-blocks): this thread's two A rows and the B column it stages.
     float sa0_next = 0.0f, sa1_next = 0.0f, sb_next = 0.0f;
     bool next_loaded = false;  // they hold the current tile's first k-block
     auto load_next = [&](const TileCoord& c, int kb) {
       const int64_t n = static_cast<int64_t>(c.m_tile) * BM + scale_row0;
       sa0_next = a_scale(n, kb);
       sa1_next = a_scale(n + 8, kb);
-      if (wg == 0) sb_next = b_scale(static_cast<int64_t>(c.n_tile) * BN + tid, kb);
+      sb_next = b_scale(static_cast<int64_t>(c.n_tile) * BN + tid, kb);
     };
     // The same fmas in both loops, per element in k order.
     auto promote = [&](const auto& acc, float sa0, float sa1, const float* sb_tile) {
@@ -223,13 +237,21 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       float sa0, sa1;
       const float* sb_tile;
     };
+    // Turns: warpgroup 0 passes on barrier turn_to_wg1 and takes on turn_to_wg0, warpgroup 1 the
+    // reverse (256 threads each: one warpgroup arrives, the other syncs).
+    const uint32_t turn_to_other = static_cast<uint32_t>(wg == 0 ? GemmBarrier::fp8_wgrad_turn_to_wg1
+                                                                : GemmBarrier::fp8_wgrad_turn_to_wg0);
+    const uint32_t turn_to_me = static_cast<uint32_t>(wg == 0 ? GemmBarrier::fp8_wgrad_turn_to_wg0
+                                                             : GemmBarrier::fp8_wgrad_turn_to_wg1);
+    auto pass_turn = [&] { cutlass::arch::NamedBarrier::arrive(256, turn_to_other); };
+    auto take_turn = [&] { cutlass::arch::NamedBarrier::sync(256, turn_to_me); };
     // k-block kt of tile t: its B scales staged into buffer step % 3 (kOverlap) or step % 2, the
     // next k-block's scales loaded (in flight during the MMA; across tiles too), the barrier that
     // publishes the buffer.
     auto stage_scales = [&](const TileCoord& t, int kt, const TileCoord& t_next, bool prefetch_next) {
-      float* sb_tile = smem.b_scales[kOverlap ? step % 3 : step & 1];
+      float* sb_tile = smem.b_scales[wg][kOverlap ? step % 3 : step & 1];
       const KScales k{sa0_next, sa1_next, sb_tile};
-      if (wg == 0) sb_tile[tid] = sb_next;
+      sb_tile[tid] = sb_next;
       if (kt + 1 < t.k_tiles) {
         load_next(t, t.row0 + kt + 1);
       } else if (prefetch_next) {
@@ -237,7 +259,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         next_loaded = true;
       }
       cutlass::arch::NamedBarrier::arrive_and_wait(
-          256, static_cast<uint32_t>(GemmBarrier::fp8_wgrad_scales));
+          128, static_cast<uint32_t>(GemmBarrier::fp8_wgrad_scales_wg0) + static_cast<uint32_t>(wg));
       ++step;
       return k;
     };
@@ -264,18 +286,27 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         fp8_overlapped_k_blocks(t.k_tiles, block, block1, scales_of, issue, retire);
       } else {
         for (int kt = 0; kt < t.k_tiles; ++kt) {
-          const KScales k = stage_scales(t, kt, t_next, prefetch_next);
+          const KScales k = stage_scales(t, kt, t_next, prefetch_next);  // counts the k-block
           pipeline.consumer_wait(read_state);
           const int stage = read_state.index();
+          if constexpr (kTurns != Fp8WgradTurns::none) {
+            if (wg == 1 || step > 1) take_turn();  // warpgroup 0's first k-block needs no turn
+          }
           fp8_mma_k_block(tiled_mma, tCrA, tCrB, stage, stage, block);
+          if constexpr (kTurns == Fp8WgradTurns::after_issue) pass_turn();
           warpgroup_wait<0>();
           warpgroup_fence_operand(block);
+          if constexpr (kTurns == Fp8WgradTurns::after_completion) pass_turn();
           pipeline.consumer_release(read_state);
           ++read_state;
           promote(block, k.sa0, k.sa1, k.sb_tile);
         }
       }
       epilogue.store(t, total, total);
+    }
+    // Warpgroup 1 passed a turn after its last k-block too: take it, so the barrier is left clean.
+    if constexpr (kTurns != Fp8WgradTurns::none) {
+      if (wg == 0 && step > 0) take_turn();
     }
     epilogue.finish();
   }
