@@ -17,12 +17,6 @@
 
 namespace epmoe::cuda {
 
-// How the two consumer warpgroups of the one-accumulator main loop share the tensor cores
-// (gemm/grouped_wgrad_fp8_sm90.cuh "Turns"): none (each issues when its stage is ready), or in
-// alternation k-block by k-block, the turn passed after issuing or after completion.
-enum class Fp8WgradTurns : int { none, after_issue, after_completion };
-const char* to_string(Fp8WgradTurns turns);
-
 // Letters: N output rows, L output columns, K = 128 * column blocks (core/fp8_terms.h fp8_col_k),
 // B column blocks, E experts.
 struct Fp8WgradArgs {
@@ -42,18 +36,7 @@ struct Fp8WgradArgs {
   // results), -1 EPMOE_FP8_OVERLAP=0|1 read per launch (unset: 1). bf16 overwritten (the TMA-store
   // epilogue) always runs with one: with two that kernel spills.
   int overlap = -1;
-  // Turns of the one-accumulator loop of bf16 overwritten (Fp8WgradTurns value), or -1:
-  // EPMOE_FP8_WGRAD_TURNS=none|issue|completion read per launch (unset: fp8_wgrad_default_turns).
-  // Other outputs run without turns. Builds with EPMOE_GEMM_CONFIGS=CI hold the default only.
-  int turns = -1;
-  // bf16 overwritten through the TMA-store epilogue (1, one block accumulator) or through the
-  // stage like the other outputs (0, main loop as `overlap`); -1: EPMOE_FP8_WGRAD_TMA_STORE=0|1
-  // read per launch (unset: 1).
-  int tma_store = -1;
 };
-
-// The turns that turns = -1 runs when EPMOE_FP8_WGRAD_TURNS is unset.
-constexpr Fp8WgradTurns fp8_wgrad_default_turns = Fp8WgradTurns::after_completion;
 
 // An expert without rows (all of them when skipped): zeros, or nothing added when accumulating
 // (the bf16 WGRAD's contract). Requirements (checked; Error(invalid_argument) naming the field):

@@ -225,8 +225,6 @@ enum class GemmBarrier : uint32_t {
   epilogue_wg0 = 3,
   mainloop_turn_wg0 = 5,
   fp8_wgrad_scales_wg0 = 7,  // the FP8 WGRAD's staged column scales, per warpgroup (7, 8)
-  fp8_wgrad_turn_to_wg1 = 9,  // the FP8 WGRAD's turns (grouped_wgrad_fp8_sm90.cuh)
-  fp8_wgrad_turn_to_wg0 = 10,
 };
 
 template <class Traits, class Epilogue, class TmaA, class TmaB>

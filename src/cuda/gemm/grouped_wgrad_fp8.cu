@@ -1,13 +1,10 @@
 // Launcher and the instantiations of the FP8 weight gradient (three epilogues; the two through
-// the stage with one or two block accumulators, Fp8WgradArgs::overlap; the TMA-store one with
-// one, in each of the turn orders, Fp8WgradArgs::turns): 128 x 128 tiles, 128-deep k-blocks, 5
-// stages (32 KiB each), cooperative consumers; the bf16 WGRAD's epilogues: bf16 overwritten
-// through TMA stores, bf16 or f32 overwritten or accumulated through the stage.
+// the stage with one or two block accumulators, Fp8WgradArgs::overlap): 128 x 128 tiles, 128-deep
+// k-blocks, 5 stages (32 KiB each), cooperative consumers; the bf16 WGRAD's epilogues: bf16
+// overwritten through TMA stores, bf16 or f32 overwritten or accumulated through the stage.
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "cuda/check.h"
@@ -32,9 +29,6 @@ void check_args(const Fp8WgradArgs& a) {
   EPMOE_CHECK_ARG(a.E >= 1 && a.E <= kMaxGroups, "E", "1 .. " + std::to_string(kMaxGroups), a.E);
   EPMOE_CHECK_ARG(a.N > 0, "N", "> 0", a.N);
   EPMOE_CHECK_ARG(a.overlap >= -1 && a.overlap <= 1, "overlap", "-1, 0 or 1", a.overlap);
-  EPMOE_CHECK_ARG(a.turns >= -1 && a.turns <= 2, "turns", "-1 or an Fp8WgradTurns value (0 .. 2)",
-                  a.turns);
-  EPMOE_CHECK_ARG(a.tma_store >= -1 && a.tma_store <= 1, "tma_store", "-1, 0 or 1", a.tma_store);
   EPMOE_CHECK_ARG(a.L > 0 && a.L % 8 == 0, "L", "> 0 and a multiple of 8", a.L);
   EPMOE_CHECK_ARG(a.K > 0 && a.K % 128 == 0, "K", "> 0 and a multiple of 128 (whole column blocks)",
                   a.K);
@@ -48,7 +42,7 @@ void check_args(const Fp8WgradArgs& a) {
   check_device_pointer(a.out_ENL, "out_ENL", 16);
 }
 
-template <class Epilogue, bool kOverlap, Fp8WgradTurns kTurns = Fp8WgradTurns::none>
+template <class Epilogue, bool kOverlap>
 void launch(const Fp8WgradArgs& args, const typename Epilogue::Params& epi, void* stream) {
   const Operand a{args.a_NK, args.N, args.K, args.K, 1};
   const Operand b{args.b_LK, args.L, args.K, args.K, 1};
@@ -64,8 +58,7 @@ void launch(const Fp8WgradArgs& args, const typename Epilogue::Params& epi, void
   groups.k = args.K;
   const Fp8ColScales scales{args.a_scales_BN, args.b_scales_BL};
 
-  constexpr auto kernel =
-      &grouped_wgrad_fp8_kernel<Traits, Epilogue, kOverlap, kTurns, decltype(tma_a), decltype(tma_b)>;
+  constexpr auto kernel = &grouped_wgrad_fp8_kernel<Traits, Epilogue, kOverlap, decltype(tma_a), decltype(tma_b)>;
   constexpr int kSmem =
       static_cast<int>(sizeof(Fp8WgradSharedStorage<Traits, Epilogue::kSmemBytesPerWarpgroup>));
   static_assert(kSmem <= 227 * 1024, "shared memory of one CTA on sm_90 is at most 227 KiB");
@@ -84,61 +77,11 @@ void launch(const Fp8WgradArgs& args, const typename Epilogue::Params& epi, void
   }
 }
 
-// args.turns, or EPMOE_FP8_WGRAD_TURNS read per launch (benches flip it).
-Fp8WgradTurns turns_selected(int turns) {
-  if (turns >= 0) return static_cast<Fp8WgradTurns>(turns);
-  const char* env = std::getenv("EPMOE_FP8_WGRAD_TURNS");
-  if (env == nullptr) return fp8_wgrad_default_turns;
-  for (const Fp8WgradTurns t : {Fp8WgradTurns::none, Fp8WgradTurns::after_issue, Fp8WgradTurns::after_completion}) {
-    if (std::strcmp(env, to_string(t)) == 0) return t;
-  }
-  EPMOE_CHECK_ARG(false, "EPMOE_FP8_WGRAD_TURNS", "none, after_issue or after_completion", env);
-  return fp8_wgrad_default_turns;
-}
-
-bool tma_store_selected(int tma_store) {
-  if (tma_store >= 0) return tma_store != 0;
-  const char* env = std::getenv("EPMOE_FP8_WGRAD_TMA_STORE");
-  if (env == nullptr) return true;
-  EPMOE_CHECK_ARG(std::strcmp(env, "0") == 0 || std::strcmp(env, "1") == 0, "EPMOE_FP8_WGRAD_TMA_STORE",
-                  "0 or 1", env);
-  return env[0] == '1';
-}
-
-template <class Epi>
-void launch_turns(const Fp8WgradArgs& args, const typename Epi::Params& epi, void* stream) {
-  const Fp8WgradTurns turns = turns_selected(args.turns);
-#if defined(EPMOE_GEMM_ALL_CONFIGS)
-  switch (turns) {
-    case Fp8WgradTurns::none: launch<Epi, false, Fp8WgradTurns::none>(args, epi, stream); return;
-    case Fp8WgradTurns::after_issue: launch<Epi, false, Fp8WgradTurns::after_issue>(args, epi, stream); return;
-    case Fp8WgradTurns::after_completion:
-      launch<Epi, false, Fp8WgradTurns::after_completion>(args, epi, stream);
-      return;
-  }
-#else
-  EPMOE_CHECK_ARG(turns == fp8_wgrad_default_turns, "turns",
-                  std::string(to_string(fp8_wgrad_default_turns)) +
-                      " (the only order built with EPMOE_GEMM_CONFIGS=CI)",
-                  to_string(turns));
-  launch<Epi, false, fp8_wgrad_default_turns>(args, epi, stream);
-#endif
-}
-
 }  // namespace
-
-const char* to_string(Fp8WgradTurns turns) {
-  switch (turns) {
-    case Fp8WgradTurns::none: return "none";
-    case Fp8WgradTurns::after_issue: return "after_issue";
-    case Fp8WgradTurns::after_completion: return "after_completion";
-  }
-  return "?";
-}
 
 void fp8_grouped_wgrad(const Fp8WgradArgs& args, void* stream) {
   check_args(args);
-  if (args.out_dtype == DType::bf16 && !args.accumulate && tma_store_selected(args.tma_store)) {
+  if (args.out_dtype == DType::bf16 && !args.accumulate) {
     using Box = typename WgradTmaEpilogue<Traits, int>::SmemLayoutBox;
     auto tensor = make_tensor(make_gmem_ptr(static_cast<cutlass::bfloat16_t*>(args.out_ENL)),
                               make_layout(make_shape(args.N, args.L, static_cast<int64_t>(args.E)),
@@ -147,7 +90,7 @@ void fp8_grouped_wgrad(const Fp8WgradArgs& args, void* stream) {
     using Epi = WgradTmaEpilogue<Traits, decltype(store)>;
     const typename Epi::Params epi{store, args.N, args.L, args.E};
     // One block accumulator only: with two, this epilogue's kernel spills (-Xptxas -v).
-    launch_turns<Epi>(args, epi, stream);
+    launch<Epi, false>(args, epi, stream);
     return;
   }
   const int accumulate = args.accumulate ? 1 : 0;

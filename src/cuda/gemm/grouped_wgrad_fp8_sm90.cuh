@@ -21,19 +21,11 @@
 // buffer, 128 per k-block (one per thread), double-buffered behind a barrier of that warpgroup
 // only: the buffer of k-block s is written after the barrier of k-block s - 1, which every thread
 // of the warpgroup passes only once it has promoted k-block s - 2 (the last reader of that
-// buffer). Per warpgroup, so nothing ties the two warpgroups' k-blocks together but the pipeline
-// stages they share (and the turns below).
-//
-// Turns (kTurns, one block accumulator): the promotion (an fmul and an fma per element, half the
-// k-block's MMA time) leaves the tensor cores idle when both warpgroups promote at once. With
-// turns the warpgroups take the tensor cores in alternation, k-block by k-block: warpgroup 1
-// issues k-block s after warpgroup 0 passes it the turn for s, warpgroup 0 issues s + 1 after
-// warpgroup 1 passes it the turn for s; the turn is passed right after issuing (after_issue: the
-// next MMA queues behind this one) or once this warpgroup's MMA has completed (after_completion:
-// the MMAs cannot interleave), so one warpgroup promotes while the other's MMA runs. Two named
-// barriers of 256 (one per direction, arrive / sync); every k-block passes each turn once, in
-// order, so a barrier never sees a second arrival before its sync; warpgroup 0 takes warpgroup
-// 1's last turn after its loop. The same fmas in the same order: bitwise equal.
+// buffer). Per warpgroup, so the two warpgroups' k-blocks are tied only by the pipeline stages
+// they share: one shared buffer behind a 256-thread barrier per k-block made both promote at once
+// and cost 5-9 % of the WGRAD stages (bench/RESULTS.md "cdf2a3d"). Taking the tensor cores in
+// strict turns, k-block by k-block (one warpgroup promotes while the other's MMA runs), measured
+// slower than letting them run free, whether the turn passed after issue or after completion.
 //
 // kOverlap: two block accumulators, as the FP8 grouped GEMM's (the wgmmas of k-block s + 1 are
 // issued before k-block s is retired with wait<1> and promoted). k-block s is then promoted after
@@ -50,7 +42,6 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "cuda/gemm/fp8_mainloop.cuh"
-#include "cuda/gemm/fp8_wgrad.h"
 #include "cuda/gemm/gemm_config.h"
 #include "cuda/gemm/grouped_gemm_fp8_sm90.cuh"
 #include "cuda/gemm/grouped_gemm_sm90.cuh"
@@ -140,7 +131,7 @@ __device__ Fp8WgradScheduler<Traits> make_wgrad_scheduler(Smem& smem, const Fp8W
   return s;
 }
 
-template <class Traits, class Epilogue, bool kOverlap, Fp8WgradTurns kTurns, class TmaA, class TmaB>
+template <class Traits, class Epilogue, bool kOverlap, class TmaA, class TmaB>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     grouped_wgrad_fp8_kernel(CUTE_GRID_CONSTANT const TmaA tma_a, CUTE_GRID_CONSTANT const TmaB tma_b,
                              const Fp8WgradGroups groups, const Fp8ColScales scales,
@@ -149,7 +140,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int BM = Traits::BLOCK_M, BN = Traits::BLOCK_N, BK = Traits::BLOCK_K;
   static_assert(Traits::kConsumerWarpgroups == 2 && BN == 128,
                 "two consumer warpgroups on one tile; one B scale per thread of each");
-  static_assert(!kOverlap || kTurns == Fp8WgradTurns::none, "turns serve the one-accumulator loop");
   using Pipeline = typename Traits::Pipeline;
   using PipelineState = typename Pipeline::PipelineState;
 
@@ -237,14 +227,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       float sa0, sa1;
       const float* sb_tile;
     };
-    // Turns: warpgroup 0 passes on barrier turn_to_wg1 and takes on turn_to_wg0, warpgroup 1 the
-    // reverse (256 threads each: one warpgroup arrives, the other syncs).
-    const uint32_t turn_to_other = static_cast<uint32_t>(wg == 0 ? GemmBarrier::fp8_wgrad_turn_to_wg1
-                                                                : GemmBarrier::fp8_wgrad_turn_to_wg0);
-    const uint32_t turn_to_me = static_cast<uint32_t>(wg == 0 ? GemmBarrier::fp8_wgrad_turn_to_wg0
-                                                             : GemmBarrier::fp8_wgrad_turn_to_wg1);
-    auto pass_turn = [&] { cutlass::arch::NamedBarrier::arrive(256, turn_to_other); };
-    auto take_turn = [&] { cutlass::arch::NamedBarrier::sync(256, turn_to_me); };
     // k-block kt of tile t: its B scales staged into buffer step % 3 (kOverlap) or step % 2, the
     // next k-block's scales loaded (in flight during the MMA; across tiles too), the barrier that
     // publishes the buffer.
@@ -286,27 +268,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         fp8_overlapped_k_blocks(t.k_tiles, block, block1, scales_of, issue, retire);
       } else {
         for (int kt = 0; kt < t.k_tiles; ++kt) {
-          const KScales k = stage_scales(t, kt, t_next, prefetch_next);  // counts the k-block
+          const KScales k = stage_scales(t, kt, t_next, prefetch_next);
           pipeline.consumer_wait(read_state);
           const int stage = read_state.index();
-          if constexpr (kTurns != Fp8WgradTurns::none) {
-            if (wg == 1 || step > 1) take_turn();  // warpgroup 0's first k-block needs no turn
-          }
           fp8_mma_k_block(tiled_mma, tCrA, tCrB, stage, stage, block);
-          if constexpr (kTurns == Fp8WgradTurns::after_issue) pass_turn();
           warpgroup_wait<0>();
           warpgroup_fence_operand(block);
-          if constexpr (kTurns == Fp8WgradTurns::after_completion) pass_turn();
           pipeline.consumer_release(read_state);
           ++read_state;
           promote(block, k.sa0, k.sa1, k.sb_tile);
         }
       }
       epilogue.store(t, total, total);
-    }
-    // Warpgroup 1 passed a turn after its last k-block too: take it, so the barrier is left clean.
-    if constexpr (kTurns != Fp8WgradTurns::none) {
-      if (wg == 0 && step > 0) take_turn();
     }
     epilogue.finish();
   }
