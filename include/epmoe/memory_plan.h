@@ -111,7 +111,7 @@ struct MemoryPlan {
   // inference, resolve by_shape to fp8 (unused).
   Fp8Wgrad fp8_wgrad = Fp8Wgrad::fp8;
   Fp8Wgrad fp8_wgrad_requested = kDefaultFp8Wgrad;  // Config.fp8_wgrad as given
-  std::string fp8_wgrad_reason;  // one line: the choice and why ("bf16: 128 rows per expert < ...")
+  std::string fp8_wgrad_reason = {};  // one line: the choice and why ("bf16: 128 rows per ...")
 
   // Multi-line, human-readable account of every term above.
   std::string explain() const;
