@@ -209,7 +209,8 @@ MemoryPlan plan_memory(const Config& config, int ep_size) {
   if (fp8) {
     // An inference context runs the forward only: of the FP8 operands it needs the h rows (the
     // first region of fp8_scratch_layout, so the carve is the same).
-    p.fp8_scratch_bytes = c.inference ? align_bytes(fp8_rows_bytes(M, F)) : fp8_scratch_layout(d, M, p.fp8_wgrad).total;
+    p.fp8_scratch_bytes = c.inference ? align_bytes(fp8_rows_bytes(M, F))
+                                      : fp8_scratch_layout(d, M, p.fp8_wgrad).total;
     // The h rows are the forward's too.
     p.forward_scratch_bytes += align_bytes(fp8_rows_bytes(M, F));
     // Per-call weights, then, for training, one transposed weight for the DGRADs (the CUDA

@@ -171,7 +171,9 @@ TEST(Fp8Training, ByShapeRunsThePlansChoice) {
   expect_bitwise_equal(got, run_layer(bf16, in), p.name() + ": by_shape vs bf16");
   const std::vector<RankOutputs> fp8_out = run_layer(fp8, in);
   bool differs = false;
-  for (int r = 0; r < p.ranks; ++r) differs = differs || got[r].grad_w2_EDF != fp8_out[r].grad_w2_EDF;
+  for (int r = 0; r < p.ranks; ++r) {
+    differs = differs || got[r].grad_w2_EDF != fp8_out[r].grad_w2_EDF;
+  }
   EXPECT_TRUE(differs) << p.name() << ": by_shape gave the fp8 choice's grad_w2";
 }
 
