@@ -12,9 +12,9 @@ outputs on the same inputs. The epmoe-fp8 fwd+bwd rows run the default Config.fp
 and record the planner's choice (fp8_wgrad: "fp8" or "bf16", epmoe_resolved_fp8_wgrad); beside
 them an epmoe-fp8-wgrad-bf16 or epmoe-fp8-wgrad-fp8 fwd+bwd row with a stage breakdown forces the
 other choice (bf16: both weight gradients as bf16 WGRADs, x decoded from its E4M3 rows; fp8: the
-FP8 WGRADs), with ratio_to_fp8 against the epmoe-fp8 fwd+bwd row. --no-fp8 leaves all of them out; where torch._scaled_grouped_mm does
-not run the row-wise recipe the torch-native-fp8 rows are left out with the reason printed and
-kept under "notes" in the JSON.
+FP8 WGRADs), with ratio_to_fp8 against the epmoe-fp8 fwd+bwd row. --no-fp8 leaves all of them
+out; where torch._scaled_grouped_mm does not run the row-wise recipe the torch-native-fp8 rows
+are left out with the reason printed and kept under "notes" in the JSON.
 
 Each shape also gets epmoe-nvfp4 / epmoe-nvfp4-graph decode-fwd rows (Config.precision = nvfp4:
 weight-only inference on weights prepared once) with roofline_fraction for the bytes the NVFP4

@@ -23,7 +23,7 @@ class Config(ctypes.Structure):
         ("inference", ctypes.c_int32),  # 1: forward only (no slots)
         ("prepared_weights", ctypes.c_int32),  # fp8_block: forward takes prepared weights
         ("combine", ctypes.c_int32),  # 0: per_route, 1: per_rank
-        ("fp8_wgrad", ctypes.c_int32),  # fp8_block training: 0 FP8 WGRADs, 1 bf16, 2 by_shape (default)
+        ("fp8_wgrad", ctypes.c_int32),  # fp8_block training: 0 fp8, 1 bf16, 2 by_shape (default)
     ]
 
 

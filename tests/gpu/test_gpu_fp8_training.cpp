@@ -328,8 +328,9 @@ TEST(GpuFp8Training, ByShapeRunsThePlansChoiceBitwise) {
     expect_bitwise_equal({got}, {gpu_train(same, in[0])},
                          p.name() + ": by_shape vs " + to_string(c.want));
     const RankOutputs o = gpu_train(other, in[0]);
-    EXPECT_TRUE(got.grad_w2_EDF != o.grad_w2_EDF) << p.name() << ": by_shape ran the other choice";
-    EXPECT_TRUE(got.grad_w13_EFD != o.grad_w13_EFD) << p.name() << ": by_shape ran the other choice";
+    const std::string ran_other = p.name() + ": by_shape ran the other choice";
+    EXPECT_TRUE(got.grad_w2_EDF != o.grad_w2_EDF) << ran_other;
+    EXPECT_TRUE(got.grad_w13_EFD != o.grad_w13_EFD) << ran_other;
   }
 }
 
