@@ -11,7 +11,7 @@
 namespace epmoe {
 
 // Thresholds of the rule, from fwd+bwd ms on H200 at EP = 1, balanced routing
-// (bench/results/2026-11-30-97c789b-h200-bench.json; rows per expert M_e = T*K*R/E_global):
+// (bench/results/2026-11-30-97c789b-h200.json; rows per expert M_e = T*K*R/E_global):
 //   shape          D     F      M_e   D*F/(D+F)  fp8 WGRADs  bf16 WGRADs
 //   qwen3-30b-a3b  2048  768    512    559        4.415 ms    4.147 ms (bf16 wins 6 %)
 //   deepseek-v3    7168  2048   128   1593       23.367 ms   22.931 ms (bf16 wins 2 %)
