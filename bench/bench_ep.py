@@ -21,11 +21,16 @@ expert GEMMs on torch._scaled_grouped_mm (torch_recipe_fp8.moe_forward_ep: all_t
 combine unchanged, backward GEMMs in bf16), the epmoe-fp8 rows' ratio_to_recipe. Where
 torch._scaled_grouped_mm does not run, its rows are left out with the reason in the JSON's notes.
 epmoe-fp8-per-rank is epmoe-fp8 with Config.combine = per_rank (one combine row per token and
-rank), timed and compared the same way; epmoe-fp8-wgrad-bf16 is epmoe-fp8 with
-Config.fp8_wgrad = bf16 (both weight gradients as bf16 WGRADs, x decoded from its E4M3 rows), e.g.
+rank), timed and compared the same way. The epmoe-fp8 rows run the default Config.fp8_wgrad
+(by_shape: the planner picks the weight gradients' precision from the shape at EP = 2) and record
+its choice (fp8_wgrad: "fp8" or "bf16", epmoe_resolved_fp8_wgrad); epmoe-fp8-wgrad-bf16 and
+epmoe-fp8-wgrad-fp8 force one choice (bf16: both weight gradients as bf16 WGRADs, x decoded from
+its E4M3 rows; fp8: the FP8 WGRADs), with ratio_to_fp8 against the epmoe-fp8 rows;
+epmoe-fp8-wgrad-other is, per shape, the one of the two that forces the choice by_shape did not
+make, e.g.
 
     torchrun --nproc-per-node 2 bench/bench_ep.py --variants epmoe-fp8,epmoe-fp8-per-rank
-    torchrun --nproc-per-node 2 bench/bench_ep.py --variants epmoe,epmoe-fp8,epmoe-fp8-wgrad-bf16
+    torchrun --nproc-per-node 2 bench/bench_ep.py --variants epmoe,epmoe-fp8,epmoe-fp8-wgrad-other
 
     torchrun --nproc-per-node 2 bench/bench_ep.py --self-check   (CPU, gloo: the recipe's math)
 """
@@ -58,11 +63,14 @@ OUTPUTS = ("y", "grad_x", "grad_scores", "grad_w13", "grad_w2")
 VARIANTS = {"epmoe": (True, False, 0), "epmoe-gated": (True, True, 0),
             "epmoe-unfused": (False, False, 0), "epmoe-per-rank": (True, False, 1)}
 # fp8_block training contexts with prepared weights (Config.precision = fp8_block,
-# prepared_weights): the same fields as above, then Config.fp8_wgrad (0 fp8, 1 bf16).
-# "epmoe-fp8-per-rank" is epmoe-fp8 with the per-rank combine; "epmoe-fp8-wgrad-bf16" with both
-# weight gradients as bf16 WGRADs.
-FP8_VARIANTS = {"epmoe-fp8": (True, False, 0, 0), "epmoe-fp8-per-rank": (True, False, 1, 0),
-                "epmoe-fp8-wgrad-bf16": (True, False, 0, 1)}
+# prepared_weights): the same fields as above, then Config.fp8_wgrad forced ("fp8" or "bf16"; None:
+# the default, by_shape). "epmoe-fp8-per-rank" is epmoe-fp8 with the per-rank combine;
+# "epmoe-fp8-wgrad-bf16" / "-fp8" force the weight gradients' precision.
+FP8_VARIANTS = {"epmoe-fp8": (True, False, 0, None), "epmoe-fp8-per-rank": (True, False, 1, None),
+                "epmoe-fp8-wgrad-bf16": (True, False, 0, "bf16"),
+                "epmoe-fp8-wgrad-fp8": (True, False, 0, "fp8")}
+# In --variants: per shape, the epmoe-fp8-wgrad-* variant forcing the choice by_shape did not make.
+WGRAD_OTHER = "epmoe-fp8-wgrad-other"
 # The EP recipe with its expert GEMMs in row-wise fp8 (torch_recipe_fp8.moe_forward_ep).
 RECIPE_FP8 = "torch-native-fp8"
 # Outputs of an fp8 row compared with the bf16 ones (bench_moe.py's epmoe-fp8 rows: the same).
@@ -225,6 +233,15 @@ class Inputs:
         self.routes = S.useful_routes(self.ids)
 
 
+def other_wgrad_variant(lib, inp, ep_size):
+    """The epmoe-fp8-wgrad-* variant forcing the choice the default (by_shape) does not make on
+    this shape at ep_size (the planner's resolution, epmoe_resolved_fp8_wgrad)."""
+    cfg = lib.epmoe_config_default(inp.T, inp.D, inp.F, inp.K, inp.E)
+    cfg.precision, cfg.prepared_weights = 1, 1
+    chosen = epmoe_ctypes.resolved_fp8_wgrad(lib, cfg, ep_size)
+    return "epmoe-fp8-wgrad-" + ("bf16" if chosen == "fp8" else "fp8")
+
+
 class EpmoeRun:
     """An epmoe context over the NCCL transport and its output buffers."""
 
@@ -240,7 +257,9 @@ class EpmoeRun:
         self.prepared = None
         if fp8:
             cfg.precision, cfg.inference, cfg.prepared_weights = 1, 0, 1
-            cfg.fp8_wgrad = variant[3]
+            if variant[3] is not None:
+                cfg.fp8_wgrad = epmoe_ctypes.FP8_WGRADS.index(variant[3])
+            self.fp8_wgrad = epmoe_ctypes.resolved_fp8_wgrad(lib, cfg, ranks.size)
             dev = torch.cuda.current_device()
             self.prepared = (epmoe_ctypes.PreparedFp8(lib, inp.w13, device=dev, transposed=True),
                              epmoe_ctypes.PreparedFp8(lib, inp.w2, device=dev, transposed=True))
@@ -362,9 +381,12 @@ def bench_shape(lib, nccl, ranks, shape, routing, ceil, args):
     errors, stages, times = {}, {}, {}
     bf16_out = None  # epmoe's y / grad_x / grad_scores: the fp8 rows' reference
     fp8_ceil = ceil.get("fp8_matmul_tflops")
-    # bf16 variants first: the fp8 rows compare with the epmoe row.
-    order = [v for v in args.variants if v in VARIANTS] + [v for v in args.variants
-                                                            if v in FP8_VARIANTS]
+    # bf16 variants first: the fp8 rows compare with the epmoe row; epmoe-fp8 first of the fp8
+    # ones: the forced-wgrad rows compare with it.
+    fp8_order = [other_wgrad_variant(lib, inp, ranks.size) if v == WGRAD_OTHER else v
+                 for v in args.variants if v in FP8_VARIANTS or v == WGRAD_OTHER]
+    fp8_order.sort(key=lambda v: v != "epmoe-fp8")
+    order = [v for v in args.variants if v in VARIANTS] + list(dict.fromkeys(fp8_order))
     for impl in order:
         fp8 = impl in FP8_VARIANTS
         run = EpmoeRun(lib, nccl, ranks, inp, (FP8_VARIANTS if fp8 else VARIANTS)[impl],
@@ -386,6 +408,7 @@ def bench_shape(lib, nccl, ranks, shape, routing, ceil, args):
             stages[impl] = ranks.gather(run.stage_times())
             run.ctx.check()
             peer_access = run.ctx.peer_access()
+            fp8_wgrad = run.fp8_wgrad if fp8 else None
         finally:
             run.close()
             del run
@@ -396,7 +419,7 @@ def bench_shape(lib, nccl, ranks, shape, routing, ceil, args):
         if fp8:
             bf16 = times.get("epmoe")
             ext.update(precision="fp8", prepared_weights=True,
-                       fp8_wgrad="bf16" if FP8_VARIANTS[impl][3] else "fp8",
+                       fp8_wgrad=fp8_wgrad,  # the planner's choice (by_shape or forced)
                        rel_l2_reference="epmoe" if bf16_out is not None else "torch-native")
             fwd_extra = {
                 "ratio_to_ceiling": fwd_flops / t_fwd[0] / 1e9 / fp8_ceil if fp8_ceil else None,
@@ -408,6 +431,10 @@ def bench_shape(lib, nccl, ranks, shape, routing, ceil, args):
                 "ratio_to_recipe": r8["fwd+bwd"][0] / t_step[0] if r8 else None,
                 "ratio_to_bf16": bf16["fwd+bwd"][0] / t_step[0] if bf16 else None,
                 "rel_l2_vs_bf16": errors[impl]}
+            default8 = times.get("epmoe-fp8")
+            if FP8_VARIANTS[impl][3] is not None and default8 is not None:
+                fwd_extra["ratio_to_fp8"] = default8["fwd"][0] / t_fwd[0]
+                step_extra["ratio_to_fp8"] = default8["fwd+bwd"][0] / t_step[0]
         else:
             ext["rel_l2_vs_recipe"] = errors[impl]
             bf16_ceil = ceil["bf16_matmul_tflops"]
@@ -776,8 +803,8 @@ def main():
     ap.add_argument("--shapes", default="qwen3-30b-a3b,deepseek-v3,gpt-oss-120b,mixtral-8x7b")
     ap.add_argument("--routings", default="balanced,skew")
     ap.add_argument("--variants", default="epmoe,epmoe-unfused",
-                    help=f"comma-separated from {sorted(VARIANTS)}, {sorted(FP8_VARIANTS)} and "
-                         f"{RECIPE_FP8} (the FP8 rows, opt-in)")
+                    help=f"comma-separated from {sorted(VARIANTS)}, {sorted(FP8_VARIANTS)}, "
+                         f"{WGRAD_OTHER} and {RECIPE_FP8} (the FP8 rows, opt-in)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--capacity-factor", type=float, default=2.0,
                     help="Config.capacity_factor (2 = R: skew fits)")
@@ -792,7 +819,7 @@ def main():
     if not args.out:
         ap.error("--out is required")
     args.variants = [v for v in args.variants.split(",") if v]
-    known = sorted(VARIANTS) + sorted(FP8_VARIANTS) + [RECIPE_FP8]
+    known = sorted(VARIANTS) + sorted(FP8_VARIANTS) + [WGRAD_OTHER, RECIPE_FP8]
     for v in args.variants:
         if v not in known:
             ap.error(f"--variants: expected names from {known}, got {v}")

@@ -8,11 +8,13 @@ Each shape also gets epmoe-fp8 rows (fp8_block inference forward with prepared w
 and decode T; fp8_block training fwd+bwd with prepared weights at train T) beside the bf16 rows,
 and torch-native-fp8 rows (torch_recipe_fp8.py: the recipe on torch._scaled_grouped_mm, row-wise
 scales, weights quantized once) for fwd, fwd+bwd and decode-fwd; both rel-L2 against epmoe's bf16
-outputs on the same inputs, and epmoe-fp8-wgrad-bf16 fwd+bwd rows with a stage breakdown (the
-training rows with Config.fp8_wgrad = bf16: both weight gradients as bf16 WGRADs, x decoded from
-its E4M3 rows; ratio_to_fp8 against the epmoe-fp8 fwd+bwd row). --no-fp8 leaves all of them out; where torch._scaled_grouped_mm does
-not run the row-wise recipe the torch-native-fp8 rows are left out with the reason printed and
-kept under "notes" in the JSON.
+outputs on the same inputs. The epmoe-fp8 fwd+bwd rows run the default Config.fp8_wgrad (by_shape)
+and record the planner's choice (fp8_wgrad: "fp8" or "bf16", epmoe_resolved_fp8_wgrad); beside
+them an epmoe-fp8-wgrad-bf16 or epmoe-fp8-wgrad-fp8 fwd+bwd row with a stage breakdown forces the
+other choice (bf16: both weight gradients as bf16 WGRADs, x decoded from its E4M3 rows; fp8: the
+FP8 WGRADs), with ratio_to_fp8 against the epmoe-fp8 fwd+bwd row. --no-fp8 leaves all of them
+out; where torch._scaled_grouped_mm does not run the row-wise recipe the torch-native-fp8 rows
+are left out with the reason printed and kept under "notes" in the JSON.
 
 Each shape also gets epmoe-nvfp4 / epmoe-nvfp4-graph decode-fwd rows (Config.precision = nvfp4:
 weight-only inference on weights prepared once) with roofline_fraction for the bytes the NVFP4
@@ -130,11 +132,13 @@ SCRATCH_DEVICE_BYTES = -1
 class Layer:
     """Inputs, outputs and an epmoe context for one shape and routing at EP = 1."""
 
-    def __init__(self, lib, shape, routing, T, seed=0, fused=True, precision="bf16"):
+    def __init__(self, lib, shape, routing, T, seed=0, fused=True, precision="bf16",
+                 fp8_wgrad=None):
         """precision "fp8": an fp8_block inference context (forward only) with the weights
         prepared once (epmoe_prepare_weights_fp8), as an inference server holds them;
-        "fp8-train": an fp8_block training context with prepared weights (forward + backward);
-        "fp8-train-wgrad-bf16": the same with Config.fp8_wgrad = bf16 (bf16 weight gradients);
+        "fp8-train": an fp8_block training context with prepared weights (forward + backward),
+        Config.fp8_wgrad as fp8_wgrad forces it ("fp8" or "bf16"; None: the default, by_shape;
+        self.fp8_wgrad: the planner's choice);
         "nvfp4": weight-only NVFP4 inference on weights prepared once (epmoe_prepare_weights_nvfp4);
         "mxfp8": MXFP8 inference on weights prepared once (epmoe_prepare_weights_mxfp8)."""
         D, F, E, K, _, _ = S.SHAPES[shape]
@@ -160,9 +164,11 @@ class Layer:
             cfg.precision, cfg.inference, cfg.prepared_weights = 3, 1, 1
             self.prepared = (epmoe_ctypes.PreparedNvfp4(lib, self.w13),
                              epmoe_ctypes.PreparedNvfp4(lib, self.w2))
-        if precision in ("fp8", "fp8-train", "fp8-train-wgrad-bf16"):
+        if precision in ("fp8", "fp8-train"):
             cfg.precision, cfg.inference, cfg.prepared_weights = 1, int(self.inference), 1
-            cfg.fp8_wgrad = int(precision == "fp8-train-wgrad-bf16")
+            if fp8_wgrad is not None:
+                cfg.fp8_wgrad = epmoe_ctypes.FP8_WGRADS.index(fp8_wgrad)
+            self.fp8_wgrad = epmoe_ctypes.resolved_fp8_wgrad(lib, cfg, 1)
             t = not self.inference  # a backward reads the transposed copies
             self.prepared = (epmoe_ctypes.PreparedFp8(lib, self.w13, transposed=t),
                              epmoe_ctypes.PreparedFp8(lib, self.w2, transposed=t))
@@ -325,13 +331,16 @@ def bench_epmoe_only(lib, shape, routing, rows, iters, impl, precision="bf16"):
     D, F, E, K, T_train, _ = S.SHAPES[shape]
     L = Layer(lib, shape, routing, T_train, precision=precision)
     p = "fp8" if precision == "fp8-train" else "bf16"
+    extra = {"fp8_wgrad": L.fp8_wgrad} if p == "fp8" else {}  # the planner's choice (by_shape)
     N = L.routes
     L.step()
     L.ctx.check()
     t_fwd = timed(lambda: L.forward(False), iters)
     t_step = timed(L.step, iters)
-    rows.append(row(impl, shape, routing, "fwd", T_train, t_fwd, 6 * N * D * F, precision=p))
-    rows.append(row(impl, shape, routing, "fwd+bwd", T_train, t_step, 18 * N * D * F, precision=p))
+    rows.append(row(impl, shape, routing, "fwd", T_train, t_fwd, 6 * N * D * F, precision=p,
+                    **extra))
+    rows.append(row(impl, shape, routing, "fwd+bwd", T_train, t_step, 18 * N * D * F, precision=p,
+                    **extra))
     stage_ms = stage_times(L)
     breakdown = {k: statistics.median(v) for k, v in stage_ms.items()}
     rows.append({"impl": impl, "shape": shape, "ep": 1, "routing": routing, "precision": p,
@@ -521,24 +530,25 @@ def bench_mxfp8(lib, shape, routing, ceil, rows, iters, bf16_dec, bf16_dec_graph
 
 
 def bench_fp8_train(lib, shape, routing, rows, iters, bf16_out, t_step_bf16, recipe_ms=None,
-                    wgrad_bf16=False, t_step_fp8=None):
+                    force_wgrad=None, t_step_fp8=None):
     """epmoe-fp8 fwd+bwd: an fp8_block training context with prepared weights (prepared once, as
     an optimizer step would refill them) at training T, on the inputs of the bf16 rows; useful
     FLOPs as bf16. bf16_out: the bf16 step's y, grad_x, grad_scores (errors); t_step_bf16 its
     times; recipe_ms: the torch-native-fp8 times by phase, None where it did not run.
-    wgrad_bf16: the epmoe-fp8-wgrad-bf16 rows (Config.fp8_wgrad = bf16), with ratio_to_fp8
-    against t_step_fp8 (the epmoe-fp8 fwd+bwd times). Returns the times."""
+    force_wgrad None: the default Config.fp8_wgrad (by_shape), the epmoe-fp8 rows; "fp8" or
+    "bf16": that choice forced, the epmoe-fp8-wgrad-<choice> rows, with ratio_to_fp8 against
+    t_step_fp8 (the epmoe-fp8 fwd+bwd times). Every row records the choice the context ran
+    (fp8_wgrad, from the planner). Returns the times and that choice."""
     D, F, E, K, T_train, _ = S.SHAPES[shape]
-    impl = "epmoe-fp8-wgrad-bf16" if wgrad_bf16 else "epmoe-fp8"
-    L = Layer(lib, shape, routing, T_train,
-              precision="fp8-train-wgrad-bf16" if wgrad_bf16 else "fp8-train")
+    impl = "epmoe-fp8" if force_wgrad is None else f"epmoe-fp8-wgrad-{force_wgrad}"
+    L = Layer(lib, shape, routing, T_train, precision="fp8-train", fp8_wgrad=force_wgrad)
     N = L.routes
     L.step()
     L.ctx.check()
     err = {name: rel_l2(getattr(L, name), ref) for name, ref in bf16_out.items()}
     t = timed(L.step, iters)
     flops = 18 * N * D * F
-    extra = {"fp8_wgrad": "bf16" if wgrad_bf16 else "fp8"}
+    extra = {"fp8_wgrad": L.fp8_wgrad}
     if t_step_fp8 is not None:
         extra["ratio_to_fp8"] = t_step_fp8[0] / t[0]
     rows.append(row(impl, shape, routing, "fwd+bwd", T_train, t, flops, precision="fp8",
@@ -549,16 +559,18 @@ def bench_fp8_train(lib, shape, routing, rows, iters, bf16_out, t_step_bf16, rec
     rows.append({"impl": impl, "shape": shape, "ep": 1, "routing": routing, "precision": "fp8",
                  "phase": "stage-breakdown", "tokens_per_rank": T_train, "stages_ms": breakdown,
                  **extra})
-    print(f"{shape} {routing} {impl} fwd+bwd {t[0]:.3f} ms ({flops / t[0] / 1e9:.0f} TFLOP/s, "
+    print(f"{shape} {routing} {impl} (fp8_wgrad {L.fp8_wgrad}) fwd+bwd {t[0]:.3f} ms "
+          f"({flops / t[0] / 1e9:.0f} TFLOP/s, "
           f"x{t_step_bf16[0] / t[0]:.2f} vs bf16" +
           (f", x{t_step_fp8[0] / t[0]:.2f} vs epmoe-fp8" if t_step_fp8 is not None else "") +
           "), rel-L2 vs bf16 " +
           ", ".join(f"{k} {v:.3e}" for k, v in err.items()) + "; stages (ms): " +
           ", ".join(f"{k} {v:.3f}" for k, v in breakdown.items()), flush=True)
+    wgrad = L.fp8_wgrad
     L.close()
     del L
     torch.cuda.empty_cache()
-    return t
+    return t, wgrad
 
 
 def bench_shape(lib, shape, routing, ceil, rows, iters, fp8=True, fp8_recipe=True, nvfp4=True,
@@ -673,9 +685,11 @@ def bench_shape(lib, shape, routing, ceil, rows, iters, fp8=True, fp8_recipe=Tru
                     y_bf16)
     if fp8:
         bench_fp8_forward(lib, shape, routing, ceil, rows, iters, y_bf16, t_fwd, recipe_fp8_ms)
-        t8 = bench_fp8_train(lib, shape, routing, rows, iters, bf16_out, t_step, recipe_fp8_ms)
+        # The default (by_shape) row, then the other choice forced, against it.
+        t8, wgrad = bench_fp8_train(lib, shape, routing, rows, iters, bf16_out, t_step,
+                                    recipe_fp8_ms)
         bench_fp8_train(lib, shape, routing, rows, iters, bf16_out, t_step, recipe_fp8_ms,
-                        wgrad_bf16=True, t_step_fp8=t8)
+                        force_wgrad="bf16" if wgrad == "fp8" else "fp8", t_step_fp8=t8)
     return err
 
 

@@ -23,7 +23,7 @@ class Config(ctypes.Structure):
         ("inference", ctypes.c_int32),  # 1: forward only (no slots)
         ("prepared_weights", ctypes.c_int32),  # fp8_block: forward takes prepared weights
         ("combine", ctypes.c_int32),  # 0: per_route, 1: per_rank
-        ("fp8_wgrad", ctypes.c_int32),  # fp8_block training: 0 FP8 WGRADs, 1 bf16 WGRADs
+        ("fp8_wgrad", ctypes.c_int32),  # fp8_block training: 0 fp8, 1 bf16, 2 by_shape (default)
     ]
 
 
@@ -98,6 +98,8 @@ def load(path=None):
     lib.epmoe_explain_plan.argtypes = [ctypes.POINTER(Config), ctypes.c_int, ctypes.c_char_p,
                                        ctypes.c_size_t]
     lib.epmoe_plan_slots.argtypes = [ctypes.POINTER(Config), ctypes.c_int, ctypes.POINTER(SlotPlan)]
+    lib.epmoe_resolved_fp8_wgrad.argtypes = [ctypes.POINTER(Config), ctypes.c_int,
+                                             ctypes.POINTER(ctypes.c_int32)]
     lib.epmoe_context_memory_held.argtypes = [ctypes.c_void_p, ctypes.POINTER(ContextMemory)]
     lib.epmoe_recomputes.argtypes = [ctypes.c_void_p, ctypes.POINTER(Saved),
                                      ctypes.POINTER(ctypes.c_int32)]
@@ -122,6 +124,18 @@ def plan_slots(lib, config, ep_size=1):
     if lib.epmoe_plan_slots(ctypes.byref(config), ep_size, ctypes.byref(p)) != 0:
         raise RuntimeError(lib.epmoe_last_error().decode())
     return {name: getattr(p, name) for name, _ in SlotPlan._fields_}
+
+
+FP8_WGRADS = ("fp8", "bf16", "by_shape")  # epmoe_config.fp8_wgrad values 0, 1, 2
+
+
+def resolved_fp8_wgrad(lib, config, ep_size=1):
+    """The planner's choice for config.fp8_wgrad at ep_size (epmoe_resolved_fp8_wgrad): "fp8" or
+    "bf16" (by_shape resolved from the shape; the reason is in epmoe_explain_plan's text)."""
+    out = ctypes.c_int32(-1)
+    if lib.epmoe_resolved_fp8_wgrad(ctypes.byref(config), ep_size, ctypes.byref(out)) != 0:
+        raise RuntimeError(lib.epmoe_last_error().decode())
+    return FP8_WGRADS[out.value]
 
 
 class PreparedFp8:

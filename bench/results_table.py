@@ -195,7 +195,9 @@ def ep_tables(path, d):
             err = s.get("rel_l2_vs_recipe")
             vs = "-" if impl == "torch-native" else (f"{fmt(f.get('ratio_to_recipe'), '.2f')}x / "
                                                      f"{fmt(s.get('ratio_to_recipe'), '.2f')}x")
-            print(f"| {shape} | {routing} | {impl} | {fmt(f.get('median_ms'), '.3f')} | "
+            # The weight gradients' precision the context ran (by_shape resolved, or forced).
+            name = f"{impl} (wgrad {s['fp8_wgrad']})" if s.get("fp8_wgrad") else impl
+            print(f"| {shape} | {routing} | {name} | {fmt(f.get('median_ms'), '.3f')} | "
                   f"{fmt(f.get('useful_tflops'), '.0f')} | {fmt(s.get('median_ms'), '.3f')} "
                   f"({fmt(s.get('min_ms'), '.3f')}–{fmt(s.get('max_ms'), '.3f')}) | "
                   f"{fmt(s.get('useful_tflops'), '.0f')} | {fmt(s.get('ratio_to_ceiling'), '.2f')} | "
@@ -253,7 +255,7 @@ def ep_fp8_table(c, rows, keys, get):
     epmoe's bf16 row and to the torch-native FP8 recipe, rel-L2 against bf16 outputs. Returns the
     FP8 impls present."""
     impls = [i for i in ("epmoe-fp8", "epmoe-fp8-per-rank", "epmoe-fp8-wgrad-bf16",
-                         "torch-native-fp8")
+                         "epmoe-fp8-wgrad-fp8", "torch-native-fp8")
              if any(r["impl"] == i for r in rows)]
     if not impls:
         return impls
@@ -276,14 +278,16 @@ def ep_fp8_table(c, rows, keys, get):
             if not s:
                 continue
             vs_bf16 = vs_recipe = "-"
-            if impl in ("epmoe-fp8", "epmoe-fp8-per-rank", "epmoe-fp8-wgrad-bf16"):
+            if impl != "torch-native-fp8":
                 vs_bf16 = (f"{fmt(f.get('ratio_to_bf16'), '.2f')}x / "
                            f"{fmt(s.get('ratio_to_bf16'), '.2f')}x")
                 if s.get("ratio_to_recipe") is not None:  # torch-native-fp8 ran
                     vs_recipe = (f"{fmt(f.get('ratio_to_recipe'), '.2f')}x / "
                                  f"{fmt(s.get('ratio_to_recipe'), '.2f')}x")
             ref = "" if s.get("rel_l2_reference", "epmoe") == "epmoe" else " (vs torch-native)"
-            print(f"| {shape} | {routing} | {impl} | {fmt(f.get('median_ms'), '.3f')} | "
+            # The weight gradients' precision the context ran (by_shape resolved, or forced).
+            name = f"{impl} (wgrad {s['fp8_wgrad']})" if s.get("fp8_wgrad") else impl
+            print(f"| {shape} | {routing} | {name} | {fmt(f.get('median_ms'), '.3f')} | "
                   f"{fmt(f.get('useful_tflops'), '.0f')} | {fmt(s.get('median_ms'), '.3f')} "
                   f"({fmt(s.get('min_ms'), '.3f')}–{fmt(s.get('max_ms'), '.3f')}) | "
                   f"{fmt(s.get('useful_tflops'), '.0f')} | {fmt(s.get('ratio_to_ceiling'), '.2f')} | "

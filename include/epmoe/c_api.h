@@ -48,8 +48,9 @@ typedef struct {
                                   mxfp8: must be 1 */
   int32_t combine;             /* 0: per_route (default); 1: per_rank (one row per token and rank) */
   int32_t fp8_wgrad;           /* precision fp8_block training: 0 fp8 (FP8 WGRADs on column-quantized
-                                  operands; the default), 1 bf16 (bf16 WGRADs, x decoded from its
-                                  E4M3 rows); other precisions: 0 */
+                                  operands), 1 bf16 (bf16 WGRADs, x decoded from its E4M3 rows),
+                                  2 by_shape (the default: the planner picks 0 or 1 from the shape,
+                                  see epmoe_resolved_fp8_wgrad); other precisions: 2 */
 } epmoe_config;
 
 /* Defaults of the C++ Config for the four required fields. */
@@ -134,6 +135,12 @@ int epmoe_prepare_weights_mxfp8(const void* w_GNL, int64_t G, int64_t N, int64_t
 
 /* plan_memory(config, ep_size).explain() into buf (truncated to len - 1). */
 int epmoe_explain_plan(const epmoe_config* config, int ep_size, char* buf, size_t len);
+
+/* The planner's resolution of config->fp8_wgrad at ep_size (MemoryPlan::fp8_wgrad): *out = 0 fp8
+   or 1 bf16, never 2. by_shape (2) with fp8_block training: 0 iff the balanced rows per local
+   expert T*K*ep_size/num_experts >= 256 and D*F/(D+F) >= 1024; other precisions and inference: 0
+   (unused). 0 fp8 / 1 bf16 pass through. epmoe_explain_plan prints the reason. */
+int epmoe_resolved_fp8_wgrad(const epmoe_config* config, int ep_size, int32_t* out);
 
 /* Slot terms of plan_memory(config, ep_size) (MemoryPlan fields of the same names). */
 typedef struct {

@@ -53,10 +53,13 @@ const char* to_string(CombineMode mode);
 //   bf16: the bf16 path's WGRAD (bf16 operands, fp32 accumulation) on the bf16 grad_h3 / h and
 //         grad_h13 the step holds, and x as its received E4M3 rows decoded, each value
 //         bf16(fp32 code * scale). No column quantization.
-enum class Fp8Wgrad : int { fp8, bf16 };
+//   by_shape: the planner picks fp8 or bf16 from the shape (MemoryPlan::fp8_wgrad holds the
+//         choice, explain() its reason; rule in src/core/fp8_wgrad_choice.h): fp8 iff the balanced
+//         rows per local expert T*K*R/E_global >= 256 and D*F/(D+F) >= 1024.
+enum class Fp8Wgrad : int { fp8, bf16, by_shape };
 const char* to_string(Fp8Wgrad wgrad);
 // The default of ConfigFields::fp8_wgrad (one place to change it).
-constexpr Fp8Wgrad kDefaultFp8Wgrad = Fp8Wgrad::fp8;
+constexpr Fp8Wgrad kDefaultFp8Wgrad = Fp8Wgrad::by_shape;
 
 // What happens when a rank receives more rows than its planned capacity.
 //   report: no out-of-bounds access; the status word records (rank, required, available), every

@@ -106,7 +106,12 @@ struct MemoryPlan {
   bool inference = false;
   Precision precision = Precision::bf16;
   CombineMode combine = CombineMode::per_route;
-  Fp8Wgrad fp8_wgrad = kDefaultFp8Wgrad;  // Config.fp8_wgrad (fp8_block training)
+  // Config.fp8_wgrad resolved (fp8 or bf16, never by_shape; core/fp8_wgrad_choice.h): what the
+  // fp8 scratch is sized for and what both backends run. Precisions other than fp8_block, and
+  // inference, resolve by_shape to fp8 (unused).
+  Fp8Wgrad fp8_wgrad = Fp8Wgrad::fp8;
+  Fp8Wgrad fp8_wgrad_requested = kDefaultFp8Wgrad;  // Config.fp8_wgrad as given
+  std::string fp8_wgrad_reason = {};  // one line: the choice and why ("bf16: 128 rows per ...")
 
   // Multi-line, human-readable account of every term above.
   std::string explain() const;

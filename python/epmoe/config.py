@@ -16,7 +16,7 @@ import torch
 _ACTIVATIONS = ("swiglu", "swiglu_clamped")
 _PRECISIONS = ("bf16", "fp8_block")  # nvfp4 inference needs prepared weights, not exposed yet
 _COMBINES = ("per_route", "per_rank")
-_FP8_WGRADS = ("fp8", "bf16")
+_FP8_WGRADS = ("fp8", "bf16", "by_shape")
 
 
 def _positive_int(name: str, value) -> None:
@@ -73,8 +73,11 @@ class Config:
     combine: str = "per_route"
     # precision "fp8_block" (training): "fp8", both weight gradients as FP8 WGRADs on 128x1
     # column-quantized operands; "bf16", as bf16 WGRADs on the bf16 operands (x decoded from its
-    # E4M3 rows). Other precisions: "fp8" (docs/formats.md "FP8 training").
-    fp8_wgrad: str = "fp8"
+    # E4M3 rows); "by_shape" (the default), the planner picks one from the shape: "fp8" iff the
+    # balanced rows per local expert T*K*R/E >= 256 and D*F/(D+F) >= 1024 (plan_memory(...)
+    # .fp8_wgrad is the choice, .fp8_wgrad_reason why). Other precisions: "by_shape"
+    # (docs/formats.md "The weight gradients in bf16").
+    fp8_wgrad: str = "by_shape"
 
     def __post_init__(self) -> None:
         for name in ("max_num_local_input_tokens", "hidden_dim", "intermediate_dim", "top_k",
@@ -108,8 +111,8 @@ class Config:
             raise ValueError(f"Config.combine: expected one of {_COMBINES}, got {self.combine!r}")
         if self.fp8_wgrad not in _FP8_WGRADS:
             raise ValueError(f"Config.fp8_wgrad: expected one of {_FP8_WGRADS}, got {self.fp8_wgrad!r}")
-        if self.fp8_wgrad != "fp8" and self.precision != "fp8_block":
-            raise ValueError(f"Config.fp8_wgrad: expected 'fp8' (the default) with precision "
+        if self.fp8_wgrad != "by_shape" and self.precision != "fp8_block":
+            raise ValueError(f"Config.fp8_wgrad: expected 'by_shape' (the default) with precision "
                              f"{self.precision!r}, got {self.fp8_wgrad!r}")
         if self.overflow not in ("report", "trap"):
             raise ValueError(f"Config.overflow: expected 'report' or 'trap', got {self.overflow!r}")

@@ -310,6 +310,14 @@ int epmoe_explain_plan(const epmoe_config* config, int ep_size, char* buf, size_
   });
 }
 
+int epmoe_resolved_fp8_wgrad(const epmoe_config* config, int ep_size, int32_t* out) {
+  return guarded([&] {
+    EPMOE_CHECK_ARG(config != nullptr, "config", "an epmoe_config", "nullptr");
+    EPMOE_CHECK_ARG(out != nullptr, "out", "an int32_t to write", "nullptr");
+    *out = static_cast<int32_t>(epmoe::plan_memory(to_config(*config), ep_size).fp8_wgrad);
+  });
+}
+
 int epmoe_plan_slots(const epmoe_config* config, int ep_size, epmoe_slot_plan* out) {
   return guarded([&] {
     EPMOE_CHECK_ARG(config != nullptr, "config", "an epmoe_config", "nullptr");

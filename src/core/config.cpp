@@ -106,6 +106,7 @@ const char* to_string(Fp8Wgrad wgrad) {
   switch (wgrad) {
     case Fp8Wgrad::fp8: return "fp8";
     case Fp8Wgrad::bf16: return "bf16";
+    case Fp8Wgrad::by_shape: return "by_shape";
   }
   return "invalid";
 }
@@ -172,8 +173,10 @@ Config::Config(const ConfigFields& fields) : f_(fields) {
     EPMOE_CHECK_ARG(per_rank_ok, "Config.precision", "bf16 or fp8_block with combine per_rank",
                     epmoe::to_string(f_.precision));
   }
-  const bool fp8_wgrad_ok = f_.fp8_wgrad == Fp8Wgrad::fp8 || f_.fp8_wgrad == Fp8Wgrad::bf16;
-  EPMOE_CHECK_ARG(fp8_wgrad_ok, "Config.fp8_wgrad", "fp8 or bf16", enum_value(f_.fp8_wgrad));
+  const bool fp8_wgrad_ok = f_.fp8_wgrad == Fp8Wgrad::fp8 || f_.fp8_wgrad == Fp8Wgrad::bf16 ||
+                            f_.fp8_wgrad == Fp8Wgrad::by_shape;
+  EPMOE_CHECK_ARG(fp8_wgrad_ok, "Config.fp8_wgrad", "fp8, bf16 or by_shape",
+                  enum_value(f_.fp8_wgrad));
   EPMOE_CHECK_ARG(f_.fp8_wgrad == kDefaultFp8Wgrad || f_.precision == Precision::fp8_block,
                   "Config.fp8_wgrad",
                   std::string(epmoe::to_string(kDefaultFp8Wgrad)) + " (the default) with precision " +

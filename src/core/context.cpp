@@ -172,7 +172,7 @@ struct Context::Impl {
     if (!fp8()) return;
     s.fp8 = true;
     s.fp8_scratch = fp8_scratch();
-    s.fp8_wgrad = config.fields().fp8_wgrad;
+    s.fp8_wgrad = plan.fp8_wgrad;  // resolved (Config.fp8_wgrad by_shape: the plan's choice)
     if (w13_prepared != nullptr) {
       s.w13_q_EFD = w13_prepared->data.as<uint8_t>();
       s.w13_scales_EBS = w13_prepared->scales.as<float>();

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/fp8_terms.h"
+#include "core/fp8_wgrad_choice.h"
 #include "core/layout.h"
 #include "core/plan_terms.h"
 #include "core/slot_plan.h"
@@ -122,7 +123,10 @@ MemoryPlan plan_memory(const Config& config, int ep_size) {
   // ---- symmetric buffers ----
   p.routing_buffer_bytes = routing_buffer_layout(T, K).bytes;
   p.precision = c.precision;
-  p.fp8_wgrad = c.fp8_wgrad;
+  const Fp8WgradChoice wgrad = choose_fp8_wgrad(config, R);
+  p.fp8_wgrad = wgrad.wgrad;
+  p.fp8_wgrad_requested = c.fp8_wgrad;
+  p.fp8_wgrad_reason = wgrad.reason;
   const bool fp8 = c.precision == Precision::fp8_block;
   p.dispatch_buffer_bytes = align_bytes(T * D * 2);
   if (fp8) p.dispatch_buffer_bytes = std::max(p.dispatch_buffer_bytes, fp8_dispatch_layout(T, D).total);
@@ -205,7 +209,8 @@ MemoryPlan plan_memory(const Config& config, int ep_size) {
   if (fp8) {
     // An inference context runs the forward only: of the FP8 operands it needs the h rows (the
     // first region of fp8_scratch_layout, so the carve is the same).
-    p.fp8_scratch_bytes = c.inference ? align_bytes(fp8_rows_bytes(M, F)) : fp8_scratch_layout(d, M, c.fp8_wgrad).total;
+    p.fp8_scratch_bytes = c.inference ? align_bytes(fp8_rows_bytes(M, F))
+                                      : fp8_scratch_layout(d, M, p.fp8_wgrad).total;
     // The h rows are the forward's too.
     p.forward_scratch_bytes += align_bytes(fp8_rows_bytes(M, F));
     // Per-call weights, then, for training, one transposed weight for the DGRADs (the CUDA
@@ -342,10 +347,11 @@ std::string MemoryPlan::explain() const {
            ", grad_h3 rows " + bytes_text(l.grad_h13_q - l.grad_h3_q) + ", grad_h13 rows " +
            bytes_text(l.col_a - l.grad_h13_q) +
            (fp8_wgrad == Fp8Wgrad::bf16
-                ? ", x decoded to bf16 for the bf16 WGRADs (Config.fp8_wgrad = bf16; no WGRAD "
-                  "columns) "
+                ? ", x decoded to bf16 for the bf16 WGRADs (no WGRAD columns) "
                 : ", WGRAD columns (128 rows per block) ") +
            bytes_text(l.total - l.col_a));
+      line("    weight gradients (Config.fp8_wgrad = " +
+           std::string(epmoe::to_string(fp8_wgrad_requested)) + "): " + fp8_wgrad_reason);
     }
     // Prepared weights (no per-call weights) bring their transposed copies: no region either.
     const int64_t transposed =

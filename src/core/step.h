@@ -101,9 +101,10 @@ struct Step {
   const uint8_t* w2_q_EDF = nullptr;      // [E, D, F] E4M3
   const float* w2_scales_EBS = nullptr;   // [E, S_D, S_F]
   char* fp8_scratch = nullptr;  // fp8_scratch_layout(dims, capacity_rows, fp8_wgrad); inference: h rows only
-  // Config.fp8_wgrad: fp8, the FP8 WGRADs on column-quantized operands; bf16, the bf16 WGRADs (x
-  // decoded from its E4M3 rows into fp8_scratch's x_bf16 first).
-  Fp8Wgrad fp8_wgrad = kDefaultFp8Wgrad;
+  // MemoryPlan::fp8_wgrad (Config.fp8_wgrad resolved, never by_shape): fp8, the FP8 WGRADs on
+  // column-quantized operands; bf16, the bf16 WGRADs (x decoded from its E4M3 rows into
+  // fp8_scratch's x_bf16 first).
+  Fp8Wgrad fp8_wgrad = Fp8Wgrad::fp8;
   // The DGRAD operands: w13^T [E, D, 2F] + scales [E, S_D, S_2F], w2^T [E, F, D] + scales
   // [E, S_F, S_D]. Prepared weights: the caller's transposed copies (read as they are). Per-call
   // weights: null, and the CUDA DGRADs transpose into fp8_transposed, the training scratch

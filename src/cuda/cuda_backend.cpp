@@ -168,8 +168,8 @@ EPMOE_STAGE(restore_input, cuda::restore_input(s))
 EPMOE_STAGE(publish_backward, cuda::publish_backward(s))
 EPMOE_STAGE(grad_scores, cuda::grad_scores(s))
 // FP8 (s.fp8): grad_h3 and grad_h13 quantized by the bf16 kernels that write them; the DGRADs
-// on the FP8 GEMM, the WGRADs on FP8-quantized operands (fp8_backward.h), or with
-// Config.fp8_wgrad = bf16 the bf16 WGRADs (x decoded to bf16 first).
+// on the FP8 GEMM, the WGRADs on FP8-quantized operands (fp8_backward.h), or with s.fp8_wgrad =
+// bf16 (Config.fp8_wgrad as the plan resolved it) the bf16 WGRADs (x decoded to bf16 first).
 EPMOE_STAGE(gather_grad, if (s.fp8) cuda::fp8_gather_grad(s); else cuda::gather_grad(s))
 EPMOE_STAGE(w2_dgrad, if (s.fp8) cuda::fp8_w2_dgrad(s, false); else cuda::w2_dgrad(s, false))
 EPMOE_STAGE(swiglu_backward,

@@ -181,7 +181,11 @@ std::string plan_fields(const std::string& config_text, int64_t ep_size) {
     EPMOE_FIELD(inference);
     os << "precision=" << epmoe::to_string(p.precision) << '\n';
     os << "combine=" << epmoe::to_string(p.combine) << '\n';
+    // Resolved (fp8 or bf16), then as requested (by_shape where the planner chose) and why:
+    // every MemoryPlan field, in header order (tests/python/test_plan.py).
     os << "fp8_wgrad=" << epmoe::to_string(p.fp8_wgrad) << '\n';
+    os << "fp8_wgrad_requested=" << epmoe::to_string(p.fp8_wgrad_requested) << '\n';
+    os << "fp8_wgrad_reason=" << p.fp8_wgrad_reason << '\n';
 #undef EPMOE_FIELD
     return os.str();
   });

@@ -50,9 +50,11 @@ Config parse_config(const std::string& text) {
                       "'" + v + "'");
       f.precision = v == "bf16" ? Precision::bf16 : Precision::fp8_block;
     } else if (k == "fp8_wgrad") {
-      EPMOE_CHECK_ARG(v == "fp8" || v == "bf16", "Config.fp8_wgrad", "'fp8' or 'bf16'",
-                      "'" + v + "'");
-      f.fp8_wgrad = v == "fp8" ? Fp8Wgrad::fp8 : Fp8Wgrad::bf16;
+      EPMOE_CHECK_ARG(v == "fp8" || v == "bf16" || v == "by_shape", "Config.fp8_wgrad",
+                      "'fp8', 'bf16' or 'by_shape'", "'" + v + "'");
+      f.fp8_wgrad = v == "fp8"    ? Fp8Wgrad::fp8
+                    : v == "bf16" ? Fp8Wgrad::bf16
+                                  : Fp8Wgrad::by_shape;
     } else if (k == "combine") {
       EPMOE_CHECK_ARG(v == "per_route" || v == "per_rank", "Config.combine",
                       "'per_route' or 'per_rank'", "'" + v + "'");

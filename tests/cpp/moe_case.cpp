@@ -50,7 +50,7 @@ Config Problem::config() const {
   f.scratch_device_bytes = scratch_device_bytes;
   f.inference = inference;
   f.combine = combine;
-  f.fp8_wgrad = fp8_wgrad;
+  f.fp8_wgrad = precision == Precision::fp8_block ? fp8_wgrad : kDefaultFp8Wgrad;
   return Config(f);
 }
 

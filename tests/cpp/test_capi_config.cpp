@@ -61,23 +61,63 @@ TEST(CapiConfig, Mxfp8InferenceReachesThePlanner) {
   EXPECT_NE(error.find("Config.inference"), std::string::npos) << error;
 }
 
-// fp8_wgrad: 0 (fp8) by default; 1 (bf16) reaches the planner with fp8_block training (x decoded
-// to bf16 instead of the WGRAD columns) and is refused naming Config.fp8_wgrad with bf16.
-TEST(CapiConfig, Fp8WgradBf16ReachesThePlanner) {
+// fp8_wgrad: 2 (by_shape) by default, which this small shape resolves to bf16; 0 (fp8) reaches the
+// planner with fp8_block training (the WGRAD columns), 1 (bf16) too (x decoded to bf16 instead),
+// and both are refused naming Config.fp8_wgrad with another precision.
+TEST(CapiConfig, Fp8WgradReachesThePlanner) {
   epmoe_config c = epmoe_config_default(16, 32, 24, 2, 8);
-  EXPECT_EQ(c.fp8_wgrad, 0);
+  EXPECT_EQ(c.fp8_wgrad, 2);
   c.precision = 1;
+  int32_t resolved = -1;
+  ASSERT_EQ(epmoe_resolved_fp8_wgrad(&c, 2, &resolved), 0) << epmoe_last_error();
+  EXPECT_EQ(resolved, 1);  // 8 rows per expert < 256
   std::string text = explain(c, 2);
+  EXPECT_NE(text.find("weight gradients (Config.fp8_wgrad = by_shape): bf16: 8 rows per expert "
+                      "< 256"),
+            std::string::npos)
+      << text;
+  c.fp8_wgrad = 0;
+  ASSERT_EQ(epmoe_resolved_fp8_wgrad(&c, 2, &resolved), 0) << epmoe_last_error();
+  EXPECT_EQ(resolved, 0);
+  text = explain(c, 2);
   EXPECT_NE(text.find("WGRAD columns (128 rows per block)"), std::string::npos) << text;
+  EXPECT_NE(text.find("fp8: as configured"), std::string::npos) << text;
   c.fp8_wgrad = 1;
+  ASSERT_EQ(epmoe_resolved_fp8_wgrad(&c, 2, &resolved), 0) << epmoe_last_error();
+  EXPECT_EQ(resolved, 1);
   text = explain(c, 2);
   EXPECT_NE(text.find("x decoded to bf16 for the bf16 WGRADs"), std::string::npos) << text;
   EXPECT_EQ(text.find("WGRAD columns (128 rows per block)"), std::string::npos) << text;
   c.precision = 0;
   std::vector<char> buf(256);
   EXPECT_NE(epmoe_explain_plan(&c, 2, buf.data(), buf.size()), 0);
-  const std::string error = epmoe_last_error();
+  std::string error = epmoe_last_error();
   EXPECT_NE(error.find("Config.fp8_wgrad"), std::string::npos) << error;
+  EXPECT_NE(epmoe_resolved_fp8_wgrad(&c, 2, &resolved), 0);
+  error = epmoe_last_error();
+  EXPECT_NE(error.find("Config.fp8_wgrad"), std::string::npos) << error;
+  c.fp8_wgrad = 3;
+  c.precision = 1;
+  EXPECT_NE(epmoe_resolved_fp8_wgrad(&c, 2, &resolved), 0);
+  error = epmoe_last_error();
+  EXPECT_NE(error.find("Config.fp8_wgrad"), std::string::npos) << error;
+  EXPECT_NE(epmoe_resolved_fp8_wgrad(nullptr, 2, &resolved), 0);
+}
+
+// The default resolves on the bench shapes as the planner does (the rule's own cases:
+// tests/cpp/test_fp8_wgrad_choice.cpp): deepseek-v3 at T = 4096 picks bf16 at EP = 1 (128 rows
+// per expert) and fp8 at EP = 2 (256 rows).
+TEST(CapiConfig, ResolvedFp8WgradFollowsTheShape) {
+  epmoe_config c = epmoe_config_default(4096, 7168, 2048, 8, 256);
+  c.precision = 1;
+  int32_t resolved = -1;
+  ASSERT_EQ(epmoe_resolved_fp8_wgrad(&c, 1, &resolved), 0) << epmoe_last_error();
+  EXPECT_EQ(resolved, 1);
+  ASSERT_EQ(epmoe_resolved_fp8_wgrad(&c, 2, &resolved), 0) << epmoe_last_error();
+  EXPECT_EQ(resolved, 0);
+  c.precision = 0;  // bf16 with the default: unused, reported as fp8
+  ASSERT_EQ(epmoe_resolved_fp8_wgrad(&c, 1, &resolved), 0) << epmoe_last_error();
+  EXPECT_EQ(resolved, 0);
 }
 
 TEST(CapiConfig, UnknownPrecisionIsRefusedNamingTheField) {

@@ -181,29 +181,35 @@ TEST(Config, PerRankCombineWithBf16AndFp8Block) {
   EXPECT_NO_THROW(Config c(f));
 }
 
-// Config.fp8_wgrad chooses fp8_block training's weight gradients: bf16 with fp8_block (training
-// or inference, prepared weights or not); any precision with the default; a value outside the
-// enum, or bf16 with another precision, refused naming the field.
+// Config.fp8_wgrad chooses fp8_block training's weight gradients: fp8 or bf16 with fp8_block
+// (training or inference, prepared weights or not); any precision with the default, by_shape; a
+// value outside the enum, or fp8 / bf16 with another precision, refused naming the field.
 TEST(Config, Fp8WgradOnlyWithFp8Block) {
   ConfigFields f = tiny();
-  EXPECT_EQ(f.fp8_wgrad, Fp8Wgrad::fp8);
-  EXPECT_EQ(kDefaultFp8Wgrad, Fp8Wgrad::fp8);
-  f.fp8_wgrad = Fp8Wgrad::bf16;
-  expect_config_error(f, "Config.fp8_wgrad", "bf16");
-  f.precision = Precision::fp8_block;
-  for (bool inference : {false, true}) {
-    for (bool prepared : {false, true}) {
-      f.inference = inference;
-      f.prepared_weights = prepared;
-      EXPECT_NO_THROW(Config c(f)) << "inference " << inference << " prepared " << prepared;
-    }
-  }
-  f.precision = Precision::mxfp8;
-  expect_config_error(f, "Config.fp8_wgrad", "bf16");
-  f.precision = Precision::nvfp4;
-  expect_config_error(f, "Config.fp8_wgrad", "bf16");
-  f.fp8_wgrad = Fp8Wgrad::fp8;
+  EXPECT_EQ(f.fp8_wgrad, Fp8Wgrad::by_shape);
+  EXPECT_EQ(kDefaultFp8Wgrad, Fp8Wgrad::by_shape);
   EXPECT_NO_THROW(Config c(f));
+  for (Fp8Wgrad explicit_wgrad : {Fp8Wgrad::fp8, Fp8Wgrad::bf16}) {
+    f.precision = Precision::bf16;
+    f.inference = f.prepared_weights = false;
+    f.fp8_wgrad = explicit_wgrad;
+    expect_config_error(f, "Config.fp8_wgrad", to_string(explicit_wgrad));
+    f.precision = Precision::fp8_block;
+    for (bool inference : {false, true}) {
+      for (bool prepared : {false, true}) {
+        f.inference = inference;
+        f.prepared_weights = prepared;
+        EXPECT_NO_THROW(Config c(f)) << to_string(explicit_wgrad) << " inference " << inference
+                                     << " prepared " << prepared;
+      }
+    }
+    f.precision = Precision::mxfp8;
+    expect_config_error(f, "Config.fp8_wgrad", to_string(explicit_wgrad));
+    f.precision = Precision::nvfp4;
+    expect_config_error(f, "Config.fp8_wgrad", to_string(explicit_wgrad));
+  }
+  f.fp8_wgrad = Fp8Wgrad::by_shape;
+  EXPECT_NO_THROW(Config c(f));  // nvfp4 inference with the default
   f.precision = Precision::fp8_block;
   f.fp8_wgrad = static_cast<Fp8Wgrad>(7);
   expect_config_error(f, "Config.fp8_wgrad", "7");
@@ -211,6 +217,7 @@ TEST(Config, Fp8WgradOnlyWithFp8Block) {
   EXPECT_NE(Config(f).to_string().find("fp8_wgrad=bf16"), std::string::npos);
   EXPECT_STREQ(to_string(Fp8Wgrad::fp8), "fp8");
   EXPECT_STREQ(to_string(Fp8Wgrad::bf16), "bf16");
+  EXPECT_STREQ(to_string(Fp8Wgrad::by_shape), "by_shape");
 }
 
 TEST(Config, PrecisionNames) {
@@ -338,7 +345,7 @@ TEST(Config, ToStringListsEveryField) {
         "slot_capacity_factor=0.5", "overflow=trap", "wgrad_dtype=f32", "inference=false",
         "check_inputs=true", "barrier_timeout_ms=30000", "fuse_epilogues=false",
         "arrival_gated_w13=true", "prepared_weights=false", "scratch_device_bytes=unset",
-        "fp8_wgrad=fp8"}) {
+        "fp8_wgrad=by_shape"}) {
     EXPECT_NE(s.find(part), std::string::npos) << part << " missing in " << s;
   }
 }

@@ -10,6 +10,7 @@
 
 #include "epmoe/error.h"
 #include "epmoe/layered.h"
+#include "epmoe/memory_plan.h"
 #include "harness.h"
 #include "moe_case.h"
 
@@ -153,6 +154,28 @@ INSTANTIATE_TEST_SUITE_P(
                       Shape{2, 24, 256, 200, 2, 4, false, DType::f32},   // 2 and partial blocks
                       Shape{2, 100, 136, 72, 2, 2, false, DType::bf16},  // 200 rows per expert
                       Shape{1, 1, 8, 8, 1, 1, false, DType::bf16, false}));
+
+// Config.fp8_wgrad = by_shape (the default) runs the plan's choice: this shape (16*2*2/8 = 8 rows
+// per expert < 256) resolves to bf16, and every output is bitwise the explicit bf16 choice's, not
+// the fp8 one's weight gradients.
+TEST(Fp8Training, ByShapeRunsThePlansChoice) {
+  Problem p = fp8_problem({2, 16, 32, 24, 2, 8, false, DType::bf16});
+  p.fp8_wgrad = Fp8Wgrad::by_shape;
+  const MemoryPlan plan = plan_memory(p.config(), p.ranks);
+  ASSERT_EQ(plan.fp8_wgrad, Fp8Wgrad::bf16) << plan.fp8_wgrad_reason;
+  const std::vector<RankInputs> in = make_inputs(p, 31, p.max_tokens);
+  const std::vector<RankOutputs> got = run_layer(p, in);
+  Problem bf16 = p, fp8 = p;
+  bf16.fp8_wgrad = Fp8Wgrad::bf16;
+  fp8.fp8_wgrad = Fp8Wgrad::fp8;
+  expect_bitwise_equal(got, run_layer(bf16, in), p.name() + ": by_shape vs bf16");
+  const std::vector<RankOutputs> fp8_out = run_layer(fp8, in);
+  bool differs = false;
+  for (int r = 0; r < p.ranks; ++r) {
+    differs = differs || got[r].grad_w2_EDF != fp8_out[r].grad_w2_EDF;
+  }
+  EXPECT_TRUE(differs) << p.name() << ": by_shape gave the fp8 choice's grad_w2";
+}
 
 // R = 2 and R = 1 on the same global problem: rank r's tokens are rows [r*T, (r+1)*T) of the one
 // rank, its experts the one rank's [r*E, (r+1)*E). Every expert receives the same rows in the same

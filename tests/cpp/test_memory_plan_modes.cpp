@@ -161,6 +161,7 @@ TEST(MemoryPlan, Fp8BlockTermsExactBytes) {
   ConfigFields f = fields(16, 32, 24, 8, 2);
   const MemoryPlan bf16 = plan_memory(Config(f), 2);
   f.precision = Precision::fp8_block;
+  f.fp8_wgrad = Fp8Wgrad::fp8;  // the WGRAD columns (by_shape resolves this shape to bf16)
   const MemoryPlan fp8 = plan_memory(Config(f), 2);
   EXPECT_EQ(fp8.recv_capacity_rows, 32);
   EXPECT_EQ(fp8.dispatch_buffer_bytes, 1024);
@@ -211,6 +212,7 @@ TEST(MemoryPlan, Fp8BlockTermsExactBytes) {
 TEST(MemoryPlan, Fp8WgradBf16DecodedXReplacesTheWgradColumns) {
   ConfigFields f = fields(16, 32, 24, 8, 2);
   f.precision = Precision::fp8_block;
+  f.fp8_wgrad = Fp8Wgrad::fp8;
   const MemoryPlan fp8 = plan_memory(Config(f), 2);
   f.fp8_wgrad = Fp8Wgrad::bf16;
   const MemoryPlan p = plan_memory(Config(f), 2);
@@ -236,8 +238,8 @@ TEST(MemoryPlan, Fp8WgradBf16DecodedXReplacesTheWgradColumns) {
   const std::string text = p.explain();
   for (const char* part :
        {"+ fp8 operands 0.000 GiB (5,760 bytes)", "grad_h13 rows 0.000 GiB (1,664 bytes)",
-        "x decoded to bf16 for the bf16 WGRADs (Config.fp8_wgrad = bf16; no WGRAD columns) "
-        "0.000 GiB (2,048 bytes)"}) {
+        "x decoded to bf16 for the bf16 WGRADs (no WGRAD columns) 0.000 GiB (2,048 bytes)",
+        "weight gradients (Config.fp8_wgrad = bf16): bf16: as configured"}) {
     EXPECT_NE(text.find(part), std::string::npos) << part << " missing in\n" << text;
   }
   EXPECT_EQ(text.find("WGRAD columns (128"), std::string::npos) << text;

@@ -11,7 +11,9 @@
 //   bitwise, with either combine; one forward + backward captured in a CUDA graph and replayed
 //   with new routings == eager, bitwise, with either combine;
 // - Config.fp8_wgrad = bf16 (the bf16 WGRADs, x decoded from its E4M3 rows) in the cases tables:
-//   against the CPU backend, variants, edge routings, recompute and graph replay as above.
+//   against the CPU backend, variants, edge routings, recompute and graph replay as above (the
+//   other cases run fp8 explicitly: moe_case.h's fp8_block default); by_shape (the default) runs
+//   the plan's choice, bitwise the explicit one.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -300,6 +302,35 @@ TEST(GpuFp8Training, PerRankCombineEqualsPerRouteAtEp1AndMatchesCpu) {
           << p.name() << ": " << to_string(out) << " CUDA vs CPU backend (" << vs_cpu.to_string()
           << ")";
     }
+  }
+}
+
+// Config.fp8_wgrad = by_shape (the default) runs the plan's choice on CUDA: bitwise the explicit
+// choice's outputs, and not the other choice's weight gradients. 300*2/8 = 75 rows per expert
+// resolve to bf16; 512*2/4 = 256 rows with D = F = 2048 (D*F/(D+F) = 1024) to fp8.
+TEST(GpuFp8Training, ByShapeRunsThePlansChoiceBitwise) {
+  EPMOE_REQUIRE_GPU();
+  struct Case {
+    Problem p;
+    Fp8Wgrad want;
+  };
+  for (const Case& c : {Case{fp8_problem(300, 256, 160, 8, 2), Fp8Wgrad::bf16},
+                        Case{fp8_problem(512, 2048, 2048, 4, 2), Fp8Wgrad::fp8}}) {
+    Problem p = c.p;
+    p.fp8_wgrad = Fp8Wgrad::by_shape;
+    const MemoryPlan plan = plan_memory(p.config(), 1);
+    ASSERT_EQ(plan.fp8_wgrad, c.want) << p.name() << ": " << plan.fp8_wgrad_reason;
+    const std::vector<RankInputs> in = make_inputs(p, 990, p.max_tokens);
+    const RankOutputs got = gpu_train(p, in[0]);
+    Problem same = p, other = p;
+    same.fp8_wgrad = c.want;
+    other.fp8_wgrad = c.want == Fp8Wgrad::fp8 ? Fp8Wgrad::bf16 : Fp8Wgrad::fp8;
+    expect_bitwise_equal({got}, {gpu_train(same, in[0])},
+                         p.name() + ": by_shape vs " + to_string(c.want));
+    const RankOutputs o = gpu_train(other, in[0]);
+    const std::string ran_other = p.name() + ": by_shape ran the other choice";
+    EXPECT_TRUE(got.grad_w2_EDF != o.grad_w2_EDF) << ran_other;
+    EXPECT_TRUE(got.grad_w13_EFD != o.grad_w13_EFD) << ran_other;
   }
 }
 

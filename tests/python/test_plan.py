@@ -145,9 +145,10 @@ def test_per_rank_combine_plan():
 
 def test_fp8_wgrad_bf16_plan():
     """Config.fp8_wgrad = "bf16": x decoded to bf16 replaces the FP8 WGRAD's column operands."""
-    fp8 = epmoe.plan_memory(tiny_config(precision="fp8_block"), 4)
+    fp8 = epmoe.plan_memory(tiny_config(precision="fp8_block", fp8_wgrad="fp8"), 4)
     bf16 = epmoe.plan_memory(tiny_config(precision="fp8_block", fp8_wgrad="bf16"), 4)
     assert fp8.fp8_wgrad == "fp8" and bf16.fp8_wgrad == "bf16"
+    assert fp8.fp8_wgrad_reason == "fp8: as configured"
     assert bf16.fp8_scratch_bytes != fp8.fp8_scratch_bytes
     assert bf16.scratch_bytes - bf16.fp8_scratch_bytes == fp8.scratch_bytes - fp8.fp8_scratch_bytes
     assert "x decoded to bf16 for the bf16 WGRADs" in bf16.explain()
@@ -155,7 +156,33 @@ def test_fp8_wgrad_bf16_plan():
     with pytest.raises(ValueError, match="Config.fp8_wgrad"):
         tiny_config(fp8_wgrad="bf16")  # precision bf16
     with pytest.raises(ValueError, match="Config.fp8_wgrad"):
+        tiny_config(fp8_wgrad="fp8")  # precision bf16
+    with pytest.raises(ValueError, match="Config.fp8_wgrad"):
         tiny_config(precision="fp8_block", fp8_wgrad="fp16")
+
+
+def test_fp8_wgrad_by_shape_is_the_default_and_resolves_in_the_plan():
+    """Config.fp8_wgrad defaults to "by_shape" with every precision; the plan holds the planner's
+    choice (the tiny shape has too few rows per expert: bf16) with the requested value and the
+    reason, and sizes the scratch as the explicit choice does."""
+    assert epmoe.Config.__dataclass_fields__["fp8_wgrad"].default == "by_shape"
+    assert tiny_config().fp8_wgrad == "by_shape"
+    assert "fp8_wgrad=by_shape" in tiny_config().to_native()
+    plan = epmoe.plan_memory(tiny_config(precision="fp8_block"), 4)
+    assert plan.fp8_wgrad == "bf16" and plan.fp8_wgrad_requested == "by_shape"
+    assert plan.fp8_wgrad_reason.startswith("bf16: ")
+    assert "rows per expert < 256" in plan.fp8_wgrad_reason
+    assert plan.fp8_wgrad_reason in plan.explain()
+    bf16 = epmoe.plan_memory(tiny_config(precision="fp8_block", fp8_wgrad="bf16"), 4)
+    assert plan.fp8_scratch_bytes == bf16.fp8_scratch_bytes and plan.total_bytes == bf16.total_bytes
+    # A shape the rule gives fp8 (gpt-oss-120b at EP = 1: 256 rows per expert, D*F/(D+F) = 1440).
+    big = epmoe.Config(max_num_local_input_tokens=8192, hidden_dim=2880, intermediate_dim=2880,
+                       top_k=4, num_experts=128, precision="fp8_block")
+    assert epmoe.plan_memory(big, 1).fp8_wgrad == "fp8"
+    unused = epmoe.plan_memory(tiny_config(), 4)  # precision bf16: resolved to fp8, unused
+    assert unused.fp8_wgrad == "fp8" and unused.fp8_wgrad_requested == "by_shape"
+    explicit = epmoe.plan_memory(tiny_config(precision="fp8_block", fp8_wgrad="fp8"), 4)
+    assert explicit.fp8_wgrad == explicit.fp8_wgrad_requested == "fp8"
 
 
 def test_scratch_device_bytes_splits_the_arena():
