@@ -32,13 +32,12 @@ make, e.g.
     torchrun --nproc-per-node 2 bench/bench_ep.py --variants epmoe-fp8,epmoe-fp8-per-rank
     torchrun --nproc-per-node 2 bench/bench_ep.py --variants epmoe,epmoe-fp8,epmoe-fp8-wgrad-other
 
-    torchrun --nproc-per-node 2 bench/bench_ep.py --self-check   (CPU, gloo: the recipe's math)
+    torchrun --nproc-per-node 2 bench/bench_ep.py --self-check   (CPU, gloo: ep_self_check.py)
 """
 import argparse
 import datetime
 import json
 import os
-import pickle
 import statistics
 import subprocess
 import sys
@@ -49,10 +48,13 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_moe  # noqa: E402
+import ep_self_check  # noqa: E402
 import epmoe_ctypes  # noqa: E402
 import shapes as S  # noqa: E402
 import torch_recipe  # noqa: E402
 import torch_recipe_fp8  # noqa: E402
+from ep_accounting import (dispatch_combine_GBps, gather_objects, per_rank_bound_ms,  # noqa: E402
+                           routes_to_ranks, step_stats, tokens_to_ranks, traffic)
 
 OUTPUTS = ("y", "grad_x", "grad_scores", "grad_w13", "grad_w2")
 # row name: (Config.fuse_epilogues, Config.arrival_gated_w13, Config.combine: 0 per_route,
@@ -79,115 +81,7 @@ FP8_COMPARED = ("y", "grad_x", "grad_scores")
 BANDWIDTH_VARIANTS = ("epmoe-unfused", "epmoe-per-rank")
 
 
-# ---- accounting (pure; checked by --self-check) ----
-
-def routes_to_ranks(ids, E_local, R):
-    """[R] int64: routes of these tokens to each rank's experts (inactive routes left out)."""
-    flat = ids.reshape(-1).long()
-    return torch.bincount(flat[flat >= 0] // E_local, minlength=R).cpu()
-
-
-def tokens_to_ranks(ids, E_local, R):
-    """[R] int64: tokens with at least one route to each rank's experts."""
-    dest = torch.where(ids >= 0, ids.long() // E_local, R)  # R: inactive
-    hit = torch.zeros(ids.shape[0], R + 1, dtype=torch.bool, device=ids.device)
-    hit.scatter_(1, dest, True)
-    return hit[:, :R].sum(0).cpu()
-
-
-def traffic(C_RR, tokens_RR=None):
-    """C_RR[s][d]: routes of rank s's tokens to rank d's experts (tokens_RR[s][d]: tokens with a
-    route there). Per rank d: received rows (all routes it computes) and the routes from other
-    ranks (= rows it stores back into their combine slots); busiest received rows and the balanced
-    share; with tokens_RR, the (token, rank) pairs from other ranks: the rows dispatch and
-    gather_grad read from peers (one read per source rank and token); local_token_rows: this
-    rank's own tokens with a route here; served_token_rows: (token, other rank) pairs of this
-    rank's tokens (rows peers read from it; per-rank combine rows they send back)."""
-    R = len(C_RR)
-    received = [sum(C_RR[s][d] for s in range(R)) for d in range(R)]
-    remote = [received[d] - C_RR[d][d] for d in range(R)]
-    out = {"received_rows": received, "remote_rows": remote, "busiest_rank_rows": max(received),
-           "balanced_rows": sum(received) // R}
-    if tokens_RR is not None:
-        out["remote_token_rows"] = [sum(tokens_RR[s][d] for s in range(R) if s != d)
-                                    for d in range(R)]
-        out["local_token_rows"] = [tokens_RR[d][d] for d in range(R)]
-        out["served_token_rows"] = [sum(tokens_RR[d][s] for s in range(R) if s != d)
-                                    for d in range(R)]
-    return out
-
-
-def per_rank_bound_ms(tr, D, peer_GBps, hbm_GBps, elem_bytes=2):
-    """Beside dispatch_combine_GBps (which counts remote bytes only): the time each rank's
-    dispatch (or gather_grad) + per-rank combine_send cannot beat, from every byte they move. Per
-    stage and rank: max(bytes sent over NVLink, bytes received over NVLink) / peer stores (both
-    directions at once) vs the rank's HBM bytes / HBM copy (read + write bytes). Dispatch on rank
-    r reads its local tokens' rows and the rows peers pull from it and writes every received row;
-    combine_send reads every received row and writes its own tokens' partials and the ones peers
-    send it. The backward's 4-byte grad_scores are left out. Returns [ms per rank] of one phase
-    (the two stages added: they run one after the other)."""
-    out = []
-    for r in range(len(tr["received_rows"])):
-        row_bytes = D * elem_bytes
-        own, served = tr["local_token_rows"][r], tr["served_token_rows"][r]
-        link = max(tr["remote_token_rows"][r], served) * row_bytes / (peer_GBps * 1e6)
-        hbm = (own + served + tr["received_rows"][r]) * row_bytes / (hbm_GBps * 1e6)
-        out.append(2 * max(link, hbm))  # dispatch and combine_send move the same bytes
-    return out
-
-
-def dispatch_combine_GBps(stage_lists, remote_rows, remote_token_rows, D, elem_bytes=2,
-                          per_rank=False):
-    """Dispatch + combine bandwidth from each rank's stage times (forward then backward, in launch
-    order): forward dispatch + the combine stage, backward gather_grad + the combine stage. Per
-    phase rank r moves remote_token_rows[r] rows of D elements in dispatch / gather_grad (one read
-    per source token) and, in the combine, remote_rows[r] rows (per route: scatter_rows of the
-    unfused chain) or, per_rank, remote_token_rows[r] rows (combine_send: one per token and rank)
-    plus, backward, remote_rows[r] fp32 grad_scores (4 bytes each, stored by gather_grad): the
-    bytes that cross between GPUs in each mode.
-    Returns {phase: (GBps over ranks = sum bytes / sum time, [GBps per rank], [ms per rank])}."""
-    out = {}
-    combine = "combine_send" if per_rank else "scatter_rows"
-    for phase, names in (("dispatch+combine", ("dispatch", combine)),
-                         ("dispatch+combine-bwd", ("gather_grad", combine))):
-        ms_R, gbps_R, total_bytes, total_ms = [], [], 0, 0.0
-        for r, stages in enumerate(stage_lists):
-            cut = [i for i, (n, _) in enumerate(stages) if n == "reduce_forward"][0] + 1
-            part = stages[:cut] if phase == "dispatch+combine" else stages[cut:]
-            ms = sum(t for n, t in part if n in names)
-            combine_rows = remote_token_rows[r] if per_rank else remote_rows[r]
-            nbytes = (remote_token_rows[r] + combine_rows) * D * elem_bytes
-            if per_rank and phase == "dispatch+combine-bwd":
-                nbytes += remote_rows[r] * 4
-            ms_R.append(ms)
-            gbps_R.append(nbytes / ms / 1e6 if ms > 0 else None)
-            total_bytes += nbytes
-            total_ms += ms
-        out[phase] = (total_bytes / total_ms / 1e6 if total_ms > 0 else None, gbps_R, ms_R)
-    return out
-
-
-def step_stats(times_R):
-    """times_R[r][i]: rank r's time of iteration i. Step time = max over ranks per iteration."""
-    steps = [max(t) for t in zip(*times_R)]
-    return statistics.median(steps), min(steps), max(steps)
-
-
 # ---- distributed helpers ----
-
-def gather_objects(obj, group=None):
-    """obj of every rank, in rank order, on every rank: pickled bytes in CPU tensors over a gloo
-    group (all_gather_object needs numpy, which the test environment lacks)."""
-    size = dist.get_world_size(group)
-    data = torch.tensor(list(pickle.dumps(obj)), dtype=torch.uint8)
-    n_R = [torch.zeros(1, dtype=torch.int64) for _ in range(size)]
-    dist.all_gather(n_R, torch.tensor([data.numel()], dtype=torch.int64), group=group)
-    longest = max(int(n) for n in n_R)
-    buf_R = [torch.zeros(longest, dtype=torch.uint8) for _ in range(size)]
-    dist.all_gather(buf_R, torch.cat([data, torch.zeros(longest - data.numel(), dtype=torch.uint8)]),
-                    group=group)
-    return [pickle.loads(bytes(b[:int(n)].tolist())) for b, n in zip(buf_R, n_R)]
-
 
 class Ranks:
     def __init__(self, cpu_group):
@@ -643,158 +537,6 @@ def main_gpu(args):
     dist.destroy_process_group()
 
 
-# ---- self-check on CPU (gloo): the EP recipe against the one-process recipe ----
-
-def fp8_cpu_reason():
-    """None where the FP8 recipe's EP math can be checked on CPU (its fp8 GEMM emulated), else
-    why not."""
-    if not hasattr(torch, "float8_e4m3fn"):
-        return f"torch {torch.__version__} has no torch.float8_e4m3fn"
-    if not hasattr(torch, "_grouped_mm"):
-        return f"torch {torch.__version__} has no torch._grouped_mm (the recipe's backward GEMMs)"
-    return None
-
-
-def self_check_fp8(rank, R, x, ids, scores, w13, w2, grad_y, ye_bf16):
-    """The FP8 EP recipe (torch_recipe_fp8.moe_forward_ep, the fp8 GEMM emulated on CPU) against
-    the one-process FP8 recipe on the concatenated batch, both with the weights quantized per
-    expert and output channel (so rank-local preparation equals the global one's slice); and
-    against the bf16 EP recipe: close, but not equal (the quantization ran). Returns
-    ({name: rel-L2}, rel-L2 of y vs bf16, [failed checks])."""
-    R8 = torch_recipe_fp8
-    T, D = x.shape[1], x.shape[2]
-    K = ids.shape[2]
-    El = w13.shape[0] // R
-    mine = slice(rank * El, (rank + 1) * El)
-    leaves = [t.clone().requires_grad_() for t in (x.reshape(R * T, D), scores.reshape(R * T, K),
-                                                  w13, w2)]
-    xa, sa, w13a, w2a = leaves
-    ya = R8.moe_forward(xa, ids.reshape(R * T, K), sa, w13a, w2a,
-                        (R8.quantize_weights(w13), R8.quantize_weights(w2)))
-    ya.backward(grad_y.reshape(R * T, D))
-    xe, se, w13e, w2e = [t.clone().requires_grad_() for t in (x[rank], scores[rank], w13[mine],
-                                                              w2[mine])]
-    ye = R8.moe_forward_ep(xe, ids[rank], se, w13e, w2e,
-                           (R8.quantize_weights(w13[mine]), R8.quantize_weights(w2[mine])))
-    ye.backward(grad_y[rank])
-    tokens = slice(rank * T, (rank + 1) * T)
-    pairs = {"y": (ye, ya[tokens]), "grad_x": (xe.grad, xa.grad[tokens]),
-             "grad_scores": (se.grad, sa.grad[tokens]), "grad_w13": (w13e.grad, w13a.grad[mine]),
-             "grad_w2": (w2e.grad, w2a.grad[mine])}
-    err = {k: bench_moe.rel_l2(a.detach(), b.detach()) for k, (a, b) in pairs.items()}
-    bad = [f"fp8 {k}" for k, v in err.items() if not v <= 1e-2]
-    vs_bf16 = bench_moe.rel_l2(ye.detach(), ye_bf16.detach())
-    # e4m3 operands of two chained GEMMs: a few % from bf16 (test_torch_recipe_fp8.py)
-    if not 1e-3 < vs_bf16 < 0.12:
-        bad.append("fp8 y vs bf16 within (1e-3, 0.12)")
-    return err, vs_bf16, bad
-
-
-def self_check():
-    dist.init_process_group("gloo")
-    rank, R = dist.get_rank(), dist.get_world_size()
-    T, D, F, E, K = 48, 64, 32, 8, 3
-    El = E // R
-    failures = 0
-    fp8_reason = fp8_cpu_reason()
-    if fp8_reason:
-        print(f"self-check fp8: skipped ({fp8_reason})", flush=True)
-    else:
-        # torch._scaled_grouped_mm has no CPU kernel: its CPU twin (same quantization, fp32 GEMM)
-        torch_recipe_fp8.ScaledGroupedMm.mm = staticmethod(torch_recipe_fp8.emulated_scaled_grouped_mm)
-    for routing in ("balanced", "skew", "empty-rank", "one-expert"):
-        g = torch.Generator().manual_seed(7)  # the same global problem on every rank
-        x = torch.randn(R, T, D, generator=g).to(torch.bfloat16)
-        w13 = (torch.randn(E, 2 * F, D, generator=g) / D ** 0.5).to(torch.bfloat16)
-        w2 = (torch.randn(E, D, F, generator=g) / F ** 0.5).to(torch.bfloat16)
-        ids, scores = zip(*[S.route(routing, T, E, K, ep=R, generator=g, device="cpu")
-                            for _ in range(R)])
-        ids, scores = torch.stack(ids), torch.stack(scores)
-        ids[0, :5, -1] = -1  # a few inactive routes
-        grad_y = torch.randn(R, T, D, generator=g).to(torch.bfloat16)
-
-        def leaves(*ts):
-            return [t.clone().requires_grad_() for t in ts]
-
-        xa, sa, w13a, w2a = leaves(x.reshape(R * T, D), scores.reshape(R * T, K), w13, w2)
-        ya = torch_recipe.moe_forward(xa, ids.reshape(R * T, K), sa, w13a, w2a)
-        ya.backward(grad_y.reshape(R * T, D))
-        mine = slice(rank * El, (rank + 1) * El)
-        xe, se, w13e, w2e = leaves(x[rank], scores[rank], w13[mine], w2[mine])
-        ye = torch_recipe.moe_forward_ep(xe, ids[rank], se, w13e, w2e)
-        ye.backward(grad_y[rank])
-        tokens = slice(rank * T, (rank + 1) * T)
-        pairs = {"y": (ye, ya[tokens]), "grad_x": (xe.grad, xa.grad[tokens]),
-                 "grad_scores": (se.grad, sa.grad[tokens]), "grad_w13": (w13e.grad, w13a.grad[mine]),
-                 "grad_w2": (w2e.grad, w2a.grad[mine])}
-        err = {k: bench_moe.rel_l2(a.detach(), b.detach()) for k, (a, b) in pairs.items()}
-        bad = [k for k, v in err.items() if not v <= 1e-2]
-
-        # Accounting: traffic of the global routing by brute force.
-        C = [routes_to_ranks(ids[s], El, R).tolist() for s in range(R)]
-        tok = [tokens_to_ranks(ids[s], El, R).tolist() for s in range(R)]
-        brute = [[int(((ids[s] >= 0) & (ids[s] // El == d)).sum()) for d in range(R)] for s in range(R)]
-        brute_tok = [[int(((ids[s] >= 0) & (ids[s] // El == d)).any(1).sum()) for d in range(R)]
-                     for s in range(R)]
-        tr = traffic(C, tok)
-        if C != brute or tok != brute_tok or sum(tr["received_rows"]) != int((ids >= 0).sum()):
-            bad.append("traffic")
-        if any(t > r for t, r in zip(tr["remote_token_rows"], tr["remote_rows"])):
-            bad.append("remote token rows <= remote rows")
-        if routing == "skew" and not tr["busiest_rank_rows"] > 1.5 * tr["balanced_rows"]:
-            bad.append("skew at EP = 2 sends most routes to rank 0")
-        print(f"self-check rank {rank} {routing}: rel-L2 EP recipe vs one-process recipe " +
-              ", ".join(f"{k} {v:.1e}" for k, v in err.items()) +
-              f"; received rows {tr['received_rows']}, from the other rank {tr['remote_rows']} "
-              f"({tr['remote_token_rows']} tokens)" + (f"; FAILED: {bad}" if bad else ""),
-              flush=True)
-        failures += len(bad)
-        if not fp8_reason:
-            err8, vs_bf16, bad8 = self_check_fp8(rank, R, x, ids, scores, w13, w2, grad_y, ye)
-            print(f"self-check fp8 rank {rank} {routing}: rel-L2 EP fp8 recipe vs one-process fp8 "
-                  "recipe " + ", ".join(f"{k} {v:.1e}" for k, v in err8.items()) +
-                  f"; y vs bf16 EP recipe {vs_bf16:.1e}" + (f"; FAILED: {bad8}" if bad8 else ""),
-                  flush=True)
-            failures += len(bad8)
-    # Stage-time bandwidth and step statistics on made-up numbers.
-    st = [[("dispatch", 1.0), ("scatter_rows", 1.0), ("reduce_forward", 0.1), ("gather_grad", 2.0),
-           ("scatter_rows", 2.0)]] * 2
-    bw = dispatch_combine_GBps(st, [1000, 500], [600, 400], 1024)
-    want = (1500 + 1000) * 1024 * 2 / 4.0 / 1e6
-    if abs(bw["dispatch+combine"][0] - want) > 1e-9 or bw["dispatch+combine-bwd"][2] != [4.0, 4.0]:
-        print(f"self-check: dispatch_combine_GBps FAILED: {bw}", flush=True)
-        failures += 1
-    st = [[("dispatch", 1.0), ("combine_send", 1.0), ("reduce_forward", 0.1), ("gather_grad", 2.0),
-           ("combine_send", 2.0)]] * 2
-    bw = dispatch_combine_GBps(st, [1000, 500], [600, 400], 1024, per_rank=True)
-    want_fwd = (600 + 600 + 400 + 400) * 1024 * 2 / 4.0 / 1e6
-    want_bwd = ((600 + 600 + 400 + 400) * 1024 * 2 + (1000 + 500) * 4) / 8.0 / 1e6
-    if (abs(bw["dispatch+combine"][0] - want_fwd) > 1e-9 or
-            abs(bw["dispatch+combine-bwd"][0] - want_bwd) > 1e-9):
-        print(f"self-check: dispatch_combine_GBps per_rank FAILED: {bw}", flush=True)
-        failures += 1
-    tr = traffic([[700, 300], [200, 800]], [[500, 250], [150, 600]])
-    got = per_rank_bound_ms(tr, 1000, 100.0, 1000.0)
-    # rank 0: link max(150, 250) * 2000 B / 1e8 B/ms = 5 us, HBM (500 + 250 + 900) * 2000 / 1e9
-    # = 3.3 us; rank 1: link 5 us, HBM (600 + 150 + 1100) * 2000 / 1e9 = 3.7 us; twice (2 stages).
-    if (tr["local_token_rows"] != [500, 600] or tr["served_token_rows"] != [250, 150] or
-            any(abs(a - b) > 1e-12 for a, b in zip(got, [0.010, 0.010]))):
-        print(f"self-check: per_rank_bound_ms FAILED: {got} {tr}", flush=True)
-        failures += 1
-    got = per_rank_bound_ms(tr, 1000, 1000.0, 100.0)  # HBM-bound: 33 us and 37 us, twice
-    if any(abs(a - b) > 1e-12 for a, b in zip(got, [0.066, 0.074])):
-        print(f"self-check: per_rank_bound_ms (HBM) FAILED: {got}", flush=True)
-        failures += 1
-    if step_stats([[1.0, 5.0, 3.0], [2.0, 4.0, 3.5]]) != (3.5, 2.0, 5.0):
-        print("self-check: step_stats FAILED", flush=True)
-        failures += 1
-    total = gather_objects(failures)
-    dist.destroy_process_group()
-    if rank == 0:
-        print(f"self-check: {'passed' if sum(total) == 0 else 'FAILED'}", flush=True)
-    sys.exit(1 if sum(total) else 0)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
@@ -814,7 +556,7 @@ def main():
     ap.add_argument("--self-check", action="store_true", help="CPU ranks (gloo): the recipe's math")
     args = ap.parse_args()
     if args.self_check:
-        self_check()
+        ep_self_check.self_check()
         return
     if not args.out:
         ap.error("--out is required")
