@@ -59,6 +59,23 @@ struct Problem {
     mxfp8_quantize_rows(x.data(), M, K, a_codes.data(), a_scales.data());
   }
 
+  // Random data through the host codec: activations normal * a_scale, then weights normal, times
+  // 2^(expert % 7 - 3) with expert_scaled (so the scales differ per expert), in that draw order.
+  void fill_through_codec(std::mt19937& rng, float a_scale, bool expert_scaled) {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    a.resize(static_cast<size_t>(M * K));
+    for (bf16_t& v : a) v = float_to_bf16(normal(rng) * a_scale);
+    quantize_a();
+    std::vector<float> w(static_cast<size_t>(E * N * K));
+    for (size_t i = 0; i < w.size(); ++i) {
+      const int expert = static_cast<int>(i / static_cast<size_t>(N * K));
+      w[i] = expert_scaled ? normal(rng) * std::ldexp(1.0f, expert % 7 - 3) : normal(rng);
+    }
+    w_codes.assign(w.size(), 0);
+    w_scales.assign(static_cast<size_t>(E * N * S), 0);
+    mxfp8_quantize_rows(w.data(), E * N, K, w_codes.data(), w_scales.data());
+  }
+
   cuda::Mxfp8GroupedGemmArgs args(const Dev<uint8_t>& daq, const Dev<uint8_t>& das,
                                   const Dev<uint8_t>& dwq, const Dev<uint8_t>& dws,
                                   const Dev<int32_t>& doff) const {

@@ -137,16 +137,8 @@ TEST(GpuGemmMxfp8, NanScaleGivesNan) {
 // The test's formula is cpu::row_times_nt's (the CPU backend's MXFP8 GEMM), to the fp32 bit.
 TEST(GpuGemmMxfp8, FormulaIsTheCpuBackends) {
   std::mt19937 rng(34);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   Problem p(shapes()[4]);
-  p.a.resize(static_cast<size_t>(p.M * p.K));
-  for (bf16_t& v : p.a) v = float_to_bf16(normal(rng));
-  p.quantize_a();
-  std::vector<float> w(static_cast<size_t>(p.E * p.N * p.K));
-  for (float& v : w) v = normal(rng);
-  p.w_codes.assign(w.size(), 0);
-  p.w_scales.assign(static_cast<size_t>(p.E * p.N * p.S), 0);
-  mxfp8_quantize_rows(w.data(), p.E * p.N, p.K, p.w_codes.data(), p.w_scales.data());
+  p.fill_through_codec(rng, 1.0f, false);
   const std::vector<float> f = p.formula();
   std::vector<float> row(static_cast<size_t>(p.N));
   for (int e = 0; e < p.E; ++e) {
@@ -174,23 +166,11 @@ TEST(GpuGemmMxfp8, FormulaIsTheCpuBackends) {
 TEST(GpuGemmMxfp8, CodecPreparedRandomDataWithinBound) {
   EPMOE_REQUIRE_GPU();
   std::mt19937 rng(35);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   double worst = 0.0;
   size_t bitwise = 0, total = 0;
   for (const Shape& s : shapes()) {
     Problem p(s);
-    p.a.resize(static_cast<size_t>(p.M * p.K));
-    for (bf16_t& v : p.a) v = float_to_bf16(normal(rng) * 4.0f);
-    p.quantize_a();
-    // Weights through the codec, scaled per expert so the scales differ.
-    std::vector<float> w(static_cast<size_t>(p.E * p.N * p.K));
-    for (size_t i = 0; i < w.size(); ++i) {
-      const int expert = static_cast<int>(i / static_cast<size_t>(p.N * p.K));
-      w[i] = normal(rng) * std::ldexp(1.0f, expert % 7 - 3);
-    }
-    p.w_codes.assign(w.size(), 0);
-    p.w_scales.assign(static_cast<size_t>(p.E * p.N * p.S), 0);
-    mxfp8_quantize_rows(w.data(), p.E * p.N, p.K, p.w_codes.data(), p.w_scales.data());
+    p.fill_through_codec(rng, 4.0f, true);  // scaled per expert: the scales differ
     std::vector<double> mag;
     const std::vector<bf16_t> cpu = p.run_cpu(&mag), gpu = p.run_gpu(kDecode);
     int shown = 0;

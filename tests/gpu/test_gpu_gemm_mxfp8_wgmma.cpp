@@ -166,24 +166,13 @@ struct Agreement {
 TEST(GpuGemmMxfp8Wgmma, CodecPreparedRandomDataWithinBound) {
   EPMOE_REQUIRE_GPU();
   std::mt19937 rng(65);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   const GemmTolerance* tol = gemm_tolerance(Precision::mxfp8, "wgmma");
   ASSERT_NE(tol, nullptr) << "no kGemmTolerances entry for (mxfp8, wgmma)";
   double worst = 0.0;
   Agreement vs_cpu, vs_decode;
   for (const Shape& s : shapes()) {
     Problem p(s);
-    p.a.resize(static_cast<size_t>(p.M * p.K));
-    for (bf16_t& v : p.a) v = float_to_bf16(normal(rng) * 4.0f);
-    p.quantize_a();
-    std::vector<float> w(static_cast<size_t>(p.E * p.N * p.K));
-    for (size_t i = 0; i < w.size(); ++i) {
-      const int expert = static_cast<int>(i / static_cast<size_t>(p.N * p.K));
-      w[i] = normal(rng) * std::ldexp(1.0f, expert % 7 - 3);
-    }
-    p.w_codes.assign(w.size(), 0);
-    p.w_scales.assign(static_cast<size_t>(p.E * p.N * p.S), 0);
-    mxfp8_quantize_rows(w.data(), p.E * p.N, p.K, p.w_codes.data(), p.w_scales.data());
+    p.fill_through_codec(rng, 4.0f, true);  // scaled per expert: the scales differ
     std::vector<double> mag;
     const std::vector<bf16_t> cpu = p.run_cpu(&mag), gpu = p.run_gpu(Kernel::wgmma);
     const std::vector<bf16_t> decode = p.run_gpu(Kernel::decode);
@@ -287,16 +276,8 @@ TEST(GpuGemmMxfp8Wgmma, ScatterStoresEachRowInItsSlot) {
 TEST(GpuGemmMxfp8Wgmma, RepeatRunsAndGraphReplayBitwise) {
   EPMOE_REQUIRE_GPU();
   std::mt19937 rng(69);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   Problem p(shapes()[6]);
-  p.a.resize(static_cast<size_t>(p.M * p.K));
-  for (bf16_t& v : p.a) v = float_to_bf16(normal(rng));
-  p.quantize_a();
-  std::vector<float> w(static_cast<size_t>(p.E * p.N * p.K));
-  for (float& v : w) v = normal(rng);
-  p.w_codes.assign(w.size(), 0);
-  p.w_scales.assign(static_cast<size_t>(p.E * p.N * p.S), 0);
-  mxfp8_quantize_rows(w.data(), p.E * p.N, p.K, p.w_codes.data(), p.w_scales.data());
+  p.fill_through_codec(rng, 1.0f, false);
   const std::vector<bf16_t> first = p.run_gpu(Kernel::wgmma);
   for (int r = 0; r < 3; ++r) {
     expect_bitwise(first, p.run_gpu(Kernel::wgmma), p.N, "run " + std::to_string(r));
