@@ -1,5 +1,6 @@
 // Shared by the CUDA benchmark binaries: a checked-call macro (benchmarks exit on a CUDA error),
-// the MEASURE.md shapes at EP = 1, a counter hash for device-side fills, device allocation and
+// the MEASURE.md shapes at EP = 1, a counter hash for device-side fills (E4M3 codes), a bitwise
+// difference count, device allocation and
 // CUDA-event timing (3 warm-up launches, then the median and min-max of `iters`).
 #pragma once
 
@@ -43,6 +44,26 @@ __device__ inline uint32_t mix(uint64_t i, uint32_t seed) {
   x *= 0xBF58476D1CE4E5B9ull;
   x ^= x >> 29;
   return static_cast<uint32_t>(x);
+}
+
+// Random finite E4M3 codes: exponent bits 6 and 3 cleared (|x| < 1, never the NaN codes 0x7F /
+// 0xFF).
+__global__ inline void fill_e4m3(uint8_t* p, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    p[i] = static_cast<uint8_t>(mix(static_cast<uint64_t>(i), seed) & 0xB7u);
+  }
+}
+
+// Adds to *count the elements where the 16-bit a and b differ (bitwise).
+__global__ inline void count_differences(const uint16_t* a, const uint16_t* b, int64_t n,
+                                         unsigned long long* count) {
+  unsigned long long local = 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    local += a[i] != b[i] ? 1u : 0u;
+  }
+  if (local != 0) atomicAdd(count, local);
 }
 
 template <class T>

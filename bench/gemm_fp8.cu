@@ -41,15 +41,6 @@ namespace {
 
 using namespace epmoe::bench;
 
-// Random finite E4M3 codes.
-__global__ void fill_e4m3(uint8_t* p, int64_t n, uint32_t seed) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    // Exponent bits 6 and 3 cleared: |x| < 1, never the NaN codes 0x7F / 0xFF.
-    p[i] = static_cast<uint8_t>(mix(static_cast<uint64_t>(i), seed) & 0xB7u);
-  }
-}
-
 __global__ void fill_scales(float* p, int64_t n, uint32_t seed) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -65,16 +56,6 @@ __global__ void fill_bf16(uint16_t* p, int64_t n, uint32_t seed) {
     memcpy(&bits, &v, 4);
     p[i] = static_cast<uint16_t>(bits >> 16);
   }
-}
-
-// Counts the elements where a and b differ (bitwise).
-__global__ void count_differences(const uint16_t* a, const uint16_t* b, int64_t n, unsigned long long* count) {
-  unsigned long long local = 0;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    local += a[i] != b[i] ? 1u : 0u;
-  }
-  if (local != 0) atomicAdd(count, local);
 }
 
 struct Fp8Variant {

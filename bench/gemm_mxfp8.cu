@@ -30,29 +30,11 @@ namespace {
 
 using namespace epmoe::bench;
 
-__global__ void fill_e4m3(uint8_t* p, int64_t n, uint32_t seed) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    // Exponent bits 6 and 3 cleared: |x| < 1, never the NaN codes 0x7F / 0xFF.
-    p[i] = static_cast<uint8_t>(mix(static_cast<uint64_t>(i), seed) & 0xB7u);
-  }
-}
-
 __global__ void fill_e8m0(uint8_t* p, int64_t n, uint32_t seed) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     p[i] = static_cast<uint8_t>(120u + mix(static_cast<uint64_t>(i), seed) % 15u);
   }
-}
-
-__global__ void count_differences(const uint16_t* a, const uint16_t* b, int64_t n,
-                                  unsigned long long* count) {
-  unsigned long long local = 0;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    local += a[i] != b[i] ? 1u : 0u;
-  }
-  if (local != 0) atomicAdd(count, local);
 }
 
 void report(const ModelShape& s, int64_t T, const char* gemm, const char* kernel, int64_t M,
