@@ -286,27 +286,53 @@ struct SwigluBackwardEpilogue {
   __device__ SwigluBackwardEpilogue(const Params& params, char* smem, int wg, int row_block, int tid)
       : p(params), h13(params.h13.template get<const bf16_t>()), stage{smem, wg, row_block, tid} {}
 
+  // This thread's inputs of the four passes over columns [c0, c0 + 64): gate and up (8 columns
+  // each) and the row's score. Loaded before the chunk is staged, all four passes at once, so
+  // their latency overlaps the staging and each other instead of stalling every pass (the
+  // epilogue took longer than the main loop on short-K shapes: bench/RESULTS.md "W2 DGRAD").
+  struct Inputs {
+    uint4 gate[4], up[4];
+    float score[4];
+  };
+  __device__ __forceinline__ bool row_in(const TileCoord& t, int64_t c0, int pass) const {
+    const int m = 64 * stage.row_block + pass * 16 + stage.tid / 8;
+    return c0 + (stage.tid % 8) * 8 < p.F && m < t.rows_valid;  // F % 8 == 0: a segment is all in or out
+  }
+  __device__ __forceinline__ Inputs load_inputs(const TileCoord& t, int64_t c0) const {
+    Inputs in;
+    const int64_t f = c0 + (stage.tid % 8) * 8;
+    CUTE_UNROLL
+    for (int pass = 0; pass < 4; ++pass) {
+      const int64_t row = t.row0 + 64 * stage.row_block + pass * 16 + stage.tid / 8;
+      in.gate[pass] = in.up[pass] = make_uint4(0, 0, 0, 0);
+      in.score[pass] = 1.0f;
+      if (row_in(t, c0, pass)) {
+        in.gate[pass] = *reinterpret_cast<const uint4*>(h13 + row * 2 * p.F + f);
+        in.up[pass] = *reinterpret_cast<const uint4*>(h13 + row * 2 * p.F + p.F + f);
+        if (p.row_scores != nullptr) in.score[pass] = p.row_scores[row];
+      }
+    }
+    return in;
+  }
+
   // The staged grad_h rows of columns [c0, c0 + 64) of the tile: SwiGLU backward and the stores.
   // Every thread runs every pass (the xor tree needs all 8 threads of a row, valid or not).
-  __device__ __forceinline__ void rows_out(const TileCoord& t, int64_t c0) const {
+  __device__ __forceinline__ void rows_out(const TileCoord& t, int64_t c0, const Inputs& in) const {
     const int seg = stage.tid % 8;
     const int64_t f = c0 + seg * 8;  // first of this thread's 8 columns
-    const bool cols_in = f < p.F;    // F % 8 == 0: a segment is all in or all out
     const bool scored = p.row_scores != nullptr;  // kernel-uniform
-#pragma unroll 1
+    CUTE_UNROLL
     for (int pass = 0; pass < 4; ++pass) {
       const int r = pass * 16 + stage.tid / 8;
       const int m = 64 * stage.row_block + r;
       const int64_t row = t.row0 + m;
       float dot = 0.0f;
-      if (cols_in && m < t.rows_valid) {
-        const float score = scored ? p.row_scores[row] : 1.0f;
+      if (row_in(t, c0, pass)) {
+        const float score = in.score[pass];
         const uint4 gh = *reinterpret_cast<const uint4*>(stage.smem + r * Stage<Traits>::kPitch + seg * 16);
-        const uint4 g = *reinterpret_cast<const uint4*>(h13 + row * 2 * p.F + f);
-        const uint4 u = *reinterpret_cast<const uint4*>(h13 + row * 2 * p.F + p.F + f);
         const bf16_t* gh8 = reinterpret_cast<const bf16_t*>(&gh);
-        const bf16_t* g8 = reinterpret_cast<const bf16_t*>(&g);
-        const bf16_t* u8 = reinterpret_cast<const bf16_t*>(&u);
+        const bf16_t* g8 = reinterpret_cast<const bf16_t*>(&in.gate[pass]);
+        const bf16_t* u8 = reinterpret_cast<const bf16_t*>(&in.up[pass]);
         uint4 dg, du, h;
         bf16_t* dg8 = reinterpret_cast<bf16_t*>(&dg);
         bf16_t* du8 = reinterpret_cast<bf16_t*>(&du);
@@ -345,9 +371,10 @@ struct SwigluBackwardEpilogue {
     const int64_t f0 = static_cast<int64_t>(t.n_tile) * Traits::BLOCK_N;
     for_each_chunk<Traits::BLOCK_N / 64, 64>(f0, p.F, [&](auto c) {
       constexpr int C = decltype(c)::value;
+      const Inputs in = load_inputs(t, f0 + 64 * C);  // in flight while the chunk is staged
       stage.template put_bf16<C>([&](int i, int, int) { return grad_h(i); });
       stage.sync();
-      rows_out(t, f0 + 64 * C);
+      rows_out(t, f0 + 64 * C, in);
       stage.sync();
     });
   }
