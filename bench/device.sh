@@ -134,7 +134,7 @@ if [[ $mode == profile ]]; then
   fi
 fi
 if [[ $mode == fp8wgrad ]]; then
-  "$build/tests/gpu/test_gpu_wgrad_fp8" > "$OUT/wgrad_fp8.log" 2>&1 || status=1
+  timeout -k 10 300 "$build/tests/gpu/test_gpu_wgrad_fp8" > "$OUT/wgrad_fp8.log" 2>&1 || status=1
   grep -E "pairs ==|OK \]|FAILED|PASSED|SKIPPED" "$OUT/wgrad_fp8.log" | head -30
   timeout -k 10 300 compute-sanitizer --tool memcheck --error-exitcode 9 \
       "$build/tests/gpu/test_gpu_wgrad_fp8" --gtest_filter='GpuWgradFp8.CtaPairs*' \
