@@ -393,6 +393,7 @@ TEST(GpuWgradFp8, CtaPairsMulticastBitwiseEqual) {
     try {
       p.run_gpu(init_f32, DType::f32, false, nullptr, 0, 1);
     } catch (const Error& e) {
+      if (e.argument() != "multicast") throw;  // any other error fails the test
       GTEST_SKIP() << "CTA pairs not in this build (EPMOE_GEMM_CONFIGS=CI): " << e.what();
     }
     for (const bool accumulate : {false, true}) {
