@@ -16,6 +16,11 @@
 #       $OUT/nvfp4_*.log, $OUT/bench_nvfp4.json; then once per n in EPMOE_NVFP4_SPLITK_SWEEP
 #       (default "auto") with EPMOE_NVFP4_SPLITK=n on EPMOE_NVFP4_SPLITK_SHAPES (default
 #       mixtral-8x7b, the shape whose W2 the heuristic splits): $OUT/bench_nvfp4_splitk<n>.json
+#   bash bench/device.sh fp8wgrad [shape...]   the FP8 WGRAD on CTA pairs multicasting B against
+#       single CTAs: builds libepmoe and test_gpu_wgrad_fp8, runs it (and the pairs' test under
+#       memcheck), then bench_moe.py --epmoe-only (fp8-train, balanced) with
+#       EPMOE_FP8_WGRAD_MULTICAST=0 and =1: $OUT/bench_fp8wgrad_mc{0,1}.json, stage ms side by side
+#       (bench/compare_stages.py) in $OUT/fp8wgrad_compare.txt
 # CUTLASS headers and GoogleTest sources travel in third_party/ (git-ignored; name it in carry).
 # The JSON files record EPMOE_SHA when set: the device machine's copy of .git can be older than the
 # working tree it runs, so pass the commit from the calling machine (EPMOE_SHA=<sha> bash ...).
@@ -42,6 +47,8 @@ elif [[ $mode == slots ]]; then
   EPMOE_BUILD_TARGETS=${EPMOE_BUILD_TARGETS:-epmoe test_c_api}
 elif [[ $mode == profile ]]; then
   EPMOE_BUILD_TARGETS=${EPMOE_BUILD_TARGETS:-epmoe}
+elif [[ $mode == fp8wgrad ]]; then
+  EPMOE_BUILD_TARGETS=${EPMOE_BUILD_TARGETS:-epmoe test_gpu_wgrad_fp8}
 elif [[ $mode == nvfp4 ]]; then
   EPMOE_BUILD_TARGETS=${EPMOE_BUILD_TARGETS:-epmoe test_gpu_gemm_nvfp4 test_gpu_nvfp4_forward \
     test_gpu_prepared_weights test_c_api test_formats}
@@ -125,6 +132,24 @@ if [[ $mode == profile ]]; then
         --lib "$build/src/libepmoe.so" > "$OUT/ncu.txt" 2>&1 || status=1
     grep -E "grouped_gemm|Duration|DRAM Throughput|Compute \(SM\) Throughput|No Eligible|Registers Per|Warp Cycles Per Issued|Stall" "$OUT/ncu.txt" | head -80
   fi
+fi
+if [[ $mode == fp8wgrad ]]; then
+  timeout -k 10 300 "$build/tests/gpu/test_gpu_wgrad_fp8" > "$OUT/wgrad_fp8.log" 2>&1 || status=1
+  grep -E "pairs ==|OK \]|FAILED|PASSED|SKIPPED" "$OUT/wgrad_fp8.log" | head -30
+  timeout -k 10 300 compute-sanitizer --tool memcheck --error-exitcode 9 \
+      "$build/tests/gpu/test_gpu_wgrad_fp8" --gtest_filter='GpuWgradFp8.CtaPairs*' \
+      > "$OUT/memcheck_wgrad_fp8.log" 2>&1 || status=1
+  tail -3 "$OUT/memcheck_wgrad_fp8.log"
+  shapes=$(IFS=,; echo "${*:-qwen3-30b-a3b,deepseek-v3,gpt-oss-120b,mixtral-8x7b}")
+  for mc in 0 1; do
+    EPMOE_FP8_WGRAD_MULTICAST=$mc PYTHONUNBUFFERED=1 timeout -k 10 "${EPMOE_FP8WGRAD_BENCH_TIMEOUT:-300}" \
+      python3 bench/bench_moe.py --routings balanced --shapes "$shapes" --epmoe-only "epmoe-fp8-mc$mc" \
+      --epmoe-only-precision fp8-train --lib "$build/src/libepmoe.so" \
+      --out "$OUT/bench_fp8wgrad_mc$mc.json" > "$OUT/bench_fp8wgrad_mc$mc.log" 2>&1 || status=1
+    tail -4 "$OUT/bench_fp8wgrad_mc$mc.log"
+  done
+  python3 bench/compare_stages.py "$OUT/bench_fp8wgrad_mc0.json" "$OUT/bench_fp8wgrad_mc1.json" \
+      | tee "$OUT/fp8wgrad_compare.txt" || status=1
 fi
 if [[ $mode == nvfp4 ]]; then
   t0=$(date +%s)

@@ -1,7 +1,8 @@
 // FP8 weight gradient (cuda/gemm/fp8_wgrad.h) against its CPU twin (cpu::fp8_wgrad_expert_reference
 // on the codes before their transpose, cpu::fp8_transpose_cols): experts of 0, 1, 127, 128, 129
 // and 300 rows (empty, partial and whole 128-row blocks), rows past the last expert, N and L
-// multiples of 128 and not; f32 and bf16 outputs, overwritten and accumulated; the skip flag.
+// multiples of 128 and not; f32 and bf16 outputs, overwritten and accumulated; the skip flag;
+// CTA pairs multicasting B against single CTAs (bitwise).
 //
 // Two tolerances, as the FP8 grouped GEMM's test (test_gpu_gemm_fp8.cpp):
 // - exact blocks: E4M3 codes of the integers -3..3, so every 128-row block sum is an integer of
@@ -18,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -95,7 +97,7 @@ struct Problem {
   // GPU: the kernel on the transposed codes (0xA5 past the used blocks: never read).
   template <class T>
   std::vector<T> run_gpu(const std::vector<T>& initial, DType dtype, bool accumulate,
-                         const int32_t* skip = nullptr, int overlap = -1) const {
+                         const int32_t* skip = nullptr, int overlap = -1, int multicast = -1) const {
     std::vector<uint8_t> at(static_cast<size_t>(N * K), 0xA5), bt(static_cast<size_t>(L * K), 0xA5);
     cpu::fp8_transpose_cols(a_MN.data(), N, offsets.data(), E, K, at.data());
     cpu::fp8_transpose_cols(b_ML.data(), L, offsets.data(), E, K, bt.data());
@@ -118,6 +120,7 @@ struct Problem {
     args.out_dtype = dtype;
     args.accumulate = accumulate;
     args.overlap = overlap;
+    args.multicast = multicast;
     cuda::fp8_grouped_wgrad(args, nullptr);
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);
     return dout.get();
@@ -339,6 +342,105 @@ TEST(GpuWgradFp8, OverlapLoopBitwiseEqual) {
   }
 }
 
+// Random finite E4M3 codes at the expert rows, scales in [0.01, 3].
+void fill_random(Problem& p, std::mt19937& rng) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> scale(0.01f, 3.0f);
+  auto code = [&]() -> uint8_t {
+    for (;;) {
+      const uint8_t v = static_cast<uint8_t>(byte(rng));
+      if ((v & 0x7F) != 0x7F) return v;  // 0x7F / 0xFF: NaN
+    }
+  };
+  p.a_MN.assign(static_cast<size_t>(p.M * p.N), 0);
+  p.b_ML.assign(static_cast<size_t>(p.M * p.L), 0);
+  for (int64_t i = 0; i < p.offsets.back() * p.N; ++i) p.a_MN[static_cast<size_t>(i)] = code();
+  for (int64_t i = 0; i < p.offsets.back() * p.L; ++i) p.b_ML[static_cast<size_t>(i)] = code();
+  p.sa_BN.resize(static_cast<size_t>(p.max_blocks * p.N));
+  p.sb_BL.resize(static_cast<size_t>(p.max_blocks * p.L));
+  for (float& v : p.sa_BN) v = scale(rng);
+  for (float& v : p.sb_BL) v = scale(rng);
+}
+
+// CTA pairs multicasting B (Fp8WgradArgs::multicast = 1) give the bits of single CTAs on random
+// finite E4M3 codes: odd n-tile counts (the last pair's second tile past N), a single partial
+// n-tile (its pair's second tile wholly past N), experts of 0 to 16 column blocks, more pairs of
+// tiles than resident pairs of CTAs (the scales' prefetch across tiles), every epilogue (f32 and
+// bf16 through the stage, overwritten and accumulated; bf16 overwritten through TMA stores)
+// against single CTAs with one and two block accumulators (pairs run one), the skip flag, and
+// EPMOE_FP8_WGRAD_MULTICAST=1 read at multicast = -1. A build with EPMOE_GEMM_CONFIGS=CI has no
+// pairs: skipped.
+TEST(GpuWgradFp8, CtaPairsMulticastBitwiseEqual) {
+  EPMOE_REQUIRE_GPU();
+  std::mt19937 rng(26);
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  const std::vector<Shape> cases = {
+      {{129, 0, 300, 1, 128, 127, 700}, 5, 384, 1024},  // 3 n-tiles; 7 x 2 x 8 = 112 pair tiles
+      {{2048, 3}, 0, 2880, 256},                          // 23 n-tiles, the last partial; 16 blocks
+      {{300, 0, 129}, 0, 48, 16},                         // one partial tile each way
+      {{0, 0, 0}, 7, 256, 128},                           // every expert empty
+  };
+  for (const Shape& c : cases) {
+    Problem p(c);
+    fill_random(p, rng);
+    const size_t n = static_cast<size_t>(p.E * p.N * p.L);
+    std::vector<float> init_f32(n);
+    std::vector<bf16_t> init_bf16(n);
+    for (size_t i = 0; i < n; ++i) {
+      init_f32[i] = value(rng);
+      init_bf16[i] = float_to_bf16(init_f32[i]);
+    }
+    try {
+      p.run_gpu(init_f32, DType::f32, false, nullptr, 0, 1);
+    } catch (const Error& e) {
+      if (e.argument() != "multicast") throw;  // any other error fails the test
+      GTEST_SKIP() << "CTA pairs not in this build (EPMOE_GEMM_CONFIGS=CI): " << e.what();
+    }
+    for (const bool accumulate : {false, true}) {
+      for (const int overlap : {0, 1}) {
+        const std::string what = describe(c) + (accumulate ? " accumulate" : " overwrite") +
+                                  " overlap " + std::to_string(overlap);
+        const std::vector<float> f1 = p.run_gpu(init_f32, DType::f32, accumulate, nullptr, overlap, 0);
+        const std::vector<float> f2 = p.run_gpu(init_f32, DType::f32, accumulate, nullptr, overlap, 1);
+        if (p.offsets.back() > 0) {
+          EXPECT_FALSE(f2 == init_f32) << what;  // the pairs wrote
+        }
+        expect_bitwise(f1, f2, p.N, p.L, "f32 " + what);
+        expect_bitwise(p.run_gpu(init_bf16, DType::bf16, accumulate, nullptr, overlap, 0),
+                       p.run_gpu(init_bf16, DType::bf16, accumulate, nullptr, overlap, 1), p.N, p.L,
+                       "bf16 " + what);
+      }
+    }
+    std::printf("%s: pairs == single CTAs, f32 and bf16, overwritten and accumulated, overlap 0 / 1\n",
+                describe(c).c_str());
+  }
+  // The skip flag: zeros overwritten, accumulated outputs untouched.
+  Problem p(cases[1]);
+  fill_random(p, rng);
+  Dev<int32_t> skip(std::vector<int32_t>{1});
+  const size_t n = static_cast<size_t>(p.E * p.N * p.L);
+  const std::vector<float> stale(n, 5.0f);
+  for (float v : p.run_gpu(stale, DType::f32, false, skip.ptr, -1, 1)) ASSERT_EQ(v, 0.0f);
+  EXPECT_TRUE(p.run_gpu(stale, DType::f32, true, skip.ptr, -1, 1) == stale);
+  const std::vector<bf16_t> stale_bf16(n, static_cast<bf16_t>(0x4040));
+  for (bf16_t v : p.run_gpu(stale_bf16, DType::bf16, false, skip.ptr, -1, 1)) ASSERT_EQ(v, 0);
+  // The variable, read per launch at multicast = -1.
+  const std::vector<float> zeros(n, 0.0f);
+  const std::vector<float> single = p.run_gpu(zeros, DType::f32, false, nullptr, -1, 0);
+  setenv("EPMOE_FP8_WGRAD_MULTICAST", "1", 1);
+  const std::vector<float> from_env = p.run_gpu(zeros, DType::f32, false, nullptr, -1, -1);
+  setenv("EPMOE_FP8_WGRAD_MULTICAST", "2", 1);
+  std::string field;
+  try {
+    p.run_gpu(zeros, DType::f32, false, nullptr, -1, -1);
+  } catch (const Error& e) {
+    field = e.argument();
+  }
+  unsetenv("EPMOE_FP8_WGRAD_MULTICAST");
+  expect_bitwise(single, from_env, p.N, p.L, "EPMOE_FP8_WGRAD_MULTICAST=1");
+  EXPECT_EQ(field, "EPMOE_FP8_WGRAD_MULTICAST");
+}
+
 // The skip flag empties every expert, as in the bf16 WGRAD: overwritten outputs become zeros,
 // accumulated ones are left as they were.
 TEST(GpuWgradFp8, SkipFlagEmptiesEveryExpert) {
@@ -379,6 +481,9 @@ TEST(GpuWgradFp8, ArgumentErrorsNameTheField) {
   args.E = 0;
   EXPECT_EQ(field_of(), "E");
   args.E = 2;
+  args.multicast = 2;
+  EXPECT_EQ(field_of(), "multicast");
+  args.multicast = -1;
   args.out_dtype = DType::f16;
   EXPECT_EQ(field_of(), "out_dtype");
   args.out_dtype = DType::f32;

@@ -36,6 +36,12 @@ struct Fp8WgradArgs {
   // results), -1 EPMOE_FP8_OVERLAP=0|1 read per launch (unset: 1). bf16 overwritten (the TMA-store
   // epilogue) always runs with one: with two that kernel spills.
   int overlap = -1;
+  // CTA pairs: 0 one CTA per tile; 1 2-CTA clusters on two n-tiles of one (expert, l-tile), each
+  // CTA loading half of the shared B k-block and multicasting it to both (half of B's L2 reads;
+  // bitwise the same results; one block accumulator whatever `overlap` says; only in builds with
+  // EPMOE_GEMM_CONFIGS=ALL, else Error(invalid_argument)); -1 EPMOE_FP8_WGRAD_MULTICAST=0|1 read
+  // per launch (unset: 0).
+  int multicast = -1;
 };
 
 // An expert without rows (all of them when skipped): zeros, or nothing added when accumulating

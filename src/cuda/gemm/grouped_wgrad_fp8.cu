@@ -1,10 +1,14 @@
 // Launcher and the instantiations of the FP8 weight gradient (three epilogues; the two through
-// the stage with one or two block accumulators, Fp8WgradArgs::overlap): 128 x 128 tiles, 128-deep
-// k-blocks, 5 stages (32 KiB each), cooperative consumers; the bf16 WGRAD's epilogues: bf16
-// overwritten through TMA stores, bf16 or f32 overwritten or accumulated through the stage.
+// the stage with one or two block accumulators, Fp8WgradArgs::overlap; in builds with
+// EPMOE_GEMM_CONFIGS=ALL each also on CTA pairs multicasting B with one, Fp8WgradArgs::multicast):
+// 128 x 128 tiles, 128-deep k-blocks, 5 stages (32 KiB each), cooperative consumers; the bf16
+// WGRAD's epilogues: bf16 overwritten through TMA stores, bf16 or f32 overwritten or accumulated
+// through the stage.
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "cuda/check.h"
@@ -29,6 +33,7 @@ void check_args(const Fp8WgradArgs& a) {
   EPMOE_CHECK_ARG(a.E >= 1 && a.E <= kMaxGroups, "E", "1 .. " + std::to_string(kMaxGroups), a.E);
   EPMOE_CHECK_ARG(a.N > 0, "N", "> 0", a.N);
   EPMOE_CHECK_ARG(a.overlap >= -1 && a.overlap <= 1, "overlap", "-1, 0 or 1", a.overlap);
+  EPMOE_CHECK_ARG(a.multicast >= -1 && a.multicast <= 1, "multicast", "-1, 0 or 1", a.multicast);
   EPMOE_CHECK_ARG(a.L > 0 && a.L % 8 == 0, "L", "> 0 and a multiple of 8", a.L);
   EPMOE_CHECK_ARG(a.K > 0 && a.K % 128 == 0, "K", "> 0 and a multiple of 128 (whole column blocks)",
                   a.K);
@@ -42,12 +47,30 @@ void check_args(const Fp8WgradArgs& a) {
   check_device_pointer(a.out_ENL, "out_ENL", 16);
 }
 
-template <class Epilogue, bool kOverlap>
+// CTAs per cluster: 2 (pairs multicasting B) or 1, from Fp8WgradArgs::multicast or, at -1, from
+// EPMOE_FP8_WGRAD_MULTICAST read per launch (benches flip it; unset: single CTAs until pairs are
+// measured faster). Pairs exist only in builds with EPMOE_GEMM_CONFIGS=ALL.
+int cluster_size(int multicast) {
+  bool pairs = multicast == 1;
+  if (multicast < 0) {
+    const char* env = std::getenv("EPMOE_FP8_WGRAD_MULTICAST");
+    EPMOE_CHECK_ARG(env == nullptr || std::strcmp(env, "0") == 0 || std::strcmp(env, "1") == 0,
+                    "EPMOE_FP8_WGRAD_MULTICAST", "0 or 1", env);
+    pairs = env != nullptr && env[0] == '1';
+  }
+#if !defined(EPMOE_GEMM_ALL_CONFIGS)
+  EPMOE_CHECK_ARG(!pairs, multicast < 0 ? "EPMOE_FP8_WGRAD_MULTICAST" : "multicast",
+                  "0 in a build with EPMOE_GEMM_CONFIGS=CI (CTA pairs not instantiated)", 1);
+#endif
+  return pairs ? 2 : 1;
+}
+
+template <class Epilogue, bool kOverlap, int kCluster>
 void launch(const Fp8WgradArgs& args, const typename Epilogue::Params& epi, void* stream) {
   const Operand a{args.a_NK, args.N, args.K, args.K, 1};
   const Operand b{args.b_LK, args.L, args.K, args.K, 1};
   auto tma_a = make_tma<Traits, Major::K, Traits::BLOCK_M, 2>(a);
-  auto tma_b = make_tma<Traits, Major::K, Traits::BLOCK_N, 2>(b);
+  auto tma_b = make_tma<Traits, Major::K, Traits::BLOCK_N, 2, kCluster>(b);
   Fp8WgradGroups groups;
   groups.offsets = args.offsets_E1;
   groups.skip = args.skip;
@@ -58,22 +81,54 @@ void launch(const Fp8WgradArgs& args, const typename Epilogue::Params& epi, void
   groups.k = args.K;
   const Fp8ColScales scales{args.a_scales_BN, args.b_scales_BL};
 
-  constexpr auto kernel = &grouped_wgrad_fp8_kernel<Traits, Epilogue, kOverlap, decltype(tma_a), decltype(tma_b)>;
+  constexpr auto kernel =
+      &grouped_wgrad_fp8_kernel<Traits, Epilogue, kOverlap, kCluster, decltype(tma_a), decltype(tma_b)>;
   constexpr int kSmem =
       static_cast<int>(sizeof(Fp8WgradSharedStorage<Traits, Epilogue::kSmemBytesPerWarpgroup>));
   static_assert(kSmem <= 227 * 1024, "shared memory of one CTA on sm_90 is at most 227 KiB");
   set_shared_memory_limit<kernel>(kSmem);
-  kernel<<<device_sm_count(), Traits::kThreads, kSmem, static_cast<cudaStream_t>(stream)>>>(
-      tma_a, tma_b, groups, scales, epi);
-  EPMOE_CUDA_LAUNCH_CHECK();
+  if constexpr (kCluster == 1) {
+    kernel<<<device_sm_count(), Traits::kThreads, kSmem, static_cast<cudaStream_t>(stream)>>>(
+        tma_a, tma_b, groups, scales, epi);
+    EPMOE_CUDA_LAUNCH_CHECK();
+  } else {
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = kCluster;
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    cudaLaunchConfig_t config{};
+    // As many pairs as can be resident at once (two free SMs of one GPC each).
+    config.gridDim = dim3(static_cast<unsigned>(resident_cluster_grid<kernel, kCluster>(Traits::kThreads, kSmem)));
+    config.blockDim = dim3(Traits::kThreads);
+    config.dynamicSmemBytes = kSmem;
+    config.stream = static_cast<cudaStream_t>(stream);
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, tma_a, tma_b, groups, scales, epi));
+  }
+}
+
+// Pairs run one block accumulator whatever `overlap` says (bitwise the same): with two, the
+// pair's consumers spill 226 bytes (-Xptxas -v), single CTAs none.
+template <class Epilogue, bool kOverlap>
+void launch(const Fp8WgradArgs& args, const typename Epilogue::Params& epi, int cluster, void* stream) {
+#if defined(EPMOE_GEMM_ALL_CONFIGS)
+  if (cluster == 2) {
+    launch<Epilogue, false, 2>(args, epi, stream);
+    return;
+  }
+#endif
+  (void)cluster;  // 1 (cluster_size refuses 2 in a CI build)
+  launch<Epilogue, kOverlap, 1>(args, epi, stream);
 }
 
 template <class Epilogue>
-void launch(const Fp8WgradArgs& args, const typename Epilogue::Params& epi, void* stream) {
-  if (fp8_overlap_selected(args.overlap)) {
-    launch<Epilogue, true>(args, epi, stream);
+void launch(const Fp8WgradArgs& args, const typename Epilogue::Params& epi, int cluster, void* stream) {
+  if (cluster == 1 && fp8_overlap_selected(args.overlap)) {
+    launch<Epilogue, true>(args, epi, cluster, stream);
   } else {
-    launch<Epilogue, false>(args, epi, stream);
+    launch<Epilogue, false>(args, epi, cluster, stream);
   }
 }
 
@@ -81,6 +136,7 @@ void launch(const Fp8WgradArgs& args, const typename Epilogue::Params& epi, void
 
 void fp8_grouped_wgrad(const Fp8WgradArgs& args, void* stream) {
   check_args(args);
+  const int cluster = cluster_size(args.multicast);
   if (args.out_dtype == DType::bf16 && !args.accumulate) {
     using Box = typename WgradTmaEpilogue<Traits, int>::SmemLayoutBox;
     auto tensor = make_tensor(make_gmem_ptr(static_cast<cutlass::bfloat16_t*>(args.out_ENL)),
@@ -90,19 +146,19 @@ void fp8_grouped_wgrad(const Fp8WgradArgs& args, void* stream) {
     using Epi = WgradTmaEpilogue<Traits, decltype(store)>;
     const typename Epi::Params epi{store, args.N, args.L, args.E};
     // One block accumulator only: with two, this epilogue's kernel spills (-Xptxas -v).
-    launch<Epi, false>(args, epi, stream);
+    launch<Epi, false>(args, epi, cluster, stream);
     return;
   }
   const int accumulate = args.accumulate ? 1 : 0;
   if (args.out_dtype == DType::f32) {
     using Epi = WgradEpilogue<Traits, float>;
     const typename Epi::Params epi{static_cast<float*>(args.out_ENL), args.N, args.L, accumulate};
-    launch<Epi>(args, epi, stream);
+    launch<Epi>(args, epi, cluster, stream);
   } else {
     using Epi = WgradEpilogue<Traits, cutlass::bfloat16_t>;
     const typename Epi::Params epi{static_cast<cutlass::bfloat16_t*>(args.out_ENL), args.N, args.L,
                                    accumulate};
-    launch<Epi>(args, epi, stream);
+    launch<Epi>(args, epi, cluster, stream);
   }
 }
 

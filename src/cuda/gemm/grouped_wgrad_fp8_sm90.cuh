@@ -32,6 +32,17 @@
 // the barrier of k-block s + 1, so its B scales need a third buffer: buffer s % 3 is rewritten
 // at k-block s + 3, after the barrier of s + 2, which every consumer passes only once it has
 // promoted k-block s. Same fmas in the same order: bitwise equal.
+//
+// kCluster == 2: CTAs run in pairs (2 x 1 x 1 clusters) on the two n-tiles 2 p and 2 p + 1 of one
+// (expert, l-tile), which read the same B k-blocks: each CTA loads half of every B k-block and
+// multicasts it to both, which halves B's L2 -> shared-memory traffic (a k-block is 32 KiB for
+// 4.2 MFLOP, so a single CTA's tile needs more L2 bandwidth per FLOP than the forward GEMM's). The
+// pair walks the same tiles, so the same stages; a stage is free once the consumers of both CTAs
+// have released it (the pipeline's cluster arrivals). An odd n-tile count leaves the last pair's
+// second tile past N: it is loaded (out-of-bounds rows read as zeros, their scales as 0) and
+// computed like any tile, and its epilogue writes nothing (rows past N are clipped). Each output
+// element still sees the same k-blocks, fmas and order as with single CTAs: bitwise equal. Pairs
+// run one block accumulator (with two, the consumers spill).
 #pragma once
 
 #include <cute/arch/mma_sm90.hpp>
@@ -77,18 +88,36 @@ struct Fp8ColScales {
 
 // Tiles (expert, n-tile, l-tile), l fastest; TileCoord's row0 is the expert's first column block,
 // rows_valid its rows (the epilogues read group, m_tile = n-tile, n_tile = l-tile and k_tiles).
-template <class Traits>
+// With kCluster == 2 the schedule's tiles are pairs of n-tiles (2 p + rank) of one (expert,
+// l-tile), the CTA's rank in its cluster picks one; 2 p + 1 may be past the last n-tile. The rank,
+// the first tile and the stride are read where used (special registers), as the single-CTA loops
+// always read blockIdx / gridDim: held in registers, they made its two-accumulator consumers
+// spill (-Xptxas -v).
+template <int kCluster>
+__device__ __forceinline__ int cluster_rank() {
+  return kCluster == 1 ? 0 : static_cast<int>(cute::block_rank_in_cluster());
+}
+template <int kCluster>
+__device__ __forceinline__ int first_cluster_tile() {
+  return static_cast<int>(blockIdx.x) / kCluster;  // tiles are per cluster
+}
+template <int kCluster>
+__device__ __forceinline__ int cluster_tile_stride() {
+  return static_cast<int>(gridDim.x) / kCluster;
+}
+
+template <class Traits, int kCluster>
 struct Fp8WgradScheduler {
   const int* rows;   // shared memory
   const int* block;  // shared memory
-  int m_tiles, n_tiles, total;
+  int m_pairs, n_tiles, total;  // m_pairs: ceil(n-tiles / kCluster)
 
   __device__ TileCoord at(int tile) const {
-    const int per_group = m_tiles * n_tiles;
+    const int per_group = m_pairs * n_tiles;
     TileCoord t;
     t.group = tile / per_group;
     const int local = tile % per_group;
-    t.m_tile = local / n_tiles;
+    t.m_tile = (local / n_tiles) * kCluster + cluster_rank<kCluster>();
     t.n_tile = local % n_tiles;
     t.row0 = block[t.group];
     t.rows_valid = rows[t.group];
@@ -97,8 +126,8 @@ struct Fp8WgradScheduler {
   }
 };
 
-template <class Traits, class Smem>
-__device__ Fp8WgradScheduler<Traits> make_wgrad_scheduler(Smem& smem, const Fp8WgradGroups& g) {
+template <class Traits, int kCluster, class Smem>
+__device__ Fp8WgradScheduler<Traits, kCluster> make_wgrad_scheduler(Smem& smem, const Fp8WgradGroups& g) {
   const bool skip = (g.skip != nullptr && *g.skip != 0) ||
                     (g.replay_skip != nullptr && *g.replay_skip != 0);
   for (int i = threadIdx.x; i < g.groups; i += blockDim.x) {
@@ -122,16 +151,39 @@ __device__ Fp8WgradScheduler<Traits> make_wgrad_scheduler(Smem& smem, const Fp8W
     if (lane == 0) smem.group_block[g.groups] = carry;
   }
   __syncthreads();
-  Fp8WgradScheduler<Traits> s;
+  Fp8WgradScheduler<Traits, kCluster> s;
   s.rows = smem.group_rows;
   s.block = smem.group_block;
-  s.m_tiles = static_cast<int>((g.n + Traits::BLOCK_M - 1) / Traits::BLOCK_M);
+  const int m_tiles = static_cast<int>((g.n + Traits::BLOCK_M - 1) / Traits::BLOCK_M);
+  s.m_pairs = (m_tiles + kCluster - 1) / kCluster;
   s.n_tiles = static_cast<int>((g.l + Traits::BLOCK_N - 1) / Traits::BLOCK_N);
-  s.total = g.groups * s.m_tiles * s.n_tiles;
+  s.total = g.groups * s.m_pairs * s.n_tiles;
   return s;
 }
 
-template <class Traits, class Epilogue, bool kOverlap, class TmaA, class TmaB>
+// Producer, kCluster == 2: k-blocks [0, k_tiles) of the tile's gA (this CTA's, whole) and gB (the
+// pair's), one stage each: B in two halves, this CTA's half (`rank`) multicast into both CTAs'
+// stage, each half signalling the receiving CTA's barrier (so every stage still receives
+// Traits::kTxBytes). As fp8_load_k_blocks otherwise.
+template <class Pipeline, class TmaA, class TmaB, class GA, class GB, class SA, class SB>
+__device__ __forceinline__ void fp8_load_k_blocks_b_multicast(Pipeline& pipeline,
+                                                              typename Pipeline::PipelineState& write_state,
+                                                              const TmaA& tma_a, const TmaB& tma_b, const GA& gA,
+                                                              const GB& gB, SA& sA, SB& sB, int k_tiles, int rank) {
+  auto [tAgA, tAsA] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
+  auto [tBgB, tBsB] = tma_partition(tma_b, rank, Layout<_2>{}, group_modes<0, 2>(sB), group_modes<0, 2>(gB));
+  constexpr uint16_t kBothCtas = 0b11;
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    pipeline.producer_acquire(write_state);
+    auto* barrier = pipeline.producer_get_barrier(write_state);
+    const int stage = write_state.index();
+    copy(tma_a.with(*barrier), tAgA(_, kt), tAsA(_, stage));
+    copy(tma_b.with(*barrier, kBothCtas), tBgB(_, kt), tBsB(_, stage));
+    ++write_state;
+  }
+}
+
+template <class Traits, class Epilogue, bool kOverlap, int kCluster, class TmaA, class TmaB>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     grouped_wgrad_fp8_kernel(CUTE_GRID_CONSTANT const TmaA tma_a, CUTE_GRID_CONSTANT const TmaB tma_b,
                              const Fp8WgradGroups groups, const Fp8ColScales scales,
@@ -140,6 +192,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int BM = Traits::BLOCK_M, BN = Traits::BLOCK_N, BK = Traits::BLOCK_K;
   static_assert(Traits::kConsumerWarpgroups == 2 && BN == 128,
                 "two consumer warpgroups on one tile; one B scale per thread of each");
+  static_assert(kCluster == 1 || kCluster == 2, "single CTAs or pairs sharing B");
+  static_assert(kCluster == 1 || !kOverlap, "pairs run one block accumulator: with two they spill");
   using Pipeline = typename Traits::Pipeline;
   using PipelineState = typename Pipeline::PipelineState;
 
@@ -154,9 +208,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Pipeline pipeline(smem.pipeline,
                     fp8_pipeline_params<Pipeline>(warpgroup, warp_in_group, lane_predicate, Traits::kTxBytes,
                                                   128 * Traits::kWarpgroupsPerTile),
-                    Shape<_1, _1, _1>{});
+                    Shape<Int<kCluster>, _1, _1>{});
+  if constexpr (kCluster > 1) {  // the peer's barriers are initialised before any multicast
+    cute::cluster_arrive_relaxed();
+    cute::cluster_wait();
+  }
   fp8_prefetch_descriptors(tma_a, tma_b);
-  const Fp8WgradScheduler<Traits> sched = make_wgrad_scheduler<Traits>(smem, groups);  // syncs
+  const Fp8WgradScheduler<Traits, kCluster> sched = make_wgrad_scheduler<Traits, kCluster>(smem, groups);  // syncs
 
   Tensor sA = make_tensor(make_smem_ptr(smem.a.data()), typename Traits::SmemLayoutA{});
   Tensor sB = make_tensor(make_smem_ptr(smem.b.data()), typename Traits::SmemLayoutB{});
@@ -168,7 +226,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       Tensor mA = tma_a.get_tma_tensor(make_shape(groups.n, groups.k));  // (N, K)
       Tensor mB = tma_b.get_tma_tensor(make_shape(groups.l, groups.k));  // (L, K)
       PipelineState write_state = cutlass::make_producer_start_state<Pipeline>();
-      for (int tile = blockIdx.x; tile < sched.total; tile += gridDim.x) {
+      for (int tile = first_cluster_tile<kCluster>(); tile < sched.total; tile += cluster_tile_stride<kCluster>()) {
         const TileCoord t = sched.at(tile);
         if (t.k_tiles == 0) continue;
         const int64_t k0 = static_cast<int64_t>(t.row0) * BK;  // the expert's first k-block
@@ -176,8 +234,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                Shape<Int<BM>, Int<BK>>{}, make_coord(0, _));  // (BM, BK, k)
         Tensor gB = local_tile(domain_offset(make_coord(static_cast<int64_t>(t.n_tile) * BN, k0), mB),
                                Shape<Int<BN>, Int<BK>>{}, make_coord(0, _));  // (BN, BK, k)
-        fp8_load_k_blocks(pipeline, write_state, tma_a, tma_b, gA, gB, sA, sB, t.k_tiles);
+        if constexpr (kCluster == 1) {
+          fp8_load_k_blocks(pipeline, write_state, tma_a, tma_b, gA, gB, sA, sB, t.k_tiles);
+        } else {
+          fp8_load_k_blocks_b_multicast(pipeline, write_state, tma_a, tma_b, gA, gB, sA, sB, t.k_tiles,
+                                        cluster_rank<kCluster>());
+        }
       }
+      // A CTA of a pair stays until the peer's consumers have released every stage this CTA's
+      // barriers track (their arrivals target this CTA's shared memory).
+      if constexpr (kCluster > 1) pipeline.producer_tail(write_state);
     }
   } else {
     // ---------------- consumers: wgmma per k-block, promotion, epilogue ----------------
@@ -254,9 +320,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       promote(acc, k.sa0, k.sa1, k.sb_tile);
     };
 
-    for (int tile = blockIdx.x; tile < sched.total; tile += gridDim.x) {
+    for (int tile = first_cluster_tile<kCluster>(); tile < sched.total; tile += cluster_tile_stride<kCluster>()) {
       const TileCoord t = sched.at(tile);
-      const int following = tile + static_cast<int>(gridDim.x);
+      const int following = tile + cluster_tile_stride<kCluster>();
       const TileCoord t_next = sched.at(following < sched.total ? following : tile);
       const bool prefetch_next = following < sched.total && t_next.k_tiles > 0;
       if (!next_loaded && t.k_tiles > 0) load_next(t, t.row0);
