@@ -37,14 +37,21 @@ if [ "${EPMOE_PYTEST:-1}" != 0 ] && [ -d "$EPMOE_ROOT/tests/python" ]; then
   torch_version=${EPMOE_TORCH_VERSION:-2.11.0}
   if ! "$py" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" 2>/dev/null ||
     ! "$py" -c 'import pytest, scikit_build_core' 2>/dev/null; then
-    "$py" -m pip install -q --disable-pip-version-check "torch==$torch_version" pytest "scikit-build-core>=0.10"
+    # torch from PyPI brings its CUDA libraries: ~5 GB installed, ~3 GB more while downloading.
+    # No pip cache, so the downloads do not stay on disk after the install.
+    free_mib=$(df -Pm "$pyenv_dir" | awk 'NR == 2 { print $4 }')
+    epmoe_say "pytest: installing torch==$torch_version ($free_mib MiB free in $pyenv_dir; ~8000 MiB needed)"
+    if [ "${free_mib:-0}" -lt 8000 ]; then
+      epmoe_say "pytest: warning: less than 8000 MiB free; the torch install may fail with 'No space left on device'"
+    fi
+    "$py" -m pip install -q --no-cache-dir --disable-pip-version-check "torch==$torch_version" pytest "scikit-build-core>=0.10"
   fi
   py_cuda=${EPMOE_PY_CUDA:-}
   if [ -z "$py_cuda" ]; then
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then py_cuda=AUTO; else py_cuda=OFF; fi
   fi
   epmoe_say "pytest: pip install . (EPMOE_CUDA=$py_cuda)"
-  if "$py" -m pip install -q --disable-pip-version-check --no-build-isolation \
+  if "$py" -m pip install -q --no-cache-dir --disable-pip-version-check --no-build-isolation \
     -C build-dir="$EPMOE_BUILD_DIR/py" -C cmake.define.EPMOE_CUDA="$py_cuda" "$EPMOE_ROOT"; then
     epmoe_say "pytest"
     (cd "$EPMOE_BUILD_DIR" && "$py" -m pytest -q -rs -p no:cacheprovider -c "$EPMOE_ROOT/pyproject.toml" \

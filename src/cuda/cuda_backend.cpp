@@ -130,6 +130,24 @@ void CudaBackend::synchronize(void* stream) {
 }
 
 // ---- stages: each makes the device current and enqueues its launches ----
+// bf16 W2 DGRAD + SwiGLU backward (one stage): by default the GEMM stores grad_h into h's rows
+// and swiglu_backward reads it there (each thread loads its 8 grad_h values before storing the 8
+// h values in their place; h's rows hold nothing else the backward needs until then), so the stage
+// needs no grad_h buffer; EPMOE_SWIGLU_BACKWARD=epilogue runs the math in the GEMM's epilogue.
+// The same bits either way (swiglu.h, swiglu_backward_in_epilogue).
+namespace {
+void w2_dgrad_then_swiglu(const Step& s) {
+  if (swiglu_backward_in_epilogue()) {
+    w2_dgrad(s, true);
+    return;
+  }
+  Step t = s;
+  t.grad_h_MF = s.h_MF;
+  w2_dgrad(t, false);
+  swiglu_backward(t);
+}
+}  // namespace
+
 #define EPMOE_STAGE(name, ...)                   \
   void CudaBackend::name(const Step& s) {        \
     DeviceScope scope(ordinal_);                 \
@@ -174,7 +192,7 @@ EPMOE_STAGE(gather_grad, if (s.fp8) cuda::fp8_gather_grad(s); else cuda::gather_
 EPMOE_STAGE(w2_dgrad, if (s.fp8) cuda::fp8_w2_dgrad(s, false); else cuda::w2_dgrad(s, false))
 EPMOE_STAGE(swiglu_backward,
             if (s.fp8) cuda::fp8_swiglu_backward(s); else cuda::swiglu_backward(s))
-EPMOE_STAGE(w2_dgrad_swiglu, if (s.fp8) cuda::fp8_w2_dgrad(s, true); else cuda::w2_dgrad(s, true))
+EPMOE_STAGE(w2_dgrad_swiglu, if (s.fp8) cuda::fp8_w2_dgrad(s, true); else w2_dgrad_then_swiglu(s))
 EPMOE_STAGE(w2_wgrad, if (s.fp8 && s.fp8_wgrad == Fp8Wgrad::fp8) cuda::fp8_w2_wgrad(s);
             else cuda::w2_wgrad(s))
 EPMOE_STAGE(w13_dgrad, if (s.fp8) cuda::fp8_w13_dgrad(s, false); else cuda::w13_dgrad(s, false))

@@ -163,16 +163,8 @@ void fp8_swiglu_backward(const Step& s) {
 }
 
 bool fp8_swiglu_backward_in_epilogue(const Step& s) {
-  const char* env = std::getenv("EPMOE_FP8_SWIGLU_BACKWARD");  // per call, for measurements
-  EPMOE_CHECK_ARG(env == nullptr || std::strcmp(env, "epilogue") == 0 || std::strcmp(env, "kernel") == 0,
-                  "EPMOE_FP8_SWIGLU_BACKWARD", "epilogue or kernel", env);
-  // Default: the kernel. The epilogue (the cooperative tile's consumers load h13 and run the
-  // SwiGLU math with no MMA to hide it) measured slower on every shape (52ac101 -> 0d97856, W2
-  // DGRAD + SwiGLU backward ms kernel / epilogue: qwen3 0.52 / 0.96, deepseek-v3 1.78 / 2.88,
-  // gpt-oss 1.26 / 1.27, mixtral 3.14 / 5.02); kept selectable for the ping-pong tile to come.
-  const bool epilogue = env != nullptr && env[0] == 'e';
-  return epilogue && s.dims.F % kFp8RowBlock == 0 && fp8_rows_quantized_by_producer() &&
-         fp8_tile_from_env() == Fp8Tile::m128_n128;
+  return swiglu_backward_in_epilogue() && s.dims.F % kFp8RowBlock == 0 &&
+         fp8_rows_quantized_by_producer() && fp8_tile_from_env() == Fp8Tile::m128_n128;
 }
 
 void fp8_w2_dgrad(const Step& s, bool swiglu_backward_after) {
@@ -199,7 +191,7 @@ void fp8_w2_dgrad(const Step& s, bool swiglu_backward_after) {
     fp8_grouped_gemm(a, s.stream);
     return;
   }
-  // Fused otherwise (F % 128 != 0, EPMOE_FP8_SWIGLU_BACKWARD=kernel, EPMOE_FP8_ROW_QUANT=separate
+  // Fused otherwise (F % 128 != 0, EPMOE_SWIGLU_BACKWARD unset or =kernel, EPMOE_FP8_ROW_QUANT=separate
   // or the 64 x 256 tile): grad_h goes to the column scratch (col_a holds M * max(D, 2F) >= M * F bf16 and is
   // free until the WGRADs), then the unfused SwiGLU backward reads it.
   bf16_t* grad_h_MF =

@@ -19,9 +19,9 @@ void fp8_gather_grad(const Step& s);
 void fp8_swiglu_backward(const Step& s);
 // Whether the fused W2 DGRAD runs the SwiGLU backward in the FP8 GEMM's epilogue: F % 128 == 0,
 // rows quantized by their producers (EPMOE_FP8_ROW_QUANT unset or producer), the 128 x 128 tile
-// (EPMOE_FP8_TILE unset or 128x128), and EPMOE_FP8_SWIGLU_BACKWARD=epilogue (read per call);
-// unset or "kernel" (the default, faster as measured): the GEMM stores grad_h, then
-// fp8_swiglu_backward.
+// (EPMOE_FP8_TILE unset or 128x128), and swiglu_backward_in_epilogue() (swiglu.h:
+// EPMOE_SWIGLU_BACKWARD=epilogue); otherwise (the default, faster as measured) the GEMM stores
+// grad_h, then fp8_swiglu_backward.
 bool fp8_swiglu_backward_in_epilogue(const Step& s);
 // grad_h = bf16(grad_h3 @ w2[e]) on w2 transposed; swiglu_backward: then the SwiGLU backward with
 // grad_h13's E4M3 rows, in the GEMM's epilogue (fp8_swiglu_backward_in_epilogue) or by

@@ -3,6 +3,9 @@
 // bf16 inputs widened to fp32, one rounding per stored element.
 #include "cuda/swiglu.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #include "core/activation.h"
 #include "cuda/formats/fp8_row_vectors.cuh"
 #include "cuda/kernel_common.cuh"
@@ -181,6 +184,13 @@ void swiglu_backward_fp8_rows(const Step& s, uint8_t* q_M2F, float* scales_SM, i
   swiglu_backward_kernel<true><<<grid_for(items, kThreads), kThreads, 0,
                                  static_cast<cudaStream_t>(s.stream)>>>(p);
   EPMOE_CUDA_LAUNCH_CHECK();
+}
+
+bool swiglu_backward_in_epilogue() {
+  const char* env = std::getenv("EPMOE_SWIGLU_BACKWARD");
+  EPMOE_CHECK_ARG(env == nullptr || std::strcmp(env, "epilogue") == 0 || std::strcmp(env, "kernel") == 0,
+                  "EPMOE_SWIGLU_BACKWARD", "epilogue or kernel", env);
+  return env != nullptr && env[0] == 'e';
 }
 
 }  // namespace epmoe::cuda

@@ -23,4 +23,13 @@ void swiglu_backward(const Step& s);
 // nothing past them or when the step is skipped). F % 128 == 0 (no block spans gate and up).
 void swiglu_backward_fp8_rows(const Step& s, uint8_t* q_M2F, float* scales_SM, int64_t ld);
 
+// Where the fused W2 DGRAD + SwiGLU backward stage runs the SwiGLU backward, bf16 and FP8 alike:
+// false (default) in swiglu_backward after the GEMM has stored grad_h; true in the GEMM's epilogue
+// (EPMOE_SWIGLU_BACKWARD=epilogue, read per call, for measurements; =kernel or unset: false).
+// The two give the same bits. The epilogue measured slower on all four bench shapes in both
+// precisions: the cooperative tile's consumers load h13 and store three outputs with no MMA left
+// to hide them (bench/RESULTS.md 0d97856 for FP8; 978eba8 and 3ae623b, epmoe vs epmoe-unfused,
+// for bf16).
+bool swiglu_backward_in_epilogue();
+
 }  // namespace epmoe::cuda

@@ -18,8 +18,8 @@ namespace epmoe::cuda::gemm {
 // Throws naming the limit when the launch would not fit the kernel family.
 void check_groups(const Step& s);
 
-// The consumer schedule of one GEMM: EPMOE_GEMM_SCHEDULE=cooperative|pingpong forces one (for
-// measurements), else the measured table in gemm_config.cpp.
+// The consumer schedule of one GEMM: EPMOE_GEMM_SCHEDULE[_<KIND>|_WGRAD]=cooperative|pingpong
+// forces one (for measurements), else the measured table in gemm_config.cpp.
 Schedule select_schedule(GemmKind kind, const Step& s);
 
 // CTAs that share each B tile (1, or a pair multicasting it): EPMOE_GEMM_CLUSTER=1|2 forces it,

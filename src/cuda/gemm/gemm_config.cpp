@@ -3,10 +3,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "cuda/check.h"
@@ -65,13 +67,26 @@ const char* to_string(GemmKind k) {
 //   W13 DGRAD: ping-pong only when experts hold few rows (deepseek-v3, ~128: 5.20 -> 4.40 ms);
 //     with hundreds of rows the cooperative tile wins (mixtral 5.42 vs 7.63 ms);
 //   WGRAD: cooperative (ping-pong was 1.3-1.6x slower on every shape).
-// EPMOE_GEMM_SCHEDULE (read on every launch, a getenv is ~100 ns) forces one, for measurements.
+// The W2 DGRAD row was measured with the SwiGLU backward in its epilogue; it now stores plain
+// grad_h rows by default (cuda/swiglu.h), which its schedule has not been measured with yet.
+// Overrides, read on every launch (a getenv is ~100 ns), for measurements; the first set wins:
+// EPMOE_GEMM_SCHEDULE_<KIND> (the kind's name in capitals, e.g. EPMOE_GEMM_SCHEDULE_W2_DGRAD),
+// EPMOE_GEMM_SCHEDULE_WGRAD (both WGRADs), EPMOE_GEMM_SCHEDULE (every GEMM).
 Schedule select_schedule(GemmKind kind, const Step& s) {
   const bool wgrad = kind == GemmKind::w2_wgrad || kind == GemmKind::w13_wgrad;
-  // EPMOE_GEMM_SCHEDULE_WGRAD overrides the two WGRAD GEMMs only (measured apart from the rest).
-  const char* wgrad_env = wgrad ? std::getenv("EPMOE_GEMM_SCHEDULE_WGRAD") : nullptr;
-  const char* env = wgrad_env != nullptr ? wgrad_env : std::getenv("EPMOE_GEMM_SCHEDULE");
-  const char* name = wgrad_env != nullptr ? "EPMOE_GEMM_SCHEDULE_WGRAD" : "EPMOE_GEMM_SCHEDULE";
+  std::string kind_name = std::string("EPMOE_GEMM_SCHEDULE_") + gemm::to_string(kind);
+  for (char& c : kind_name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  const std::string names[] = {kind_name, wgrad ? "EPMOE_GEMM_SCHEDULE_WGRAD" : "",
+                               "EPMOE_GEMM_SCHEDULE"};
+  const char* env = nullptr;
+  std::string name;
+  for (const std::string& n : names) {
+    env = n.empty() ? nullptr : std::getenv(n.c_str());
+    if (env != nullptr) {
+      name = n;
+      break;
+    }
+  }
   if (env != nullptr) {
     if (std::strcmp(env, "cooperative") == 0) return Schedule::cooperative;
     EPMOE_CHECK_ARG(std::strcmp(env, "pingpong") == 0, name, "cooperative or pingpong", env);
