@@ -19,8 +19,13 @@
 #   bash bench/device.sh fp8wgrad [shape...]   the FP8 WGRAD on CTA pairs multicasting B against
 #       single CTAs: builds libepmoe and test_gpu_wgrad_fp8, runs it (and the pairs' test under
 #       memcheck), then bench_moe.py --epmoe-only (fp8-train, balanced) with
-#       EPMOE_FP8_WGRAD_MULTICAST=0 and =1: $OUT/bench_fp8wgrad_mc{0,1}.json, stage ms side by side
+#       EPMOE_FP8_WGRAD_MULTICAST=0 and =1: $OUT/fp8wgrad{0,1}.json, stage ms side by side
 #       (bench/compare_stages.py) in $OUT/fp8wgrad_compare.txt
+#   bash bench/device.sh ab [NAME=value ...]   A / B of run-time switches at EP = 1: builds libepmoe,
+#       then bench_moe.py --epmoe-only (balanced; EPMOE_AB_PRECISION, default bf16; EPMOE_AB_SHAPES,
+#       default the four) once as is and once per NAME=value with that variable set:
+#       $OUT/ab0.json, $OUT/ab<i>.json, stage ms of each against ab0 (bench/compare_stages.py) in
+#       $OUT/ab_compare.txt
 # CUTLASS headers and GoogleTest sources travel in third_party/ (git-ignored; name it in carry).
 # The JSON files record EPMOE_SHA when set: the device machine's copy of .git can be older than the
 # working tree it runs, so pass the commit from the calling machine (EPMOE_SHA=<sha> bash ...).
@@ -47,6 +52,8 @@ elif [[ $mode == slots ]]; then
   EPMOE_BUILD_TARGETS=${EPMOE_BUILD_TARGETS:-epmoe test_c_api}
 elif [[ $mode == profile ]]; then
   EPMOE_BUILD_TARGETS=${EPMOE_BUILD_TARGETS:-epmoe}
+elif [[ $mode == ab ]]; then
+  EPMOE_BUILD_TARGETS=${EPMOE_BUILD_TARGETS:-epmoe}
 elif [[ $mode == fp8wgrad ]]; then
   EPMOE_BUILD_TARGETS=${EPMOE_BUILD_TARGETS:-epmoe test_gpu_wgrad_fp8}
 elif [[ $mode == nvfp4 ]]; then
@@ -58,6 +65,32 @@ if ! cmake --build "$build" -j "$(nproc)" "${targets[@]}" > "$OUT/build.log" 2>&
   grep -E "error|Error" -A4 "$OUT/build.log" | head -100; exit 1
 fi
 echo "build: $(( $(date +%s) - t0 )) s"
+
+# bench_moe.py --epmoe-only, balanced, once per setting ("-" = none, else NAME=value exported for
+# that run): $OUT/<prefix><i>.json, each compared with the first in $OUT/<prefix>_compare.txt.
+# Usage: ab_runs <prefix> <precision> <shapes> <setting>...
+ab_runs() {
+  local prefix=$1 precision=$2 shapes=$3 i=0 setting label
+  shift 3
+  : > "$OUT/${prefix}_compare.txt"
+  for setting in "$@"; do
+    label=$([[ $setting == - ]] && echo default || echo "$setting")
+    echo "== $prefix$i: $label" | tee -a "$OUT/${prefix}_compare.txt"
+    (
+      [[ $setting == - ]] || export "$setting"
+      PYTHONUNBUFFERED=1 timeout -k 10 "${EPMOE_AB_TIMEOUT:-300}" python3 bench/bench_moe.py \
+        --routings balanced --shapes "$shapes" --epmoe-only "epmoe-$prefix$i" \
+        --epmoe-only-precision "$precision" --lib "$build/src/libepmoe.so" \
+        --out "$OUT/$prefix$i.json" > "$OUT/$prefix$i.log" 2>&1
+    ) || status=1
+    tail -2 "$OUT/$prefix$i.log"
+    if (( i > 0 )); then
+      python3 bench/compare_stages.py "$OUT/${prefix}0.json" "$OUT/$prefix$i.json" \
+        >> "$OUT/${prefix}_compare.txt" || status=1
+    fi
+    i=$((i + 1))
+  done
+}
 
 status=0
 if [[ $mode == all || $mode == test ]]; then
@@ -141,15 +174,13 @@ if [[ $mode == fp8wgrad ]]; then
       > "$OUT/memcheck_wgrad_fp8.log" 2>&1 || status=1
   tail -3 "$OUT/memcheck_wgrad_fp8.log"
   shapes=$(IFS=,; echo "${*:-qwen3-30b-a3b,deepseek-v3,gpt-oss-120b,mixtral-8x7b}")
-  for mc in 0 1; do
-    EPMOE_FP8_WGRAD_MULTICAST=$mc PYTHONUNBUFFERED=1 timeout -k 10 "${EPMOE_FP8WGRAD_BENCH_TIMEOUT:-300}" \
-      python3 bench/bench_moe.py --routings balanced --shapes "$shapes" --epmoe-only "epmoe-fp8-mc$mc" \
-      --epmoe-only-precision fp8-train --lib "$build/src/libepmoe.so" \
-      --out "$OUT/bench_fp8wgrad_mc$mc.json" > "$OUT/bench_fp8wgrad_mc$mc.log" 2>&1 || status=1
-    tail -4 "$OUT/bench_fp8wgrad_mc$mc.log"
-  done
-  python3 bench/compare_stages.py "$OUT/bench_fp8wgrad_mc0.json" "$OUT/bench_fp8wgrad_mc1.json" \
-      | tee "$OUT/fp8wgrad_compare.txt" || status=1
+  ab_runs fp8wgrad fp8-train "$shapes" EPMOE_FP8_WGRAD_MULTICAST=0 EPMOE_FP8_WGRAD_MULTICAST=1
+  cat "$OUT/fp8wgrad_compare.txt"
+fi
+if [[ $mode == ab ]]; then
+  ab_runs ab "${EPMOE_AB_PRECISION:-bf16}" \
+    "${EPMOE_AB_SHAPES:-qwen3-30b-a3b,deepseek-v3,gpt-oss-120b,mixtral-8x7b}" - "$@"
+  cat "$OUT/ab_compare.txt"
 fi
 if [[ $mode == nvfp4 ]]; then
   t0=$(date +%s)
