@@ -62,13 +62,18 @@ const char* to_string(GemmKind k) {
 }
 
 // Measured on H200 (EP = 1, bench/results/2026-11-29-*-h200*.json, per-stage times):
-//   forward W13 / W2 and W2 DGRAD: ping-pong (its epilogue overlaps the other warpgroup's MMA;
+//   forward W13 / W2: ping-pong (its epilogue overlaps the other warpgroup's MMA;
 //     e.g. deepseek-v3 W13 6.48 -> 4.18 ms, qwen3 0.88 -> 0.74 ms);
 //   W13 DGRAD: ping-pong only when experts hold few rows (deepseek-v3, ~128: 5.20 -> 4.40 ms);
 //     with hundreds of rows the cooperative tile wins (mixtral 5.42 vs 7.63 ms);
 //   WGRAD: cooperative (ping-pong was 1.3-1.6x slower on every shape).
-// The W2 DGRAD row was measured with the SwiGLU backward in its epilogue; it now stores plain
-// grad_h rows by default (cuda/swiglu.h), which its schedule has not been measured with yet.
+// W2 DGRAD takes W13 DGRAD's rule. It ran ping-pong, chosen with the SwiGLU backward in its
+// epilogue (cooperative / ping-pong ms: mixtral 5.66 / 5.67, qwen3 0.93 / 0.96, deepseek-v3
+// 3.82 / 3.34); it now stores plain grad_h rows (cuda/swiglu.h), the W13 DGRAD's kind of epilogue
+// on the same operand majors (A K-major, B MN-major), and with ping-pong it ran 1.2-1.4x slower
+// than the W2 FPROP of the same FLOPs where experts hold hundreds of rows (EP = 2, 3ae623b,
+// ms: mixtral 3.83 vs 2.79, qwen3 0.394 vs 0.325), as W13 DGRAD did before its rule. Not yet
+// measured with the rule: EPMOE_GEMM_SCHEDULE_W2_DGRAD=pingpong gives the old choice.
 // Overrides, read on every launch (a getenv is ~100 ns), for measurements; the first set wins:
 // EPMOE_GEMM_SCHEDULE_<KIND> (the kind's name in capitals, e.g. EPMOE_GEMM_SCHEDULE_W2_DGRAD),
 // EPMOE_GEMM_SCHEDULE_WGRAD (both WGRADs), EPMOE_GEMM_SCHEDULE (every GEMM).
@@ -99,8 +104,8 @@ Schedule select_schedule(GemmKind kind, const Step& s) {
   const int64_t rows_per_expert = s.capacity_rows / std::max(1, s.dims.E);
   switch (kind) {
     case GemmKind::w13_fprop:
-    case GemmKind::w2_fprop:
-    case GemmKind::w2_dgrad: return Schedule::pingpong;
+    case GemmKind::w2_fprop: return Schedule::pingpong;
+    case GemmKind::w2_dgrad:
     case GemmKind::w13_dgrad: return rows_per_expert <= 192 ? Schedule::pingpong : Schedule::cooperative;
     case GemmKind::w2_wgrad:
     case GemmKind::w13_wgrad: return Schedule::cooperative;
