@@ -8,9 +8,10 @@
 #   bash bench/device.sh slots [bench_slots args...]   activation slots, EP = 1: builds libepmoe
 #       and the C ABI test, runs it, then bench/bench_slots.py: $OUT/bench_slots.json, .log, .md
 #   bash bench/device.sh profile [shape...]   kernel times of one fwd+bwd step per shape (torch
-#       profiler, bench/one_step.py --profile; EPMOE_PROFILE_PRECISION, default fp8-train):
-#       $OUT/profile.txt; with EPMOE_NCU_KERNEL=<regex> also Nsight Compute on that kernel's
-#       launches of the second step (EPMOE_NCU_SKIP / EPMOE_NCU_COUNT, default 4 / 4): $OUT/ncu.txt
+#       profiler, bench/one_step.py --profile; EPMOE_PROFILE_PRECISION, default fp8-train;
+#       EPMOE_PROFILE_DECODE=1: the forward at the shape's decode T): $OUT/profile.txt; with
+#       EPMOE_NCU_KERNEL=<regex> also Nsight Compute on that kernel's launches of the second step
+#       (EPMOE_NCU_SKIP / EPMOE_NCU_COUNT, default 4 / 4): $OUT/ncu.txt
 #   bash bench/device.sh nvfp4 [bench_moe args...]   NVFP4 weight-only inference: builds libepmoe
 #       and its tests, runs them (measured errors, memcheck), then bench_moe.py --nvfp4-only:
 #       $OUT/nvfp4_*.log, $OUT/bench_nvfp4.json; then once per n in EPMOE_NVFP4_SPLITK_SWEEP
@@ -152,8 +153,10 @@ if [[ $mode == slots ]]; then
 fi
 if [[ $mode == profile ]]; then
   precision=${EPMOE_PROFILE_PRECISION:-fp8-train}
+  decode=()
+  [[ -n ${EPMOE_PROFILE_DECODE:-} ]] && decode=(--decode)
   for shape in "${@:-deepseek-v3}"; do
-    python3 bench/one_step.py --shape "$shape" --precision "$precision" --profile \
+    python3 bench/one_step.py --shape "$shape" --precision "$precision" "${decode[@]}" --profile \
         --lib "$build/src/libepmoe.so" 2>&1 | grep -v -i warn >> "$OUT/profile.txt" || status=1
   done
   python3 bench/kernel_table.py "$OUT/profile.txt"
@@ -161,9 +164,11 @@ if [[ $mode == profile ]]; then
     ncu --clock-control none -k "regex:$EPMOE_NCU_KERNEL" --launch-skip "${EPMOE_NCU_SKIP:-4}" \
         --launch-count "${EPMOE_NCU_COUNT:-4}" --section SpeedOfLight --section WarpStateStats \
         --section SchedulerStats --section MemoryWorkloadAnalysis --section LaunchStats \
-        python3 bench/one_step.py --shape "${1:-deepseek-v3}" --precision "$precision" --steps 2 \
+        --section ComputeWorkloadAnalysis --section Occupancy \
+        python3 bench/one_step.py --shape "${1:-deepseek-v3}" --precision "$precision" \
+        "${decode[@]}" --steps 2 \
         --lib "$build/src/libepmoe.so" > "$OUT/ncu.txt" 2>&1 || status=1
-    grep -E "grouped_gemm|Duration|DRAM Throughput|Compute \(SM\) Throughput|No Eligible|Registers Per|Warp Cycles Per Issued|Stall" "$OUT/ncu.txt" | head -80
+    grep -E "grouped_gemm|nvfp4_gemm|Duration|DRAM Throughput|Compute \(SM\) Throughput|No Eligible|Registers Per|Warp Cycles Per Issued|Stall|Issue Slots|Achieved Occupancy|Spilling" "$OUT/ncu.txt" | head -80
   fi
 fi
 if [[ $mode == fp8wgrad ]]; then
