@@ -1,8 +1,5 @@
 #include "cuda/fp8_backward.h"
 
-#include <cstdlib>
-#include <cstring>
-
 #include "core/formats/fp8_block.h"
 #include "core/fp8_terms.h"
 #include "cuda/formats/formats.h"
