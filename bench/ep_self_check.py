@@ -24,6 +24,31 @@ def fp8_cpu_reason():
     return None
 
 
+def ep_against_one_process(rank, R, x, ids, scores, w13, w2, grad_y, forward, forward_ep):
+    """Forward and backward of forward_ep(x, ids, scores, w13, w2) on this rank's tokens and
+    experts against forward(...) on the concatenated batch of every rank and all experts. Returns
+    ({name: rel-L2} of y and the four gradients, this rank's y)."""
+    T, D = x.shape[1], x.shape[2]
+    K = ids.shape[2]
+    El = w13.shape[0] // R
+    mine = slice(rank * El, (rank + 1) * El)
+    tokens = slice(rank * T, (rank + 1) * T)
+
+    def leaves(*ts):
+        return [t.clone().requires_grad_() for t in ts]
+
+    xa, sa, w13a, w2a = leaves(x.reshape(R * T, D), scores.reshape(R * T, K), w13, w2)
+    ya = forward(xa, ids.reshape(R * T, K), sa, w13a, w2a)
+    ya.backward(grad_y.reshape(R * T, D))
+    xe, se, w13e, w2e = leaves(x[rank], scores[rank], w13[mine], w2[mine])
+    ye = forward_ep(xe, ids[rank], se, w13e, w2e)
+    ye.backward(grad_y[rank])
+    pairs = {"y": (ye, ya[tokens]), "grad_x": (xe.grad, xa.grad[tokens]),
+             "grad_scores": (se.grad, sa.grad[tokens]), "grad_w13": (w13e.grad, w13a.grad[mine]),
+             "grad_w2": (w2e.grad, w2a.grad[mine])}
+    return {k: bench_moe.rel_l2(a.detach(), b.detach()) for k, (a, b) in pairs.items()}, ye
+
+
 def self_check_fp8(rank, R, x, ids, scores, w13, w2, grad_y, ye_bf16):
     """The FP8 EP recipe (torch_recipe_fp8.moe_forward_ep, the fp8 GEMM emulated on CPU) against
     the one-process FP8 recipe on the concatenated batch, both with the weights quantized per
@@ -31,26 +56,13 @@ def self_check_fp8(rank, R, x, ids, scores, w13, w2, grad_y, ye_bf16):
     against the bf16 EP recipe: close, but not equal (the quantization ran). Returns
     ({name: rel-L2}, rel-L2 of y vs bf16, [failed checks])."""
     R8 = torch_recipe_fp8
-    T, D = x.shape[1], x.shape[2]
-    K = ids.shape[2]
     El = w13.shape[0] // R
     mine = slice(rank * El, (rank + 1) * El)
-    leaves = [t.clone().requires_grad_() for t in (x.reshape(R * T, D), scores.reshape(R * T, K),
-                                                  w13, w2)]
-    xa, sa, w13a, w2a = leaves
-    ya = R8.moe_forward(xa, ids.reshape(R * T, K), sa, w13a, w2a,
-                        (R8.quantize_weights(w13), R8.quantize_weights(w2)))
-    ya.backward(grad_y.reshape(R * T, D))
-    xe, se, w13e, w2e = [t.clone().requires_grad_() for t in (x[rank], scores[rank], w13[mine],
-                                                              w2[mine])]
-    ye = R8.moe_forward_ep(xe, ids[rank], se, w13e, w2e,
-                           (R8.quantize_weights(w13[mine]), R8.quantize_weights(w2[mine])))
-    ye.backward(grad_y[rank])
-    tokens = slice(rank * T, (rank + 1) * T)
-    pairs = {"y": (ye, ya[tokens]), "grad_x": (xe.grad, xa.grad[tokens]),
-             "grad_scores": (se.grad, sa.grad[tokens]), "grad_w13": (w13e.grad, w13a.grad[mine]),
-             "grad_w2": (w2e.grad, w2a.grad[mine])}
-    err = {k: bench_moe.rel_l2(a.detach(), b.detach()) for k, (a, b) in pairs.items()}
+    every = (R8.quantize_weights(w13), R8.quantize_weights(w2))
+    local = (R8.quantize_weights(w13[mine]), R8.quantize_weights(w2[mine]))
+    err, ye = ep_against_one_process(rank, R, x, ids, scores, w13, w2, grad_y,
+                                     lambda *a: R8.moe_forward(*a, every),
+                                     lambda *a: R8.moe_forward_ep(*a, local))
     bad = [f"fp8 {k}" for k, v in err.items() if not v <= 1e-2]
     vs_bf16 = bench_moe.rel_l2(ye.detach(), ye_bf16.detach())
     # e4m3 operands of two chained GEMMs: a few % from bf16 (test_torch_recipe_fp8.py)
@@ -82,21 +94,8 @@ def self_check():
         ids[0, :5, -1] = -1  # a few inactive routes
         grad_y = torch.randn(R, T, D, generator=g).to(torch.bfloat16)
 
-        def leaves(*ts):
-            return [t.clone().requires_grad_() for t in ts]
-
-        xa, sa, w13a, w2a = leaves(x.reshape(R * T, D), scores.reshape(R * T, K), w13, w2)
-        ya = torch_recipe.moe_forward(xa, ids.reshape(R * T, K), sa, w13a, w2a)
-        ya.backward(grad_y.reshape(R * T, D))
-        mine = slice(rank * El, (rank + 1) * El)
-        xe, se, w13e, w2e = leaves(x[rank], scores[rank], w13[mine], w2[mine])
-        ye = torch_recipe.moe_forward_ep(xe, ids[rank], se, w13e, w2e)
-        ye.backward(grad_y[rank])
-        tokens = slice(rank * T, (rank + 1) * T)
-        pairs = {"y": (ye, ya[tokens]), "grad_x": (xe.grad, xa.grad[tokens]),
-                 "grad_scores": (se.grad, sa.grad[tokens]), "grad_w13": (w13e.grad, w13a.grad[mine]),
-                 "grad_w2": (w2e.grad, w2a.grad[mine])}
-        err = {k: bench_moe.rel_l2(a.detach(), b.detach()) for k, (a, b) in pairs.items()}
+        err, ye = ep_against_one_process(rank, R, x, ids, scores, w13, w2, grad_y,
+                                         torch_recipe.moe_forward, torch_recipe.moe_forward_ep)
         bad = [k for k, v in err.items() if not v <= 1e-2]
 
         # Accounting: traffic of the global routing by brute force.

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "core/activation.h"
+#include "core/fp8_terms.h"
 #include "core/layout.h"
 #include "core/numeric.h"
 #include "core/plan_terms.h"
@@ -147,6 +148,12 @@ struct Step {
 inline uint32_t* arrivals_B(const Step& s) {
   return reinterpret_cast<uint32_t*>(s.route_scratch +
                                      route_scratch_layout(s.dims, s.capacity_rows).arrivals);
+}
+
+// The step's FP8 operand scratch carve (fp8_scratch; Config.fp8_wgrad moves only the WGRAD
+// regions), as both backends read it.
+inline Fp8ScratchLayout fp8_scratch_layout(const Step& s) {
+  return fp8_scratch_layout(s.dims, s.capacity_rows, s.fp8_wgrad);
 }
 
 }  // namespace epmoe

@@ -15,11 +15,6 @@ namespace epmoe::cpu {
 
 namespace {
 
-// This step's FP8 operand scratch (Config.fp8_wgrad moves only the WGRAD regions).
-Fp8ScratchLayout scratch_layout(const Step& s) {
-  return fp8_scratch_layout(s.dims, s.capacity_rows, s.fp8_wgrad);
-}
-
 // E4M3 rows with S-major scales (fp8_rows_bytes): room for `rows` rows.
 struct Fp8Rows {
   uint8_t* q;
@@ -39,13 +34,13 @@ Fp8Rows scratch_rows(const Step& s, int64_t offset, int64_t L) {
   return rows_at(s.fp8_scratch + offset, s.capacity_rows, L);
 }
 Fp8Rows h_rows(const Step& s) {
-  return scratch_rows(s, scratch_layout(s).h_q, s.dims.F);
+  return scratch_rows(s, fp8_scratch_layout(s).h_q, s.dims.F);
 }
 Fp8Rows grad_h3_rows(const Step& s) {
-  return scratch_rows(s, scratch_layout(s).grad_h3_q, s.dims.D);
+  return scratch_rows(s, fp8_scratch_layout(s).grad_h3_q, s.dims.D);
 }
 Fp8Rows grad_h13_rows(const Step& s) {
-  return scratch_rows(s, scratch_layout(s).grad_h13_q, 2 * s.dims.F);
+  return scratch_rows(s, fp8_scratch_layout(s).grad_h13_q, 2 * s.dims.F);
 }
 
 std::vector<float> widen_rows(const bf16_t* x, int64_t rows, int64_t L) {
@@ -68,7 +63,7 @@ void weight_grad(const Step& s, const std::vector<float>& a_MP, int64_t P,
                  const std::vector<float>& b_MQ, int64_t Q, void* grad_EPQ) {
   const int64_t per_expert = P * Q;
   const size_t elem = s.wgrad_dtype == DType::f32 ? 4 : 2;
-  const Fp8ScratchLayout l = scratch_layout(s);
+  const Fp8ScratchLayout l = fp8_scratch_layout(s);
   uint8_t* qa = reinterpret_cast<uint8_t*>(s.fp8_scratch + l.col_a);
   float* sa = reinterpret_cast<float*>(s.fp8_scratch + l.col_a_scales);
   uint8_t* qb = reinterpret_cast<uint8_t*>(s.fp8_scratch + l.col_b);
@@ -186,7 +181,7 @@ void fp8_w13_wgrad(const Step& s) {
 
 const bf16_t* fp8_decode_x_bf16(const Step& s) {
   const Fp8Rows x = x_rows(s);
-  bf16_t* x_MD = reinterpret_cast<bf16_t*>(s.fp8_scratch + scratch_layout(s).x_bf16);
+  bf16_t* x_MD = reinterpret_cast<bf16_t*>(s.fp8_scratch + fp8_scratch_layout(s).x_bf16);
   fp8_decode_rows_bf16(x.q, x.scales, x.ld, received_rows(s), s.dims.D, x_MD);
   return x_MD;
 }

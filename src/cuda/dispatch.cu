@@ -76,8 +76,9 @@ __global__ void __launch_bounds__(kThreads) pull_rows_kernel(const PullParams p)
     const bool scale = kScale && p.row_scores_M == nullptr;  // kernel-uniform
     if constexpr (kScale) {
       scores_K = reinterpret_cast<const float*>(p.routing_R[r] + p.scores_offset) + t * p.K;
-      if (scale) lane_score = lane_route_score(scores_K, p.K, lane);
-      if (!scale) {
+      if (scale) {
+        lane_score = lane_route_score(scores_K, p.K, lane);
+      } else {
         for (int k = lane; k < p.K; k += 32) {
           const int32_t m = rows_K[k];
           if (m >= 0) p.row_scores_M[m] = __ldcg(scores_K + k);
@@ -86,12 +87,11 @@ __global__ void __launch_bounds__(kThreads) pull_rows_kernel(const PullParams p)
     }
     // Lane l holds vectors v0 + l + 32 b with v0 warp-uniform: the loop runs on every lane (route
     // and quantization shuffles); quantizing, 16 lanes are one 1x128 block.
-    const int64_t lane_offset = lane;
     for (int64_t v0 = 0; v0 < vecs; v0 += 32 * kBatch) {
       uint4 u[kBatch];
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
-        const int64_t v = v0 + lane_offset + 32 * b;
+        const int64_t v = v0 + lane + 32 * b;
         if (v < vecs) u[b] = load_vec_cg(row_D + v * kVec);
       }
       if constexpr (kQuantize) {
@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(kThreads) pull_rows_kernel(const PullParams p)
 #pragma unroll
           for (int b = 0; b < kBatch; ++b) {
             if (v0 + 32 * b >= vecs) break;  // warp-uniform: no lane of this or a later b in the row
-            const int64_t v = v0 + lane_offset + 32 * b;
+            const int64_t v = v0 + lane + 32 * b;
             const bool in = v < vecs;
             const uint4 w = in ? u[b] : make_uint4(0u, 0u, 0u, 0u);
             const Fp8Run8 q = fp8_quantize_run8(w, in, 0xffffffffu);
@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(kThreads) pull_rows_kernel(const PullParams p)
         if (scale) score = route_score(lane_score, scores_K, k);
 #pragma unroll
         for (int b = 0; b < kBatch; ++b) {
-          const int64_t v = v0 + lane_offset + 32 * b;
+          const int64_t v = v0 + lane + 32 * b;
           if constexpr (kQuantize) {
             if (v0 + 32 * b >= vecs) break;  // warp-uniform: no lane of this or a later b in the row
             const bool in = v < vecs;  // scale holds here: row scores took the branch above

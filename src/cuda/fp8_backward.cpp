@@ -15,11 +15,6 @@
 namespace epmoe::cuda {
 namespace {
 
-// This step's FP8 operand scratch (Config.fp8_wgrad moves only the WGRAD regions).
-Fp8ScratchLayout scratch_layout(const Step& s) {
-  return fp8_scratch_layout(s.dims, s.capacity_rows, s.fp8_wgrad);
-}
-
 // Row operand of the FP8 scratch at capacity rows (fp8_rows_bytes(M, L) at `offset`).
 struct ScratchRows {
   uint8_t* codes;
@@ -94,7 +89,7 @@ struct ColOperands {
   int64_t max_blocks;
 };
 ColOperands col_operands(const Step& s) {
-  const Fp8ScratchLayout l = scratch_layout(s);
+  const Fp8ScratchLayout l = fp8_scratch_layout(s);
   return {reinterpret_cast<uint8_t*>(s.fp8_scratch + l.col_a),
           reinterpret_cast<float*>(s.fp8_scratch + l.col_a_scales),
           reinterpret_cast<uint8_t*>(s.fp8_scratch + l.col_b),
@@ -131,11 +126,11 @@ void wgrad(const Step& s, const ColOperands& c, int64_t N, int64_t L, void* grad
 }  // namespace
 
 void fp8_quantize_grad_h3(const Step& s) {
-  quantize_rows(s, s.grad_h3_MD, scratch_layout(s).grad_h3_q, s.dims.D);
+  quantize_rows(s, s.grad_h3_MD, fp8_scratch_layout(s).grad_h3_q, s.dims.D);
 }
 
 void fp8_quantize_grad_h13(const Step& s) {
-  quantize_rows(s, s.grad_h13_M2F, scratch_layout(s).grad_h13_q, 2 * s.dims.F);
+  quantize_rows(s, s.grad_h13_M2F, fp8_scratch_layout(s).grad_h13_q, 2 * s.dims.F);
 }
 
 void fp8_gather_grad(const Step& s) {
@@ -144,7 +139,7 @@ void fp8_gather_grad(const Step& s) {
     fp8_quantize_grad_h3(s);
     return;
   }
-  const ScratchRows q = scratch_rows(s, scratch_layout(s).grad_h3_q, s.dims.D);
+  const ScratchRows q = scratch_rows(s, fp8_scratch_layout(s).grad_h3_q, s.dims.D);
   gather_grad_fp8_rows(s, q.codes, q.scales_SM, q.ld);
 }
 
@@ -155,7 +150,7 @@ void fp8_swiglu_backward(const Step& s) {
     fp8_quantize_grad_h13(s);
     return;
   }
-  const ScratchRows q = scratch_rows(s, scratch_layout(s).grad_h13_q, 2 * s.dims.F);
+  const ScratchRows q = scratch_rows(s, fp8_scratch_layout(s).grad_h13_q, 2 * s.dims.F);
   swiglu_backward_fp8_rows(s, q.codes, q.scales_SM, q.ld);
 }
 
@@ -166,7 +161,7 @@ bool fp8_swiglu_backward_in_epilogue(const Step& s) {
 
 void fp8_w2_dgrad(const Step& s, bool swiglu_backward_after) {
   const int64_t D = s.dims.D, F = s.dims.F;
-  const Fp8ScratchLayout l = scratch_layout(s);
+  const Fp8ScratchLayout l = fp8_scratch_layout(s);
   const ScratchRows g = scratch_rows(s, l.grad_h3_q, D);
   // w2 [E, D, F]: the DGRAD contracts D, so the GEMM reads w2^T [E, F, D].
   Fp8GroupedGemmArgs a =
@@ -205,7 +200,7 @@ void fp8_w2_dgrad(const Step& s, bool swiglu_backward_after) {
 
 void fp8_w13_dgrad(const Step& s, bool scatter) {
   const int64_t D = s.dims.D, F = s.dims.F;
-  const ScratchRows g = scratch_rows(s, scratch_layout(s).grad_h13_q, 2 * F);
+  const ScratchRows g = scratch_rows(s, fp8_scratch_layout(s).grad_h13_q, 2 * F);
   // w13 [E, 2F, D]: the DGRAD contracts 2F, so the GEMM reads w13^T [E, D, 2F].
   Fp8GroupedGemmArgs a = dgrad_args(s, g, s.w13_q_EFD, s.w13_scales_EBS,
                                     {s.w13_qt_EDF, s.w13_scales_t_EBS}, 2 * F, D);
@@ -240,7 +235,7 @@ void fp8_w13_wgrad(const Step& s) {
 // plain [capacity, D] rows (no layer plan: its only other use there, the replay skip, is off in
 // backward stages).
 void fp8_w13_wgrad_bf16(const Step& s) {
-  bf16_t* x_MD = reinterpret_cast<bf16_t*>(s.fp8_scratch + scratch_layout(s).x_bf16);
+  bf16_t* x_MD = reinterpret_cast<bf16_t*>(s.fp8_scratch + fp8_scratch_layout(s).x_bf16);
   const Placed x = placed_x_gathered(s);
   fp8_decode_rows_bf16_counted(x.base, x.offset, s.layout.header + kLayoutRows, s.capacity_rows,
                                s.dims.D, s.layout.header + kLayoutSkip, x_MD, s.stream);

@@ -57,7 +57,7 @@ void fp8_w13_fprop(const Step& s) {
 
 void fp8_quantize_h(const Step& s) {
   const int64_t F = s.dims.F, M = s.capacity_rows;
-  char* h = s.fp8_scratch + fp8_scratch_layout(s.dims, M, s.fp8_wgrad).h_q;
+  char* h = s.fp8_scratch + fp8_scratch_layout(s).h_q;
   fp8_quantize_rows_counted(s.h_MF, M, F, s.layout.header + kLayoutRows,
                             s.layout.header + kLayoutSkip, reinterpret_cast<uint8_t*>(h),
                             reinterpret_cast<float*>(h + fp8_rows_scales_offset(M, F)),
@@ -79,7 +79,7 @@ void fp8_swiglu_forward(const Step& s) {
     return;
   }
   const int64_t F = s.dims.F, M = s.capacity_rows;
-  char* h = s.fp8_scratch + fp8_scratch_layout(s.dims, M, s.fp8_wgrad).h_q;
+  char* h = s.fp8_scratch + fp8_scratch_layout(s).h_q;
   swiglu_forward_fp8_rows(s, reinterpret_cast<uint8_t*>(h),
                           reinterpret_cast<float*>(h + fp8_rows_scales_offset(M, F)),
                           fp8_rows_ld(M));
@@ -106,7 +106,7 @@ void fp8_rows_output(const Step& s, bool scatter, Fp8GroupedGemmArgs& a) {
 void fp8_w2_fprop(const Step& s, bool scatter) {
   const int64_t D = s.dims.D, F = s.dims.F, M = s.capacity_rows;
   Fp8GroupedGemmArgs a = step_gemm(s, D, F);
-  const char* h = s.fp8_scratch + fp8_scratch_layout(s.dims, M, s.fp8_wgrad).h_q;
+  const char* h = s.fp8_scratch + fp8_scratch_layout(s).h_q;
   a.a_MK = reinterpret_cast<const uint8_t*>(h);
   a.a_scales_SM = reinterpret_cast<const float*>(h + fp8_rows_scales_offset(M, F));
   a.ld_a_scales = fp8_rows_ld(M);
