@@ -210,6 +210,42 @@ TEST(GpuContext, ClusterPairsEqualSingleCtasBitwise) {
   }
 }
 
+// The bf16 WGRAD stored by the threads (EPMOE_WGRAD_STORE=direct, 4 stages) gives the bits of
+// the TMA-store epilogue (3 stages): the same fp32 sums rounded once. Cases: 2F = 1040 (an edge
+// m-tile), experts with no rows (zero tiles), several tiles per CTA, more k-blocks than stages, and
+// clusters of two where the build has them.
+TEST(GpuContext, WgradStoresEqualBitwise) {
+  EPMOE_REQUIRE_GPU();
+  struct Case {
+    Problem p;
+    int64_t tokens;
+  };
+  const std::vector<Case> cases = {{problem(333, 256, 520, 16, 4), 333},
+                                   {problem(40, 128, 96, 64, 2), 40},
+                                   {problem(2048, 1024, 768, 4, 2), 2048},
+                                   {problem(4096, 2048, 1024, 8, 2), 4096}};
+  uint64_t seed = 131;
+  for (const Case& c : cases) {
+    const auto in = make_inputs(c.p, seed++, c.tokens);
+    std::vector<RankOutputs> tma;
+    {
+      const ScopedEnv store("EPMOE_WGRAD_STORE", "tma");
+      tma = run_gpu_layer(c.p, in[0]);
+    }
+    const ScopedEnv store("EPMOE_WGRAD_STORE", "direct");
+    const std::string what = c.p.name() + " WGRAD stored directly vs through the TMA";
+    expect_bitwise_equal(run_gpu_layer(c.p, in[0]), tma, what);
+    std::vector<RankOutputs> pairs;
+    try {
+      const ScopedEnv cluster("EPMOE_GEMM_CLUSTER", "2");
+      pairs = run_gpu_layer(c.p, in[0]);
+    } catch (const Error&) {
+      continue;  // EPMOE_GEMM_CONFIGS=CI: no clustered kernels
+    }
+    expect_bitwise_equal(pairs, tma, what + ", CTA pairs");
+  }
+}
+
 TEST(GpuContext, RepeatRunsAreBitwiseEqual) {
   EPMOE_REQUIRE_GPU();
   const Problem p = problem(300, 512, 256, 16, 4);

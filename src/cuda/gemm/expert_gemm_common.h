@@ -26,6 +26,12 @@ Schedule select_schedule(GemmKind kind, const Step& s);
 // else the measured table in gemm_config.cpp.
 int select_cluster(GemmKind kind, const Step& s);
 
+// How the bf16 WGRAD writes an overwritten gradient: through one TMA-store buffer per warpgroup
+// (3 stages) that drains during the next tile's MMA, or by the threads (staged rows, 16-byte
+// global stores; 4 stages). EPMOE_WGRAD_STORE=tma|direct forces one, else the rule in
+// gemm_config.cpp.
+WgradStore select_wgrad_store(GemmKind kind, const Step& s);
+
 // A kernel configuration chosen at run time, as a type: the consumer schedule and the cluster.
 template <bool kPingPong, int kCluster>
 struct Sched {

@@ -29,8 +29,8 @@ auto make_wgrad_store(void* out, int64_t m_out, int64_t n_out, int groups) {
 // grad_w[e] [m_out, n_out] (+)= a[rows of e]^T b[rows of e], a: [M, m_out], b: [b.rows, n_out]
 // from row b.shift on (x_gathered placed by the layer plan; else [M, n_out] unshifted).
 template <class S>
-void wgrad(const Step& s, const bf16_t* a_rows, int64_t m_out, const GatheredRows& b_rows,
-           int64_t n_out, void* out) {
+void wgrad(GemmKind kind, const Step& s, const bf16_t* a_rows, int64_t m_out,
+           const GatheredRows& b_rows, int64_t n_out, void* out) {
   check_groups(s);
   const int64_t M = s.capacity_rows;
   const Operand a{a_rows, m_out, M, 1, m_out};
@@ -38,7 +38,8 @@ void wgrad(const Step& s, const bf16_t* a_rows, int64_t m_out, const GatheredRow
   GroupArgs g = step_groups(s, n_out, 0, m_out);
   g.b_shift = b_rows.shift;
   const int accumulate = s.accumulate_wgrad ? 1 : 0;
-  if (s.wgrad_dtype == DType::bf16 && !accumulate) {
+  if (s.wgrad_dtype == DType::bf16 && !accumulate &&
+      select_wgrad_store(kind, s) == WgradStore::tma) {
     using T = WgradTmaTraits<S>;
     auto store = make_wgrad_store(out, m_out, n_out, s.dims.E);
     using Epi = WgradTmaEpilogue<T, decltype(store)>;
@@ -64,15 +65,16 @@ void wgrad(const Step& s, const bf16_t* a_rows, int64_t m_out, const GatheredRow
 void w2_wgrad(const Step& s) {
   dispatch_schedule(GemmKind::w2_wgrad, s, [&](auto sched) {
     const GatheredRows h{s.h_MF, s.capacity_rows, RowShift{}};
-    wgrad<decltype(sched)>(s, s.grad_h3_MD, s.dims.D, h, s.dims.F, s.grad_w2_EDF);
+    wgrad<decltype(sched)>(GemmKind::w2_wgrad, s, s.grad_h3_MD, s.dims.D, h, s.dims.F,
+                           s.grad_w2_EDF);
   });
 }
 
 // grad_w13[e] [2F, D] = grad_h13[e]^T [2F, rows] . x_gathered[e] [rows, D]
 void w13_wgrad(const Step& s) {
   dispatch_schedule(GemmKind::w13_wgrad, s, [&](auto sched) {
-    wgrad<decltype(sched)>(s, s.grad_h13_M2F, 2 * s.dims.F, x_gathered_rows(s),
-                                     s.dims.D, s.grad_w13_EFD);
+    wgrad<decltype(sched)>(GemmKind::w13_wgrad, s, s.grad_h13_M2F, 2 * s.dims.F,
+                           x_gathered_rows(s), s.dims.D, s.grad_w13_EFD);
   });
 }
 

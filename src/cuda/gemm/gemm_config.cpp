@@ -113,6 +113,23 @@ Schedule select_schedule(GemmKind kind, const Step& s) {
   return Schedule::cooperative;
 }
 
+// Measured on H200 (EP = 1, bench/results/2026-11-30-781c4d5-h200-wgrad-store-*.json, W2 / W13
+// WGRAD ms, TMA / direct): where experts hold few rows the TMA store's overlap wins (deepseek-v3,
+// ~128 rows: 4.26 / 6.74, 8.43 / 13.51; gpt-oss, ~256: 2.06 / 2.54, 3.97 / 4.92; qwen3, ~512:
+// 0.50 / 0.60, 0.94 / 1.17); with long k-loops the fourth stage wins (mixtral, ~2048 rows: 4.13 /
+// 3.77, 7.84 / 7.38).
+WgradStore select_wgrad_store(GemmKind kind, const Step& s) {
+  (void)kind;
+  const char* env = std::getenv("EPMOE_WGRAD_STORE");
+  if (env != nullptr) {
+    if (std::strcmp(env, "tma") == 0) return WgradStore::tma;
+    EPMOE_CHECK_ARG(std::strcmp(env, "direct") == 0, "EPMOE_WGRAD_STORE", "tma or direct", env);
+    return WgradStore::direct;
+  }
+  const int64_t rows_per_expert = s.capacity_rows / std::max(1, s.dims.E);
+  return rows_per_expert >= 1024 ? WgradStore::direct : WgradStore::tma;
+}
+
 // Pairs of CTAs multicasting B (grouped_gemm_sm90.cuh) are measured against single CTAs per GEMM
 // kind with EPMOE_GEMM_CLUSTER; until a kind's row in bench/RESULTS.md shows a gain it runs unpaired.
 int select_cluster(GemmKind kind, const Step& s) {

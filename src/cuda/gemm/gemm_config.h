@@ -45,6 +45,9 @@ struct GemmConfig {
 enum class Schedule : int { cooperative, pingpong };
 const char* to_string(Schedule s);
 
+// How the bf16 WGRAD stores an overwritten gradient (gemm::select_wgrad_store).
+enum class WgradStore : int { tma, direct };
+
 // The six expert GEMMs (their schedule is chosen per kind).
 enum class GemmKind : int { w13_fprop, w2_fprop, w2_dgrad, w13_dgrad, w2_wgrad, w13_wgrad };
 const char* to_string(GemmKind k);
