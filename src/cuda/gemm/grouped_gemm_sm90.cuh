@@ -36,7 +36,8 @@ using namespace cute;
 // epilogue overlaps the other's MMA. Otherwise (cooperative) BLOCK_M / 64 warpgroups share a tile.
 // TURNS (cooperative, two warpgroups): the warpgroups run each tile's mainloop in turns,
 // warpgroup 0 first, so one's epilogue overlaps the other's MMA while both still read one B tile
-// per 128 rows.
+// per 128 rows. Only tiles whose k-blocks all fit the stages take turns (warpgroup 1 releases a
+// stage only in its own turn); longer tiles run both mainloops at once, as cooperative.
 template <int BLOCK_M_, int BLOCK_N_, int STAGES_, Grouping GROUPING_, Major A_MAJOR_,
           Major B_MAJOR_, int NUM_B_, bool PINGPONG_ = false, int CLUSTER_M_ = 1,
           bool TURNS_ = false>
@@ -387,13 +388,20 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
               256, static_cast<uint32_t>(GemmBarrier::mainloop_turn_wg0) + static_cast<uint32_t>(wg));
         }
       }
+      // Turns: warpgroup 1 runs a tile's mainloop after warpgroup 0's, and warpgroup 0 the next
+      // tile's after warpgroup 1's. Both consume every stage, so stage phases stay as in
+      // cooperative. A tile with more k-blocks than stages cannot wait for warpgroup 1's releases
+      // until warpgroup 0 is done: warpgroup 0 lets warpgroup 1 start at once.
+      [[maybe_unused]] const bool turns = Traits::kTurns && t.k_tiles <= Traits::kStages;
       if constexpr (Traits::kTurns) {
-        // Warpgroup 1 runs a tile's mainloop after warpgroup 0's; warpgroup 0 runs the next tile's
-        // after warpgroup 1's. Both consume every stage, so stage phases stay as in cooperative.
         if (wg == 1 || sequence > 0) {
           cutlass::arch::NamedBarrier::arrive_and_wait(
               256, static_cast<uint32_t>(GemmBarrier::mainloop_turn_wg0) +
                        static_cast<uint32_t>(wg));
+        }
+        if (wg == 0 && !turns) {
+          cutlass::arch::NamedBarrier::arrive(
+              256, static_cast<uint32_t>(GemmBarrier::mainloop_turn_wg0) + 1u);
         }
       }
       // A group with no rows (WGRAD only) skips the MMA; its epilogue writes zeros without
@@ -415,13 +423,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
               // element rounded down to 128 bytes.
               static_assert(Traits::kMajorA == GMMA::Major::MN && Traits::kMajorB == GMMA::Major::MN,
                             "k-tail zeroing assumes MN-major operands");
-              // With turns warpgroup 0 zeroes the whole stage alone (warpgroup 1 reads it only
-              // after warpgroup 0's mainloop, behind the turn barrier).
+              // In a tile taking turns warpgroup 0 zeroes the whole stage alone (warpgroup 1 reads
+              // it only after warpgroup 0's mainloop, behind the turn barrier), on its own barrier.
               constexpr int kRowsPerK = (BM + BN) / 64;
-              constexpr int kZeroThreads = Traits::kTurns ? 128 : kTileThreads;
-              if (!Traits::kTurns || wg == 0) {
+              const int zero_threads = turns ? 128 : kTileThreads;
+              if (!turns || wg == 0) {
                 const int tail_rows = (BK - valid) * kRowsPerK;
-                for (int i = tile_tid; i < tail_rows * 8; i += kZeroThreads) {
+                for (int i = tile_tid; i < tail_rows * 8; i += zero_threads) {
                   const int row = i / 8, chunk = i % 8;
                   const int k = valid + row / kRowsPerK, r = row % kRowsPerK;
                   const auto* first =
@@ -431,9 +439,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                   reinterpret_cast<uint4*>(base)[chunk] = make_uint4(0, 0, 0, 0);
                 }
                 cutlass::arch::fence_view_async_shared();
+                // Ping-pong: one barrier per warpgroup; turns: warpgroup 0's own (id + 1).
+                const int tail_barrier = Traits::kPingPong ? wg : (turns ? 1 : 0);
                 cutlass::arch::NamedBarrier::arrive_and_wait(
-                    kZeroThreads, static_cast<uint32_t>(GemmBarrier::k_tail_wg0) +
-                                      static_cast<uint32_t>(Traits::kPingPong ? wg : 0));
+                    zero_threads, static_cast<uint32_t>(GemmBarrier::k_tail_wg0) +
+                                      static_cast<uint32_t>(tail_barrier));
               }
             }
           }
@@ -477,7 +487,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         }
       }
       if constexpr (Traits::kTurns) {  // this tile's second mainloop, or the next tile's first
-        if (wg == 0 || tile + tile_stride < sched.total) {
+        if ((wg == 0 && turns) || (wg == 1 && tile + tile_stride < sched.total)) {
           cutlass::arch::NamedBarrier::arrive(
               256, static_cast<uint32_t>(GemmBarrier::mainloop_turn_wg0) +
                        static_cast<uint32_t>(1 - wg));
