@@ -28,6 +28,8 @@
 #       default the four) once as is and once per NAME=value with that variable set:
 #       $OUT/ab0.json, $OUT/ab<i>.json, stage ms of each against ab0 (bench/compare_stages.py) in
 #       $OUT/ab_compare.txt
+# Every mode but test and profile also logs SM clocks, power and temperature every 500 ms to
+# $OUT/clocks.csv and prints their summary per GPU (bench/clock_summary.py).
 # CUTLASS headers and GoogleTest sources travel in third_party/ (git-ignored; name it in carry).
 # The JSON files record EPMOE_SHA when set: the device machine's copy of .git can be older than the
 # working tree it runs, so pass the commit from the calling machine (EPMOE_SHA=<sha> bash ...).
@@ -95,6 +97,15 @@ ab_runs() {
 }
 
 status=0
+# SM clock, power and temperature of every GPU every 500 ms while the benchmarks run ($OUT/clocks.csv):
+# step times that differ between machines or grow faster than the work (mixtral under skew) can be
+# read against the clocks they ran at.
+clock_log=""
+if [[ $mode != test && $mode != profile ]] && command -v nvidia-smi > /dev/null; then
+  nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,temperature.gpu \
+      --format=csv,noheader -lms 500 > "$OUT/clocks.csv" 2>/dev/null &
+  clock_log=$!
+fi
 if [[ $mode == all || $mode == test ]]; then
   t0=$(date +%s)
   ctest --test-dir "$build" --output-on-failure -j 4 --timeout 600 > "$OUT/ctest.log" 2>&1 || status=1
@@ -219,5 +230,9 @@ if [[ $mode == nvfp4 ]]; then
       --lib "$build/src/libepmoe.so" > "$OUT/bench_nvfp4_splitk$n.log" 2>&1 || status=1
     grep -E "epmoe-nvfp4" "$OUT/bench_nvfp4_splitk$n.log" | tail -8
   done
+fi
+if [[ -n $clock_log ]]; then
+  kill "$clock_log" 2>/dev/null
+  python3 bench/clock_summary.py "$OUT/clocks.csv" || true
 fi
 exit $status
