@@ -246,6 +246,38 @@ TEST(GpuContext, WgradStoresEqualBitwise) {
   }
 }
 
+// The bf16 WGRAD's warpgroups taking turns on the mainloop (EPMOE_WGRAD_TURNS=1) give the bits of
+// the cooperative tile: the same k-order. Cases: groups ending inside a k-block (the k-tail zeroed
+// by warpgroup 0 alone), experts with no rows, one and many tiles per CTA, experts with more
+// k-blocks than stages (both mainloops at once; a deadlock here would hang the test) and a mix of
+// both kinds of tile in one launch (~150 rows per expert: 2 to 4 k-blocks).
+TEST(GpuContext, WgradTurnsEqualCooperativeBitwise) {
+  EPMOE_REQUIRE_GPU();
+  struct Case {
+    Problem p;
+    int64_t tokens;
+  };
+  const std::vector<Case> cases = {{problem(333, 256, 520, 16, 4), 333},
+                                   {problem(40, 128, 96, 64, 2), 40},
+                                   {problem(2048, 1024, 768, 4, 2), 2048},
+                                   {problem(3001, 2048, 1024, 32, 4), 3001},
+                                   {problem(1200, 512, 256, 32, 4), 1200},
+                                   {problem(4096, 2048, 1024, 8, 2), 4096}};
+  uint64_t seed = 151;
+  for (const Case& c : cases) {
+    const auto in = make_inputs(c.p, seed++, c.tokens);
+    const ScopedEnv store("EPMOE_WGRAD_STORE", "tma");
+    std::vector<RankOutputs> cooperative;
+    {
+      const ScopedEnv turns("EPMOE_WGRAD_TURNS", "0");
+      cooperative = run_gpu_layer(c.p, in[0]);
+    }
+    const ScopedEnv turns("EPMOE_WGRAD_TURNS", "1");
+    expect_bitwise_equal(run_gpu_layer(c.p, in[0]), cooperative,
+                         c.p.name() + " WGRAD mainloops in turns vs cooperative");
+  }
+}
+
 TEST(GpuContext, RepeatRunsAreBitwiseEqual) {
   EPMOE_REQUIRE_GPU();
   const Problem p = problem(300, 512, 256, 16, 4);

@@ -32,6 +32,10 @@ int select_cluster(GemmKind kind, const Step& s);
 // gemm_config.cpp.
 WgradStore select_wgrad_store(GemmKind kind, const Step& s);
 
+// Whether the bf16 WGRAD's cooperative TMA-store tile (unclustered) runs its two warpgroups'
+// mainloops in turns: EPMOE_WGRAD_TURNS=1|0 forces it, else the rule in gemm_config.cpp.
+bool select_wgrad_turns(GemmKind kind, const Step& s);
+
 // A kernel configuration chosen at run time, as a type: the consumer schedule and the cluster.
 template <bool kPingPong, int kCluster>
 struct Sched {

@@ -13,9 +13,10 @@ template <class S>
 using WgradTraits = GemmTraits<S::pingpong ? 64 : 128, 256, S::pingpong ? 5 : 4, Grouping::reduction,
                                Major::MN, Major::MN, 1, S::pingpong, S::cluster>;
 // Three stages leave room for the TMA-store staging (2 x 32 KiB); WGRAD's k-loops are short.
-template <class S>
+// kTurns: the cooperative tile's warpgroups take turns on the mainloop (grouped_gemm_sm90.cuh).
+template <class S, bool kTurns = false>
 using WgradTmaTraits = GemmTraits<S::pingpong ? 64 : 128, 256, 3, Grouping::reduction, Major::MN,
-                                  Major::MN, 1, S::pingpong, S::cluster>;
+                                  Major::MN, 1, S::pingpong, S::cluster, kTurns>;
 
 // TMA-store descriptor of grad_w [groups, m_out, n_out] bf16 in 64 x 64 boxes.
 auto make_wgrad_store(void* out, int64_t m_out, int64_t n_out, int groups) {
@@ -40,8 +41,17 @@ void wgrad(GemmKind kind, const Step& s, const bf16_t* a_rows, int64_t m_out,
   const int accumulate = s.accumulate_wgrad ? 1 : 0;
   if (s.wgrad_dtype == DType::bf16 && !accumulate &&
       select_wgrad_store(kind, s) == WgradStore::tma) {
-    using T = WgradTmaTraits<S>;
     auto store = make_wgrad_store(out, m_out, n_out, s.dims.E);
+    if constexpr (!S::pingpong && S::cluster == 1) {
+      if (select_wgrad_turns(kind, s)) {
+        using T = WgradTmaTraits<S, true>;
+        using Epi = WgradTmaEpilogue<T, decltype(store)>;
+        const typename Epi::Params epi{store, m_out, n_out, s.dims.E};
+        launch_grouped_gemm<T, Major::MN, Major::MN, Epi>(a, b, g, epi, stream_of(s));
+        return;
+      }
+    }
+    using T = WgradTmaTraits<S>;
     using Epi = WgradTmaEpilogue<T, decltype(store)>;
     const typename Epi::Params epi{store, m_out, n_out, s.dims.E};
     launch_grouped_gemm<T, Major::MN, Major::MN, Epi>(a, b, g, epi, stream_of(s));

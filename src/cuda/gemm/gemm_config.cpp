@@ -130,6 +130,21 @@ WgradStore select_wgrad_store(GemmKind kind, const Step& s) {
   return rows_per_expert >= 1024 ? WgradStore::direct : WgradStore::tma;
 }
 
+// Turns put one warpgroup's epilogue under the other's MMA on the cooperative tile (one B load
+// per 128 rows, unlike ping-pong's 64-row tiles). Not yet measured: off until bench/RESULTS.md
+// shows a gain.
+bool select_wgrad_turns(GemmKind kind, const Step& s) {
+  (void)kind;
+  (void)s;
+  const char* env = std::getenv("EPMOE_WGRAD_TURNS");
+  if (env != nullptr) {
+    if (std::strcmp(env, "0") == 0) return false;
+    EPMOE_CHECK_ARG(std::strcmp(env, "1") == 0, "EPMOE_WGRAD_TURNS", "0 or 1", env);
+    return true;
+  }
+  return false;
+}
+
 // Pairs of CTAs multicasting B (grouped_gemm_sm90.cuh) are measured against single CTAs per GEMM
 // kind with EPMOE_GEMM_CLUSTER; until a kind's row in bench/RESULTS.md shows a gain it runs unpaired.
 int select_cluster(GemmKind kind, const Step& s) {
