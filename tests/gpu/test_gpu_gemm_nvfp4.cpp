@@ -301,6 +301,33 @@ TEST(GpuGemmNvfp4, SwigluEpilogueMatchesThePlainOutputsSwiglu) {
   }
 }
 
+// The SwiGLU kernel compiled for 4 CTAs per SM (EPMOE_NVFP4_MIN_BLOCKS=4: 128 registers, a few
+// spilled) computes the same sums in the same order: bitwise the default, plain and clamped.
+TEST(GpuGemmNvfp4, FourCtasPerSmBitwiseEqual) {
+  EPMOE_REQUIRE_GPU();
+  std::mt19937 rng(27);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  ActivationParams clamped;
+  clamped.clamped = 1;
+  clamped.alpha = 1.702f;
+  clamped.limit = 7.0f;
+  for (const ActivationParams& act : {ActivationParams{}, clamped}) {
+    for (const Shape& s : shapes()) {
+      Problem p(s);
+      fill_exact(p, rng);
+      for (bf16_t& v : p.a) v = float_to_bf16(normal(rng));
+      std::vector<bf16_t> one;
+      {
+        const ScopedEnv env("EPMOE_NVFP4_MIN_BLOCKS", nullptr);
+        one = p.run_gpu(nullptr, &act, 1);
+      }
+      const ScopedEnv env("EPMOE_NVFP4_MIN_BLOCKS", "4");
+      expect_bitwise(one, p.run_gpu(nullptr, &act, 1), p.N / 2,
+                     describe(s) + (act.clamped ? " clamped" : " plain") + " 4 CTAs per SM");
+    }
+  }
+}
+
 TEST(GpuGemmNvfp4, SkipFlagLeavesTheOutputUntouched) {
   EPMOE_REQUIRE_GPU();
   std::mt19937 rng(23);

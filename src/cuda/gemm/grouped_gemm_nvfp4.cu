@@ -220,7 +220,7 @@ __device__ __forceinline__ bf16_t* out_row(const Nvfp4GroupedGemmArgs& a, int64_
 // kSplit: split blockIdx.z of gridDim.z stores its unscaled fp32 sums at partials_SMN[z, m, n]
 // (gate at n = f, up at n = F + f); the reduce kernel applies the scale and the epilogue.
 template <bool kWide, bool kSwiglu, bool kSplit>
-__global__ void __launch_bounds__(kGemmThreads) nvfp4_gemm_kernel(const Params p) {
+__device__ __forceinline__ void nvfp4_gemm(const Params& p) {
   const Nvfp4GroupedGemmArgs& a = p.a;
   const int e = static_cast<int>(blockIdx.y);
   if ((a.skip != nullptr && *a.skip != 0) || (a.replay_skip != nullptr && *a.replay_skip != 0)) {
@@ -338,6 +338,18 @@ __global__ void __launch_bounds__(kGemmThreads) nvfp4_gemm_kernel(const Params p
       }
     }
   }
+}
+
+template <bool kWide, bool kSwiglu, bool kSplit>
+__global__ void __launch_bounds__(kGemmThreads) nvfp4_gemm_kernel(const Params p) {
+  nvfp4_gemm<kWide, kSwiglu, kSplit>(p);
+}
+
+// The same kernel compiled for 4 CTAs per SM: registers capped at 128, which the SwiGLU kernel
+// (166 otherwise; 16 bytes spilled) needs for a fourth CTA of 4 warps (EPMOE_NVFP4_MIN_BLOCKS=4).
+template <bool kWide, bool kSwiglu>
+__global__ void __launch_bounds__(kGemmThreads, 4) nvfp4_gemm_kernel_4ctas(const Params p) {
+  nvfp4_gemm<kWide, kSwiglu, false>(p);
 }
 
 // The expert owning row m: the last e with offsets_E1[e] <= m (experts without rows share their
@@ -474,6 +486,15 @@ int nvfp4_launch_splits(const Nvfp4GroupedGemmArgs& a) {
   return static_cast<int>(n < fit ? n : fit);  // what the scratch holds
 }
 
+int nvfp4_min_blocks() {
+  // Read per launch (~100 ns), for measurements: the decode GEMM is latency-bound with 3 CTAs of
+  // 4 warps per SM at 166 registers (Nsight Compute, bench/RESULTS.md 7db1bac).
+  const char* env = std::getenv("EPMOE_NVFP4_MIN_BLOCKS");
+  if (env == nullptr || std::strcmp(env, "1") == 0) return 1;
+  EPMOE_CHECK_ARG(std::strcmp(env, "4") == 0, "EPMOE_NVFP4_MIN_BLOCKS", "1 or 4", env);
+  return 4;
+}
+
 void nvfp4_grouped_gemm(const Nvfp4GroupedGemmArgs& args, void* stream) {
   check_args(args);
   if (args.M == 0) return;
@@ -508,7 +529,9 @@ void nvfp4_grouped_gemm(const Nvfp4GroupedGemmArgs& args, void* stream) {
     EPMOE_CUDA_LAUNCH_CHECK();
     return;
   }
-  if (wide && args.swiglu) {
+  if (wide && args.swiglu && nvfp4_min_blocks() == 4) {
+    nvfp4_gemm_kernel_4ctas<true, true><<<grid, kGemmThreads, 0, st>>>(p);
+  } else if (wide && args.swiglu) {
     nvfp4_gemm_kernel<true, true, false><<<grid, kGemmThreads, 0, st>>>(p);
   } else if (wide) {
     nvfp4_gemm_kernel<true, false, false><<<grid, kGemmThreads, 0, st>>>(p);
