@@ -246,12 +246,14 @@ TEST(GpuContext, WgradStoresEqualBitwise) {
   }
 }
 
-// The bf16 WGRAD's warpgroups taking turns on the mainloop (EPMOE_WGRAD_TURNS=1) give the bits of
-// the cooperative tile: the same k-order. Cases: groups ending inside a k-block (the k-tail zeroed
-// by warpgroup 0 alone), experts with no rows, one and many tiles per CTA, experts with more
-// k-blocks than stages (both mainloops at once; a deadlock here would hang the test) and a mix of
-// both kinds of tile in one launch (~150 rows per expert: 2 to 4 k-blocks).
-TEST(GpuContext, WgradTurnsEqualCooperativeBitwise) {
+// The bf16 WGRAD's mainloop variants give the bits of the default loop (the same k-order): the
+// warpgroups taking turns (EPMOE_WGRAD_TURNS=1), the partial k-block peeled out of the loop
+// (EPMOE_WGRAD_PEEL=1, on the TMA-store and the direct-store kernels), and both. Cases: groups
+// ending inside a k-block (the k-tail zeroed by warpgroup 0 alone in a turns tile), groups of
+// whole k-blocks, groups of less than one k-block, experts with no rows, one and many tiles per
+// CTA, experts with more k-blocks than stages (both mainloops at once under turns; a deadlock
+// there would hang the test) and a mix of both kinds of tile in one launch (~150 rows per expert).
+TEST(GpuContext, WgradMainloopsEqualBitwise) {
   EPMOE_REQUIRE_GPU();
   struct Case {
     Problem p;
@@ -259,22 +261,34 @@ TEST(GpuContext, WgradTurnsEqualCooperativeBitwise) {
   };
   const std::vector<Case> cases = {{problem(333, 256, 520, 16, 4), 333},
                                    {problem(40, 128, 96, 64, 2), 40},
+                                   {problem(256, 256, 128, 4, 2), 256},
                                    {problem(2048, 1024, 768, 4, 2), 2048},
                                    {problem(3001, 2048, 1024, 32, 4), 3001},
                                    {problem(1200, 512, 256, 32, 4), 1200},
                                    {problem(4096, 2048, 1024, 8, 2), 4096}};
+  struct Variant {
+    const char* store;
+    const char* turns;
+    const char* peel;
+  };
+  const Variant variants[] = {
+      {"tma", "1", "0"}, {"tma", "0", "1"}, {"tma", "1", "1"}, {"direct", "0", "1"}};
   uint64_t seed = 151;
   for (const Case& c : cases) {
     const auto in = make_inputs(c.p, seed++, c.tokens);
-    const ScopedEnv store("EPMOE_WGRAD_STORE", "tma");
-    std::vector<RankOutputs> cooperative;
+    std::vector<RankOutputs> plain;
     {
-      const ScopedEnv turns("EPMOE_WGRAD_TURNS", "0");
-      cooperative = run_gpu_layer(c.p, in[0]);
+      const ScopedEnv store("EPMOE_WGRAD_STORE", "tma"), turns("EPMOE_WGRAD_TURNS", "0"),
+          peel("EPMOE_WGRAD_PEEL", "0");
+      plain = run_gpu_layer(c.p, in[0]);
     }
-    const ScopedEnv turns("EPMOE_WGRAD_TURNS", "1");
-    expect_bitwise_equal(run_gpu_layer(c.p, in[0]), cooperative,
-                         c.p.name() + " WGRAD mainloops in turns vs cooperative");
+    for (const Variant& v : variants) {
+      const ScopedEnv store("EPMOE_WGRAD_STORE", v.store), turns("EPMOE_WGRAD_TURNS", v.turns),
+          peel("EPMOE_WGRAD_PEEL", v.peel);
+      expect_bitwise_equal(run_gpu_layer(c.p, in[0]), plain,
+                           c.p.name() + " WGRAD store " + v.store + ", turns " + v.turns +
+                               ", peel " + v.peel + " vs the default loop");
+    }
   }
 }
 

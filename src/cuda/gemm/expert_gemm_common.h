@@ -36,6 +36,11 @@ WgradStore select_wgrad_store(GemmKind kind, const Step& s);
 // mainloops in turns: EPMOE_WGRAD_TURNS=1|0 forces it, else the rule in gemm_config.cpp.
 bool select_wgrad_turns(GemmKind kind, const Step& s);
 
+// Whether the bf16 WGRAD (cooperative, unclustered; overwritten output) runs its full k-blocks with
+// one wgmma batch in flight and the partial one after them: EPMOE_WGRAD_PEEL=1|0 forces it, else
+// the rule in gemm_config.cpp.
+bool select_wgrad_peel(GemmKind kind, const Step& s);
+
 // A kernel configuration chosen at run time, as a type: the consumer schedule and the cluster.
 template <bool kPingPong, int kCluster>
 struct Sched {

@@ -9,14 +9,15 @@ using namespace gemm;
 
 namespace {
 
-template <class S>
+// kPeel: the full k-blocks with one wgmma batch in flight, the partial one after them; kTurns:
+// the cooperative tile's warpgroups take turns on the mainloop (grouped_gemm_sm90.cuh).
+template <class S, bool kPeel = false>
 using WgradTraits = GemmTraits<S::pingpong ? 64 : 128, 256, S::pingpong ? 5 : 4, Grouping::reduction,
-                               Major::MN, Major::MN, 1, S::pingpong, S::cluster>;
+                               Major::MN, Major::MN, 1, S::pingpong, S::cluster, false, kPeel>;
 // Three stages leave room for the TMA-store staging (2 x 32 KiB); WGRAD's k-loops are short.
-// kTurns: the cooperative tile's warpgroups take turns on the mainloop (grouped_gemm_sm90.cuh).
-template <class S, bool kTurns = false>
+template <class S, bool kTurns = false, bool kPeel = false>
 using WgradTmaTraits = GemmTraits<S::pingpong ? 64 : 128, 256, 3, Grouping::reduction, Major::MN,
-                                  Major::MN, 1, S::pingpong, S::cluster, kTurns>;
+                                  Major::MN, 1, S::pingpong, S::cluster, kTurns, kPeel>;
 
 // TMA-store descriptor of grad_w [groups, m_out, n_out] bf16 in 64 x 64 boxes.
 auto make_wgrad_store(void* out, int64_t m_out, int64_t n_out, int groups) {
@@ -42,20 +43,28 @@ void wgrad(GemmKind kind, const Step& s, const bf16_t* a_rows, int64_t m_out,
   if (s.wgrad_dtype == DType::bf16 && !accumulate &&
       select_wgrad_store(kind, s) == WgradStore::tma) {
     auto store = make_wgrad_store(out, m_out, n_out, s.dims.E);
+    auto run = [&](auto traits) {
+      using T = decltype(traits);
+      using Epi = WgradTmaEpilogue<T, decltype(store)>;
+      const typename Epi::Params epi{store, m_out, n_out, s.dims.E};
+      launch_grouped_gemm<T, Major::MN, Major::MN, Epi>(a, b, g, epi, stream_of(s));
+    };
     if constexpr (!S::pingpong && S::cluster == 1) {
-      if (select_wgrad_turns(kind, s)) {
-        using T = WgradTmaTraits<S, true>;
-        using Epi = WgradTmaEpilogue<T, decltype(store)>;
-        const typename Epi::Params epi{store, m_out, n_out, s.dims.E};
-        launch_grouped_gemm<T, Major::MN, Major::MN, Epi>(a, b, g, epi, stream_of(s));
-        return;
-      }
+      const bool turns = select_wgrad_turns(kind, s), peel = select_wgrad_peel(kind, s);
+      if (turns && peel) return run(WgradTmaTraits<S, true, true>{});
+      if (turns) return run(WgradTmaTraits<S, true, false>{});
+      if (peel) return run(WgradTmaTraits<S, false, true>{});
     }
-    using T = WgradTmaTraits<S>;
-    using Epi = WgradTmaEpilogue<T, decltype(store)>;
-    const typename Epi::Params epi{store, m_out, n_out, s.dims.E};
-    launch_grouped_gemm<T, Major::MN, Major::MN, Epi>(a, b, g, epi, stream_of(s));
-    return;
+    return run(WgradTmaTraits<S>{});
+  }
+  if constexpr (!S::pingpong && S::cluster == 1) {
+    if (s.wgrad_dtype == DType::bf16 && !accumulate && select_wgrad_peel(kind, s)) {
+      using T = WgradTraits<S, true>;
+      using Epi = WgradEpilogue<T, cutlass::bfloat16_t>;
+      const typename Epi::Params epi{static_cast<cutlass::bfloat16_t*>(out), m_out, n_out, 0};
+      launch_grouped_gemm<T, Major::MN, Major::MN, Epi>(a, b, g, epi, stream_of(s));
+      return;
+    }
   }
   using T = WgradTraits<S>;
   if (s.wgrad_dtype == DType::f32) {

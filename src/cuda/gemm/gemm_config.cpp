@@ -145,6 +145,21 @@ bool select_wgrad_turns(GemmKind kind, const Step& s) {
   return false;
 }
 
+// Peeling the partial k-block out of the WGRAD's loop lets the full k-blocks keep one wgmma batch
+// in flight (the rows grouping's loop) instead of retiring each. Not yet measured: off until
+// bench/RESULTS.md shows a gain.
+bool select_wgrad_peel(GemmKind kind, const Step& s) {
+  (void)kind;
+  (void)s;
+  const char* env = std::getenv("EPMOE_WGRAD_PEEL");
+  if (env != nullptr) {
+    if (std::strcmp(env, "0") == 0) return false;
+    EPMOE_CHECK_ARG(std::strcmp(env, "1") == 0, "EPMOE_WGRAD_PEEL", "0 or 1", env);
+    return true;
+  }
+  return false;
+}
+
 // Pairs of CTAs multicasting B (grouped_gemm_sm90.cuh) are measured against single CTAs per GEMM
 // kind with EPMOE_GEMM_CLUSTER; until a kind's row in bench/RESULTS.md shows a gain it runs unpaired.
 int select_cluster(GemmKind kind, const Step& s) {

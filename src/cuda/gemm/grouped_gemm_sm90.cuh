@@ -38,9 +38,11 @@ using namespace cute;
 // warpgroup 0 first, so one's epilogue overlaps the other's MMA while both still read one B tile
 // per 128 rows. Only tiles whose k-blocks all fit the stages take turns (warpgroup 1 releases a
 // stage only in its own turn); longer tiles run both mainloops at once, as cooperative.
+// PEEL_TAIL (reduction grouping): the k-blocks a group fills run with one wgmma batch in flight;
+// the partial last one, whose rows past the group are zeroed, runs after them.
 template <int BLOCK_M_, int BLOCK_N_, int STAGES_, Grouping GROUPING_, Major A_MAJOR_,
           Major B_MAJOR_, int NUM_B_, bool PINGPONG_ = false, int CLUSTER_M_ = 1,
-          bool TURNS_ = false>
+          bool TURNS_ = false, bool PEEL_TAIL_ = false>
 struct GemmTraits {
   static constexpr int BLOCK_M = BLOCK_M_;
   static constexpr int BLOCK_N = BLOCK_N_;  // per B operand
@@ -51,6 +53,7 @@ struct GemmTraits {
   static constexpr bool kPingPong = PINGPONG_;
   static constexpr int kClusterM = CLUSTER_M_;  // CTAs sharing each B tile (multicast)
   static constexpr bool kTurns = TURNS_;
+  static constexpr bool kPeelTail = PEEL_TAIL_;
   static constexpr int kWarpgroupsPerTile = kPingPong ? 1 : BLOCK_M / 64;
   static constexpr int kConsumerWarpgroups = kPingPong ? 2 : BLOCK_M / 64;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
@@ -59,6 +62,7 @@ struct GemmTraits {
   static_assert(kNumB == 1 || kNumB == 2, "one B operand, or W13's gate and up halves");
   static_assert(kClusterM == 1 || kClusterM == 2, "B shared by one or two CTAs");
   static_assert(!kTurns || (!kPingPong && BLOCK_M == 128), "turns: the two warpgroups of one tile");
+  static_assert(!kPeelTail || kGrouping == Grouping::reduction, "only reduction has a k-tail");
   using ClusterShape = Shape<Int<kClusterM>, _1, _1>;
 
   using Element = cutlass::bfloat16_t;
@@ -410,42 +414,50 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       if (t.k_tiles > 0) {
         PipelineState release_state = read_state;
         tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
-        for (int kt = 0; kt < t.k_tiles; ++kt) {
+        // Reduction grouping: a k-block that crosses the group end has its rows past the end
+        // zeroed in shared memory. Those rows belong to the next expert (or are stale): zero them
+        // in both operands so they add nothing, whatever they hold (NaN included). Operands are
+        // MN-major, so a k-row is whole 128-byte swizzle rows (64 elements each), which the
+        // swizzle only permutes internally: zero each row from the address of its first element
+        // rounded down to 128 bytes. In a tile taking turns warpgroup 0 zeroes the whole stage
+        // alone (warpgroup 1 reads it only after warpgroup 0's mainloop, behind the turn barrier),
+        // on its own barrier.
+        [[maybe_unused]] auto zero_k_tail = [&](int stage, int valid) {
+          static_assert(Traits::kGrouping != Grouping::reduction ||
+                            (Traits::kMajorA == GMMA::Major::MN &&
+                             Traits::kMajorB == GMMA::Major::MN),
+                        "k-tail zeroing assumes MN-major operands");
+          constexpr int kRowsPerK = (BM + BN) / 64;
+          const int zero_threads = turns ? 128 : kTileThreads;
+          if (turns && wg != 0) return;
+          const int tail_rows = (BK - valid) * kRowsPerK;
+          for (int i = tile_tid; i < tail_rows * 8; i += zero_threads) {
+            const int row = i / 8, chunk = i % 8;
+            const int k = valid + row / kRowsPerK, r = row % kRowsPerK;
+            const auto* first =
+                r < BM / 64 ? &sA(64 * r, k, stage) : &sB0(64 * (r - BM / 64), k, stage);
+            const uintptr_t base =
+                reinterpret_cast<uintptr_t>(raw_pointer_cast(first)) & ~uintptr_t(127);
+            reinterpret_cast<uint4*>(base)[chunk] = make_uint4(0, 0, 0, 0);
+          }
+          cutlass::arch::fence_view_async_shared();
+          // Ping-pong: one barrier per warpgroup; turns: warpgroup 0's own (id + 1).
+          const int tail_barrier = Traits::kPingPong ? wg : (turns ? 1 : 0);
+          cutlass::arch::NamedBarrier::arrive_and_wait(
+              zero_threads,
+              static_cast<uint32_t>(GemmBarrier::k_tail_wg0) + static_cast<uint32_t>(tail_barrier));
+        };
+        // With kPeelTail the loop runs the full k-blocks only (no zeroing in it, so one batch can
+        // stay in flight) and the partial one follows it.
+        constexpr bool kRetireEach = Traits::kGrouping == Grouping::reduction && !Traits::kPeelTail;
+        const int loop_tiles =
+            Traits::kPeelTail && t.rows_valid % BK != 0 ? t.k_tiles - 1 : t.k_tiles;
+        for (int kt = 0; kt < loop_tiles; ++kt) {
           pipeline.consumer_wait(read_state);
           const int stage = read_state.index();
-          if constexpr (Traits::kGrouping == Grouping::reduction) {
+          if constexpr (kRetireEach) {
             const int valid = t.rows_valid - kt * BK;  // group rows in this k-block
-            if (valid < BK) {
-              // Rows past the group end belong to the next expert (or are stale): zero them in
-              // both operands so they add nothing, whatever they hold (NaN included). Operands are
-              // MN-major, so a k-row is whole 128-byte swizzle rows (64 elements each), which the
-              // swizzle only permutes internally: zero each row from the address of its first
-              // element rounded down to 128 bytes.
-              static_assert(Traits::kMajorA == GMMA::Major::MN && Traits::kMajorB == GMMA::Major::MN,
-                            "k-tail zeroing assumes MN-major operands");
-              // In a tile taking turns warpgroup 0 zeroes the whole stage alone (warpgroup 1 reads
-              // it only after warpgroup 0's mainloop, behind the turn barrier), on its own barrier.
-              constexpr int kRowsPerK = (BM + BN) / 64;
-              const int zero_threads = turns ? 128 : kTileThreads;
-              if (!turns || wg == 0) {
-                const int tail_rows = (BK - valid) * kRowsPerK;
-                for (int i = tile_tid; i < tail_rows * 8; i += zero_threads) {
-                  const int row = i / 8, chunk = i % 8;
-                  const int k = valid + row / kRowsPerK, r = row % kRowsPerK;
-                  const auto* first =
-                      r < BM / 64 ? &sA(64 * r, k, stage) : &sB0(64 * (r - BM / 64), k, stage);
-                  const uintptr_t base =
-                      reinterpret_cast<uintptr_t>(raw_pointer_cast(first)) & ~uintptr_t(127);
-                  reinterpret_cast<uint4*>(base)[chunk] = make_uint4(0, 0, 0, 0);
-                }
-                cutlass::arch::fence_view_async_shared();
-                // Ping-pong: one barrier per warpgroup; turns: warpgroup 0's own (id + 1).
-                const int tail_barrier = Traits::kPingPong ? wg : (turns ? 1 : 0);
-                cutlass::arch::NamedBarrier::arrive_and_wait(
-                    zero_threads, static_cast<uint32_t>(GemmBarrier::k_tail_wg0) +
-                                      static_cast<uint32_t>(tail_barrier));
-              }
-            }
+            if (valid < BK) zero_k_tail(stage, valid);
           }
           warpgroup_fence_operand(acc0);
           if constexpr (Traits::kNumB == 2) warpgroup_fence_operand(acc1);
@@ -460,9 +472,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           }
           warpgroup_commit_batch();
           // Rows grouping keeps one batch in flight (the previous k-block's stage is free once it
-          // retires). WGRAD retires each batch: with its k-tail zeroing in the loop, a batch left
-          // in flight makes ptxas serialize every wgmma of the kernel (C7514), which costs more.
-          if constexpr (Traits::kGrouping == Grouping::reduction) {
+          // retires). WGRAD without kPeelTail retires each batch: with its k-tail zeroing in the
+          // loop, a batch left in flight makes ptxas serialize every wgmma of the kernel (C7514).
+          if constexpr (kRetireEach) {
             warpgroup_wait<0>();
           } else {
             warpgroup_wait<1>();
@@ -474,6 +486,30 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
             ++release_state;
           }
           ++read_state;
+        }
+        if constexpr (Traits::kPeelTail) {
+          if (loop_tiles < t.k_tiles) {  // the partial k-block, every earlier batch retired
+            warpgroup_wait<0>();
+            warpgroup_fence_operand(acc0);
+            pipeline.consumer_wait(read_state);
+            const int stage = read_state.index();
+            zero_k_tail(stage, t.rows_valid - loop_tiles * BK);
+            warpgroup_fence_operand(acc0);
+            warpgroup_arrive();
+            CUTE_UNROLL
+            for (int kb = 0; kb < size<2>(tCrA); ++kb) {
+              cute::gemm(tiled_mma, tCrA(_, _, kb, stage), tCrB0(_, _, kb, stage), acc0);
+              tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+            }
+            warpgroup_commit_batch();
+            warpgroup_wait<0>();
+            warpgroup_fence_operand(acc0);
+            if (loop_tiles > 0) {
+              pipeline.consumer_release(release_state);
+              ++release_state;
+            }
+            ++read_state;
+          }
         }
         warpgroup_wait<0>();
         warpgroup_fence_operand(acc0);
