@@ -23,8 +23,8 @@
 #       memcheck), then bench_moe.py --epmoe-only (fp8-train, balanced) with
 #       EPMOE_FP8_WGRAD_MULTICAST=0 and =1: $OUT/fp8wgrad{0,1}.json, stage ms side by side
 #       (bench/compare_stages.py) in $OUT/fp8wgrad_compare.txt
-#   bash bench/device.sh ab [NAME=value ...]   A / B of run-time switches at EP = 1: builds libepmoe,
-#       then bench_moe.py --epmoe-only (balanced; EPMOE_AB_PRECISION, default bf16; EPMOE_AB_SHAPES,
+#   bash bench/device.sh ab [NAME=value[+NAME=value] ...]   A / B of run-time switches at EP = 1:
+#       builds libepmoe, then bench_moe.py --epmoe-only (balanced; EPMOE_AB_PRECISION, default bf16; EPMOE_AB_SHAPES,
 #       default the four) once as is and once per NAME=value with that variable set:
 #       $OUT/ab0.json, $OUT/ab<i>.json, stage ms of each against ab0 (bench/compare_stages.py) in
 #       $OUT/ab_compare.txt
@@ -71,7 +71,8 @@ fi
 echo "build: $(( $(date +%s) - t0 )) s"
 
 # bench_moe.py --epmoe-only, balanced, once per setting ("-" = none, else NAME=value exported for
-# that run): $OUT/<prefix><i>.json, each compared with the first in $OUT/<prefix>_compare.txt.
+# that run; several joined by +, e.g. A=1+B=1): $OUT/<prefix><i>.json, each compared with the first
+# in $OUT/<prefix>_compare.txt.
 # Usage: ab_runs <prefix> <precision> <shapes> <setting>...
 ab_runs() {
   local prefix=$1 precision=$2 shapes=$3 i=0 setting label
@@ -81,7 +82,10 @@ ab_runs() {
     label=$([[ $setting == - ]] && echo default || echo "$setting")
     echo "== $prefix$i: $label" | tee -a "$OUT/${prefix}_compare.txt"
     (
-      [[ $setting == - ]] || export "$setting"
+      if [[ $setting != - ]]; then
+        IFS=+ read -ra assignments <<< "$setting"
+        for assignment in "${assignments[@]}"; do export "$assignment"; done
+      fi
       PYTHONUNBUFFERED=1 timeout -k 10 "${EPMOE_AB_TIMEOUT:-300}" python3 bench/bench_moe.py \
         --routings balanced --shapes "$shapes" --epmoe-only "epmoe-$prefix$i" \
         --epmoe-only-precision "$precision" --lib "$build/src/libepmoe.so" \
@@ -97,9 +101,9 @@ ab_runs() {
 }
 
 status=0
-# SM clock, power and temperature of every GPU every 500 ms while the benchmarks run ($OUT/clocks.csv):
-# step times that differ between machines or grow faster than the work (mixtral under skew) can be
-# read against the clocks they ran at.
+# SM clock, power and temperature of every GPU every 500 ms while the benchmarks run
+# ($OUT/clocks.csv): step times that differ between machines or grow faster than the work
+# (mixtral under skew) can be read against the clocks they ran at.
 clock_log=""
 if [[ $mode != test && $mode != profile ]] && command -v nvidia-smi > /dev/null; then
   nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,temperature.gpu \
