@@ -24,10 +24,10 @@
 #       EPMOE_FP8_WGRAD_MULTICAST=0 and =1: $OUT/fp8wgrad{0,1}.json, stage ms side by side
 #       (bench/compare_stages.py) in $OUT/fp8wgrad_compare.txt
 #   bash bench/device.sh ab [NAME=value[+NAME=value] ...]   A / B of run-time switches at EP = 1:
-#       builds libepmoe, then bench_moe.py --epmoe-only (balanced; EPMOE_AB_PRECISION, default bf16; EPMOE_AB_SHAPES,
-#       default the four) once as is and once per NAME=value with that variable set:
-#       $OUT/ab0.json, $OUT/ab<i>.json, stage ms of each against ab0 (bench/compare_stages.py) in
-#       $OUT/ab_compare.txt
+#       builds libepmoe, then bench_moe.py --epmoe-only (balanced; EPMOE_AB_PRECISION, default
+#       bf16; EPMOE_AB_SHAPES, default the four) once as is and once per setting with its
+#       variables set: $OUT/ab0.json, $OUT/ab<i>.json, stage ms of each against ab0
+#       (bench/compare_stages.py) in $OUT/ab_compare.txt
 # Every mode but test and profile also logs SM clocks, power and temperature every 500 ms to
 # $OUT/clocks.csv and prints their summary per GPU (bench/clock_summary.py).
 # CUTLASS headers and GoogleTest sources travel in third_party/ (git-ignored; name it in carry).
