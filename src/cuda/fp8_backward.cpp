@@ -205,6 +205,7 @@ void fp8_w13_dgrad(const Step& s, bool scatter) {
   Fp8GroupedGemmArgs a = dgrad_args(s, g, s.w13_q_EFD, s.w13_scales_EBS,
                                     {s.w13_qt_EDF, s.w13_scales_t_EBS}, 2 * F, D);
   fp8_rows_output(s, scatter, a);
+  a.tile = fp8_tile_for_d_rows(a.N, a.K);
   fp8_grouped_gemm(a, s.stream);
 }
 

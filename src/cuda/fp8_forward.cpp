@@ -113,6 +113,7 @@ void fp8_w2_fprop(const Step& s, bool scatter) {
   a.b_ENK = s.w2_q_EDF;
   a.b_scales_EBS = s.w2_scales_EBS;
   fp8_rows_output(s, scatter, a);
+  a.tile = fp8_tile_for_d_rows(a.N, a.K);
   // Per-rank combine: the rows are h3, which the send reads at placed_h3_rows: the call scratch's
   // rows_MD, where the GEMM stores them (the planner's h3 offset is the geometry's scratch_rows;
   // without a plan Step::h3_MD is rows_MD), so no copy follows.

@@ -26,6 +26,7 @@
 #include "fp8_gemm_problem.h"
 #include "grouped_shape.h"
 #include "require_gpu.h"
+#include "scoped_env.h"
 
 namespace epmoe::test {
 namespace {
@@ -161,6 +162,18 @@ TEST(GpuGemmFp8Tiles, PingPongSkipFlagLeavesOutputUntouched) {
   for (Fp8Tile t : kPingPong) {
     for (bf16_t v : run_tile(p, d, t, skip.ptr)) ASSERT_EQ(v, 0xA5A5) << name(t);
   }
+}
+
+// Host only: the tile of the D-wide GEMMs (W2 FPROP, W13 DGRAD) by the rule, and EPMOE_FP8_TILE
+// over it when set.
+TEST(GpuGemmFp8Tiles, TileForDRowsRule) {
+  const ScopedEnv unset("EPMOE_FP8_TILE", nullptr);
+  EXPECT_EQ(cuda::fp8_tile_for_d_rows(2048, 768), Fp8Tile::m64_n256_spread);   // qwen3 W2 FPROP
+  EXPECT_EQ(cuda::fp8_tile_for_d_rows(7168, 4096), Fp8Tile::m64_n256_spread);  // deepseek W13 DGRAD
+  EXPECT_EQ(cuda::fp8_tile_for_d_rows(2880, 2880), Fp8Tile::m128_n128);        // gpt-oss W2 FPROP
+  EXPECT_EQ(cuda::fp8_tile_for_d_rows(4096, 28672), Fp8Tile::m128_n128);       // mixtral W13 DGRAD
+  const ScopedEnv forced("EPMOE_FP8_TILE", "128x128");
+  EXPECT_EQ(cuda::fp8_tile_for_d_rows(2048, 768), Fp8Tile::m128_n128);
 }
 
 // Host only: EPMOE_FP8_TILE is parsed before any CUDA call (M = 0 launches nothing).

@@ -25,6 +25,15 @@ enum class Fp8Tile { from_env, m128_n128, m64_n256, m64_n256_spread };
 // The tile from_env stands for now (Error(invalid_argument) naming EPMOE_FP8_TILE if unrecognised).
 Fp8Tile fp8_tile_from_env();
 
+// The tile of the FP8 GEMMs whose output rows are D wide (W2 FPROP, W13 DGRAD): EPMOE_FP8_TILE when
+// set, else ping-pong 64 x 256 spread where the contraction is shorter than the output row (K < N:
+// the epilogue weighs most, and ping-pong runs it under the other warpgroup's MMA), else 128 x 128.
+// Stage ms 128 x 128 / spread with every FP8 GEMM on one tile (bench/RESULTS.md e86d331): W2
+// FPROP qwen3 0.385 / 0.327, deepseek-v3 1.853 / 1.512 (K < N), gpt-oss 0.756 / 0.821, mixtral
+// 1.758 / 2.559; W13 DGRAD qwen3 0.578 / 0.545, deepseek-v3 3.474 / 2.985 (K < N), gpt-oss
+// 1.336 / 1.576, mixtral 3.428 / 5.012. The other GEMMs ran faster on 128 x 128 on every shape.
+Fp8Tile fp8_tile_for_d_rows(int64_t N, int64_t K);
+
 // The W2 DGRAD's SwiGLU backward in the epilogue (gemm/fp8_swiglu_epilogue.cuh): the GEMM's
 // output is grad_h [M, F] (N = F, a multiple of 128), which is not stored; instead, bitwise what
 // swiglu_backward_fp8_rows (swiglu.h) writes from the stored grad_h: grad_h13 and h (bf16), grad_h13

@@ -120,6 +120,11 @@ Fp8Tile fp8_tile_from_env() {
   return Fp8Tile::m64_n256_spread;
 }
 
+Fp8Tile fp8_tile_for_d_rows(int64_t N, int64_t K) {
+  if (std::getenv("EPMOE_FP8_TILE") != nullptr) return fp8_tile_from_env();
+  return K < N ? Fp8Tile::m64_n256_spread : Fp8Tile::m128_n128;
+}
+
 bool fp8_overlap_selected(int overlap) {
   if (overlap >= 0) return overlap != 0;
   // Read per launch: benches flip it. Unset: two accumulators (faster end to end on all four
