@@ -58,13 +58,15 @@ Problem problem(int64_t T, int64_t D, int64_t F, int experts, int K) {
   return make_problem(1, T, D, F, K, experts);
 }
 
+// A problem and the live tokens its inputs hold.
+struct TokensCase {
+  Problem p;
+  int64_t tokens;
+};
+
 TEST(GpuContext, MatchesCpuBackendAndReference) {
   EPMOE_REQUIRE_GPU();
-  struct Case {
-    Problem p;
-    int64_t tokens;
-  };
-  std::vector<Case> cases;
+  std::vector<TokensCase> cases;
   cases.push_back({problem(64, 128, 96, 8, 2), 64});      // ci-tiny
   cases.push_back({problem(333, 256, 520, 16, 4), 333});  // ragged tiles in every dimension
   cases.push_back({problem(512, 1024, 768, 8, 2), 512});  // many k-blocks, several tiles
@@ -76,7 +78,7 @@ TEST(GpuContext, MatchesCpuBackendAndReference) {
   f32.wgrad_dtype = DType::f32;
   cases.push_back({f32, 80});
   uint64_t seed = 11;
-  for (const Case& c : cases) {
+  for (const TokensCase& c : cases) {
     const auto in = make_inputs(c.p, seed++, c.tokens);
     expect_gpu_matches_cpu(c.p, in[0], c.p.name());
   }
@@ -138,11 +140,7 @@ TEST(GpuContext, FusedEqualsUnfusedBitwise) {
 // with the same k-order as the cooperative one: the results are bitwise equal.
 TEST(GpuContext, PingPongScheduleEqualsCooperativeBitwise) {
   EPMOE_REQUIRE_GPU();
-  struct Case {
-    Problem p;
-    int64_t tokens;
-  };
-  std::vector<Case> cases;
+  std::vector<TokensCase> cases;
   cases.push_back({problem(333, 256, 520, 16, 4), 333});
   // More k-blocks than pipeline stages and many tiles per CTA: the warpgroups' turns matter.
   cases.push_back({problem(2048, 1024, 768, 4, 2), 2048});
@@ -153,7 +151,7 @@ TEST(GpuContext, PingPongScheduleEqualsCooperativeBitwise) {
   f32.wgrad_dtype = DType::f32;
   cases.push_back({f32, 200});
   uint64_t seed = 71;
-  for (const Case& c : cases) {
+  for (const TokensCase& c : cases) {
     const auto in = make_inputs(c.p, seed++, c.tokens);
     const auto cooperative = run_gpu_layer(c.p, in[0]);
     setenv("EPMOE_GEMM_SCHEDULE", "pingpong", 1);
@@ -174,11 +172,7 @@ TEST(GpuContext, PingPongScheduleEqualsCooperativeBitwise) {
 // with no rows, one m-tile per expert, many tiles per CTA, f32 weight gradients.
 TEST(GpuContext, ClusterPairsEqualSingleCtasBitwise) {
   EPMOE_REQUIRE_GPU();
-  struct Case {
-    Problem p;
-    int64_t tokens;
-  };
-  std::vector<Case> cases;
+  std::vector<TokensCase> cases;
   cases.push_back({problem(333, 256, 520, 16, 4), 333});  // 2F = 1040: 9 WGRAD m-tiles
   cases.push_back({problem(2048, 1024, 768, 4, 2), 2048});
   cases.push_back({problem(40, 128, 96, 64, 2), 40});     // most experts empty
@@ -190,7 +184,7 @@ TEST(GpuContext, ClusterPairsEqualSingleCtasBitwise) {
   cases.push_back({f32, 200});
   uint64_t seed = 91;
   for (const char* schedule : {"cooperative", "pingpong"}) {
-    for (const Case& c : cases) {
+    for (const TokensCase& c : cases) {
       const auto in = make_inputs(c.p, seed++, c.tokens);
       setenv("EPMOE_GEMM_SCHEDULE", schedule, 1);
       std::vector<RankOutputs> single, pairs;
@@ -216,16 +210,12 @@ TEST(GpuContext, ClusterPairsEqualSingleCtasBitwise) {
 // clusters of two where the build has them.
 TEST(GpuContext, WgradStoresEqualBitwise) {
   EPMOE_REQUIRE_GPU();
-  struct Case {
-    Problem p;
-    int64_t tokens;
-  };
-  const std::vector<Case> cases = {{problem(333, 256, 520, 16, 4), 333},
-                                   {problem(40, 128, 96, 64, 2), 40},
-                                   {problem(2048, 1024, 768, 4, 2), 2048},
-                                   {problem(4096, 2048, 1024, 8, 2), 4096}};
+  const std::vector<TokensCase> cases = {{problem(333, 256, 520, 16, 4), 333},
+                                        {problem(40, 128, 96, 64, 2), 40},
+                                        {problem(2048, 1024, 768, 4, 2), 2048},
+                                        {problem(4096, 2048, 1024, 8, 2), 4096}};
   uint64_t seed = 131;
-  for (const Case& c : cases) {
+  for (const TokensCase& c : cases) {
     const auto in = make_inputs(c.p, seed++, c.tokens);
     std::vector<RankOutputs> tma;
     {
@@ -255,17 +245,13 @@ TEST(GpuContext, WgradStoresEqualBitwise) {
 // there would hang the test) and a mix of both kinds of tile in one launch (~150 rows per expert).
 TEST(GpuContext, WgradMainloopsEqualBitwise) {
   EPMOE_REQUIRE_GPU();
-  struct Case {
-    Problem p;
-    int64_t tokens;
-  };
-  const std::vector<Case> cases = {{problem(333, 256, 520, 16, 4), 333},
-                                   {problem(40, 128, 96, 64, 2), 40},
-                                   {problem(256, 256, 128, 4, 2), 256},
-                                   {problem(2048, 1024, 768, 4, 2), 2048},
-                                   {problem(3001, 2048, 1024, 32, 4), 3001},
-                                   {problem(1200, 512, 256, 32, 4), 1200},
-                                   {problem(4096, 2048, 1024, 8, 2), 4096}};
+  const std::vector<TokensCase> cases = {{problem(333, 256, 520, 16, 4), 333},
+                                        {problem(40, 128, 96, 64, 2), 40},
+                                        {problem(256, 256, 128, 4, 2), 256},
+                                        {problem(2048, 1024, 768, 4, 2), 2048},
+                                        {problem(3001, 2048, 1024, 32, 4), 3001},
+                                        {problem(1200, 512, 256, 32, 4), 1200},
+                                        {problem(4096, 2048, 1024, 8, 2), 4096}};
   struct Variant {
     const char* store;
     const char* turns;
@@ -274,7 +260,7 @@ TEST(GpuContext, WgradMainloopsEqualBitwise) {
   const Variant variants[] = {
       {"tma", "1", "0"}, {"tma", "0", "1"}, {"tma", "1", "1"}, {"direct", "0", "1"}};
   uint64_t seed = 151;
-  for (const Case& c : cases) {
+  for (const TokensCase& c : cases) {
     const auto in = make_inputs(c.p, seed++, c.tokens);
     std::vector<RankOutputs> plain;
     {

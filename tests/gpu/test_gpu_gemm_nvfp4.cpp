@@ -307,10 +307,7 @@ TEST(GpuGemmNvfp4, FourCtasPerSmBitwiseEqual) {
   EPMOE_REQUIRE_GPU();
   std::mt19937 rng(27);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  ActivationParams clamped;
-  clamped.clamped = 1;
-  clamped.alpha = 1.702f;
-  clamped.limit = 7.0f;
+  const ActivationParams clamped = activation_params(Activation::swiglu_clamped());
   for (const ActivationParams& act : {ActivationParams{}, clamped}) {
     for (const Shape& s : shapes()) {
       Problem p(s);

@@ -130,19 +130,23 @@ WgradStore select_wgrad_store(GemmKind kind, const Step& s) {
   return rows_per_expert >= 1024 ? WgradStore::direct : WgradStore::tma;
 }
 
+namespace {
+// A 0 / 1 switch read per launch (~100 ns): its value, or `fallback` when unset.
+bool switch_from_env(const char* name, bool fallback) {
+  const char* env = std::getenv(name);
+  if (env == nullptr) return fallback;
+  EPMOE_CHECK_ARG(std::strcmp(env, "0") == 0 || std::strcmp(env, "1") == 0, name, "0 or 1", env);
+  return env[0] == '1';
+}
+}  // namespace
+
 // Turns put one warpgroup's epilogue under the other's MMA on the cooperative tile (one B load
 // per 128 rows, unlike ping-pong's 64-row tiles). Not yet measured: off until bench/RESULTS.md
 // shows a gain.
 bool select_wgrad_turns(GemmKind kind, const Step& s) {
   (void)kind;
   (void)s;
-  const char* env = std::getenv("EPMOE_WGRAD_TURNS");
-  if (env != nullptr) {
-    if (std::strcmp(env, "0") == 0) return false;
-    EPMOE_CHECK_ARG(std::strcmp(env, "1") == 0, "EPMOE_WGRAD_TURNS", "0 or 1", env);
-    return true;
-  }
-  return false;
+  return switch_from_env("EPMOE_WGRAD_TURNS", false);
 }
 
 // Peeling the partial k-block out of the WGRAD's loop lets the full k-blocks keep one wgmma batch
@@ -151,13 +155,7 @@ bool select_wgrad_turns(GemmKind kind, const Step& s) {
 bool select_wgrad_peel(GemmKind kind, const Step& s) {
   (void)kind;
   (void)s;
-  const char* env = std::getenv("EPMOE_WGRAD_PEEL");
-  if (env != nullptr) {
-    if (std::strcmp(env, "0") == 0) return false;
-    EPMOE_CHECK_ARG(std::strcmp(env, "1") == 0, "EPMOE_WGRAD_PEEL", "0 or 1", env);
-    return true;
-  }
-  return false;
+  return switch_from_env("EPMOE_WGRAD_PEEL", false);
 }
 
 // Pairs of CTAs multicasting B (grouped_gemm_sm90.cuh) are measured against single CTAs per GEMM
