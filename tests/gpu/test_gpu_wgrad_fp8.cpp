@@ -152,19 +152,53 @@ void expect_bitwise(const std::vector<T>& cpu, const std::vector<T>& gpu, int64_
   EXPECT_EQ(differ, 0u) << what;
 }
 
-// Integer codes -3..3 at the expert rows (0 elsewhere), scales in [0.01, 3].
-void fill_exact(Problem& p, std::mt19937& rng) {
-  const uint8_t kInts[7] = {0xC8, 0xC0, 0xB8, 0x00, 0x38, 0x40, 0x48};  // e4m3 -3 -2 -1 0 1 2 3
-  std::uniform_int_distribution<int> pick(0, 6);
+// code() at the expert rows (0 elsewhere), scales in [0.01, 3].
+template <class Code>
+void fill_codes(Problem& p, std::mt19937& rng, Code&& code) {
   std::uniform_real_distribution<float> scale(0.01f, 3.0f);
   p.a_MN.assign(static_cast<size_t>(p.M * p.N), 0);
   p.b_ML.assign(static_cast<size_t>(p.M * p.L), 0);
-  for (int64_t i = 0; i < p.offsets.back() * p.N; ++i) p.a_MN[static_cast<size_t>(i)] = kInts[pick(rng)];
-  for (int64_t i = 0; i < p.offsets.back() * p.L; ++i) p.b_ML[static_cast<size_t>(i)] = kInts[pick(rng)];
+  for (int64_t i = 0; i < p.offsets.back() * p.N; ++i) p.a_MN[static_cast<size_t>(i)] = code();
+  for (int64_t i = 0; i < p.offsets.back() * p.L; ++i) p.b_ML[static_cast<size_t>(i)] = code();
   p.sa_BN.resize(static_cast<size_t>(p.max_blocks * p.N));
   p.sb_BL.resize(static_cast<size_t>(p.max_blocks * p.L));
   for (float& v : p.sa_BN) v = scale(rng);
   for (float& v : p.sb_BL) v = scale(rng);
+}
+
+// Integer codes -3..3 at the expert rows (0 elsewhere), scales in [0.01, 3].
+void fill_exact(Problem& p, std::mt19937& rng) {
+  const uint8_t kInts[7] = {0xC8, 0xC0, 0xB8, 0x00, 0x38, 0x40, 0x48};  // e4m3 -3 -2 -1 0 1 2 3
+  std::uniform_int_distribution<int> pick(0, 6);
+  fill_codes(p, rng, [&] { return kInts[pick(rng)]; });
+}
+
+// Random finite E4M3 codes at the expert rows, scales in [0.01, 3].
+void fill_random(Problem& p, std::mt19937& rng) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  fill_codes(p, rng, [&]() -> uint8_t {
+    for (;;) {
+      const uint8_t v = static_cast<uint8_t>(byte(rng));
+      if ((v & 0x7F) != 0x7F) return v;  // 0x7F / 0xFF: NaN
+    }
+  });
+}
+
+// The previous contents of the gradient for accumulation: random values in [-1, 1] as f32 and
+// their bf16 roundings.
+struct PriorGradients {
+  std::vector<float> f32;
+  std::vector<bf16_t> bf16;
+};
+PriorGradients prior_gradients(const Problem& p, std::mt19937& rng) {
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  const size_t n = static_cast<size_t>(p.E * p.N * p.L);
+  PriorGradients g{std::vector<float>(n), std::vector<bf16_t>(n)};
+  for (size_t i = 0; i < n; ++i) {
+    g.f32[i] = value(rng);
+    g.bf16[i] = float_to_bf16(g.f32[i]);
+  }
+  return g;
 }
 
 TEST(GpuWgradFp8, ExactBlocksBitwiseF32) {
@@ -299,67 +333,26 @@ TEST(GpuWgradFp8, ColumnQuantizedRandomWithinBound) {
 TEST(GpuWgradFp8, OverlapLoopBitwiseEqual) {
   EPMOE_REQUIRE_GPU();
   std::mt19937 rng(25);
-  std::uniform_int_distribution<int> byte(0, 255);
-  std::uniform_real_distribution<float> scale(0.01f, 3.0f), value(-1.0f, 1.0f);
-  auto code = [&]() -> uint8_t {
-    for (;;) {
-      const uint8_t v = static_cast<uint8_t>(byte(rng));
-      if ((v & 0x7F) != 0x7F) return v;  // 0x7F / 0xFF: NaN
-    }
-  };
   const std::vector<Shape> cases = {
       {{129, 0, 300, 1, 128, 127, 700}, 5, 384, 1024},  // 2, 0, 3, 1, 1, 1, 6 blocks; 168 tiles
       {{2048, 3}, 0, 256, 2880},                          // 16 blocks and 1
   };
   for (const Shape& c : cases) {
     Problem p(c);
-    p.a_MN.assign(static_cast<size_t>(p.M * p.N), 0);
-    p.b_ML.assign(static_cast<size_t>(p.M * p.L), 0);
-    for (int64_t i = 0; i < p.offsets.back() * p.N; ++i) p.a_MN[static_cast<size_t>(i)] = code();
-    for (int64_t i = 0; i < p.offsets.back() * p.L; ++i) p.b_ML[static_cast<size_t>(i)] = code();
-    p.sa_BN.resize(static_cast<size_t>(p.max_blocks * p.N));
-    p.sb_BL.resize(static_cast<size_t>(p.max_blocks * p.L));
-    for (float& v : p.sa_BN) v = scale(rng);
-    for (float& v : p.sb_BL) v = scale(rng);
-    const size_t n = static_cast<size_t>(p.E * p.N * p.L);
-    std::vector<float> init_f32(n);
-    std::vector<bf16_t> init_bf16(n);
-    for (size_t i = 0; i < n; ++i) {
-      init_f32[i] = value(rng);
-      init_bf16[i] = float_to_bf16(init_f32[i]);
-    }
+    fill_random(p, rng);
+    const PriorGradients prior = prior_gradients(p, rng);
     for (const bool accumulate : {false, true}) {
       const std::string what = describe(c) + (accumulate ? " accumulate" : " overwrite");
-      const std::vector<float> f0 = p.run_gpu(init_f32, DType::f32, accumulate, nullptr, 0);
-      const std::vector<float> f1 = p.run_gpu(init_f32, DType::f32, accumulate, nullptr, 1);
-      EXPECT_FALSE(f0 == init_f32) << what;  // the kernel wrote
+      const std::vector<float> f0 = p.run_gpu(prior.f32, DType::f32, accumulate, nullptr, 0);
+      const std::vector<float> f1 = p.run_gpu(prior.f32, DType::f32, accumulate, nullptr, 1);
+      EXPECT_FALSE(f0 == prior.f32) << what;  // the kernel wrote
       expect_bitwise(f0, f1, p.N, p.L, "f32 " + what);
-      expect_bitwise(p.run_gpu(init_bf16, DType::bf16, accumulate, nullptr, 0),
-                     p.run_gpu(init_bf16, DType::bf16, accumulate, nullptr, 1), p.N, p.L,
+      expect_bitwise(p.run_gpu(prior.bf16, DType::bf16, accumulate, nullptr, 0),
+                     p.run_gpu(prior.bf16, DType::bf16, accumulate, nullptr, 1), p.N, p.L,
                      "bf16 " + what);
       std::printf("%s: f32 and bf16 compared\n", what.c_str());
     }
   }
-}
-
-// Random finite E4M3 codes at the expert rows, scales in [0.01, 3].
-void fill_random(Problem& p, std::mt19937& rng) {
-  std::uniform_int_distribution<int> byte(0, 255);
-  std::uniform_real_distribution<float> scale(0.01f, 3.0f);
-  auto code = [&]() -> uint8_t {
-    for (;;) {
-      const uint8_t v = static_cast<uint8_t>(byte(rng));
-      if ((v & 0x7F) != 0x7F) return v;  // 0x7F / 0xFF: NaN
-    }
-  };
-  p.a_MN.assign(static_cast<size_t>(p.M * p.N), 0);
-  p.b_ML.assign(static_cast<size_t>(p.M * p.L), 0);
-  for (int64_t i = 0; i < p.offsets.back() * p.N; ++i) p.a_MN[static_cast<size_t>(i)] = code();
-  for (int64_t i = 0; i < p.offsets.back() * p.L; ++i) p.b_ML[static_cast<size_t>(i)] = code();
-  p.sa_BN.resize(static_cast<size_t>(p.max_blocks * p.N));
-  p.sb_BL.resize(static_cast<size_t>(p.max_blocks * p.L));
-  for (float& v : p.sa_BN) v = scale(rng);
-  for (float& v : p.sb_BL) v = scale(rng);
 }
 
 // CTA pairs multicasting B (Fp8WgradArgs::multicast = 1) give the bits of single CTAs on random
@@ -373,7 +366,6 @@ void fill_random(Problem& p, std::mt19937& rng) {
 TEST(GpuWgradFp8, CtaPairsMulticastBitwiseEqual) {
   EPMOE_REQUIRE_GPU();
   std::mt19937 rng(26);
-  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
   const std::vector<Shape> cases = {
       {{129, 0, 300, 1, 128, 127, 700}, 5, 384, 1024},  // 3 n-tiles; 7 x 2 x 8 = 112 pair tiles
       {{2048, 3}, 0, 2880, 256},                          // 23 n-tiles, the last partial; 16 blocks
@@ -383,15 +375,9 @@ TEST(GpuWgradFp8, CtaPairsMulticastBitwiseEqual) {
   for (const Shape& c : cases) {
     Problem p(c);
     fill_random(p, rng);
-    const size_t n = static_cast<size_t>(p.E * p.N * p.L);
-    std::vector<float> init_f32(n);
-    std::vector<bf16_t> init_bf16(n);
-    for (size_t i = 0; i < n; ++i) {
-      init_f32[i] = value(rng);
-      init_bf16[i] = float_to_bf16(init_f32[i]);
-    }
+    const PriorGradients prior = prior_gradients(p, rng);
     try {
-      p.run_gpu(init_f32, DType::f32, false, nullptr, 0, 1);
+      p.run_gpu(prior.f32, DType::f32, false, nullptr, 0, 1);
     } catch (const Error& e) {
       if (e.argument() != "multicast") throw;  // any other error fails the test
       GTEST_SKIP() << "CTA pairs not in this build (EPMOE_GEMM_CONFIGS=CI): " << e.what();
@@ -400,15 +386,17 @@ TEST(GpuWgradFp8, CtaPairsMulticastBitwiseEqual) {
       for (const int overlap : {0, 1}) {
         const std::string what = describe(c) + (accumulate ? " accumulate" : " overwrite") +
                                   " overlap " + std::to_string(overlap);
-        const std::vector<float> f1 = p.run_gpu(init_f32, DType::f32, accumulate, nullptr, overlap, 0);
-        const std::vector<float> f2 = p.run_gpu(init_f32, DType::f32, accumulate, nullptr, overlap, 1);
+        const std::vector<float> f1 =
+            p.run_gpu(prior.f32, DType::f32, accumulate, nullptr, overlap, 0);
+        const std::vector<float> f2 =
+            p.run_gpu(prior.f32, DType::f32, accumulate, nullptr, overlap, 1);
         if (p.offsets.back() > 0) {
-          EXPECT_FALSE(f2 == init_f32) << what;  // the pairs wrote
+          EXPECT_FALSE(f2 == prior.f32) << what;  // the pairs wrote
         }
         expect_bitwise(f1, f2, p.N, p.L, "f32 " + what);
-        expect_bitwise(p.run_gpu(init_bf16, DType::bf16, accumulate, nullptr, overlap, 0),
-                       p.run_gpu(init_bf16, DType::bf16, accumulate, nullptr, overlap, 1), p.N, p.L,
-                       "bf16 " + what);
+        expect_bitwise(p.run_gpu(prior.bf16, DType::bf16, accumulate, nullptr, overlap, 0),
+                       p.run_gpu(prior.bf16, DType::bf16, accumulate, nullptr, overlap, 1), p.N,
+                       p.L, "bf16 " + what);
       }
     }
     std::printf("%s: pairs == single CTAs, f32 and bf16, overwritten and accumulated, overlap 0 / 1\n",

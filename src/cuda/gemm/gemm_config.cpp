@@ -117,7 +117,9 @@ Schedule select_schedule(GemmKind kind, const Step& s) {
 // WGRAD ms, TMA / direct): where experts hold few rows the TMA store's overlap wins (deepseek-v3,
 // ~128 rows: 4.26 / 6.74, 8.43 / 13.51; gpt-oss, ~256: 2.06 / 2.54, 3.97 / 4.92; qwen3, ~512:
 // 0.50 / 0.60, 0.94 / 1.17); with long k-loops the fourth stage wins (mixtral, ~2048 rows: 4.13 /
-// 3.77, 7.84 / 7.38).
+// 3.77, 7.84 / 7.38). Rows per expert are the balanced ones, T * K / E per local expert (the
+// capacity overstates them by the capacity factor, 2x at EP = 2 in the benches); direct from
+// 2048, the smallest measured win (1024, at EP = 2 for qwen3, is unmeasured).
 WgradStore select_wgrad_store(GemmKind kind, const Step& s) {
   (void)kind;
   const char* env = std::getenv("EPMOE_WGRAD_STORE");
@@ -126,8 +128,8 @@ WgradStore select_wgrad_store(GemmKind kind, const Step& s) {
     EPMOE_CHECK_ARG(std::strcmp(env, "direct") == 0, "EPMOE_WGRAD_STORE", "tma or direct", env);
     return WgradStore::direct;
   }
-  const int64_t rows_per_expert = s.capacity_rows / std::max(1, s.dims.E);
-  return rows_per_expert >= 1024 ? WgradStore::direct : WgradStore::tma;
+  const int64_t balanced_rows = s.dims.T * s.dims.K / std::max(1, s.dims.E);
+  return balanced_rows >= 2048 ? WgradStore::direct : WgradStore::tma;
 }
 
 namespace {

@@ -92,11 +92,7 @@ void launch(const Fp8WgradArgs& args, const typename Epilogue::Params& epi, void
         tma_a, tma_b, groups, scales, epi);
     EPMOE_CUDA_LAUNCH_CHECK();
   } else {
-    cudaLaunchAttribute attribute{};
-    attribute.id = cudaLaunchAttributeClusterDimension;
-    attribute.val.clusterDim.x = kCluster;
-    attribute.val.clusterDim.y = 1;
-    attribute.val.clusterDim.z = 1;
+    cudaLaunchAttribute attribute = cluster_attribute(kCluster);
     cudaLaunchConfig_t config{};
     // As many pairs as can be resident at once (two free SMs of one GPC each).
     config.gridDim = dim3(static_cast<unsigned>(resident_cluster_grid<kernel, kCluster>(Traits::kThreads, kSmem)));

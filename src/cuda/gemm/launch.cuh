@@ -59,6 +59,16 @@ auto make_tma(const Operand& o) {
   }
 }
 
+// The launch attribute of 1-D clusters of `cluster` CTAs along x.
+inline cudaLaunchAttribute cluster_attribute(int cluster) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = static_cast<unsigned>(cluster);
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  return attribute;
+}
+
 // Persistent grid of a clustered launch: as many clusters as can be resident at once (clusters
 // of two need two free SMs of one GPC, so that can be fewer than SMs / 2). Cached per device.
 template <auto kKernel, int kCluster>
@@ -69,11 +79,7 @@ int resident_cluster_grid(int threads, int smem_bytes) {
   std::atomic<int>& cached = grids[device % 64];
   int grid = cached.load(std::memory_order_acquire);
   if (grid == 0) {
-    cudaLaunchAttribute attribute{};
-    attribute.id = cudaLaunchAttributeClusterDimension;
-    attribute.val.clusterDim.x = kCluster;
-    attribute.val.clusterDim.y = 1;
-    attribute.val.clusterDim.z = 1;
+    cudaLaunchAttribute attribute = cluster_attribute(kCluster);
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(static_cast<unsigned>(device_sm_count()));
     config.blockDim = dim3(static_cast<unsigned>(threads));
@@ -128,12 +134,7 @@ void launch_grouped_gemm(const Operand& a, const Operand& b, const GroupArgs& gr
       attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
       attributes[count++].val.programmaticStreamSerializationAllowed = 1;
     }
-    if (kCluster > 1) {
-      attributes[count].id = cudaLaunchAttributeClusterDimension;
-      attributes[count].val.clusterDim.x = kCluster;
-      attributes[count].val.clusterDim.y = 1;
-      attributes[count++].val.clusterDim.z = 1;
-    }
+    if (kCluster > 1) attributes[count++] = cluster_attribute(kCluster);
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(static_cast<unsigned>(
         kCluster > 1 ? resident_cluster_grid<kernel, kCluster>(Traits::kThreads, kSmem)
