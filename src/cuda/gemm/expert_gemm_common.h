@@ -32,10 +32,6 @@ int select_cluster(GemmKind kind, const Step& s);
 // gemm_config.cpp.
 WgradStore select_wgrad_store(GemmKind kind, const Step& s);
 
-// Whether the bf16 WGRAD's cooperative TMA-store tile (unclustered) runs its two warpgroups'
-// mainloops in turns: EPMOE_WGRAD_TURNS=1|0 forces it, else the rule in gemm_config.cpp.
-bool select_wgrad_turns(GemmKind kind, const Step& s);
-
 // Whether the bf16 WGRAD (cooperative, unclustered; overwritten output) runs its full k-blocks with
 // one wgmma batch in flight and the partial one after them: EPMOE_WGRAD_PEEL=1|0 forces it, else
 // the rule in gemm_config.cpp.

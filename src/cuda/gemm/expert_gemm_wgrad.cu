@@ -9,15 +9,14 @@ using namespace gemm;
 
 namespace {
 
-// kPeel: the full k-blocks with one wgmma batch in flight, the partial one after them; kTurns:
-// the cooperative tile's warpgroups take turns on the mainloop (grouped_gemm_sm90.cuh).
+// kPeel: the full k-blocks with one wgmma batch in flight, the partial one after them.
 template <class S, bool kPeel = false>
 using WgradTraits = GemmTraits<S::pingpong ? 64 : 128, 256, S::pingpong ? 5 : 4, Grouping::reduction,
-                               Major::MN, Major::MN, 1, S::pingpong, S::cluster, false, kPeel>;
+                               Major::MN, Major::MN, 1, S::pingpong, S::cluster, kPeel>;
 // Three stages leave room for the TMA-store staging (2 x 32 KiB); WGRAD's k-loops are short.
-template <class S, bool kTurns = false, bool kPeel = false>
+template <class S, bool kPeel = false>
 using WgradTmaTraits = GemmTraits<S::pingpong ? 64 : 128, 256, 3, Grouping::reduction, Major::MN,
-                                  Major::MN, 1, S::pingpong, S::cluster, kTurns, kPeel>;
+                                  Major::MN, 1, S::pingpong, S::cluster, kPeel>;
 
 // TMA-store descriptor of grad_w [groups, m_out, n_out] bf16 in 64 x 64 boxes.
 auto make_wgrad_store(void* out, int64_t m_out, int64_t n_out, int groups) {
@@ -50,10 +49,7 @@ void wgrad(GemmKind kind, const Step& s, const bf16_t* a_rows, int64_t m_out,
       launch_grouped_gemm<T, Major::MN, Major::MN, Epi>(a, b, g, epi, stream_of(s));
     };
     if constexpr (!S::pingpong && S::cluster == 1) {
-      const bool turns = select_wgrad_turns(kind, s), peel = select_wgrad_peel(kind, s);
-      if (turns && peel) return run(WgradTmaTraits<S, true, true>{});
-      if (turns) return run(WgradTmaTraits<S, true, false>{});
-      if (peel) return run(WgradTmaTraits<S, false, true>{});
+      if (select_wgrad_peel(kind, s)) return run(WgradTmaTraits<S, true>{});
     }
     return run(WgradTmaTraits<S>{});
   }

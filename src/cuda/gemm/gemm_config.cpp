@@ -142,22 +142,14 @@ bool switch_from_env(const char* name, bool fallback) {
 }
 }  // namespace
 
-// Turns put one warpgroup's epilogue under the other's MMA on the cooperative tile (one B load
-// per 128 rows, unlike ping-pong's 64-row tiles). Not yet measured: off until bench/RESULTS.md
-// shows a gain.
-bool select_wgrad_turns(GemmKind kind, const Step& s) {
-  (void)kind;
-  (void)s;
-  return switch_from_env("EPMOE_WGRAD_TURNS", false);
-}
-
 // Peeling the partial k-block out of the WGRAD's loop lets the full k-blocks keep one wgmma batch
-// in flight (the rows grouping's loop) instead of retiring each. Not yet measured: off until
-// bench/RESULTS.md shows a gain.
+// in flight (the rows grouping's loop) instead of retiring each. Measured on every shape at EP = 1
+// (bench/RESULTS.md, 0305eb4): W2 / W13 WGRAD x0.86 / 0.87 (qwen3), 0.97 / 0.96 (deepseek-v3),
+// 0.91 / 0.91 (gpt-oss), 1.00 / 1.02 (mixtral, direct stores: noise), so on everywhere.
 bool select_wgrad_peel(GemmKind kind, const Step& s) {
   (void)kind;
   (void)s;
-  return switch_from_env("EPMOE_WGRAD_PEEL", false);
+  return switch_from_env("EPMOE_WGRAD_PEEL", true);
 }
 
 // Pairs of CTAs multicasting B (grouped_gemm_sm90.cuh) are measured against single CTAs per GEMM

@@ -346,7 +346,7 @@ __global__ void __launch_bounds__(kGemmThreads) nvfp4_gemm_kernel(const Params p
 }
 
 // The same kernel compiled for 4 CTAs per SM: registers capped at 128, which the SwiGLU kernel
-// (166 otherwise; 16 bytes spilled) needs for a fourth CTA of 4 warps (EPMOE_NVFP4_MIN_BLOCKS=4).
+// (166 otherwise; 16 bytes spilled) needs for a fourth CTA of 4 warps (the default; =1: 3 CTAs).
 template <bool kWide, bool kSwiglu>
 __global__ void __launch_bounds__(kGemmThreads, 4) nvfp4_gemm_kernel_4ctas(const Params p) {
   nvfp4_gemm<kWide, kSwiglu, false>(p);
@@ -487,12 +487,13 @@ int nvfp4_launch_splits(const Nvfp4GroupedGemmArgs& a) {
 }
 
 int nvfp4_min_blocks() {
-  // Read per launch (~100 ns), for measurements: the decode GEMM is latency-bound with 3 CTAs of
-  // 4 warps per SM at 166 registers (Nsight Compute, bench/RESULTS.md 7db1bac).
+  // Read per launch (~100 ns), for measurements. The decode GEMM is latency-bound with 3 CTAs of
+  // 4 warps per SM at 166 registers (Nsight Compute, bench/RESULTS.md 7db1bac); a fourth CTA at
+  // 128 registers measured 4-5 % faster decode on every shape (0305eb4), so 4 unless set to 1.
   const char* env = std::getenv("EPMOE_NVFP4_MIN_BLOCKS");
-  if (env == nullptr || std::strcmp(env, "1") == 0) return 1;
-  EPMOE_CHECK_ARG(std::strcmp(env, "4") == 0, "EPMOE_NVFP4_MIN_BLOCKS", "1 or 4", env);
-  return 4;
+  if (env == nullptr || std::strcmp(env, "4") == 0) return 4;
+  EPMOE_CHECK_ARG(std::strcmp(env, "1") == 0, "EPMOE_NVFP4_MIN_BLOCKS", "1 or 4", env);
+  return 1;
 }
 
 void nvfp4_grouped_gemm(const Nvfp4GroupedGemmArgs& args, void* stream) {

@@ -34,15 +34,11 @@ using namespace cute;
 
 // PINGPONG: each of the two consumer warpgroups owns alternate 64-row tiles, so one warpgroup's
 // epilogue overlaps the other's MMA. Otherwise (cooperative) BLOCK_M / 64 warpgroups share a tile.
-// TURNS (cooperative, two warpgroups): the warpgroups run each tile's mainloop in turns,
-// warpgroup 0 first, so one's epilogue overlaps the other's MMA while both still read one B tile
-// per 128 rows. Only tiles whose k-blocks all fit the stages take turns (warpgroup 1 releases a
-// stage only in its own turn); longer tiles run both mainloops at once, as cooperative.
 // PEEL_TAIL (reduction grouping): the k-blocks a group fills run with one wgmma batch in flight;
 // the partial last one, whose rows past the group are zeroed, runs after them.
 template <int BLOCK_M_, int BLOCK_N_, int STAGES_, Grouping GROUPING_, Major A_MAJOR_,
           Major B_MAJOR_, int NUM_B_, bool PINGPONG_ = false, int CLUSTER_M_ = 1,
-          bool TURNS_ = false, bool PEEL_TAIL_ = false>
+          bool PEEL_TAIL_ = false>
 struct GemmTraits {
   static constexpr int BLOCK_M = BLOCK_M_;
   static constexpr int BLOCK_N = BLOCK_N_;  // per B operand
@@ -52,7 +48,6 @@ struct GemmTraits {
   static constexpr int kNumB = NUM_B_;
   static constexpr bool kPingPong = PINGPONG_;
   static constexpr int kClusterM = CLUSTER_M_;  // CTAs sharing each B tile (multicast)
-  static constexpr bool kTurns = TURNS_;
   static constexpr bool kPeelTail = PEEL_TAIL_;
   static constexpr int kWarpgroupsPerTile = kPingPong ? 1 : BLOCK_M / 64;
   static constexpr int kConsumerWarpgroups = kPingPong ? 2 : BLOCK_M / 64;
@@ -61,7 +56,6 @@ struct GemmTraits {
   static_assert(!kPingPong || BLOCK_M == 64, "ping-pong: one warpgroup per 64-row tile");
   static_assert(kNumB == 1 || kNumB == 2, "one B operand, or W13's gate and up halves");
   static_assert(kClusterM == 1 || kClusterM == 2, "B shared by one or two CTAs");
-  static_assert(!kTurns || (!kPingPong && BLOCK_M == 128), "turns: the two warpgroups of one tile");
   static_assert(!kPeelTail || kGrouping == Grouping::reduction, "only reduction has a k-tail");
   using ClusterShape = Shape<Int<kClusterM>, _1, _1>;
 
@@ -392,22 +386,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
               256, static_cast<uint32_t>(GemmBarrier::mainloop_turn_wg0) + static_cast<uint32_t>(wg));
         }
       }
-      // Turns: warpgroup 1 runs a tile's mainloop after warpgroup 0's, and warpgroup 0 the next
-      // tile's after warpgroup 1's. Both consume every stage, so stage phases stay as in
-      // cooperative. A tile with more k-blocks than stages cannot wait for warpgroup 1's releases
-      // until warpgroup 0 is done: warpgroup 0 lets warpgroup 1 start at once.
-      [[maybe_unused]] const bool turns = Traits::kTurns && t.k_tiles <= Traits::kStages;
-      if constexpr (Traits::kTurns) {
-        if (wg == 1 || sequence > 0) {
-          cutlass::arch::NamedBarrier::arrive_and_wait(
-              256, static_cast<uint32_t>(GemmBarrier::mainloop_turn_wg0) +
-                       static_cast<uint32_t>(wg));
-        }
-        if (wg == 0 && !turns) {
-          cutlass::arch::NamedBarrier::arrive(
-              256, static_cast<uint32_t>(GemmBarrier::mainloop_turn_wg0) + 1u);
-        }
-      }
       // A group with no rows (WGRAD only) skips the MMA; its epilogue writes zeros without
       // reading the accumulators, which keeps them out of any branch merge (a merge makes ptxas
       // copy and spill them inside the mainloop).
@@ -419,19 +397,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         // in both operands so they add nothing, whatever they hold (NaN included). Operands are
         // MN-major, so a k-row is whole 128-byte swizzle rows (64 elements each), which the
         // swizzle only permutes internally: zero each row from the address of its first element
-        // rounded down to 128 bytes. In a tile taking turns warpgroup 0 zeroes the whole stage
-        // alone (warpgroup 1 reads it only after warpgroup 0's mainloop, behind the turn barrier),
-        // on its own barrier.
+        // rounded down to 128 bytes.
         [[maybe_unused]] auto zero_k_tail = [&](int stage, int valid) {
           static_assert(Traits::kGrouping != Grouping::reduction ||
                             (Traits::kMajorA == GMMA::Major::MN &&
                              Traits::kMajorB == GMMA::Major::MN),
                         "k-tail zeroing assumes MN-major operands");
           constexpr int kRowsPerK = (BM + BN) / 64;
-          const int zero_threads = turns ? 128 : kTileThreads;
-          if (turns && wg != 0) return;
           const int tail_rows = (BK - valid) * kRowsPerK;
-          for (int i = tile_tid; i < tail_rows * 8; i += zero_threads) {
+          for (int i = tile_tid; i < tail_rows * 8; i += kTileThreads) {
             const int row = i / 8, chunk = i % 8;
             const int k = valid + row / kRowsPerK, r = row % kRowsPerK;
             const auto* first =
@@ -441,11 +415,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
             reinterpret_cast<uint4*>(base)[chunk] = make_uint4(0, 0, 0, 0);
           }
           cutlass::arch::fence_view_async_shared();
-          // Ping-pong: one barrier per warpgroup; turns: warpgroup 0's own (id + 1).
-          const int tail_barrier = Traits::kPingPong ? wg : (turns ? 1 : 0);
-          cutlass::arch::NamedBarrier::arrive_and_wait(
-              zero_threads,
-              static_cast<uint32_t>(GemmBarrier::k_tail_wg0) + static_cast<uint32_t>(tail_barrier));
+          cutlass::arch::NamedBarrier::arrive_and_wait(  // ping-pong: one per warpgroup
+              kTileThreads, static_cast<uint32_t>(GemmBarrier::k_tail_wg0) +
+                                static_cast<uint32_t>(Traits::kPingPong ? wg : 0));
         };
         // With kPeelTail the loop runs the full k-blocks only (no zeroing in it, so one batch can
         // stay in flight) and the partial one follows it.
@@ -520,13 +492,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         if (tile + tile_stride < sched.total) {
           cutlass::arch::NamedBarrier::arrive(
               256, static_cast<uint32_t>(GemmBarrier::mainloop_turn_wg0) + static_cast<uint32_t>(1 - wg));
-        }
-      }
-      if constexpr (Traits::kTurns) {  // this tile's second mainloop, or the next tile's first
-        if ((wg == 0 && turns) || (wg == 1 && tile + tile_stride < sched.total)) {
-          cutlass::arch::NamedBarrier::arrive(
-              256, static_cast<uint32_t>(GemmBarrier::mainloop_turn_wg0) +
-                       static_cast<uint32_t>(1 - wg));
         }
       }
       epilogue.store(t, acc0, acc1);

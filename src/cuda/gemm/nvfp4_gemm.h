@@ -69,8 +69,8 @@ int64_t nvfp4_splitk_scratch_bytes(int splits, int64_t M, int64_t N);
 // The splits nvfp4_grouped_gemm launches with these arguments (the rules above; host only).
 int nvfp4_launch_splits(const Nvfp4GroupedGemmArgs& args);
 
-// CTAs per SM the single-split SwiGLU kernel is compiled for: EPMOE_NVFP4_MIN_BLOCKS=1 (unset:
-// 166 registers, 3 CTAs) or 4 (128 registers, 16 bytes spilled); the same bits either way.
+// CTAs per SM the single-split SwiGLU kernel is compiled for: EPMOE_NVFP4_MIN_BLOCKS=4 (unset:
+// 128 registers, 16 bytes spilled) or 1 (166 registers, 3 CTAs); the same bits either way.
 int nvfp4_min_blocks();
 
 // Requirements (checked; Error(invalid_argument) naming the field): E >= 1, K > 0 and
