@@ -301,27 +301,34 @@ TEST(GpuGemmNvfp4, SwigluEpilogueMatchesThePlainOutputsSwiglu) {
   }
 }
 
-// The SwiGLU kernel compiled for 4 CTAs per SM (the default: 128 registers, a few spilled)
-// computes the same sums in the same order as at 166 registers (EPMOE_NVFP4_MIN_BLOCKS=1): bitwise
-// equal, plain and clamped.
-TEST(GpuGemmNvfp4, FourCtasPerSmBitwiseEqual) {
+// The single-split kernel at every occupancy it is compiled for (EPMOE_NVFP4_OCCUPANCY: CTAs per
+// SM and chunks in flight; some spill) computes the same sums in the same order as the default
+// 4 x 4: bitwise equal, plain, SwiGLU and clamped SwiGLU.
+TEST(GpuGemmNvfp4, OccupanciesBitwiseEqual) {
   EPMOE_REQUIRE_GPU();
   std::mt19937 rng(27);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const ActivationParams clamped = activation_params(Activation::swiglu_clamped());
-  for (const ActivationParams& act : {ActivationParams{}, clamped}) {
+  const ActivationParams plain_swiglu{};
+  for (const ActivationParams* act : {static_cast<const ActivationParams*>(nullptr), &plain_swiglu,
+                                      &clamped}) {
     for (const Shape& s : shapes()) {
       Problem p(s);
       fill_exact(p, rng);
       for (bf16_t& v : p.a) v = float_to_bf16(normal(rng));
-      std::vector<bf16_t> one;
+      const int64_t cols = act == nullptr ? p.N : p.N / 2;
+      std::vector<bf16_t> reference;
       {
-        const ScopedEnv env("EPMOE_NVFP4_MIN_BLOCKS", "1");
-        one = p.run_gpu(nullptr, &act, 1);
+        const ScopedEnv env("EPMOE_NVFP4_OCCUPANCY", "4x4");
+        reference = p.run_gpu(nullptr, act, 1);
       }
-      const ScopedEnv env("EPMOE_NVFP4_MIN_BLOCKS", "4");
-      expect_bitwise(one, p.run_gpu(nullptr, &act, 1), p.N / 2,
-                     describe(s) + (act.clamped ? " clamped" : " plain") + " 4 CTAs per SM");
+      for (const cuda::Nvfp4Occupancy o : cuda::kNvfp4Occupancies) {
+        const std::string name = std::to_string(o.ctas) + "x" + std::to_string(o.depth);
+        const ScopedEnv env("EPMOE_NVFP4_OCCUPANCY", name.c_str());
+        const char* what = act == nullptr ? " plain" : (act->clamped ? " clamped" : " swiglu");
+        expect_bitwise(reference, p.run_gpu(nullptr, act, 1), cols,
+                       describe(s) + what + " occupancy " + name);
+      }
     }
   }
 }

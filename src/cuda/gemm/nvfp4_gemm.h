@@ -69,9 +69,15 @@ int64_t nvfp4_splitk_scratch_bytes(int splits, int64_t M, int64_t N);
 // The splits nvfp4_grouped_gemm launches with these arguments (the rules above; host only).
 int nvfp4_launch_splits(const Nvfp4GroupedGemmArgs& args);
 
-// CTAs per SM the single-split SwiGLU kernel is compiled for: EPMOE_NVFP4_MIN_BLOCKS=4 (unset:
-// 128 registers, 16 bytes spilled) or 1 (166 registers, 3 CTAs); the same bits either way.
-int nvfp4_min_blocks();
+// The single-split kernel on 16-byte code rows (K % 32 == 0), compiled for `ctas` CTAs of 4 warps
+// per SM (registers capped at 65536 / (128 ctas); 1: uncapped, 128 registers unfused and 166 with
+// SwiGLU) with `depth` 128-element chunks of weights in flight per warp. EPMOE_NVFP4_OCCUPANCY=
+// <ctas>x<depth> picks one of kNvfp4Occupancies (unset: 4x4); the same bits in every one.
+struct Nvfp4Occupancy {
+  int ctas = 4, depth = 4;
+};
+constexpr Nvfp4Occupancy kNvfp4Occupancies[] = {{1, 4}, {4, 4}, {5, 2}, {5, 3}, {6, 2}};
+Nvfp4Occupancy nvfp4_occupancy();
 
 // Requirements (checked; Error(invalid_argument) naming the field): E >= 1, K > 0 and
 // K % 16 == 0, N > 0, ld_out >= N (or the combine fields), a_MK and b_codes_ENP 16-byte aligned,
