@@ -302,8 +302,8 @@ TEST(GpuGemmNvfp4, SwigluEpilogueMatchesThePlainOutputsSwiglu) {
 }
 
 // The single-split kernel at every occupancy it is compiled for (EPMOE_NVFP4_OCCUPANCY: CTAs per
-// SM and chunks in flight; some spill) computes the same sums in the same order as the default
-// 4 x 4: bitwise equal, plain, SwiGLU and clamped SwiGLU.
+// SM and chunks in flight) computes the same sums in the same order as the default 4 x 4: bitwise
+// equal, plain, SwiGLU and clamped SwiGLU.
 TEST(GpuGemmNvfp4, OccupanciesBitwiseEqual) {
   EPMOE_REQUIRE_GPU();
   std::mt19937 rng(27);

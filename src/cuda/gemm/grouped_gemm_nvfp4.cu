@@ -488,14 +488,14 @@ int nvfp4_launch_splits(const Nvfp4GroupedGemmArgs& a) {
 
 Nvfp4Occupancy nvfp4_occupancy() {
   // Read per launch (~100 ns), for measurements. The decode GEMM is latency-bound at 12 warps per
-  // SM (Nsight Compute, bench/RESULTS.md 7db1bac); a fourth CTA (the SwiGLU kernel capped at 128
-  // registers) measured 4-5 % faster on every shape (0305eb4), so 4 x 4 unless set.
+  // SM (Nsight Compute, bench/RESULTS.md 7db1bac); 4 CTAs (the SwiGLU kernel capped at 128
+  // registers, 16 bytes spilled) measured 7 % faster than 1x4 on every shape (5e64418).
   const char* env = std::getenv("EPMOE_NVFP4_OCCUPANCY");
   if (env == nullptr) return {4, 4};
   for (const Nvfp4Occupancy o : kNvfp4Occupancies) {
     if (std::string(env) == std::to_string(o.ctas) + "x" + std::to_string(o.depth)) return o;
   }
-  EPMOE_CHECK_ARG(false, "EPMOE_NVFP4_OCCUPANCY", "1x4, 4x4, 5x2, 5x3 or 6x2", env);
+  EPMOE_CHECK_ARG(false, "EPMOE_NVFP4_OCCUPANCY", "1x4 or 4x4", env);
   return {};
 }
 
@@ -505,14 +505,8 @@ void launch_occupancy(const Params& p, dim3 grid, cudaStream_t st) {
   const Nvfp4Occupancy o = nvfp4_occupancy();
   if (o.ctas == 1) {
     nvfp4_gemm_kernel<true, kSwiglu, false><<<grid, kGemmThreads, 0, st>>>(p);
-  } else if (o.ctas == 4) {
-    nvfp4_gemm_kernel_occupancy<kSwiglu, 4, 4><<<grid, kGemmThreads, 0, st>>>(p);
-  } else if (o.ctas == 5 && o.depth == 2) {
-    nvfp4_gemm_kernel_occupancy<kSwiglu, 5, 2><<<grid, kGemmThreads, 0, st>>>(p);
-  } else if (o.ctas == 5) {
-    nvfp4_gemm_kernel_occupancy<kSwiglu, 5, 3><<<grid, kGemmThreads, 0, st>>>(p);
   } else {
-    nvfp4_gemm_kernel_occupancy<kSwiglu, 6, 2><<<grid, kGemmThreads, 0, st>>>(p);
+    nvfp4_gemm_kernel_occupancy<kSwiglu, 4, 4><<<grid, kGemmThreads, 0, st>>>(p);
   }
 }
 }  // namespace

@@ -72,11 +72,14 @@ int nvfp4_launch_splits(const Nvfp4GroupedGemmArgs& args);
 // The single-split kernel on 16-byte code rows (K % 32 == 0), compiled for `ctas` CTAs of 4 warps
 // per SM (registers capped at 65536 / (128 ctas); 1: uncapped, 128 registers unfused and 166 with
 // SwiGLU) with `depth` 128-element chunks of weights in flight per warp. EPMOE_NVFP4_OCCUPANCY=
-// <ctas>x<depth> picks one of kNvfp4Occupancies (unset: 4x4); the same bits in every one.
+// <ctas>x<depth> picks one of kNvfp4Occupancies (unset: 4x4); the same bits in every one. Decode
+// graph ms 1x4 / 4x4: 0.268 / 0.249, 3.107 / 2.877, 0.977 / 0.909, 1.296 / 1.200 (qwen3,
+// deepseek-v3, gpt-oss, mixtral); 5 and 6 CTAs (96 / 80 registers, 180-708 bytes of spill loads)
+// were 7-130 % slower (bench/RESULTS.md 5e64418).
 struct Nvfp4Occupancy {
   int ctas = 4, depth = 4;
 };
-constexpr Nvfp4Occupancy kNvfp4Occupancies[] = {{1, 4}, {4, 4}, {5, 2}, {5, 3}, {6, 2}};
+constexpr Nvfp4Occupancy kNvfp4Occupancies[] = {{1, 4}, {4, 4}};
 Nvfp4Occupancy nvfp4_occupancy();
 
 // Requirements (checked; Error(invalid_argument) naming the field): E >= 1, K > 0 and
