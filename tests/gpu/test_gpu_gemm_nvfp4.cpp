@@ -333,6 +333,39 @@ TEST(GpuGemmNvfp4, OccupanciesBitwiseEqual) {
   }
 }
 
+// Activations staged per CTA in shared memory (EPMOE_NVFP4_ACTIVATIONS=staged: a cp.async ring,
+// the 4x4 kernel on 16-byte code rows) give the bits of the per-warp loads through L1, plain,
+// SwiGLU and clamped SwiGLU. Beyond shapes(): 70 and 33 rows (several 32-row passes reusing the
+// ring, the last one partial), N = 200 and F = 100 (warps past the end in the last slab, which
+// must still take part in the ring), 4 chunks and 12 chunks (past the 4 stages).
+TEST(GpuGemmNvfp4, StagedActivationsBitwiseEqual) {
+  EPMOE_REQUIRE_GPU();
+  std::mt19937 rng(29);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const ActivationParams clamped = activation_params(Activation::swiglu_clamped());
+  const ActivationParams plain_swiglu{};
+  std::vector<Shape> cases = shapes();
+  cases.push_back({{70, 0, 33}, 2, 200, 512});
+  cases.push_back({{5, 64, 1}, 0, 128, 1536});
+  for (const ActivationParams* act : {static_cast<const ActivationParams*>(nullptr), &plain_swiglu,
+                                      &clamped}) {
+    for (const Shape& s : cases) {
+      Problem p(s);
+      fill_exact(p, rng);
+      for (bf16_t& v : p.a) v = float_to_bf16(normal(rng));
+      const int64_t cols = act == nullptr ? p.N : p.N / 2;
+      std::vector<bf16_t> l1;
+      {
+        const ScopedEnv env("EPMOE_NVFP4_ACTIVATIONS", "l1");
+        l1 = p.run_gpu(nullptr, act, 1);
+      }
+      const ScopedEnv env("EPMOE_NVFP4_ACTIVATIONS", "staged");
+      const char* what = act == nullptr ? " plain" : (act->clamped ? " clamped" : " swiglu");
+      expect_bitwise(l1, p.run_gpu(nullptr, act, 1), cols, describe(s) + what + " staged");
+    }
+  }
+}
+
 TEST(GpuGemmNvfp4, SkipFlagLeavesTheOutputUntouched) {
   EPMOE_REQUIRE_GPU();
   std::mt19937 rng(23);

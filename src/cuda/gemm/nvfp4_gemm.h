@@ -82,6 +82,11 @@ struct Nvfp4Occupancy {
 constexpr Nvfp4Occupancy kNvfp4Occupancies[] = {{1, 4}, {4, 4}};
 Nvfp4Occupancy nvfp4_occupancy();
 
+// Where the 4x4 kernel's warps read the activations: EPMOE_NVFP4_ACTIVATIONS=l1 (unset: global
+// loads through L1, per warp, just before the MMAs) or staged (a shared-memory ring per CTA filled
+// by cp.async a few chunks ahead; grouped_gemm_nvfp4.cu); the same bits either way.
+bool nvfp4_staged_activations();
+
 // Requirements (checked; Error(invalid_argument) naming the field): E >= 1, K > 0 and
 // K % 16 == 0, N > 0, ld_out >= N (or the combine fields), a_MK and b_codes_ENP 16-byte aligned,
 // b_global_E 4-byte aligned; swiglu: N even, ld_out >= N / 2, no combine_R. Grid (ceil(N / 64), E,
