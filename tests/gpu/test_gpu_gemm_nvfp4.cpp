@@ -301,69 +301,59 @@ TEST(GpuGemmNvfp4, SwigluEpilogueMatchesThePlainOutputsSwiglu) {
   }
 }
 
-// The single-split kernel at every occupancy it is compiled for (EPMOE_NVFP4_OCCUPANCY: CTAs per
-// SM and chunks in flight) computes the same sums in the same order as the default 4 x 4: bitwise
-// equal, plain, SwiGLU and clamped SwiGLU.
-TEST(GpuGemmNvfp4, OccupanciesBitwiseEqual) {
-  EPMOE_REQUIRE_GPU();
-  std::mt19937 rng(27);
+// Every value of the run-time switch `env` gives the bits of `reference` (the same MMAs in the same
+// order) on each shape, plain, SwiGLU and clamped SwiGLU, one split (exact codes, random
+// activations).
+void expect_switch_bitwise(const std::vector<Shape>& cases, const char* env, const char* reference,
+                           const std::vector<std::string>& values, uint32_t seed) {
+  std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const ActivationParams clamped = activation_params(Activation::swiglu_clamped());
   const ActivationParams plain_swiglu{};
   for (const ActivationParams* act : {static_cast<const ActivationParams*>(nullptr), &plain_swiglu,
                                       &clamped}) {
-    for (const Shape& s : shapes()) {
-      Problem p(s);
-      fill_exact(p, rng);
-      for (bf16_t& v : p.a) v = float_to_bf16(normal(rng));
-      const int64_t cols = act == nullptr ? p.N : p.N / 2;
-      std::vector<bf16_t> reference;
-      {
-        const ScopedEnv env("EPMOE_NVFP4_OCCUPANCY", "4x4");
-        reference = p.run_gpu(nullptr, act, 1);
-      }
-      for (const cuda::Nvfp4Occupancy o : cuda::kNvfp4Occupancies) {
-        const std::string name = std::to_string(o.ctas) + "x" + std::to_string(o.depth);
-        const ScopedEnv env("EPMOE_NVFP4_OCCUPANCY", name.c_str());
-        const char* what = act == nullptr ? " plain" : (act->clamped ? " clamped" : " swiglu");
-        expect_bitwise(reference, p.run_gpu(nullptr, act, 1), cols,
-                       describe(s) + what + " occupancy " + name);
-      }
-    }
-  }
-}
-
-// Activations staged per CTA in shared memory (EPMOE_NVFP4_ACTIVATIONS=staged: a cp.async ring,
-// the 4x4 kernel on 16-byte code rows) give the bits of the per-warp loads through L1, plain,
-// SwiGLU and clamped SwiGLU. Beyond shapes(): 70 and 33 rows (several 32-row passes reusing the
-// ring, the last one partial), N = 200 and F = 100 (warps past the end in the last slab, which
-// must still take part in the ring), 4 chunks and 12 chunks (past the 4 stages).
-TEST(GpuGemmNvfp4, StagedActivationsBitwiseEqual) {
-  EPMOE_REQUIRE_GPU();
-  std::mt19937 rng(29);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  const ActivationParams clamped = activation_params(Activation::swiglu_clamped());
-  const ActivationParams plain_swiglu{};
-  std::vector<Shape> cases = shapes();
-  cases.push_back({{70, 0, 33}, 2, 200, 512});
-  cases.push_back({{5, 64, 1}, 0, 128, 1536});
-  for (const ActivationParams* act : {static_cast<const ActivationParams*>(nullptr), &plain_swiglu,
-                                      &clamped}) {
+    const char* what = act == nullptr ? " plain " : (act->clamped ? " clamped " : " swiglu ");
     for (const Shape& s : cases) {
       Problem p(s);
       fill_exact(p, rng);
       for (bf16_t& v : p.a) v = float_to_bf16(normal(rng));
       const int64_t cols = act == nullptr ? p.N : p.N / 2;
-      std::vector<bf16_t> l1;
+      std::vector<bf16_t> expected;
       {
-        const ScopedEnv env("EPMOE_NVFP4_ACTIVATIONS", "l1");
-        l1 = p.run_gpu(nullptr, act, 1);
+        const ScopedEnv set(env, reference);
+        expected = p.run_gpu(nullptr, act, 1);
       }
-      const ScopedEnv env("EPMOE_NVFP4_ACTIVATIONS", "staged");
-      const char* what = act == nullptr ? " plain" : (act->clamped ? " clamped" : " swiglu");
-      expect_bitwise(l1, p.run_gpu(nullptr, act, 1), cols, describe(s) + what + " staged");
+      for (const std::string& value : values) {
+        const ScopedEnv set(env, value.c_str());
+        expect_bitwise(expected, p.run_gpu(nullptr, act, 1), cols,
+                       describe(s) + what + env + "=" + value);
+      }
     }
   }
+}
+
+// The single-split kernel at every occupancy it is compiled for (EPMOE_NVFP4_OCCUPANCY: CTAs per
+// SM and chunks in flight) against the default 4 x 4.
+TEST(GpuGemmNvfp4, OccupanciesBitwiseEqual) {
+  EPMOE_REQUIRE_GPU();
+  std::vector<std::string> values;
+  for (const cuda::Nvfp4Occupancy o : cuda::kNvfp4Occupancies) {
+    values.push_back(std::to_string(o.ctas) + "x" + std::to_string(o.depth));
+  }
+  expect_switch_bitwise(shapes(), "EPMOE_NVFP4_OCCUPANCY", "4x4", values, 27);
+}
+
+// Activations staged per CTA in shared memory (EPMOE_NVFP4_ACTIVATIONS=staged: a cp.async ring,
+// the 4x4 kernel on 16-byte code rows) against the per-warp loads through L1. Beyond shapes(): 70
+// and 33 rows (several 32-row passes reusing the ring, the last one partial), N = 200 and F = 100
+// (warps past the end in the last slab, which must still take part in the ring), 4 chunks and 12
+// chunks (past the 4 stages).
+TEST(GpuGemmNvfp4, StagedActivationsBitwiseEqual) {
+  EPMOE_REQUIRE_GPU();
+  std::vector<Shape> cases = shapes();
+  cases.push_back({{70, 0, 33}, 2, 200, 512});
+  cases.push_back({{5, 64, 1}, 0, 128, 1536});
+  expect_switch_bitwise(cases, "EPMOE_NVFP4_ACTIVATIONS", "l1", {"staged"}, 29);
 }
 
 TEST(GpuGemmNvfp4, SkipFlagLeavesTheOutputUntouched) {
