@@ -7,10 +7,16 @@
 //            of 512 bytes, a warp's 32 16-byte stores per row piece (the direct-store epilogue)
 //   tile-m   the same tiles, m fastest (a column of tiles at a time)
 //   linear   each tile as one contiguous 64 KiB piece (the same tile count and bytes per CTA)
+//   tma<B>   the WGRAD's own stores: TMA bulk-tensor stores of 64 x 64 boxes (128-byte swizzle) from
+//            shared memory, one thread per CTA issuing a tile's 8 boxes, with B tiles (64 KiB each)
+//            in flight per SM before it waits for the oldest to be read. The TMA-store epilogue has
+//            one tile in flight (tma1) and an MMA between tiles; tma2 / tma3 say whether more bytes
+//            in flight per SM would write faster (Little's law) before any kernel is changed.
 // against cudaMemsetAsync of the whole buffer, for W13's [2F, D] and W2's [D, F] gradients of the
 // MEASURE.md shapes. GB/s = bytes written / median time.
 //
 //   wgrad_store [--shape NAME|all] [--iters N] [--json PATH]
+#include <cuda.h>  // CUtensorMap (the driver entry point comes through the runtime)
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -72,6 +78,79 @@ __global__ void __launch_bounds__(kThreads) store_tiles(uint16_t* grad_w_GMN, Gr
   }
 }
 
+// TMA stores: B tiles of 8 boxes (64 x 64 bf16, 8 KiB each) in flight per CTA. The shared buffers
+// hold whatever they hold: only the bytes' rate is measured.
+constexpr int kBoxBytes = 64 * 64 * 2;
+constexpr int kBoxesPerTile = kTileM / 64 * (kTileN / 64);
+
+template <int kInFlight>
+__global__ void __launch_bounds__(128) store_tiles_tma(const __grid_constant__ CUtensorMap map, Grad g) {
+  extern __shared__ uint8_t raw[];
+  // 128-byte swizzle: boxes at 1024-byte aligned addresses.
+  const auto base = (static_cast<uint32_t>(__cvta_generic_to_shared(raw)) + 1023u) & ~1023u;
+  if (threadIdx.x != 0) return;
+  const int64_t m_tiles = g.m_tiles(), n_tiles = g.n_tiles(), per_group = m_tiles * n_tiles;
+  int sequence = 0;
+  for (int64_t tile = blockIdx.x; tile < g.tiles(); tile += gridDim.x, ++sequence) {
+    // The buffer this tile reuses was last stored kInFlight tiles ago: wait until it has been read.
+    asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kInFlight - 1) : "memory");
+    const uint32_t buffer = base + static_cast<uint32_t>(sequence % kInFlight) * kBoxesPerTile * kBoxBytes;
+    const int64_t group = tile / per_group, local = tile % per_group;
+    const int m0 = static_cast<int>(local / n_tiles) * kTileM, n0 = static_cast<int>(local % n_tiles) * kTileN;
+    for (int b = 0; b < kBoxesPerTile; ++b) {
+      const int x = n0 + 64 * (b % (kTileN / 64)), y = m0 + 64 * (b / (kTileN / 64));
+      if (x >= g.n_out || y >= g.m_out) continue;  // boxes past the edge: TMA clips partial ones
+      asm volatile(
+          "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(&map),
+          "r"(buffer + b * kBoxBytes), "r"(x), "r"(y), "r"(static_cast<int>(group))
+          : "memory");
+    }
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+  }
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+
+// grad_w [groups, m_out, n_out] bf16 as a TMA tensor in 64 x 64 boxes, 128-byte swizzle (as
+// make_wgrad_store in src/cuda/gemm/expert_gemm_wgrad.cu).
+CUtensorMap wgrad_tensor_map(void* grad, const Grad& g) {
+  using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                              const cuuint64_t*, const cuuint32_t*, const cuuint32_t*,
+                              CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
+                              CUtensorMapFloatOOBfill);
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  BENCH_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                               &found));
+  if (found != cudaDriverEntryPointSuccess || fn == nullptr) {
+    std::fprintf(stderr, "wgrad_store: cuTensorMapEncodeTiled not found in the driver\n");
+    std::exit(1);
+  }
+  CUtensorMap map{};
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(g.n_out), static_cast<cuuint64_t>(g.m_out),
+                              static_cast<cuuint64_t>(g.groups)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(g.n_out) * 2,
+                                 static_cast<cuuint64_t>(g.m_out * g.n_out) * 2};
+  const cuuint32_t box[3] = {64, 64, 1}, element_strides[3] = {1, 1, 1};
+  const CUresult r = reinterpret_cast<Encode>(fn)(
+      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, grad, dims, strides, box, element_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    std::fprintf(stderr, "wgrad_store: cuTensorMapEncodeTiled returned %d (n_out %lld, m_out %lld)\n",
+                 static_cast<int>(r), static_cast<long long>(g.n_out), static_cast<long long>(g.m_out));
+    std::exit(1);
+  }
+  return map;
+}
+
+template <int kInFlight>
+void launch_tma(const CUtensorMap& map, const Grad& g, int sms) {
+  const int bytes = kInFlight * kBoxesPerTile * kBoxBytes + 1024;
+  BENCH_CHECK(cudaFuncSetAttribute(store_tiles_tma<kInFlight>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  store_tiles_tma<kInFlight><<<sms, 128, bytes>>>(map, g);
+}
+
 struct Row {
   std::string shape, gemm, pattern;
   double ms, gbps;
@@ -122,8 +201,15 @@ int main(int argc, char** argv) {
             iters);
         rows.push_back({s.name, gemm, name(p), t.median_ms, bytes / t.median_ms / 1e6});
       }
+      const CUtensorMap map = wgrad_tensor_map(grad, g);
+      const auto tma1 = epmoe::bench::time_launches([&] { launch_tma<1>(map, g, sms); }, iters);
+      rows.push_back({s.name, gemm, "tma1", tma1.median_ms, bytes / tma1.median_ms / 1e6});
+      const auto tma2 = epmoe::bench::time_launches([&] { launch_tma<2>(map, g, sms); }, iters);
+      rows.push_back({s.name, gemm, "tma2", tma2.median_ms, bytes / tma2.median_ms / 1e6});
+      const auto tma3 = epmoe::bench::time_launches([&] { launch_tma<3>(map, g, sms); }, iters);
+      rows.push_back({s.name, gemm, "tma3", tma3.median_ms, bytes / tma3.median_ms / 1e6});
       BENCH_CHECK(cudaFree(grad));
-      for (size_t i = rows.size() - 4; i < rows.size(); ++i) {
+      for (size_t i = rows.size() - 7; i < rows.size(); ++i) {
         std::printf("%-14s %-10s %-7s %8.3f ms %7.0f GB/s (%.2f GB, %lld tiles)\n",
                     rows[i].shape.c_str(), rows[i].gemm.c_str(), rows[i].pattern.c_str(),
                     rows[i].ms, rows[i].gbps, bytes / 1e9, static_cast<long long>(g.tiles()));
