@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
@@ -77,16 +78,30 @@ const char* to_string(GemmKind k) {
 // Overrides, read on every launch (a getenv is ~100 ns), for measurements; the first set wins:
 // EPMOE_GEMM_SCHEDULE_<KIND> (the kind's name in capitals, e.g. EPMOE_GEMM_SCHEDULE_W2_DGRAD),
 // EPMOE_GEMM_SCHEDULE_WGRAD (both WGRADs), EPMOE_GEMM_SCHEDULE (every GEMM).
+namespace {
+// EPMOE_GEMM_SCHEDULE_<KIND>: the kind's name (to_string) in capitals, built once.
+const char* schedule_override_name(GemmKind kind) {
+  constexpr int kKinds = static_cast<int>(GemmKind::w13_wgrad) + 1;
+  static const std::array<std::string, kKinds> names = [] {
+    std::array<std::string, kKinds> n;
+    for (int k = 0; k < kKinds; ++k) {
+      n[k] = std::string("EPMOE_GEMM_SCHEDULE_") + gemm::to_string(static_cast<GemmKind>(k));
+      for (char& c : n[k]) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    }
+    return n;
+  }();
+  return names[static_cast<int>(kind)].c_str();
+}
+}  // namespace
+
 Schedule select_schedule(GemmKind kind, const Step& s) {
   const bool wgrad = kind == GemmKind::w2_wgrad || kind == GemmKind::w13_wgrad;
-  std::string kind_name = std::string("EPMOE_GEMM_SCHEDULE_") + gemm::to_string(kind);
-  for (char& c : kind_name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  const std::string names[] = {kind_name, wgrad ? "EPMOE_GEMM_SCHEDULE_WGRAD" : "",
-                               "EPMOE_GEMM_SCHEDULE"};
+  const char* names[] = {schedule_override_name(kind),
+                         wgrad ? "EPMOE_GEMM_SCHEDULE_WGRAD" : nullptr, "EPMOE_GEMM_SCHEDULE"};
   const char* env = nullptr;
-  std::string name;
-  for (const std::string& n : names) {
-    env = n.empty() ? nullptr : std::getenv(n.c_str());
+  const char* name = nullptr;
+  for (const char* n : names) {
+    env = n == nullptr ? nullptr : std::getenv(n);
     if (env != nullptr) {
       name = n;
       break;

@@ -43,7 +43,7 @@ constexpr int kRowsPerWarp = 16;                    // mma M: weight rows (outpu
 constexpr int kSlab = kWarps * kRowsPerWarp;        // weight rows per CTA
 constexpr int kGroups = 4;                          // 8-row activation groups per weight pass
 constexpr int kChunk = 128;                         // K elements per chunk (64 code bytes a row)
-constexpr int kDepth = 4;                           // chunks in flight per warp (default)
+constexpr int kDepth = 4;                           // chunks in flight per warp
 
 struct Params {
   Nvfp4GroupedGemmArgs a;
@@ -286,7 +286,7 @@ __device__ __forceinline__ bf16_t* out_row(const Nvfp4GroupedGemmArgs& a, int64_
 // (gate at n = f, up at n = F + f); the reduce kernel applies the scale and the epilogue.
 // kStageAct (single split): activations through the shared-memory ring above; every warp of the
 // CTA then runs every chunk (a warp past N computes on clamped rows and stores nothing).
-template <bool kWide, bool kSwiglu, bool kSplit, int kDepthT = kDepth, bool kStageAct = false>
+template <bool kWide, bool kSwiglu, bool kSplit, bool kStageAct = false>
 __device__ __forceinline__ void nvfp4_gemm(const Params& p) {
   static_assert(!kStageAct || !kSplit, "staged activations: single split");
   const Nvfp4GroupedGemmArgs& a = p.a;
@@ -357,20 +357,20 @@ __device__ __forceinline__ void nvfp4_gemm(const Params& p) {
         stage_chunk(ring, a.a_MK, a.K, m0, row_end, live, c_begin, s, chunks);
       }
     }
-    Chunk buf[kDepthT];
+    Chunk buf[kDepth];
 #pragma unroll
-    for (int i = 0; i < kDepthT; ++i) {
+    for (int i = 0; i < kDepth; ++i) {
       if (i < chunks) buf[i] = load_chunk<kWide>(l);
     }
-    for (int64_t c0 = 0; c0 < chunks; c0 += kDepthT) {
+    for (int64_t c0 = 0; c0 < chunks; c0 += kDepth) {
 #pragma unroll
-      for (int i = 0; i < kDepthT; ++i) {
+      for (int i = 0; i < kDepth; ++i) {
         const int64_t c = c0 + i;
         if (c >= chunks) break;
         // Decode first, then refill the slot: the next load needs no registers of its own.
         uint32_t frag[8][4];
         decode_chunk(buf[i], frag);
-        if (c + kDepthT < chunks) buf[i] = load_chunk<kWide>(l);
+        if (c + kDepth < chunks) buf[i] = load_chunk<kWide>(l);
         if constexpr (kStageAct) {
           // Chunk c has landed (this thread's copies), and after the barrier every thread's; the
           // barrier also ends every warp's reads of chunk c - 1's stage, which chunk
@@ -437,11 +437,12 @@ __global__ void __launch_bounds__(kGemmThreads) nvfp4_gemm_kernel(const Params p
   nvfp4_gemm<kWide, kSwiglu, kSplit>(p);
 }
 
-// The single-split kernel on 16-byte code rows, compiled for kCtas CTAs per SM (registers capped
-// at 65536 / (128 kCtas)) with kDepthT chunks in flight per warp: nvfp4_occupancy() picks one.
-template <bool kSwiglu, int kCtas, int kDepthT, bool kStageAct = false>
-__global__ void __launch_bounds__(kGemmThreads, kCtas) nvfp4_gemm_kernel_occupancy(const Params p) {
-  nvfp4_gemm<true, kSwiglu, false, kDepthT, kStageAct>(p);
+// The single-split kernel on 16-byte code rows compiled for 4 CTAs per SM (registers capped at
+// 128; the SwiGLU one spills 16 bytes): the default, nvfp4_ctas_per_sm(); kStageAct: the
+// activations through the shared-memory ring (nvfp4_staged_activations()).
+template <bool kSwiglu, bool kStageAct = false>
+__global__ void __launch_bounds__(kGemmThreads, 4) nvfp4_gemm_kernel_4ctas(const Params p) {
+  nvfp4_gemm<true, kSwiglu, false, kStageAct>(p);
 }
 
 // The expert owning row m: the last e with offsets_E1[e] <= m (experts without rows share their
@@ -578,17 +579,14 @@ int nvfp4_launch_splits(const Nvfp4GroupedGemmArgs& a) {
   return static_cast<int>(n < fit ? n : fit);  // what the scratch holds
 }
 
-Nvfp4Occupancy nvfp4_occupancy() {
+int nvfp4_ctas_per_sm() {
   // Read per launch (~100 ns), for measurements. The decode GEMM is latency-bound at 12 warps per
   // SM (Nsight Compute, bench/RESULTS.md 7db1bac); 4 CTAs (the SwiGLU kernel capped at 128
   // registers, 16 bytes spilled) measured 7 % faster than 1x4 on every shape (5e64418).
   const char* env = std::getenv("EPMOE_NVFP4_OCCUPANCY");
-  if (env == nullptr) return {4, 4};
-  for (const Nvfp4Occupancy o : kNvfp4Occupancies) {
-    if (std::string(env) == std::to_string(o.ctas) + "x" + std::to_string(o.depth)) return o;
-  }
-  EPMOE_CHECK_ARG(false, "EPMOE_NVFP4_OCCUPANCY", "1x4 or 4x4", env);
-  return {};
+  if (env == nullptr || std::strcmp(env, "4x4") == 0) return 4;
+  EPMOE_CHECK_ARG(std::strcmp(env, "1x4") == 0, "EPMOE_NVFP4_OCCUPANCY", "1x4 or 4x4", env);
+  return 1;
 }
 
 bool nvfp4_staged_activations() {
@@ -602,13 +600,12 @@ bool nvfp4_staged_activations() {
 namespace {
 template <bool kSwiglu>
 void launch_occupancy(const Params& p, dim3 grid, cudaStream_t st) {
-  const Nvfp4Occupancy o = nvfp4_occupancy();
-  if (o.ctas == 1) {
+  if (nvfp4_ctas_per_sm() == 1) {
     nvfp4_gemm_kernel<true, kSwiglu, false><<<grid, kGemmThreads, 0, st>>>(p);
   } else if (nvfp4_staged_activations()) {
-    nvfp4_gemm_kernel_occupancy<kSwiglu, 4, 4, true><<<grid, kGemmThreads, 0, st>>>(p);
+    nvfp4_gemm_kernel_4ctas<kSwiglu, true><<<grid, kGemmThreads, 0, st>>>(p);
   } else {
-    nvfp4_gemm_kernel_occupancy<kSwiglu, 4, 4><<<grid, kGemmThreads, 0, st>>>(p);
+    nvfp4_gemm_kernel_4ctas<kSwiglu><<<grid, kGemmThreads, 0, st>>>(p);
   }
 }
 }  // namespace

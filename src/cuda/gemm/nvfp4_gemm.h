@@ -69,18 +69,13 @@ int64_t nvfp4_splitk_scratch_bytes(int splits, int64_t M, int64_t N);
 // The splits nvfp4_grouped_gemm launches with these arguments (the rules above; host only).
 int nvfp4_launch_splits(const Nvfp4GroupedGemmArgs& args);
 
-// The single-split kernel on 16-byte code rows (K % 32 == 0), compiled for `ctas` CTAs of 4 warps
-// per SM (registers capped at 65536 / (128 ctas); 1: uncapped, 128 registers unfused and 166 with
-// SwiGLU) with `depth` 128-element chunks of weights in flight per warp. EPMOE_NVFP4_OCCUPANCY=
-// <ctas>x<depth> picks one of kNvfp4Occupancies (unset: 4x4); the same bits in every one. Decode
+// CTAs of 4 warps per SM the single-split kernel on 16-byte code rows (K % 32 == 0) is compiled
+// for, each warp with 4 chunks of weights in flight: EPMOE_NVFP4_OCCUPANCY=4x4 (unset: registers
+// capped at 128) or 1x4 (uncapped: 128 registers unfused, 166 with SwiGLU); the same bits. Decode
 // graph ms 1x4 / 4x4: 0.268 / 0.249, 3.107 / 2.877, 0.977 / 0.909, 1.296 / 1.200 (qwen3,
 // deepseek-v3, gpt-oss, mixtral); 5 and 6 CTAs (96 / 80 registers, 180-708 bytes of spill loads)
 // were 7-130 % slower (bench/RESULTS.md 5e64418).
-struct Nvfp4Occupancy {
-  int ctas = 4, depth = 4;
-};
-constexpr Nvfp4Occupancy kNvfp4Occupancies[] = {{1, 4}, {4, 4}};
-Nvfp4Occupancy nvfp4_occupancy();
+int nvfp4_ctas_per_sm();
 
 // Where the 4x4 kernel's warps read the activations: EPMOE_NVFP4_ACTIVATIONS=l1 (unset: global
 // loads through L1, per warp, just before the MMAs) or staged (a shared-memory ring per CTA filled
