@@ -352,6 +352,32 @@ TEST(GpuGemmNvfp4, StagedActivationsBitwiseEqual) {
   expect_switch_bitwise(cases, "EPMOE_NVFP4_ACTIVATIONS", "l1", {"staged"}, 29);
 }
 
+// The activation rule (host only): staged past one 8-row group per expert, as the decode bench
+// shapes measured (nvfp4_gemm.h); the environment forces either way, and names itself when wrong.
+TEST(GpuGemmNvfp4, ActivationsStagedPastOneGroupOfRows) {
+  using cuda::Nvfp4Activations;
+  const ScopedEnv unset("EPMOE_NVFP4_ACTIVATIONS", nullptr);
+  EXPECT_EQ(cuda::nvfp4_activations(4), Nvfp4Activations::l1);   // deepseek-v3, gpt-oss decode
+  EXPECT_EQ(cuda::nvfp4_activations(8), Nvfp4Activations::l1);   // qwen3 decode
+  EXPECT_EQ(cuda::nvfp4_activations(9), Nvfp4Activations::staged);
+  EXPECT_EQ(cuda::nvfp4_activations(32), Nvfp4Activations::staged);  // mixtral decode
+  {
+    const ScopedEnv set("EPMOE_NVFP4_ACTIVATIONS", "staged");
+    EXPECT_EQ(cuda::nvfp4_activations(4), Nvfp4Activations::staged);
+  }
+  {
+    const ScopedEnv set("EPMOE_NVFP4_ACTIVATIONS", "l1");
+    EXPECT_EQ(cuda::nvfp4_activations(32), Nvfp4Activations::l1);
+  }
+  const ScopedEnv set("EPMOE_NVFP4_ACTIVATIONS", "smem");
+  try {
+    cuda::nvfp4_activations(4);
+    FAIL() << "EPMOE_NVFP4_ACTIVATIONS=smem accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("EPMOE_NVFP4_ACTIVATIONS"), std::string::npos) << e.what();
+  }
+}
+
 TEST(GpuGemmNvfp4, SkipFlagLeavesTheOutputUntouched) {
   EPMOE_REQUIRE_GPU();
   std::mt19937 rng(23);

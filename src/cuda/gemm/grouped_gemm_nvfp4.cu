@@ -439,7 +439,7 @@ __global__ void __launch_bounds__(kGemmThreads) nvfp4_gemm_kernel(const Params p
 
 // The single-split kernel on 16-byte code rows compiled for 4 CTAs per SM (registers capped at
 // 128; the SwiGLU one spills 16 bytes): the default, nvfp4_ctas_per_sm(); kStageAct: the
-// activations through the shared-memory ring (nvfp4_staged_activations()).
+// activations through the shared-memory ring (nvfp4_activations()).
 template <bool kSwiglu, bool kStageAct = false>
 __global__ void __launch_bounds__(kGemmThreads, 4) nvfp4_gemm_kernel_4ctas(const Params p) {
   nvfp4_gemm<true, kSwiglu, false, kStageAct>(p);
@@ -589,12 +589,16 @@ int nvfp4_ctas_per_sm() {
   return 1;
 }
 
-bool nvfp4_staged_activations() {
-  // Read per launch (~100 ns), for measurements: off until bench/RESULTS.md shows a gain.
+Nvfp4Activations nvfp4_activations(int64_t rows_per_group) {
+  // Read per launch (~100 ns), for measurements.
   const char* env = std::getenv("EPMOE_NVFP4_ACTIVATIONS");
-  if (env == nullptr || std::strcmp(env, "l1") == 0) return false;
-  EPMOE_CHECK_ARG(std::strcmp(env, "staged") == 0, "EPMOE_NVFP4_ACTIVATIONS", "l1 or staged", env);
-  return true;
+  if (env == nullptr || std::strcmp(env, "rows") == 0) {
+    return rows_per_group > kNvfp4L1MaxRows ? Nvfp4Activations::staged : Nvfp4Activations::l1;
+  }
+  if (std::strcmp(env, "l1") == 0) return Nvfp4Activations::l1;
+  EPMOE_CHECK_ARG(std::strcmp(env, "staged") == 0, "EPMOE_NVFP4_ACTIVATIONS", "rows, l1 or staged",
+                  env);
+  return Nvfp4Activations::staged;
 }
 
 namespace {
@@ -602,7 +606,8 @@ template <bool kSwiglu>
 void launch_occupancy(const Params& p, dim3 grid, cudaStream_t st) {
   if (nvfp4_ctas_per_sm() == 1) {
     nvfp4_gemm_kernel<true, kSwiglu, false><<<grid, kGemmThreads, 0, st>>>(p);
-  } else if (nvfp4_staged_activations()) {
+  } else if (nvfp4_activations(p.a.rows_per_group > 0 ? p.a.rows_per_group : p.a.M / p.a.E) ==
+             Nvfp4Activations::staged) {
     nvfp4_gemm_kernel_4ctas<kSwiglu, true><<<grid, kGemmThreads, 0, st>>>(p);
   } else {
     nvfp4_gemm_kernel_4ctas<kSwiglu><<<grid, kGemmThreads, 0, st>>>(p);
