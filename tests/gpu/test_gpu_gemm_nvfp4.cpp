@@ -301,31 +301,80 @@ TEST(GpuGemmNvfp4, SwigluEpilogueMatchesThePlainOutputsSwiglu) {
   }
 }
 
-// The single-split kernel at both occupancies it is compiled for (EPMOE_NVFP4_OCCUPANCY: CTAs per
-// SM x chunks in flight) computes the same sums in the same order: bitwise equal, plain, SwiGLU
-// and clamped SwiGLU.
-TEST(GpuGemmNvfp4, OccupanciesBitwiseEqual) {
-  EPMOE_REQUIRE_GPU();
-  std::mt19937 rng(27);
+// Every value of the run-time switch `env` gives the bits of `reference` (the same MMAs in the same
+// order) on each shape, plain, SwiGLU and clamped SwiGLU, one split (exact codes, random
+// activations).
+void expect_switch_bitwise(const std::vector<Shape>& cases, const char* env, const char* reference,
+                           const std::vector<std::string>& values, uint32_t seed) {
+  std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const ActivationParams clamped = activation_params(Activation::swiglu_clamped());
   const ActivationParams plain_swiglu{};
   for (const ActivationParams* act : {static_cast<const ActivationParams*>(nullptr), &plain_swiglu,
                                       &clamped}) {
-    for (const Shape& s : shapes()) {
+    const char* what = act == nullptr ? " plain " : (act->clamped ? " clamped " : " swiglu ");
+    for (const Shape& s : cases) {
       Problem p(s);
       fill_exact(p, rng);
       for (bf16_t& v : p.a) v = float_to_bf16(normal(rng));
       const int64_t cols = act == nullptr ? p.N : p.N / 2;
-      std::vector<bf16_t> reference;
+      std::vector<bf16_t> expected;
       {
-        const ScopedEnv env("EPMOE_NVFP4_OCCUPANCY", "4x4");
-        reference = p.run_gpu(nullptr, act, 1);
+        const ScopedEnv set(env, reference);
+        expected = p.run_gpu(nullptr, act, 1);
       }
-      const ScopedEnv env("EPMOE_NVFP4_OCCUPANCY", "1x4");
-      const char* what = act == nullptr ? " plain" : (act->clamped ? " clamped" : " swiglu");
-      expect_bitwise(reference, p.run_gpu(nullptr, act, 1), cols, describe(s) + what + " 1x4 vs 4x4");
+      for (const std::string& value : values) {
+        const ScopedEnv set(env, value.c_str());
+        expect_bitwise(expected, p.run_gpu(nullptr, act, 1), cols,
+                       describe(s) + what + env + "=" + value);
+      }
     }
+  }
+}
+
+// The single-split kernel at both occupancies it is compiled for (EPMOE_NVFP4_OCCUPANCY: CTAs per
+// SM x chunks in flight) against the default 4x4.
+TEST(GpuGemmNvfp4, OccupanciesBitwiseEqual) {
+  EPMOE_REQUIRE_GPU();
+  expect_switch_bitwise(shapes(), "EPMOE_NVFP4_OCCUPANCY", "4x4", {"1x4"}, 27);
+}
+
+// Activations staged per CTA in shared memory (EPMOE_NVFP4_ACTIVATIONS=staged: a cp.async ring,
+// the 4x4 kernel on 16-byte code rows) against the per-warp loads through L1. Beyond shapes(): 70
+// and 33 rows (several 32-row passes reusing the ring, the last one partial), N = 200 and F = 100
+// (warps past the end in the last slab, which must still take part in the ring), 4 chunks and 12
+// chunks (past the 4 stages).
+TEST(GpuGemmNvfp4, StagedActivationsBitwiseEqual) {
+  EPMOE_REQUIRE_GPU();
+  std::vector<Shape> cases = shapes();
+  cases.push_back({{70, 0, 33}, 2, 200, 512});
+  cases.push_back({{5, 64, 1}, 0, 128, 1536});
+  expect_switch_bitwise(cases, "EPMOE_NVFP4_ACTIVATIONS", "l1", {"staged"}, 29);
+}
+
+// The activation rule (host only): staged past one 8-row group per expert, as the decode bench
+// shapes measured (nvfp4_gemm.h); the environment forces either way, and names itself when wrong.
+TEST(GpuGemmNvfp4, ActivationsStagedPastOneGroupOfRows) {
+  using cuda::Nvfp4Activations;
+  const ScopedEnv unset("EPMOE_NVFP4_ACTIVATIONS", nullptr);
+  EXPECT_EQ(cuda::nvfp4_activations(4), Nvfp4Activations::l1);   // deepseek-v3, gpt-oss decode
+  EXPECT_EQ(cuda::nvfp4_activations(8), Nvfp4Activations::l1);   // qwen3 decode
+  EXPECT_EQ(cuda::nvfp4_activations(9), Nvfp4Activations::staged);
+  EXPECT_EQ(cuda::nvfp4_activations(32), Nvfp4Activations::staged);  // mixtral decode
+  {
+    const ScopedEnv set("EPMOE_NVFP4_ACTIVATIONS", "staged");
+    EXPECT_EQ(cuda::nvfp4_activations(4), Nvfp4Activations::staged);
+  }
+  {
+    const ScopedEnv set("EPMOE_NVFP4_ACTIVATIONS", "l1");
+    EXPECT_EQ(cuda::nvfp4_activations(32), Nvfp4Activations::l1);
+  }
+  const ScopedEnv set("EPMOE_NVFP4_ACTIVATIONS", "smem");
+  try {
+    cuda::nvfp4_activations(4);
+    FAIL() << "EPMOE_NVFP4_ACTIVATIONS=smem accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("EPMOE_NVFP4_ACTIVATIONS"), std::string::npos) << e.what();
   }
 }
 

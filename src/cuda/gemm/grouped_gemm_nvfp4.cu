@@ -183,6 +183,71 @@ __device__ __forceinline__ void mma_chunk(const uint32_t (&a)[8][4], const bf16_
   }
 }
 
+// Activations staged in shared memory (kStageAct): each chunk's live activation rows (32 rows x
+// 256 bytes at most) are copied once per CTA by cp.async into a ring of kActStages stages, issued
+// kActStages - 1 chunks ahead, instead of each warp loading them through L1 just before its MMAs
+// (Nsight Compute, bench/RESULTS.md f32be88: 39-48 % of stall cycles on L1TEX scoreboards, L1 hit
+// rate 63 %). A row is 16 units of 16 bytes; lane (g, t) reads units 4t .. 4t + 3 of row g, so
+// unit u of row r sits at u ^ 2 (bit 3 of u) ^ (r & 1): the 8 lanes of each 128-bit phase then hit
+// 8 distinct bank groups.
+constexpr int kActStages = 4;
+constexpr int kActRows = 8 * kGroups;
+constexpr int kActUnits = kChunk * 2 / 16;  // 16-byte units per row of a chunk
+
+__device__ __forceinline__ int act_unit(int u, int row) { return u ^ (((u >> 3) & 1) << 1) ^ (row & 1); }
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const auto s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
+// The ring, [kActStages][kActRows][kActUnits] (32 KiB); only the staged kernels reference it.
+__device__ __forceinline__ uint4* act_ring() {
+  __shared__ alignas(128) uint4 ring[kActStages * kActRows * kActUnits];
+  return ring;
+}
+
+// Chunk c's live rows (rows m0 + r, clamped into the group) into stage c % kActStages by every
+// thread of the CTA, then one cp.async group (empty past the last chunk, so that every thread
+// waits on the same group count).
+__device__ __forceinline__ void stage_chunk(uint4* ring, const bf16_t* a_MK, int64_t K, int64_t m0,
+                                            int64_t row_end, int live, int64_t first_chunk,
+                                            int64_t c, int64_t chunks) {
+  if (c < chunks) {
+    uint4* stage = ring + (c % kActStages) * (kActRows * kActUnits);
+    for (int piece = static_cast<int>(threadIdx.x); piece < live * 8 * kActUnits;
+         piece += kGemmThreads) {
+      const int r = piece / kActUnits, u = piece % kActUnits;
+      const int64_t m = m0 + r < row_end ? m0 + r : row_end - 1;
+      cp_async16(stage + r * kActUnits + act_unit(u, r), a_MK + m * K + (first_chunk + c) * kChunk + u * 8);
+    }
+  }
+  cp_async_commit();
+}
+
+// mma_chunk on a staged chunk: the same MMAs in the same order, activation words from the stage.
+__device__ __forceinline__ void mma_chunk_staged(const uint32_t (&a)[8][4], const uint4* stage,
+                                                 int g, int t, int live,
+                                                 float (&acc)[kGroups][4]) {
+#pragma unroll
+  for (int q = 0; q < kGroups; ++q) {
+    if (q >= live) break;
+    const uint4* row = stage + (q * 8 + g) * kActUnits;
+    uint4 v[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = row[act_unit(4 * t + i, g)];
+    const uint32_t w[16] = {v[0].x, v[0].y, v[0].z, v[0].w, v[1].x, v[1].y, v[1].z, v[1].w,
+                            v[2].x, v[2].y, v[2].z, v[2].w, v[3].x, v[3].y, v[3].z, v[3].w};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) mma_bf16(acc[q], a[j], w[2 * j], w[2 * j + 1]);
+  }
+}
+
 // One 16-element block of the K tail: lane t owns elements 4t .. 4t + 3 (two code bytes) of each
 // weight row (codes, scale: the block's first code byte and its scale) and activation row.
 __device__ __forceinline__ void tail_block(const uint8_t* const (&codes)[2],
@@ -219,8 +284,11 @@ __device__ __forceinline__ bf16_t* out_row(const Nvfp4GroupedGemmArgs& a, int64_
 // h = act(bf16(gate), bf16(up)) as the unfused kernel does (core/activation.h).
 // kSplit: split blockIdx.z of gridDim.z stores its unscaled fp32 sums at partials_SMN[z, m, n]
 // (gate at n = f, up at n = F + f); the reduce kernel applies the scale and the epilogue.
-template <bool kWide, bool kSwiglu, bool kSplit>
+// kStageAct (single split): activations through the shared-memory ring above; every warp of the
+// CTA then runs every chunk (a warp past N computes on clamped rows and stores nothing).
+template <bool kWide, bool kSwiglu, bool kSplit, bool kStageAct = false>
 __device__ __forceinline__ void nvfp4_gemm(const Params& p) {
+  static_assert(!kStageAct || !kSplit, "staged activations: single split");
   const Nvfp4GroupedGemmArgs& a = p.a;
   const int e = static_cast<int>(blockIdx.y);
   if ((a.skip != nullptr && *a.skip != 0) || (a.replay_skip != nullptr && *a.replay_skip != 0)) {
@@ -236,7 +304,9 @@ __device__ __forceinline__ void nvfp4_gemm(const Params& p) {
   const int64_t F = a.N / 2;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kSlab + warp * kRowsPerWarp;
   const int64_t f0 = static_cast<int64_t>(blockIdx.x) * (kSlab / 2) + warp * (kRowsPerWarp / 2);
-  if (kSwiglu ? f0 >= F : n0 >= a.N) return;  // warp-uniform; no CTA-wide barrier follows
+  if constexpr (!kStageAct) {
+    if (kSwiglu ? f0 >= F : n0 >= a.N) return;  // warp-uniform; no CTA-wide barrier follows
+  }
 
   const int t = lane % 4;
   const uint8_t* code_rows[2];
@@ -279,6 +349,14 @@ __device__ __forceinline__ void nvfp4_gemm(const Params& p) {
     }
     float acc[kGroups][4] = {};
 
+    [[maybe_unused]] uint4* ring = nullptr;
+    if constexpr (kStageAct) {
+      ring = act_ring();
+#pragma unroll
+      for (int s = 0; s < kActStages - 1; ++s) {
+        stage_chunk(ring, a.a_MK, a.K, m0, row_end, live, c_begin, s, chunks);
+      }
+    }
     Chunk buf[kDepth];
 #pragma unroll
     for (int i = 0; i < kDepth; ++i) {
@@ -293,8 +371,22 @@ __device__ __forceinline__ void nvfp4_gemm(const Params& p) {
         uint32_t frag[8][4];
         decode_chunk(buf[i], frag);
         if (c + kDepth < chunks) buf[i] = load_chunk<kWide>(l);
-        mma_chunk(frag, rows, live, acc);
+        if constexpr (kStageAct) {
+          // Chunk c has landed (this thread's copies), and after the barrier every thread's; the
+          // barrier also ends every warp's reads of chunk c - 1's stage, which chunk
+          // c + kActStages - 1 then refills.
+          cp_async_wait<kActStages - 2>();
+          __syncthreads();
+          mma_chunk_staged(frag, ring + (c % kActStages) * (kActRows * kActUnits), g, t, live, acc);
+          stage_chunk(ring, a.a_MK, a.K, m0, row_end, live, c_begin, c + kActStages - 1, chunks);
+        } else {
+          mma_chunk(frag, rows, live, acc);
+        }
       }
+    }
+    if constexpr (kStageAct) {
+      cp_async_wait<0>();
+      __syncthreads();  // the next rows' copies may not overwrite stages still being read
     }
     for (int64_t b = all_chunks * (kChunk / 16); has_tail && b < a.K / 16; ++b) {
       const uint8_t* const codes[2] = {code_rows[0] + b * 8, code_rows[1] + b * 8};
@@ -346,10 +438,11 @@ __global__ void __launch_bounds__(kGemmThreads) nvfp4_gemm_kernel(const Params p
 }
 
 // The single-split kernel on 16-byte code rows compiled for 4 CTAs per SM (registers capped at
-// 128; the SwiGLU one spills 16 bytes): the default, nvfp4_ctas_per_sm().
-template <bool kSwiglu>
+// 128; the SwiGLU one spills 16 bytes): the default, nvfp4_ctas_per_sm(); kStageAct: the
+// activations through the shared-memory ring (nvfp4_activations()).
+template <bool kSwiglu, bool kStageAct = false>
 __global__ void __launch_bounds__(kGemmThreads, 4) nvfp4_gemm_kernel_4ctas(const Params p) {
-  nvfp4_gemm<true, kSwiglu, false>(p);
+  nvfp4_gemm<true, kSwiglu, false, kStageAct>(p);
 }
 
 // The expert owning row m: the last e with offsets_E1[e] <= m (experts without rows share their
@@ -496,11 +589,26 @@ int nvfp4_ctas_per_sm() {
   return 1;
 }
 
+Nvfp4Activations nvfp4_activations(int64_t rows_per_group) {
+  // Read per launch (~100 ns), for measurements.
+  const char* env = std::getenv("EPMOE_NVFP4_ACTIVATIONS");
+  if (env == nullptr || std::strcmp(env, "rows") == 0) {
+    return rows_per_group > kNvfp4L1MaxRows ? Nvfp4Activations::staged : Nvfp4Activations::l1;
+  }
+  if (std::strcmp(env, "l1") == 0) return Nvfp4Activations::l1;
+  EPMOE_CHECK_ARG(std::strcmp(env, "staged") == 0, "EPMOE_NVFP4_ACTIVATIONS", "rows, l1 or staged",
+                  env);
+  return Nvfp4Activations::staged;
+}
+
 namespace {
 template <bool kSwiglu>
 void launch_occupancy(const Params& p, dim3 grid, cudaStream_t st) {
   if (nvfp4_ctas_per_sm() == 1) {
     nvfp4_gemm_kernel<true, kSwiglu, false><<<grid, kGemmThreads, 0, st>>>(p);
+  } else if (nvfp4_activations(p.a.rows_per_group > 0 ? p.a.rows_per_group : p.a.M / p.a.E) ==
+             Nvfp4Activations::staged) {
+    nvfp4_gemm_kernel_4ctas<kSwiglu, true><<<grid, kGemmThreads, 0, st>>>(p);
   } else {
     nvfp4_gemm_kernel_4ctas<kSwiglu><<<grid, kGemmThreads, 0, st>>>(p);
   }

@@ -37,6 +37,9 @@ struct Nvfp4GroupedGemmArgs {
   const int32_t* recv_src_M = nullptr;    // device [M]
   int64_t T = 0;
   int top_k = 0;
+  // The host's expectation of rows per group (balanced routing: T * top_k / E), for choices that
+  // depend on it (nvfp4_activations); 0: M / E.
+  int64_t rows_per_group = 0;
   // W13 with the SwiGLU epilogue: B holds the gate rows [0, N/2) then the up rows [N/2, N); out
   // gets h[m, f] = bf16(act(bf16(gate), bf16(up))) for f < N/2 (core/activation.h, the unfused
   // kernel's math), [M, N/2] with row pitch ld_out; no h13.
@@ -76,6 +79,19 @@ int nvfp4_launch_splits(const Nvfp4GroupedGemmArgs& args);
 // deepseek-v3, gpt-oss, mixtral); 5 and 6 CTAs (96 / 80 registers, 180-708 bytes of spill loads)
 // were 7-130 % slower (bench/RESULTS.md 5e64418).
 int nvfp4_ctas_per_sm();
+
+// Where the 4x4 kernel's warps read the activations: through L1 (l1: global loads per warp just
+// before the MMAs) or staged (a shared-memory ring per CTA filled by cp.async a few chunks ahead;
+// grouped_gemm_nvfp4.cu); the same bits either way. The rule: staged when the expected rows per
+// group (Nvfp4GroupedGemmArgs::rows_per_group) exceed kNvfp4L1MaxRows, one 8-row group reading too
+// little to pay for the ring's barriers. Decode graph ms l1 / staged at 4 / 4 / 8 / 32 rows per
+// expert (deepseek-v3 / gpt-oss / qwen3 / mixtral): 2.88-2.91 / 3.02-3.05, 0.915-0.923 /
+// 0.951-0.952, 0.251-0.256 / 0.250, 1.213 / 0.978-0.984 (bench/RESULTS.md f0243ba).
+// EPMOE_NVFP4_ACTIVATIONS=l1|staged forces one (unset or rows: the rule). Per CTA on the device
+// (by its expert's rows) was tried: both paths in one kernel spill 400-900 bytes at 128 registers.
+enum class Nvfp4Activations { l1, staged };
+constexpr int64_t kNvfp4L1MaxRows = 8;
+Nvfp4Activations nvfp4_activations(int64_t rows_per_group);
 
 // Requirements (checked; Error(invalid_argument) naming the field): E >= 1, K > 0 and
 // K % 16 == 0, N > 0, ld_out >= N (or the combine fields), a_MK and b_codes_ENP 16-byte aligned,
