@@ -134,7 +134,11 @@ Schedule select_schedule(GemmKind kind, const Step& s) {
 // 0.50 / 0.60, 0.94 / 1.17); with long k-loops the fourth stage wins (mixtral, ~2048 rows: 4.13 /
 // 3.77, 7.84 / 7.38). Rows per expert are the balanced ones, T * K / E per local expert (the
 // capacity overstates them by the capacity factor, 2x at EP = 2 in the benches); direct from
-// 2048, the smallest measured win (1024, at EP = 2 for qwen3, is unmeasured).
+// 2048, the smallest measured win (1024, at EP = 2 for qwen3, is unmeasured). Measured slower than
+// this rule on deepseek-v3 (bench/RESULTS.md, f0243ba ...): TMA staging in two rounds with a fourth
+// stage (x1.08-1.10), one bulk group per 64 x 64 box (x1.07-1.10), stores from the registers after a
+// quad transpose (x1.20-1.25); branches wgrad4stages and next12. The WGRAD's mainloop alone takes
+// 70 % of its time there: its stores are not what bounds it.
 WgradStore select_wgrad_store(GemmKind kind, const Step& s) {
   (void)kind;
   const char* env = std::getenv("EPMOE_WGRAD_STORE");
