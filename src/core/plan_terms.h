@@ -16,6 +16,13 @@ struct Dims {
   bool h3_rows = false;     // per-rank combine: the W2 rows are [rows, D] (the send's input)
 };
 
+// Rows per local expert under balanced routing: a rank receives T * K rows (memory_plan's
+// balanced_recv_rows) over its E experts. Kernel rules key on it rather than on the capacity,
+// which overstates it by the capacity factor.
+inline int64_t balanced_rows_per_expert(const Dims& d) {
+  return d.T * d.K / (d.E > 0 ? d.E : 1);
+}
+
 // Combine buffer (symmetric): [T, K, D] bf16 per route, or with the per-rank combine [T, R, D]
 // bf16 partials. (grad_scores return to their owner through the routing buffer's scores.)
 inline int64_t combine_buffer_bytes(int64_t T, int K, int R, int64_t D, bool per_rank) {

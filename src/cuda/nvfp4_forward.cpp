@@ -17,7 +17,7 @@ Nvfp4GroupedGemmArgs step_gemm(const Step& s, int64_t N, int64_t K) {
   a.skip = s.layout.header + kLayoutSkip;
   a.E = s.dims.E;
   a.M = s.capacity_rows;
-  a.rows_per_group = s.dims.T * s.dims.K / s.dims.E;  // balanced routing's rows per local expert
+  a.rows_per_group = balanced_rows_per_expert(s.dims);
   a.N = N;
   a.K = K;
   a.splitk_scratch_SMN = s.nvfp4_splitk_SMN;

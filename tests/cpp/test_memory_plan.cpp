@@ -149,6 +149,15 @@ TEST(MemoryPlan, SmallTwoRanksTwoLayers) {
 // small() at R=2: activations 14,336, scratch 16,384 = route 768 + pad 128 + call 15,488 (layout
 // 896 first, then x_gathered at 14336 + 768 + 128 + 896 = 16128 = 63 * 256), total 34,944
 // (SmallTwoRanksTwoLayers). The device floor is route + pad + layout = 768 + 128 + 896 = 1,792.
+// The kernel rules' rows per local expert: balanced_recv_rows over the local experts, worked by
+// hand (the capacity factor does not enter it).
+TEST(MemoryPlan, BalancedRowsPerExpert) {
+  EXPECT_EQ(balanced_rows_per_expert(Dims{4096, 7168, 2048, 8, 256, 1}), 128);  // 4096*8/256
+  EXPECT_EQ(balanced_rows_per_expert(Dims{128, 4096, 14336, 2, 8, 1}), 32);     // decode 128*2/8
+  EXPECT_EQ(balanced_rows_per_expert(Dims{64, 128, 96, 2, 4, 2}), 32);          // 64*2/4
+  EXPECT_EQ(balanced_rows_per_expert(Dims{5, 8, 8, 2, 0, 1}), 10);              // no experts: /1
+}
+
 TEST(MemoryPlan, AllScratchOnDeviceByDefault) {
   const MemoryPlan p = plan_memory(Config(small()), 2);
   EXPECT_FALSE(p.host_backed_scratch);

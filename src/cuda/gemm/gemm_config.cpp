@@ -148,8 +148,7 @@ WgradStore select_wgrad_store(GemmKind kind, const Step& s) {
     EPMOE_CHECK_ARG(std::strcmp(env, "direct") == 0, "EPMOE_WGRAD_STORE", "tma or direct", env);
     return WgradStore::direct;
   }
-  const int64_t balanced_rows = s.dims.T * s.dims.K / std::max(1, s.dims.E);
-  return balanced_rows >= 2048 ? WgradStore::direct : WgradStore::tma;
+  return balanced_rows_per_expert(s.dims) >= 2048 ? WgradStore::direct : WgradStore::tma;
 }
 
 namespace {
