@@ -32,6 +32,14 @@ namespace epmoe::cuda::gemm {
 
 using namespace cute;
 
+// The order in which tile_to_shape repeats a 128B-swizzle atom over (MN, K[, PIPE]). An MN-major
+// atom is 64 (MN) x 8 (K); repeated k-first, a 64 x BLOCK_K slab is one contiguous 8 KiB block,
+// which one TMA box fills (6 boxes per WGRAD k-block). Repeated MN-first, every 64 x 8 atom is a
+// box of its own: 1 KiB per TMA instruction, 8x the producer's instructions for the same bytes.
+template <Major kMajor>
+using AtomOrder =
+    std::conditional_t<kMajor == Major::K, cute::Step<_1, _2, _3>, cute::Step<_2, _1, _3>>;
+
 // PINGPONG: each of the two consumer warpgroups owns alternate 64-row tiles, so one warpgroup's
 // epilogue overlaps the other's MMA. Otherwise (cooperative) BLOCK_M / 64 warpgroups share a tile.
 // PEEL_TAIL (reduction grouping): the k-blocks a group fills run with one wgmma batch in flight;
@@ -67,9 +75,11 @@ struct GemmTraits {
   using AtomB = std::conditional_t<B_MAJOR_ == Major::K, GMMA::Layout_K_SW128_Atom<Element>,
                                    GMMA::Layout_MN_SW128_Atom<Element>>;
   using SmemLayoutA = decltype(tile_to_shape(
-      AtomA{}, make_shape(Int<BLOCK_M>{}, Int<BLOCK_K>{}, Int<kStages>{})));  // (BM, BK, PIPE)
+      AtomA{}, make_shape(Int<BLOCK_M>{}, Int<BLOCK_K>{}, Int<kStages>{}),
+      AtomOrder<A_MAJOR_>{}));  // (BM, BK, PIPE)
   using SmemLayoutB = decltype(tile_to_shape(
-      AtomB{}, make_shape(Int<BLOCK_N>{}, Int<BLOCK_K>{}, Int<kStages>{})));  // (BN, BK, PIPE)
+      AtomB{}, make_shape(Int<BLOCK_N>{}, Int<BLOCK_K>{}, Int<kStages>{}),
+      AtomOrder<B_MAJOR_>{}));  // (BN, BK, PIPE)
   using MmaAtom = decltype(SM90::GMMA::ss_op_selector<Element, Element, float,
                                                        Shape<_64, Int<BLOCK_N>, Int<BLOCK_K>>,
                                                        kMajorA, kMajorB>());

@@ -35,7 +35,8 @@ auto make_tma(const Operand& o) {
   const auto* ptr = static_cast<const Element*>(o.ptr);
   using Atom = std::conditional_t<kMajor == Major::K, GMMA::Layout_K_SW128_Atom<Element>,
                                   GMMA::Layout_MN_SW128_Atom<Element>>;
-  auto smem = tile_to_shape(Atom{}, make_shape(Int<kTileRows>{}, Int<Traits::BLOCK_K>{}));
+  auto smem = tile_to_shape(Atom{}, make_shape(Int<kTileRows>{}, Int<Traits::BLOCK_K>{}),
+                            take<0, 2>(AtomOrder<kMajor>{}));  // as the kernel's stage layout
   auto tile = make_shape(Int<kTileRows>{}, Int<Traits::BLOCK_K>{});
   // K-major: consecutive elements along mode 1; MN-major: along mode 0.
   auto stride2 = [&] {
@@ -49,13 +50,23 @@ auto make_tma(const Operand& o) {
       return make_tma_atom(SM90_TMA_LOAD_MULTICAST{}, tensor, smem, tile, Int<kMulticast>{});
     }
   };
+  // One box (one TMA instruction) fills at least one 128B-swizzle slab: 64 x BLOCK_K elements
+  // MN-major, 8 rows of BLOCK_K K-major. A smaller box means the smem layout split the slab.
+  auto checked = [](auto tma) {
+    constexpr int kBoxBits = size<1>(typename decltype(tma)::SrcLayout{});
+    constexpr int kSlabRows = kMajor == Major::K ? 8 : 64;
+    static_assert(kBoxBits >= kSlabRows * Traits::BLOCK_K * int(sizeof_bits_v<Element>),
+                  "TMA box smaller than one 128B-swizzle slab: check AtomOrder");
+    return tma;
+  };
   if constexpr (kRank == 2) {
-    return atom(make_tensor(make_gmem_ptr(ptr), make_layout(make_shape(o.rows, o.cols), stride2)));
+    return checked(
+        atom(make_tensor(make_gmem_ptr(ptr), make_layout(make_shape(o.rows, o.cols), stride2))));
   } else {
-    return atom(make_tensor(
+    return checked(atom(make_tensor(
         make_gmem_ptr(ptr),
         make_layout(make_shape(o.rows, o.cols, static_cast<int64_t>(o.groups)),
-                    append(stride2, o.stride_groups))));
+                    append(stride2, o.stride_groups)))));
   }
 }
 
