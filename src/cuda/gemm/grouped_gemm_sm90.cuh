@@ -27,6 +27,7 @@
 
 #include "cuda/gemm/arrival_gate.cuh"
 #include "cuda/gemm/gemm_config.h"
+#include "cuda/gemm/tile_timeline.cuh"
 
 namespace epmoe::cuda::gemm {
 
@@ -297,13 +298,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // ---------------- producer: one thread issues every TMA load ----------------
     cutlass::arch::warpgroup_reg_dealloc<40>();
     if (warp_in_group == 0 && lane_predicate) {
+      TileTimeline timeline;
+      timeline.on = blockIdx.x == 0;
+      int sequence = 0;
       PipelineState write_state = cutlass::make_producer_start_state<Pipeline>();
       [[maybe_unused]] bool arrival_gave_up = false;
       const int a_shift = group_args.a_shift.rows();  // saved-state operands: arena rows
       [[maybe_unused]] const int b_shift = group_args.b_shift.rows();
-      for (int tile = first_tile; tile < sched.total; tile += tile_stride) {
+      for (int tile = first_tile; tile < sched.total; tile += tile_stride, ++sequence) {
         const TileCoord t = sched.at(tile);
         if (t.k_tiles == 0) continue;
+        timeline.tile(sequence, t.k_tiles, t.rows_valid);
         if constexpr (Traits::kNumB == 2 && Traits::kGrouping == Grouping::rows) {  // W13 only
           wait_for_rows(group_args.arrival, t.row0, t.rows_valid, sched.offsets[sched.groups],
                         arrival_gave_up);
@@ -322,6 +327,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                           group_modes<0, 2>(gA));
         for (int kt = 0; kt < t.k_tiles; ++kt) {
           pipeline.producer_acquire(write_state);
+          if (kt == 0) timeline.stamp(sequence, Stamp::acquire_first);
+          if (kt == t.k_tiles - 1) timeline.stamp(sequence, Stamp::acquire_last);
           auto* barrier = pipeline.producer_get_barrier(write_state);
           const int stage = write_state.index();
           copy(tma_a.with(*barrier), tAgA(_, kt), tAsA(_, stage));
@@ -381,9 +388,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const int row_block = Traits::kPingPong ? 0 : wg;
     Epilogue epilogue(epi_params, smem.epilogue[wg], wg, row_block, consumer_tid % 128);
     PipelineState read_state;
+    TileTimeline timeline;
+    timeline.on = blockIdx.x == 0 && consumer_tid == 0;
     int sequence = 0;  // this CTA's tiles in order; ping-pong: warpgroup (sequence % 2) owns one
     for (int tile = first_tile; tile < sched.total; tile += tile_stride, ++sequence) {
       const TileCoord t = sched.at(tile);
+      timeline.stamp(sequence, Stamp::tile_start);
+      timeline.tile(sequence, t.k_tiles, t.rows_valid);
       if constexpr (Traits::kPingPong) {
         if ((sequence & 1) != wg) {  // the other warpgroup's tile: skip its stages
           read_state.advance(static_cast<uint32_t>(t.k_tiles));
@@ -402,19 +413,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       if (t.k_tiles > 0) {
         PipelineState release_state = read_state;
         tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
-        // Reduction grouping: a k-block that crosses the group end has its rows past the end
-        // zeroed in shared memory. Those rows belong to the next expert (or are stale): zero them
-        // in both operands so they add nothing, whatever they hold (NaN included). Operands are
-        // MN-major, so a k-row is whole 128-byte swizzle rows (64 elements each), which the
-        // swizzle only permutes internally: zero each row from the address of its first element
-        // rounded down to 128 bytes.
-        [[maybe_unused]] auto zero_k_tail = [&](int stage, int valid) {
+        // Reduction grouping: a k-block that crosses the group end has its rows [valid, end) past
+        // the end zeroed in shared memory. Those rows belong to the next expert (or are stale):
+        // zero them in both operands so they add nothing, whatever they hold (NaN included).
+        // Operands are MN-major, so a k-row is whole 128-byte swizzle rows (64 elements each),
+        // which the swizzle only permutes internally: zero each row from the address of its first
+        // element rounded down to 128 bytes.
+        [[maybe_unused]] auto zero_k_tail = [&](int stage, int valid, int end) {
           static_assert(Traits::kGrouping != Grouping::reduction ||
                             (Traits::kMajorA == GMMA::Major::MN &&
                              Traits::kMajorB == GMMA::Major::MN),
                         "k-tail zeroing assumes MN-major operands");
           constexpr int kRowsPerK = (BM + BN) / 64;
-          const int tail_rows = (BK - valid) * kRowsPerK;
+          const int tail_rows = (end - valid) * kRowsPerK;
           for (int i = tile_tid; i < tail_rows * 8; i += kTileThreads) {
             const int row = i / 8, chunk = i % 8;
             const int k = valid + row / kRowsPerK, r = row % kRowsPerK;
@@ -436,10 +447,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
             Traits::kPeelTail && t.rows_valid % BK != 0 ? t.k_tiles - 1 : t.k_tiles;
         for (int kt = 0; kt < loop_tiles; ++kt) {
           pipeline.consumer_wait(read_state);
+          if (kt == 0) timeline.stamp(sequence, Stamp::operands_ready);
           const int stage = read_state.index();
           if constexpr (kRetireEach) {
             const int valid = t.rows_valid - kt * BK;  // group rows in this k-block
-            if (valid < BK) zero_k_tail(stage, valid);
+            if (valid < BK) zero_k_tail(stage, valid, BK);
           }
           warpgroup_fence_operand(acc0);
           if constexpr (Traits::kNumB == 2) warpgroup_fence_operand(acc1);
@@ -469,13 +481,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           }
           ++read_state;
         }
+        timeline.stamp(sequence, Stamp::loop_done);
         if constexpr (Traits::kPeelTail) {
           if (loop_tiles < t.k_tiles) {  // the partial k-block, every earlier batch retired
             warpgroup_wait<0>();
             warpgroup_fence_operand(acc0);
             pipeline.consumer_wait(read_state);
             const int stage = read_state.index();
-            zero_k_tail(stage, t.rows_valid - loop_tiles * BK);
+            zero_k_tail(stage, t.rows_valid - loop_tiles * BK, BK);
             warpgroup_fence_operand(acc0);
             warpgroup_arrive();
             CUTE_UNROLL
@@ -497,6 +510,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         warpgroup_fence_operand(acc0);
         if constexpr (Traits::kNumB == 2) warpgroup_fence_operand(acc1);
         pipeline.consumer_release(release_state);
+        timeline.stamp(sequence, Stamp::mma_done);
       }
       if constexpr (Traits::kPingPong) {  // the next tile's mainloop may start
         if (tile + tile_stride < sched.total) {
@@ -505,6 +519,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         }
       }
       epilogue.store(t, acc0, acc1);
+      timeline.stamp(sequence, Stamp::epilogue_done);
     }
     epilogue.finish();
   }

@@ -163,6 +163,11 @@ void launch_grouped_gemm(const Operand& a, const Operand& b, const GroupArgs& gr
   kernel<<<grid, Traits::kThreads, kSmem, stream>>>(tma_a, tma_b, groups, epi, a.rows, a.cols,
                                                      b.rows, b.cols);
   EPMOE_CUDA_CHECK(cudaGetLastError());
+#if defined(EPMOE_GEMM_TIMELINE)
+  print_tile_timeline<<<1, 1, 0, stream>>>(Traits::BLOCK_M, Traits::BLOCK_N, Traits::kNumB,
+                                           static_cast<int>(Traits::kGrouping));
+  EPMOE_CUDA_CHECK(cudaGetLastError());
+#endif
 }
 
 }  // namespace epmoe::cuda::gemm
