@@ -483,18 +483,25 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         }
         timeline.stamp(sequence, Stamp::loop_done);
         if constexpr (Traits::kPeelTail) {
-          if (loop_tiles < t.k_tiles) {  // the partial k-block, every earlier batch retired
-            warpgroup_wait<0>();
-            warpgroup_fence_operand(acc0);
+          // The partial k-block runs only the MMA k-steps (16 rows each) that hold group rows,
+          // and zeroes only the rows past the group inside the last of them. The previous
+          // k-block's batch stays in flight meanwhile: it reads another stage.
+          if (loop_tiles < t.k_tiles) {
+            constexpr int kStepRows = BK / size<2>(tCrA);  // rows of one wgmma k-step
+            const int valid = t.rows_valid - loop_tiles * BK;
+            const int steps = (valid + kStepRows - 1) / kStepRows;
             pipeline.consumer_wait(read_state);
+            timeline.stamp(sequence, Stamp::tail_ready);
             const int stage = read_state.index();
-            zero_k_tail(stage, t.rows_valid - loop_tiles * BK, BK);
+            if (valid % kStepRows != 0) zero_k_tail(stage, valid, steps * kStepRows);
             warpgroup_fence_operand(acc0);
             warpgroup_arrive();
             CUTE_UNROLL
             for (int kb = 0; kb < size<2>(tCrA); ++kb) {
-              cute::gemm(tiled_mma, tCrA(_, _, kb, stage), tCrB0(_, _, kb, stage), acc0);
-              tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+              if (kb < steps) {
+                cute::gemm(tiled_mma, tCrA(_, _, kb, stage), tCrB0(_, _, kb, stage), acc0);
+                tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+              }
             }
             warpgroup_commit_batch();
             warpgroup_wait<0>();
