@@ -74,7 +74,7 @@ class Config:
     # precision "fp8_block" (training): "fp8", both weight gradients as FP8 WGRADs on 128x1
     # column-quantized operands; "bf16", as bf16 WGRADs on the bf16 operands (x decoded from its
     # E4M3 rows); "by_shape" (the default), the planner picks one from the shape: "fp8" iff the
-    # balanced rows per local expert T*K*R/E >= 256 and D*F/(D+F) >= 1024 (plan_memory(...)
+    # balanced rows per local expert T*K*R/E >= 512 and D*F/(D+F) >= 1024 (plan_memory(...)
     # .fp8_wgrad is the choice, .fp8_wgrad_reason why). Other precisions: "by_shape"
     # (docs/formats.md "The weight gradients in bf16").
     fp8_wgrad: str = "by_shape"

@@ -70,10 +70,10 @@ TEST(CapiConfig, Fp8WgradReachesThePlanner) {
   c.precision = 1;
   int32_t resolved = -1;
   ASSERT_EQ(epmoe_resolved_fp8_wgrad(&c, 2, &resolved), 0) << epmoe_last_error();
-  EXPECT_EQ(resolved, 1);  // 8 rows per expert < 256
+  EXPECT_EQ(resolved, 1);  // 8 rows per expert < 512
   std::string text = explain(c, 2);
   EXPECT_NE(text.find("weight gradients (Config.fp8_wgrad = by_shape): bf16: 8 rows per expert "
-                      "< 256"),
+                      "< 512"),
             std::string::npos)
       << text;
   c.fp8_wgrad = 0;
@@ -106,14 +106,14 @@ TEST(CapiConfig, Fp8WgradReachesThePlanner) {
 
 // The default resolves on the bench shapes as the planner does (the rule's own cases:
 // tests/cpp/test_fp8_wgrad_choice.cpp): deepseek-v3 at T = 4096 picks bf16 at EP = 1 (128 rows
-// per expert) and fp8 at EP = 2 (256 rows).
+// per expert) and fp8 at EP = 4 (512 rows).
 TEST(CapiConfig, ResolvedFp8WgradFollowsTheShape) {
   epmoe_config c = epmoe_config_default(4096, 7168, 2048, 8, 256);
   c.precision = 1;
   int32_t resolved = -1;
   ASSERT_EQ(epmoe_resolved_fp8_wgrad(&c, 1, &resolved), 0) << epmoe_last_error();
   EXPECT_EQ(resolved, 1);
-  ASSERT_EQ(epmoe_resolved_fp8_wgrad(&c, 2, &resolved), 0) << epmoe_last_error();
+  ASSERT_EQ(epmoe_resolved_fp8_wgrad(&c, 4, &resolved), 0) << epmoe_last_error();
   EXPECT_EQ(resolved, 0);
   c.precision = 0;  // bf16 with the default: unused, reported as fp8
   ASSERT_EQ(epmoe_resolved_fp8_wgrad(&c, 1, &resolved), 0) << epmoe_last_error();

@@ -156,7 +156,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Shape{1, 1, 8, 8, 1, 1, false, DType::bf16, false}));
 
 // Config.fp8_wgrad = by_shape (the default) runs the plan's choice: this shape (16*2*2/8 = 8 rows
-// per expert < 256) resolves to bf16, and every output is bitwise the explicit bf16 choice's, not
+// per expert < 512) resolves to bf16, and every output is bitwise the explicit bf16 choice's, not
 // the fp8 one's weight gradients.
 TEST(Fp8Training, ByShapeRunsThePlansChoice) {
   Problem p = fp8_problem({2, 16, 32, 24, 2, 8, false, DType::bf16});

@@ -307,7 +307,7 @@ TEST(GpuFp8Training, PerRankCombineEqualsPerRouteAtEp1AndMatchesCpu) {
 
 // Config.fp8_wgrad = by_shape (the default) runs the plan's choice on CUDA: bitwise the explicit
 // choice's outputs, and not the other choice's weight gradients. 300*2/8 = 75 rows per expert
-// resolve to bf16; 512*2/4 = 256 rows with D = F = 2048 (D*F/(D+F) = 1024) to fp8.
+// resolve to bf16; 1024*2/4 = 512 rows with D = F = 2048 (D*F/(D+F) = 1024) to fp8.
 TEST(GpuFp8Training, ByShapeRunsThePlansChoiceBitwise) {
   EPMOE_REQUIRE_GPU();
   struct Case {
@@ -315,7 +315,7 @@ TEST(GpuFp8Training, ByShapeRunsThePlansChoiceBitwise) {
     Fp8Wgrad want;
   };
   for (const Case& c : {Case{fp8_problem(300, 256, 160, 8, 2), Fp8Wgrad::bf16},
-                        Case{fp8_problem(512, 2048, 2048, 4, 2), Fp8Wgrad::fp8}}) {
+                        Case{fp8_problem(1024, 2048, 2048, 4, 2), Fp8Wgrad::fp8}}) {
     Problem p = c.p;
     p.fp8_wgrad = Fp8Wgrad::by_shape;
     const MemoryPlan plan = plan_memory(p.config(), 1);

@@ -171,14 +171,15 @@ def test_fp8_wgrad_by_shape_is_the_default_and_resolves_in_the_plan():
     plan = epmoe.plan_memory(tiny_config(precision="fp8_block"), 4)
     assert plan.fp8_wgrad == "bf16" and plan.fp8_wgrad_requested == "by_shape"
     assert plan.fp8_wgrad_reason.startswith("bf16: ")
-    assert "rows per expert < 256" in plan.fp8_wgrad_reason
+    assert "rows per expert < 512" in plan.fp8_wgrad_reason
     assert plan.fp8_wgrad_reason in plan.explain()
     bf16 = epmoe.plan_memory(tiny_config(precision="fp8_block", fp8_wgrad="bf16"), 4)
     assert plan.fp8_scratch_bytes == bf16.fp8_scratch_bytes and plan.total_bytes == bf16.total_bytes
-    # A shape the rule gives fp8 (gpt-oss-120b at EP = 1: 256 rows per expert, D*F/(D+F) = 1440).
+    # A shape the rule gives fp8 (gpt-oss-120b at EP = 2: 512 rows per expert, D*F/(D+F) = 1440).
     big = epmoe.Config(max_num_local_input_tokens=8192, hidden_dim=2880, intermediate_dim=2880,
                        top_k=4, num_experts=128, precision="fp8_block")
-    assert epmoe.plan_memory(big, 1).fp8_wgrad == "fp8"
+    assert epmoe.plan_memory(big, 2).fp8_wgrad == "fp8"
+    assert epmoe.plan_memory(big, 1).fp8_wgrad == "bf16"
     unused = epmoe.plan_memory(tiny_config(), 4)  # precision bf16: resolved to fp8, unused
     assert unused.fp8_wgrad == "fp8" and unused.fp8_wgrad_requested == "by_shape"
     explicit = epmoe.plan_memory(tiny_config(precision="fp8_block", fp8_wgrad="fp8"), 4)
