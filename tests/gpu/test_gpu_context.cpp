@@ -236,11 +236,13 @@ TEST(GpuContext, WgradStoresEqualBitwise) {
   }
 }
 
-// The bf16 WGRAD's loop with the partial k-block peeled out of it (the default) gives the bits of
-// the loop that retires every batch (EPMOE_WGRAD_PEEL=0; the same k-order), on the TMA-store and
-// the direct-store kernels. Cases: groups ending inside a k-block, groups of whole k-blocks, groups
-// of less than one k-block, experts with no rows, one and many tiles per CTA, experts with more
-// k-blocks than stages.
+// The bf16 WGRAD's loop with the partial k-block peeled out of it (the default: only the k-steps of
+// 16 rows that hold group rows run, the rows past the group zeroed up to the next 16) gives the bits
+// of the loop that retires every batch and runs all four k-steps of the zeroed block
+// (EPMOE_WGRAD_PEEL=0; the same k-order, skipped steps add exact zeros), on the TMA-store and the
+// direct-store kernels. Cases: groups ending inside a k-block (at and off a 16-row step), groups of
+// whole k-blocks, groups of less than one k-block, experts with no rows, one and many tiles per
+// CTA, experts with more k-blocks than stages.
 TEST(GpuContext, WgradMainloopsEqualBitwise) {
   EPMOE_REQUIRE_GPU();
   const std::vector<TokensCase> cases = {{problem(333, 256, 520, 16, 4), 333},

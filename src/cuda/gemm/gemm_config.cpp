@@ -137,9 +137,9 @@ Schedule select_schedule(GemmKind kind, const Step& s) {
 // 2048, the smallest measured win (1024, at EP = 2 for qwen3, is unmeasured). Measured slower than
 // this rule on deepseek-v3 (bench/RESULTS.md, f0243ba ...): TMA staging in two rounds with a fourth
 // stage (x1.08-1.10), one bulk group per 64 x 64 box (x1.07-1.10), stores from the registers after a
-// quad transpose (x1.20-1.25); branches wgrad4stages and next12. The WGRAD's mainloop alone takes
-// 70 % of its time there: its stores are not what bounds it. Neither are the bytes of B alone: B
-// kept resident per output column was x1.05-1.12 (branch wgradresident).
+// quad transpose (x1.20-1.25); branches wgrad4stages and next12. The per-tile timeline
+// (EPMOE_GEMM_TIMELINE; bench/RESULTS.md 004ced0) puts the rest of a tile's time beyond its MMA in
+// its epilogue (~1 450 SM clocks of ~4 600 at deepseek-v3) with the tensor pipe idle.
 WgradStore select_wgrad_store(GemmKind kind, const Step& s) {
   (void)kind;
   const char* env = std::getenv("EPMOE_WGRAD_STORE");
