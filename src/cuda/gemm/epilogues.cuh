@@ -518,7 +518,10 @@ struct WgradTmaEpilogue {
 
   template <class Acc0, class Acc1>
   __device__ void store(const TileCoord& t, const Acc0& acc, const Acc1&) const {
-    if (tid == 0) tma_store_wait<0>();  // the previous tile's stores have read the stage
+    if (tid == 0) {
+      tma_store_wait<0>();  // the previous tile's stores have read the stage
+      stamp_current_tile(Stamp::stage_free);
+    }
     sync();
     const int warp = tid / 32, lane = tid % 32;
     if (t.k_tiles == 0) {  // an expert with no rows: zeros, without reading the accumulators
@@ -539,6 +542,7 @@ struct WgradTmaEpilogue {
     cutlass::arch::fence_view_async_shared();  // generic-proxy writes before the TMA reads them
     sync();
     if (tid == 0) {
+      stamp_current_tile(Stamp::staged);
       Tensor mC = p.tma.get_tma_tensor(make_shape(p.m_out, p.n_out, p.groups));  // (m, n, e)
       const int m_blk = (t.m_tile * Traits::BLOCK_M) / 64 + row_block;
       CUTE_UNROLL

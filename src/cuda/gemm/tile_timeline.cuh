@@ -19,6 +19,8 @@ enum class Stamp : int {
   epilogue_done,   // consumer: epilogue.store returned (its TMA stores issued, not complete)
   acquire_first,   // producer: the tile's first stage acquired
   acquire_last,    // producer: the tile's last stage acquired (its loads issued next)
+  stage_free,      // epilogue (WgradTmaEpilogue): the previous tile's TMA stores read its stage
+  staged,          // epilogue (WgradTmaEpilogue): the tile is in shared memory, stores next
   count
 };
 
@@ -30,12 +32,15 @@ constexpr int kStamps = static_cast<int>(Stamp::count);
 // Per translation unit (no -rdc): the launcher that fills it enqueues the kernel that prints it.
 static __device__ long long g_timeline[kTimelineTiles][kStamps];
 static __device__ int g_timeline_tile[kTimelineTiles][2];  // k-blocks, rows
+static __device__ int g_timeline_current = -1;  // the recording consumer's tile in the window
 
 struct TileTimeline {
   bool on = false;
   __device__ void stamp(int sequence, Stamp s) const {
     const int i = sequence - kTimelineFirst;
-    if (on && i >= 0 && i < kTimelineTiles) g_timeline[i][static_cast<int>(s)] = clock64();
+    if (!on) return;
+    if (s == Stamp::tile_start) g_timeline_current = i;
+    if (i >= 0 && i < kTimelineTiles) g_timeline[i][static_cast<int>(s)] = clock64();
   }
   __device__ void tile(int sequence, int k, int rows) const {
     const int i = sequence - kTimelineFirst;
@@ -45,6 +50,15 @@ struct TileTimeline {
     }
   }
 };
+
+// A stamp from code that does not know the tile (the epilogue): the recording consumer thread's
+// current tile. That thread is CTA 0's first consumer thread (threadIdx.x 128).
+__device__ inline void stamp_current_tile(Stamp s) {
+  const int i = g_timeline_current;
+  if (blockIdx.x == 0 && threadIdx.x == 128 && i >= 0 && i < kTimelineTiles) {
+    g_timeline[i][static_cast<int>(s)] = clock64();
+  }
+}
 
 // One line per tile: clocks relative to the window's first tile start.
 static __global__ void print_tile_timeline(int bm, int bn, int num_b, int grouping) {
@@ -58,6 +72,7 @@ static __global__ void print_tile_timeline(int bm, int bn, int num_b, int groupi
     }
     printf("\n");
   }
+  g_timeline_current = -1;
 }
 #else
 struct TileTimeline {
@@ -65,6 +80,7 @@ struct TileTimeline {
   __device__ void stamp(int, Stamp) const {}
   __device__ void tile(int, int, int) const {}
 };
+__device__ inline void stamp_current_tile(Stamp) {}
 #endif
 
 }  // namespace epmoe::cuda::gemm
