@@ -172,16 +172,22 @@ bool select_wgrad_peel(GemmKind kind, const Step& s) {
 }
 
 // Pairs of CTAs multicasting B (grouped_gemm_sm90.cuh) are measured against single CTAs per GEMM
-// kind with EPMOE_GEMM_CLUSTER; until a kind's row in bench/RESULTS.md shows a gain it runs unpaired.
+// kind with EPMOE_GEMM_CLUSTER (every kind) or EPMOE_GEMM_CLUSTER_WGRAD (the two WGRADs, first);
+// until a kind's row in bench/RESULTS.md shows a gain it runs unpaired. Last measured at 75fe3af,
+// before the WGRAD's k-tail fix (004ced0). Since it, deepseek-v3's W13 WGRAD loads its operands
+// at about the same rate on the cooperative 128 x 256 tile and on the 64 x 256 ping-pong one (4.8
+// and 4.4 TB/s of k-blocks, 1.67x the bytes taking 1.8x the time; bench/RESULTS.md 004ced0): if
+// that rate is their bound, pairs (B shared by two m-tiles) cut the L2 reads by a third; unmeasured.
 int select_cluster(GemmKind kind, const Step& s) {
-  (void)kind;
   (void)s;
-  const char* env = std::getenv("EPMOE_GEMM_CLUSTER");
-  if (env != nullptr) {
+  const bool wgrad = kind == GemmKind::w2_wgrad || kind == GemmKind::w13_wgrad;
+  for (const char* name : {wgrad ? "EPMOE_GEMM_CLUSTER_WGRAD" : nullptr, "EPMOE_GEMM_CLUSTER"}) {
+    const char* env = name == nullptr ? nullptr : std::getenv(name);
+    if (env == nullptr) continue;
     if (std::strcmp(env, "1") == 0) return 1;
-    EPMOE_CHECK_ARG(std::strcmp(env, "2") == 0, "EPMOE_GEMM_CLUSTER", "1 or 2", env);
+    EPMOE_CHECK_ARG(std::strcmp(env, "2") == 0, name, "1 or 2", env);
 #if !defined(EPMOE_GEMM_ALL_CONFIGS)
-    EPMOE_CHECK_ARG(false, "EPMOE_GEMM_CLUSTER", "1 in a build with EPMOE_GEMM_CONFIGS=CI", env);
+    EPMOE_CHECK_ARG(false, name, "1 in a build with EPMOE_GEMM_CONFIGS=CI", env);
 #endif
     return 2;
   }
