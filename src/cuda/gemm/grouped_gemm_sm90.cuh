@@ -308,7 +308,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       for (int tile = first_tile; tile < sched.total; tile += tile_stride, ++sequence) {
         const TileCoord t = sched.at(tile);
         if (t.k_tiles == 0) continue;
-        timeline.tile(sequence, t.k_tiles, t.rows_valid);
         if constexpr (Traits::kNumB == 2 && Traits::kGrouping == Grouping::rows) {  // W13 only
           wait_for_rows(group_args.arrival, t.row0, t.rows_valid, sched.offsets[sched.groups],
                         arrival_gave_up);

@@ -122,6 +122,19 @@ void set_shared_memory_limit(int bytes) {
   }
 }
 
+// The probe build (-DEPMOE_GEMM_TIMELINE): prints and clears the stamps the GEMM just enqueued
+// recorded (tile_timeline.cuh). Nothing otherwise.
+template <class Traits>
+void enqueue_timeline_print(cudaStream_t stream) {
+#if defined(EPMOE_GEMM_TIMELINE)
+  print_tile_timeline<<<1, 1, 0, stream>>>(Traits::BLOCK_M, Traits::BLOCK_N, Traits::kNumB,
+                                           static_cast<int>(Traits::kGrouping));
+  EPMOE_CUDA_CHECK(cudaGetLastError());
+#else
+  (void)stream;
+#endif
+}
+
 // Launches one grouped GEMM: A and B as described, groups from the device, epilogue params.
 // programmatic: a programmatic dependent launch (it may start while the previous kernel of the
 // stream runs; only for a kernel that waits on that kernel's data itself, e.g. the arrival gate).
@@ -157,17 +170,14 @@ void launch_grouped_gemm(const Operand& a, const Operand& b, const GroupArgs& gr
     config.numAttrs = count;
     EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, tma_a, tma_b, groups, epi, a.rows, a.cols,
                                         b.rows, b.cols));
+    enqueue_timeline_print<Traits>(stream);
     return;
   }
   const int grid = device_sm_count();
   kernel<<<grid, Traits::kThreads, kSmem, stream>>>(tma_a, tma_b, groups, epi, a.rows, a.cols,
                                                      b.rows, b.cols);
   EPMOE_CUDA_CHECK(cudaGetLastError());
-#if defined(EPMOE_GEMM_TIMELINE)
-  print_tile_timeline<<<1, 1, 0, stream>>>(Traits::BLOCK_M, Traits::BLOCK_N, Traits::kNumB,
-                                           static_cast<int>(Traits::kGrouping));
-  EPMOE_CUDA_CHECK(cudaGetLastError());
-#endif
+  enqueue_timeline_print<Traits>(stream);
 }
 
 }  // namespace epmoe::cuda::gemm
