@@ -23,6 +23,11 @@
 #       memcheck), then bench_moe.py --epmoe-only (fp8-train, balanced) with
 #       EPMOE_FP8_WGRAD_MULTICAST=0 and =1: $OUT/fp8wgrad{0,1}.json, stage ms side by side
 #       (bench/compare_stages.py) in $OUT/fp8wgrad_compare.txt
+#   bash bench/device.sh timeline [shape...]   the grouped GEMMs' per-tile clock stamps: builds
+#       libepmoe with -DEPMOE_GEMM_TIMELINE=ON in build-tl (src/cuda/gemm/tile_timeline.cuh), runs
+#       one bf16 step per shape (default deepseek-v3 gpt-oss-120b; bench/one_step.py):
+#       $OUT/timeline_<shape>.txt, per-launch medians (bench/timeline_summary.py) in
+#       $OUT/timeline_summary.txt
 #   bash bench/device.sh ab [NAME=value[+NAME=value] ...]   A / B of run-time switches at EP = 1:
 #       builds libepmoe, then bench_moe.py --epmoe-only (balanced; EPMOE_AB_PRECISION, default
 #       bf16; EPMOE_AB_SHAPES, default the four) once as is and once per setting with its
@@ -41,11 +46,16 @@ mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 cd "$(dirname "$0")/.."
 build=build-gpu
+timeline_flag=OFF
+if [[ $mode == timeline ]]; then
+  build=build-tl
+  timeline_flag=ON
+fi
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv | tee "$OUT/gpu.txt"
 t0=$(date +%s)
 if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEPMOE_CUDA=ON \
-    -DEPMOE_GEMM_CONFIGS=ALL > "$OUT/configure.log" 2>&1; then
+    -DEPMOE_GEMM_CONFIGS=ALL -DEPMOE_GEMM_TIMELINE=$timeline_flag > "$OUT/configure.log" 2>&1; then
   tail -40 "$OUT/configure.log"; exit 1
 fi
 # EPMOE_BUILD_TARGETS (space-separated) builds only those targets; default: everything.
@@ -56,7 +66,7 @@ elif [[ $mode == slots ]]; then
   EPMOE_BUILD_TARGETS=${EPMOE_BUILD_TARGETS:-epmoe test_c_api}
 elif [[ $mode == profile ]]; then
   EPMOE_BUILD_TARGETS=${EPMOE_BUILD_TARGETS:-epmoe}
-elif [[ $mode == ab ]]; then
+elif [[ $mode == ab || $mode == timeline ]]; then
   EPMOE_BUILD_TARGETS=${EPMOE_BUILD_TARGETS:-epmoe}
 elif [[ $mode == fp8wgrad ]]; then
   EPMOE_BUILD_TARGETS=${EPMOE_BUILD_TARGETS:-epmoe test_gpu_wgrad_fp8}
@@ -202,6 +212,15 @@ if [[ $mode == ab ]]; then
   ab_runs ab "${EPMOE_AB_PRECISION:-bf16}" \
     "${EPMOE_AB_SHAPES:-qwen3-30b-a3b,deepseek-v3,gpt-oss-120b,mixtral-8x7b}" - "$@"
   cat "$OUT/ab_compare.txt"
+fi
+if [[ $mode == timeline ]]; then
+  for shape in "${@:-deepseek-v3 gpt-oss-120b}"; do
+    for s in $shape; do
+      timeout -k 10 120 python3 bench/one_step.py --shape "$s" --precision bf16 \
+          --lib "$build/src/libepmoe.so" > "$OUT/timeline_$s.txt" 2>&1 || status=1
+    done
+  done
+  python3 bench/timeline_summary.py "$OUT"/timeline_*.txt | tee "$OUT/timeline_summary.txt"
 fi
 if [[ $mode == nvfp4 ]]; then
   t0=$(date +%s)
