@@ -204,18 +204,22 @@ TEST(GpuContext, ClusterPairsEqualSingleCtasBitwise) {
   }
 }
 
+// WGRAD cases: 2F = 1040 (an edge m-tile) and F = 520 (an edge n-tile), experts with no rows (zero
+// tiles), several tiles per CTA, more k-blocks than stages.
+std::vector<TokensCase> wgrad_cases() {
+  return {{problem(333, 256, 520, 16, 4), 333},
+          {problem(40, 128, 96, 64, 2), 40},
+          {problem(2048, 1024, 768, 4, 2), 2048},
+          {problem(4096, 2048, 1024, 8, 2), 4096}};
+}
+
 // The bf16 WGRAD stored by the threads (EPMOE_WGRAD_STORE=direct, 4 stages) gives the bits of
-// the TMA-store epilogue (3 stages): the same fp32 sums rounded once. Cases: 2F = 1040 (an edge
-// m-tile), experts with no rows (zero tiles), several tiles per CTA, more k-blocks than stages, and
+// the TMA-store epilogue (3 stages): the same fp32 sums rounded once. The wgrad_cases(), and
 // clusters of two where the build has them.
 TEST(GpuContext, WgradStoresEqualBitwise) {
   EPMOE_REQUIRE_GPU();
-  const std::vector<TokensCase> cases = {{problem(333, 256, 520, 16, 4), 333},
-                                        {problem(40, 128, 96, 64, 2), 40},
-                                        {problem(2048, 1024, 768, 4, 2), 2048},
-                                        {problem(4096, 2048, 1024, 8, 2), 4096}};
   uint64_t seed = 131;
-  for (const TokensCase& c : cases) {
+  for (const TokensCase& c : wgrad_cases()) {
     const auto in = make_inputs(c.p, seed++, c.tokens);
     std::vector<RankOutputs> tma;
     {
@@ -270,6 +274,34 @@ TEST(GpuContext, WgradMainloopsEqualBitwise) {
       expect_bitwise_equal(run_gpu_layer(c.p, in[0]), plain,
                            c.p.name() + " WGRAD store " + v.store + ", peel " + v.peel +
                                " vs the loop retiring every batch");
+    }
+  }
+}
+
+// The TMA-store WGRAD on 128 x 192 tiles with four stages (EPMOE_WGRAD_TILE=128x192, built with
+// EPMOE_GEMM_CONFIGS=ALL) gives the bits of the 128 x 256 tile: every output element sums the same
+// k-steps in the same order. Peeled and unpeeled loops on the wgrad_cases() (partial last n-tiles:
+// 520 = 2 x 192 + 136, 256 = 192 + 64).
+TEST(GpuContext, WgradTilesEqualBitwise) {
+  EPMOE_REQUIRE_GPU();
+  uint64_t seed = 171;
+  for (const TokensCase& c : wgrad_cases()) {
+    const auto in = make_inputs(c.p, seed++, c.tokens);
+    for (const char* peel : {"1", "0"}) {
+      const ScopedEnv store("EPMOE_WGRAD_STORE", "tma"), peeled("EPMOE_WGRAD_PEEL", peel);
+      std::vector<RankOutputs> wide, narrow;
+      {
+        const ScopedEnv tile("EPMOE_WGRAD_TILE", "128x256");
+        wide = run_gpu_layer(c.p, in[0]);
+      }
+      try {
+        const ScopedEnv tile("EPMOE_WGRAD_TILE", "128x192");
+        narrow = run_gpu_layer(c.p, in[0]);
+      } catch (const Error& e) {
+        GTEST_SKIP() << "128 x 192 WGRAD not in this build (EPMOE_GEMM_CONFIGS=CI): " << e.what();
+      }
+      expect_bitwise_equal(narrow, wide,
+                           c.p.name() + " WGRAD 128 x 192 vs 128 x 256, peel " + peel);
     }
   }
 }

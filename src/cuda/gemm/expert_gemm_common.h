@@ -32,6 +32,10 @@ int select_cluster(GemmKind kind, const Step& s);
 // gemm_config.cpp.
 WgradStore select_wgrad_store(GemmKind kind, const Step& s);
 
+// The output tile of the TMA-store WGRAD (cooperative, unclustered): EPMOE_WGRAD_TILE=128x256|
+// 128x192 forces one (128x192 is built with EPMOE_GEMM_CONFIGS=ALL only), else 128 x 256.
+WgradTile select_wgrad_tile(GemmKind kind, const Step& s);
+
 // Whether the bf16 WGRAD (cooperative, unclustered; overwritten output) runs its full k-blocks with
 // one wgmma batch in flight and the partial one after them: EPMOE_WGRAD_PEEL=1|0 forces it, else
 // the rule in gemm_config.cpp.

@@ -18,6 +18,11 @@ template <class S, bool kPeel = false>
 using WgradTmaTraits = GemmTraits<S::pingpong ? 64 : 128, 256, 3, Grouping::reduction, Major::MN,
                                   Major::MN, 1, S::pingpong, S::cluster, kPeel>;
 
+// 128 x 192 (EPMOE_WGRAD_TILE, select_wgrad_tile): a fourth stage in the same shared memory.
+template <bool kPeel>
+using WgradTma192Traits = GemmTraits<128, 192, 4, Grouping::reduction, Major::MN, Major::MN, 1,
+                                     false, 1, kPeel>;
+
 // TMA-store descriptor of grad_w [groups, m_out, n_out] bf16 in 64 x 64 boxes.
 auto make_wgrad_store(void* out, int64_t m_out, int64_t n_out, int groups) {
   using Box = typename WgradTmaEpilogue<WgradTmaTraits<Sched<false, 1>>, int>::SmemLayoutBox;
@@ -49,10 +54,23 @@ void wgrad(GemmKind kind, const Step& s, const bf16_t* a_rows, int64_t m_out,
       launch_grouped_gemm<T, Major::MN, Major::MN, Epi>(a, b, g, epi, stream_of(s));
     };
     if constexpr (!S::pingpong && S::cluster == 1) {
-      if (select_wgrad_peel(kind, s)) return run(WgradTmaTraits<S, true>{});
+      const bool peel = select_wgrad_peel(kind, s);
+#if defined(EPMOE_GEMM_ALL_CONFIGS)
+      if (select_wgrad_tile(kind, s) == WgradTile::n192) {
+        return peel ? run(WgradTma192Traits<true>{}) : run(WgradTma192Traits<false>{});
+      }
+#endif
+      if (peel) return run(WgradTmaTraits<S, true>{});
+    } else {
+      EPMOE_CHECK_ARG(select_wgrad_tile(kind, s) == WgradTile::n256, "EPMOE_WGRAD_TILE",
+                      "128x256 with a ping-pong or clustered WGRAD", "128x192");
     }
     return run(WgradTmaTraits<S>{});
   }
+  EPMOE_CHECK_ARG(select_wgrad_tile(kind, s) == WgradTile::n256, "EPMOE_WGRAD_TILE",
+                  "128x256 where the WGRAD does not store through the TMA (f32, accumulated, or "
+                  "EPMOE_WGRAD_STORE=direct)",
+                  "128x192");
   if constexpr (!S::pingpong && S::cluster == 1) {
     if (s.wgrad_dtype == DType::bf16 && !accumulate && select_wgrad_peel(kind, s)) {
       using T = WgradTraits<S, true>;

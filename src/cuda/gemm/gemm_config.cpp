@@ -151,6 +151,23 @@ WgradStore select_wgrad_store(GemmKind kind, const Step& s) {
   return balanced_rows_per_expert(s.dims) >= 2048 ? WgradStore::direct : WgradStore::tma;
 }
 
+// 128 x 192 fits a fourth stage beside its TMA-store staging (4 x 40 + 2 x 24 KiB): the timeline
+// (bench/RESULTS.md 004ced0) shows gpt-oss's 4-5 k-block tiles waiting for their last stage,
+// which three stages let the producer load only once the tile's first block retires, and its
+// D = F = 2880 fills 15 tiles of 192 where 256 leaves the twelfth a quarter full. Unmeasured,
+// so off unless asked for.
+WgradTile select_wgrad_tile(GemmKind kind, const Step& s) {
+  (void)kind;
+  (void)s;
+  const char* env = std::getenv("EPMOE_WGRAD_TILE");
+  if (env == nullptr || std::strcmp(env, "128x256") == 0) return WgradTile::n256;
+  EPMOE_CHECK_ARG(std::strcmp(env, "128x192") == 0, "EPMOE_WGRAD_TILE", "128x256 or 128x192", env);
+#if !defined(EPMOE_GEMM_ALL_CONFIGS)
+  EPMOE_CHECK_ARG(false, "EPMOE_WGRAD_TILE", "128x256 in a build with EPMOE_GEMM_CONFIGS=CI", env);
+#endif
+  return WgradTile::n192;
+}
+
 namespace {
 // A 0 / 1 switch read per launch (~100 ns): its value, or `fallback` when unset.
 bool switch_from_env(const char* name, bool fallback) {

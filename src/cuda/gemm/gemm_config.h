@@ -48,6 +48,10 @@ const char* to_string(Schedule s);
 // How the bf16 WGRAD stores an overwritten gradient (gemm::select_wgrad_store).
 enum class WgradStore : int { tma, direct };
 
+// The TMA-store WGRAD's output tile (gemm::select_wgrad_tile): 128 x 256 on 3 stages, or 128 x 192
+// on 4 (the same shared memory; 1.11x the operand bytes per FLOP, a stage more to run ahead with).
+enum class WgradTile : int { n256, n192 };
+
 // The six expert GEMMs (their schedule is chosen per kind).
 enum class GemmKind : int { w13_fprop, w2_fprop, w2_dgrad, w13_dgrad, w2_wgrad, w13_wgrad };
 const char* to_string(GemmKind k);
