@@ -53,18 +53,20 @@ void wgrad(GemmKind kind, const Step& s, const bf16_t* a_rows, int64_t m_out,
       const typename Epi::Params epi{store, m_out, n_out, s.dims.E};
       launch_grouped_gemm<T, Major::MN, Major::MN, Epi>(a, b, g, epi, stream_of(s));
     };
-    if constexpr (!S::pingpong && S::cluster == 1) {
+    // CTA pairs peel too: measured against single CTAs, both take the same k-tail.
+    if constexpr (!S::pingpong) {
       const bool peel = select_wgrad_peel(kind, s);
+      if constexpr (S::cluster == 1) {
 #if defined(EPMOE_GEMM_ALL_CONFIGS)
-      if (select_wgrad_tile(kind, s) == WgradTile::n192) {
-        return peel ? run(WgradTma192Traits<true>{}) : run(WgradTma192Traits<false>{});
-      }
+        if (select_wgrad_tile(kind, s) == WgradTile::n192) {
+          return peel ? run(WgradTma192Traits<true>{}) : run(WgradTma192Traits<false>{});
+        }
 #endif
+      }
       if (peel) return run(WgradTmaTraits<S, true>{});
-    } else {
-      EPMOE_CHECK_ARG(select_wgrad_tile(kind, s) == WgradTile::n256, "EPMOE_WGRAD_TILE",
-                      "128x256 with a ping-pong or clustered WGRAD", "128x192");
     }
+    EPMOE_CHECK_ARG(select_wgrad_tile(kind, s) == WgradTile::n256, "EPMOE_WGRAD_TILE",
+                    "128x256 with a ping-pong or clustered WGRAD", "128x192");
     return run(WgradTmaTraits<S>{});
   }
   EPMOE_CHECK_ARG(select_wgrad_tile(kind, s) == WgradTile::n256, "EPMOE_WGRAD_TILE",
