@@ -44,6 +44,7 @@ void wgrad(GemmKind kind, const Step& s, const bf16_t* a_rows, int64_t m_out,
   GroupArgs g = step_groups(s, n_out, 0, m_out);
   g.b_shift = b_rows.shift;
   const int accumulate = s.accumulate_wgrad ? 1 : 0;
+  const WgradTile tile = select_wgrad_tile(kind, s);
   if (s.wgrad_dtype == DType::bf16 && !accumulate &&
       select_wgrad_store(kind, s) == WgradStore::tma) {
     auto store = make_wgrad_store(out, m_out, n_out, s.dims.E);
@@ -58,18 +59,18 @@ void wgrad(GemmKind kind, const Step& s, const bf16_t* a_rows, int64_t m_out,
       const bool peel = select_wgrad_peel(kind, s);
       if constexpr (S::cluster == 1) {
 #if defined(EPMOE_GEMM_ALL_CONFIGS)
-        if (select_wgrad_tile(kind, s) == WgradTile::n192) {
+        if (tile == WgradTile::n192) {
           return peel ? run(WgradTma192Traits<true>{}) : run(WgradTma192Traits<false>{});
         }
 #endif
       }
       if (peel) return run(WgradTmaTraits<S, true>{});
     }
-    EPMOE_CHECK_ARG(select_wgrad_tile(kind, s) == WgradTile::n256, "EPMOE_WGRAD_TILE",
+    EPMOE_CHECK_ARG(tile == WgradTile::n256, "EPMOE_WGRAD_TILE",
                     "128x256 with a ping-pong or clustered WGRAD", "128x192");
     return run(WgradTmaTraits<S>{});
   }
-  EPMOE_CHECK_ARG(select_wgrad_tile(kind, s) == WgradTile::n256, "EPMOE_WGRAD_TILE",
+  EPMOE_CHECK_ARG(tile == WgradTile::n256, "EPMOE_WGRAD_TILE",
                   "128x256 where the WGRAD does not store through the TMA (f32, accumulated, or "
                   "EPMOE_WGRAD_STORE=direct)",
                   "128x192");

@@ -79,6 +79,8 @@ const char* to_string(GemmKind k) {
 // EPMOE_GEMM_SCHEDULE_<KIND> (the kind's name in capitals, e.g. EPMOE_GEMM_SCHEDULE_W2_DGRAD),
 // EPMOE_GEMM_SCHEDULE_WGRAD (both WGRADs), EPMOE_GEMM_SCHEDULE (every GEMM).
 namespace {
+bool is_wgrad(GemmKind kind) { return kind == GemmKind::w2_wgrad || kind == GemmKind::w13_wgrad; }
+
 // EPMOE_GEMM_SCHEDULE_<KIND>: the kind's name (to_string) in capitals, built once.
 const char* schedule_override_name(GemmKind kind) {
   constexpr int kKinds = static_cast<int>(GemmKind::w13_wgrad) + 1;
@@ -95,9 +97,9 @@ const char* schedule_override_name(GemmKind kind) {
 }  // namespace
 
 Schedule select_schedule(GemmKind kind, const Step& s) {
-  const bool wgrad = kind == GemmKind::w2_wgrad || kind == GemmKind::w13_wgrad;
   const char* names[] = {schedule_override_name(kind),
-                         wgrad ? "EPMOE_GEMM_SCHEDULE_WGRAD" : nullptr, "EPMOE_GEMM_SCHEDULE"};
+                         is_wgrad(kind) ? "EPMOE_GEMM_SCHEDULE_WGRAD" : nullptr,
+                         "EPMOE_GEMM_SCHEDULE"};
   const char* env = nullptr;
   const char* name = nullptr;
   for (const char* n : names) {
@@ -137,7 +139,7 @@ Schedule select_schedule(GemmKind kind, const Step& s) {
 // 2048, the smallest measured win (1024, at EP = 2 for qwen3, is unmeasured). Measured slower than
 // this rule on deepseek-v3 (bench/RESULTS.md, f0243ba ...): TMA staging in two rounds with a fourth
 // stage (x1.08-1.10), one bulk group per 64 x 64 box (x1.07-1.10), stores from the registers after a
-// quad transpose (x1.20-1.25); branches wgrad4stages and next12. The per-tile timeline
+// quad transpose (x1.20-1.25); their branches were not kept. The per-tile timeline
 // (EPMOE_GEMM_TIMELINE; bench/RESULTS.md 004ced0) puts the rest of a tile's time beyond its MMA in
 // its epilogue (~1 450 SM clocks of ~4 600 at deepseek-v3) with the tensor pipe idle.
 WgradStore select_wgrad_store(GemmKind kind, const Step& s) {
@@ -197,8 +199,8 @@ bool select_wgrad_peel(GemmKind kind, const Step& s) {
 // that rate is their bound, pairs (B shared by two m-tiles) cut the L2 reads by a third; unmeasured.
 int select_cluster(GemmKind kind, const Step& s) {
   (void)s;
-  const bool wgrad = kind == GemmKind::w2_wgrad || kind == GemmKind::w13_wgrad;
-  for (const char* name : {wgrad ? "EPMOE_GEMM_CLUSTER_WGRAD" : nullptr, "EPMOE_GEMM_CLUSTER"}) {
+  for (const char* name :
+       {is_wgrad(kind) ? "EPMOE_GEMM_CLUSTER_WGRAD" : nullptr, "EPMOE_GEMM_CLUSTER"}) {
     const char* env = name == nullptr ? nullptr : std::getenv(name);
     if (env == nullptr) continue;
     if (std::strcmp(env, "1") == 0) return 1;
