@@ -197,6 +197,20 @@ bool select_wgrad_peel(GemmKind kind, const Step& s) {
 // at about the same rate on the cooperative 128 x 256 tile and on the 64 x 256 ping-pong one (4.8
 // and 4.4 TB/s of k-blocks, 1.67x the bytes taking 1.8x the time; bench/RESULTS.md 004ced0): if
 // that rate is their bound, pairs (B shared by two m-tiles) cut the L2 reads by a third; unmeasured.
+// Claimed in order for every kind (tile_claims.cuh; the kernel keeps the fixed stride for CTA
+// pairs and for reduction grouping). Measured on H200 (bench/RESULTS.md, 48c5244 + this rule,
+// three alternating pairs, EP = 1): fwd+bwd x0.97 qwen3, x0.86 deepseek-v3, x0.89 gpt-oss,
+// x1.00 mixtral; gpt-oss W13 DGRAD read 4.87 GB from HBM instead of 7.04 (its operands: 4.63).
+bool select_claimed_tiles(GemmKind kind, const Step& s) {
+  (void)kind;
+  (void)s;
+  const char* env = std::getenv("EPMOE_GEMM_TILE_ORDER");
+  if (env == nullptr) return true;
+  if (std::strcmp(env, "claimed") == 0) return true;
+  EPMOE_CHECK_ARG(std::strcmp(env, "stride") == 0, "EPMOE_GEMM_TILE_ORDER", "claimed or stride", env);
+  return false;
+}
+
 int select_cluster(GemmKind kind, const Step& s) {
   (void)s;
   for (const char* name :
