@@ -156,8 +156,9 @@ WgradStore select_wgrad_store(GemmKind kind, const Step& s) {
 // 128 x 192 fits a fourth stage beside its TMA-store staging (4 x 40 + 2 x 24 KiB): the timeline
 // (bench/RESULTS.md 004ced0) shows gpt-oss's 4-5 k-block tiles waiting for their last stage,
 // which three stages let the producer load only once the tile's first block retires, and its
-// D = F = 2880 fills 15 tiles of 192 where 256 leaves the twelfth a quarter full. Unmeasured,
-// so off unless asked for.
+// D = F = 2880 fills 15 tiles of 192 where 256 leaves the twelfth a quarter full. Measured at
+// 48c5244 (one call, W2 / W13 WGRAD vs 128 x 256): x0.93 / 0.98 qwen3, x1.11 / 1.09 deepseek-v3,
+// x1.04 / 1.01 gpt-oss; off unless asked for.
 WgradTile select_wgrad_tile(GemmKind kind, const Step& s) {
   (void)kind;
   (void)s;
@@ -190,27 +191,31 @@ bool select_wgrad_peel(GemmKind kind, const Step& s) {
   return switch_from_env("EPMOE_WGRAD_PEEL", true);
 }
 
-// Pairs of CTAs multicasting B (grouped_gemm_sm90.cuh) are measured against single CTAs per GEMM
-// kind with EPMOE_GEMM_CLUSTER (every kind) or EPMOE_GEMM_CLUSTER_WGRAD (the two WGRADs, first);
-// until a kind's row in bench/RESULTS.md shows a gain it runs unpaired. Last measured at 75fe3af,
-// before the WGRAD's k-tail fix (004ced0). Since it, deepseek-v3's W13 WGRAD loads its operands
-// at about the same rate on the cooperative 128 x 256 tile and on the 64 x 256 ping-pong one (4.8
-// and 4.4 TB/s of k-blocks, 1.67x the bytes taking 1.8x the time; bench/RESULTS.md 004ced0): if
-// that rate is their bound, pairs (B shared by two m-tiles) cut the L2 reads by a third; unmeasured.
 // Claimed in order for every kind (tile_claims.cuh; the kernel keeps the fixed stride for CTA
 // pairs and for reduction grouping). Measured on H200 (bench/RESULTS.md, 48c5244 + this rule,
 // three alternating pairs, EP = 1): fwd+bwd x0.97 qwen3, x0.86 deepseek-v3, x0.89 gpt-oss,
-// x1.00 mixtral; gpt-oss W13 DGRAD read 4.87 GB from HBM instead of 7.04 (its operands: 4.63).
+// x1.00 mixtral; on a second machine x0.86 deepseek-v3, x0.97 gpt-oss. gpt-oss W13 DGRAD read
+// 4.87 GB from HBM instead of 7.04 (its operands: 4.63).
 bool select_claimed_tiles(GemmKind kind, const Step& s) {
   (void)kind;
   (void)s;
   const char* env = std::getenv("EPMOE_GEMM_TILE_ORDER");
   if (env == nullptr) return true;
   if (std::strcmp(env, "claimed") == 0) return true;
-  EPMOE_CHECK_ARG(std::strcmp(env, "stride") == 0, "EPMOE_GEMM_TILE_ORDER", "claimed or stride", env);
+  EPMOE_CHECK_ARG(std::strcmp(env, "stride") == 0, "EPMOE_GEMM_TILE_ORDER", "claimed or stride",
+                  env);
   return false;
 }
 
+// Pairs of CTAs multicasting B (grouped_gemm_sm90.cuh) are measured against single CTAs per GEMM
+// kind with EPMOE_GEMM_CLUSTER (every kind) or EPMOE_GEMM_CLUSTER_WGRAD (the two WGRADs, first);
+// until a kind's row in bench/RESULTS.md shows a gain it runs unpaired. Last measured at 75fe3af,
+// before the WGRAD's k-tail fix (004ced0). Since it, deepseek-v3's W13 WGRAD loads its operands
+// at about the same rate on the cooperative 128 x 256 tile and on the 64 x 256 ping-pong one (4.8
+// and 4.4 TB/s of k-blocks, 1.67x the bytes taking 1.8x the time; bench/RESULTS.md 004ced0): if
+// that rate is their bound, pairs (B shared by two m-tiles) cut the L2 reads by a third. Measured
+// at 48c5244 (EPMOE_GEMM_CLUSTER_WGRAD=2, one call): W2 / W13 WGRAD x1.02 / 1.03 deepseek-v3,
+// x1.11 / 1.08 gpt-oss, x1.01 / 0.98 qwen3: not their bound.
 int select_cluster(GemmKind kind, const Step& s) {
   (void)s;
   for (const char* name :
