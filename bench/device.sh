@@ -38,11 +38,26 @@
 # CUTLASS headers and GoogleTest sources travel in third_party/ (git-ignored; name it in carry).
 # The JSON files record EPMOE_SHA when set: the device machine's copy of .git can be older than the
 # working tree it runs, so pass the commit from the calling machine (EPMOE_SHA=<sha> bash ...).
+# The device tool brings back at most 8 files from $OUT: on exit every file this run left there is
+# packed into $OUT/out-<mode>-<HHMMSS>.tgz and removed (archives of earlier runs in the same call
+# stay); EPMOE_PACK_OUT=0 leaves them as they are.
 set -uo pipefail
 mode=${1:-all}
 shift || true
 OUT=${OUT:-/tmp/epmoe-out}
 mkdir -p "$OUT"
+pack_out() {
+  [[ ${EPMOE_PACK_OUT:-1} == 0 ]] && return
+  local archive files
+  archive="out-$mode-$(date +%H%M%S).tgz"
+  mapfile -t files < <(cd "$OUT" && find . -mindepth 1 -maxdepth 1 ! -name 'out-*.tgz' -printf '%P\n')
+  (( ${#files[@]} == 0 )) && return
+  if tar czf "$OUT/$archive" -C "$OUT" "${files[@]}"; then
+    (cd "$OUT" && rm -rf -- "${files[@]}")
+    echo "packed ${#files[@]} files into \$OUT/$archive"
+  fi
+}
+trap pack_out EXIT
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 cd "$(dirname "$0")/.."
 build=build-gpu

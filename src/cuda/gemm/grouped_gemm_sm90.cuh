@@ -287,8 +287,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int first_tile = static_cast<int>(blockIdx.x) / kCluster;  // tiles are per cluster
   const int tile_stride = static_cast<int>(gridDim.x) / kCluster;
   // Tiles claimed in order (tile_claims.cuh), or the fixed stride: CTA pairs must run the same
-  // tile, and reduction grouping (WGRAD) keeps it (its peeled k-tail's wgmma would be serialized,
-  // C7520; its operands are activations, not weight slices shared across tiles).
+  // tile, and reduction grouping (WGRAD) keeps it (its tiles share activation rows, not weight
+  // slices; not measured claimed).
   constexpr bool kClaimable = kCluster == 1 && Traits::kGrouping == Grouping::rows;
   const bool claimed = kClaimable && group_args.claims_from_skip > 0;
   const TileClaims claims{claimed ? const_cast<int*>(group_args.skip) + group_args.claims_from_skip
@@ -428,8 +428,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if constexpr (kClaimable) {
       if (claimed) tile = smem.tile_ring.take(0);
     }
-    // Cooperative: the next tile is taken once the accumulators are dead (a wait loop while they
-    // are live makes ptxas serialize the peeled WGRAD's wgmma, C7520).
+    // Cooperative: the next tile is taken after the epilogue (the producer published it long
+    // before); ping-pong: before its turn is handed over.
     for (; tile < sched.total; tile = Traits::kPingPong ? next : tile_after(tile), ++sequence) {
       const TileCoord t = sched.at(tile);
       timeline.stamp(sequence, Stamp::tile_start);
