@@ -197,6 +197,33 @@ TEST(GpuFp8Training, RowQuantizationInProducersEqualsSeparateBitwise) {
   }
 }
 
+// The FP8 GEMMs' tiles claimed in order from the layout header's counters
+// (EPMOE_FP8_TILE_ORDER=claimed) give y and every gradient bitwise as the fixed stride, on both
+// FP8 tiles (the D-wide GEMMs take the 64 x 256 ping-pong where K < N), fused and unfused.
+TEST(GpuFp8Training, ClaimedTilesEqualStrideBitwise) {
+  EPMOE_REQUIRE_GPU();
+  const std::vector<Problem> cases = {
+      fp8_problem(512, 1024, 768, 8, 2),  // W2 FPROP K = 768 < N = 1024: ping-pong
+      fp8_problem(300, 256, 640, 16, 4),  // experts of ~75 rows: most 128-row units half empty
+  };
+  uint64_t seed = 1350;
+  for (const Problem& base : cases) {
+    const std::vector<RankInputs> in = make_inputs(base, seed++, base.max_tokens);
+    for (bool fused : {true, false}) {
+      Problem p = base;
+      p.fused = fused;
+      RankOutputs stride;
+      {
+        const ScopedEnv env("EPMOE_FP8_TILE_ORDER", "stride");
+        stride = gpu_train(p, in[0]);
+      }
+      const ScopedEnv env("EPMOE_FP8_TILE_ORDER", "claimed");
+      expect_bitwise_equal({gpu_train(p, in[0])}, {stride},
+                           p.name() + (fused ? " fused" : " unfused") + ": claimed vs stride");
+    }
+  }
+}
+
 // Live counts below T and none, and a skewed routing (one expert with > 128 rows).
 TEST(GpuFp8Training, EdgeRoutingsMatchCpuWithinBounds) {
   EPMOE_REQUIRE_GPU();

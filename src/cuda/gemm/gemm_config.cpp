@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cuda/check.h"
+#include "cuda/gemm/fp8_gemm.h"
 #include "core/step.h"
 #include "epmoe/error.h"
 
@@ -252,4 +253,15 @@ void check_groups(const Step& s) {
 }
 
 }  // namespace gemm
+
+// The FP8 kernels' tile order (grouped_gemm_fp8_sm90.cuh, grouped_gemm_fp8_pingpong_sm90.cuh):
+// claimed only when asked for, until a run shows it (the bf16 measurements above).
+int fp8_claims_from_skip(GemmKind kind) {
+  const char* env = std::getenv("EPMOE_FP8_TILE_ORDER");
+  if (env == nullptr || std::strcmp(env, "stride") == 0) return 0;
+  EPMOE_CHECK_ARG(std::strcmp(env, "claimed") == 0, "EPMOE_FP8_TILE_ORDER", "claimed or stride",
+                  env);
+  return kLayoutTileClaims + 2 * static_cast<int>(kind) - kLayoutSkip;
+}
+
 }  // namespace epmoe::cuda
