@@ -193,10 +193,10 @@ bool select_wgrad_peel(GemmKind kind, const Step& s) {
 }
 
 // Claimed in order for every kind (tile_claims.cuh; the kernel keeps the fixed stride for CTA
-// pairs and for reduction grouping). Measured on H200 (bench/RESULTS.md, 48c5244 + this rule,
-// three alternating pairs, EP = 1): fwd+bwd x0.97 qwen3, x0.86 deepseek-v3, x0.89 gpt-oss,
-// x1.00 mixtral; on a second machine x0.86 deepseek-v3, x0.97 gpt-oss. gpt-oss W13 DGRAD read
-// 4.87 GB from HBM instead of 7.04 (its operands: 4.63).
+// pairs and for reduction grouping). gpt-oss's W13 DGRAD reads 4.87 GB from HBM instead of 7.04
+// (its operands: 4.63). Step times (bench/RESULTS.md 1045412): x0.86 deepseek-v3 and x0.89
+// gpt-oss against the stride order of the same build, but equal to the previous build's
+// (48c5244) measured in other calls; the stride runs of this build were slow there.
 bool select_claimed_tiles(GemmKind kind, const Step& s) {
   (void)kind;
   (void)s;
