@@ -28,6 +28,12 @@
 #       one bf16 step per shape (default deepseek-v3 gpt-oss-120b; bench/one_step.py):
 #       $OUT/timeline_<shape>.txt, per-launch medians (bench/timeline_summary.py) in
 #       $OUT/timeline_summary.txt
+#   bash bench/device.sh abpatch <patch> [pairs]   A / B of two builds at EP = 1: a copy of this tree
+#       with <patch> (a `git diff <base> <this>` of the tree, an untracked file here so that it
+#       travels) applied in reverse, built in build-base/, against this tree's libepmoe, in
+#       alternating processes (base first; pairs default 3; EPMOE_AB_PRECISION, EPMOE_AB_SHAPES as
+#       for ab): $OUT/abpatch<i>.json (even: base), stage ms against abpatch0 in
+#       $OUT/abpatch_compare.txt
 #   bash bench/device.sh ab [NAME=value[+NAME=value] ...]   A / B of run-time switches at EP = 1:
 #       builds libepmoe, then bench_moe.py --epmoe-only (balanced; EPMOE_AB_PRECISION, default
 #       bf16; EPMOE_AB_SHAPES, default the four) once as is and once per setting with its
@@ -81,7 +87,7 @@ elif [[ $mode == slots ]]; then
   EPMOE_BUILD_TARGETS=${EPMOE_BUILD_TARGETS:-epmoe test_c_api}
 elif [[ $mode == profile ]]; then
   EPMOE_BUILD_TARGETS=${EPMOE_BUILD_TARGETS:-epmoe}
-elif [[ $mode == ab || $mode == timeline ]]; then
+elif [[ $mode == ab || $mode == abpatch || $mode == timeline ]]; then
   EPMOE_BUILD_TARGETS=${EPMOE_BUILD_TARGETS:-epmoe}
 elif [[ $mode == fp8wgrad ]]; then
   EPMOE_BUILD_TARGETS=${EPMOE_BUILD_TARGETS:-epmoe test_gpu_wgrad_fp8}
@@ -96,8 +102,8 @@ fi
 echo "build: $(( $(date +%s) - t0 )) s"
 
 # bench_moe.py --epmoe-only, balanced, once per setting ("-" = none, else NAME=value exported for
-# that run; several joined by +, e.g. A=1+B=1): $OUT/<prefix><i>.json, each compared with the first
-# in $OUT/<prefix>_compare.txt.
+# that run; several joined by +, e.g. A=1+B=1; EPMOE_AB_LIB=<path> runs that libepmoe instead of
+# this build's): $OUT/<prefix><i>.json, each compared with the first in $OUT/<prefix>_compare.txt.
 # Usage: ab_runs <prefix> <precision> <shapes> <setting>...
 ab_runs() {
   local prefix=$1 precision=$2 shapes=$3 i=0 setting label
@@ -113,7 +119,7 @@ ab_runs() {
       fi
       PYTHONUNBUFFERED=1 timeout -k 10 "${EPMOE_AB_TIMEOUT:-300}" python3 bench/bench_moe.py \
         --routings balanced --shapes "$shapes" --epmoe-only "epmoe-$prefix$i" \
-        --epmoe-only-precision "$precision" --lib "$build/src/libepmoe.so" \
+        --epmoe-only-precision "$precision" --lib "${EPMOE_AB_LIB:-$build/src/libepmoe.so}" \
         --out "$OUT/$prefix$i.json" > "$OUT/$prefix$i.log" 2>&1
     ) || status=1
     tail -2 "$OUT/$prefix$i.log"
@@ -227,6 +233,29 @@ if [[ $mode == ab ]]; then
   ab_runs ab "${EPMOE_AB_PRECISION:-bf16}" \
     "${EPMOE_AB_SHAPES:-qwen3-30b-a3b,deepseek-v3,gpt-oss-120b,mixtral-8x7b}" - "$@"
   cat "$OUT/ab_compare.txt"
+fi
+if [[ $mode == abpatch ]]; then
+  patch_path=$(realpath "${1:?abpatch needs a patch file}")
+  pairs=${2:-3}
+  base_tree=build-base/tree
+  t0=$(date +%s)
+  rm -rf "$base_tree" && mkdir -p "$base_tree"
+  tar --exclude='./build*' --exclude=./.git --exclude=./third_party -cf - . | tar -xf - -C "$base_tree"
+  ln -s "$PWD/third_party" "$base_tree/third_party"
+  if ! (cd "$base_tree" && patch -R -p1 --quiet < "$patch_path") > "$OUT/abpatch_patch.log" 2>&1; then
+    cat "$OUT/abpatch_patch.log"; exit 1
+  fi
+  if ! { cmake -S "$base_tree" -B build-base/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DEPMOE_CUDA=ON \
+           -DEPMOE_GEMM_CONFIGS=ALL && cmake --build build-base/build -j "$(nproc)" --target epmoe; } \
+       > "$OUT/abpatch_build.log" 2>&1; then
+    grep -E "error|Error" -A4 "$OUT/abpatch_build.log" | head -60; exit 1
+  fi
+  echo "base build: $(( $(date +%s) - t0 )) s"
+  settings=()
+  for (( p = 0; p < pairs; ++p )); do settings+=("EPMOE_AB_LIB=$PWD/build-base/build/src/libepmoe.so" -); done
+  ab_runs abpatch "${EPMOE_AB_PRECISION:-bf16}" \
+    "${EPMOE_AB_SHAPES:-qwen3-30b-a3b,deepseek-v3,gpt-oss-120b,mixtral-8x7b}" "${settings[@]}"
+  cat "$OUT/abpatch_compare.txt"
 fi
 if [[ $mode == timeline ]]; then
   for shape in "${@:-deepseek-v3 gpt-oss-120b}"; do
