@@ -82,6 +82,15 @@ const char* to_string(GemmKind k) {
 namespace {
 bool is_wgrad(GemmKind kind) { return kind == GemmKind::w2_wgrad || kind == GemmKind::w13_wgrad; }
 
+// GroupArgs::claims_from_skip of `kind`: its counter pair in the layout header, counted from the
+// skip field the GEMMs are given (core/layout.h kLayoutTileClaims).
+int claims_from_skip(GemmKind kind) {
+  static_assert(kLayoutTileClaims + 2 * (static_cast<int>(GemmKind::w13_wgrad) + 1) <=
+                    kLayoutHeaderInts,
+                "a counter pair per GEMM kind in the layout header");
+  return kLayoutTileClaims + 2 * static_cast<int>(kind) - kLayoutSkip;
+}
+
 // EPMOE_GEMM_SCHEDULE_<KIND>: the kind's name (to_string) in capitals, built once.
 const char* schedule_override_name(GemmKind kind) {
   constexpr int kKinds = static_cast<int>(GemmKind::w13_wgrad) + 1;
@@ -197,15 +206,13 @@ bool select_wgrad_peel(GemmKind kind, const Step& s) {
 // (its operands: 4.63). Step times (bench/RESULTS.md 1045412): x0.86 deepseek-v3 and x0.89
 // gpt-oss against the stride order of the same build, but equal to the previous build's
 // (48c5244) measured in other calls; the stride runs of this build were slow there.
-bool select_claimed_tiles(GemmKind kind, const Step& s) {
-  (void)kind;
+int select_tile_claims(GemmKind kind, const Step& s) {
   (void)s;
   const char* env = std::getenv("EPMOE_GEMM_TILE_ORDER");
-  if (env == nullptr) return true;
-  if (std::strcmp(env, "claimed") == 0) return true;
+  if (env == nullptr || std::strcmp(env, "claimed") == 0) return claims_from_skip(kind);
   EPMOE_CHECK_ARG(std::strcmp(env, "stride") == 0, "EPMOE_GEMM_TILE_ORDER", "claimed or stride",
                   env);
-  return false;
+  return 0;
 }
 
 // Pairs of CTAs multicasting B (grouped_gemm_sm90.cuh) are measured against single CTAs per GEMM
@@ -261,7 +268,7 @@ int fp8_claims_from_skip(GemmKind kind) {
   if (env == nullptr || std::strcmp(env, "stride") == 0) return 0;
   EPMOE_CHECK_ARG(std::strcmp(env, "claimed") == 0, "EPMOE_FP8_TILE_ORDER", "claimed or stride",
                   env);
-  return kLayoutTileClaims + 2 * static_cast<int>(kind) - kLayoutSkip;
+  return gemm::claims_from_skip(kind);
 }
 
 }  // namespace epmoe::cuda
