@@ -70,9 +70,6 @@ enum LayoutHeaderField : int {
   kLayoutSkip = 3,     // 1: the step is skipped (an error on some rank); later stages do nothing
   kLayoutMaxRows = 4,  // max over ranks of received rows
   kLayoutPulls = 5,    // P: distinct (source rank, token) with a route to this rank (0 when M = 0)
-  // [16, 28): the CUDA grouped GEMMs' tile claims, two ints per GEMM kind (cuda/gemm/
-  // tile_claims.cuh): zero between launches.
-  kLayoutTileClaims = 16,
 };
 
 // Pull capacity of a layout with room for `rows` received rows: each pull feeds >= 1 row.

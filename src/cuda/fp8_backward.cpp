@@ -46,9 +46,9 @@ struct Transposed {
 // transpose). w^T is the caller's prepared copy when given (`prepared`, made by prepare_weights
 // with the same transpose); otherwise it is built into the transposed-weight scratch, one region
 // for both DGRADs: stream order puts W13's transpose after W2's GEMM.
-Fp8GroupedGemmArgs dgrad_args(GemmKind kind, const Step& s, const ScratchRows& a_rows,
-                              const uint8_t* w_ENK, const float* w_scales_EBS, Transposed prepared,
-                              int64_t N, int64_t K) {
+Fp8GroupedGemmArgs dgrad_args(const Step& s, const ScratchRows& a_rows, const uint8_t* w_ENK,
+                              const float* w_scales_EBS, Transposed prepared, int64_t N,
+                              int64_t K) {
   const uint8_t* wt_EKN = prepared.codes;
   const float* wt_scales = prepared.scales;
   if (wt_EKN == nullptr || wt_scales == nullptr) {
@@ -71,7 +71,6 @@ Fp8GroupedGemmArgs dgrad_args(GemmKind kind, const Step& s, const ScratchRows& a
   a.b_scales_EBS = wt_scales;
   a.offsets_E1 = s.layout.expert_offsets_E1;
   a.skip = s.layout.header + kLayoutSkip;
-  a.claims_from_skip = fp8_claims_from_skip(kind);
   a.E = s.dims.E;
   a.M = s.capacity_rows;
   a.N = K;
@@ -166,7 +165,7 @@ void fp8_w2_dgrad(const Step& s, bool swiglu_backward_after) {
   const ScratchRows g = scratch_rows(s, l.grad_h3_q, D);
   // w2 [E, D, F]: the DGRAD contracts D, so the GEMM reads w2^T [E, F, D].
   Fp8GroupedGemmArgs a =
-      dgrad_args(GemmKind::w2_dgrad, s, g, s.w2_q_EDF, s.w2_scales_EBS, {s.w2_qt_EFD, s.w2_scales_t_EBS}, D, F);
+      dgrad_args(s, g, s.w2_q_EDF, s.w2_scales_EBS, {s.w2_qt_EFD, s.w2_scales_t_EBS}, D, F);
   if (swiglu_backward_after && fp8_swiglu_backward_in_epilogue(s)) {
     // The SwiGLU backward and grad_h13's E4M3 rows from the accumulators: grad_h is not stored.
     const ScratchRows q = scratch_rows(s, l.grad_h13_q, 2 * F);
@@ -203,7 +202,7 @@ void fp8_w13_dgrad(const Step& s, bool scatter) {
   const int64_t D = s.dims.D, F = s.dims.F;
   const ScratchRows g = scratch_rows(s, fp8_scratch_layout(s).grad_h13_q, 2 * F);
   // w13 [E, 2F, D]: the DGRAD contracts 2F, so the GEMM reads w13^T [E, D, 2F].
-  Fp8GroupedGemmArgs a = dgrad_args(GemmKind::w13_dgrad, s, g, s.w13_q_EFD, s.w13_scales_EBS,
+  Fp8GroupedGemmArgs a = dgrad_args(s, g, s.w13_q_EFD, s.w13_scales_EBS,
                                     {s.w13_qt_EDF, s.w13_scales_t_EBS}, 2 * F, D);
   fp8_rows_output(s, scatter, a);
   a.tile = fp8_tile_for_d_rows(a.N, a.K);

@@ -14,13 +14,12 @@
 namespace epmoe::cuda {
 namespace {
 
-// Groups, skip flags of the step (the layout's, and the replay's in backward), the kind's tile
-// claims; A, B and the output are the caller's.
-Fp8GroupedGemmArgs step_gemm(GemmKind kind, const Step& s, int64_t N, int64_t K) {
+// Groups, skip flags of the step (the layout's, and the replay's in backward); A, B and the
+// output are the caller's.
+Fp8GroupedGemmArgs step_gemm(const Step& s, int64_t N, int64_t K) {
   Fp8GroupedGemmArgs a;
   a.offsets_E1 = s.layout.expert_offsets_E1;
   a.skip = s.layout.header + kLayoutSkip;
-  a.claims_from_skip = fp8_claims_from_skip(kind);
   a.replay_skip = replay_skip_flag(s);
   a.E = s.dims.E;
   a.M = s.capacity_rows;
@@ -42,7 +41,7 @@ void fp8_w13_fprop(const Step& s) {
     copy_placed_rows(placed_x_gathered(s), plain(s.x_gathered_MD), header, M, 0, D,
                      replay_skip_flag(s), s.stream);
   }
-  Fp8GroupedGemmArgs a = step_gemm(GemmKind::w13_fprop, s, 2 * F, D);
+  Fp8GroupedGemmArgs a = step_gemm(s, 2 * F, D);
   // codes [rows, D] | S-major scales at the received rows (fp8_rows_bytes), both placed by the
   // device count: dispatch wrote them there.
   a.a_MK = reinterpret_cast<const uint8_t*>(s.x_gathered_MD);
@@ -106,7 +105,7 @@ void fp8_rows_output(const Step& s, bool scatter, Fp8GroupedGemmArgs& a) {
 
 void fp8_w2_fprop(const Step& s, bool scatter) {
   const int64_t D = s.dims.D, F = s.dims.F, M = s.capacity_rows;
-  Fp8GroupedGemmArgs a = step_gemm(GemmKind::w2_fprop, s, D, F);
+  Fp8GroupedGemmArgs a = step_gemm(s, D, F);
   const char* h = s.fp8_scratch + fp8_scratch_layout(s).h_q;
   a.a_MK = reinterpret_cast<const uint8_t*>(h);
   a.a_scales_SM = reinterpret_cast<const float*>(h + fp8_rows_scales_offset(M, F));

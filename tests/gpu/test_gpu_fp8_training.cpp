@@ -170,52 +170,31 @@ TEST(GpuFp8Training, DevicePreparedTransposedEqualsPerCallBitwise) {
   }
 }
 
-// y and every gradient bitwise the same with the switch `name` at `value` as at `reference`
-// (nullptr: unset), fused and unfused, on each case.
-void expect_switch_bitwise(const std::vector<Problem>& cases, uint64_t seed, const char* name,
-                           const char* value, const char* reference, const std::string& what) {
+// grad_h3 and grad_h13 quantized by the kernels that write them (EPMOE_FP8_ROW_QUANT unset) give
+// y and every gradient bitwise as the separate quantization kernel does, fused and unfused.
+TEST(GpuFp8Training, RowQuantizationInProducersEqualsSeparateBitwise) {
+  EPMOE_REQUIRE_GPU();
+  const std::vector<Problem> cases = {
+      fp8_problem(512, 1024, 768, 8, 2),  // F % 128 == 0: both producers quantize
+      fp8_problem(96, 144, 256, 8, 2),    // D = 144: a 16-wide last block of grad_h3
+      fp8_problem(64, 128, 96, 8, 2),     // F % 128 != 0: the SwiGLU backward quantizes apart
+  };
+  uint64_t seed = 1300;
   for (const Problem& base : cases) {
     const std::vector<RankInputs> in = make_inputs(base, seed++, base.max_tokens);
     for (bool fused : {true, false}) {
       Problem p = base;
       p.fused = fused;
-      RankOutputs expected;
+      RankOutputs separate;
       {
-        const ScopedEnv env(name, reference);
-        expected = gpu_train(p, in[0]);
+        const ScopedEnv env("EPMOE_FP8_ROW_QUANT", "separate");
+        separate = gpu_train(p, in[0]);
       }
-      const ScopedEnv env(name, value);
-      expect_bitwise_equal({gpu_train(p, in[0])}, {expected},
-                           p.name() + (fused ? " fused" : " unfused") + ": " + what);
+      expect_bitwise_equal({gpu_train(p, in[0])}, {separate},
+                           p.name() + (fused ? " fused" : " unfused") +
+                               ": quantized by the producers vs separately");
     }
   }
-}
-
-// grad_h3 and grad_h13 quantized by the kernels that write them (EPMOE_FP8_ROW_QUANT unset) give
-// y and every gradient bitwise as the separate quantization kernel does, fused and unfused.
-TEST(GpuFp8Training, RowQuantizationInProducersEqualsSeparateBitwise) {
-  EPMOE_REQUIRE_GPU();
-  expect_switch_bitwise(
-      {
-          fp8_problem(512, 1024, 768, 8, 2),  // F % 128 == 0: both producers quantize
-          fp8_problem(96, 144, 256, 8, 2),    // D = 144: a 16-wide last block of grad_h3
-          fp8_problem(64, 128, 96, 8, 2),     // F % 128 != 0: the SwiGLU backward quantizes apart
-      },
-      1300, "EPMOE_FP8_ROW_QUANT", nullptr, "separate",
-      "quantized by the producers vs separately");
-}
-
-// The FP8 GEMMs' tiles claimed in order from the layout header's counters
-// (EPMOE_FP8_TILE_ORDER=claimed) give y and every gradient bitwise as the fixed stride, on both
-// FP8 tiles (the D-wide GEMMs take the 64 x 256 ping-pong where K < N), fused and unfused.
-TEST(GpuFp8Training, ClaimedTilesEqualStrideBitwise) {
-  EPMOE_REQUIRE_GPU();
-  expect_switch_bitwise(
-      {
-          fp8_problem(512, 1024, 768, 8, 2),  // W2 FPROP K = 768 < N = 1024: ping-pong
-          fp8_problem(300, 256, 640, 16, 4),  // experts of ~75 rows: most 128-row units half empty
-      },
-      1350, "EPMOE_FP8_TILE_ORDER", "claimed", "stride", "claimed vs stride");
 }
 
 // Live counts below T and none, and a skewed routing (one expert with > 128 rows).

@@ -32,7 +32,6 @@ namespace epmoe::test {
 namespace {
 
 using cuda::Fp8Tile;
-using cuda::GemmKind;
 
 const Fp8Tile kPingPong[2] = {Fp8Tile::m64_n256, Fp8Tile::m64_n256_spread};
 const Fp8Tile kTiles[3] = {Fp8Tile::m128_n128, Fp8Tile::m64_n256, Fp8Tile::m64_n256_spread};
@@ -88,56 +87,6 @@ TEST(GpuGemmFp8Tiles, PingPongEqualsCooperativeBitwise) {
     // The comparison is not vacuous.
     EXPECT_LT(untouched(p, coop), static_cast<size_t>(p.offsets.back() * p.N) / 2) << describe(s);
   }
-}
-
-// Tiles claimed in order (Fp8GroupedGemmArgs::claims_from_skip, gemm/tile_claims.cuh) give the
-// bits of the fixed stride on every tile, three launches on one counter pair: each launch's last
-// CTA puts it back to zero (the third would compute nothing otherwise), which the test also reads.
-TEST(GpuGemmFp8Tiles, ClaimedTilesEqualStrideBitwise) {
-  EPMOE_REQUIRE_GPU();
-  std::mt19937 rng(36);
-  Dev<int32_t> header(std::vector<int32_t>(kLayoutHeaderInts, 0));  // a layout header's ints
-  const int pair = kLayoutTileClaims + 2 * static_cast<int>(GemmKind::w2_fprop);
-  for (const GroupedShape& s : shapes()) {
-    const Fp8GemmProblem p = problem(s, /*exact=*/false, rng);
-    const Fp8GemmDevice d(p);
-    for (Fp8Tile t : kTiles) {
-      const std::vector<bf16_t> stride = run_tile(p, d, t);
-      for (int launch = 0; launch < 3; ++launch) {
-        cuda::Fp8GroupedGemmArgs x = d.args(p);
-        x.tile = t;
-        x.skip = header.ptr + kLayoutSkip;
-        x.claims_from_skip = pair - kLayoutSkip;
-        const std::string what = (t == Fp8Tile::m128_n128 ? std::string("128x128") : name(t)) +
-                                 ", claimed launch " + std::to_string(launch) + ", " + describe(s);
-        expect_bitwise(stride, run_rows(p, x), p.N, what);
-        const std::vector<int32_t> ints = header.get();
-        EXPECT_EQ(ints[pair], 0) << what << ": the claim counter is back to zero";
-        EXPECT_EQ(ints[pair + 1], 0) << what << ": the done counter is back to zero";
-      }
-    }
-  }
-}
-
-// Host only: EPMOE_FP8_TILE_ORDER picks the FP8 GEMMs' tile order (unset: the fixed stride).
-TEST(GpuGemmFp8Tiles, TileOrderFromEnvironment) {
-  {
-    const ScopedEnv unset("EPMOE_FP8_TILE_ORDER", nullptr);
-    EXPECT_EQ(cuda::fp8_claims_from_skip(GemmKind::w13_dgrad), 0);
-  }
-  {
-    const ScopedEnv claimed("EPMOE_FP8_TILE_ORDER", "claimed");
-    EXPECT_EQ(cuda::fp8_claims_from_skip(GemmKind::w13_dgrad),
-              kLayoutTileClaims + 2 * static_cast<int>(GemmKind::w13_dgrad) - kLayoutSkip);
-  }
-  const ScopedEnv bad("EPMOE_FP8_TILE_ORDER", "random");
-  std::string field;
-  try {
-    cuda::fp8_claims_from_skip(GemmKind::w2_fprop);
-  } catch (const Error& e) {
-    field = e.argument();
-  }
-  EXPECT_EQ(field, "EPMOE_FP8_TILE_ORDER");
 }
 
 TEST(GpuGemmFp8Tiles, PingPongEqualsCpuTwinOnExactBlocks) {

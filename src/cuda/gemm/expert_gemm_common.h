@@ -48,21 +48,12 @@ struct Sched {
   static constexpr int cluster = kCluster;
 };
 
-// GroupArgs::claims_from_skip of a bf16 GEMM: its kind's counter pair in the layout header, so
-// that its CTAs claim their tiles in order (tile_claims.cuh), or 0: each takes every grid-th tile.
-// EPMOE_GEMM_TILE_ORDER=claimed|stride forces it (read per launch, ~100 ns; for measurements),
-// else the rule in gemm_config.cpp.
-int select_tile_claims(GemmKind kind, const Step& s);
-
 // Groups = local experts; sizes from the layout on the device; the step's skip flag (and, in
-// backward's replay, the layer plan's replay_skip) empties them. Tiles claimed in order use the
-// kind's counter pair in the layout header.
-inline GroupArgs step_groups(GemmKind kind, const Step& s, int64_t n, int64_t k,
-                             int64_t m_out = 0) {
+// backward's replay, the layer plan's replay_skip) empties them.
+inline GroupArgs step_groups(const Step& s, int64_t n, int64_t k, int64_t m_out = 0) {
   GroupArgs g;
   g.offsets = s.layout.expert_offsets_E1;
   g.skip = s.layout.header + kLayoutSkip;
-  g.claims_from_skip = select_tile_claims(kind, s);
   g.replay_skip = replay_skip_flag(s);
   g.groups = s.dims.E;
   g.n = n;

@@ -20,11 +20,11 @@ void w2_dgrad_with(const Step& s, bool swiglu_backward) {
     const typename SwigluBackwardEpilogue<T>::Params epi{
         placed_h13(s), s.grad_h13_M2F, s.h_MF,         F,
         s.act,         s.row_scores_M, s.score_parts_MC, score_chunks(F)};
-    launch_grouped_gemm<T, Major::K, Major::MN, SwigluBackwardEpilogue<T>>(a, b, step_groups(GemmKind::w2_dgrad, s, F, D),
+    launch_grouped_gemm<T, Major::K, Major::MN, SwigluBackwardEpilogue<T>>(a, b, step_groups(s, F, D),
                                                                            epi, stream_of(s));
   } else {
     const typename RowsEpilogue<T>::Params epi{plain(s.grad_h_MF), F, F};
-    launch_grouped_gemm<T, Major::K, Major::MN, RowsEpilogue<T>>(a, b, step_groups(GemmKind::w2_dgrad, s, F, D), epi,
+    launch_grouped_gemm<T, Major::K, Major::MN, RowsEpilogue<T>>(a, b, step_groups(s, F, D), epi,
                                                                  stream_of(s));
   }
 }
@@ -40,11 +40,11 @@ void w13_dgrad_with(const Step& s, bool scatter) {
   if (scatter) {
     const typename ScatterEpilogue<T>::Params epi{s.combine_R, s.layout.recv_src_M, s.dims.T,
                                                   s.dims.K, D};
-    launch_grouped_gemm<T, Major::K, Major::MN, ScatterEpilogue<T>>(a, b, step_groups(GemmKind::w13_dgrad, s, D, 2 * F),
+    launch_grouped_gemm<T, Major::K, Major::MN, ScatterEpilogue<T>>(a, b, step_groups(s, D, 2 * F),
                                                                     epi, stream_of(s));
   } else {
     const typename RowsEpilogue<T>::Params epi{plain(s.rows_MD), D, D};
-    launch_grouped_gemm<T, Major::K, Major::MN, RowsEpilogue<T>>(a, b, step_groups(GemmKind::w13_dgrad, s, D, 2 * F), epi,
+    launch_grouped_gemm<T, Major::K, Major::MN, RowsEpilogue<T>>(a, b, step_groups(s, D, 2 * F), epi,
                                                                  stream_of(s));
   }
 }

@@ -19,7 +19,7 @@ void w13_fprop_with(const Step& s, bool swiglu) {
   const Operand b{s.w13_EFD, 2 * F, D, D, 1, s.dims.E, 2 * F * D};
   if (swiglu) {
     using T = RowsTraits<S, 128, Major::K, 2>;
-    GroupArgs g = step_groups(GemmKind::w13_fprop, s, F, D);
+    GroupArgs g = step_groups(s, F, D);
     g.a_shift = x.shift;
     g.b_second_offset = F;  // up rows follow the F gate rows
     if (s.arrival_gated_w13) {  // overlapped with dispatch, the launch right before this one
@@ -33,7 +33,7 @@ void w13_fprop_with(const Step& s, bool swiglu) {
                                                                   s.arrival_gated_w13);
   } else {
     using T = RowsTraits<S, 256, Major::K, 1>;
-    GroupArgs g = step_groups(GemmKind::w13_fprop, s, 2 * F, D);
+    GroupArgs g = step_groups(s, 2 * F, D);
     g.a_shift = x.shift;
     const typename RowsEpilogue<T>::Params epi{placed_h13(s), 2 * F, 2 * F};
     launch_grouped_gemm<T, Major::K, Major::K, RowsEpilogue<T>>(a, b, g, epi, stream_of(s));
@@ -51,14 +51,14 @@ void w2_fprop_with(const Step& s, bool scatter) {
   if (scatter) {
     const typename ScatterEpilogue<T>::Params epi{s.combine_R, s.layout.recv_src_M, s.dims.T,
                                                   s.dims.K, D};
-    launch_grouped_gemm<T, Major::K, Major::K, ScatterEpilogue<T>>(a, b, step_groups(GemmKind::w2_fprop, s, D, F), epi,
+    launch_grouped_gemm<T, Major::K, Major::K, ScatterEpilogue<T>>(a, b, step_groups(s, D, F), epi,
                                                                    stream_of(s));
   } else {
     // Per-rank combine: the rows are h3, kept on this rank (slot or scratch) for the send stage
     // and grad_scores.
     const Placed out = s.combine_per_rank ? placed_h3_rows(s) : plain(s.rows_MD);
     const typename RowsEpilogue<T>::Params epi{out, D, D};
-    launch_grouped_gemm<T, Major::K, Major::K, RowsEpilogue<T>>(a, b, step_groups(GemmKind::w2_fprop, s, D, F), epi,
+    launch_grouped_gemm<T, Major::K, Major::K, RowsEpilogue<T>>(a, b, step_groups(s, D, F), epi,
                                                                 stream_of(s));
   }
 }

@@ -41,7 +41,7 @@ void wgrad(GemmKind kind, const Step& s, const bf16_t* a_rows, int64_t m_out,
   const int64_t M = s.capacity_rows;
   const Operand a{a_rows, m_out, M, 1, m_out};
   const Operand b{b_rows.ptr, n_out, b_rows.rows, 1, n_out};
-  GroupArgs g = step_groups(kind, s, n_out, 0, m_out);
+  GroupArgs g = step_groups(s, n_out, 0, m_out);
   g.b_shift = b_rows.shift;
   const int accumulate = s.accumulate_wgrad ? 1 : 0;
   const WgradTile tile = select_wgrad_tile(kind, s);

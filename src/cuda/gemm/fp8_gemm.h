@@ -10,7 +10,6 @@
 
 #include "core/activation.h"
 #include "core/numeric.h"
-#include "cuda/gemm/gemm_config.h"
 #include "cuda/placed.h"
 
 namespace epmoe::cuda {
@@ -87,10 +86,6 @@ struct Fp8GroupedGemmArgs {
   // flight during the promotion (bitwise the same results); -1 the environment's
   // EPMOE_FP8_OVERLAP=0|1, read per launch (unset: 1). The 128 x 128 tile's; ping-pong has one loop.
   int overlap = -1;
-  // > 0: tiles claimed in order (gemm/tile_claims.cuh) with the device counter pair at skip +
-  // claims_from_skip (skip then points at a layout header's skip field; fp8_claims_from_skip);
-  // 0: each CTA takes every grid-th tile.
-  int claims_from_skip = 0;
 };
 
 // Requirements (checked; Error(invalid_argument) naming the field): 1 <= E <= 512, K > 0 and
@@ -101,11 +96,5 @@ void fp8_grouped_gemm(const Fp8GroupedGemmArgs& args, void* stream);
 
 // Whether a launch with Fp8GroupedGemmArgs::overlap = `overlap` runs the two-accumulator loop.
 bool fp8_overlap_selected(int overlap);
-
-// Fp8GroupedGemmArgs::claims_from_skip for the FP8 GEMM of `kind` on a Step's layout: the kind's
-// counter pair in the layout header (core/layout.h kLayoutTileClaims; the bf16 GEMM of the same
-// kind never runs at the same time) with EPMOE_FP8_TILE_ORDER=claimed, else 0 (the fixed stride,
-// the default until measured; read per launch).
-int fp8_claims_from_skip(GemmKind kind);
 
 }  // namespace epmoe::cuda

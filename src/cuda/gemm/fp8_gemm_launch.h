@@ -18,7 +18,6 @@ inline GroupArgs fp8_group_args(const Fp8GroupedGemmArgs& args) {
   groups.groups = args.E;
   groups.n = args.N;
   groups.k = args.K;
-  groups.claims_from_skip = args.claims_from_skip;
   return groups;
 }
 

@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "cuda/check.h"
-#include "cuda/gemm/fp8_gemm.h"
 #include "core/step.h"
 #include "epmoe/error.h"
 
@@ -81,15 +80,6 @@ const char* to_string(GemmKind k) {
 // EPMOE_GEMM_SCHEDULE_WGRAD (both WGRADs), EPMOE_GEMM_SCHEDULE (every GEMM).
 namespace {
 bool is_wgrad(GemmKind kind) { return kind == GemmKind::w2_wgrad || kind == GemmKind::w13_wgrad; }
-
-// GroupArgs::claims_from_skip of `kind`: its counter pair in the layout header, counted from the
-// skip field the GEMMs are given (core/layout.h kLayoutTileClaims).
-int claims_from_skip(GemmKind kind) {
-  static_assert(kLayoutTileClaims + 2 * (static_cast<int>(GemmKind::w13_wgrad) + 1) <=
-                    kLayoutHeaderInts,
-                "a counter pair per GEMM kind in the layout header");
-  return kLayoutTileClaims + 2 * static_cast<int>(kind) - kLayoutSkip;
-}
 
 // EPMOE_GEMM_SCHEDULE_<KIND>: the kind's name (to_string) in capitals, built once.
 const char* schedule_override_name(GemmKind kind) {
@@ -166,9 +156,8 @@ WgradStore select_wgrad_store(GemmKind kind, const Step& s) {
 // 128 x 192 fits a fourth stage beside its TMA-store staging (4 x 40 + 2 x 24 KiB): the timeline
 // (bench/RESULTS.md 004ced0) shows gpt-oss's 4-5 k-block tiles waiting for their last stage,
 // which three stages let the producer load only once the tile's first block retires, and its
-// D = F = 2880 fills 15 tiles of 192 where 256 leaves the twelfth a quarter full. Measured at
-// 48c5244 (one call, W2 / W13 WGRAD vs 128 x 256): x0.93 / 0.98 qwen3, x1.11 / 1.09 deepseek-v3,
-// x1.04 / 1.01 gpt-oss; off unless asked for.
+// D = F = 2880 fills 15 tiles of 192 where 256 leaves the twelfth a quarter full. Unmeasured,
+// so off unless asked for.
 WgradTile select_wgrad_tile(GemmKind kind, const Step& s) {
   (void)kind;
   (void)s;
@@ -201,29 +190,13 @@ bool select_wgrad_peel(GemmKind kind, const Step& s) {
   return switch_from_env("EPMOE_WGRAD_PEEL", true);
 }
 
-// Claimed in order for every kind (tile_claims.cuh; the kernel keeps the fixed stride for CTA
-// pairs and for reduction grouping). gpt-oss's W13 DGRAD reads 4.87 GB from HBM instead of 7.04
-// (its operands: 4.63). Step times (bench/RESULTS.md 1045412): x0.86 deepseek-v3 and x0.89
-// gpt-oss against the stride order of the same build, but equal to the previous build's
-// (48c5244) measured in other calls; the stride runs of this build were slow there.
-int select_tile_claims(GemmKind kind, const Step& s) {
-  (void)s;
-  const char* env = std::getenv("EPMOE_GEMM_TILE_ORDER");
-  if (env == nullptr || std::strcmp(env, "claimed") == 0) return claims_from_skip(kind);
-  EPMOE_CHECK_ARG(std::strcmp(env, "stride") == 0, "EPMOE_GEMM_TILE_ORDER", "claimed or stride",
-                  env);
-  return 0;
-}
-
 // Pairs of CTAs multicasting B (grouped_gemm_sm90.cuh) are measured against single CTAs per GEMM
 // kind with EPMOE_GEMM_CLUSTER (every kind) or EPMOE_GEMM_CLUSTER_WGRAD (the two WGRADs, first);
 // until a kind's row in bench/RESULTS.md shows a gain it runs unpaired. Last measured at 75fe3af,
 // before the WGRAD's k-tail fix (004ced0). Since it, deepseek-v3's W13 WGRAD loads its operands
 // at about the same rate on the cooperative 128 x 256 tile and on the 64 x 256 ping-pong one (4.8
 // and 4.4 TB/s of k-blocks, 1.67x the bytes taking 1.8x the time; bench/RESULTS.md 004ced0): if
-// that rate is their bound, pairs (B shared by two m-tiles) cut the L2 reads by a third. Measured
-// at 48c5244 (EPMOE_GEMM_CLUSTER_WGRAD=2, one call): W2 / W13 WGRAD x1.02 / 1.03 deepseek-v3,
-// x1.11 / 1.08 gpt-oss, x1.01 / 0.98 qwen3: not their bound.
+// that rate is their bound, pairs (B shared by two m-tiles) cut the L2 reads by a third; unmeasured.
 int select_cluster(GemmKind kind, const Step& s) {
   (void)s;
   for (const char* name :
@@ -260,15 +233,4 @@ void check_groups(const Step& s) {
 }
 
 }  // namespace gemm
-
-// The FP8 kernels' tile order (grouped_gemm_fp8_sm90.cuh, grouped_gemm_fp8_pingpong_sm90.cuh):
-// claimed only when asked for, until a run shows it (the bf16 measurements above).
-int fp8_claims_from_skip(GemmKind kind) {
-  const char* env = std::getenv("EPMOE_FP8_TILE_ORDER");
-  if (env == nullptr || std::strcmp(env, "stride") == 0) return 0;
-  EPMOE_CHECK_ARG(std::strcmp(env, "claimed") == 0, "EPMOE_FP8_TILE_ORDER", "claimed or stride",
-                  env);
-  return gemm::claims_from_skip(kind);
-}
-
 }  // namespace epmoe::cuda

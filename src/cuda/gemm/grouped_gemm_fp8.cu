@@ -34,9 +34,6 @@ void check_args(const Fp8GroupedGemmArgs& a) {
   EPMOE_CHECK_ARG(a.E >= 1 && a.E <= kMaxGroups, "E", "1 .. " + std::to_string(kMaxGroups), a.E);
   EPMOE_CHECK_ARG(a.M >= 0, "M", ">= 0", a.M);
   EPMOE_CHECK_ARG(a.overlap >= -1 && a.overlap <= 1, "overlap", "-1, 0 or 1", a.overlap);
-  EPMOE_CHECK_ARG(a.claims_from_skip >= 0, "claims_from_skip", ">= 0", a.claims_from_skip);
-  EPMOE_CHECK_ARG(a.claims_from_skip == 0 || a.skip != nullptr, "skip",
-                  "the layout header's skip field with claims_from_skip > 0", "nullptr");
   EPMOE_CHECK_ARG(a.K > 0 && a.K % 16 == 0, "K", "> 0 and a multiple of 16", a.K);
   EPMOE_CHECK_ARG(a.N > 0 && a.N % 8 == 0, "N", "> 0 and a multiple of 8", a.N);
   const bool scatter = a.combine_R != nullptr;

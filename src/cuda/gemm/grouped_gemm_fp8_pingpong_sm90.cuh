@@ -122,12 +122,6 @@ __global__ void __launch_bounds__(Fp8PingPongTraits::kThreads, 1)
                     Shape<_1, _1, _1>{});
   fp8_prefetch_descriptors(tma_a, tma_b);
   using Units = Fp8PingPongUnits<kPairs>;
-  // Units claimed in order (tile_claims.cuh) where the launch asks for it, else the fixed stride.
-  const bool claimed = group_args.claims_from_skip > 0;
-  const TileClaims claims{claimed ? const_cast<int*>(group_args.skip) + group_args.claims_from_skip
-                                  : nullptr};
-  static_assert(Traits::kStages + 2 <= kTileRingDepth, "the producer's lead fits the tile ring");
-  if (claimed && threadIdx.x == 0) smem.tile_ring.init(2 * 128);  // both consumer warpgroups
   const TileScheduler<Units> sched = make_scheduler<Units>(smem, group_args);  // syncs the CTA
 
   Tensor sA = make_tensor(make_smem_ptr(smem.a.data()), typename Traits::SmemLayoutA{});
@@ -140,12 +134,7 @@ __global__ void __launch_bounds__(Fp8PingPongTraits::kThreads, 1)
       Tensor mA = tma_a.get_tma_tensor(make_shape(a_rows, a_cols));                     // (M, K)
       Tensor mB = tma_b.get_tma_tensor(make_shape(b_rows, b_cols, group_args.groups));  // (N, K, G)
       PipelineState write_state = cutlass::make_producer_start_state<Pipeline>();
-      int claim = claimed ? claims.claim() : static_cast<int>(blockIdx.x);  // the next unit
-      for (int unit_seq = 0;; ++unit_seq) {
-        const int unit = claim;
-        if (claimed) smem.tile_ring.publish(unit_seq, unit);
-        if (unit >= sched.total) break;
-        claim = claimed ? claims.claim() : unit + static_cast<int>(gridDim.x);
+      for (int unit = blockIdx.x; unit < sched.total; unit += gridDim.x) {
         const TileCoord u = sched.at(unit);
         for (int half = 0; half < Units::kTilesPerUnit; ++half) {
           const TileCoord t = kPairs ? fp8_pingpong_tile(u, half) : u;
@@ -157,7 +146,6 @@ __global__ void __launch_bounds__(Fp8PingPongTraits::kThreads, 1)
           fp8_load_k_blocks(pipeline, write_state, tma_a, tma_b, gA, gB, sA, sB, t.k_tiles);
         }
       }
-      if (claimed) claims.finish();
     }
   } else {
     // ---------------- consumers: alternate 64-row tiles, two N-halves per k-block ----------------
@@ -182,26 +170,14 @@ __global__ void __launch_bounds__(Fp8PingPongTraits::kThreads, 1)
     Epilogue epilogue(epi_params, smem.epilogue[wg], wg, /*row_block=*/0, tid);
     PipelineState read_state;
     int sequence = 0;  // this CTA's tiles in order; warpgroup (sequence % 2) runs one
-    // The unit after this CTA's unit number `unit_seq`. Every consumer thread takes each one at
-    // the unit's last tile: the warpgroup running it after its mainloop (the producer publishes
-    // the next unit only once this one's loads are issued, which needs those stages consumed),
-    // the other one when it skips the tile.
-    auto unit_after = [&](int unit, int unit_seq) {
-      return claimed ? smem.tile_ring.take(unit_seq + 1) : unit + static_cast<int>(gridDim.x);
-    };
-    int unit = claimed ? smem.tile_ring.take(0) : static_cast<int>(blockIdx.x);
-    for (int unit_seq = 0; unit < sched.total; ++unit_seq) {
+    for (int unit = blockIdx.x; unit < sched.total; unit += gridDim.x) {
       const TileCoord u = sched.at(unit);
-      const bool two_tiles = kPairs && u.rows_valid > BM;
-      int next_unit = sched.total;  // set at the unit's last tile
       for (int half_m = 0; half_m < Units::kTilesPerUnit; ++half_m) {
         const TileCoord t = kPairs ? fp8_pingpong_tile(u, half_m) : u;
         if (t.rows_valid <= 0) break;
         const int seq = sequence++;
-        const bool last_tile = !two_tiles || half_m == 1;
         if ((seq & 1) != wg) {  // the other warpgroup's tile: skip its stages
           read_state.advance(static_cast<uint32_t>(t.k_tiles));
-          if (last_tile) next_unit = unit_after(unit, unit_seq);
           continue;
         }
         // Mainloops take turns (a stage's phase is known by parity only): wait for the other
@@ -210,6 +186,8 @@ __global__ void __launch_bounds__(Fp8PingPongTraits::kThreads, 1)
           cutlass::arch::NamedBarrier::arrive_and_wait(
               256, static_cast<uint32_t>(GemmBarrier::mainloop_turn_wg0) + static_cast<uint32_t>(wg));
         }
+        const bool next_tile = (kPairs && half_m == 0 && u.rows_valid > BM) ||
+                               unit + static_cast<int>(gridDim.x) < sched.total;
         // Weight scales of the tile's two 128-column blocks; a block past N reads none (its
         // columns are zero-filled by TMA and masked by the epilogue).
         const int64_t nb0 = 2 * static_cast<int64_t>(t.n_tile);
@@ -242,14 +220,12 @@ __global__ void __launch_bounds__(Fp8PingPongTraits::kThreads, 1)
           }
           ++read_state;
         }
-        if (last_tile) next_unit = unit_after(unit, unit_seq);
-        if (!last_tile || next_unit < sched.total) {  // the next tile's mainloop may start
+        if (next_tile) {  // the next tile's mainloop may start
           cutlass::arch::NamedBarrier::arrive(
               256, static_cast<uint32_t>(GemmBarrier::mainloop_turn_wg0) + static_cast<uint32_t>(1 - wg));
         }
         epilogue.store(t, total, total);
       }
-      unit = next_unit;
     }
     epilogue.finish();
   }

@@ -78,7 +78,6 @@ struct alignas(1024) Fp8SharedStorage {
   typename Traits::Pipeline::SharedStorage pipeline;
   int group_offsets[kMaxGroups + 1];  // make_scheduler's names
   int tile_prefix[kMaxGroups + 1];
-  TileRing<kTileRingDepth> tile_ring;  // claimed tiles (GroupArgs::claims_from_skip)
 };
 
 // One k-block's scales for a consumer thread: the tile's weight scale and its two rows' activation
@@ -111,12 +110,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                                   128 * Traits::kWarpgroupsPerTile),
                     Shape<_1, _1, _1>{});
   fp8_prefetch_descriptors(tma_a, tma_b);
-  // Tiles claimed in order (tile_claims.cuh) where the launch asks for it, else the fixed stride.
-  const bool claimed = group_args.claims_from_skip > 0;
-  const TileClaims claims{claimed ? const_cast<int*>(group_args.skip) + group_args.claims_from_skip
-                                  : nullptr};
-  static_assert(Traits::kStages + 2 <= kTileRingDepth, "the producer's lead fits the tile ring");
-  if (claimed && threadIdx.x == 0) smem.tile_ring.init(128 * Traits::kConsumerWarpgroups);
   const TileScheduler<Traits> sched = make_scheduler<Traits>(smem, group_args);  // syncs the CTA
 
   Tensor sA = make_tensor(make_smem_ptr(smem.a.data()), typename Traits::SmemLayoutA{});
@@ -129,12 +122,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       Tensor mA = tma_a.get_tma_tensor(make_shape(a_rows, a_cols));                         // (M, K)
       Tensor mB = tma_b.get_tma_tensor(make_shape(b_rows, b_cols, group_args.groups));      // (N, K, G)
       PipelineState write_state = cutlass::make_producer_start_state<Pipeline>();
-      int claim = claimed ? claims.claim() : static_cast<int>(blockIdx.x);  // the next tile
-      for (int sequence = 0;; ++sequence) {
-        const int tile = claim;
-        if (claimed) smem.tile_ring.publish(sequence, tile);
-        if (tile >= sched.total) break;
-        claim = claimed ? claims.claim() : tile + static_cast<int>(gridDim.x);
+      for (int tile = blockIdx.x; tile < sched.total; tile += gridDim.x) {
         const TileCoord t = sched.at(tile);
         Tensor gA = local_tile(domain_offset(make_coord(t.row0, 0), mA), Shape<Int<BM>, Int<BK>>{},
                                make_coord(0, _));  // (BM, BK, k)
@@ -142,7 +130,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                Shape<Int<BN>, Int<BK>>{}, make_coord(0, _));  // (BN, BK, k)
         fp8_load_k_blocks(pipeline, write_state, tma_a, tma_b, gA, gB, sA, sB, t.k_tiles);
       }
-      if (claimed) claims.finish();
     }
   } else {
     // ---------------- consumers: wgmma per k-block, promotion, epilogue ----------------
@@ -177,8 +164,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     };
 
     Epilogue epilogue(epi_params, smem.epilogue[wg], wg, wg, tid);
-    int tile = claimed ? smem.tile_ring.take(0) : static_cast<int>(blockIdx.x);
-    for (int sequence = 0; tile < sched.total; ++sequence) {
+    for (int tile = blockIdx.x; tile < sched.total; tile += gridDim.x) {
       const TileCoord t = sched.at(tile);
       if constexpr (requires { epilogue.prefetch(t); }) epilogue.prefetch(t);  // its global inputs
       const float* sb_S = sb.scales_EBS + (static_cast<int64_t>(t.group) * sb.n_blocks + t.n_tile) * sb.k_blocks;
@@ -207,7 +193,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         }
       }
       epilogue.store(t, total, total);
-      tile = claimed ? smem.tile_ring.take(sequence + 1) : tile + static_cast<int>(gridDim.x);
     }
     epilogue.finish();
   }

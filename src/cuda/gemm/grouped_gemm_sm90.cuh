@@ -26,7 +26,6 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "cuda/gemm/arrival_gate.cuh"
-#include "cuda/gemm/tile_claims.cuh"
 #include "cuda/gemm/gemm_config.h"
 #include "cuda/gemm/tile_timeline.cuh"
 
@@ -92,10 +91,6 @@ struct GemmTraits {
       static_cast<uint32_t>((BLOCK_M * BLOCK_K + kNumB * BLOCK_N * BLOCK_K) * sizeof(Element));
 };
 
-// Claimed tiles in flight between the producer and the consumers: the producer runs at most
-// kStages k-blocks (so as many tiles) ahead, plus the claim it holds.
-constexpr int kTileRingDepth = 8;
-
 // Epilogues declare their shared memory per consumer warpgroup as kSmemBytesPerWarpgroup
 // (1024-byte aligned: TMA-store staging uses the 128-byte swizzle).
 template <class Traits, int kEpilogueBytesPerWarpgroup>
@@ -107,7 +102,6 @@ struct alignas(1024) SharedStorage {
   typename Traits::Pipeline::SharedStorage pipeline;
   int group_offsets[kMaxGroups + 1];  // row offset of each group
   int tile_prefix[kMaxGroups + 1];    // rows grouping: first tile of each group
-  TileRing<kTileRingDepth> tile_ring;  // claimed tiles, producer -> consumers (tile_claims.cuh)
 };
 
 // A saved-state operand in the activation arena (x_gathered, core/slot_plan.h): its descriptor
@@ -128,10 +122,6 @@ struct GroupArgs {
   RowShift a_shift;               // rows grouping: A's rows (W13 forward reads x_gathered)
   RowShift b_shift;               // reduction grouping: B's rows, the k axis (W13 WGRAD)
   int groups = 0;
-  // > 0: tiles claimed in order (tile_claims.cuh) with the counter pair at skip + claims_from_skip
-  // (both in the layout header); 0: the fixed stride. An int in the padding after `groups`: a
-  // larger parameter block makes ptxas spill in the peeled WGRAD and serialize its wgmma (C7520).
-  int claims_from_skip = 0;
   int64_t n = 0;                  // output columns (per B operand)
   int64_t m_out = 0;              // reduction: output rows
   int64_t k = 0;                  // rows: reduction length
@@ -286,15 +276,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kCluster = Traits::kClusterM;
   const int first_tile = static_cast<int>(blockIdx.x) / kCluster;  // tiles are per cluster
   const int tile_stride = static_cast<int>(gridDim.x) / kCluster;
-  // Tiles claimed in order (tile_claims.cuh), or the fixed stride: CTA pairs must run the same
-  // tile, and reduction grouping (WGRAD) keeps it (its tiles share activation rows, not weight
-  // slices; not measured claimed).
-  constexpr bool kClaimable = kCluster == 1 && Traits::kGrouping == Grouping::rows;
-  const bool claimed = kClaimable && group_args.claims_from_skip > 0;
-  const TileClaims claims{claimed ? const_cast<int*>(group_args.skip) + group_args.claims_from_skip
-                                  : nullptr};
-  static_assert(Traits::kStages + 2 <= kTileRingDepth, "the producer's lead fits the tile ring");
-  if (claimed && threadIdx.x == 0) smem.tile_ring.init(128 * Traits::kConsumerWarpgroups);
 
   if (threadIdx.x == 0) {
     cute::prefetch_tma_descriptor(tma_a.get_tma_descriptor());
@@ -324,13 +305,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       [[maybe_unused]] bool arrival_gave_up = false;
       const int a_shift = group_args.a_shift.rows();  // saved-state operands: arena rows
       [[maybe_unused]] const int b_shift = group_args.b_shift.rows();
-      int claim = claimed ? claims.claim() : first_tile;  // the next tile
-      for (;; ++sequence) {
-        const int tile = claim;
-        if (claimed) smem.tile_ring.publish(sequence, tile);
-        if (tile >= sched.total) break;
-        // The next claim is in flight while this tile's loads are issued.
-        claim = claimed ? claims.claim() : tile + tile_stride;
+      for (int tile = first_tile; tile < sched.total; tile += tile_stride, ++sequence) {
         const TileCoord t = sched.at(tile);
         if (t.k_tiles == 0) continue;
         if constexpr (Traits::kNumB == 2 && Traits::kGrouping == Grouping::rows) {  // W13 only
@@ -384,7 +359,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           ++write_state;
         }
       }
-      if (claimed) claims.finish();
       // A CTA of a pair stays until the peer's consumers have released every stage this CTA's
       // barriers track (their arrivals target this CTA's shared memory).
       if constexpr (kCluster > 1) pipeline.producer_tail(write_state);
@@ -416,28 +390,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     TileTimeline timeline;
     timeline.on = blockIdx.x == 0 && consumer_tid == 0;
     int sequence = 0;  // this CTA's tiles in order; ping-pong: warpgroup (sequence % 2) owns one
-    // The tile after this CTA's tile number `sequence` (every consumer thread takes each one).
-    auto tile_after = [&](int tile) {
-      if constexpr (kClaimable) {
-        if (claimed) return smem.tile_ring.take(sequence + 1);
-      }
-      return tile + tile_stride;
-    };
-    int next = 0;  // ping-pong: the tile after this one, known before the epilogue
-    int tile = first_tile;
-    if constexpr (kClaimable) {
-      if (claimed) tile = smem.tile_ring.take(0);
-    }
-    // Cooperative: the next tile is taken after the epilogue (the producer published it long
-    // before); ping-pong: before its turn is handed over.
-    for (; tile < sched.total; tile = Traits::kPingPong ? next : tile_after(tile), ++sequence) {
+    for (int tile = first_tile; tile < sched.total; tile += tile_stride, ++sequence) {
       const TileCoord t = sched.at(tile);
       timeline.stamp(sequence, Stamp::tile_start);
       timeline.tile(sequence, t.k_tiles, t.rows_valid);
       if constexpr (Traits::kPingPong) {
         if ((sequence & 1) != wg) {  // the other warpgroup's tile: skip its stages
           read_state.advance(static_cast<uint32_t>(t.k_tiles));
-          next = tile_after(tile);
           continue;
         }
         // Mainloops take turns: a stage's barrier phase is only known by parity, so this
@@ -560,8 +519,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         timeline.stamp(sequence, Stamp::mma_done);
       }
       if constexpr (Traits::kPingPong) {  // the next tile's mainloop may start
-        next = tile_after(tile);
-        if (next < sched.total) {
+        if (tile + tile_stride < sched.total) {
           cutlass::arch::NamedBarrier::arrive(
               256, static_cast<uint32_t>(GemmBarrier::mainloop_turn_wg0) + static_cast<uint32_t>(1 - wg));
         }
