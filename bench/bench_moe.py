@@ -725,6 +725,8 @@ def main():
     ap.add_argument("--nvfp4-only", action="store_true",
                     help="only the bf16 decode rows (epmoe, epmoe-graph) and the epmoe-nvfp4 rows")
     ap.add_argument("--no-mxfp8", action="store_true", help="leave out the epmoe-mxfp8 rows")
+    ap.add_argument("--decode-only", action="store_true",
+                    help="only the bf16 decode rows (epmoe, epmoe-graph): A / B of the decode path")
     ap.add_argument("--mxfp8-only", action="store_true",
                     help="only the bf16 decode and fwd rows (epmoe, epmoe-graph) and the "
                          "epmoe-mxfp8 rows")
@@ -738,7 +740,8 @@ def main():
     print(f"ceilings: {ceil}", flush=True)
     rows = []
     fp8_recipe = False
-    if not args.no_fp8 and not args.epmoe_only and not args.nvfp4_only and not args.mxfp8_only:
+    if (not args.no_fp8 and not args.epmoe_only and not args.nvfp4_only and not args.mxfp8_only
+            and not args.decode_only):
         reason = torch_recipe_fp8.unsupported_reason()
         fp8_recipe = reason is None
         if reason:
@@ -749,6 +752,14 @@ def main():
             if args.epmoe_only:
                 bench_epmoe_only(lib, shape, routing, rows, args.iters, args.epmoe_only,
                                  args.epmoe_only_precision)
+                write_results(args.out, ceil, rows)
+                continue
+            if args.decode_only:
+                bench_bf16_decode(lib, shape, routing, ceil, rows, args.iters)
+                for r in rows[-2:]:
+                    print(f"{shape:14s} {routing:9s} {r['impl']:18s} decode-fwd "
+                          f"{r['median_ms']:9.4f} ms {100 * r['roofline_fraction']:.1f}% of HBM "
+                          f"roofline", flush=True)
                 write_results(args.out, ceil, rows)
                 continue
             if args.mxfp8_only:

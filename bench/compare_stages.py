@@ -1,5 +1,6 @@
-"""Two bench_moe.py --epmoe-only runs side by side: per (shape, routing), the fwd and fwd+bwd
-medians and each stage's median ms, run A / run B and B / A (< 1: B faster).
+"""Two bench_moe.py --epmoe-only (or --decode-only) runs side by side: per (shape, routing), the
+fwd and fwd+bwd medians (decode-fwd per impl), each stage's median ms, run A / run B and B / A
+(< 1: B faster).
     python3 bench/compare_stages.py A.json B.json"""
 import json
 import sys
@@ -16,6 +17,8 @@ def by_key(path):
             entry[r["phase"]] = r["median_ms"]
             if "fp8_wgrad" in r:
                 entry["fp8_wgrad"] = r["fp8_wgrad"]
+        elif r["phase"] == "decode-fwd" and r.get("median_ms") is not None:
+            entry["decode " + r["impl"]] = r["median_ms"]
     return out
 
 
@@ -34,8 +37,10 @@ def main(path_a, path_b):
         a, b = runs_a[key], runs_b[key]
         note = f" (fp8_wgrad {a['fp8_wgrad']})" if "fp8_wgrad" in a else ""
         print(f"{key[0]} {key[1]}{note}")
-        for phase in ("fwd", "fwd+bwd"):
-            print(line(phase, a.get(phase), b.get(phase)))
+        phases = ["fwd", "fwd+bwd"] + [k for k in a if k.startswith("decode ")]
+        for phase in phases:
+            if phase in a or phase in b:
+                print(line(phase, a.get(phase), b.get(phase)))
         for stage, ms in a["stages"].items():
             print(line(stage, ms, b["stages"].get(stage)))
 

@@ -38,7 +38,8 @@
 #       builds libepmoe, then bench_moe.py --epmoe-only (balanced; EPMOE_AB_PRECISION, default
 #       bf16; EPMOE_AB_SHAPES, default the four) once as is and once per setting with its
 #       variables set: $OUT/ab0.json, $OUT/ab<i>.json, stage ms of each against ab0
-#       (bench/compare_stages.py) in $OUT/ab_compare.txt
+#       (bench/compare_stages.py) in $OUT/ab_compare.txt. EPMOE_AB_DECODE=1: bench_moe.py
+#       --decode-only instead (the bf16 decode forward, eager and graph, at each shape's decode T)
 # Every mode but test and profile also logs SM clocks, power and temperature every 500 ms to
 # $OUT/clocks.csv and prints their summary per GPU (bench/clock_summary.py).
 # CUTLASS headers and GoogleTest sources travel in third_party/ (git-ignored; name it in carry).
@@ -117,9 +118,11 @@ ab_runs() {
         IFS=+ read -ra assignments <<< "$setting"
         for assignment in "${assignments[@]}"; do export "$assignment"; done
       fi
+      what=(--epmoe-only "epmoe-$prefix$i" --epmoe-only-precision "$precision")
+      [[ ${EPMOE_AB_DECODE:-0} == 1 ]] && what=(--decode-only)
       PYTHONUNBUFFERED=1 timeout -k 10 "${EPMOE_AB_TIMEOUT:-300}" python3 bench/bench_moe.py \
-        --routings balanced --shapes "$shapes" --epmoe-only "epmoe-$prefix$i" \
-        --epmoe-only-precision "$precision" --lib "${EPMOE_AB_LIB:-$build/src/libepmoe.so}" \
+        --routings balanced --shapes "$shapes" "${what[@]}" \
+        --lib "${EPMOE_AB_LIB:-$build/src/libepmoe.so}" \
         --out "$OUT/$prefix$i.json" > "$OUT/$prefix$i.log" 2>&1
     ) || status=1
     tail -2 "$OUT/$prefix$i.log"

@@ -17,12 +17,20 @@
 //   counters); route_pull_list_kernel numbers them in (s, t) order (earlier chunks' counts + a
 //   block scan), writes each pull's source and -1 in its K row slots, and the pull count into the
 //   header; route_rank_kernel then writes the row of each route to this rank into its pull's slot.
+// Each kernel's body is a device function over one block ("*_block"). Where every source's routes
+// fit one chunk and its tokens one pull chunk (decode sizes), route_single_kernel runs the same
+// bodies in one CTA, phase by phase behind block barriers, instead of five launches: the same
+// stores in the same order per block, so the same layout (select_route_kernels).
 #include "cuda/route.h"
+
+#include <cstdlib>
+#include <cstring>
 
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
 #include "cuda/kernel_common.cuh"
+#include "epmoe/error.h"
 
 namespace epmoe::cuda {
 namespace {
@@ -31,10 +39,15 @@ constexpr int kHistogramThreads = 256;
 constexpr int kPrefixThreads = 1024;
 constexpr int kRankWarps = 8;
 constexpr int kRankThreads = kRankWarps * 32;
-constexpr int64_t kRoutesPerWarp = kRouteChunkRoutes / kRankWarps;
 constexpr int kPullThreads = static_cast<int>(kPullChunkTokens);  // one token per thread
 static_assert(kPullThreads == 1024, "a pull chunk is one CTA of 1024 tokens");
-static_assert(kRouteChunkRoutes % (kRankWarps * 32) == 0, "a warp's sub-range is whole warps of routes");
+// The one-CTA route: the prefix's and the pull chunks' block size, every warp ranking.
+constexpr int kSingleThreads = 1024;
+constexpr int kSingleRankWarps = kSingleThreads / 32;
+static_assert(kPrefixThreads == kSingleThreads && kPullThreads == kSingleThreads,
+              "the one-CTA route runs the prefix and pull bodies at their block size");
+// Largest E*R of the one-CTA route: its ranking keeps one expert row per (warp, expert) in 64 KiB.
+constexpr int kSingleMaxGlobalExperts = 512;
 
 struct RouteParams {
   char* const* routing_R;  // [R] routing buffers: RoutingHeader | ids [T, K] i32 | scores
@@ -66,11 +79,10 @@ __device__ __forceinline__ bool routes_here(const RouteParams& p, int s, int64_t
   return here;
 }
 
-__global__ void __launch_bounds__(kPullThreads) route_pull_count_kernel(const RouteParams p) {
-  const int c = static_cast<int>(blockIdx.x);
-  const int s = static_cast<int>(blockIdx.y);
-  const int64_t block = static_cast<int64_t>(s) * gridDim.x + c;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * gridDim.y * kPullThreads;
+// Block (c, s) of the (token chunks, R) grid; `blocks` of them zero the arrival counters.
+__device__ __forceinline__ void pull_count_block(const RouteParams& p, int c, int s, int blocks) {
+  const int64_t block = static_cast<int64_t>(s) * p.token_chunks + c;
+  const int64_t stride = static_cast<int64_t>(blocks) * kPullThreads;
   for (int64_t j = block * kPullThreads + threadIdx.x; j < p.arrival_blocks; j += stride) {
     p.arrivals_B[j] = 0u;
   }
@@ -79,14 +91,17 @@ __global__ void __launch_bounds__(kPullThreads) route_pull_count_kernel(const Ro
   if (threadIdx.x == 0) p.pull_counts_RC[static_cast<int64_t>(s) * p.token_chunks + c] = n;
 }
 
-__global__ void __launch_bounds__(kPullThreads) route_pull_list_kernel(const RouteParams p) {
+__global__ void __launch_bounds__(kPullThreads) route_pull_count_kernel(const RouteParams p) {
+  pull_count_block(p, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
+                   static_cast<int>(gridDim.x * gridDim.y));
+}
+
+__device__ __forceinline__ void pull_list_block(const RouteParams& p, int c, int s) {
   using BlockScan = cub::BlockScan<int32_t, kPullThreads>;
   using BlockReduce = cub::BlockReduce<int32_t, kPullThreads>;
   __shared__ typename BlockScan::TempStorage scan_storage;
   __shared__ typename BlockReduce::TempStorage reduce_storage;
   __shared__ int32_t first_pull;
-  const int c = static_cast<int>(blockIdx.x);
-  const int s = static_cast<int>(blockIdx.y);
   const int64_t chunk = static_cast<int64_t>(s) * p.token_chunks + c;  // (s, c) in (s, t) order
   int32_t before = 0;
   for (int64_t j = threadIdx.x; j < chunk; j += kPullThreads) before += p.pull_counts_RC[j];
@@ -109,10 +124,12 @@ __global__ void __launch_bounds__(kPullThreads) route_pull_list_kernel(const Rou
   }
 }
 
-__global__ void __launch_bounds__(kHistogramThreads) route_histogram_kernel(const RouteParams p) {
-  extern __shared__ int32_t hist_G[];  // [Eg]
-  const int c = static_cast<int>(blockIdx.x);
-  const int s = static_cast<int>(blockIdx.y);
+__global__ void __launch_bounds__(kPullThreads) route_pull_list_kernel(const RouteParams p) {
+  pull_list_block(p, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y));
+}
+
+// hist_G: [Eg] shared.
+__device__ __forceinline__ void histogram_block(const RouteParams& p, int c, int s, int32_t* hist_G) {
   const int64_t TK = p.T * p.K;
   for (int g = static_cast<int>(threadIdx.x); g < p.Eg; g += blockDim.x) hist_G[g] = 0;
   __syncthreads();
@@ -131,6 +148,11 @@ __global__ void __launch_bounds__(kHistogramThreads) route_histogram_kernel(cons
   for (int g = static_cast<int>(threadIdx.x); g < p.Eg; g += blockDim.x) out_G[g] = hist_G[g];
 }
 
+__global__ void __launch_bounds__(kHistogramThreads) route_histogram_kernel(const RouteParams p) {
+  extern __shared__ int32_t hist_G[];  // [Eg]
+  histogram_block(p, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), hist_G);
+}
+
 __device__ __forceinline__ void write_status(Status* st, StatusCode code, int rank, StatusArg arg,
                                              int64_t required, int64_t available, int64_t index) {
   if (st->code != 0) return;  // the first error stays until the host takes it
@@ -143,10 +165,10 @@ __device__ __forceinline__ void write_status(Status* st, StatusCode code, int ra
   st->code = static_cast<int32_t>(code);
 }
 
-__global__ void __launch_bounds__(kPrefixThreads) route_prefix_kernel(const RouteParams p) {
+// first_row_G1: [Eg + 1] shared, the exclusive scan of per-expert totals.
+__device__ __forceinline__ void prefix_block(const RouteParams& p, int32_t* first_row_G1) {
   using BlockScan = cub::BlockScan<int32_t, kPrefixThreads>;
   __shared__ typename BlockScan::TempStorage scan_storage;
-  extern __shared__ int32_t first_row_G1[];  // [Eg + 1]: exclusive scan of per-expert totals
   const int tid = static_cast<int>(threadIdx.x);
   const int Eg = p.Eg;
   const int64_t RG = static_cast<int64_t>(p.R) * Eg;
@@ -255,10 +277,18 @@ __global__ void __launch_bounds__(kPrefixThreads) route_prefix_kernel(const Rout
   }
 }
 
-__global__ void __launch_bounds__(kRankThreads) route_rank_kernel(const RouteParams p) {
-  extern __shared__ int32_t next_row_WG[];  // [kRankWarps, Eg]: next row per (warp, expert)
-  const int c = static_cast<int>(blockIdx.x);
-  const int s = static_cast<int>(blockIdx.y);
+__global__ void __launch_bounds__(kPrefixThreads) route_prefix_kernel(const RouteParams p) {
+  extern __shared__ int32_t first_row_G1[];  // [Eg + 1]
+  prefix_block(p, first_row_G1);
+}
+
+// kWarps warps split the chunk into contiguous sub-ranges; any split gives the same rows (each is
+// the chunk's first row of its expert plus the routes to that expert before it).
+// next_row_WG: [kWarps, Eg] shared, the next row per (warp, expert).
+template <int kWarps>
+__device__ __forceinline__ void rank_block(const RouteParams& p, int c, int s, int32_t* next_row_WG) {
+  constexpr int64_t kRoutesPerWarp = kRouteChunkRoutes / kWarps;
+  static_assert(kRouteChunkRoutes % (kWarps * 32) == 0, "a warp's sub-range is whole warps of routes");
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int Eg = p.Eg;
@@ -268,7 +298,7 @@ __global__ void __launch_bounds__(kRankThreads) route_rank_kernel(const RoutePar
   const int64_t sub_hi = sub_lo + kRoutesPerWarp < TK ? sub_lo + kRoutesPerWarp : TK;
   int32_t* next_G = next_row_WG + static_cast<int64_t>(warp) * Eg;  // [Eg] this warp's row
 
-  for (int64_t j = threadIdx.x; j < static_cast<int64_t>(kRankWarps) * Eg; j += kRankThreads) {
+  for (int64_t j = threadIdx.x; j < static_cast<int64_t>(kWarps) * Eg; j += kWarps * 32) {
     next_row_WG[j] = 0;
   }
   __syncthreads();
@@ -279,9 +309,9 @@ __global__ void __launch_bounds__(kRankThreads) route_rank_kernel(const RoutePar
   __syncthreads();
   // Scan over warps, starting at the chunk's first row of (s, g).
   const int32_t* chunk_first_G = p.chunk_RCG + (static_cast<int64_t>(s) * p.chunks + c) * Eg;  // [Eg]
-  for (int g = static_cast<int>(threadIdx.x); g < Eg; g += kRankThreads) {
+  for (int g = static_cast<int>(threadIdx.x); g < Eg; g += kWarps * 32) {
     int32_t row = chunk_first_G[g];
-    for (int w = 0; w < kRankWarps; ++w) {
+    for (int w = 0; w < kWarps; ++w) {
       const int32_t n = next_row_WG[static_cast<int64_t>(w) * Eg + g];
       next_row_WG[static_cast<int64_t>(w) * Eg + g] = row;
       row += n;
@@ -310,7 +340,52 @@ __global__ void __launch_bounds__(kRankThreads) route_rank_kernel(const RoutePar
   }
 }
 
+__global__ void __launch_bounds__(kRankThreads) route_rank_kernel(const RouteParams p) {
+  extern __shared__ int32_t next_row_WG[];  // [kRankWarps, Eg]
+  rank_block<kRankWarps>(p, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), next_row_WG);
+}
+
+// The five launches' blocks in launch order, in one CTA (p.chunks == p.token_chunks == 1, so the
+// blocks are (0, s) for each source s). A block barrier stands between blocks that share shared
+// memory and between phases: it orders the global stores of one phase before the next one's loads,
+// as the launch boundaries do. Shared memory: [kSingleRankWarps, Eg] ints, reused by every phase.
+__global__ void __launch_bounds__(kSingleThreads) route_single_kernel(const RouteParams p) {
+  extern __shared__ int32_t smem_ints[];
+  for (int s = 0; s < p.R; ++s) {
+    histogram_block(p, 0, s, smem_ints);
+    __syncthreads();
+  }
+  for (int s = 0; s < p.R; ++s) pull_count_block(p, 0, s, p.R);  // ends with a block barrier
+  prefix_block(p, smem_ints);
+  __syncthreads();
+  for (int s = 0; s < p.R; ++s) {
+    pull_list_block(p, 0, s);
+    __syncthreads();
+  }
+  for (int s = 0; s < p.R; ++s) {
+    rank_block<kSingleRankWarps>(p, 0, s, smem_ints);
+    __syncthreads();
+  }
+}
+
 }  // namespace
+
+const char* to_string(RouteKernels k) { return k == RouteKernels::single ? "single" : "chunked"; }
+
+RouteKernels select_route_kernels(const Dims& d) {
+  const bool fits = d.T * d.K <= kRouteChunkRoutes && d.T <= kPullChunkTokens &&
+                    d.E * d.R <= kSingleMaxGlobalExperts;
+  const char* env = std::getenv("EPMOE_ROUTE_KERNELS");
+  if (env == nullptr) return fits ? RouteKernels::single : RouteKernels::chunked;
+  if (std::strcmp(env, "chunked") == 0) return RouteKernels::chunked;
+  EPMOE_CHECK_ARG(std::strcmp(env, "single") == 0, "EPMOE_ROUTE_KERNELS", "chunked or single", env);
+  EPMOE_CHECK_ARG(fits, "EPMOE_ROUTE_KERNELS",
+                  "chunked where T * K > " + std::to_string(kRouteChunkRoutes) + ", T > " +
+                      std::to_string(kPullChunkTokens) + " or E * R > " +
+                      std::to_string(kSingleMaxGlobalExperts),
+                  env);
+  return RouteKernels::single;
+}
 
 void route(const Step& s) {
   const Dims& d = s.dims;
@@ -343,6 +418,17 @@ void route(const Step& s) {
   p.trap_on_overflow = s.trap_on_overflow ? 1 : 0;
 
   auto stream = static_cast<cudaStream_t>(s.stream);
+  if (select_route_kernels(d) == RouteKernels::single) {
+    const size_t bytes = static_cast<size_t>(kSingleRankWarps) * Eg * sizeof(int32_t);
+    if (bytes > 48 * 1024) {
+      EPMOE_CUDA_CHECK(cudaFuncSetAttribute(route_single_kernel,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(bytes)));
+    }
+    route_single_kernel<<<1, kSingleThreads, bytes, stream>>>(p);
+    EPMOE_CUDA_LAUNCH_CHECK();
+    return;
+  }
   const dim3 chunk_grid(static_cast<unsigned>(p.chunks), static_cast<unsigned>(d.R));
   const size_t hist_bytes = static_cast<size_t>(Eg) * sizeof(int32_t);
   route_histogram_kernel<<<chunk_grid, kHistogramThreads, hist_bytes, stream>>>(p);

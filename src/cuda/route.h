@@ -9,8 +9,16 @@ namespace epmoe::cuda {
 // Largest E*R the route kernels take (per-warp expert histograms live in shared memory).
 constexpr int kMaxGlobalExperts = 4096;
 
-// After the publish barrier. Three launches: gather + chunk histograms, one-CTA prefix + checks,
-// stable in-chunk ranking. Reproduces build_layout_reference() bitwise.
+// chunked: five launches (chunk histograms, pull counts, one-CTA prefix + checks, pull list,
+// stable in-chunk ranking), grids over chunks and source ranks. single: the same block bodies in
+// one CTA, one launch, where T * K <= kRouteChunkRoutes, T <= kPullChunkTokens and E * R <= 512
+// (decode sizes, where the five launches are latency). EPMOE_ROUTE_KERNELS=chunked|single
+// overrides the choice (read on every call).
+enum class RouteKernels { chunked, single };
+const char* to_string(RouteKernels k);
+RouteKernels select_route_kernels(const Dims& d);
+
+// After the publish barrier. Reproduces build_layout_reference() bitwise either way.
 void route(const Step& s);
 
 }  // namespace epmoe::cuda

@@ -1,11 +1,15 @@
 // route on the GPU: R simulated ranks publish into routing buffers in device memory; every rank's
 // route must reproduce build_layout_reference() bitwise and agree with the CPU backend on the
-// layout header, the skip flag and the status word (input errors, T' mismatch, capacity).
+// layout header, the skip flag and the status word (input errors, T' mismatch, capacity). Every
+// case runs on the chunked launches and, where the shape allows it, on the one-CTA route.
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
+#include "cuda/route.h"
+#include "epmoe/error.h"
+#include "scoped_env.h"
 #include "step_builder.h"
 
 namespace epmoe::test {
@@ -85,6 +89,25 @@ void expect_same_layout(const HostLayout& want, const HostLayout& got, bool full
   EXPECT_TRUE(same_bits(want.pull_rows, got.pull_rows)) << "pull_rows_PK";
 }
 
+// The route kernel choices that apply to the shape: chunked always, single where
+// select_route_kernels takes it unforced.
+std::vector<const char*> route_kernels_for(const Shape& sh) {
+  std::vector<const char*> kernels{"chunked"};
+  ScopedEnv unset("EPMOE_ROUTE_KERNELS", nullptr);
+  if (cuda::select_route_kernels(sh.dims()) == cuda::RouteKernels::single) kernels.push_back("single");
+  return kernels;
+}
+
+// f() once per route kernel choice of the shape, with EPMOE_ROUTE_KERNELS set for it.
+template <class F>
+void for_each_route_kernels(const Shape& sh, F&& f) {
+  for (const char* k : route_kernels_for(sh)) {
+    SCOPED_TRACE(std::string("EPMOE_ROUTE_KERNELS=") + k);
+    ScopedEnv env("EPMOE_ROUTE_KERNELS", k);
+    f();
+  }
+}
+
 void publish_and_route(Pair& p) {
   p.all([](Backend& b, const Step& s) { b.publish_forward(s); });
   p.all([](Backend& b, const Step& s) { b.route(s); });
@@ -102,8 +125,7 @@ RouteCase route_case(std::string name, const Shape& shape, Pattern pattern, int6
   return RouteCase{std::move(name), shape, pattern, tokens_minus, live_rank1};
 }
 
-void run_route_case(const RouteCase& c, uint32_t seed) {
-  SCOPED_TRACE(c.name);
+void run_route_case_once(const RouteCase& c, uint32_t seed) {
   Pair p(c.shape);
   Rng rng(seed);
   const int64_t tokens = c.shape.T - c.tokens_minus;
@@ -129,6 +151,11 @@ void run_route_case(const RouteCase& c, uint32_t seed) {
   }
 }
 
+void run_route_case(const RouteCase& c, uint32_t seed) {
+  SCOPED_TRACE(c.name);
+  for_each_route_kernels(c.shape, [&] { run_route_case_once(c, seed); });
+}
+
 TEST(GpuRoute, MatchesReferenceBuilder) {
   EPMOE_REQUIRE_GPU();
   const std::vector<RouteCase> cases = {
@@ -145,6 +172,11 @@ TEST(GpuRoute, MatchesReferenceBuilder) {
       route_case("every route inactive", {33, 8, 8, 2, 2, 2, 0}, Pattern::inactive),
       // Duplicates can send all K routes of a token to one rank: capacity T*R*K.
       route_case("duplicates, K > E", {77, 8, 8, 6, 2, 3, 77 * 3 * 6}, Pattern::duplicates, 5, 40),
+      // Decode sizes (the one-CTA route): qwen3-like, deepseek-like at EP = 2, its E*R limit.
+      route_case("decode: T=128 K=8 E=128 R=1", {128, 8, 8, 8, 128, 1, 0}, Pattern::distinct, 3, 100),
+      route_case("decode: T=128 K=8 E=128 R=2", {128, 8, 8, 8, 128, 2, 0}, Pattern::distinct),
+      route_case("single limits: T=256 K=8 E=256 R=2", {256, 8, 8, 8, 256, 2, 0}, Pattern::duplicates),
+      route_case("single limits: T=1024 K=2 E=4 R=2", {1024, 8, 8, 2, 4, 2, 0}, Pattern::sparse, 1, 1000),
   };
   uint32_t seed = 1;
   for (const RouteCase& c : cases) run_route_case(c, seed++);
@@ -167,41 +199,45 @@ Status expect_consistent_failure(Pair& p) {
 TEST(GpuRoute, TokenCountMismatchAgainstRankZero) {
   EPMOE_REQUIRE_GPU();
   const Shape sh{19, 8, 8, 2, 3, 3, 0};
-  Pair p(sh);
-  Rng rng(7);
-  p.set_input(0, make_input(rng, sh, 0, 19, std::nullopt, Pattern::distinct));
-  p.set_input(1, make_input(rng, sh, 1, 19, std::nullopt, Pattern::distinct));
-  p.set_input(2, make_input(rng, sh, 2, 18, std::nullopt, Pattern::distinct));
-  publish_and_route(p);
-  const Status st = expect_consistent_failure(p);
-  EXPECT_EQ(st.code, static_cast<int32_t>(StatusCode::token_count_mismatch));
-  EXPECT_EQ(st.rank, 2);
-  EXPECT_EQ(st.arg, static_cast<int32_t>(StatusArg::x_TD));
-  EXPECT_EQ(st.required, 18);
-  EXPECT_EQ(st.available, 19);
-  EXPECT_EQ(p.gpu.layout_header(2)[kLayoutRows], 0);
+  for_each_route_kernels(sh, [&] {
+    Pair p(sh);
+    Rng rng(7);
+    p.set_input(0, make_input(rng, sh, 0, 19, std::nullopt, Pattern::distinct));
+    p.set_input(1, make_input(rng, sh, 1, 19, std::nullopt, Pattern::distinct));
+    p.set_input(2, make_input(rng, sh, 2, 18, std::nullopt, Pattern::distinct));
+    publish_and_route(p);
+    const Status st = expect_consistent_failure(p);
+    EXPECT_EQ(st.code, static_cast<int32_t>(StatusCode::token_count_mismatch));
+    EXPECT_EQ(st.rank, 2);
+    EXPECT_EQ(st.arg, static_cast<int32_t>(StatusArg::x_TD));
+    EXPECT_EQ(st.required, 18);
+    EXPECT_EQ(st.available, 19);
+    EXPECT_EQ(p.gpu.layout_header(2)[kLayoutRows], 0);
+  });
 }
 
 TEST(GpuRoute, FirstRankWithAnInputErrorWins) {
   EPMOE_REQUIRE_GPU();
   const Shape sh{19, 8, 8, 2, 3, 4, 0};
-  Pair p(sh);
-  Rng rng(8);
-  std::vector<RankInput> in;
-  for (int r = 0; r < 4; ++r) in.push_back(make_input(rng, sh, r, 19, std::nullopt, Pattern::distinct));
-  in[3].ids[5] = sh.experts();  // out of range on rank 3
-  in[1].live = 20;              // live > T' on rank 1: reported, as the lower rank
-  in[2].scores[0] = NAN;
-  in[2].ids[0] = 0;             // active route with a NaN score on rank 2
-  for (int r = 0; r < 4; ++r) p.set_input(r, in[static_cast<size_t>(r)]);
-  publish_and_route(p);
-  const Status st = expect_consistent_failure(p);
-  EXPECT_EQ(st.code, static_cast<int32_t>(StatusCode::token_count_mismatch));
-  EXPECT_EQ(st.rank, 1);
-  EXPECT_EQ(st.arg, static_cast<int32_t>(StatusArg::num_tokens_1));
-  EXPECT_EQ(st.required, 20);
-  EXPECT_EQ(st.available, 19);
-  EXPECT_EQ(st.index, 0);
+  for_each_route_kernels(sh, [&] {
+    Pair p(sh);
+    Rng rng(8);
+    std::vector<RankInput> in;
+    for (int r = 0; r < 4; ++r) in.push_back(make_input(rng, sh, r, 19, std::nullopt, Pattern::distinct));
+    in[3].ids[5] = sh.experts();  // out of range on rank 3
+    in[1].live = 20;              // live > T' on rank 1: reported, as the lower rank
+    in[2].scores[0] = NAN;
+    in[2].ids[0] = 0;             // active route with a NaN score on rank 2
+    for (int r = 0; r < 4; ++r) p.set_input(r, in[static_cast<size_t>(r)]);
+    publish_and_route(p);
+    const Status st = expect_consistent_failure(p);
+    EXPECT_EQ(st.code, static_cast<int32_t>(StatusCode::token_count_mismatch));
+    EXPECT_EQ(st.rank, 1);
+    EXPECT_EQ(st.arg, static_cast<int32_t>(StatusArg::num_tokens_1));
+    EXPECT_EQ(st.required, 20);
+    EXPECT_EQ(st.available, 19);
+    EXPECT_EQ(st.index, 0);
+  });
 }
 
 TEST(GpuRoute, CapacityOverflowIsReportedByEveryRank) {
@@ -209,54 +245,56 @@ TEST(GpuRoute, CapacityOverflowIsReportedByEveryRank) {
   // Rank 1 owns the busy expert: every route of both ranks goes to global expert E*R/2 = 2.
   Shape sh{40, 8, 8, 2, 2, 2, 0};
   sh.capacity = 100;  // receiver 1 needs 2 * 40 * 2 = 160 rows
-  Pair p(sh);
-  Rng rng(9);
-  for (int r = 0; r < 2; ++r) p.set_input(r, make_input(rng, sh, r, 40, std::nullopt, Pattern::one_expert));
-  publish_and_route(p);
-  const Status st = expect_consistent_failure(p);
-  EXPECT_EQ(st.code, static_cast<int32_t>(StatusCode::capacity_overflow));
-  EXPECT_EQ(st.rank, 1);
-  EXPECT_EQ(st.arg, static_cast<int32_t>(StatusArg::topk_ids_TK));
-  EXPECT_EQ(st.required, 160);
-  EXPECT_EQ(st.available, 100);
-  // The layout is still built (recv_src up to the capacity), as by the reference builder.
-  const auto ids = published_ids(p.gpu);
-  for (int self = 0; self < 2; ++self) {
-    const HostLayout want = reference_layout(sh, ids, self);
-    expect_same_layout(want, read_layout(p.gpu, self), false);
-  }
-  EXPECT_EQ(p.gpu.layout_header(1)[kLayoutRows], 160);
-  EXPECT_EQ(p.gpu.layout_header(0)[kLayoutMaxRows], 160);
+  for_each_route_kernels(sh, [&] {
+    Pair p(sh);
+    Rng rng(9);
+    for (int r = 0; r < 2; ++r) p.set_input(r, make_input(rng, sh, r, 40, std::nullopt, Pattern::one_expert));
+    publish_and_route(p);
+    const Status st = expect_consistent_failure(p);
+    EXPECT_EQ(st.code, static_cast<int32_t>(StatusCode::capacity_overflow));
+    EXPECT_EQ(st.rank, 1);
+    EXPECT_EQ(st.arg, static_cast<int32_t>(StatusArg::topk_ids_TK));
+    EXPECT_EQ(st.required, 160);
+    EXPECT_EQ(st.available, 100);
+    // The layout is still built (recv_src up to the capacity), as by the reference builder.
+    const auto ids = published_ids(p.gpu);
+    for (int self = 0; self < 2; ++self) {
+      const HostLayout want = reference_layout(sh, ids, self);
+      expect_same_layout(want, read_layout(p.gpu, self), false);
+    }
+    EXPECT_EQ(p.gpu.layout_header(1)[kLayoutRows], 160);
+    EXPECT_EQ(p.gpu.layout_header(0)[kLayoutMaxRows], 160);
+  });
 }
 
 TEST(GpuRoute, AnEarlierStatusIsKept) {
   EPMOE_REQUIRE_GPU();
   Shape sh{40, 8, 8, 2, 2, 1, 0};
   sh.capacity = 10;
-  Pair p(sh);
-  Rng rng(10);
-  p.set_input(0, make_input(rng, sh, 0, 40, std::nullopt, Pattern::duplicates));
-  Status earlier;
-  earlier.code = static_cast<int32_t>(StatusCode::slot_overflow);
-  earlier.rank = 0;
-  earlier.required = 123;
-  earlier.available = 45;
-  p.cpu.set_status(0, earlier);
-  p.gpu.set_status(0, earlier);
-  publish_and_route(p);
-  EXPECT_TRUE(same_bits(std::vector<Status>{earlier}, std::vector<Status>{p.gpu.status(0)}));
-  EXPECT_EQ(p.gpu.layout_header(0)[kLayoutSkip], 1) << "the step is skipped all the same";
-  EXPECT_TRUE(same_bits(p.cpu.layout_header(0), p.gpu.layout_header(0)));
+  for_each_route_kernels(sh, [&] {
+    Pair p(sh);
+    Rng rng(10);
+    p.set_input(0, make_input(rng, sh, 0, 40, std::nullopt, Pattern::duplicates));
+    Status earlier;
+    earlier.code = static_cast<int32_t>(StatusCode::slot_overflow);
+    earlier.rank = 0;
+    earlier.required = 123;
+    earlier.available = 45;
+    p.cpu.set_status(0, earlier);
+    p.gpu.set_status(0, earlier);
+    publish_and_route(p);
+    EXPECT_TRUE(same_bits(std::vector<Status>{earlier}, std::vector<Status>{p.gpu.status(0)}));
+    EXPECT_EQ(p.gpu.layout_header(0)[kLayoutSkip], 1) << "the step is skipped all the same";
+    EXPECT_TRUE(same_bits(p.cpu.layout_header(0), p.gpu.layout_header(0)));
+  });
 }
 
-TEST(GpuRoute, RepeatedRoutesAreDeterministicAndClearTheSkipFlag) {
-  EPMOE_REQUIRE_GPU();
-  Shape sh{1500, 8, 8, 4, 16, 2, 0};
+void repeated_routes(const Shape& sh) {
   Pair p(sh);
   Rng rng(11);
   // Call 1: an invalid id on rank 0 skips the step.
   std::vector<RankInput> in;
-  for (int r = 0; r < 2; ++r) in.push_back(make_input(rng, sh, r, 1500, std::nullopt, Pattern::duplicates));
+  for (int r = 0; r < 2; ++r) in.push_back(make_input(rng, sh, r, sh.T, std::nullopt, Pattern::duplicates));
   RankInput bad = in[0];
   bad.ids[17] = -5;
   p.set_input(0, bad);
@@ -281,6 +319,39 @@ TEST(GpuRoute, RepeatedRoutesAreDeterministicAndClearTheSkipFlag) {
     EXPECT_TRUE(same_bits(first.recv_src, l.recv_src));
     EXPECT_TRUE(same_bits(first.route_row, l.route_row));
   }
+}
+
+TEST(GpuRoute, RepeatedRoutesAreDeterministicAndClearTheSkipFlag) {
+  EPMOE_REQUIRE_GPU();
+  for (const Shape sh : {Shape{1500, 8, 8, 4, 16, 2, 0}, Shape{200, 8, 8, 4, 16, 2, 0}}) {
+    SCOPED_TRACE("T = " + std::to_string(sh.T));
+    for_each_route_kernels(sh, [&] { repeated_routes(sh); });
+  }
+}
+
+// The choice itself (no GPU needed): one CTA exactly where every source's routes fit one chunk,
+// its tokens one pull chunk and E * R the one-CTA ranking's shared memory; forcing it elsewhere
+// is an error that names the switch.
+TEST(GpuRoute, SingleKernelWhereEverySourceFitsOneChunk) {
+  ScopedEnv unset("EPMOE_ROUTE_KERNELS", nullptr);
+  auto choice = [](int64_t T, int K, int E, int R) {
+    return cuda::select_route_kernels(Dims{T, 8, 8, K, E, R});
+  };
+  EXPECT_EQ(choice(128, 8, 128, 1), cuda::RouteKernels::single);   // qwen3 decode
+  EXPECT_EQ(choice(128, 8, 256, 1), cuda::RouteKernels::single);   // deepseek-v3 decode
+  EXPECT_EQ(choice(256, 8, 256, 2), cuda::RouteKernels::single);   // T * K = 2048, E * R = 512
+  EXPECT_EQ(choice(257, 8, 8, 1), cuda::RouteKernels::chunked);    // T * K > 2048
+  EXPECT_EQ(choice(1025, 1, 8, 1), cuda::RouteKernels::chunked);   // T > 1024
+  EXPECT_EQ(choice(128, 8, 256, 4), cuda::RouteKernels::chunked);  // E * R > 512
+  EXPECT_EQ(choice(8192, 8, 128, 1), cuda::RouteKernels::chunked);
+  {
+    ScopedEnv force("EPMOE_ROUTE_KERNELS", "chunked");
+    EXPECT_EQ(choice(128, 8, 128, 1), cuda::RouteKernels::chunked);
+  }
+  ScopedEnv force("EPMOE_ROUTE_KERNELS", "single");
+  EXPECT_THROW(choice(8192, 8, 128, 1), epmoe::Error);
+  ScopedEnv bad("EPMOE_ROUTE_KERNELS", "fused");
+  EXPECT_THROW(choice(128, 8, 128, 1), epmoe::Error);
 }
 
 }  // namespace
