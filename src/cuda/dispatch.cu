@@ -3,6 +3,9 @@
 // by its owner before the barrier) and stores it to every local row of the pull, so a token whose
 // K routes land on this rank crosses NVLink once. dispatch then releases the rows it stored on the
 // per-128-row arrival counters, which an arrival-gated W13 acquires (gemm/arrival_gate.cuh).
+// Where the pulls are too few to fill the grid (decode sizes), each pull is split into column
+// slices of one batch (32 * kBatch vectors) run by separate warps, so a warp's load-then-store
+// rounds over the row run side by side instead of one after another (pull_slices).
 #include "cuda/dispatch.h"
 
 #include "core/fp8_terms.h"
@@ -31,6 +34,7 @@ struct PullParams {
   Fp8RowsOut q;  // kQuantize: the E4M3 rows of out (fp8_rows_bytes(capacity, D))
   int64_t T, D, pull_capacity, scores_offset;
   int K;
+  int slices;  // warps per pull, each a column slice of whole batches (1 with arrival counters)
 };
 
 __device__ __forceinline__ void release_add(uint32_t* counter, uint32_t v) {
@@ -62,9 +66,11 @@ __global__ void __launch_bounds__(kThreads) pull_rows_kernel(const PullParams p)
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   const int64_t vecs = p.D / kVec;
-  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; i < P;
+  const int slices = kQuantize ? 1 : p.slices;  // FP8 gather_grad: one warp per pull (registers)
+  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; i < P * slices;
        i += warps) {
-    const int64_t pull = folded_pull(i, P);
+    const int64_t pull = folded_pull(i / slices, P);
+    const int slice = static_cast<int>(i % slices);
     const int32_t src = p.pull_src_P[pull];
     const int r = static_cast<int>(src / p.T);
     const int64_t t = src % p.T;
@@ -78,7 +84,7 @@ __global__ void __launch_bounds__(kThreads) pull_rows_kernel(const PullParams p)
       scores_K = reinterpret_cast<const float*>(p.routing_R[r] + p.scores_offset) + t * p.K;
       if (scale) {
         lane_score = lane_route_score(scores_K, p.K, lane);
-      } else {
+      } else if (slice == 0) {
         for (int k = lane; k < p.K; k += 32) {
           const int32_t m = rows_K[k];
           if (m >= 0) p.row_scores_M[m] = __ldcg(scores_K + k);
@@ -87,7 +93,7 @@ __global__ void __launch_bounds__(kThreads) pull_rows_kernel(const PullParams p)
     }
     // Lane l holds vectors v0 + l + 32 b with v0 warp-uniform: the loop runs on every lane (route
     // and quantization shuffles); quantizing, 16 lanes are one 1x128 block.
-    for (int64_t v0 = 0; v0 < vecs; v0 += 32 * kBatch) {
+    for (int64_t v0 = slice * 32 * kBatch; v0 < vecs; v0 += static_cast<int64_t>(slices) * 32 * kBatch) {
       uint4 u[kBatch];
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
@@ -152,6 +158,18 @@ __global__ void __launch_bounds__(kThreads) pull_rows_kernel(const PullParams p)
   }
 }
 
+// Warps per pull: as many column slices (whole batches) as the persistent grid has warps to spare
+// for the pulls the layout can hold, one per batch of the row at most; 1 with arrival counters
+// (each pull releases its rows once). Host-known sizes only: the same geometry for every call.
+int pull_slices(int64_t pull_capacity, int64_t D, bool arrivals) {
+  if (arrivals) return 1;
+  const int64_t batches = (D / kVec + 32 * kBatch - 1) / (32 * kBatch);
+  const int64_t warps = static_cast<int64_t>(sm_count()) * kBlocksPerSm * (kThreads / 32);
+  const int64_t spare = warps / (pull_capacity > 0 ? pull_capacity : 1);
+  const int64_t slices = spare < batches ? spare : batches;
+  return static_cast<int>(slices < 1 ? 1 : slices);
+}
+
 template <bool kScale, bool kQuantize = false>
 void launch_pulls(const Step& s, Placed out, uint32_t* arrivals, Fp8RowsOut q = {}) {
   PullParams p{};
@@ -170,8 +188,9 @@ void launch_pulls(const Step& s, Placed out, uint32_t* arrivals, Fp8RowsOut q = 
   p.scores_offset = routing_buffer_layout(s.dims.T, s.dims.K).scores_offset;
   p.K = s.dims.K;
   p.q = q;
-  // One warp per pull; at most a persistent grid (kBlocksPerSm per SM, all resident at once).
-  const int64_t threads = p.pull_capacity * 32;
+  p.slices = kQuantize ? 1 : pull_slices(p.pull_capacity, p.D, arrivals != nullptr);
+  // One warp per pull slice; at most a persistent grid (kBlocksPerSm per SM, all resident at once).
+  const int64_t threads = p.pull_capacity * p.slices * 32;
   pull_rows_kernel<kScale, kQuantize>
       <<<grid_for(threads, kThreads), kThreads, 0, static_cast<cudaStream_t>(s.stream)>>>(p);
   EPMOE_CUDA_LAUNCH_CHECK();

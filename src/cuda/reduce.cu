@@ -21,6 +21,11 @@ struct ReduceParams {
   int K, rank;
 };
 
+// Routes whose slot vectors a thread loads all before it adds them (K up to this; more: one at a
+// time). The loads are independent, so the K round trips to memory overlap; the adds still run in
+// k order.
+constexpr int kLoadedRoutes = 8;
+
 // kScaled: forward (score-weighted, h3 copy), otherwise the backward plain sum.
 template <bool kScaled>
 __global__ void __launch_bounds__(kThreads) reduce_kernel(const ReduceParams p) {
@@ -39,7 +44,29 @@ __global__ void __launch_bounds__(kThreads) reduce_kernel(const ReduceParams p) 
     Bf16x8 acc;
 #pragma unroll
     for (int e = 0; e < kVec; ++e) acc.v[e] = 0.0f;
-    if (!skip && t < live) {
+    if (!skip && t < live && p.K <= kLoadedRoutes) {
+      const int32_t* rows_K = p.route_row_TK + t * p.K;
+      uint4 u[kLoadedRoutes];
+#pragma unroll
+      for (int k = 0; k < kLoadedRoutes; ++k) {
+        if (k < p.K && rows_K[k] >= 0) u[k] = load_vec_cg(combine_TKD + (t * p.K + k) * p.D + col);
+      }
+#pragma unroll
+      for (int k = 0; k < kLoadedRoutes; ++k) {
+        if (k >= p.K || rows_K[k] < 0) continue;  // inactive route: its slot is never read
+        const int64_t slot = t * p.K + k;
+        const Bf16x8 c = unpack8(u[k]);
+        if constexpr (kScaled) {
+          if (h3_TKD != nullptr) store_vec(h3_TKD + slot * p.D + col, u[k]);
+          const float score = scores_TK[slot];
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) acc.v[e] = __fadd_rn(acc.v[e], __fmul_rn(score, c.v[e]));
+        } else {
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) acc.v[e] = __fadd_rn(acc.v[e], c.v[e]);
+        }
+      }
+    } else if (!skip && t < live) {
       for (int k = 0; k < p.K; ++k) {
         const int64_t slot = t * p.K + k;
         if (p.route_row_TK[slot] < 0) continue;  // inactive route: its slot is never read

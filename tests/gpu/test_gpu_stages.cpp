@@ -331,6 +331,9 @@ TEST(GpuStages, MatchCpuReferenceThroughAStep) {
        DType::f32, false),
       stages_case("R=1, every route inactive", {12, 8, 8, 2, 2, 1, 0}, Pattern::inactive),
       stages_case("R=2, wide rows", {33, 2048, 64, 2, 2, 2, 0}, Pattern::distinct),
+      // D = 1032: two column slices per pull (dispatch, gather_grad), the second one vector wide;
+      // K = 9: the reduce's one-route-at-a-time loop (more than kLoadedRoutes).
+      stages_case("R=2, D=1032, K=9", {24, 1032, 16, 9, 8, 2, 0}, Pattern::distinct, 2, 17),
       // F = 136: three grad_scores chunks of 64 columns, the last one 8 wide.
       stages_case("R=2, F=136", {40, 32, 136, 2, 4, 2, 0}, Pattern::distinct, 0, 29),
   };
