@@ -69,8 +69,8 @@ __global__ void __launch_bounds__(kThreads) pull_rows_kernel(const PullParams p)
   const int slices = kQuantize ? 1 : p.slices;  // FP8 gather_grad: one warp per pull (registers)
   for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; i < P * slices;
        i += warps) {
-    const int64_t pull = folded_pull(i / slices, P);
-    const int slice = static_cast<int>(i % slices);
+    const int64_t pull = folded_pull(slices == 1 ? i : i / slices, P);
+    const int slice = slices == 1 ? 0 : static_cast<int>(i % slices);
     const int32_t src = p.pull_src_P[pull];
     const int r = static_cast<int>(src / p.T);
     const int64_t t = src % p.T;

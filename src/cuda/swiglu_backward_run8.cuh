@@ -25,9 +25,8 @@ __device__ __forceinline__ SwigluBackwardRun8 swiglu_backward_run8(uint4 gate_8,
   float dot = 0.0f;
 #pragma unroll
   for (int e = 0; e < kVec; ++e) {
-    ::epmoe::swiglu_backward(gate.v[e], up.v[e], scored ? __fmul_rn(score, dh.v[e]) : dh.v[e], act,
-                             d_gate.v[e], d_up.v[e]);
-    const float a = ::epmoe::swiglu_forward(gate.v[e], up.v[e], act);
+    const float a = ::epmoe::swiglu_backward_and_forward(
+        gate.v[e], up.v[e], scored ? __fmul_rn(score, dh.v[e]) : dh.v[e], act, d_gate.v[e], d_up.v[e]);
     dot = __fadd_rn(dot, __fmul_rn(dh.v[e], bf16_to_float(float_to_bf16(a))));
     h.v[e] = scored ? __fmul_rn(score, a) : a;
   }

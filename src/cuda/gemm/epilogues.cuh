@@ -342,10 +342,10 @@ struct SwigluBackwardEpilogue {
           const float gate = bf16_to_float(g8[j]), up = bf16_to_float(u8[j]);
           const float dh = bf16_to_float(gh8[j]);
           float d_gate, d_up;
-          swiglu_backward(gate, up, scored ? __fmul_rn(score, dh) : dh, p.act, d_gate, d_up);
+          const float act = swiglu_backward_and_forward(gate, up, scored ? __fmul_rn(score, dh) : dh,
+                                                        p.act, d_gate, d_up);
           dg8[j] = float_to_bf16(d_gate);
           du8[j] = float_to_bf16(d_up);
-          const float act = swiglu_forward(gate, up, p.act);
           const bf16_t act16 = float_to_bf16(act);
           dot = __fadd_rn(dot, __fmul_rn(dh, bf16_to_float(act16)));
           h8[j] = scored ? float_to_bf16(__fmul_rn(score, act)) : act16;
