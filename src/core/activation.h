@@ -35,29 +35,11 @@ EPMOE_HD float swiglu_forward(float gate, float up, const ActivationParams& p) {
   return gate * sigmoidf_ref(gate) * up;
 }
 
-// (d gate, d up) from dh. Clamps pass the gradient where the input lies inside the closed range
-// (as torch.clamp does).
-EPMOE_HD void swiglu_backward(float gate, float up, float dh, const ActivationParams& p,
-                              float& d_gate, float& d_up) {
-  if (p.clamped) {
-    float g = fminf(gate, p.limit);
-    float u = fminf(fmaxf(up, -p.limit), p.limit);
-    float s = sigmoidf_ref(p.alpha * g);
-    float glu = g * s;
-    float d_glu = s + p.alpha * g * s * (1.0f - s);
-    d_gate = gate <= p.limit ? dh * (u + 1.0f) * d_glu : 0.0f;
-    d_up = (up >= -p.limit && up <= p.limit) ? dh * glu : 0.0f;
-    return;
-  }
-  float s = sigmoidf_ref(gate);
-  float silu = gate * s;
-  d_gate = dh * up * (s + gate * s * (1.0f - s));
-  d_up = dh * silu;
-}
-
-// swiglu_backward and the h = swiglu_forward(gate, up) it recomputes, from one sigmoid: the same
-// expressions, so the same values as the two calls, with half the exp and division work (the GPU
-// SwiGLU backward kernel and epilogues, whose time goes to that arithmetic). Returns h.
+// (d gate, d up) from dh, and the h = swiglu_forward(gate, up) that the SwiGLU backward recomputes,
+// from one sigmoid: h is swiglu_forward's expression on the same sigmoid, so the same value
+// (test_gpu_activation, host and device), with half the exp and division work (the GPU SwiGLU
+// backward kernel and epilogues, whose time goes to that arithmetic). Clamps pass the gradient
+// where the input lies inside the closed range (as torch.clamp does). Returns h.
 EPMOE_HD float swiglu_backward_and_forward(float gate, float up, float dh, const ActivationParams& p,
                                            float& d_gate, float& d_up) {
   if (p.clamped) {
@@ -75,6 +57,12 @@ EPMOE_HD float swiglu_backward_and_forward(float gate, float up, float dh, const
   d_gate = dh * up * (s + gate * s * (1.0f - s));
   d_up = dh * silu;
   return silu * up;  // swiglu_forward's gate * sigmoid(gate) * up
+}
+
+// (d gate, d up) from dh alone (the CPU reference; h is not needed there).
+EPMOE_HD void swiglu_backward(float gate, float up, float dh, const ActivationParams& p,
+                              float& d_gate, float& d_up) {
+  (void)swiglu_backward_and_forward(gate, up, dh, p, d_gate, d_up);
 }
 
 }  // namespace epmoe

@@ -44,6 +44,20 @@ __global__ void __launch_bounds__(kThreads) reduce_kernel(const ReduceParams p) 
     Bf16x8 acc;
 #pragma unroll
     for (int e = 0; e < kVec; ++e) acc.v[e] = 0.0f;
+    // Route k's slot vector u into acc (and the h3 copy), in k order.
+    auto add = [&](int64_t slot, uint4 u) {
+      const Bf16x8 c = unpack8(u);
+      if constexpr (kScaled) {
+        if (h3_TKD != nullptr) store_vec(h3_TKD + slot * p.D + col, u);
+        const float score = scores_TK[slot];
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) acc.v[e] = __fadd_rn(acc.v[e], __fmul_rn(score, c.v[e]));
+      } else {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) acc.v[e] = __fadd_rn(acc.v[e], c.v[e]);
+      }
+    };
+    // Inactive routes: their slots are never read.
     if (!skip && t < live && p.K <= kLoadedRoutes) {
       const int32_t* rows_K = p.route_row_TK + t * p.K;
       uint4 u[kLoadedRoutes];
@@ -53,34 +67,12 @@ __global__ void __launch_bounds__(kThreads) reduce_kernel(const ReduceParams p) 
       }
 #pragma unroll
       for (int k = 0; k < kLoadedRoutes; ++k) {
-        if (k >= p.K || rows_K[k] < 0) continue;  // inactive route: its slot is never read
-        const int64_t slot = t * p.K + k;
-        const Bf16x8 c = unpack8(u[k]);
-        if constexpr (kScaled) {
-          if (h3_TKD != nullptr) store_vec(h3_TKD + slot * p.D + col, u[k]);
-          const float score = scores_TK[slot];
-#pragma unroll
-          for (int e = 0; e < kVec; ++e) acc.v[e] = __fadd_rn(acc.v[e], __fmul_rn(score, c.v[e]));
-        } else {
-#pragma unroll
-          for (int e = 0; e < kVec; ++e) acc.v[e] = __fadd_rn(acc.v[e], c.v[e]);
-        }
+        if (k < p.K && rows_K[k] >= 0) add(t * p.K + k, u[k]);
       }
     } else if (!skip && t < live) {
       for (int k = 0; k < p.K; ++k) {
         const int64_t slot = t * p.K + k;
-        if (p.route_row_TK[slot] < 0) continue;  // inactive route: its slot is never read
-        const uint4 u = load_vec_cg(combine_TKD + slot * p.D + col);
-        const Bf16x8 c = unpack8(u);
-        if constexpr (kScaled) {
-          if (h3_TKD != nullptr) store_vec(h3_TKD + slot * p.D + col, u);
-          const float score = scores_TK[slot];
-#pragma unroll
-          for (int e = 0; e < kVec; ++e) acc.v[e] = __fadd_rn(acc.v[e], __fmul_rn(score, c.v[e]));
-        } else {
-#pragma unroll
-          for (int e = 0; e < kVec; ++e) acc.v[e] = __fadd_rn(acc.v[e], c.v[e]);
-        }
+        if (p.route_row_TK[slot] >= 0) add(slot, load_vec_cg(combine_TKD + slot * p.D + col));
       }
     }
     store_vec(p.out_TD + t * p.D + col, pack8(acc));

@@ -1,6 +1,7 @@
 // Device-side check of swiglu_backward_and_forward (core/activation.h) against the two calls it
-// stands for, swiglu_backward and swiglu_forward, compiled by nvcc with the library's flags (its
-// contraction and math library). Plain C++ interface; the kernel is in activation_hw_check.cu.
+// stands for, swiglu_backward and swiglu_forward (h is the one computed apart), compiled by nvcc
+// with the library's flags (its contraction and math library). Plain C++ interface; the kernel is
+// in activation_hw_check.cu.
 #pragma once
 
 #include <cstdint>

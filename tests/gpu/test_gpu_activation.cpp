@@ -1,7 +1,8 @@
 // swiglu_backward_and_forward (core/activation.h: one sigmoid for the SwiGLU backward and the h it
-// recomputes) gives the bits of swiglu_backward + swiglu_forward: on the host, and on the GPU
-// compiled as the library's kernels are (activation_hw_check.cu). Plain and clamped SwiGLU, on
-// random values and the edges (the clamp bounds, exp overflow, zeros, infinities).
+// recomputes) returns the bits of swiglu_forward, and its gradients those of swiglu_backward (its
+// wrapper): on the host, and on the GPU compiled as the library's kernels are
+// (activation_hw_check.cu). Plain and clamped SwiGLU, on random values and the edges (the clamp
+// bounds, exp overflow, zeros, infinities).
 #include <gtest/gtest.h>
 
 #include <cmath>
