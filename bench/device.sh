@@ -35,8 +35,8 @@
 #       for ab): $OUT/abpatch<i>.json (even: base), stage ms against abpatch0 in
 #       $OUT/abpatch_compare.txt
 #   bash bench/device.sh ab [NAME=value[+NAME=value] ...]   A / B of run-time switches at EP = 1:
-#       builds libepmoe, then bench_moe.py --epmoe-only (balanced; EPMOE_AB_PRECISION, default
-#       bf16; EPMOE_AB_SHAPES, default the four) once as is and once per setting with its
+#       builds libepmoe, then bench_moe.py --epmoe-only (EPMOE_AB_ROUTINGS, default balanced;
+#       EPMOE_AB_PRECISION, default bf16; EPMOE_AB_SHAPES, default the four) once as is and once per setting with its
 #       variables set: $OUT/ab0.json, $OUT/ab<i>.json, stage ms of each against ab0
 #       (bench/compare_stages.py) in $OUT/ab_compare.txt. EPMOE_AB_DECODE=1: bench_moe.py
 #       --decode-only instead (the bf16 decode forward, eager and graph, at each shape's decode T)
@@ -121,7 +121,7 @@ ab_runs() {
       what=(--epmoe-only "epmoe-$prefix$i" --epmoe-only-precision "$precision")
       [[ ${EPMOE_AB_DECODE:-0} == 1 ]] && what=(--decode-only)
       PYTHONUNBUFFERED=1 timeout -k 10 "${EPMOE_AB_TIMEOUT:-300}" python3 bench/bench_moe.py \
-        --routings balanced --shapes "$shapes" "${what[@]}" \
+        --routings "${EPMOE_AB_ROUTINGS:-balanced}" --shapes "$shapes" "${what[@]}" \
         --lib "${EPMOE_AB_LIB:-$build/src/libepmoe.so}" \
         --out "$OUT/$prefix$i.json" > "$OUT/$prefix$i.log" 2>&1
     ) || status=1

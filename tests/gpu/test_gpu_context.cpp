@@ -240,22 +240,24 @@ TEST(GpuContext, WgradStoresEqualBitwise) {
   }
 }
 
+// WGRAD cases for the k-tail and the tile sequence: groups ending inside a k-block (at and off a
+// 16-row step), groups of whole k-blocks, groups of less than one k-block, experts with no rows,
+// one and many tiles per CTA, experts with more k-blocks than stages.
+std::vector<TokensCase> wgrad_tail_cases() {
+  return {{problem(333, 256, 520, 16, 4), 333},   {problem(40, 128, 96, 64, 2), 40},
+          {problem(256, 256, 128, 4, 2), 256},    {problem(2048, 1024, 768, 4, 2), 2048},
+          {problem(3001, 2048, 1024, 32, 4), 3001}, {problem(1200, 512, 256, 32, 4), 1200},
+          {problem(4096, 2048, 1024, 8, 2), 4096}};
+}
+
 // The bf16 WGRAD's loop with the partial k-block peeled out of it (the default: only the k-steps of
 // 16 rows that hold group rows run, the rows past the group zeroed up to the next 16) gives the bits
 // of the loop that retires every batch and runs all four k-steps of the zeroed block
 // (EPMOE_WGRAD_PEEL=0; the same k-order, skipped steps add exact zeros), on the TMA-store and the
-// direct-store kernels. Cases: groups ending inside a k-block (at and off a 16-row step), groups of
-// whole k-blocks, groups of less than one k-block, experts with no rows, one and many tiles per
-// CTA, experts with more k-blocks than stages.
+// direct-store kernels, on the wgrad_tail_cases().
 TEST(GpuContext, WgradMainloopsEqualBitwise) {
   EPMOE_REQUIRE_GPU();
-  const std::vector<TokensCase> cases = {{problem(333, 256, 520, 16, 4), 333},
-                                        {problem(40, 128, 96, 64, 2), 40},
-                                        {problem(256, 256, 128, 4, 2), 256},
-                                        {problem(2048, 1024, 768, 4, 2), 2048},
-                                        {problem(3001, 2048, 1024, 32, 4), 3001},
-                                        {problem(1200, 512, 256, 32, 4), 1200},
-                                        {problem(4096, 2048, 1024, 8, 2), 4096}};
+  const std::vector<TokensCase> cases = wgrad_tail_cases();
   struct Variant {
     const char* store;
     const char* peel;
@@ -275,6 +277,27 @@ TEST(GpuContext, WgradMainloopsEqualBitwise) {
                            c.p.name() + " WGRAD store " + v.store + ", peel " + v.peel +
                                " vs the loop retiring every batch");
     }
+  }
+}
+
+// The deferred WGRAD epilogue (EPMOE_WGRAD_DEFER=1: each tile staged and stored under the next
+// tile's first wgmma batch) gives the bits of the plain one: the same bf16 values, written later.
+// wgrad_tail_cases() hold tiles of the partial block alone (they flush in the peeled tail) and
+// experts with no rows between held tiles (they flush before their zeros).
+TEST(GpuContext, WgradDeferredEpilogueEqualsBitwise) {
+  EPMOE_REQUIRE_GPU();
+  uint64_t seed = 191;
+  for (const TokensCase& c : wgrad_tail_cases()) {
+    const auto in = make_inputs(c.p, seed++, c.tokens);
+    const ScopedEnv store("EPMOE_WGRAD_STORE", "tma"), peel("EPMOE_WGRAD_PEEL", "1");
+    std::vector<RankOutputs> plain;
+    {
+      const ScopedEnv defer("EPMOE_WGRAD_DEFER", "0");
+      plain = run_gpu_layer(c.p, in[0]);
+    }
+    const ScopedEnv defer("EPMOE_WGRAD_DEFER", "1");
+    expect_bitwise_equal(run_gpu_layer(c.p, in[0]), plain,
+                         c.p.name() + " WGRAD deferred epilogue vs stored after its MMA");
   }
 }
 

@@ -190,6 +190,16 @@ bool select_wgrad_peel(GemmKind kind, const Step& s) {
   return switch_from_env("EPMOE_WGRAD_PEEL", true);
 }
 
+// The deferred WGRAD epilogue (epilogues.cuh, WgradTmaEpilogue::kDefer): the per-tile timeline
+// (bench/RESULTS.md 004ced0) has ~1 450 of a deepseek-v3 tile's ~4 600 SM clocks in the epilogue
+// with the tensor pipe idle, ~800 of them staging the tile into shared memory. Deferred, that
+// staging runs while the next tile's first k-block is in the tensor pipe. Unmeasured: off.
+bool select_wgrad_defer(GemmKind kind, const Step& s) {
+  (void)kind;
+  (void)s;
+  return switch_from_env("EPMOE_WGRAD_DEFER", false);
+}
+
 // Pairs of CTAs multicasting B (grouped_gemm_sm90.cuh) are measured against single CTAs per GEMM
 // kind with EPMOE_GEMM_CLUSTER (every kind) or EPMOE_GEMM_CLUSTER_WGRAD (the two WGRADs, first);
 // until a kind's row in bench/RESULTS.md shows a gain it runs unpaired. Last measured at 75fe3af,
