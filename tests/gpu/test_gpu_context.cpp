@@ -280,27 +280,6 @@ TEST(GpuContext, WgradMainloopsEqualBitwise) {
   }
 }
 
-// The deferred WGRAD epilogue (EPMOE_WGRAD_DEFER=1: each tile staged and stored under the next
-// tile's first wgmma batch) gives the bits of the plain one: the same bf16 values, written later.
-// wgrad_tail_cases() hold tiles of the partial block alone (they flush in the peeled tail) and
-// experts with no rows between held tiles (they flush before their zeros).
-TEST(GpuContext, WgradDeferredEpilogueEqualsBitwise) {
-  EPMOE_REQUIRE_GPU();
-  uint64_t seed = 191;
-  for (const TokensCase& c : wgrad_tail_cases()) {
-    const auto in = make_inputs(c.p, seed++, c.tokens);
-    const ScopedEnv store("EPMOE_WGRAD_STORE", "tma"), peel("EPMOE_WGRAD_PEEL", "1");
-    std::vector<RankOutputs> plain;
-    {
-      const ScopedEnv defer("EPMOE_WGRAD_DEFER", "0");
-      plain = run_gpu_layer(c.p, in[0]);
-    }
-    const ScopedEnv defer("EPMOE_WGRAD_DEFER", "1");
-    expect_bitwise_equal(run_gpu_layer(c.p, in[0]), plain,
-                         c.p.name() + " WGRAD deferred epilogue vs stored after its MMA");
-  }
-}
-
 // The TMA-store WGRAD on 128 x 192 tiles with four stages (EPMOE_WGRAD_TILE=128x192, built with
 // EPMOE_GEMM_CONFIGS=ALL) gives the bits of the 128 x 256 tile: every output element sums the same
 // k-steps in the same order. Peeled and unpeeled loops on the wgrad_cases() (partial last n-tiles:

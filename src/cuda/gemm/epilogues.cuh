@@ -485,18 +485,11 @@ struct WgradEpilogue {
 // expects, and one thread issues the box stores. They drain while the warpgroup runs the next
 // tile's MMA; the stage is reused only after the stores have read it. Output bounds are the
 // tensor map's, so edge tiles need no masking.
-//
-// kDefer: store() only packs the tile into bf16 registers (BLOCK_N / 4 per thread); flush() stages
-// and stores them, and the kernel calls it once the next tile's first wgmma batch is in flight,
-// so the staging (~800 SM clocks per tile at 128 x 256, the tensor pipe idle otherwise) runs
-// under that batch. A tile with no rows, or the CTA's last, flushes without an MMA to hide under.
-template <class Traits, class TmaStore, bool kDefer_ = false>
+template <class Traits, class TmaStore>
 struct WgradTmaEpilogue {
-  static constexpr bool kDefer = kDefer_;
   static constexpr int kBoxes = Traits::BLOCK_N / 64;
   static constexpr int kBoxBytes = 64 * 128;
   static constexpr int kSmemBytesPerWarpgroup = kBoxes * kBoxBytes;
-  static constexpr int kPacked = Traits::BLOCK_N / 4;  // bf16 pairs of one thread's 64 x BLOCK_N
   using SmemLayoutBox = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<cutlass::bfloat16_t>{},
                                                Shape<_64, _64>{}));
   struct Params {
@@ -510,10 +503,6 @@ struct WgradTmaEpilogue {
   int wg;         // consumer warpgroup (names its barrier)
   int row_block;  // its rows in the tile, in units of 64
   int tid;
-  // kDefer: the held tile (pair i: fragment values 2 i and 2 i + 1 as bf16x2), whether one is held.
-  uint32_t packed[kDefer ? kPacked : 1];
-  TileCoord held;
-  bool pending = false;
   __device__ WgradTmaEpilogue(const Params& params, char* stage_smem, int warpgroup, int rows, int thread)
       : p(params), smem(stage_smem), wg(warpgroup), row_block(rows), tid(thread) {}
 
@@ -522,26 +511,24 @@ struct WgradTmaEpilogue {
         128, static_cast<uint32_t>(GemmBarrier::epilogue_wg0) + static_cast<uint32_t>(wg));
   }
 
-  // Stages the tile (zeros, or pair(i): fragment values 2 i and 2 i + 1 as bf16x2) once the
-  // previous tile's stores have read the stage, then issues its box stores.
-  template <class Pair>
-  __device__ void stage_and_store(const TileCoord& t, bool zeros, Pair pair) const {
+  template <class Acc0, class Acc1>
+  __device__ void store(const TileCoord& t, const Acc0& acc, const Acc1&) const {
     if (tid == 0) {
       tma_store_wait<0>();  // the previous tile's stores have read the stage
       stamp_current_tile(Stamp::stage_free);
     }
     sync();
     const int warp = tid / 32, lane = tid % 32;
-    if (zeros) {  // an expert with no rows: zeros, without reading the accumulators
+    if (t.k_tiles == 0) {  // an expert with no rows: zeros, without reading the accumulators
       for (int i = tid; i < kSmemBytesPerWarpgroup / 16; i += 128) {
         reinterpret_cast<uint4*>(smem)[i] = make_uint4(0, 0, 0, 0);
       }
     } else {
       // (row, col) of the warpgroup's 64 x BLOCK_N block lies in box col / 64, at byte row * 128 +
       // (((col % 64) / 8) ^ (row % 8)) * 16 + (col % 8) * 2 (the TMA 128-byte swizzle of
-      // SmemLayoutBox). For row = 16 warp + lane / 4 + 8 h, col = 8 g + 2 (lane % 4) the swizzle
-      // term depends on g % 8 alone, so 8 addresses per thread with the box and h as immediates
-      // (64 hoisted addresses spill once a tile is held in registers).
+      // SmemLayoutBox). For fragment value i = j + 2 h + 4 g, row = 16 warp + lane / 4 + 8 h and
+      // col = 8 g + 2 (lane % 4): the swizzle term depends on g % 8 alone, so 8 addresses per
+      // thread with the box and h as immediates (ptxas hoisted 64 of them otherwise).
       char* base = smem + (16 * warp + lane / 4) * 128 + 4 * (lane % 4);
       const int r8 = (lane / 4) % 8;
       CUTE_UNROLL
@@ -551,8 +538,9 @@ struct WgradTmaEpilogue {
         for (int box = 0; box < kBoxes; ++box) {
           CUTE_UNROLL
           for (int h = 0; h < 2; ++h) {
-            const int g = 8 * box + gg;
-            *reinterpret_cast<uint32_t*>(chunk + box * kBoxBytes + h * 8 * 128) = pair(2 * g + h);
+            const int i = 4 * (8 * box + gg) + 2 * h;
+            *reinterpret_cast<uint32_t*>(chunk + box * kBoxBytes + h * 8 * 128) =
+                pack_bf16x2(acc(i), acc(i + 1));
           }
         }
       }
@@ -578,36 +566,8 @@ struct WgradTmaEpilogue {
     }
   }
 
-  template <class Acc0, class Acc1>
-  __device__ void store(const TileCoord& t, const Acc0& acc, const Acc1&) {
-    auto pair_of = [&](int i) { return pack_bf16x2(acc(2 * i), acc(2 * i + 1)); };
-    if constexpr (kDefer) {
-      flush();  // the kernel flushed already, unless this CTA's previous tile ran no MMA
-      if (t.k_tiles == 0) {
-        stage_and_store(t, true, pair_of);
-        return;
-      }
-      CUTE_UNROLL
-      for (int i = 0; i < kPacked; ++i) packed[i] = pair_of(i);
-      held = t;
-      pending = true;
-    } else {
-      stage_and_store(t, t.k_tiles == 0, pair_of);
-    }
-  }
-
-  // kDefer: stages and stores the held tile, if any.
-  __device__ void flush() {
-    if constexpr (kDefer) {
-      if (!pending) return;
-      stage_and_store(held, false, [&](int i) { return packed[i]; });
-      pending = false;
-    }
-  }
-
-  // Before the CTA exits: the last tile stored, and its stores have read shared memory.
-  __device__ void finish() {
-    flush();
+  // Before the CTA exits: the last stores must have read shared memory.
+  __device__ void finish() const {
     if (tid == 0) tma_store_wait<0>();
   }
 };

@@ -41,11 +41,6 @@ WgradTile select_wgrad_tile(GemmKind kind, const Step& s);
 // the rule in gemm_config.cpp.
 bool select_wgrad_peel(GemmKind kind, const Step& s);
 
-// Whether the peeled TMA-store WGRAD (single CTAs, 128 x 256) stages each tile's bf16 output under
-// the next tile's first wgmma batch (WgradTmaEpilogue::kDefer) instead of after its own MMA:
-// EPMOE_WGRAD_DEFER=1|0 forces it, else the rule in gemm_config.cpp.
-bool select_wgrad_defer(GemmKind kind, const Step& s);
-
 // A kernel configuration chosen at run time, as a type: the consumer schedule and the cluster.
 template <bool kPingPong, int kCluster>
 struct Sched {

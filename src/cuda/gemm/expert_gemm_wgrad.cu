@@ -1,6 +1,4 @@
 // Weight-gradient GEMMs: a reduction over each expert's rows (variable K, empty experts give 0).
-#include <type_traits>
-
 #include "cuda/gemm/expert_gemm.h"
 #include "cuda/gemm/expert_gemm_common.h"
 #include "cuda/gemm/launch.cuh"
@@ -50,9 +48,9 @@ void wgrad(GemmKind kind, const Step& s, const bf16_t* a_rows, int64_t m_out,
   if (s.wgrad_dtype == DType::bf16 && !accumulate &&
       select_wgrad_store(kind, s) == WgradStore::tma) {
     auto store = make_wgrad_store(out, m_out, n_out, s.dims.E);
-    auto run = [&](auto traits, auto defer) {
+    auto run = [&](auto traits) {
       using T = decltype(traits);
-      using Epi = WgradTmaEpilogue<T, decltype(store), decltype(defer)::value>;
+      using Epi = WgradTmaEpilogue<T, decltype(store)>;
       const typename Epi::Params epi{store, m_out, n_out, s.dims.E};
       launch_grouped_gemm<T, Major::MN, Major::MN, Epi>(a, b, g, epi, stream_of(s));
     };
@@ -62,21 +60,15 @@ void wgrad(GemmKind kind, const Step& s, const bf16_t* a_rows, int64_t m_out,
       if constexpr (S::cluster == 1) {
 #if defined(EPMOE_GEMM_ALL_CONFIGS)
         if (tile == WgradTile::n192) {
-          return peel ? run(WgradTma192Traits<true>{}, std::false_type{})
-                      : run(WgradTma192Traits<false>{}, std::false_type{});
+          return peel ? run(WgradTma192Traits<true>{}) : run(WgradTma192Traits<false>{});
         }
 #endif
       }
-      if (peel) {
-        if constexpr (S::cluster == 1) {
-          if (select_wgrad_defer(kind, s)) return run(WgradTmaTraits<S, true>{}, std::true_type{});
-        }
-        return run(WgradTmaTraits<S, true>{}, std::false_type{});
-      }
+      if (peel) return run(WgradTmaTraits<S, true>{});
     }
     EPMOE_CHECK_ARG(tile == WgradTile::n256, "EPMOE_WGRAD_TILE",
                     "128x256 with a ping-pong or clustered WGRAD", "128x192");
-    return run(WgradTmaTraits<S>{}, std::false_type{});
+    return run(WgradTmaTraits<S>{});
   }
   EPMOE_CHECK_ARG(tile == WgradTile::n256, "EPMOE_WGRAD_TILE",
                   "128x256 where the WGRAD does not store through the TMA (f32, accumulated, or "

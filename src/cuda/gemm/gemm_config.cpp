@@ -133,15 +133,16 @@ Schedule select_schedule(GemmKind kind, const Step& s) {
 // Measured on H200 (EP = 1, bench/results/2026-11-30-781c4d5-h200-wgrad-store-*.json, W2 / W13
 // WGRAD ms, TMA / direct): where experts hold few rows the TMA store's overlap wins (deepseek-v3,
 // ~128 rows: 4.26 / 6.74, 8.43 / 13.51; gpt-oss, ~256: 2.06 / 2.54, 3.97 / 4.92; qwen3, ~512:
-// 0.50 / 0.60, 0.94 / 1.17); with long k-loops the direct store's fourth stage won (mixtral, ~2048
-// rows: 4.13 / 3.77, 7.84 / 7.38) until the TMA store's staging was deferred under the next
-// tile's first k-block (select_wgrad_defer), which beats it there (2026-12-01, 7e26b45,
-// bench/results/2026-12-01-7e26b45-h200-wgrad-defer-ab*.json: mixtral 3.544 / 6.969 direct,
-// 3.158 / 6.067 deferred TMA). So the TMA store everywhere; the direct store stays for
-// accumulated or f32 gradients and as EPMOE_WGRAD_STORE=direct. Measured slower than the TMA
-// store on deepseek-v3 (bench/RESULTS.md, f0243ba ...): TMA staging in two rounds with a fourth
-// stage (x1.08-1.10), one bulk group per 64 x 64 box (x1.07-1.10), stores from the registers after
-// a quad transpose (x1.20-1.25); their branches were not kept.
+// 0.50 / 0.60, 0.94 / 1.17). With long k-loops the direct store's fourth stage won then (mixtral,
+// ~2048 rows: 4.13 / 3.77, 7.84 / 7.38). Measured again at e2eec51 (whose TMA staging computes 8
+// addresses per thread instead of 64; the two stagings were not timed against each other), the
+// TMA store wins there too: 3.162 / 5.905 against 3.500 / 6.909 and 3.398 / 6.743 (2026-12-01,
+// bench/results/2026-12-01-e2eec51-h200-wgrad-store-mixtral-ab*.json, alternating). So the TMA store everywhere; the direct store stays for accumulated or f32
+// gradients and as EPMOE_WGRAD_STORE=direct. Measured slower than the TMA store on deepseek-v3
+// (bench/RESULTS.md, f0243ba ... and 2026-12-01): TMA staging in two rounds with a fourth stage
+// (x1.08-1.10), one bulk group per 64 x 64 box (x1.07-1.10), stores from the registers after a
+// quad transpose (x1.20-1.25), staging deferred under the next tile's first k-block (x1.08-1.19 on
+// deepseek-v3, gpt-oss, qwen3; none on mixtral; 7e26b45); their code was not kept.
 WgradStore select_wgrad_store(GemmKind kind, const Step& s) {
   (void)kind;
   (void)s;
@@ -171,12 +172,15 @@ WgradTile select_wgrad_tile(GemmKind kind, const Step& s) {
   return WgradTile::n192;
 }
 
+namespace {
+// A 0 / 1 switch read per launch (~100 ns): its value, or `fallback` when unset.
 bool switch_from_env(const char* name, bool fallback) {
   const char* env = std::getenv(name);
   if (env == nullptr) return fallback;
   EPMOE_CHECK_ARG(std::strcmp(env, "0") == 0 || std::strcmp(env, "1") == 0, name, "0 or 1", env);
   return env[0] == '1';
 }
+}  // namespace
 
 // Peeling the partial k-block out of the WGRAD's loop lets the full k-blocks keep one wgmma batch
 // in flight (the rows grouping's loop) instead of retiring each. Measured on every shape at EP = 1
@@ -186,20 +190,6 @@ bool select_wgrad_peel(GemmKind kind, const Step& s) {
   (void)kind;
   (void)s;
   return switch_from_env("EPMOE_WGRAD_PEEL", true);
-}
-
-// The deferred WGRAD epilogue (epilogues.cuh, WgradTmaEpilogue::kDefer) stages a tile while the
-// next tile's first k-block is in the tensor pipe instead of after its own MMA. Measured on H200
-// at EP = 1 (2026-12-01, 7e26b45, bench/results/2026-12-01-7e26b45-h200-wgrad-defer-ab*.json, W2 /
-// W13 WGRAD, two alternating pairs): slower where tiles hold 2-9 k-blocks (deepseek-v3 x1.12-1.15 /
-// 1.08-1.10, gpt-oss x1.17 / 1.18-1.19, qwen3 x1.07-1.19 / 1.08-1.19), faster with 32 (mixtral,
-// against the direct store it replaces: x0.89 / 0.87). A short tile's k-blocks already keep the
-// shared memory busy: the wgmmas read 80 B / clock of it at the tensor pipe's rate and the TMA
-// loads write ~48, of the SM's 128, so staging under them slows both. Deferred from 2048 balanced
-// rows per local expert (32 k-blocks), the measured win; 1024 (qwen3 at EP = 2) is unmeasured.
-bool select_wgrad_defer(GemmKind kind, const Step& s) {
-  (void)kind;
-  return switch_from_env("EPMOE_WGRAD_DEFER", balanced_rows_per_expert(s.dims) >= 2048);
 }
 
 // Pairs of CTAs multicasting B (grouped_gemm_sm90.cuh) are measured against single CTAs per GEMM

@@ -56,12 +56,6 @@ enum class WgradTile : int { n256, n192 };
 enum class GemmKind : int { w13_fprop, w2_fprop, w2_dgrad, w13_dgrad, w2_wgrad, w13_wgrad };
 const char* to_string(GemmKind k);
 
-namespace gemm {
-// A measurement switch read per launch (~100 ns): EPMOE_... = 0 or 1, `fallback` when unset;
-// any other value is an Error naming the variable.
-bool switch_from_env(const char* name, bool fallback);
-}  // namespace gemm
-
 // Printable heuristic: a small table of configs that exist as instantiations.
 GemmConfig select_config(const GemmProblem& p, int num_sms);
 std::string to_string(const GemmProblem& p);

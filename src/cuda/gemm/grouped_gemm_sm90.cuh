@@ -18,8 +18,6 @@
 // loaded and computed like any tile and its epilogue masks every row (TMA stores clip it).
 #pragma once
 
-#include <type_traits>
-
 #include <cute/arch/mma_sm90.hpp>
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -236,14 +234,6 @@ __device__ TileScheduler<Traits> make_scheduler(Smem& smem, const GroupArgs& g) 
                 : g.groups * ((s.m_tiles_out + CM - 1) / CM) * n_tiles;
   return s;
 }
-
-// An epilogue whose store() only holds the tile (kDefer) and whose flush(), called by the kernel
-// once the next tile's first wgmma batch is in flight, writes it (WgradTmaEpilogue).
-template <class Epilogue, class = void>
-inline constexpr bool kDeferredEpilogue = false;
-template <class Epilogue>
-inline constexpr bool kDeferredEpilogue<Epilogue, std::void_t<decltype(Epilogue::kDefer)>> =
-    Epilogue::kDefer;
 
 // Named barriers (ids above CUTLASS's reserved ones), one per consumer warpgroup where needed.
 enum class GemmBarrier : uint32_t {
@@ -489,10 +479,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
             ++release_state;
           }
           ++read_state;
-          // The previous tile's deferred epilogue, under this tile's first batch.
-          if constexpr (kDeferredEpilogue<Epilogue>) {
-            if (kt == 0) epilogue.flush();
-          }
         }
         timeline.stamp(sequence, Stamp::loop_done);
         if constexpr (Traits::kPeelTail) {
@@ -517,9 +503,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
               }
             }
             warpgroup_commit_batch();
-            if constexpr (kDeferredEpilogue<Epilogue>) {
-              if (loop_tiles == 0) epilogue.flush();  // a tile of the partial block alone
-            }
             warpgroup_wait<0>();
             warpgroup_fence_operand(acc0);
             if (loop_tiles > 0) {

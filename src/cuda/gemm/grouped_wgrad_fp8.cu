@@ -15,7 +15,6 @@
 #include "cuda/gemm/epilogues.cuh"
 #include "cuda/gemm/fp8_gemm.h"
 #include "cuda/gemm/fp8_wgrad.h"
-#include "cuda/gemm/gemm_config.h"
 #include "cuda/gemm/grouped_wgrad_fp8_sm90.cuh"
 #include "cuda/gemm/launch.cuh"
 #include "cuda/gemm/launch_checks.h"
@@ -140,21 +139,9 @@ void fp8_grouped_wgrad(const Fp8WgradArgs& args, void* stream) {
                               make_layout(make_shape(args.N, args.L, static_cast<int64_t>(args.E)),
                                           make_stride(args.L, Int<1>{}, args.N * args.L)));
     auto store = make_tma_atom(SM90_TMA_STORE{}, tensor, Box{}, Shape<_64, _64>{});
-    // One block accumulator by default: with two, this epilogue's kernel spills ~200 bytes
-    // (-Xptxas -v) inside its k-loop. EPMOE_FP8_WGRAD_TMA_OVERLAP=1 runs two all the same, and
-    // EPMOE_FP8_WGRAD_DEFER=1 stages each tile under the next tile's first k-block
-    // (WgradTmaEpilogue::kDefer, one accumulator): measurement switches, both off.
-    if (cluster == 1 && gemm::switch_from_env("EPMOE_FP8_WGRAD_DEFER", false)) {
-      using Epi = WgradTmaEpilogue<Traits, decltype(store), true>;
-      launch<Epi, false>(args, {store, args.N, args.L, args.E}, cluster, stream);
-      return;
-    }
     using Epi = WgradTmaEpilogue<Traits, decltype(store)>;
     const typename Epi::Params epi{store, args.N, args.L, args.E};
-    if (cluster == 1 && gemm::switch_from_env("EPMOE_FP8_WGRAD_TMA_OVERLAP", false)) {
-      launch<Epi, true>(args, epi, cluster, stream);
-      return;
-    }
+    // One block accumulator only: with two, this epilogue's kernel spills (-Xptxas -v).
     launch<Epi, false>(args, epi, cluster, stream);
     return;
   }

@@ -194,7 +194,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                 "two consumer warpgroups on one tile; one B scale per thread of each");
   static_assert(kCluster == 1 || kCluster == 2, "single CTAs or pairs sharing B");
   static_assert(kCluster == 1 || !kOverlap, "pairs run one block accumulator: with two they spill");
-  static_assert(!kOverlap || !kDeferredEpilogue<Epilogue>, "a deferred epilogue runs one block accumulator");
   using Pipeline = typename Traits::Pipeline;
   using PipelineState = typename Pipeline::PipelineState;
 
@@ -339,10 +338,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           pipeline.consumer_wait(read_state);
           const int stage = read_state.index();
           fp8_mma_k_block(tiled_mma, tCrA, tCrB, stage, stage, block);
-          // The previous tile's deferred epilogue, under this tile's first k-block.
-          if constexpr (kDeferredEpilogue<Epilogue>) {
-            if (kt == 0) epilogue.flush();
-          }
           warpgroup_wait<0>();
           warpgroup_fence_operand(block);
           pipeline.consumer_release(read_state);
