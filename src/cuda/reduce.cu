@@ -4,6 +4,7 @@
 #include "cuda/reduce.h"
 
 #include "cuda/kernel_common.cuh"
+#include "cuda/pdl.h"
 #include "cuda/placed.h"
 
 namespace epmoe::cuda {
@@ -29,6 +30,8 @@ constexpr int kLoadedRoutes = 8;
 // kScaled: forward (score-weighted, h3 copy), otherwise the backward plain sum.
 template <bool kScaled>
 __global__ void __launch_bounds__(kThreads) reduce_kernel(const ReduceParams p) {
+  pdl_wait();  // launched programmatically: the previous kernel has completed (cuda/pdl.h)
+  pdl_release_dependents();
   const bool skip = layout_skip(p.header);
   const int64_t live = live_rows(p.header, p.tokens);
   const bf16_t* combine_TKD = p.combine_R[p.rank];  // [T, K, D] own slots, written by peers
@@ -105,8 +108,8 @@ void launch_reduce(const Step& s, bf16_t* out_TD, const char* out_name) {
   p.K = s.dims.K;
   p.rank = s.rank;
   const int64_t items = s.tokens * (s.dims.D / kVec);
-  reduce_kernel<kScaled><<<grid_for(items, kThreads), kThreads, 0, static_cast<cudaStream_t>(s.stream)>>>(p);
-  EPMOE_CUDA_LAUNCH_CHECK();
+  launch_dependent(reduce_kernel<kScaled>, grid_for(items, kThreads), kThreads, 0,
+                   static_cast<cudaStream_t>(s.stream), p);
 }
 
 // ---- grad_scores: one warp per token. grad_y[t] is read once per group of up to 8 routes; each
