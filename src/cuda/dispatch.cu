@@ -11,7 +11,6 @@
 #include "core/fp8_terms.h"
 #include "cuda/formats/fp8_row_vectors.cuh"
 #include "cuda/kernel_common.cuh"
-#include "cuda/pdl.h"
 #include "cuda/placed.h"
 #include "cuda/pull_walk.cuh"
 
@@ -59,8 +58,7 @@ __global__ void __launch_bounds__(kThreads) pull_rows_kernel(const PullParams p)
   static_assert(kScale || !kQuantize, "only gather_grad quantizes");
   // A programmatically dependent W13 may launch once every CTA of this grid has started: it waits
   // on the arrival counters, never on this grid's end, and these CTAs are all resident by then.
-  pdl_release_dependents();
-  pdl_wait();  // launched programmatically: the previous kernel has completed (cuda/pdl.h)
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   if (layout_skip(p.header) || replay_skipped(p.replay_skip)) return;
   bf16_t* out_MD = p.out.get<bf16_t>();  // [capacity, D]
   const int64_t pulls = p.header[kLayoutPulls];
@@ -193,8 +191,9 @@ void launch_pulls(const Step& s, Placed out, uint32_t* arrivals, Fp8RowsOut q = 
   p.slices = kQuantize ? 1 : pull_slices(p.pull_capacity, p.D, arrivals != nullptr);
   // One warp per pull slice; at most a persistent grid (kBlocksPerSm per SM, all resident at once).
   const int64_t threads = p.pull_capacity * p.slices * 32;
-  launch_dependent(pull_rows_kernel<kScale, kQuantize>, grid_for(threads, kThreads), kThreads, 0,
-                   static_cast<cudaStream_t>(s.stream), p);
+  pull_rows_kernel<kScale, kQuantize>
+      <<<grid_for(threads, kThreads), kThreads, 0, static_cast<cudaStream_t>(s.stream)>>>(p);
+  EPMOE_CUDA_LAUNCH_CHECK();
 }
 
 // FP8 (Config.precision = fp8_block): the source rows are E4M3 codes [T, D] with row-major fp32

@@ -14,7 +14,6 @@
 #include "core/fp8_terms.h"
 #include "cuda/formats/formats.h"
 #include "cuda/kernel_common.cuh"
-#include "cuda/pdl.h"
 
 namespace epmoe::cuda {
 namespace {
@@ -76,8 +75,6 @@ __device__ __forceinline__ int64_t read_id(const PublishParams& p, int64_t i) {
 
 // Grid-stride over T*K route entries, then T'*(D/8) row vectors.
 __global__ void __launch_bounds__(kThreads) publish_kernel(const PublishParams p) {
-  pdl_wait();  // launched programmatically: the previous kernel has completed (cuda/pdl.h)
-  pdl_release_dependents();
   if (p.saved_header != nullptr && layout_skip(p.saved_header)) return;
   char* buf = p.routing_R[p.rank];                                         // own routing buffer
   unsigned long long* key_word = check_key_word(buf);                      // [1] u64
@@ -137,8 +134,6 @@ __global__ void __launch_bounds__(kThreads) publish_kernel(const PublishParams p
 
 // One thread: consume the check key, fill the header.
 __global__ void publish_header_kernel(const PublishParams p) {
-  pdl_wait();  // launched programmatically: the previous kernel has completed (cuda/pdl.h)
-  pdl_release_dependents();
   if (p.saved_header != nullptr && layout_skip(p.saved_header)) return;
   char* buf = p.routing_R[p.rank];                     // own routing buffer
   auto* h = reinterpret_cast<RoutingHeader*>(buf);     // [1] header
@@ -226,8 +221,10 @@ void publish(const Step& s, const bf16_t* rows_TD, const char* rows_name, bool b
   auto stream = static_cast<cudaStream_t>(s.stream);
   const bool row_items = p.store_rows != 0 || p.check_inputs != 0;
   const int64_t items = s.dims.T * s.dims.K + (row_items ? s.tokens * (s.dims.D / kVec) : 0);
-  launch_dependent(publish_kernel, grid_for(items, kThreads), kThreads, 0, stream, p);
-  launch_dependent(publish_header_kernel, 1, 1, 0, stream, p);
+  publish_kernel<<<grid_for(items, kThreads), kThreads, 0, stream>>>(p);
+  EPMOE_CUDA_LAUNCH_CHECK();
+  publish_header_kernel<<<1, 1, 0, stream>>>(p);
+  EPMOE_CUDA_LAUNCH_CHECK();
   if (fp8_rows) {
     // The live rows (the caller's count, clamped to [0, T'] as the kernels above clamp it), 1x128
     // blocks along D: codes [T, D] | scales [T, S_D] row-major (fp8_dispatch_layout).

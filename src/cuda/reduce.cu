@@ -4,7 +4,6 @@
 #include "cuda/reduce.h"
 
 #include "cuda/kernel_common.cuh"
-#include "cuda/pdl.h"
 #include "cuda/placed.h"
 
 namespace epmoe::cuda {
@@ -30,8 +29,6 @@ constexpr int kLoadedRoutes = 8;
 // kScaled: forward (score-weighted, h3 copy), otherwise the backward plain sum.
 template <bool kScaled>
 __global__ void __launch_bounds__(kThreads) reduce_kernel(const ReduceParams p) {
-  pdl_wait();  // launched programmatically: the previous kernel has completed (cuda/pdl.h)
-  pdl_release_dependents();
   const bool skip = layout_skip(p.header);
   const int64_t live = live_rows(p.header, p.tokens);
   const bf16_t* combine_TKD = p.combine_R[p.rank];  // [T, K, D] own slots, written by peers
@@ -108,8 +105,8 @@ void launch_reduce(const Step& s, bf16_t* out_TD, const char* out_name) {
   p.K = s.dims.K;
   p.rank = s.rank;
   const int64_t items = s.tokens * (s.dims.D / kVec);
-  launch_dependent(reduce_kernel<kScaled>, grid_for(items, kThreads), kThreads, 0,
-                   static_cast<cudaStream_t>(s.stream), p);
+  reduce_kernel<kScaled><<<grid_for(items, kThreads), kThreads, 0, static_cast<cudaStream_t>(s.stream)>>>(p);
+  EPMOE_CUDA_LAUNCH_CHECK();
 }
 
 // ---- grad_scores: one warp per token. grad_y[t] is read once per group of up to 8 routes; each

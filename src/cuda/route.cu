@@ -30,7 +30,6 @@
 #include <cub/block/block_scan.cuh>
 
 #include "cuda/kernel_common.cuh"
-#include "cuda/pdl.h"
 #include "epmoe/error.h"
 
 namespace epmoe::cuda {
@@ -352,8 +351,6 @@ __global__ void __launch_bounds__(kRankThreads) route_rank_kernel(const RoutePar
 // as the launch boundaries do. Shared memory: [kSingleRankWarps, Eg] ints, reused by every phase.
 __global__ void __launch_bounds__(kSingleThreads) route_single_kernel(const RouteParams p) {
   extern __shared__ int32_t smem_ints[];
-  pdl_wait();  // launched programmatically: the previous kernel has completed (cuda/pdl.h)
-  pdl_release_dependents();
   for (int s = 0; s < p.R; ++s) {
     histogram_block(p, 0, s, smem_ints);
     __syncthreads();
@@ -428,7 +425,8 @@ void route(const Step& s) {
                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(bytes)));
     }
-    launch_dependent(route_single_kernel, 1, kSingleThreads, bytes, stream, p);
+    route_single_kernel<<<1, kSingleThreads, bytes, stream>>>(p);
+    EPMOE_CUDA_LAUNCH_CHECK();
     return;
   }
   const dim3 chunk_grid(static_cast<unsigned>(p.chunks), static_cast<unsigned>(d.R));

@@ -8,7 +8,6 @@
 #include "core/slot_plan.h"
 #include "cuda/formats/formats.h"
 #include "cuda/kernel_common.cuh"
-#include "cuda/pdl.h"
 #include "cuda/placed.h"
 
 namespace epmoe::cuda {
@@ -18,8 +17,6 @@ namespace {
 __global__ void plan_forward_kernel(SlotGeometry g, const int32_t* header,
                                     const int32_t* recv_rows_R, int self, int slot,
                                     SlotState* state, int64_t* saved_R, LayerPlan* plan) {
-  pdl_wait();  // launched programmatically: the previous kernel has completed (cuda/pdl.h)
-  pdl_release_dependents();
   plan_forward_layer(g, recv_rows_R, layout_skip(header), self, slot, *state, saved_R, *plan);
 }
 
@@ -67,9 +64,10 @@ __global__ void restore_kernel(const LayerPlan* plan, const int32_t* header, cha
 }  // namespace
 
 void plan_forward(const Step& s) {
-  launch_dependent(plan_forward_kernel, 1, 1, 0, stream_of(s), s.slot_geometry, s.layout.header,
-                   s.layout.recv_rows_R, s.rank, s.slot, s.slot_state, s.slot_saved_R,
-                   s.layer_plan);
+  plan_forward_kernel<<<1, 1, 0, stream_of(s)>>>(s.slot_geometry, s.layout.header,
+                                                 s.layout.recv_rows_R, s.rank, s.slot,
+                                                 s.slot_state, s.slot_saved_R, s.layer_plan);
+  EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 
 void plan_backward(const Step& s) {

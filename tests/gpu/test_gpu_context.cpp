@@ -351,35 +351,6 @@ TEST(GpuContext, GraphReplayWithNewRoutingsEqualsEager) {
   expect_replays_equal_eager(p, rerouted(p, 100, 1, 256, {256})[0], "");
 }
 
-// Programmatic dependent launches of the forward chain (EPMOE_PDL=1, cuda/pdl.h: publish, route,
-// plan, pull, the bf16 GEMMs, reduce start while the previous kernel runs and wait for it) give the
-// bits of plain launches: a decode-size step (route in one CTA), a training-size one with experts
-// left empty, the clamped SwiGLU; and a graph captured with them replays equal to eager.
-TEST(GpuContext, ProgrammaticLaunchesEqualPlainBitwise) {
-  EPMOE_REQUIRE_GPU();
-  std::vector<TokensCase> cases;
-  cases.push_back({problem(128, 256, 192, 16, 4), 128});
-  cases.push_back({problem(2048, 1024, 768, 64, 2), 2000});
-  Problem clamped = problem(300, 512, 256, 8, 2);
-  clamped.act = Activation::swiglu_clamped();
-  cases.push_back({clamped, 300});
-  uint64_t seed = 211;
-  for (const TokensCase& c : cases) {
-    const auto in = make_inputs(c.p, seed++, c.tokens);
-    std::vector<RankOutputs> plain;
-    {
-      const ScopedEnv off("EPMOE_PDL", "0");
-      plain = run_gpu_layer(c.p, in[0]);
-    }
-    const ScopedEnv on("EPMOE_PDL", "1");
-    expect_bitwise_equal(run_gpu_layer(c.p, in[0]), plain, c.p.name() + " programmatic launches");
-  }
-  const ScopedEnv on("EPMOE_PDL", "1");
-  Problem p = problem(256, 256, 192, 16, 4);
-  p.capacity_factor = 1.0;
-  expect_replays_equal_eager(p, rerouted(p, 100, 1, 256, {256})[0], "programmatic launches, ");
-}
-
 // Per-rank combine (Config.combine = per_rank, inference) at EP = 1: one partial per token, so
 // y is bitwise the per-route combine's; fused == unfused bitwise; against the CPU backend's
 // per-rank y (tolerance table); a captured forward replayed with new routings equals eager.

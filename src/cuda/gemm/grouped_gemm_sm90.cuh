@@ -28,7 +28,6 @@
 #include "cuda/gemm/arrival_gate.cuh"
 #include "cuda/gemm/gemm_config.h"
 #include "cuda/gemm/tile_timeline.cuh"
-#include "cuda/pdl.h"
 
 namespace epmoe::cuda::gemm {
 
@@ -282,11 +281,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     cute::prefetch_tma_descriptor(tma_a.get_tma_descriptor());
     cute::prefetch_tma_descriptor(tma_b.get_tma_descriptor());
   }
-  // Launched programmatically (cuda/pdl.h), the kernel got this far while the previous one ran;
-  // from here on it reads what that one wrote. The arrival-gated W13 waits on the dispatch's
-  // arrival counters instead, tile by tile.
-  if (group_args.arrival.arrivals_B == nullptr) pdl_wait();
-  pdl_release_dependents();
   const TileScheduler<Traits> sched = make_scheduler<Traits>(smem, group_args);  // syncs the CTA
 
   // Coordinate tensors of the whole operands (TMA coordinates, absolute).

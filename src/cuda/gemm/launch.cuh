@@ -13,7 +13,6 @@
 #include "cuda/gemm/epilogues.cuh"
 #include "cuda/gemm/gemm_config.h"
 #include "cuda/gemm/grouped_gemm_sm90.cuh"
-#include "cuda/pdl.h"
 
 namespace epmoe::cuda::gemm {
 
@@ -138,8 +137,7 @@ void enqueue_timeline_print(cudaStream_t stream) {
 
 // Launches one grouped GEMM: A and B as described, groups from the device, epilogue params.
 // programmatic: a programmatic dependent launch (it may start while the previous kernel of the
-// stream runs; the kernel waits on that kernel's data itself through the arrival gate). With
-// EPMOE_PDL=1 every launch is programmatic and the kernel pdl_wait()s before it reads (cuda/pdl.h).
+// stream runs; only for a kernel that waits on that kernel's data itself, e.g. the arrival gate).
 template <class Traits, Major kMajorA, Major kMajorB, class Epilogue>
 void launch_grouped_gemm(const Operand& a, const Operand& b, const GroupArgs& groups,
                          const typename Epilogue::Params& epi, cudaStream_t stream,
@@ -153,11 +151,13 @@ void launch_grouped_gemm(const Operand& a, const Operand& b, const GroupArgs& gr
   static_assert(kSmem <= 227 * 1024, "shared memory of one CTA on sm_90 is at most 227 KiB");
   set_shared_memory_limit<kernel>(kSmem);
   constexpr int kCluster = Traits::kClusterM;
-  programmatic = programmatic || pdl_selected();
   if (programmatic || kCluster > 1) {
     cudaLaunchAttribute attributes[2] = {};
     unsigned count = 0;
-    if (programmatic) attributes[count++] = pdl_attribute();
+    if (programmatic) {
+      attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attributes[count++].val.programmaticStreamSerializationAllowed = 1;
+    }
     if (kCluster > 1) attributes[count++] = cluster_attribute(kCluster);
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(static_cast<unsigned>(
