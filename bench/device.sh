@@ -12,7 +12,7 @@
 #       EPMOE_PROFILE_DECODE=1: the forward at the shape's decode T): $OUT/profile.txt; with
 #       EPMOE_NCU_KERNEL=<regex> also Nsight Compute on that kernel's launches of the second step
 #       (EPMOE_NCU_SKIP / EPMOE_NCU_COUNT, default 4 / 4; SourceCounters gives the top stall
-#       locations in SASS): $OUT/ncu.txt
+#       locations in SASS; EPMOE_NCU_METRICS=<list> collects those metrics instead): $OUT/ncu.txt
 #   bash bench/device.sh nvfp4 [bench_moe args...]   NVFP4 weight-only inference: builds libepmoe
 #       and its tests, runs them (measured errors, memcheck), then bench_moe.py --nvfp4-only:
 #       $OUT/nvfp4_*.log, $OUT/bench_nvfp4.json; then once per n in EPMOE_NVFP4_SPLITK_SWEEP
@@ -211,14 +211,19 @@ if [[ $mode == profile ]]; then
   done
   python3 bench/kernel_table.py "$OUT/profile.txt"
   if [[ -n ${EPMOE_NCU_KERNEL:-} ]]; then
+    # EPMOE_NCU_METRICS=<m1,m2,...>: those metrics (e.g. the shared-memory wavefronts
+    # l1tex__data_pipe_lsu_wavefronts_mem_shared.sum, smsp__inst_executed_op_shared_st.sum) instead
+    # of the sections.
+    what=(--section SpeedOfLight --section WarpStateStats --section SchedulerStats
+          --section MemoryWorkloadAnalysis --section LaunchStats --section ComputeWorkloadAnalysis
+          --section Occupancy --section SourceCounters)
+    [[ -n ${EPMOE_NCU_METRICS:-} ]] && what=(--metrics "$EPMOE_NCU_METRICS")
     ncu --clock-control none -k "regex:$EPMOE_NCU_KERNEL" --launch-skip "${EPMOE_NCU_SKIP:-4}" \
-        --launch-count "${EPMOE_NCU_COUNT:-4}" --section SpeedOfLight --section WarpStateStats \
-        --section SchedulerStats --section MemoryWorkloadAnalysis --section LaunchStats \
-        --section ComputeWorkloadAnalysis --section Occupancy --section SourceCounters \
+        --launch-count "${EPMOE_NCU_COUNT:-4}" "${what[@]}" \
         python3 bench/one_step.py --shape "${1:-deepseek-v3}" --precision "$precision" \
         "${decode[@]}" --steps 2 \
         --lib "$build/src/libepmoe.so" > "$OUT/ncu.txt" 2>&1 || status=1
-    grep -E "grouped_gemm|nvfp4_gemm|Duration|DRAM Throughput|Compute \(SM\) Throughput|No Eligible|Registers Per|Warp Cycles Per Issued|Stall|Issue Slots|Achieved Occupancy|Spilling|L2 Cache Throughput|L1/TEX Hit" "$OUT/ncu.txt" | head -100
+    grep -E "grouped_gemm|nvfp4_gemm|Duration|DRAM Throughput|Compute \(SM\) Throughput|No Eligible|Registers Per|Warp Cycles Per Issued|Stall|Issue Slots|Achieved Occupancy|Spilling|L2 Cache Throughput|L1/TEX Hit|__" "$OUT/ncu.txt" | head -100
   fi
 fi
 if [[ $mode == fp8wgrad ]]; then
