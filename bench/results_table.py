@@ -55,10 +55,10 @@ def main(path):
     stage_rows = [r for r in rows if r["phase"] == "stage-breakdown"]
     if stage_rows:
         names = list(stage_rows[0]["stages_ms"].keys())
-        print("| shape | routing | " + " | ".join(names) + " |")
-        print("|---|---|" + "---|" * len(names))
+        print("| shape | routing | impl (precision) | " + " | ".join(names) + " |")
+        print("|---|---|---|" + "---|" * len(names))
         for r in stage_rows:
-            print(f"| {r['shape']} | {r['routing']} | " +
+            print(f"| {r['shape']} | {r['routing']} | {r['impl']} ({r.get('precision', 'bf16')}) | " +
                   " | ".join(f"{r['stages_ms'].get(n, 0):.3f}" for n in names) + " |")
     fp8 = [k for k in keys if get(*k, "epmoe-fp8", "fwd")]
     if fp8:
