@@ -36,8 +36,8 @@
 #       $OUT/abpatch_compare.txt
 #   bash bench/device.sh ab [NAME=value[+NAME=value] ...]   A / B of run-time switches at EP = 1:
 #       builds libepmoe, then bench_moe.py --epmoe-only (EPMOE_AB_ROUTINGS, default balanced;
-#       EPMOE_AB_PRECISION, default bf16; EPMOE_AB_SHAPES, default the four) once as is and once per setting with its
-#       variables set: $OUT/ab0.json, $OUT/ab<i>.json, stage ms of each against ab0
+#       EPMOE_AB_PRECISION, default bf16; EPMOE_AB_SHAPES, default the four) once as is and once
+#       per setting with its variables set: $OUT/ab0.json, $OUT/ab<i>.json, stage ms of each against ab0
 #       (bench/compare_stages.py) in $OUT/ab_compare.txt. EPMOE_AB_DECODE=1: bench_moe.py
 #       --decode-only instead (the bf16 decode forward, eager and graph, at each shape's decode T)
 # Every mode but test and profile also logs SM clocks, power and temperature every 500 ms to
@@ -102,7 +102,7 @@ if ! cmake --build "$build" -j "$(nproc)" "${targets[@]}" > "$OUT/build.log" 2>&
 fi
 echo "build: $(( $(date +%s) - t0 )) s"
 
-# bench_moe.py --epmoe-only, balanced, once per setting ("-" = none, else NAME=value exported for
+# bench_moe.py --epmoe-only (EPMOE_AB_ROUTINGS, default balanced), once per setting ("-" = none, else NAME=value exported for
 # that run; several joined by +, e.g. A=1+B=1; EPMOE_AB_LIB=<path> runs that libepmoe instead of
 # this build's): $OUT/<prefix><i>.json, each compared with the first in $OUT/<prefix>_compare.txt.
 # Usage: ab_runs <prefix> <precision> <shapes> <setting>...

@@ -137,8 +137,9 @@ Schedule select_schedule(GemmKind kind, const Step& s) {
 // ~2048 rows: 4.13 / 3.77, 7.84 / 7.38). Measured again at e2eec51 (whose TMA staging computes 8
 // addresses per thread instead of 64; the two stagings were not timed against each other), the
 // TMA store wins there too: 3.162 / 5.905 against 3.500 / 6.909 and 3.398 / 6.743 (2026-12-01,
-// bench/results/2026-12-01-e2eec51-h200-wgrad-store-mixtral-ab*.json, alternating). So the TMA store everywhere; the direct store stays for accumulated or f32
-// gradients and as EPMOE_WGRAD_STORE=direct. Measured slower than the TMA store on deepseek-v3
+// bench/results/2026-12-01-e2eec51-h200-wgrad-store-mixtral-ab*.json, alternating). So the TMA
+// store everywhere; the direct store stays for accumulated or f32 gradients and as
+// EPMOE_WGRAD_STORE=direct. Measured slower than the TMA store on deepseek-v3
 // (bench/RESULTS.md, f0243ba ... and 2026-12-01): TMA staging in two rounds with a fourth stage
 // (x1.08-1.10), one bulk group per 64 x 64 box (x1.07-1.10), stores from the registers after a
 // quad transpose (x1.20-1.25), staging deferred under the next tile's first k-block (x1.08-1.19 on
