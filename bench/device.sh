@@ -12,7 +12,8 @@
 #       EPMOE_PROFILE_DECODE=1: the forward at the shape's decode T): $OUT/profile.txt; with
 #       EPMOE_NCU_KERNEL=<regex> also Nsight Compute on that kernel's launches of the second step
 #       (EPMOE_NCU_SKIP / EPMOE_NCU_COUNT, default 4 / 4; SourceCounters gives the top stall
-#       locations in SASS; EPMOE_NCU_METRICS=<list> collects those metrics instead): $OUT/ncu.txt
+#       locations in SASS; EPMOE_NCU_METRICS=<list> collects those metrics instead, the ones this
+#       ncu knows; EPMOE_NCU_DENSE=1 also on cuBLAS's dense 8192^3 bf16 matmul): $OUT/ncu.txt
 #   bash bench/device.sh nvfp4 [bench_moe args...]   NVFP4 weight-only inference: builds libepmoe
 #       and its tests, runs them (measured errors, memcheck), then bench_moe.py --nvfp4-only:
 #       $OUT/nvfp4_*.log, $OUT/bench_nvfp4.json; then once per n in EPMOE_NVFP4_SPLITK_SWEEP
@@ -76,10 +77,23 @@ fi
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv | tee "$OUT/gpu.txt"
 t0=$(date +%s)
+# The NCCL transport is built against the NCCL that PyTorch loads (its nvidia-nccl wheel), which
+# the benchmarks' processes run: the device API's structures differ between NCCL releases, so a
+# build against the system's 2.28.3 falls back to CUDA IPC under PyTorch's 2.28.9.
+# EPMOE_NCCL_SYSTEM=1 keeps whatever CMake finds (NCCL_HOME, the toolkit, the system).
+nccl_args=()
+torch_nccl=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2> /dev/null)
+if [[ -z ${EPMOE_NCCL_SYSTEM:-} && -n $torch_nccl && -f $torch_nccl/include/nccl_device.h ]]; then
+  nccl_lib=$(ls "$torch_nccl"/lib/libnccl.so* 2> /dev/null | head -1)
+  [[ -n $nccl_lib ]] &&
+    nccl_args=(-DEPMOE_NCCL_INCLUDE_DIR="$torch_nccl/include" -DEPMOE_NCCL_LIBRARY="$nccl_lib")
+fi
 if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEPMOE_CUDA=ON \
-    -DEPMOE_GEMM_CONFIGS=ALL -DEPMOE_GEMM_TIMELINE=$timeline_flag > "$OUT/configure.log" 2>&1; then
+    -DEPMOE_GEMM_CONFIGS=ALL -DEPMOE_GEMM_TIMELINE=$timeline_flag "${nccl_args[@]}" \
+    > "$OUT/configure.log" 2>&1; then
   tail -40 "$OUT/configure.log"; exit 1
 fi
+grep -E "NCCL transport|NCCL >= 2.28 not found" "$OUT/configure.log"
 # EPMOE_BUILD_TARGETS (space-separated) builds only those targets; default: everything.
 targets=()
 if [[ $mode == ep ]]; then
@@ -217,12 +231,31 @@ if [[ $mode == profile ]]; then
     what=(--section SpeedOfLight --section WarpStateStats --section SchedulerStats
           --section MemoryWorkloadAnalysis --section LaunchStats --section ComputeWorkloadAnalysis
           --section Occupancy --section SourceCounters)
-    [[ -n ${EPMOE_NCU_METRICS:-} ]] && what=(--metrics "$EPMOE_NCU_METRICS")
+    if [[ -n ${EPMOE_NCU_METRICS:-} ]]; then
+      # Only the metrics this ncu knows (an unknown name fails the whole run): each name's base
+      # (before the first '.') is looked up in --query-metrics; the dropped ones are printed.
+      ncu --query-metrics > "$OUT/ncu_metrics.txt" 2>&1
+      known=()
+      IFS=, read -ra asked <<< "$EPMOE_NCU_METRICS"
+      for m in "${asked[@]}"; do
+        if grep -q "^${m%%.*} " "$OUT/ncu_metrics.txt"; then known+=("$m"); else echo "ncu: no metric ${m%%.*}"; fi
+      done
+      what=(--metrics "$(IFS=,; echo "${known[*]}")")
+    fi
     ncu --clock-control none -k "regex:$EPMOE_NCU_KERNEL" --launch-skip "${EPMOE_NCU_SKIP:-4}" \
         --launch-count "${EPMOE_NCU_COUNT:-4}" "${what[@]}" \
         python3 bench/one_step.py --shape "${1:-deepseek-v3}" --precision "$precision" \
         "${decode[@]}" --steps 2 \
         --lib "$build/src/libepmoe.so" > "$OUT/ncu.txt" 2>&1 || status=1
+    if [[ -n ${EPMOE_NCU_DENSE:-} ]]; then
+      # The same counters on the dense bf16 matmul the ceilings are measured with (cuBLAS,
+      # 8192^3), as a reference for what a GEMM at that rate loads: $OUT/ncu_dense.txt.
+      ncu --clock-control none -k "regex:gemm|nvjet|xmma|cutlass" --launch-skip 1 --launch-count 1 \
+          "${what[@]}" python3 -c \
+          "import torch; a, b = (torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16) for _ in range(2)); [a @ b for _ in range(4)]; torch.cuda.synchronize()" \
+          > "$OUT/ncu_dense.txt" 2>&1 || status=1
+      grep -E "gemm|Kernel|__" "$OUT/ncu_dense.txt" | head -30
+    fi
     grep -E "grouped_gemm|nvfp4_gemm|Duration|DRAM Throughput|Compute \(SM\) Throughput|No Eligible|Registers Per|Warp Cycles Per Issued|Stall|Issue Slots|Achieved Occupancy|Spilling|L2 Cache Throughput|L1/TEX Hit|__" "$OUT/ncu.txt" | head -100
   fi
 fi

@@ -65,6 +65,11 @@ std::string header_tag(const Header& h) {
   return std::string(h.tag, strnlen(h.tag, sizeof(h.tag)));
 }
 
+// "2.28.9" of an NCCL version code (major * 10000 + minor * 100 + patch since 2.9).
+std::string version_text(int code) {
+  return detail::concat(code / 10000, ".", code % 10000 / 100, ".", code % 100);
+}
+
 // What every rank states about itself at creation.
 struct Hello {
   int32_t peer_access;  // PeerAccess requested
@@ -411,13 +416,13 @@ class NcclTransport final : public Transport {
     hello_R_ = gather(mine, "make_nccl_transport", options_.setup_budget);
     for (int r = 0; r < size_; ++r) {  // checked after the gather: every rank fails alike
       const Hello& h = hello_R_[r];
-      // The device API's structs (ncclDevCommRequirements, ncclWindow_vidmem) change between
-      // minor versions: the library must have the minor version of the headers epmoe_nccl was
-      // built with.
+      // The host API is stable within a minor version: the library must have the minor version
+      // of the headers epmoe_nccl was built with. The device API's structs change even between
+      // patch releases (choose_peer_access).
       EPMOE_EXPECT(h.nccl_version / 100 == NCCL_VERSION_CODE / 100, backend, "libnccl",
                    detail::concat("NCCL ", NCCL_MAJOR, ".", NCCL_MINOR,
                                   ".x at run time (the headers epmoe_nccl was built with)"),
-                   detail::concat("version code ", h.nccl_version, " on rank ", r,
+                   detail::concat("NCCL ", version_text(h.nccl_version), " on rank ", r,
                                   "; rebuild against it"));
       EPMOE_CHECK_ARG(
           h.peer_access == mine.peer_access, "NcclTransportOptions.peer_access",
@@ -448,6 +453,17 @@ class NcclTransport final : public Transport {
       return;
     }
     std::string why;
+    // ncclDevCommRequirements gained fields between 2.28.3 and 2.28.9: a library of another patch
+    // release reads this build's struct as garbage (seen: 2.28.9 loaded first by PyTorch, under
+    // 2.28.3 headers, failed ncclDevCommCreate with "out of memory"). Every rank runs the same
+    // version (handshake), so every rank decides alike without a collective.
+    if (hello_R_[rank_].nccl_version != NCCL_VERSION_CODE) {
+      why = detail::concat("epmoe_nccl was built with the headers of NCCL ", version_text(NCCL_VERSION_CODE),
+                           " but the process runs NCCL ", version_text(hello_R_[rank_].nccl_version),
+                           " (another libnccl.so.2 loaded first, e.g. PyTorch's): the device API's "
+                           "structures differ between releases; build with NCCL_HOME at the NCCL the "
+                           "process loads");
+    }
     for (int r = 0; r < size_ && why.empty(); ++r) {
       // Environment switches are per process: checked before the (collective) probe so that no
       // rank enters it alone.
