@@ -97,8 +97,7 @@ struct Problem {
   // GPU: the kernel on the transposed codes (0xA5 past the used blocks: never read).
   template <class T>
   std::vector<T> run_gpu(const std::vector<T>& initial, DType dtype, bool accumulate,
-                         const int32_t* skip = nullptr, int overlap = -1, int multicast = -1,
-                         int halves = -1) const {
+                         const int32_t* skip = nullptr, int overlap = -1, int multicast = -1) const {
     std::vector<uint8_t> at(static_cast<size_t>(N * K), 0xA5), bt(static_cast<size_t>(L * K), 0xA5);
     cpu::fp8_transpose_cols(a_MN.data(), N, offsets.data(), E, K, at.data());
     cpu::fp8_transpose_cols(b_ML.data(), L, offsets.data(), E, K, bt.data());
@@ -122,7 +121,6 @@ struct Problem {
     args.accumulate = accumulate;
     args.overlap = overlap;
     args.multicast = multicast;
-    args.halves = halves;
     cuda::fp8_grouped_wgrad(args, nullptr);
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);
     return dout.get();
@@ -357,51 +355,6 @@ TEST(GpuWgradFp8, OverlapLoopBitwiseEqual) {
   }
 }
 
-// bf16 overwritten (the TMA-store epilogue) in 64-column halves (Fp8WgradArgs::halves = 1) gives
-// the bits of whole k-blocks in one accumulator on random finite E4M3 codes: experts of 0 to 16
-// column blocks (one k-block: no loop; two; odd counts), more tiles than SMs (the scales' prefetch
-// across tiles), a partial last l-tile, the skip flag, and EPMOE_FP8_WGRAD_HALVES read at -1.
-TEST(GpuWgradFp8, HalvesLoopBitwiseEqual) {
-  EPMOE_REQUIRE_GPU();
-  std::mt19937 rng(27);
-  const std::vector<Shape> cases = {
-      {{129, 0, 300, 1, 128, 127, 700}, 5, 384, 1024},  // 2, 0, 3, 1, 1, 1, 6 blocks; 168 tiles
-      {{2048, 3}, 0, 256, 2880},                          // 16 blocks and 1; 23 l-tiles, the last partial
-      {{256, 256, 256, 256}, 0, 640, 512},                // 2 blocks each
-  };
-  for (const Shape& c : cases) {
-    Problem p(c);
-    fill_random(p, rng);
-    const size_t n = static_cast<size_t>(p.E * p.N * p.L);
-    const std::vector<bf16_t> stale(n, static_cast<bf16_t>(0xA5A5));
-    const std::vector<bf16_t> whole = p.run_gpu(stale, DType::bf16, false, nullptr, -1, 0, 0);
-    EXPECT_FALSE(whole == stale) << describe(c);  // the kernel wrote
-    expect_bitwise(whole, p.run_gpu(stale, DType::bf16, false, nullptr, -1, 0, 1), p.N, p.L,
-                   "bf16 halves " + describe(c));
-    std::printf("%s: halves == whole k-blocks\n", describe(c).c_str());
-  }
-  Problem p(cases[1]);
-  fill_random(p, rng);
-  const size_t n = static_cast<size_t>(p.E * p.N * p.L);
-  Dev<int32_t> skip(std::vector<int32_t>{1});
-  const std::vector<bf16_t> stale(n, static_cast<bf16_t>(0x4040));
-  for (bf16_t v : p.run_gpu(stale, DType::bf16, false, skip.ptr, -1, 0, 1)) ASSERT_EQ(v, 0);
-  // The variable, read per launch at halves = -1.
-  const std::vector<bf16_t> halves = p.run_gpu(stale, DType::bf16, false, nullptr, -1, 0, 1);
-  setenv("EPMOE_FP8_WGRAD_HALVES", "0", 1);
-  const std::vector<bf16_t> from_env = p.run_gpu(stale, DType::bf16, false, nullptr, -1, 0, -1);
-  setenv("EPMOE_FP8_WGRAD_HALVES", "2", 1);
-  std::string field;
-  try {
-    p.run_gpu(stale, DType::bf16, false, nullptr, -1, 0, -1);
-  } catch (const Error& e) {
-    field = e.argument();
-  }
-  unsetenv("EPMOE_FP8_WGRAD_HALVES");
-  expect_bitwise(halves, from_env, p.N, p.L, "EPMOE_FP8_WGRAD_HALVES=0");
-  EXPECT_EQ(field, "EPMOE_FP8_WGRAD_HALVES");
-}
-
 // CTA pairs multicasting B (Fp8WgradArgs::multicast = 1) give the bits of single CTAs on random
 // finite E4M3 codes: odd n-tile counts (the last pair's second tile past N), a single partial
 // n-tile (its pair's second tile wholly past N), experts of 0 to 16 column blocks, more pairs of
@@ -519,9 +472,6 @@ TEST(GpuWgradFp8, ArgumentErrorsNameTheField) {
   args.multicast = 2;
   EXPECT_EQ(field_of(), "multicast");
   args.multicast = -1;
-  args.halves = 2;
-  EXPECT_EQ(field_of(), "halves");
-  args.halves = -1;
   args.out_dtype = DType::f16;
   EXPECT_EQ(field_of(), "out_dtype");
   args.out_dtype = DType::f32;

@@ -177,11 +177,10 @@ __device__ __forceinline__ void fp8_promote_rows(Total& total, const Block& bloc
 }
 
 // The same with a scale per row and per column: value i = j + 2 h + 4 g is at column
-// 8 g + 2 quad + j of the BN-column tile, scaled by sa_h * sb_tile[column], into total(offset + i)
-// (a BN-column block of a wider tile: offset = its first column / 2, sb_tile at its first column).
+// 8 g + 2 quad + j of the BN-column tile, scaled by sa_h * sb_tile[column].
 template <int BN, class Total, class Block>
 __device__ __forceinline__ void fp8_promote_rows_cols(Total& total, const Block& block, float sa0, float sa1,
-                                                      const float* sb_tile, int quad, int offset = 0) {
+                                                      const float* sb_tile, int quad) {
   CUTE_UNROLL
   for (int g = 0; g < BN / 8; ++g) {
     const float2 sb = *reinterpret_cast<const float2*>(sb_tile + 8 * g + 2 * quad);
@@ -189,8 +188,8 @@ __device__ __forceinline__ void fp8_promote_rows_cols(Total& total, const Block&
     for (int h = 0; h < 2; ++h) {
       const int i = 4 * g + 2 * h;
       const float sa = h == 0 ? sa0 : sa1;
-      total(offset + i) = __fmaf_rn(block(i), __fmul_rn(sa, sb.x), total(offset + i));
-      total(offset + i + 1) = __fmaf_rn(block(i + 1), __fmul_rn(sa, sb.y), total(offset + i + 1));
+      total(i) = __fmaf_rn(block(i), __fmul_rn(sa, sb.x), total(i));
+      total(i + 1) = __fmaf_rn(block(i + 1), __fmul_rn(sa, sb.y), total(i + 1));
     }
   }
 }

@@ -34,12 +34,8 @@ struct Fp8WgradArgs {
   bool accumulate = false;               // out = round(out + sum), else out = round(sum)
   // Main loop, as Fp8GroupedGemmArgs::overlap: 0 one block accumulator, 1 two (bitwise the same
   // results), -1 EPMOE_FP8_OVERLAP=0|1 read per launch (unset: 1). bf16 overwritten (the TMA-store
-  // epilogue) runs `halves` instead: two whole accumulators spill beside it.
+  // epilogue) always runs with one: with two that kernel spills.
   int overlap = -1;
-  // bf16 overwritten on single CTAs: 1 each k-block as two 64-column halves in two small block
-  // accumulators, one half promoted while the other's MMA runs; 0 whole k-blocks in one (bitwise
-  // the same results); -1 EPMOE_FP8_WGRAD_HALVES=0|1 read per launch (unset: 1).
-  int halves = -1;
   // CTA pairs: 0 one CTA per tile; 1 2-CTA clusters on two n-tiles of one (expert, l-tile), each
   // CTA loading half of the shared B k-block and multicasting it to both (half of B's L2 reads;
   // bitwise the same results; one block accumulator whatever `overlap` says; only in builds with

@@ -1,6 +1,5 @@
 // Launcher and the instantiations of the FP8 weight gradient (three epilogues; the two through
-// the stage with one or two block accumulators, Fp8WgradArgs::overlap; bf16 overwritten through
-// TMA stores with one, or with two 64-column halves, Fp8WgradArgs::halves; in builds with
+// the stage with one or two block accumulators, Fp8WgradArgs::overlap; in builds with
 // EPMOE_GEMM_CONFIGS=ALL each also on CTA pairs multicasting B with one, Fp8WgradArgs::multicast):
 // 128 x 128 tiles, 128-deep k-blocks, 5 stages (32 KiB each), cooperative consumers; the bf16
 // WGRAD's epilogues: bf16 overwritten through TMA stores, bf16 or f32 overwritten or accumulated
@@ -35,7 +34,6 @@ void check_args(const Fp8WgradArgs& a) {
   EPMOE_CHECK_ARG(a.N > 0, "N", "> 0", a.N);
   EPMOE_CHECK_ARG(a.overlap >= -1 && a.overlap <= 1, "overlap", "-1, 0 or 1", a.overlap);
   EPMOE_CHECK_ARG(a.multicast >= -1 && a.multicast <= 1, "multicast", "-1, 0 or 1", a.multicast);
-  EPMOE_CHECK_ARG(a.halves >= -1 && a.halves <= 1, "halves", "-1, 0 or 1", a.halves);
   EPMOE_CHECK_ARG(a.L > 0 && a.L % 8 == 0, "L", "> 0 and a multiple of 8", a.L);
   EPMOE_CHECK_ARG(a.K > 0 && a.K % 128 == 0, "K", "> 0 and a multiple of 128 (whole column blocks)",
                   a.K);
@@ -67,16 +65,7 @@ int cluster_size(int multicast) {
   return pairs ? 2 : 1;
 }
 
-// Fp8WgradArgs::halves, or at -1 EPMOE_FP8_WGRAD_HALVES=0|1 read per launch (unset: 1).
-bool halves_selected(int halves) {
-  if (halves >= 0) return halves == 1;
-  const char* env = std::getenv("EPMOE_FP8_WGRAD_HALVES");
-  EPMOE_CHECK_ARG(env == nullptr || std::strcmp(env, "0") == 0 || std::strcmp(env, "1") == 0,
-                  "EPMOE_FP8_WGRAD_HALVES", "0 or 1", env);
-  return env == nullptr || env[0] == '1';
-}
-
-template <class Epilogue, bool kOverlap, int kCluster, bool kHalves = false>
+template <class Epilogue, bool kOverlap, int kCluster>
 void launch(const Fp8WgradArgs& args, const typename Epilogue::Params& epi, void* stream) {
   const Operand a{args.a_NK, args.N, args.K, args.K, 1};
   const Operand b{args.b_LK, args.L, args.K, args.K, 1};
@@ -93,7 +82,7 @@ void launch(const Fp8WgradArgs& args, const typename Epilogue::Params& epi, void
   const Fp8ColScales scales{args.a_scales_BN, args.b_scales_BL};
 
   constexpr auto kernel =
-      &grouped_wgrad_fp8_kernel<Traits, Epilogue, kOverlap, kCluster, kHalves, decltype(tma_a), decltype(tma_b)>;
+      &grouped_wgrad_fp8_kernel<Traits, Epilogue, kOverlap, kCluster, decltype(tma_a), decltype(tma_b)>;
   constexpr int kSmem =
       static_cast<int>(sizeof(Fp8WgradSharedStorage<Traits, Epilogue::kSmemBytesPerWarpgroup>));
   static_assert(kSmem <= 227 * 1024, "shared memory of one CTA on sm_90 is at most 227 KiB");
@@ -152,12 +141,8 @@ void fp8_grouped_wgrad(const Fp8WgradArgs& args, void* stream) {
     auto store = make_tma_atom(SM90_TMA_STORE{}, tensor, Box{}, Shape<_64, _64>{});
     using Epi = WgradTmaEpilogue<Traits, decltype(store)>;
     const typename Epi::Params epi{store, args.N, args.L, args.E};
-    // Never two whole block accumulators: with them this epilogue's kernel spills (-Xptxas -v).
-    if (cluster == 1 && halves_selected(args.halves)) {
-      launch<Epi, false, 1, true>(args, epi, stream);
-    } else {
-      launch<Epi, false>(args, epi, cluster, stream);
-    }
+    // One block accumulator only: with two, this epilogue's kernel spills (-Xptxas -v).
+    launch<Epi, false>(args, epi, cluster, stream);
     return;
   }
   const int accumulate = args.accumulate ? 1 : 0;

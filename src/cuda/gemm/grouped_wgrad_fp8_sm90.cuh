@@ -33,14 +33,6 @@
 // at k-block s + 3, after the barrier of s + 2, which every consumer passes only once it has
 // promoted k-block s. Same fmas in the same order: bitwise equal.
 //
-// kHalves: each k-block as two 64-column halves, each into its own 32-register block accumulator
-// (the 64 x 64 wgmma), issued back to back; the first half's promotion runs while the second
-// half's MMA does, the second's while the next k-block's first half's does. The tensor cores
-// stay fed with 128 accumulator registers (total 64 + two halves of 32), where two whole block
-// accumulators (kOverlap, 192) spill beside the TMA-store epilogue. k-block s's second half is
-// promoted after the barrier of s + 1: three B-scale buffers, as kOverlap. Same fmas per element
-// in the same k order: bitwise equal to the one-accumulator loop.
-//
 // kCluster == 2: CTAs run in pairs (2 x 1 x 1 clusters) on the two n-tiles 2 p and 2 p + 1 of one
 // (expert, l-tile), which read the same B k-blocks: each CTA loads half of every B k-block and
 // multicasts it to both, which halves B's L2 -> shared-memory traffic (a k-block is 32 KiB for
@@ -92,22 +84,6 @@ struct Fp8WgradGroups {
 struct Fp8ColScales {
   const float* a_BN;  // [blocks, N]
   const float* b_BL;  // [blocks, L]
-};
-
-// kHalves: the B stages seen as 64-row halves (half h of stage s is index 2 s + h: the atom tiles
-// rows first, so a stage's rows [64 h, 64 h + 64) are its h-th contiguous 8 KiB, itself a K-major
-// SW128 tile), and the 64 x 64 wgmma over both consumer warpgroups' 64-row blocks.
-template <class Traits>
-struct Fp8WgradHalves {
-  static constexpr int kHalfN = Traits::BLOCK_N / 2;
-  using SmemLayoutB = decltype(tile_to_shape(typename Traits::AtomK{},
-                                             make_shape(Int<kHalfN>{}, Int<Traits::BLOCK_K>{},
-                                                        Int<2 * Traits::kStages>{})));  // (64, BK, 2 PIPE)
-  static_assert(cosize_v<SmemLayoutB> == cosize_v<typename Traits::SmemLayoutB>, "halves view the B stages");
-  using MmaAtom = decltype(SM90::GMMA::ss_op_selector<typename Traits::Element, typename Traits::Element, float,
-                                                       Shape<_64, Int<kHalfN>, Int<Traits::BLOCK_K>>,
-                                                       GMMA::Major::K, GMMA::Major::K>());
-  using TiledMma = decltype(make_tiled_mma(MmaAtom{}, Layout<Shape<Int<Traits::kWarpgroupsPerTile>, _1, _1>>{}));
 };
 
 // Tiles (expert, n-tile, l-tile), l fastest; TileCoord's row0 is the expert's first column block,
@@ -207,7 +183,7 @@ __device__ __forceinline__ void fp8_load_k_blocks_b_multicast(Pipeline& pipeline
   }
 }
 
-template <class Traits, class Epilogue, bool kOverlap, int kCluster, bool kHalves, class TmaA, class TmaB>
+template <class Traits, class Epilogue, bool kOverlap, int kCluster, class TmaA, class TmaB>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     grouped_wgrad_fp8_kernel(CUTE_GRID_CONSTANT const TmaA tma_a, CUTE_GRID_CONSTANT const TmaB tma_b,
                              const Fp8WgradGroups groups, const Fp8ColScales scales,
@@ -218,7 +194,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                 "two consumer warpgroups on one tile; one B scale per thread of each");
   static_assert(kCluster == 1 || kCluster == 2, "single CTAs or pairs sharing B");
   static_assert(kCluster == 1 || !kOverlap, "pairs run one block accumulator: with two they spill");
-  static_assert(!(kOverlap && kHalves) && (kCluster == 1 || !kHalves), "one main loop; halves on single CTAs");
   using Pipeline = typename Traits::Pipeline;
   using PipelineState = typename Pipeline::PipelineState;
 
@@ -322,7 +297,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // next k-block's scales loaded (in flight during the MMA; across tiles too), the barrier that
     // publishes the buffer.
     auto stage_scales = [&](const TileCoord& t, int kt, const TileCoord& t_next, bool prefetch_next) {
-      float* sb_tile = smem.b_scales[wg][kOverlap || kHalves ? step % 3 : step & 1];
+      float* sb_tile = smem.b_scales[wg][kOverlap ? step % 3 : step & 1];
       const KScales k{sa0_next, sa1_next, sb_tile};
       sb_tile[tid] = sb_next;
       if (kt + 1 < t.k_tiles) {
@@ -345,30 +320,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       promote(acc, k.sa0, k.sa1, k.sb_tile);
     };
 
-    // ---- kHalves: two 64-column block accumulators, (kt, 0) and (kt, 1) in flight in turn ----
-    using Halves = Fp8WgradHalves<Traits>;
-    typename Halves::TiledMma half_mma;
-    auto thr_half = half_mma.get_thread_slice(consumer_tid);
-    Tensor sBh = make_tensor(make_smem_ptr(smem.b.data()), typename Halves::SmemLayoutB{});
-    Tensor tHrA = thr_half.make_fragment_A(thr_half.partition_A(sA));   // (MMA, MMA_M, MMA_K, PIPE)
-    Tensor tHrB = thr_half.make_fragment_B(thr_half.partition_B(sBh));  // (MMA, 1, MMA_K, 2 PIPE)
-    Tensor half0 = partition_fragment_C(half_mma, Shape<Int<BM>, Int<Halves::kHalfN>>{});
-    Tensor half1 = partition_fragment_C(half_mma, Shape<Int<BM>, Int<Halves::kHalfN>>{});
-    constexpr int kHalfValues = decltype(size(half0))::value;  // half h is total's [32 h, 32 h + 32)
-    static_assert(!kHalves || 2 * kHalfValues == decltype(size(total))::value, "two halves make the total");
-    auto issue_half = [&](int stage, int h, auto& acc) {  // as fp8_issue_k_block, stage waited for
-      fp8_mma_k_block(half_mma, tHrA, tHrB, stage, 2 * stage + h, acc);
-      warpgroup_fence_operand(acc);
-    };
-    struct HalfStep {
-      KScales k;
-      int h;  // which half: 0 (half0) or 1 (half1)
-    };
-    auto promote_half = [&](const auto& acc, int h, const KScales& k) {
-      fp8_promote_rows_cols<Halves::kHalfN>(total, acc, k.sa0, k.sa1, k.sb_tile + Halves::kHalfN * h, quad,
-                                            kHalfValues * h);
-    };
-
     for (int tile = first_cluster_tile<kCluster>(); tile < sched.total; tile += cluster_tile_stride<kCluster>()) {
       const TileCoord t = sched.at(tile);
       const int following = tile + cluster_tile_stride<kCluster>();
@@ -378,37 +329,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       next_loaded = false;
       CUTE_UNROLL
       for (int i = 0; i < size(total); ++i) total(i) = 0.0f;
-      if constexpr (kHalves) {
-        // Half-steps j = 2 kt + h through the two-accumulator loop (half0 takes the even ones,
-        // half1 the odd): its straight-line waits keep ptxas from serializing the wgmmas (C7514),
-        // which a loop over k-blocks with both halves in flight at its edges did not.
-        int stage = 0;
-        KScales k{};
-        auto scales_of = [&](int j) {
-          if ((j & 1) == 0) k = stage_scales(t, j / 2, t_next, prefetch_next);
-          return HalfStep{k, j & 1};
-        };
-        auto issue = [&](auto& acc) {
-          if (acc.data() == half0.data()) {  // a new k-block: its stage
-            pipeline.consumer_wait(read_state);
-            stage = read_state.index();
-            ++read_state;
-          }
-          issue_half(stage, acc.data() == half0.data() ? 0 : 1, acc);
-        };
-        auto retire = [&](auto& acc, auto younger_in_flight, const HalfStep& step) {
-          warpgroup_wait<decltype(younger_in_flight)::value ? 1 : 0>();
-          warpgroup_fence_operand(acc);
-          if (step.h == 0) {
-            promote_half(acc, 0, step.k);
-          } else {
-            pipeline.consumer_release(release_state);  // both halves have read the stage
-            ++release_state;
-            promote_half(acc, 1, step.k);
-          }
-        };
-        fp8_overlapped_k_blocks(2 * t.k_tiles, half0, half1, scales_of, issue, retire);
-      } else if constexpr (kOverlap) {
+      if constexpr (kOverlap) {
         auto scales_of = [&](int kt) { return stage_scales(t, kt, t_next, prefetch_next); };
         fp8_overlapped_k_blocks(t.k_tiles, block, block1, scales_of, issue, retire);
       } else {
