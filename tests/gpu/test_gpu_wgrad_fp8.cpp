@@ -97,7 +97,8 @@ struct Problem {
   // GPU: the kernel on the transposed codes (0xA5 past the used blocks: never read).
   template <class T>
   std::vector<T> run_gpu(const std::vector<T>& initial, DType dtype, bool accumulate,
-                         const int32_t* skip = nullptr, int overlap = -1, int multicast = -1) const {
+                         const int32_t* skip = nullptr, int overlap = -1, int multicast = -1,
+                         int stage_scales = -1) const {
     std::vector<uint8_t> at(static_cast<size_t>(N * K), 0xA5), bt(static_cast<size_t>(L * K), 0xA5);
     cpu::fp8_transpose_cols(a_MN.data(), N, offsets.data(), E, K, at.data());
     cpu::fp8_transpose_cols(b_ML.data(), L, offsets.data(), E, K, bt.data());
@@ -121,6 +122,7 @@ struct Problem {
     args.accumulate = accumulate;
     args.overlap = overlap;
     args.multicast = multicast;
+    args.stage_scales = stage_scales;
     cuda::fp8_grouped_wgrad(args, nullptr);
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);
     return dout.get();
@@ -355,6 +357,53 @@ TEST(GpuWgradFp8, OverlapLoopBitwiseEqual) {
   }
 }
 
+// The scales copied into the stages by the producer (Fp8WgradArgs::stage_scales = 1, bf16
+// overwritten) give the bits of the consumers' own scale loads on random finite E4M3 codes: experts
+// of 0 to 16 column blocks, more tiles than SMs, partial last tiles both ways (the copies shortened
+// to the rows and columns that exist), N % 4 != 0 (the consumers' loads instead), the skip flag,
+// and EPMOE_FP8_WGRAD_SCALES read at -1.
+TEST(GpuWgradFp8, StageScalesBitwiseEqual) {
+  EPMOE_REQUIRE_GPU();
+  std::mt19937 rng(28);
+  const std::vector<Shape> cases = {
+      {{129, 0, 300, 1, 128, 127, 700}, 5, 384, 1024},  // 2, 0, 3, 1, 1, 1, 6 blocks; 168 tiles
+      {{2048, 3}, 0, 260, 2888},                          // 16 blocks and 1; partial last tiles
+      {{300, 0, 129}, 0, 48, 16},                         // one partial tile each way
+      {{256, 40}, 0, 130, 64},                            // N % 4 == 2: the consumers' loads
+  };
+  for (const Shape& c : cases) {
+    Problem p(c);
+    fill_random(p, rng);
+    const size_t n = static_cast<size_t>(p.E * p.N * p.L);
+    const std::vector<bf16_t> stale(n, static_cast<bf16_t>(0xA5A5));
+    const std::vector<bf16_t> threads = p.run_gpu(stale, DType::bf16, false, nullptr, -1, 0, 0);
+    EXPECT_FALSE(threads == stale) << describe(c);  // the kernel wrote
+    expect_bitwise(threads, p.run_gpu(stale, DType::bf16, false, nullptr, -1, 0, 1), p.N, p.L,
+                   "bf16 stage scales " + describe(c));
+    std::printf("%s: stage scales == the consumers' loads\n", describe(c).c_str());
+  }
+  Problem p(cases[1]);
+  fill_random(p, rng);
+  const size_t n = static_cast<size_t>(p.E * p.N * p.L);
+  Dev<int32_t> skip(std::vector<int32_t>{1});
+  const std::vector<bf16_t> stale(n, static_cast<bf16_t>(0x4040));
+  for (bf16_t v : p.run_gpu(stale, DType::bf16, false, skip.ptr, -1, 0, 1)) ASSERT_EQ(v, 0);
+  // The variable, read per launch at stage_scales = -1.
+  const std::vector<bf16_t> staged = p.run_gpu(stale, DType::bf16, false, nullptr, -1, 0, 1);
+  setenv("EPMOE_FP8_WGRAD_SCALES", "threads", 1);
+  const std::vector<bf16_t> from_env = p.run_gpu(stale, DType::bf16, false, nullptr, -1, 0, -1);
+  setenv("EPMOE_FP8_WGRAD_SCALES", "warps", 1);
+  std::string field;
+  try {
+    p.run_gpu(stale, DType::bf16, false, nullptr, -1, 0, -1);
+  } catch (const Error& e) {
+    field = e.argument();
+  }
+  unsetenv("EPMOE_FP8_WGRAD_SCALES");
+  expect_bitwise(staged, from_env, p.N, p.L, "EPMOE_FP8_WGRAD_SCALES=threads");
+  EXPECT_EQ(field, "EPMOE_FP8_WGRAD_SCALES");
+}
+
 // CTA pairs multicasting B (Fp8WgradArgs::multicast = 1) give the bits of single CTAs on random
 // finite E4M3 codes: odd n-tile counts (the last pair's second tile past N), a single partial
 // n-tile (its pair's second tile wholly past N), experts of 0 to 16 column blocks, more pairs of
@@ -472,6 +521,9 @@ TEST(GpuWgradFp8, ArgumentErrorsNameTheField) {
   args.multicast = 2;
   EXPECT_EQ(field_of(), "multicast");
   args.multicast = -1;
+  args.stage_scales = 2;
+  EXPECT_EQ(field_of(), "stage_scales");
+  args.stage_scales = -1;
   args.out_dtype = DType::f16;
   EXPECT_EQ(field_of(), "out_dtype");
   args.out_dtype = DType::f32;

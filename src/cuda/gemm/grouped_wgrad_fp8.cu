@@ -1,5 +1,7 @@
 // Launcher and the instantiations of the FP8 weight gradient (three epilogues; the two through
-// the stage with one or two block accumulators, Fp8WgradArgs::overlap; in builds with
+// the stage with one or two block accumulators, Fp8WgradArgs::overlap; bf16 overwritten through
+// TMA stores with one, its scales loaded by the consumers or copied into the stages by the
+// producer, Fp8WgradArgs::stage_scales; in builds with
 // EPMOE_GEMM_CONFIGS=ALL each also on CTA pairs multicasting B with one, Fp8WgradArgs::multicast):
 // 128 x 128 tiles, 128-deep k-blocks, 5 stages (32 KiB each), cooperative consumers; the bf16
 // WGRAD's epilogues: bf16 overwritten through TMA stores, bf16 or f32 overwritten or accumulated
@@ -34,6 +36,7 @@ void check_args(const Fp8WgradArgs& a) {
   EPMOE_CHECK_ARG(a.N > 0, "N", "> 0", a.N);
   EPMOE_CHECK_ARG(a.overlap >= -1 && a.overlap <= 1, "overlap", "-1, 0 or 1", a.overlap);
   EPMOE_CHECK_ARG(a.multicast >= -1 && a.multicast <= 1, "multicast", "-1, 0 or 1", a.multicast);
+  EPMOE_CHECK_ARG(a.stage_scales >= -1 && a.stage_scales <= 1, "stage_scales", "-1, 0 or 1", a.stage_scales);
   EPMOE_CHECK_ARG(a.L > 0 && a.L % 8 == 0, "L", "> 0 and a multiple of 8", a.L);
   EPMOE_CHECK_ARG(a.K > 0 && a.K % 128 == 0, "K", "> 0 and a multiple of 128 (whole column blocks)",
                   a.K);
@@ -65,7 +68,20 @@ int cluster_size(int multicast) {
   return pairs ? 2 : 1;
 }
 
-template <class Epilogue, bool kOverlap, int kCluster>
+// Fp8WgradArgs::stage_scales, or at -1 EPMOE_FP8_WGRAD_SCALES=stage|threads read per launch
+// (unset: stage); never where N % 4 != 0 (the scale rows' 16-byte alignment).
+bool stage_scales_selected(const Fp8WgradArgs& a) {
+  bool stage = a.stage_scales == 1;
+  if (a.stage_scales < 0) {
+    const char* env = std::getenv("EPMOE_FP8_WGRAD_SCALES");
+    EPMOE_CHECK_ARG(env == nullptr || std::strcmp(env, "stage") == 0 || std::strcmp(env, "threads") == 0,
+                    "EPMOE_FP8_WGRAD_SCALES", "stage or threads", env);
+    stage = env == nullptr || std::strcmp(env, "stage") == 0;
+  }
+  return stage && a.N % 4 == 0;
+}
+
+template <class Epilogue, bool kOverlap, int kCluster, bool kStageScales = false>
 void launch(const Fp8WgradArgs& args, const typename Epilogue::Params& epi, void* stream) {
   const Operand a{args.a_NK, args.N, args.K, args.K, 1};
   const Operand b{args.b_LK, args.L, args.K, args.K, 1};
@@ -82,7 +98,8 @@ void launch(const Fp8WgradArgs& args, const typename Epilogue::Params& epi, void
   const Fp8ColScales scales{args.a_scales_BN, args.b_scales_BL};
 
   constexpr auto kernel =
-      &grouped_wgrad_fp8_kernel<Traits, Epilogue, kOverlap, kCluster, decltype(tma_a), decltype(tma_b)>;
+      &grouped_wgrad_fp8_kernel<Traits, Epilogue, kOverlap, kCluster, kStageScales, decltype(tma_a),
+                                decltype(tma_b)>;
   constexpr int kSmem =
       static_cast<int>(sizeof(Fp8WgradSharedStorage<Traits, Epilogue::kSmemBytesPerWarpgroup>));
   static_assert(kSmem <= 227 * 1024, "shared memory of one CTA on sm_90 is at most 227 KiB");
@@ -142,7 +159,11 @@ void fp8_grouped_wgrad(const Fp8WgradArgs& args, void* stream) {
     using Epi = WgradTmaEpilogue<Traits, decltype(store)>;
     const typename Epi::Params epi{store, args.N, args.L, args.E};
     // One block accumulator only: with two, this epilogue's kernel spills (-Xptxas -v).
-    launch<Epi, false>(args, epi, cluster, stream);
+    if (cluster == 1 && stage_scales_selected(args)) {
+      launch<Epi, false, 1, true>(args, epi, stream);
+    } else {
+      launch<Epi, false>(args, epi, cluster, stream);
+    }
     return;
   }
   const int accumulate = args.accumulate ? 1 : 0;

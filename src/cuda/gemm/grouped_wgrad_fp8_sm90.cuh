@@ -27,6 +27,14 @@
 // strict turns, k-block by k-block (one warpgroup promotes while the other's MMA runs), measured
 // slower than letting them run free, whether the turn passed after issue or after completion.
 //
+// kStageScales (single CTAs, one block accumulator): the producer copies each k-block's 128 A and
+// 128 B scales of the tile (512 contiguous bytes each, cp.async.bulk) into the k-block's stage,
+// under the stage's transaction barrier; the consumers read theirs from the stage after its wait
+// and release it after the promotion. No global loads, no shared buffers and no barriers of
+// their own in the k loop (the per-warpgroup barrier above was ~a third of the FP8 WGRAD's stall
+// samples when it was one barrier; bench/RESULTS.md 52ac101). Needs N % 4 == 0 (16-byte aligned
+// scale rows); the same fmas in the same order: bitwise equal.
+//
 // kOverlap: two block accumulators, as the FP8 grouped GEMM's (the wgmmas of k-block s + 1 are
 // issued before k-block s is retired with wait<1> and promoted). k-block s is then promoted after
 // the barrier of k-block s + 1, so its B scales need a third buffer: buffer s % 3 is rewritten
@@ -45,6 +53,7 @@
 // run one block accumulator (with two, the consumers spill).
 #pragma once
 
+#include <cute/arch/copy_sm90_tma.hpp>
 #include <cute/arch/mma_sm90.hpp>
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -68,6 +77,7 @@ struct alignas(1024) Fp8WgradSharedStorage {
   alignas(1024) char epilogue[Traits::kConsumerWarpgroups][kEpilogueBytesPerWarpgroup];
   typename Traits::Pipeline::SharedStorage pipeline;
   alignas(16) float b_scales[Traits::kConsumerWarpgroups][3][Traits::BLOCK_N];  // per warpgroup
+  alignas(16) float stage_ab_scales[Traits::kStages][2][Traits::BLOCK_N];  // kStageScales: A, B per stage
   int group_rows[kMaxGroups];        // rows of each expert (0 when the step is skipped)
   int group_block[kMaxGroups + 1];   // its first column block
 };
@@ -183,7 +193,30 @@ __device__ __forceinline__ void fp8_load_k_blocks_b_multicast(Pipeline& pipeline
   }
 }
 
-template <class Traits, class Epilogue, bool kOverlap, int kCluster, class TmaA, class TmaB>
+// Producer, kStageScales: as fp8_load_k_blocks, and before each k-block's operands its A and B
+// scales (a_bytes / b_bytes from a_scales / b_scales, the k-block's row kt at kt * a_ld / b_ld)
+// into stage_ab_scales[stage][0 / 1], under the same barrier (its transaction grows by their bytes).
+template <class Pipeline, class TmaA, class TmaB, class GA, class GB, class SA, class SB, class StageScales>
+__device__ __forceinline__ void fp8_load_k_blocks_and_scales(
+    Pipeline& pipeline, typename Pipeline::PipelineState& write_state, const TmaA& tma_a, const TmaB& tma_b,
+    const GA& gA, const GB& gB, SA& sA, SB& sB, int k_tiles, const float* a_scales, int64_t a_ld, uint32_t a_bytes,
+    const float* b_scales, int64_t b_ld, uint32_t b_bytes, StageScales& stage_ab_scales) {
+  auto [tAgA, tAsA] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
+  auto [tBgB, tBsB] = tma_partition(tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sB), group_modes<0, 2>(gB));
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    pipeline.producer_acquire(write_state);
+    auto* barrier = pipeline.producer_get_barrier(write_state);
+    const int stage = write_state.index();
+    cutlass::arch::ClusterTransactionBarrier::expect_transaction(barrier, a_bytes + b_bytes);
+    SM90_BULK_COPY_G2S::copy(a_scales + kt * a_ld, barrier, stage_ab_scales[stage][0], static_cast<int32_t>(a_bytes));
+    SM90_BULK_COPY_G2S::copy(b_scales + kt * b_ld, barrier, stage_ab_scales[stage][1], static_cast<int32_t>(b_bytes));
+    copy(tma_a.with(*barrier), tAgA(_, kt), tAsA(_, stage));
+    copy(tma_b.with(*barrier), tBgB(_, kt), tBsB(_, stage));
+    ++write_state;
+  }
+}
+
+template <class Traits, class Epilogue, bool kOverlap, int kCluster, bool kStageScales, class TmaA, class TmaB>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     grouped_wgrad_fp8_kernel(CUTE_GRID_CONSTANT const TmaA tma_a, CUTE_GRID_CONSTANT const TmaB tma_b,
                              const Fp8WgradGroups groups, const Fp8ColScales scales,
@@ -194,6 +227,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                 "two consumer warpgroups on one tile; one B scale per thread of each");
   static_assert(kCluster == 1 || kCluster == 2, "single CTAs or pairs sharing B");
   static_assert(kCluster == 1 || !kOverlap, "pairs run one block accumulator: with two they spill");
+  static_assert(!kStageScales || (kCluster == 1 && !kOverlap), "stage scales: single CTAs, one accumulator");
   using Pipeline = typename Traits::Pipeline;
   using PipelineState = typename Pipeline::PipelineState;
 
@@ -234,7 +268,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                Shape<Int<BM>, Int<BK>>{}, make_coord(0, _));  // (BM, BK, k)
         Tensor gB = local_tile(domain_offset(make_coord(static_cast<int64_t>(t.n_tile) * BN, k0), mB),
                                Shape<Int<BN>, Int<BK>>{}, make_coord(0, _));  // (BN, BK, k)
-        if constexpr (kCluster == 1) {
+        if constexpr (kStageScales) {
+          const int64_t n0 = static_cast<int64_t>(t.m_tile) * BM, l0 = static_cast<int64_t>(t.n_tile) * BN;
+          const int64_t kb0 = t.row0;
+          const auto a_bytes = static_cast<uint32_t>(4 * cute::min(int64_t{BM}, groups.n - n0));
+          const auto b_bytes = static_cast<uint32_t>(4 * cute::min(int64_t{BN}, groups.l - l0));
+          fp8_load_k_blocks_and_scales(pipeline, write_state, tma_a, tma_b, gA, gB, sA, sB, t.k_tiles,
+                                       scales.a_BN + kb0 * groups.n + n0, groups.n, a_bytes,
+                                       scales.b_BL + kb0 * groups.l + l0, groups.l, b_bytes, smem.stage_ab_scales);
+        } else if constexpr (kCluster == 1) {
           fp8_load_k_blocks(pipeline, write_state, tma_a, tma_b, gA, gB, sA, sB, t.k_tiles);
         } else {
           fp8_load_k_blocks_b_multicast(pipeline, write_state, tma_a, tma_b, gA, gB, sA, sB, t.k_tiles,
@@ -325,11 +367,24 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       const int following = tile + cluster_tile_stride<kCluster>();
       const TileCoord t_next = sched.at(following < sched.total ? following : tile);
       const bool prefetch_next = following < sched.total && t_next.k_tiles > 0;
-      if (!next_loaded && t.k_tiles > 0) load_next(t, t.row0);
+      if (!kStageScales && !next_loaded && t.k_tiles > 0) load_next(t, t.row0);
       next_loaded = false;
       CUTE_UNROLL
       for (int i = 0; i < size(total); ++i) total(i) = 0.0f;
-      if constexpr (kOverlap) {
+      if constexpr (kStageScales) {
+        for (int kt = 0; kt < t.k_tiles; ++kt) {
+          pipeline.consumer_wait(read_state);
+          const int stage = read_state.index();
+          fp8_mma_k_block(tiled_mma, tCrA, tCrB, stage, stage, block);
+          const float* ss = smem.stage_ab_scales[stage][0];  // read during the MMA
+          const float sa0 = ss[scale_row0], sa1 = ss[scale_row0 + 8];
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(block);
+          promote(block, sa0, sa1, smem.stage_ab_scales[stage][1]);
+          pipeline.consumer_release(read_state);  // after the promotion has read the B scales
+          ++read_state;
+        }
+      } else if constexpr (kOverlap) {
         auto scales_of = [&](int kt) { return stage_scales(t, kt, t_next, prefetch_next); };
         fp8_overlapped_k_blocks(t.k_tiles, block, block1, scales_of, issue, retire);
       } else {
