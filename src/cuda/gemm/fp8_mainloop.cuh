@@ -75,12 +75,21 @@ __device__ __forceinline__ void fp8_prefetch_descriptors(const TmaA& tma_a, cons
   }
 }
 
+struct NoStageExtras {
+  template <class Barrier>
+  __device__ __forceinline__ void operator()(Barrier*, int, int) const {}
+};
+
 // Producer: k-blocks [0, k_tiles) of the tile's gA (BM, BK, k) and gB (BN, BK, k), one stage each
-// (both operands under the stage's transaction barrier), from write_state on.
-template <class Pipeline, class TmaA, class TmaB, class GA, class GB, class SA, class SB>
+// (both operands under the stage's transaction barrier), from write_state on. extras(barrier,
+// stage, kt) runs first in each stage: more copies under its barrier (they add their bytes to its
+// transaction with expect_transaction).
+template <class Pipeline, class TmaA, class TmaB, class GA, class GB, class SA, class SB,
+          class Extras = NoStageExtras>
 __device__ __forceinline__ void fp8_load_k_blocks(Pipeline& pipeline, typename Pipeline::PipelineState& write_state,
                                                   const TmaA& tma_a, const TmaB& tma_b, const GA& gA,
-                                                  const GB& gB, SA& sA, SB& sB, int k_tiles) {
+                                                  const GB& gB, SA& sA, SB& sB, int k_tiles,
+                                                  const Extras& extras = {}) {
   using namespace cute;
   auto [tAgA, tAsA] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
   auto [tBgB, tBsB] = tma_partition(tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sB), group_modes<0, 2>(gB));
@@ -88,6 +97,7 @@ __device__ __forceinline__ void fp8_load_k_blocks(Pipeline& pipeline, typename P
     pipeline.producer_acquire(write_state);
     auto* barrier = pipeline.producer_get_barrier(write_state);
     const int stage = write_state.index();
+    extras(barrier, stage, kt);
     copy(tma_a.with(*barrier), tAgA(_, kt), tAsA(_, stage));
     copy(tma_b.with(*barrier), tBgB(_, kt), tBsB(_, stage));
     ++write_state;

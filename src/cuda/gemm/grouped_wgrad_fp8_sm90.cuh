@@ -193,29 +193,6 @@ __device__ __forceinline__ void fp8_load_k_blocks_b_multicast(Pipeline& pipeline
   }
 }
 
-// Producer, kStageScales: as fp8_load_k_blocks, and before each k-block's operands its A and B
-// scales (a_bytes / b_bytes from a_scales / b_scales, the k-block's row kt at kt * a_ld / b_ld)
-// into stage_ab_scales[stage][0 / 1], under the same barrier (its transaction grows by their bytes).
-template <class Pipeline, class TmaA, class TmaB, class GA, class GB, class SA, class SB, class StageScales>
-__device__ __forceinline__ void fp8_load_k_blocks_and_scales(
-    Pipeline& pipeline, typename Pipeline::PipelineState& write_state, const TmaA& tma_a, const TmaB& tma_b,
-    const GA& gA, const GB& gB, SA& sA, SB& sB, int k_tiles, const float* a_scales, int64_t a_ld, uint32_t a_bytes,
-    const float* b_scales, int64_t b_ld, uint32_t b_bytes, StageScales& stage_ab_scales) {
-  auto [tAgA, tAsA] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
-  auto [tBgB, tBsB] = tma_partition(tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sB), group_modes<0, 2>(gB));
-  for (int kt = 0; kt < k_tiles; ++kt) {
-    pipeline.producer_acquire(write_state);
-    auto* barrier = pipeline.producer_get_barrier(write_state);
-    const int stage = write_state.index();
-    cutlass::arch::ClusterTransactionBarrier::expect_transaction(barrier, a_bytes + b_bytes);
-    SM90_BULK_COPY_G2S::copy(a_scales + kt * a_ld, barrier, stage_ab_scales[stage][0], static_cast<int32_t>(a_bytes));
-    SM90_BULK_COPY_G2S::copy(b_scales + kt * b_ld, barrier, stage_ab_scales[stage][1], static_cast<int32_t>(b_bytes));
-    copy(tma_a.with(*barrier), tAgA(_, kt), tAsA(_, stage));
-    copy(tma_b.with(*barrier), tBgB(_, kt), tBsB(_, stage));
-    ++write_state;
-  }
-}
-
 template <class Traits, class Epilogue, bool kOverlap, int kCluster, bool kStageScales, class TmaA, class TmaB>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     grouped_wgrad_fp8_kernel(CUTE_GRID_CONSTANT const TmaA tma_a, CUTE_GRID_CONSTANT const TmaB tma_b,
@@ -273,9 +250,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           const int64_t kb0 = t.row0;
           const auto a_bytes = static_cast<uint32_t>(4 * cute::min(int64_t{BM}, groups.n - n0));
           const auto b_bytes = static_cast<uint32_t>(4 * cute::min(int64_t{BN}, groups.l - l0));
-          fp8_load_k_blocks_and_scales(pipeline, write_state, tma_a, tma_b, gA, gB, sA, sB, t.k_tiles,
-                                       scales.a_BN + kb0 * groups.n + n0, groups.n, a_bytes,
-                                       scales.b_BL + kb0 * groups.l + l0, groups.l, b_bytes, smem.stage_ab_scales);
+          const float* a_scales = scales.a_BN + kb0 * groups.n + n0;  // row kt at kt * N
+          const float* b_scales = scales.b_BL + kb0 * groups.l + l0;
+          // Each k-block's A and B scales into stage_ab_scales[stage][0 / 1], under its barrier.
+          auto copy_scales = [&](auto* barrier, int stage, int kt) {
+            cutlass::arch::ClusterTransactionBarrier::expect_transaction(barrier, a_bytes + b_bytes);
+            SM90_BULK_COPY_G2S::copy(a_scales + kt * groups.n, barrier, smem.stage_ab_scales[stage][0],
+                                     static_cast<int32_t>(a_bytes));
+            SM90_BULK_COPY_G2S::copy(b_scales + kt * groups.l, barrier, smem.stage_ab_scales[stage][1],
+                                     static_cast<int32_t>(b_bytes));
+          };
+          fp8_load_k_blocks(pipeline, write_state, tma_a, tma_b, gA, gB, sA, sB, t.k_tiles, copy_scales);
         } else if constexpr (kCluster == 1) {
           fp8_load_k_blocks(pipeline, write_state, tma_a, tma_b, gA, gB, sA, sB, t.k_tiles);
         } else {
