@@ -160,7 +160,11 @@ void fp8_grouped_wgrad(const Fp8WgradArgs& args, void* stream) {
     const typename Epi::Params epi{store, args.N, args.L, args.E};
     // One block accumulator only: with two, this epilogue's kernel spills (-Xptxas -v).
     if (cluster == 1 && stage_scales_selected(args)) {
-      launch<Epi, false, 1, true>(args, epi, stream);
+      if (fp8_overlap_selected(args.overlap)) {
+        launch<Epi, true, 1, true>(args, epi, stream);
+      } else {
+        launch<Epi, false, 1, true>(args, epi, stream);
+      }
     } else {
       launch<Epi, false>(args, epi, cluster, stream);
     }
