@@ -358,8 +358,7 @@ TEST(GpuWgradFp8, OverlapLoopBitwiseEqual) {
 }
 
 // The scales copied into the stages by the producer (Fp8WgradArgs::stage_scales = 1, bf16
-// overwritten; one and two block accumulators, Fp8WgradArgs::overlap) give the bits of the
-// consumers' own scale loads on random finite E4M3 codes: experts
+// overwritten) give the bits of the consumers' own scale loads on random finite E4M3 codes: experts
 // of 0 to 16 column blocks, more tiles than SMs, partial last tiles both ways (the copies shortened
 // to the rows and columns that exist), N % 4 != 0 (the consumers' loads instead), the skip flag,
 // and EPMOE_FP8_WGRAD_SCALES read at -1.
@@ -379,12 +378,9 @@ TEST(GpuWgradFp8, StageScalesBitwiseEqual) {
     const std::vector<bf16_t> stale(n, static_cast<bf16_t>(0xA5A5));
     const std::vector<bf16_t> threads = p.run_gpu(stale, DType::bf16, false, nullptr, -1, 0, 0);
     EXPECT_FALSE(threads == stale) << describe(c);  // the kernel wrote
-    for (const int overlap : {0, 1}) {  // one or two block accumulators beside the stage scales
-      expect_bitwise(threads, p.run_gpu(stale, DType::bf16, false, nullptr, overlap, 0, 1), p.N, p.L,
-                     "bf16 stage scales, overlap " + std::to_string(overlap) + " " + describe(c));
-    }
-    std::printf("%s: stage scales (one and two accumulators) == the consumers' loads\n",
-                describe(c).c_str());
+    expect_bitwise(threads, p.run_gpu(stale, DType::bf16, false, nullptr, -1, 0, 1), p.N, p.L,
+                   "bf16 stage scales " + describe(c));
+    std::printf("%s: stage scales == the consumers' loads\n", describe(c).c_str());
   }
   Problem p(cases[1]);
   fill_random(p, rng);

@@ -34,7 +34,7 @@ struct Fp8WgradArgs {
   bool accumulate = false;               // out = round(out + sum), else out = round(sum)
   // Main loop, as Fp8GroupedGemmArgs::overlap: 0 one block accumulator, 1 two (bitwise the same
   // results), -1 EPMOE_FP8_OVERLAP=0|1 read per launch (unset: 1). bf16 overwritten (the TMA-store
-  // epilogue) runs two only with stage_scales: with the consumers' own scale loads it spills.
+  // epilogue) always runs with one: with two that kernel spills.
   int overlap = -1;
   // CTA pairs: 0 one CTA per tile; 1 2-CTA clusters on two n-tiles of one (expert, l-tile), each
   // CTA loading half of the shared B k-block and multicasting it to both (half of B's L2 reads;
@@ -42,9 +42,10 @@ struct Fp8WgradArgs {
   // EPMOE_GEMM_CONFIGS=ALL, else Error(invalid_argument)); -1 EPMOE_FP8_WGRAD_MULTICAST=0|1 read
   // per launch (unset: 0).
   int multicast = -1;
-  // Single CTAs, bf16 overwritten: 1 the producer copies each k-block's scales into its stage
-  // (needs N % 4 == 0, else 0); 0 the consumers load and stage them (bitwise the same results);
-  // -1 EPMOE_FP8_WGRAD_SCALES=stage|threads read per launch (unset: stage).
+  // Single CTAs with one block accumulator (bf16 overwritten, or overlap 0): 1 the producer copies
+  // each k-block's scales into its stage (needs N % 4 == 0, else 0); 0 the consumers load and
+  // stage them (bitwise the same results); -1 EPMOE_FP8_WGRAD_SCALES=stage|threads read per
+  // launch (unset: stage).
   int stage_scales = -1;
 };
 

@@ -160,11 +160,7 @@ void fp8_grouped_wgrad(const Fp8WgradArgs& args, void* stream) {
     const typename Epi::Params epi{store, args.N, args.L, args.E};
     // One block accumulator only: with two, this epilogue's kernel spills (-Xptxas -v).
     if (cluster == 1 && stage_scales_selected(args)) {
-      if (fp8_overlap_selected(args.overlap)) {
-        launch<Epi, true, 1, true>(args, epi, stream);
-      } else {
-        launch<Epi, false, 1, true>(args, epi, stream);
-      }
+      launch<Epi, false, 1, true>(args, epi, stream);
     } else {
       launch<Epi, false>(args, epi, cluster, stream);
     }

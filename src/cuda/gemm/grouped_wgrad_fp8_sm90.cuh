@@ -27,15 +27,13 @@
 // strict turns, k-block by k-block (one warpgroup promotes while the other's MMA runs), measured
 // slower than letting them run free, whether the turn passed after issue or after completion.
 //
-// kStageScales (single CTAs, one or two block accumulators): the producer copies each k-block's
-// 128 A and 128 B scales of the tile (512 contiguous bytes each, cp.async.bulk) into the k-block's
-// stage, under the stage's transaction barrier; the consumers read theirs from the stage after its wait
+// kStageScales (single CTAs, one block accumulator): the producer copies each k-block's 128 A and
+// 128 B scales of the tile (512 contiguous bytes each, cp.async.bulk) into the k-block's stage,
+// under the stage's transaction barrier; the consumers read theirs from the stage after its wait
 // and release it after the promotion. No global loads, no shared buffers and no barriers of
 // their own in the k loop (the per-warpgroup barrier above was ~a third of the FP8 WGRAD's stall
-// samples when it was one barrier; bench/RESULTS.md 52ac101). With them the two-accumulator loop
-// fits beside the TMA-store epilogue (its few spills lie outside the k loop; with the consumers'
-// loads it spills inside). Needs N % 4 == 0 (16-byte aligned scale rows); the same fmas in the
-// same order: bitwise equal.
+// samples when it was one barrier; bench/RESULTS.md 52ac101). Needs N % 4 == 0 (16-byte aligned
+// scale rows); the same fmas in the same order: bitwise equal.
 //
 // kOverlap: two block accumulators, as the FP8 grouped GEMM's (the wgmmas of k-block s + 1 are
 // issued before k-block s is retired with wait<1> and promoted). k-block s is then promoted after
@@ -206,7 +204,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                 "two consumer warpgroups on one tile; one B scale per thread of each");
   static_assert(kCluster == 1 || kCluster == 2, "single CTAs or pairs sharing B");
   static_assert(kCluster == 1 || !kOverlap, "pairs run one block accumulator: with two they spill");
-  static_assert(!kStageScales || kCluster == 1, "stage scales: single CTAs");
+  static_assert(!kStageScales || (kCluster == 1 && !kOverlap), "stage scales: single CTAs, one accumulator");
   using Pipeline = typename Traits::Pipeline;
   using PipelineState = typename Pipeline::PipelineState;
 
@@ -358,21 +356,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       next_loaded = false;
       CUTE_UNROLL
       for (int i = 0; i < size(total); ++i) total(i) = 0.0f;
-      if constexpr (kStageScales && kOverlap) {
-        // The retired k-block's stage is the oldest unreleased one: its scales are read there,
-        // and it is released after the promotion.
-        auto no_scales = [](int) { return 0; };
-        auto retire_staged = [&](auto& acc, auto younger_in_flight, int) {
-          warpgroup_wait<decltype(younger_in_flight)::value ? 1 : 0>();
-          warpgroup_fence_operand(acc);
-          const int stage = release_state.index();
-          const float* ss = smem.stage_ab_scales[stage][0];
-          promote(acc, ss[scale_row0], ss[scale_row0 + 8], smem.stage_ab_scales[stage][1]);
-          pipeline.consumer_release(release_state);
-          ++release_state;
-        };
-        fp8_overlapped_k_blocks(t.k_tiles, block, block1, no_scales, issue, retire_staged);
-      } else if constexpr (kStageScales) {
+      if constexpr (kStageScales) {
         for (int kt = 0; kt < t.k_tiles; ++kt) {
           pipeline.consumer_wait(read_state);
           const int stage = read_state.index();
