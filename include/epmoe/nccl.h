@@ -11,8 +11,8 @@
 // symmetric memory for the group (see PeerAccess), cudaMalloc memory shared through CUDA IPC (or
 // direct peer access between ranks of one process) takes its place. LSA also needs the NCCL release
 // libepmoe_nccl was built with at run time (the device API's structures change between releases,
-// even 2.28.3 -> 2.28.9): a process that loaded another libnccl.so.2 first (PyTorch's) gets CUDA IPC,
-// and nccl_peer_access() says why. Builds with the PyTorch binding use PyTorch's NCCL.
+// even 2.28.3 -> 2.28.9): a process that loaded another libnccl.so.2 first (PyTorch's) gets CUDA
+// IPC, and nccl_peer_access() says why. Builds with the PyTorch binding use PyTorch's NCCL.
 //
 // Budgets: barrier() and all_gather() take theirs; allocate_symmetric() and release_symmetric()
 // use NcclTransportOptions::setup_budget. A host collective that times out names the ranks that
