@@ -236,11 +236,15 @@ __device__ TileScheduler<Traits> make_scheduler(Smem& smem, const GroupArgs& g) 
 }
 
 // Named barriers (ids above CUTLASS's reserved ones), one per consumer warpgroup where needed.
+// Ids as cutlass::arch::NamedBarrier takes them: it adds 8 (hardware ids 9-15 for 1-7; past 7
+// there is none). Two per kind, warpgroup 0 and 1.
 enum class GemmBarrier : uint32_t {
   k_tail_wg0 = 1,
   epilogue_wg0 = 3,
-  mainloop_turn_wg0 = 5,
-  fp8_wgrad_scales_wg0 = 7,  // the FP8 WGRAD's staged column scales, per warpgroup (7, 8)
+  mainloop_turn_wg0 = 5,  // ping-pong kernels only
+  // The FP8 WGRAD's staged column scales: the ping-pong turns' ids, which that kernel never uses
+  // (at 7 its warpgroup 1 took id 8, hardware id 16, past the last).
+  fp8_wgrad_scales_wg0 = 5,
 };
 
 template <class Traits, class Epilogue, class TmaA, class TmaB>
