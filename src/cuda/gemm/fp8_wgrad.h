@@ -42,10 +42,10 @@ struct Fp8WgradArgs {
   // EPMOE_GEMM_CONFIGS=ALL, else Error(invalid_argument)); -1 EPMOE_FP8_WGRAD_MULTICAST=0|1 read
   // per launch (unset: 0).
   int multicast = -1;
-  // Single CTAs with one block accumulator (bf16 overwritten, or overlap 0): 1 the producer copies
-  // each k-block's scales into its stage (needs N % 4 == 0, else 0); 0 the consumers load and
-  // stage them (bitwise the same results); -1 EPMOE_FP8_WGRAD_SCALES=stage|threads read per
-  // launch (unset: stage).
+  // bf16 overwritten (the TMA-store epilogue, one block accumulator) on single CTAs: 1 the
+  // producer copies each k-block's scales into its stage (needs N % 4 == 0, else 0); 0 the
+  // consumers load and stage them (bitwise the same results); -1 EPMOE_FP8_WGRAD_SCALES=
+  // stage|threads read per launch (unset: stage). The other epilogues and pairs load them.
   int stage_scales = -1;
 };
 
