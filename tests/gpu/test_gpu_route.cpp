@@ -4,6 +4,7 @@
 // case runs on the chunked launches and, where the shape allows it, on the one-CTA route.
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -182,6 +183,20 @@ TEST(GpuRoute, MatchesReferenceBuilder) {
   for (const RouteCase& c : cases) run_route_case(c, seed++);
 }
 
+// A status word's code, rank, argument and the required / available values (and the index where
+// one is given).
+void expect_status(const Status& st, StatusCode code, int rank, StatusArg arg, int64_t required,
+                   int64_t available, std::optional<int64_t> index = std::nullopt) {
+  EXPECT_EQ(st.code, static_cast<int32_t>(code));
+  EXPECT_EQ(st.rank, rank);
+  EXPECT_EQ(st.arg, static_cast<int32_t>(arg));
+  EXPECT_EQ(st.required, required);
+  EXPECT_EQ(st.available, available);
+  if (index) {
+    EXPECT_EQ(st.index, *index);
+  }
+}
+
 // Runs route on every rank and expects the same status (and the skip flag) on all of them, on
 // both backends; returns it.
 Status expect_consistent_failure(Pair& p) {
@@ -206,12 +221,7 @@ TEST(GpuRoute, TokenCountMismatchAgainstRankZero) {
     p.set_input(1, make_input(rng, sh, 1, 19, std::nullopt, Pattern::distinct));
     p.set_input(2, make_input(rng, sh, 2, 18, std::nullopt, Pattern::distinct));
     publish_and_route(p);
-    const Status st = expect_consistent_failure(p);
-    EXPECT_EQ(st.code, static_cast<int32_t>(StatusCode::token_count_mismatch));
-    EXPECT_EQ(st.rank, 2);
-    EXPECT_EQ(st.arg, static_cast<int32_t>(StatusArg::x_TD));
-    EXPECT_EQ(st.required, 18);
-    EXPECT_EQ(st.available, 19);
+    expect_status(expect_consistent_failure(p), StatusCode::token_count_mismatch, 2, StatusArg::x_TD, 18, 19);
     EXPECT_EQ(p.gpu.layout_header(2)[kLayoutRows], 0);
   });
 }
@@ -230,13 +240,8 @@ TEST(GpuRoute, FirstRankWithAnInputErrorWins) {
     in[2].ids[0] = 0;             // active route with a NaN score on rank 2
     for (int r = 0; r < 4; ++r) p.set_input(r, in[static_cast<size_t>(r)]);
     publish_and_route(p);
-    const Status st = expect_consistent_failure(p);
-    EXPECT_EQ(st.code, static_cast<int32_t>(StatusCode::token_count_mismatch));
-    EXPECT_EQ(st.rank, 1);
-    EXPECT_EQ(st.arg, static_cast<int32_t>(StatusArg::num_tokens_1));
-    EXPECT_EQ(st.required, 20);
-    EXPECT_EQ(st.available, 19);
-    EXPECT_EQ(st.index, 0);
+    expect_status(expect_consistent_failure(p), StatusCode::token_count_mismatch, 1, StatusArg::num_tokens_1,
+                  20, 19, 0);
   });
 }
 
@@ -250,12 +255,8 @@ TEST(GpuRoute, CapacityOverflowIsReportedByEveryRank) {
     Rng rng(9);
     for (int r = 0; r < 2; ++r) p.set_input(r, make_input(rng, sh, r, 40, std::nullopt, Pattern::one_expert));
     publish_and_route(p);
-    const Status st = expect_consistent_failure(p);
-    EXPECT_EQ(st.code, static_cast<int32_t>(StatusCode::capacity_overflow));
-    EXPECT_EQ(st.rank, 1);
-    EXPECT_EQ(st.arg, static_cast<int32_t>(StatusArg::topk_ids_TK));
-    EXPECT_EQ(st.required, 160);
-    EXPECT_EQ(st.available, 100);
+    expect_status(expect_consistent_failure(p), StatusCode::capacity_overflow, 1, StatusArg::topk_ids_TK, 160,
+                  100);
     // The layout is still built (recv_src up to the capacity), as by the reference builder.
     const auto ids = published_ids(p.gpu);
     for (int self = 0; self < 2; ++self) {
