@@ -70,6 +70,30 @@ namespace epmoe::cuda::gemm {
 
 using namespace cute;
 
+// 192 x 128 tiles on three consumer warpgroups (Fp8WgradArgs::tile): per 128-deep k-block 40 KiB of
+// operands from L2 for 6.3 MFLOP where 128 x 128 loads 32 KiB for 4.2 (x0.82 the bytes per FLOP),
+// and a third warpgroup's MMA to run while the others promote. Four stages (40 KiB each) beside
+// three 16 KiB TMA-store stagings. The scales ride in the stages (kStageScales). The third
+// warpgroup's epilogue barrier takes GemmBarrier id 5, which this kernel uses for nothing else.
+struct Fp8Wgrad192Traits {
+  static constexpr int BLOCK_M = 192;  // three consumer warpgroups of 64 rows
+  static constexpr int BLOCK_N = 128;
+  static constexpr int BLOCK_K = 128;
+  static constexpr int kStages = 4;
+  static constexpr int kWarpgroupsPerTile = 3;
+  static constexpr int kConsumerWarpgroups = 3;
+  static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
+  using Element = cutlass::float_e4m3_t;
+  using AtomK = GMMA::Layout_K_SW128_Atom<Element>;
+  using SmemLayoutA = decltype(tile_to_shape(AtomK{}, make_shape(Int<BLOCK_M>{}, Int<BLOCK_K>{}, Int<kStages>{})));
+  using SmemLayoutB = decltype(tile_to_shape(AtomK{}, make_shape(Int<BLOCK_N>{}, Int<BLOCK_K>{}, Int<kStages>{})));
+  using MmaAtom = decltype(SM90::GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<BLOCK_N>, Int<BLOCK_K>>,
+                                                       GMMA::Major::K, GMMA::Major::K>());
+  using TiledMma = decltype(make_tiled_mma(MmaAtom{}, Layout<Shape<Int<kWarpgroupsPerTile>, _1, _1>>{}));
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  static constexpr uint32_t kTxBytes = static_cast<uint32_t>((BLOCK_M + BLOCK_N) * BLOCK_K);
+};
+
 template <class Traits, int kEpilogueBytesPerWarpgroup>
 struct alignas(1024) Fp8WgradSharedStorage {
   cute::array_aligned<typename Traits::Element, cosize_v<typename Traits::SmemLayoutA>, 1024> a;
@@ -77,7 +101,8 @@ struct alignas(1024) Fp8WgradSharedStorage {
   alignas(1024) char epilogue[Traits::kConsumerWarpgroups][kEpilogueBytesPerWarpgroup];
   typename Traits::Pipeline::SharedStorage pipeline;
   alignas(16) float b_scales[Traits::kConsumerWarpgroups][3][Traits::BLOCK_N];  // per warpgroup
-  alignas(16) float stage_ab_scales[Traits::kStages][2][Traits::BLOCK_N];  // kStageScales: A, B per stage
+  alignas(16) float stage_a_scales[Traits::kStages][Traits::BLOCK_M];  // kStageScales: A, B per stage
+  alignas(16) float stage_b_scales[Traits::kStages][Traits::BLOCK_N];
   int group_rows[kMaxGroups];        // rows of each expert (0 when the step is skipped)
   int group_block[kMaxGroups + 1];   // its first column block
 };
@@ -200,8 +225,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                              CUTE_GRID_CONSTANT const typename Epilogue::Params epi_params) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BM = Traits::BLOCK_M, BN = Traits::BLOCK_N, BK = Traits::BLOCK_K;
-  static_assert(Traits::kConsumerWarpgroups == 2 && BN == 128,
-                "two consumer warpgroups on one tile; one B scale per thread of each");
+  static_assert(BN == 128 && (Traits::kConsumerWarpgroups == 2 || (Traits::kConsumerWarpgroups == 3 && kStageScales)),
+                "two consumer warpgroups on one tile (three with the scales in the stage: the consumers' "
+                "scale barriers exist for two); one B scale per thread of each");
+  // Registers: 40 / 232 with two consumer warpgroups; with three, 24 / 160 (64 K in all).
+  constexpr int kProducerRegs = Traits::kConsumerWarpgroups == 2 ? 40 : 24;
+  constexpr int kConsumerRegs = Traits::kConsumerWarpgroups == 2 ? 232 : 160;
   static_assert(kCluster == 1 || kCluster == 2, "single CTAs or pairs sharing B");
   static_assert(kCluster == 1 || !kOverlap, "pairs run one block accumulator: with two they spill");
   static_assert(!kStageScales || (kCluster == 1 && !kOverlap), "stage scales: single CTAs, one accumulator");
@@ -232,7 +261,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   if (warpgroup == 0) {
     // ---------------- producer: one thread issues every TMA load ----------------
-    cutlass::arch::warpgroup_reg_dealloc<40>();
+    cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
     if (warp_in_group == 0 && lane_predicate) {
       Tensor mA = tma_a.get_tma_tensor(make_shape(groups.n, groups.k));  // (N, K)
       Tensor mB = tma_b.get_tma_tensor(make_shape(groups.l, groups.k));  // (L, K)
@@ -252,12 +281,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           const auto b_bytes = static_cast<uint32_t>(4 * cute::min(int64_t{BN}, groups.l - l0));
           const float* a_scales = scales.a_BN + kb0 * groups.n + n0;  // row kt at kt * N
           const float* b_scales = scales.b_BL + kb0 * groups.l + l0;
-          // Each k-block's A and B scales into stage_ab_scales[stage][0 / 1], under its barrier.
+          // Each k-block's A and B scales into stage_a_scales / stage_b_scales[stage], under its barrier.
           auto copy_scales = [&](auto* barrier, int stage, int kt) {
             cutlass::arch::ClusterTransactionBarrier::expect_transaction(barrier, a_bytes + b_bytes);
-            SM90_BULK_COPY_G2S::copy(a_scales + kt * groups.n, barrier, smem.stage_ab_scales[stage][0],
+            SM90_BULK_COPY_G2S::copy(a_scales + kt * groups.n, barrier, smem.stage_a_scales[stage],
                                      static_cast<int32_t>(a_bytes));
-            SM90_BULK_COPY_G2S::copy(b_scales + kt * groups.l, barrier, smem.stage_ab_scales[stage][1],
+            SM90_BULK_COPY_G2S::copy(b_scales + kt * groups.l, barrier, smem.stage_b_scales[stage],
                                      static_cast<int32_t>(b_bytes));
           };
           fp8_load_k_blocks(pipeline, write_state, tma_a, tma_b, gA, gB, sA, sB, t.k_tiles, copy_scales);
@@ -274,7 +303,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
   } else {
     // ---------------- consumers: wgmma per k-block, promotion, epilogue ----------------
-    cutlass::arch::warpgroup_reg_alloc<232>();
+    cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
     const int consumer_tid = threadIdx.x - 128;
     const int wg = warpgroup - 1;  // = its 64-row block of the tile
     const int tid = consumer_tid % 128;
@@ -361,11 +390,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           pipeline.consumer_wait(read_state);
           const int stage = read_state.index();
           fp8_mma_k_block(tiled_mma, tCrA, tCrB, stage, stage, block);
-          const float* ss = smem.stage_ab_scales[stage][0];  // read during the MMA
+          const float* ss = smem.stage_a_scales[stage];  // read during the MMA
           const float sa0 = ss[scale_row0], sa1 = ss[scale_row0 + 8];
           warpgroup_wait<0>();
           warpgroup_fence_operand(block);
-          promote(block, sa0, sa1, smem.stage_ab_scales[stage][1]);
+          promote(block, sa0, sa1, smem.stage_b_scales[stage]);
           pipeline.consumer_release(read_state);  // after the promotion has read the B scales
           ++read_state;
         }
