@@ -159,7 +159,13 @@ void fp8_grouped_wgrad(const Fp8WgradArgs& args, void* stream) {
     using Epi = WgradTmaEpilogue<Traits, decltype(store)>;
     const typename Epi::Params epi{store, args.N, args.L, args.E};
     // One block accumulator only: with two, this epilogue's kernel spills (-Xptxas -v).
-    if (cluster == 1 && stage_scales_selected(args)) {
+    if (stage_scales_selected(args)) {
+#if defined(EPMOE_GEMM_ALL_CONFIGS)
+      if (cluster == 2) {
+        launch<Epi, false, 2, true>(args, epi, stream);
+        return;
+      }
+#endif
       launch<Epi, false, 1, true>(args, epi, stream);
     } else {
       launch<Epi, false>(args, epi, cluster, stream);
