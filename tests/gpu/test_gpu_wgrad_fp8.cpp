@@ -441,14 +441,14 @@ TEST(GpuWgradFp8, Tile192BitwiseEqual) {
   expect_variant_bitwise(rng, cases, "192 x 128 tiles", run, "EPMOE_FP8_WGRAD_TILE", "192x128", "256x128");
 }
 
-// CTA pairs multicasting B (Fp8WgradArgs::multicast = 1) give the bits of single CTAs on random
-// finite E4M3 codes: odd n-tile counts (the last pair's second tile past N), a single partial
-// n-tile (its pair's second tile wholly past N), experts of 0 to 16 column blocks, more pairs of
-// tiles than resident pairs of CTAs (the scales' prefetch across tiles), every epilogue (f32 and
-// bf16 through the stage, overwritten and accumulated; bf16 overwritten through TMA stores)
-// against single CTAs with one and two block accumulators (pairs run one), the skip flag, and
-// EPMOE_FP8_WGRAD_MULTICAST=1 read at multicast = -1. A build with EPMOE_GEMM_CONFIGS=CI has no
-// pairs: skipped.
+// CTA pairs multicasting B (Fp8WgradArgs::multicast = 1; bf16 overwritten with the scales in the
+// stage and without) give the bits of single CTAs on random finite E4M3 codes: odd n-tile counts
+// (the last pair's second tile past N), a single partial n-tile (its pair's second tile wholly past
+// N), experts of 0 to 16 column blocks, more pairs of tiles than resident pairs of CTAs (the
+// scales' prefetch across tiles), every epilogue (f32 and bf16 through the stage, overwritten and
+// accumulated; bf16 overwritten through TMA stores) against single CTAs with one and two block
+// accumulators (pairs run one), the skip flag, and EPMOE_FP8_WGRAD_MULTICAST=1 read at
+// multicast = -1. A build with EPMOE_GEMM_CONFIGS=CI has no pairs: skipped.
 TEST(GpuWgradFp8, CtaPairsMulticastBitwiseEqual) {
   EPMOE_REQUIRE_GPU();
   std::mt19937 rng(26);
@@ -480,12 +480,18 @@ TEST(GpuWgradFp8, CtaPairsMulticastBitwiseEqual) {
           EXPECT_FALSE(f2 == prior.f32) << what;  // the pairs wrote
         }
         expect_bitwise(f1, f2, p.N, p.L, "f32 " + what);
-        expect_bitwise(p.run_gpu(prior.bf16, DType::bf16, accumulate, nullptr, overlap, 0),
-                       p.run_gpu(prior.bf16, DType::bf16, accumulate, nullptr, overlap, 1), p.N,
+        const std::vector<bf16_t> single =
+            p.run_gpu(prior.bf16, DType::bf16, accumulate, nullptr, overlap, 0);
+        expect_bitwise(single, p.run_gpu(prior.bf16, DType::bf16, accumulate, nullptr, overlap, 1), p.N,
                        p.L, "bf16 " + what);
+        if (!accumulate) {  // bf16 overwritten: the pairs with the scales in the stage and without
+          expect_bitwise(single, p.run_gpu(prior.bf16, DType::bf16, false, nullptr, overlap, 1, 0), p.N,
+                         p.L, "bf16, the consumers' scale loads, " + what);
+        }
       }
     }
-    std::printf("%s: pairs == single CTAs, f32 and bf16, overwritten and accumulated, overlap 0 / 1\n",
+    std::printf("%s: pairs == single CTAs, f32 and bf16, overwritten and accumulated, overlap 0 / 1, "
+                "scales in the stage or not\n",
                 describe(c).c_str());
   }
   // The skip flag: zeros overwritten, accumulated outputs untouched.

@@ -169,7 +169,13 @@ void fp8_grouped_wgrad(const Fp8WgradArgs& args, void* stream) {
     using Epi = WgradTmaEpilogue<Traits, decltype(store)>;
     const typename Epi::Params epi{store, args.N, args.L, args.E};
     // One block accumulator only: with two, this epilogue's kernel spills (-Xptxas -v).
-    if (cluster == 1 && stage_scales_selected(args)) {
+    if (stage_scales_selected(args)) {
+#if defined(EPMOE_GEMM_ALL_CONFIGS)
+      if (cluster == 2) {
+        launch<Epi, false, 2, true>(args, epi, stream);
+        return;
+      }
+#endif
       if (tile192_selected(args.tile)) {
         using Epi192 = WgradTmaEpilogue<Fp8Wgrad192Traits, decltype(store)>;
         const typename Epi192::Params epi192{store, args.N, args.L, args.E};

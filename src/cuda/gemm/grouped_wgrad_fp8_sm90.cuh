@@ -27,13 +27,13 @@
 // strict turns, k-block by k-block (one warpgroup promotes while the other's MMA runs), measured
 // slower than letting them run free, whether the turn passed after issue or after completion.
 //
-// kStageScales (single CTAs, one block accumulator): the producer copies each k-block's 128 A and
-// 128 B scales of the tile (512 contiguous bytes each, cp.async.bulk) into the k-block's stage,
-// under the stage's transaction barrier; the consumers read theirs from the stage after its wait
-// and release it after the promotion. No global loads, no shared buffers and no barriers of
-// their own in the k loop (the per-warpgroup barrier above was ~a third of the FP8 WGRAD's stall
-// samples when it was one barrier; bench/RESULTS.md 52ac101). Needs N % 4 == 0 (16-byte aligned
-// scale rows); the same fmas in the same order: bitwise equal.
+// kStageScales (one block accumulator; single CTAs or pairs): the producer copies each k-block's
+// 128 A and 128 B scales of the tile (512 contiguous bytes each, cp.async.bulk; each CTA of a pair
+// its own) into the k-block's stage, under the stage's transaction barrier; the consumers read
+// theirs from the stage after its wait and release it after the promotion. No global loads, no
+// shared buffers and no barriers of their own in the k loop (the per-warpgroup barrier above was ~a
+// third of the FP8 WGRAD's stall samples when it was one barrier; bench/RESULTS.md 52ac101). Needs
+// N % 4 == 0 (16-byte aligned scale rows); the same fmas in the same order: bitwise equal.
 //
 // kOverlap: two block accumulators, as the FP8 grouped GEMM's (the wgmmas of k-block s + 1 are
 // issued before k-block s is retired with wait<1> and promoted). k-block s is then promoted after
@@ -199,12 +199,14 @@ __device__ Fp8WgradScheduler<Traits, kCluster> make_wgrad_scheduler(Smem& smem, 
 // Producer, kCluster == 2: k-blocks [0, k_tiles) of the tile's gA (this CTA's, whole) and gB (the
 // pair's), one stage each: B in two halves, this CTA's half (`rank`) multicast into both CTAs'
 // stage, each half signalling the receiving CTA's barrier (so every stage still receives
-// Traits::kTxBytes). As fp8_load_k_blocks otherwise.
-template <class Pipeline, class TmaA, class TmaB, class GA, class GB, class SA, class SB>
+// Traits::kTxBytes). As fp8_load_k_blocks otherwise (extras too).
+template <class Pipeline, class TmaA, class TmaB, class GA, class GB, class SA, class SB,
+          class Extras = NoStageExtras>
 __device__ __forceinline__ void fp8_load_k_blocks_b_multicast(Pipeline& pipeline,
                                                               typename Pipeline::PipelineState& write_state,
                                                               const TmaA& tma_a, const TmaB& tma_b, const GA& gA,
-                                                              const GB& gB, SA& sA, SB& sB, int k_tiles, int rank) {
+                                                              const GB& gB, SA& sA, SB& sB, int k_tiles, int rank,
+                                                              const Extras& extras = {}) {
   auto [tAgA, tAsA] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
   auto [tBgB, tBsB] = tma_partition(tma_b, rank, Layout<_2>{}, group_modes<0, 2>(sB), group_modes<0, 2>(gB));
   constexpr uint16_t kBothCtas = 0b11;
@@ -212,6 +214,7 @@ __device__ __forceinline__ void fp8_load_k_blocks_b_multicast(Pipeline& pipeline
     pipeline.producer_acquire(write_state);
     auto* barrier = pipeline.producer_get_barrier(write_state);
     const int stage = write_state.index();
+    extras(barrier, stage, kt);  // this CTA's own copies into its own stage
     copy(tma_a.with(*barrier), tAgA(_, kt), tAsA(_, stage));
     copy(tma_b.with(*barrier, kBothCtas), tBgB(_, kt), tBsB(_, stage));
     ++write_state;
@@ -233,7 +236,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kConsumerRegs = Traits::kConsumerWarpgroups == 2 ? 232 : 160;
   static_assert(kCluster == 1 || kCluster == 2, "single CTAs or pairs sharing B");
   static_assert(kCluster == 1 || !kOverlap, "pairs run one block accumulator: with two they spill");
-  static_assert(!kStageScales || (kCluster == 1 && !kOverlap), "stage scales: single CTAs, one accumulator");
+  static_assert(!kStageScales || !kOverlap, "stage scales: one block accumulator");
   using Pipeline = typename Traits::Pipeline;
   using PipelineState = typename Pipeline::PipelineState;
 
@@ -274,24 +277,30 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                Shape<Int<BM>, Int<BK>>{}, make_coord(0, _));  // (BM, BK, k)
         Tensor gB = local_tile(domain_offset(make_coord(static_cast<int64_t>(t.n_tile) * BN, k0), mB),
                                Shape<Int<BN>, Int<BK>>{}, make_coord(0, _));  // (BN, BK, k)
-        if constexpr (kStageScales) {
-          const int64_t n0 = static_cast<int64_t>(t.m_tile) * BM, l0 = static_cast<int64_t>(t.n_tile) * BN;
-          const int64_t kb0 = t.row0;
-          const auto a_bytes = static_cast<uint32_t>(4 * cute::min(int64_t{BM}, groups.n - n0));
-          const auto b_bytes = static_cast<uint32_t>(4 * cute::min(int64_t{BN}, groups.l - l0));
-          const float* a_scales = scales.a_BN + kb0 * groups.n + n0;  // row kt at kt * N
-          const float* b_scales = scales.b_BL + kb0 * groups.l + l0;
-          // Each k-block's A and B scales into stage_a_scales / stage_b_scales[stage], under its barrier.
-          auto copy_scales = [&](auto* barrier, int stage, int kt) {
-            cutlass::arch::ClusterTransactionBarrier::expect_transaction(barrier, a_bytes + b_bytes);
+        // kStageScales: each k-block's A and B scales into stage_a_scales / stage_b_scales[stage], under its
+        // barrier. A pair's second tile past N copies no A scales (its rows are clipped).
+        const int64_t n0 = static_cast<int64_t>(t.m_tile) * BM, l0 = static_cast<int64_t>(t.n_tile) * BN;
+        const int64_t kb0 = t.row0;
+        const auto a_bytes = static_cast<uint32_t>(n0 < groups.n ? 4 * cute::min(int64_t{BM}, groups.n - n0) : 0);
+        const auto b_bytes = static_cast<uint32_t>(4 * cute::min(int64_t{BN}, groups.l - l0));
+        const float* a_scales = scales.a_BN + kb0 * groups.n + n0;  // row kt at kt * N
+        const float* b_scales = scales.b_BL + kb0 * groups.l + l0;
+        auto copy_scales = [&](auto* barrier, int stage, int kt) {
+          cutlass::arch::ClusterTransactionBarrier::expect_transaction(barrier, a_bytes + b_bytes);
+          if (a_bytes != 0) {
             SM90_BULK_COPY_G2S::copy(a_scales + kt * groups.n, barrier, smem.stage_a_scales[stage],
                                      static_cast<int32_t>(a_bytes));
-            SM90_BULK_COPY_G2S::copy(b_scales + kt * groups.l, barrier, smem.stage_b_scales[stage],
-                                     static_cast<int32_t>(b_bytes));
-          };
+          }
+          SM90_BULK_COPY_G2S::copy(b_scales + kt * groups.l, barrier, smem.stage_b_scales[stage],
+                                   static_cast<int32_t>(b_bytes));
+        };
+        if constexpr (kCluster == 1 && kStageScales) {
           fp8_load_k_blocks(pipeline, write_state, tma_a, tma_b, gA, gB, sA, sB, t.k_tiles, copy_scales);
         } else if constexpr (kCluster == 1) {
           fp8_load_k_blocks(pipeline, write_state, tma_a, tma_b, gA, gB, sA, sB, t.k_tiles);
+        } else if constexpr (kStageScales) {
+          fp8_load_k_blocks_b_multicast(pipeline, write_state, tma_a, tma_b, gA, gB, sA, sB, t.k_tiles,
+                                        cluster_rank<kCluster>(), copy_scales);
         } else {
           fp8_load_k_blocks_b_multicast(pipeline, write_state, tma_a, tma_b, gA, gB, sA, sB, t.k_tiles,
                                         cluster_rank<kCluster>());
