@@ -371,8 +371,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         load_next(t_next, t_next.row0);
         next_loaded = true;
       }
-      cutlass::arch::NamedBarrier::arrive_and_wait(
-          128, static_cast<uint32_t>(GemmBarrier::fp8_wgrad_scales_wg0) + static_cast<uint32_t>(wg));
+      barrier_sync(GemmBarrier::fp8_wgrad_scales_wg0, wg, 128);
       ++step;
       return k;
     };
