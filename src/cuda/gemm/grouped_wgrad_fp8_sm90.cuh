@@ -80,6 +80,7 @@ struct Fp8Wgrad192Traits {
   static constexpr int BLOCK_N = 128;
   static constexpr int BLOCK_K = 128;
   static constexpr int kStages = 4;
+  static constexpr bool kPingPong = false;
   static constexpr int kWarpgroupsPerTile = 3;
   static constexpr int kConsumerWarpgroups = 3;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
