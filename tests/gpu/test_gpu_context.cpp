@@ -214,7 +214,8 @@ std::vector<TokensCase> wgrad_cases() {
 }
 
 // The bf16 WGRAD stored by the threads (EPMOE_WGRAD_STORE=direct, 4 stages) gives the bits of
-// the TMA-store epilogue (3 stages): the same fp32 sums rounded once. The wgrad_cases(), and
+// the TMA-store epilogue (3 stages): the same fp32 sums rounded once; so do the TMA stores issued
+// by the producer warpgroup's store warp (EPMOE_WGRAD_STORE=tma_warp). The wgrad_cases(), and
 // clusters of two where the build has them.
 TEST(GpuContext, WgradStoresEqualBitwise) {
   EPMOE_REQUIRE_GPU();
@@ -225,6 +226,11 @@ TEST(GpuContext, WgradStoresEqualBitwise) {
     {
       const ScopedEnv store("EPMOE_WGRAD_STORE", "tma");
       tma = run_gpu_layer(c.p, in[0]);
+    }
+    {
+      const ScopedEnv warp("EPMOE_WGRAD_STORE", "tma_warp");
+      expect_bitwise_equal(run_gpu_layer(c.p, in[0]), tma,
+                           c.p.name() + " WGRAD stores issued by the producer warpgroup's store warp");
     }
     const ScopedEnv store("EPMOE_WGRAD_STORE", "direct");
     const std::string what = c.p.name() + " WGRAD stored directly vs through the TMA";

@@ -98,7 +98,7 @@ struct Problem {
   template <class T>
   std::vector<T> run_gpu(const std::vector<T>& initial, DType dtype, bool accumulate,
                          const int32_t* skip = nullptr, int overlap = -1, int multicast = -1,
-                         int stage_scales = -1) const {
+                         int stage_scales = -1, int tile = -1) const {
     std::vector<uint8_t> at(static_cast<size_t>(N * K), 0xA5), bt(static_cast<size_t>(L * K), 0xA5);
     cpu::fp8_transpose_cols(a_MN.data(), N, offsets.data(), E, K, at.data());
     cpu::fp8_transpose_cols(b_ML.data(), L, offsets.data(), E, K, bt.data());
@@ -123,6 +123,7 @@ struct Problem {
     args.overlap = overlap;
     args.multicast = multicast;
     args.stage_scales = stage_scales;
+    args.tile = tile;
     cuda::fp8_grouped_wgrad(args, nullptr);
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);
     return dout.get();
@@ -201,6 +202,50 @@ PriorGradients prior_gradients(const Problem& p, std::mt19937& rng) {
     g.bf16[i] = float_to_bf16(g.f32[i]);
   }
   return g;
+}
+
+// The argument named by the error run() throws with the variable `name` set to `value` (empty
+// when it throws none); the variable is unset afterwards.
+template <class Run>
+std::string error_field_with_env(const char* name, const char* value, Run run) {
+  setenv(name, value, 1);
+  std::string field;
+  try {
+    run();
+  } catch (const Error& e) {
+    field = e.argument();
+  }
+  unsetenv(name);
+  return field;
+}
+
+// bf16 overwritten: run(p, stale, skip, choice) with choice 0 (the reference) and 1 (the variant)
+// gives the same bits on random finite codes of each case; the variant writes zeros under the skip
+// flag; at choice -1 the variable `name` = `value` is read (the same bits) and `bad` is refused,
+// the error naming the variable.
+template <class Run>
+void expect_variant_bitwise(std::mt19937& rng, const std::vector<Shape>& cases, const std::string& what,
+                            Run run, const char* name, const char* value, const char* bad) {
+  for (const Shape& c : cases) {
+    Problem p(c);
+    fill_random(p, rng);
+    const std::vector<bf16_t> stale(static_cast<size_t>(p.E * p.N * p.L), static_cast<bf16_t>(0xA5A5));
+    const std::vector<bf16_t> reference = run(p, stale, nullptr, 0);
+    EXPECT_FALSE(reference == stale) << describe(c);  // the kernel wrote
+    expect_bitwise(reference, run(p, stale, nullptr, 1), p.N, p.L, what + " " + describe(c));
+    std::printf("%s: %s, the same bits\n", describe(c).c_str(), what.c_str());
+  }
+  Problem p(cases[1]);
+  fill_random(p, rng);
+  const std::vector<bf16_t> stale(static_cast<size_t>(p.E * p.N * p.L), static_cast<bf16_t>(0x4040));
+  Dev<int32_t> skip(std::vector<int32_t>{1});
+  for (bf16_t v : run(p, stale, skip.ptr, 1)) ASSERT_EQ(v, 0);
+  const std::vector<bf16_t> reference = run(p, stale, nullptr, 0);
+  setenv(name, value, 1);
+  const std::vector<bf16_t> from_env = run(p, stale, nullptr, -1);
+  unsetenv(name);
+  expect_bitwise(reference, from_env, p.N, p.L, std::string(name) + "=" + value);
+  EXPECT_EQ(error_field_with_env(name, bad, [&] { run(p, stale, nullptr, -1); }), name);
 }
 
 TEST(GpuWgradFp8, ExactBlocksBitwiseF32) {
@@ -371,47 +416,39 @@ TEST(GpuWgradFp8, StageScalesBitwiseEqual) {
       {{300, 0, 129}, 0, 48, 16},                         // one partial tile each way
       {{256, 40}, 0, 130, 64},                            // N % 4 == 2: the consumers' loads
   };
-  for (const Shape& c : cases) {
-    Problem p(c);
-    fill_random(p, rng);
-    const size_t n = static_cast<size_t>(p.E * p.N * p.L);
-    const std::vector<bf16_t> stale(n, static_cast<bf16_t>(0xA5A5));
-    const std::vector<bf16_t> threads = p.run_gpu(stale, DType::bf16, false, nullptr, -1, 0, 0);
-    EXPECT_FALSE(threads == stale) << describe(c);  // the kernel wrote
-    expect_bitwise(threads, p.run_gpu(stale, DType::bf16, false, nullptr, -1, 0, 1), p.N, p.L,
-                   "bf16 stage scales " + describe(c));
-    std::printf("%s: stage scales == the consumers' loads\n", describe(c).c_str());
-  }
-  Problem p(cases[1]);
-  fill_random(p, rng);
-  const size_t n = static_cast<size_t>(p.E * p.N * p.L);
-  Dev<int32_t> skip(std::vector<int32_t>{1});
-  const std::vector<bf16_t> stale(n, static_cast<bf16_t>(0x4040));
-  for (bf16_t v : p.run_gpu(stale, DType::bf16, false, skip.ptr, -1, 0, 1)) ASSERT_EQ(v, 0);
-  // The variable, read per launch at stage_scales = -1.
-  const std::vector<bf16_t> staged = p.run_gpu(stale, DType::bf16, false, nullptr, -1, 0, 1);
-  setenv("EPMOE_FP8_WGRAD_SCALES", "threads", 1);
-  const std::vector<bf16_t> from_env = p.run_gpu(stale, DType::bf16, false, nullptr, -1, 0, -1);
-  setenv("EPMOE_FP8_WGRAD_SCALES", "warps", 1);
-  std::string field;
-  try {
-    p.run_gpu(stale, DType::bf16, false, nullptr, -1, 0, -1);
-  } catch (const Error& e) {
-    field = e.argument();
-  }
-  unsetenv("EPMOE_FP8_WGRAD_SCALES");
-  expect_bitwise(staged, from_env, p.N, p.L, "EPMOE_FP8_WGRAD_SCALES=threads");
-  EXPECT_EQ(field, "EPMOE_FP8_WGRAD_SCALES");
+  auto run = [](const Problem& p, const std::vector<bf16_t>& stale, const int32_t* skip, int stage_scales) {
+    return p.run_gpu(stale, DType::bf16, false, skip, -1, 0, stage_scales);
+  };
+  expect_variant_bitwise(rng, cases, "scales in the stage", run, "EPMOE_FP8_WGRAD_SCALES", "threads", "warps");
 }
 
-// CTA pairs multicasting B (Fp8WgradArgs::multicast = 1) give the bits of single CTAs on random
-// finite E4M3 codes: odd n-tile counts (the last pair's second tile past N), a single partial
-// n-tile (its pair's second tile wholly past N), experts of 0 to 16 column blocks, more pairs of
-// tiles than resident pairs of CTAs (the scales' prefetch across tiles), every epilogue (f32 and
-// bf16 through the stage, overwritten and accumulated; bf16 overwritten through TMA stores)
-// against single CTAs with one and two block accumulators (pairs run one), the skip flag, and
-// EPMOE_FP8_WGRAD_MULTICAST=1 read at multicast = -1. A build with EPMOE_GEMM_CONFIGS=CI has no
-// pairs: skipped.
+// 192 x 128 tiles on three consumer warpgroups (Fp8WgradArgs::tile = 1, bf16 overwritten, scales in
+// the stage) give the bits of 128 x 128 on random finite E4M3 codes: N not a multiple of 192 (a
+// partial last m-tile, one of 64 rows), experts of 0 to 16 column blocks, more tiles than SMs, the
+// skip flag, and EPMOE_FP8_WGRAD_TILE read at -1.
+TEST(GpuWgradFp8, Tile192BitwiseEqual) {
+  EPMOE_REQUIRE_GPU();
+  std::mt19937 rng(29);
+  const std::vector<Shape> cases = {
+      {{129, 0, 300, 1, 128, 127, 700}, 5, 384, 1024},  // 2 m-tiles of 192 (128 x 128: 3)
+      {{2048, 3}, 0, 260, 2888},                          // 16 blocks and 1; 68 rows in the last m-tile
+      {{300, 0, 129}, 0, 64, 16},                         // one m-tile of 64 rows
+      {{256, 256, 256}, 0, 1344, 512},                    // 7 m-tiles; 84 tiles over 3 experts
+  };
+  auto run = [](const Problem& p, const std::vector<bf16_t>& stale, const int32_t* skip, int tile) {
+    return p.run_gpu(stale, DType::bf16, false, skip, -1, 0, 1, tile);
+  };
+  expect_variant_bitwise(rng, cases, "192 x 128 tiles", run, "EPMOE_FP8_WGRAD_TILE", "192x128", "256x128");
+}
+
+// CTA pairs multicasting B (Fp8WgradArgs::multicast = 1; bf16 overwritten with the scales in the
+// stage and without) give the bits of single CTAs on random finite E4M3 codes: odd n-tile counts
+// (the last pair's second tile past N), a single partial n-tile (its pair's second tile wholly past
+// N), experts of 0 to 16 column blocks, more pairs of tiles than resident pairs of CTAs (the
+// scales' prefetch across tiles), every epilogue (f32 and bf16 through the stage, overwritten and
+// accumulated; bf16 overwritten through TMA stores) against single CTAs with one and two block
+// accumulators (pairs run one), the skip flag, and EPMOE_FP8_WGRAD_MULTICAST=1 read at
+// multicast = -1. A build with EPMOE_GEMM_CONFIGS=CI has no pairs: skipped.
 TEST(GpuWgradFp8, CtaPairsMulticastBitwiseEqual) {
   EPMOE_REQUIRE_GPU();
   std::mt19937 rng(26);
@@ -443,12 +480,18 @@ TEST(GpuWgradFp8, CtaPairsMulticastBitwiseEqual) {
           EXPECT_FALSE(f2 == prior.f32) << what;  // the pairs wrote
         }
         expect_bitwise(f1, f2, p.N, p.L, "f32 " + what);
-        expect_bitwise(p.run_gpu(prior.bf16, DType::bf16, accumulate, nullptr, overlap, 0),
-                       p.run_gpu(prior.bf16, DType::bf16, accumulate, nullptr, overlap, 1), p.N,
+        const std::vector<bf16_t> single =
+            p.run_gpu(prior.bf16, DType::bf16, accumulate, nullptr, overlap, 0);
+        expect_bitwise(single, p.run_gpu(prior.bf16, DType::bf16, accumulate, nullptr, overlap, 1), p.N,
                        p.L, "bf16 " + what);
+        if (!accumulate) {  // bf16 overwritten: the pairs with the scales in the stage and without
+          expect_bitwise(single, p.run_gpu(prior.bf16, DType::bf16, false, nullptr, overlap, 1, 0), p.N,
+                         p.L, "bf16, the consumers' scale loads, " + what);
+        }
       }
     }
-    std::printf("%s: pairs == single CTAs, f32 and bf16, overwritten and accumulated, overlap 0 / 1\n",
+    std::printf("%s: pairs == single CTAs, f32 and bf16, overwritten and accumulated, overlap 0 / 1, "
+                "scales in the stage or not\n",
                 describe(c).c_str());
   }
   // The skip flag: zeros overwritten, accumulated outputs untouched.
@@ -524,6 +567,9 @@ TEST(GpuWgradFp8, ArgumentErrorsNameTheField) {
   args.stage_scales = 2;
   EXPECT_EQ(field_of(), "stage_scales");
   args.stage_scales = -1;
+  args.tile = 2;
+  EXPECT_EQ(field_of(), "tile");
+  args.tile = -1;
   args.out_dtype = DType::f16;
   EXPECT_EQ(field_of(), "out_dtype");
   args.out_dtype = DType::f32;

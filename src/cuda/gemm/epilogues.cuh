@@ -37,8 +37,7 @@ struct Stage {
   __device__ int frag_col(int g) const { return 8 * g + 2 * (tid % 4); }
 
   __device__ void sync() const {
-    cutlass::arch::NamedBarrier::arrive_and_wait(
-        128, static_cast<uint32_t>(GemmBarrier::epilogue_wg0) + static_cast<uint32_t>(wg));
+    barrier_sync(GemmBarrier::epilogue_wg0, wg, 128);
   }
 
   // Phase 1, bf16: columns [64 C, 64 C + 64) of this warpgroup's 64 rows. value(i, row, col) gives
@@ -485,11 +484,24 @@ struct WgradEpilogue {
 // expects, and one thread issues the box stores. They drain while the warpgroup runs the next
 // tile's MMA; the stage is reused only after the stores have read it. Output bounds are the
 // tensor map's, so edge tiles need no masking.
-template <class Traits, class TmaStore>
+//
+// kStoreWarp (cooperative tiles): warp 1 of the producer warpgroup issues the stores instead
+// (store_warp, run by the kernel there). The consumers wait for their stage to be free, stage, and
+// arrive on a barrier without waiting: the wait for the previous stores, the barrier between
+// staging and issue, and the issue itself (~165 + ~520 of the ~1 500 epilogue clocks a tile on the
+// timeline, bench/RESULTS.md 48c5244) leave the consumers' path. Per warpgroup w two named
+// barriers of its 128 threads and the store warp's 32: staged (consumers arrive, the warp waits)
+// and free (the warp arrives once the stores have read the stage, the consumers wait). The warp
+// walks the consumers' tiles in the same order; it arrives `free` only for a tile that follows,
+// so no barrier is left half-arrived at exit.
+template <class Traits, class TmaStore, bool kStoreWarp_ = false>
 struct WgradTmaEpilogue {
+  static constexpr bool kStoreWarp = kStoreWarp_;
+  static_assert(!kStoreWarp || !Traits::kPingPong, "the store warp follows cooperative tiles");
   static constexpr int kBoxes = Traits::BLOCK_N / 64;
   static constexpr int kBoxBytes = 64 * 128;
   static constexpr int kSmemBytesPerWarpgroup = kBoxes * kBoxBytes;
+  static constexpr uint32_t kWarpBarrierThreads = 128 + 32;
   using SmemLayoutBox = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<cutlass::bfloat16_t>{},
                                                Shape<_64, _64>{}));
   struct Params {
@@ -507,17 +519,20 @@ struct WgradTmaEpilogue {
       : p(params), smem(stage_smem), wg(warpgroup), row_block(rows), tid(thread) {}
 
   __device__ void sync() const {
-    cutlass::arch::NamedBarrier::arrive_and_wait(
-        128, static_cast<uint32_t>(GemmBarrier::epilogue_wg0) + static_cast<uint32_t>(wg));
+    barrier_sync(GemmBarrier::epilogue_wg0, wg, 128);
   }
 
   template <class Acc0, class Acc1>
   __device__ void store(const TileCoord& t, const Acc0& acc, const Acc1&) const {
-    if (tid == 0) {
-      tma_store_wait<0>();  // the previous tile's stores have read the stage
-      stamp_current_tile(Stamp::stage_free);
+    if constexpr (kStoreWarp) {
+      barrier_sync(GemmBarrier::wgrad_free_wg0, wg, kWarpBarrierThreads);
+    } else {
+      if (tid == 0) {
+        tma_store_wait<0>();  // the previous tile's stores have read the stage
+        stamp_current_tile(Stamp::stage_free);
+      }
+      sync();
     }
-    sync();
     const int warp = tid / 32, lane = tid % 32;
     if (t.k_tiles == 0) {  // an expert with no rows: zeros, without reading the accumulators
       for (int i = tid; i < kSmemBytesPerWarpgroup / 16; i += 128) {
@@ -546,29 +561,73 @@ struct WgradTmaEpilogue {
       }
     }
     cutlass::arch::fence_view_async_shared();  // generic-proxy writes before the TMA reads them
-    sync();
-    if (tid == 0) {
-      stamp_current_tile(Stamp::staged);
-      Tensor mC = p.tma.get_tma_tensor(make_shape(p.m_out, p.n_out, p.groups));  // (m, n, e)
-      const int m_blk = (t.m_tile * Traits::BLOCK_M) / 64 + row_block;
-      CUTE_UNROLL
-      for (int j = 0; j < kBoxes; ++j) {
-        const int n_blk = (t.n_tile * Traits::BLOCK_N) / 64 + j;
-        if (static_cast<int64_t>(n_blk) * 64 >= p.n_out) break;
-        Tensor gC = local_tile(mC(_, _, t.group), Shape<_64, _64>{}, make_coord(m_blk, n_blk));
-        Tensor sC = make_tensor(make_smem_ptr(reinterpret_cast<cutlass::bfloat16_t*>(smem + j * kBoxBytes)),
-                                SmemLayoutBox{});
-        auto [tCgC, tCsC] = tma_partition(p.tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sC),
-                                          group_modes<0, 2>(gC));
-        copy(p.tma, tCsC, tCgC);
+    if constexpr (kStoreWarp) {
+      barrier_arrive(GemmBarrier::wgrad_staged_wg0, wg, kWarpBarrierThreads);
+    } else {
+      sync();
+      if (tid == 0) {
+        stamp_current_tile(Stamp::staged);
+        issue(p, t, smem, row_block);
+        tma_store_arrive();
       }
-      tma_store_arrive();
     }
+  }
+
+  // The box stores of one warpgroup's staged 64 x BLOCK_N block (one thread).
+  __device__ static void issue(const Params& p, const TileCoord& t, char* stage, int rows) {
+    Tensor mC = p.tma.get_tma_tensor(make_shape(p.m_out, p.n_out, p.groups));  // (m, n, e)
+    const int m_blk = (t.m_tile * Traits::BLOCK_M) / 64 + rows;
+    CUTE_UNROLL
+    for (int j = 0; j < kBoxes; ++j) {
+      const int n_blk = (t.n_tile * Traits::BLOCK_N) / 64 + j;
+      if (static_cast<int64_t>(n_blk) * 64 >= p.n_out) break;
+      Tensor gC = local_tile(mC(_, _, t.group), Shape<_64, _64>{}, make_coord(m_blk, n_blk));
+      Tensor sC = make_tensor(make_smem_ptr(reinterpret_cast<cutlass::bfloat16_t*>(stage + j * kBoxBytes)),
+                              SmemLayoutBox{});
+      auto [tCgC, tCsC] = tma_partition(p.tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sC),
+                                        group_modes<0, 2>(gC));
+      copy(p.tma, tCsC, tCgC);
+    }
+  }
+
+  // kStoreWarp: run by one whole warp of the producer warpgroup over the consumers' tiles;
+  // stages_WB are the consumer warpgroups' stages (Traits::kConsumerWarpgroups of them).
+  template <class Sched, class Stages>
+  __device__ static void store_warp(const Params& p, Stages& stages_WB, const Sched& sched, int first_tile,
+                                    int tile_stride) {
+    constexpr int kWarpgroups = Traits::kConsumerWarpgroups;
+    const bool leader = cute::elect_one_sync();
+    if (first_tile < sched.total) {
+      for (int w = 0; w < kWarpgroups; ++w) {
+        barrier_arrive(GemmBarrier::wgrad_free_wg0, w, kWarpBarrierThreads);
+      }
+    }
+    for (int tile = first_tile; tile < sched.total; tile += tile_stride) {
+      const TileCoord t = sched.at(tile);
+      for (int w = 0; w < kWarpgroups; ++w) {
+        barrier_sync(GemmBarrier::wgrad_staged_wg0, w, kWarpBarrierThreads);
+        if (leader) issue(p, t, stages_WB[w], w);
+        __syncwarp();
+      }
+      if (leader) {
+        tma_store_arrive();
+        tma_store_wait<0>();  // the stores have read both stages
+      }
+      __syncwarp();
+      if (tile + tile_stride < sched.total) {
+        for (int w = 0; w < kWarpgroups; ++w) {
+          barrier_arrive(GemmBarrier::wgrad_free_wg0, w, kWarpBarrierThreads);
+        }
+      }
+    }
+    if (leader) tma_store_wait<0>();
   }
 
   // Before the CTA exits: the last stores must have read shared memory.
   __device__ void finish() const {
-    if (tid == 0) tma_store_wait<0>();
+    if constexpr (!kStoreWarp) {
+      if (tid == 0) tma_store_wait<0>();
+    }
   }
 };
 

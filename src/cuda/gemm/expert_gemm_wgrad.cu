@@ -45,8 +45,8 @@ void wgrad(GemmKind kind, const Step& s, const bf16_t* a_rows, int64_t m_out,
   g.b_shift = b_rows.shift;
   const int accumulate = s.accumulate_wgrad ? 1 : 0;
   const WgradTile tile = select_wgrad_tile(kind, s);
-  if (s.wgrad_dtype == DType::bf16 && !accumulate &&
-      select_wgrad_store(kind, s) == WgradStore::tma) {
+  const WgradStore how = select_wgrad_store(kind, s);
+  if (s.wgrad_dtype == DType::bf16 && !accumulate && how != WgradStore::direct) {
     auto store = make_wgrad_store(out, m_out, n_out, s.dims.E);
     auto run = [&](auto traits) {
       using T = decltype(traits);
@@ -54,6 +54,19 @@ void wgrad(GemmKind kind, const Step& s, const bf16_t* a_rows, int64_t m_out,
       const typename Epi::Params epi{store, m_out, n_out, s.dims.E};
       launch_grouped_gemm<T, Major::MN, Major::MN, Epi>(a, b, g, epi, stream_of(s));
     };
+    // tma_warp: a warp of the producer warpgroup issues the stores (cooperative single CTAs,
+    // 128 x 256; the rule's tile and peel).
+    if constexpr (!S::pingpong && S::cluster == 1) {
+      if (how == WgradStore::tma_warp && tile == WgradTile::n256) {
+        auto run_warp = [&](auto traits) {
+          using T = decltype(traits);
+          using Epi = WgradTmaEpilogue<T, decltype(store), true>;
+          const typename Epi::Params epi{store, m_out, n_out, s.dims.E};
+          launch_grouped_gemm<T, Major::MN, Major::MN, Epi>(a, b, g, epi, stream_of(s));
+        };
+        return select_wgrad_peel(kind, s) ? run_warp(WgradTmaTraits<S, true>{}) : run_warp(WgradTmaTraits<S>{});
+      }
+    }
     // CTA pairs peel too: measured against single CTAs, both take the same k-tail.
     if constexpr (!S::pingpong) {
       const bool peel = select_wgrad_peel(kind, s);

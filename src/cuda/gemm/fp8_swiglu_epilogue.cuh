@@ -75,8 +75,7 @@ struct SwigluBackwardFp8Epilogue {
   }
 
   __device__ void sync() const {
-    cutlass::arch::NamedBarrier::arrive_and_wait(
-        128, static_cast<uint32_t>(GemmBarrier::epilogue_wg0) + static_cast<uint32_t>(wg));
+    barrier_sync(GemmBarrier::epilogue_wg0, wg, 128);
   }
 
   // This warp's 16 fragment rows (16 (w % 2) + l / 4 + 8 h of the round's 32), all 128 columns

@@ -47,6 +47,10 @@ struct Fp8WgradArgs {
   // consumers load and stage them (bitwise the same results); -1 EPMOE_FP8_WGRAD_SCALES=
   // stage|threads read per launch (unset: stage). The other epilogues and pairs load them.
   int stage_scales = -1;
+  // bf16 overwritten with the scales in the stage, single CTAs: 1 192 x 128 tiles on three
+  // consumer warpgroups, 0 128 x 128 on two (bitwise the same results); -1
+  // EPMOE_FP8_WGRAD_TILE=128x128|192x128 read per launch (unset: 128x128).
+  int tile = -1;
 };
 
 // An expert without rows (all of them when skipped): zeros, or nothing added when accumulating

@@ -150,7 +150,8 @@ WgradStore select_wgrad_store(GemmKind kind, const Step& s) {
   const char* env = std::getenv("EPMOE_WGRAD_STORE");
   if (env != nullptr) {
     if (std::strcmp(env, "tma") == 0) return WgradStore::tma;
-    EPMOE_CHECK_ARG(std::strcmp(env, "direct") == 0, "EPMOE_WGRAD_STORE", "tma or direct", env);
+    if (std::strcmp(env, "tma_warp") == 0) return WgradStore::tma_warp;
+    EPMOE_CHECK_ARG(std::strcmp(env, "direct") == 0, "EPMOE_WGRAD_STORE", "tma, tma_warp or direct", env);
     return WgradStore::direct;
   }
   return WgradStore::tma;

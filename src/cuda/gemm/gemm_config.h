@@ -46,7 +46,7 @@ enum class Schedule : int { cooperative, pingpong };
 const char* to_string(Schedule s);
 
 // How the bf16 WGRAD stores an overwritten gradient (gemm::select_wgrad_store).
-enum class WgradStore : int { tma, direct };
+enum class WgradStore : int { tma, direct, tma_warp };
 
 // The TMA-store WGRAD's output tile (gemm::select_wgrad_tile): 128 x 256 on 3 stages, or 128 x 192
 // on 4 (the same shared memory; 1.11x the operand bytes per FLOP, a stage more to run ahead with).

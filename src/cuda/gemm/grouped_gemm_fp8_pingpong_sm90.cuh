@@ -183,8 +183,7 @@ __global__ void __launch_bounds__(Fp8PingPongTraits::kThreads, 1)
         // Mainloops take turns (a stage's phase is known by parity only): wait for the other
         // warpgroup to finish the previous tile's mainloop.
         if (seq > 0) {
-          cutlass::arch::NamedBarrier::arrive_and_wait(
-              256, static_cast<uint32_t>(GemmBarrier::mainloop_turn_wg0) + static_cast<uint32_t>(wg));
+          barrier_sync(GemmBarrier::mainloop_turn_wg0, wg, 256);
         }
         const bool next_tile = (kPairs && half_m == 0 && u.rows_valid > BM) ||
                                unit + static_cast<int>(gridDim.x) < sched.total;
@@ -221,8 +220,7 @@ __global__ void __launch_bounds__(Fp8PingPongTraits::kThreads, 1)
           ++read_state;
         }
         if (next_tile) {  // the next tile's mainloop may start
-          cutlass::arch::NamedBarrier::arrive(
-              256, static_cast<uint32_t>(GemmBarrier::mainloop_turn_wg0) + static_cast<uint32_t>(1 - wg));
+          barrier_arrive(GemmBarrier::mainloop_turn_wg0, 1 - wg, 256);
         }
         epilogue.store(t, total, total);
       }

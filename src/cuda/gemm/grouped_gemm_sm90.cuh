@@ -235,17 +235,35 @@ __device__ TileScheduler<Traits> make_scheduler(Smem& smem, const GroupArgs& g) 
   return s;
 }
 
-// Named barriers (ids above CUTLASS's reserved ones), one per consumer warpgroup where needed.
-// Ids as cutlass::arch::NamedBarrier takes them: it adds 8 (hardware ids 9-15 for 1-7; past 7
-// there is none). Two per kind, warpgroup 0 and 1.
+// Named barriers by hardware id (1-15; 0 is __syncthreads), two per kind (warpgroup 0 and 1).
+// Raw ids through barrier_sync / barrier_arrive: cutlass::arch::NamedBarrier adds 8 to a user id,
+// which leaves 8 user barriers and put fp8_wgrad_scales of warpgroup 1 at id 16, past the last.
 enum class GemmBarrier : uint32_t {
   k_tail_wg0 = 1,
   epilogue_wg0 = 3,
-  mainloop_turn_wg0 = 5,  // ping-pong kernels only
-  // The FP8 WGRAD's staged column scales: the ping-pong turns' ids, which that kernel never uses
-  // (at 7 its warpgroup 1 took id 8, hardware id 16, past the last).
-  fp8_wgrad_scales_wg0 = 5,
+  mainloop_turn_wg0 = 5,
+  fp8_wgrad_scales_wg0 = 7,  // the FP8 WGRAD's staged column scales
+  wgrad_staged_wg0 = 9,      // the WGRAD store warp's barriers (WgradTmaEpilogue::kStoreWarp)
+  wgrad_free_wg0 = 11,
 };
+
+// Waits at barrier `b` of warpgroup `w` until `threads` threads have arrived.
+__device__ __forceinline__ void barrier_sync(GemmBarrier b, int w, uint32_t threads) {
+  asm volatile("bar.sync %0, %1;" : : "r"(static_cast<uint32_t>(b) + static_cast<uint32_t>(w)), "r"(threads)
+               : "memory");
+}
+// Arrives at it without waiting.
+__device__ __forceinline__ void barrier_arrive(GemmBarrier b, int w, uint32_t threads) {
+  asm volatile("bar.arrive %0, %1;" : : "r"(static_cast<uint32_t>(b) + static_cast<uint32_t>(w)), "r"(threads)
+               : "memory");
+}
+
+// Epilogues whose stores a warp of the producer warpgroup issues (Epilogue::store_warp).
+template <class Epilogue>
+constexpr bool epilogue_has_store_warp = false;
+template <class Epilogue>
+  requires requires { Epilogue::kStoreWarp; }
+constexpr bool epilogue_has_store_warp<Epilogue> = Epilogue::kStoreWarp;
 
 template <class Traits, class Epilogue, class TmaA, class TmaB>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
@@ -367,6 +385,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // barriers track (their arrivals target this CTA's shared memory).
       if constexpr (kCluster > 1) pipeline.producer_tail(write_state);
     }
+    if constexpr (epilogue_has_store_warp<Epilogue>) {  // warp 1 issues the epilogue's stores
+      if (warp_in_group == 1) Epilogue::store_warp(epi_params, smem.epilogue, sched, first_tile, tile_stride);
+    }
   } else {
     // ---------------- consumers: wgmma on the tile, then the epilogue ----------------
     cutlass::arch::warpgroup_reg_alloc<232>();
@@ -406,8 +427,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         // Mainloops take turns: a stage's barrier phase is only known by parity, so this
         // warpgroup may wait on its stages only once the other has consumed the earlier tile's.
         if (sequence > 0) {
-          cutlass::arch::NamedBarrier::arrive_and_wait(
-              256, static_cast<uint32_t>(GemmBarrier::mainloop_turn_wg0) + static_cast<uint32_t>(wg));
+          barrier_sync(GemmBarrier::mainloop_turn_wg0, wg, 256);
         }
       }
       // A group with no rows (WGRAD only) skips the MMA; its epilogue writes zeros without
@@ -439,9 +459,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
             reinterpret_cast<uint4*>(base)[chunk] = make_uint4(0, 0, 0, 0);
           }
           cutlass::arch::fence_view_async_shared();
-          cutlass::arch::NamedBarrier::arrive_and_wait(  // ping-pong: one per warpgroup
-              kTileThreads, static_cast<uint32_t>(GemmBarrier::k_tail_wg0) +
-                                static_cast<uint32_t>(Traits::kPingPong ? wg : 0));
+          barrier_sync(GemmBarrier::k_tail_wg0, Traits::kPingPong ? wg : 0, kTileThreads);
         };
         // With kPeelTail the loop runs the full k-blocks only (no zeroing in it, so one batch can
         // stay in flight) and the partial one follows it.
@@ -524,8 +542,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
       if constexpr (Traits::kPingPong) {  // the next tile's mainloop may start
         if (tile + tile_stride < sched.total) {
-          cutlass::arch::NamedBarrier::arrive(
-              256, static_cast<uint32_t>(GemmBarrier::mainloop_turn_wg0) + static_cast<uint32_t>(1 - wg));
+          barrier_arrive(GemmBarrier::mainloop_turn_wg0, 1 - wg, 256);
         }
       }
       epilogue.store(t, acc0, acc1);

@@ -37,6 +37,7 @@ void check_args(const Fp8WgradArgs& a) {
   EPMOE_CHECK_ARG(a.overlap >= -1 && a.overlap <= 1, "overlap", "-1, 0 or 1", a.overlap);
   EPMOE_CHECK_ARG(a.multicast >= -1 && a.multicast <= 1, "multicast", "-1, 0 or 1", a.multicast);
   EPMOE_CHECK_ARG(a.stage_scales >= -1 && a.stage_scales <= 1, "stage_scales", "-1, 0 or 1", a.stage_scales);
+  EPMOE_CHECK_ARG(a.tile >= -1 && a.tile <= 1, "tile", "-1, 0 or 1", a.tile);
   EPMOE_CHECK_ARG(a.L > 0 && a.L % 8 == 0, "L", "> 0 and a multiple of 8", a.L);
   EPMOE_CHECK_ARG(a.K > 0 && a.K % 128 == 0, "K", "> 0 and a multiple of 128 (whole column blocks)",
                   a.K);
@@ -81,12 +82,22 @@ bool stage_scales_selected(const Fp8WgradArgs& a) {
   return stage && a.N % 4 == 0;
 }
 
-template <class Epilogue, bool kOverlap, int kCluster, bool kStageScales = false>
+// Fp8WgradArgs::tile, or at -1 EPMOE_FP8_WGRAD_TILE=128x128|192x128 read per launch (unset:
+// 128x128).
+bool tile192_selected(int tile) {
+  if (tile >= 0) return tile == 1;
+  const char* env = std::getenv("EPMOE_FP8_WGRAD_TILE");
+  EPMOE_CHECK_ARG(env == nullptr || std::strcmp(env, "128x128") == 0 || std::strcmp(env, "192x128") == 0,
+                  "EPMOE_FP8_WGRAD_TILE", "128x128 or 192x128", env);
+  return env != nullptr && std::strcmp(env, "192x128") == 0;
+}
+
+template <class Epilogue, bool kOverlap, int kCluster, bool kStageScales = false, class T = Traits>
 void launch(const Fp8WgradArgs& args, const typename Epilogue::Params& epi, void* stream) {
   const Operand a{args.a_NK, args.N, args.K, args.K, 1};
   const Operand b{args.b_LK, args.L, args.K, args.K, 1};
-  auto tma_a = make_tma<Traits, Major::K, Traits::BLOCK_M, 2>(a);
-  auto tma_b = make_tma<Traits, Major::K, Traits::BLOCK_N, 2, kCluster>(b);
+  auto tma_a = make_tma<T, Major::K, T::BLOCK_M, 2>(a);
+  auto tma_b = make_tma<T, Major::K, T::BLOCK_N, 2, kCluster>(b);
   Fp8WgradGroups groups;
   groups.offsets = args.offsets_E1;
   groups.skip = args.skip;
@@ -98,22 +109,21 @@ void launch(const Fp8WgradArgs& args, const typename Epilogue::Params& epi, void
   const Fp8ColScales scales{args.a_scales_BN, args.b_scales_BL};
 
   constexpr auto kernel =
-      &grouped_wgrad_fp8_kernel<Traits, Epilogue, kOverlap, kCluster, kStageScales, decltype(tma_a),
+      &grouped_wgrad_fp8_kernel<T, Epilogue, kOverlap, kCluster, kStageScales, decltype(tma_a),
                                 decltype(tma_b)>;
-  constexpr int kSmem =
-      static_cast<int>(sizeof(Fp8WgradSharedStorage<Traits, Epilogue::kSmemBytesPerWarpgroup>));
+  constexpr int kSmem = static_cast<int>(sizeof(Fp8WgradSharedStorage<T, Epilogue::kSmemBytesPerWarpgroup>));
   static_assert(kSmem <= 227 * 1024, "shared memory of one CTA on sm_90 is at most 227 KiB");
   set_shared_memory_limit<kernel>(kSmem);
   if constexpr (kCluster == 1) {
-    kernel<<<device_sm_count(), Traits::kThreads, kSmem, static_cast<cudaStream_t>(stream)>>>(
+    kernel<<<device_sm_count(), T::kThreads, kSmem, static_cast<cudaStream_t>(stream)>>>(
         tma_a, tma_b, groups, scales, epi);
     EPMOE_CUDA_LAUNCH_CHECK();
   } else {
     cudaLaunchAttribute attribute = cluster_attribute(kCluster);
     cudaLaunchConfig_t config{};
     // As many pairs as can be resident at once (two free SMs of one GPC each).
-    config.gridDim = dim3(static_cast<unsigned>(resident_cluster_grid<kernel, kCluster>(Traits::kThreads, kSmem)));
-    config.blockDim = dim3(Traits::kThreads);
+    config.gridDim = dim3(static_cast<unsigned>(resident_cluster_grid<kernel, kCluster>(T::kThreads, kSmem)));
+    config.blockDim = dim3(T::kThreads);
     config.dynamicSmemBytes = kSmem;
     config.stream = static_cast<cudaStream_t>(stream);
     config.attrs = &attribute;
@@ -159,7 +169,19 @@ void fp8_grouped_wgrad(const Fp8WgradArgs& args, void* stream) {
     using Epi = WgradTmaEpilogue<Traits, decltype(store)>;
     const typename Epi::Params epi{store, args.N, args.L, args.E};
     // One block accumulator only: with two, this epilogue's kernel spills (-Xptxas -v).
-    if (cluster == 1 && stage_scales_selected(args)) {
+    if (stage_scales_selected(args)) {
+#if defined(EPMOE_GEMM_ALL_CONFIGS)
+      if (cluster == 2) {
+        launch<Epi, false, 2, true>(args, epi, stream);
+        return;
+      }
+#endif
+      if (tile192_selected(args.tile)) {
+        using Epi192 = WgradTmaEpilogue<Fp8Wgrad192Traits, decltype(store)>;
+        const typename Epi192::Params epi192{store, args.N, args.L, args.E};
+        launch<Epi192, false, 1, true, Fp8Wgrad192Traits>(args, epi192, stream);
+        return;
+      }
       launch<Epi, false, 1, true>(args, epi, stream);
     } else {
       launch<Epi, false>(args, epi, cluster, stream);

@@ -27,13 +27,13 @@
 // strict turns, k-block by k-block (one warpgroup promotes while the other's MMA runs), measured
 // slower than letting them run free, whether the turn passed after issue or after completion.
 //
-// kStageScales (single CTAs, one block accumulator): the producer copies each k-block's 128 A and
-// 128 B scales of the tile (512 contiguous bytes each, cp.async.bulk) into the k-block's stage,
-// under the stage's transaction barrier; the consumers read theirs from the stage after its wait
-// and release it after the promotion. No global loads, no shared buffers and no barriers of
-// their own in the k loop (the per-warpgroup barrier above was ~a third of the FP8 WGRAD's stall
-// samples when it was one barrier; bench/RESULTS.md 52ac101). Needs N % 4 == 0 (16-byte aligned
-// scale rows); the same fmas in the same order: bitwise equal.
+// kStageScales (one block accumulator; single CTAs or pairs): the producer copies each k-block's
+// 128 A and 128 B scales of the tile (512 contiguous bytes each, cp.async.bulk; each CTA of a pair
+// its own) into the k-block's stage, under the stage's transaction barrier; the consumers read
+// theirs from the stage after its wait and release it after the promotion. No global loads, no
+// shared buffers and no barriers of their own in the k loop (the per-warpgroup barrier above was ~a
+// third of the FP8 WGRAD's stall samples when it was one barrier; bench/RESULTS.md 52ac101). Needs
+// N % 4 == 0 (16-byte aligned scale rows); the same fmas in the same order: bitwise equal.
 //
 // kOverlap: two block accumulators, as the FP8 grouped GEMM's (the wgmmas of k-block s + 1 are
 // issued before k-block s is retired with wait<1> and promoted). k-block s is then promoted after
@@ -70,6 +70,31 @@ namespace epmoe::cuda::gemm {
 
 using namespace cute;
 
+// 192 x 128 tiles on three consumer warpgroups (Fp8WgradArgs::tile): per 128-deep k-block 40 KiB of
+// operands from L2 for 6.3 MFLOP where 128 x 128 loads 32 KiB for 4.2 (x0.82 the bytes per FLOP),
+// and a third warpgroup's MMA to run while the others promote. Four stages (40 KiB each) beside
+// three 16 KiB TMA-store stagings. The scales ride in the stages (kStageScales). The third
+// warpgroup's epilogue barrier takes GemmBarrier id 5, which this kernel uses for nothing else.
+struct Fp8Wgrad192Traits {
+  static constexpr int BLOCK_M = 192;  // three consumer warpgroups of 64 rows
+  static constexpr int BLOCK_N = 128;
+  static constexpr int BLOCK_K = 128;
+  static constexpr int kStages = 4;
+  static constexpr bool kPingPong = false;
+  static constexpr int kWarpgroupsPerTile = 3;
+  static constexpr int kConsumerWarpgroups = 3;
+  static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
+  using Element = cutlass::float_e4m3_t;
+  using AtomK = GMMA::Layout_K_SW128_Atom<Element>;
+  using SmemLayoutA = decltype(tile_to_shape(AtomK{}, make_shape(Int<BLOCK_M>{}, Int<BLOCK_K>{}, Int<kStages>{})));
+  using SmemLayoutB = decltype(tile_to_shape(AtomK{}, make_shape(Int<BLOCK_N>{}, Int<BLOCK_K>{}, Int<kStages>{})));
+  using MmaAtom = decltype(SM90::GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<BLOCK_N>, Int<BLOCK_K>>,
+                                                       GMMA::Major::K, GMMA::Major::K>());
+  using TiledMma = decltype(make_tiled_mma(MmaAtom{}, Layout<Shape<Int<kWarpgroupsPerTile>, _1, _1>>{}));
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  static constexpr uint32_t kTxBytes = static_cast<uint32_t>((BLOCK_M + BLOCK_N) * BLOCK_K);
+};
+
 template <class Traits, int kEpilogueBytesPerWarpgroup>
 struct alignas(1024) Fp8WgradSharedStorage {
   cute::array_aligned<typename Traits::Element, cosize_v<typename Traits::SmemLayoutA>, 1024> a;
@@ -77,7 +102,8 @@ struct alignas(1024) Fp8WgradSharedStorage {
   alignas(1024) char epilogue[Traits::kConsumerWarpgroups][kEpilogueBytesPerWarpgroup];
   typename Traits::Pipeline::SharedStorage pipeline;
   alignas(16) float b_scales[Traits::kConsumerWarpgroups][3][Traits::BLOCK_N];  // per warpgroup
-  alignas(16) float stage_ab_scales[Traits::kStages][2][Traits::BLOCK_N];  // kStageScales: A, B per stage
+  alignas(16) float stage_a_scales[Traits::kStages][Traits::BLOCK_M];  // kStageScales: A, B per stage
+  alignas(16) float stage_b_scales[Traits::kStages][Traits::BLOCK_N];
   int group_rows[kMaxGroups];        // rows of each expert (0 when the step is skipped)
   int group_block[kMaxGroups + 1];   // its first column block
 };
@@ -174,12 +200,14 @@ __device__ Fp8WgradScheduler<Traits, kCluster> make_wgrad_scheduler(Smem& smem, 
 // Producer, kCluster == 2: k-blocks [0, k_tiles) of the tile's gA (this CTA's, whole) and gB (the
 // pair's), one stage each: B in two halves, this CTA's half (`rank`) multicast into both CTAs'
 // stage, each half signalling the receiving CTA's barrier (so every stage still receives
-// Traits::kTxBytes). As fp8_load_k_blocks otherwise.
-template <class Pipeline, class TmaA, class TmaB, class GA, class GB, class SA, class SB>
+// Traits::kTxBytes). As fp8_load_k_blocks otherwise (extras too).
+template <class Pipeline, class TmaA, class TmaB, class GA, class GB, class SA, class SB,
+          class Extras = NoStageExtras>
 __device__ __forceinline__ void fp8_load_k_blocks_b_multicast(Pipeline& pipeline,
                                                               typename Pipeline::PipelineState& write_state,
                                                               const TmaA& tma_a, const TmaB& tma_b, const GA& gA,
-                                                              const GB& gB, SA& sA, SB& sB, int k_tiles, int rank) {
+                                                              const GB& gB, SA& sA, SB& sB, int k_tiles, int rank,
+                                                              const Extras& extras = {}) {
   auto [tAgA, tAsA] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
   auto [tBgB, tBsB] = tma_partition(tma_b, rank, Layout<_2>{}, group_modes<0, 2>(sB), group_modes<0, 2>(gB));
   constexpr uint16_t kBothCtas = 0b11;
@@ -187,6 +215,7 @@ __device__ __forceinline__ void fp8_load_k_blocks_b_multicast(Pipeline& pipeline
     pipeline.producer_acquire(write_state);
     auto* barrier = pipeline.producer_get_barrier(write_state);
     const int stage = write_state.index();
+    extras(barrier, stage, kt);  // this CTA's own copies into its own stage
     copy(tma_a.with(*barrier), tAgA(_, kt), tAsA(_, stage));
     copy(tma_b.with(*barrier, kBothCtas), tBgB(_, kt), tBsB(_, stage));
     ++write_state;
@@ -200,11 +229,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                              CUTE_GRID_CONSTANT const typename Epilogue::Params epi_params) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BM = Traits::BLOCK_M, BN = Traits::BLOCK_N, BK = Traits::BLOCK_K;
-  static_assert(Traits::kConsumerWarpgroups == 2 && BN == 128,
-                "two consumer warpgroups on one tile; one B scale per thread of each");
+  static_assert(BN == 128 && (Traits::kConsumerWarpgroups == 2 || (Traits::kConsumerWarpgroups == 3 && kStageScales)),
+                "two consumer warpgroups on one tile (three with the scales in the stage: the consumers' "
+                "scale barriers exist for two); one B scale per thread of each");
+  // Registers: 40 / 232 with two consumer warpgroups; with three, 24 / 160 (64 K in all).
+  constexpr int kProducerRegs = Traits::kConsumerWarpgroups == 2 ? 40 : 24;
+  constexpr int kConsumerRegs = Traits::kConsumerWarpgroups == 2 ? 232 : 160;
   static_assert(kCluster == 1 || kCluster == 2, "single CTAs or pairs sharing B");
   static_assert(kCluster == 1 || !kOverlap, "pairs run one block accumulator: with two they spill");
-  static_assert(!kStageScales || (kCluster == 1 && !kOverlap), "stage scales: single CTAs, one accumulator");
+  static_assert(!kStageScales || !kOverlap, "stage scales: one block accumulator");
   using Pipeline = typename Traits::Pipeline;
   using PipelineState = typename Pipeline::PipelineState;
 
@@ -232,7 +265,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   if (warpgroup == 0) {
     // ---------------- producer: one thread issues every TMA load ----------------
-    cutlass::arch::warpgroup_reg_dealloc<40>();
+    cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
     if (warp_in_group == 0 && lane_predicate) {
       Tensor mA = tma_a.get_tma_tensor(make_shape(groups.n, groups.k));  // (N, K)
       Tensor mB = tma_b.get_tma_tensor(make_shape(groups.l, groups.k));  // (L, K)
@@ -245,24 +278,30 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                Shape<Int<BM>, Int<BK>>{}, make_coord(0, _));  // (BM, BK, k)
         Tensor gB = local_tile(domain_offset(make_coord(static_cast<int64_t>(t.n_tile) * BN, k0), mB),
                                Shape<Int<BN>, Int<BK>>{}, make_coord(0, _));  // (BN, BK, k)
-        if constexpr (kStageScales) {
-          const int64_t n0 = static_cast<int64_t>(t.m_tile) * BM, l0 = static_cast<int64_t>(t.n_tile) * BN;
-          const int64_t kb0 = t.row0;
-          const auto a_bytes = static_cast<uint32_t>(4 * cute::min(int64_t{BM}, groups.n - n0));
-          const auto b_bytes = static_cast<uint32_t>(4 * cute::min(int64_t{BN}, groups.l - l0));
-          const float* a_scales = scales.a_BN + kb0 * groups.n + n0;  // row kt at kt * N
-          const float* b_scales = scales.b_BL + kb0 * groups.l + l0;
-          // Each k-block's A and B scales into stage_ab_scales[stage][0 / 1], under its barrier.
-          auto copy_scales = [&](auto* barrier, int stage, int kt) {
-            cutlass::arch::ClusterTransactionBarrier::expect_transaction(barrier, a_bytes + b_bytes);
-            SM90_BULK_COPY_G2S::copy(a_scales + kt * groups.n, barrier, smem.stage_ab_scales[stage][0],
+        // kStageScales: each k-block's A and B scales into stage_a_scales / stage_b_scales[stage], under its
+        // barrier. A pair's second tile past N copies no A scales (its rows are clipped).
+        const int64_t n0 = static_cast<int64_t>(t.m_tile) * BM, l0 = static_cast<int64_t>(t.n_tile) * BN;
+        const int64_t kb0 = t.row0;
+        const auto a_bytes = static_cast<uint32_t>(n0 < groups.n ? 4 * cute::min(int64_t{BM}, groups.n - n0) : 0);
+        const auto b_bytes = static_cast<uint32_t>(4 * cute::min(int64_t{BN}, groups.l - l0));
+        const float* a_scales = scales.a_BN + kb0 * groups.n + n0;  // row kt at kt * N
+        const float* b_scales = scales.b_BL + kb0 * groups.l + l0;
+        auto copy_scales = [&](auto* barrier, int stage, int kt) {
+          cutlass::arch::ClusterTransactionBarrier::expect_transaction(barrier, a_bytes + b_bytes);
+          if (a_bytes != 0) {
+            SM90_BULK_COPY_G2S::copy(a_scales + kt * groups.n, barrier, smem.stage_a_scales[stage],
                                      static_cast<int32_t>(a_bytes));
-            SM90_BULK_COPY_G2S::copy(b_scales + kt * groups.l, barrier, smem.stage_ab_scales[stage][1],
-                                     static_cast<int32_t>(b_bytes));
-          };
+          }
+          SM90_BULK_COPY_G2S::copy(b_scales + kt * groups.l, barrier, smem.stage_b_scales[stage],
+                                   static_cast<int32_t>(b_bytes));
+        };
+        if constexpr (kCluster == 1 && kStageScales) {
           fp8_load_k_blocks(pipeline, write_state, tma_a, tma_b, gA, gB, sA, sB, t.k_tiles, copy_scales);
         } else if constexpr (kCluster == 1) {
           fp8_load_k_blocks(pipeline, write_state, tma_a, tma_b, gA, gB, sA, sB, t.k_tiles);
+        } else if constexpr (kStageScales) {
+          fp8_load_k_blocks_b_multicast(pipeline, write_state, tma_a, tma_b, gA, gB, sA, sB, t.k_tiles,
+                                        cluster_rank<kCluster>(), copy_scales);
         } else {
           fp8_load_k_blocks_b_multicast(pipeline, write_state, tma_a, tma_b, gA, gB, sA, sB, t.k_tiles,
                                         cluster_rank<kCluster>());
@@ -274,7 +313,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
   } else {
     // ---------------- consumers: wgmma per k-block, promotion, epilogue ----------------
-    cutlass::arch::warpgroup_reg_alloc<232>();
+    cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
     const int consumer_tid = threadIdx.x - 128;
     const int wg = warpgroup - 1;  // = its 64-row block of the tile
     const int tid = consumer_tid % 128;
@@ -333,8 +372,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         load_next(t_next, t_next.row0);
         next_loaded = true;
       }
-      cutlass::arch::NamedBarrier::arrive_and_wait(
-          128, static_cast<uint32_t>(GemmBarrier::fp8_wgrad_scales_wg0) + static_cast<uint32_t>(wg));
+      barrier_sync(GemmBarrier::fp8_wgrad_scales_wg0, wg, 128);
       ++step;
       return k;
     };
@@ -361,11 +399,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           pipeline.consumer_wait(read_state);
           const int stage = read_state.index();
           fp8_mma_k_block(tiled_mma, tCrA, tCrB, stage, stage, block);
-          const float* ss = smem.stage_ab_scales[stage][0];  // read during the MMA
+          const float* ss = smem.stage_a_scales[stage];  // read during the MMA
           const float sa0 = ss[scale_row0], sa1 = ss[scale_row0 + 8];
           warpgroup_wait<0>();
           warpgroup_fence_operand(block);
-          promote(block, sa0, sa1, smem.stage_ab_scales[stage][1]);
+          promote(block, sa0, sa1, smem.stage_b_scales[stage]);
           pipeline.consumer_release(read_state);  // after the promotion has read the B scales
           ++read_state;
         }
