@@ -27,8 +27,10 @@ Schedule select_schedule(GemmKind kind, const Step& s);
 int select_cluster(GemmKind kind, const Step& s);
 
 // How the bf16 WGRAD writes an overwritten gradient: through one TMA-store buffer per warpgroup
-// (3 stages) that drains during the next tile's MMA (the rule in gemm_config.cpp), or by the
-// threads (staged rows, 16-byte global stores; 4 stages). EPMOE_WGRAD_STORE=tma|direct forces one.
+// (3 stages) that drains during the next tile's MMA, its stores issued by the consumers or, up to
+// kWgradStoreWarpMaxRows rows per expert, by a producer warp (the rule in gemm_config.cpp); or by
+// the threads (staged rows, 16-byte global stores; 4 stages). EPMOE_WGRAD_STORE=tma|tma_warp|direct
+// forces one.
 WgradStore select_wgrad_store(GemmKind kind, const Step& s);
 
 // The output tile of the TMA-store WGRAD (cooperative, unclustered): EPMOE_WGRAD_TILE=128x256|

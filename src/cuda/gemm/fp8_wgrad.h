@@ -49,7 +49,7 @@ struct Fp8WgradArgs {
   int stage_scales = -1;
   // bf16 overwritten with the scales in the stage, single CTAs: 1 192 x 128 tiles on three
   // consumer warpgroups, 0 128 x 128 on two (bitwise the same results); -1
-  // EPMOE_FP8_WGRAD_TILE=128x128|192x128 read per launch (unset: 128x128).
+  // EPMOE_FP8_WGRAD_TILE=128x128|192x128 read per launch (unset: 192x128).
   int tile = -1;
 };
 

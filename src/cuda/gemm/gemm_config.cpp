@@ -144,9 +144,16 @@ Schedule select_schedule(GemmKind kind, const Step& s) {
 // (x1.08-1.10), one bulk group per 64 x 64 box (x1.07-1.10), stores from the registers after a
 // quad transpose (x1.20-1.25), staging deferred under the next tile's first k-block (x1.08-1.19 on
 // deepseek-v3, gpt-oss, qwen3; none on mixtral; 7e26b45); their code was not kept.
+//
+// The stores issued by a warp of the producer warpgroup (tma_warp) take the consumers' ~700-clock
+// wait for the previous tile's stores and its barrier off their path. Where experts hold ~128 rows
+// (deepseek-v3 at EP = 1: two k-blocks a tile) the tile period fell x0.87 (clock stamps, 1 550 ->
+// 720 epilogue clocks) and W2 / W13 WGRAD x0.89-0.91 in three alternating A / B pairs. At ~256 rows
+// (gpt-oss) it measured x1.02-1.05 slower, though the stamped tile period fell: the stores now run
+// under the next tile's k-loop, whose MMA phase grew 4 991 -> 6 162 clocks. Neutral on qwen3 (~512)
+// and mixtral (~2048). bench/RESULTS.md "2026-12-01 · 7d26173".
 WgradStore select_wgrad_store(GemmKind kind, const Step& s) {
   (void)kind;
-  (void)s;
   const char* env = std::getenv("EPMOE_WGRAD_STORE");
   if (env != nullptr) {
     if (std::strcmp(env, "tma") == 0) return WgradStore::tma;
@@ -154,7 +161,8 @@ WgradStore select_wgrad_store(GemmKind kind, const Step& s) {
     EPMOE_CHECK_ARG(std::strcmp(env, "direct") == 0, "EPMOE_WGRAD_STORE", "tma, tma_warp or direct", env);
     return WgradStore::direct;
   }
-  return WgradStore::tma;
+  const int64_t rows_per_expert = s.capacity_rows / std::max(1, s.dims.E);
+  return rows_per_expert <= kWgradStoreWarpMaxRows ? WgradStore::tma_warp : WgradStore::tma;
 }
 
 // 128 x 192 fits a fourth stage beside its TMA-store staging (4 x 40 + 2 x 24 KiB): the timeline

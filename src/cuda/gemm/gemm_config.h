@@ -45,8 +45,11 @@ struct GemmConfig {
 enum class Schedule : int { cooperative, pingpong };
 const char* to_string(Schedule s);
 
-// How the bf16 WGRAD stores an overwritten gradient (gemm::select_wgrad_store).
+// How the bf16 WGRAD stores an overwritten gradient (gemm::select_wgrad_store): TMA stores issued by
+// the consumers, 16-byte stores by the consumers, or TMA stores issued by a producer warp.
 enum class WgradStore : int { tma, direct, tma_warp };
+// Rows per expert (capacity / local experts) up to which the producer warp issues the stores.
+constexpr int64_t kWgradStoreWarpMaxRows = 192;
 
 // The TMA-store WGRAD's output tile (gemm::select_wgrad_tile): 128 x 256 on 3 stages, or 128 x 192
 // on 4 (the same shared memory; 1.11x the operand bytes per FLOP, a stage more to run ahead with).
