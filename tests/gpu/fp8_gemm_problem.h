@@ -1,8 +1,7 @@
 // GPU test support for the FP8 grouped GEMM (cuda/gemm/fp8_gemm.h): a problem's codes and scales
 // on the host (sized from a GroupedShape, filled by the test), its device copies and argument
 // block, runs into plain rows and into combine slots, the received-rows operand, the CPU twin's
-// output, the bitwise comparison of two outputs (two kernels, or a kernel and the twin), and the
-// launcher's argument checks alone.
+// output, and the bitwise comparison of two outputs (two kernels, or a kernel and the twin).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -22,7 +21,6 @@
 #include "cpu/gemm_fp8_reference.h"
 #include "cuda/gemm/fp8_gemm.h"
 #include "device_buffer.h"
-#include "epmoe/error.h"
 #include "grouped_shape.h"
 
 namespace epmoe::test {
@@ -199,34 +197,6 @@ inline void expect_bitwise(const std::vector<bf16_t>& want, const std::vector<bf
   }
   std::printf("%s: %zu of %zu outputs differ\n", what.c_str(), differ, want.size());
   EXPECT_EQ(differ, 0u) << what;
-}
-
-// A launch with M = 0 runs every argument check and launches nothing (pointers need only pass the
-// checks): the Error's argument, or "" when it passed.
-inline std::string checked_field(cuda::Fp8GroupedGemmArgs x) {
-  alignas(16) static int32_t dummy[4] = {};
-  x.b_ENK = reinterpret_cast<const uint8_t*>(dummy);
-  x.b_scales_EBS = reinterpret_cast<const float*>(dummy);
-  x.offsets_E1 = dummy;
-  x.E = 1;
-  x.M = 0;
-  x.N = 128;
-  x.K = 128;
-  x.ld_out = 128;
-  try {
-    cuda::fp8_grouped_gemm(x, nullptr);
-  } catch (const Error& e) {
-    return e.argument();
-  }
-  return "";
-}
-
-// Whether this build has the CTA pairs (EPMOE_GEMM_CONFIGS=ALL).
-inline bool cta_pairs_built() {
-  cuda::Fp8GroupedGemmArgs x;
-  x.tile = cuda::Fp8Tile::m128_n128;
-  x.multicast = 1;
-  return checked_field(x).empty();
 }
 
 }  // namespace epmoe::test

@@ -6,7 +6,7 @@
 // untouched by both. Shapes: F = 128, 256, 768; empty experts, single rows, row tails of a
 // 64-row half and of a 32-row round, a zero row (a zero block amax); with and without row scores,
 // SwiGLU and clamped SwiGLU, h13 at a device-held offset (a layer plan's placement), both main
-// loops (one and two block accumulators), CTA pairs (ALL builds), and the skip flag. Also: plain rows stored at a
+// loops (one and two block accumulators), and the skip flag. Also: plain rows stored at a
 // device-held offset (Fp8GroupedGemmArgs::out_offset, the W13 FPROP's h13) equal the plain store
 // on every tile; argument checks (run without a GPU).
 #include <cuda_runtime_api.h>
@@ -134,12 +134,11 @@ struct Buffers {
   }
 };
 
-cuda::Fp8GroupedGemmArgs dgrad_args(const Fp8GemmDevice& d, const Buffers& r, int overlap, int multicast = 0) {
+cuda::Fp8GroupedGemmArgs dgrad_args(const Fp8GemmDevice& d, const Buffers& r, int overlap) {
   cuda::Fp8GroupedGemmArgs a = d.args(r.p);
   a.skip = r.skip.ptr;
   a.tile = Fp8Tile::m128_n128;
   a.overlap = overlap;
-  a.multicast = multicast;
   return a;
 }
 
@@ -168,8 +167,8 @@ Outputs run_chain(const Fp8GemmDevice& d, Buffers& r, bool scored, const Activat
 
 // The GEMM with the SwiGLU backward in its epilogue.
 Outputs run_fused(const Fp8GemmDevice& d, Buffers& r, bool scored, bool placed, const ActivationParams& act,
-                  int overlap, int multicast = 0) {
-  cuda::Fp8GroupedGemmArgs a = dgrad_args(d, r, overlap, multicast);
+                  int overlap) {
+  cuda::Fp8GroupedGemmArgs a = dgrad_args(d, r, overlap);
   cuda::Fp8SwigluBackwardOut& o = a.swiglu_backward;
   o.h13 = placed ? cuda::Placed{reinterpret_cast<char*>(r.h13_placed.ptr), r.placed_offset.ptr}
                  : cuda::plain(r.h13.ptr);
@@ -213,7 +212,6 @@ void expect_same(const Outputs& want, const Outputs& got, const Buffers& r, cons
 
 TEST(GpuFp8DgradSwiglu, EpilogueEqualsGemmThenSwigluKernelBitwise) {
   EPMOE_REQUIRE_GPU();
-  const bool pairs = cta_pairs_built();  // EPMOE_GEMM_CONFIGS=ALL builds
   std::mt19937 rng(31);
   for (const Case& c : cases()) {
     const Fp8GemmProblem p = problem(c.shape, rng);
@@ -235,10 +233,6 @@ TEST(GpuFp8DgradSwiglu, EpilogueEqualsGemmThenSwigluKernelBitwise) {
       Buffers fused(p, h13, scores, false);
       expect_same(want, run_fused(d, fused, c.scored, c.placed, act, overlap), fused,
                   what + " overlap " + std::to_string(overlap));
-    }
-    if (pairs) {  // CTA pairs multicasting the weights (Fp8GroupedGemmArgs::multicast)
-      Buffers fused(p, h13, scores, false);
-      expect_same(want, run_fused(d, fused, c.scored, c.placed, act, -1, 1), fused, what + " CTA pairs");
     }
   }
 }

@@ -6,13 +6,11 @@
 // 256, 384 (a half tile past N), 2880; partial k-blocks; more tiles than CTAs. Both epilogues
 // (plain rows, rows scattered into combine slots) and the received-rows operand (a_rows_1). The
 // ping-pong tile is also compared with the CPU twin on exact blocks (bitwise, as in
-// test_gpu_gemm_fp8.cpp), and the EPMOE_FP8_TILE parsing runs without a GPU. CTA pairs of the
-// 128 x 128 tile (Fp8GroupedGemmArgs::multicast) against single CTAs, the same way.
+// test_gpu_gemm_fp8.cpp), and the EPMOE_FP8_TILE parsing runs without a GPU.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <string>
@@ -164,72 +162,6 @@ TEST(GpuGemmFp8Tiles, PingPongSkipFlagLeavesOutputUntouched) {
   for (Fp8Tile t : kPingPong) {
     for (bf16_t v : run_tile(p, d, t, skip.ptr)) ASSERT_EQ(v, 0xA5A5) << name(t);
   }
-}
-
-// CTA pairs (Fp8GroupedGemmArgs::multicast = 1: two CTAs on the two m-tiles of one (expert,
-// n-tile), each loading half of every weight k-block and multicasting it to both) give the bits of
-// single CTAs on random finite E4M3 codes: experts of odd m-tile counts (the pair's second tile past
-// the expert's rows), empty experts, N past the last tile, more pairs of tiles than resident pairs,
-// both main loops, the three epilogue paths (rows, combine slots, received rows), the skip flag,
-// and EPMOE_FP8_MULTICAST read at -1.
-TEST(GpuGemmFp8Tiles, CtaPairsEqualSingleCtasBitwise) {
-  EPMOE_REQUIRE_GPU();
-  if (!cta_pairs_built()) GTEST_SKIP() << "CTA pairs not in this build (EPMOE_GEMM_CONFIGS=CI)";
-  std::mt19937 rng(36);
-  auto with = [](cuda::Fp8GroupedGemmArgs x, int multicast, int overlap) {
-    x.tile = Fp8Tile::m128_n128;
-    x.multicast = multicast;
-    x.overlap = overlap;
-    return x;
-  };
-  for (const GroupedShape& s : shapes()) {
-    const Fp8GemmProblem p = problem(s, /*exact=*/false, rng);
-    const Fp8GemmDevice d(p);
-    for (int overlap : {0, 1}) {
-      const std::vector<bf16_t> single = run_rows(p, with(d.args(p), 0, overlap));
-      expect_bitwise(single, run_rows(p, with(d.args(p), 1, overlap)), p.N,
-                     "pairs, rows, overlap " + std::to_string(overlap) + ", " + describe(s));
-      EXPECT_LT(untouched(p, single), static_cast<size_t>(p.offsets.back() * p.N) / 2) << describe(s);
-    }
-    const ScatterSlots slots = scatter_slots(p.M, /*top_k=*/2, rng);
-    Dev<int32_t> dsrc(slots.recv_src_M);
-    expect_bitwise(run_scatter(p, with(d.args(p), 0, -1), slots, dsrc.ptr),
-                   run_scatter(p, with(d.args(p), 1, -1), slots, dsrc.ptr), p.N, "pairs, scatter, " + describe(s));
-    Dev<uint8_t> drows(received_rows(p));
-    Dev<int32_t> dcount(std::vector<int32_t>{p.offsets.back()});
-    auto received = [&](int multicast) {
-      return run_rows(p, with(with_received_rows(d.args(p), drows.ptr, dcount.ptr), multicast, -1));
-    };
-    expect_bitwise(received(0), received(1), p.N, "pairs, received rows, " + describe(s));
-    std::printf("%s: CTA pairs, the same bits (rows, both loops; scatter; received rows)\n", describe(s).c_str());
-  }
-  const Fp8GemmProblem p = problem(shapes()[2], /*exact=*/false, rng);
-  const Fp8GemmDevice d(p);
-  Dev<int32_t> skip(std::vector<int32_t>{1});
-  cuda::Fp8GroupedGemmArgs skipped = with(d.args(p), 1, -1);
-  skipped.skip = skip.ptr;
-  for (bf16_t v : run_rows(p, skipped)) ASSERT_EQ(v, 0xA5A5) << "pairs, skipped";
-  const std::vector<bf16_t> single = run_rows(p, with(d.args(p), 0, -1));
-  const ScopedEnv pairs("EPMOE_FP8_MULTICAST", "1");
-  expect_bitwise(single, run_rows(p, with(d.args(p), -1, -1)), p.N, "EPMOE_FP8_MULTICAST=1");
-}
-
-// Host only: the multicast switch's checks, before any launch.
-TEST(GpuGemmFp8Tiles, MulticastArguments) {
-  const ScopedEnv unset("EPMOE_FP8_MULTICAST", nullptr);
-  cuda::Fp8GroupedGemmArgs x;
-  x.tile = Fp8Tile::m64_n256;
-  x.multicast = 1;
-  EXPECT_EQ(checked_field(x), "multicast");  // pairs are the 128 x 128 tile's
-  x.multicast = 2;
-  x.tile = Fp8Tile::m128_n128;
-  EXPECT_EQ(checked_field(x), "multicast");
-  x.multicast = -1;
-  EXPECT_EQ(checked_field(x), "");
-  const ScopedEnv bad("EPMOE_FP8_MULTICAST", "2");
-  EXPECT_EQ(checked_field(x), "EPMOE_FP8_MULTICAST");
-  x.multicast = 0;  // explicit: the environment is not read
-  EXPECT_EQ(checked_field(x), "");
 }
 
 // Host only: the tile of the D-wide GEMMs (W2 FPROP, W13 DGRAD) by the rule, and EPMOE_FP8_TILE

@@ -86,11 +86,6 @@ struct Fp8GroupedGemmArgs {
   // flight during the promotion (bitwise the same results); -1 the environment's
   // EPMOE_FP8_OVERLAP=0|1, read per launch (unset: 1). The 128 x 128 tile's; ping-pong has one loop.
   int overlap = -1;
-  // The 128 x 128 tile: 1 CTA pairs (2 x 1 x 1 clusters) on the two m-tiles of one (expert,
-  // n-tile), each loading half of every weight k-block and multicasting it to both (half the
-  // weights' L2 reads; bitwise the same results; only in builds with EPMOE_GEMM_CONFIGS=ALL, else
-  // Error(invalid_argument)); 0 single CTAs; -1 EPMOE_FP8_MULTICAST=0|1 read per launch (unset: 0).
-  int multicast = -1;
 };
 
 // Requirements (checked; Error(invalid_argument) naming the field): 1 <= E <= 512, K > 0 and

@@ -1,6 +1,6 @@
 // The pieces the FP8 block-scaled kernels have in common (grouped_gemm_fp8_sm90.cuh, its ping-pong
 // tile grouped_gemm_fp8_pingpong_sm90.cuh, grouped_wgrad_fp8_sm90.cuh): operand scales, the
-// producer's TMA loop (single CTAs and pairs multicasting B), one k-block's wgmmas, the two-accumulator k loop, and the promotion of a
+// producer's TMA loop, one k-block's wgmmas, the two-accumulator k loop, and the promotion of a
 // block accumulator into the fp32 total. Each is force-inlined and takes its sizes at compile
 // time, so a kernel compiles to the instructions it would have spelled out itself; the kernels
 // keep their own order of waits, releases, scale loads and promotions, which these do not reorder.
@@ -100,32 +100,6 @@ __device__ __forceinline__ void fp8_load_k_blocks(Pipeline& pipeline, typename P
     extras(barrier, stage, kt);
     copy(tma_a.with(*barrier), tAgA(_, kt), tAsA(_, stage));
     copy(tma_b.with(*barrier), tBgB(_, kt), tBsB(_, stage));
-    ++write_state;
-  }
-}
-
-// Producer of a CTA pair (a 2 x 1 x 1 cluster): k-blocks [0, k_tiles) of the tile's gA (this CTA's,
-// whole) and gB (the pair's), one stage each: B in two halves, this CTA's half (`rank`) multicast
-// into both CTAs' stage, each half signalling the receiving CTA's barrier (so every stage still
-// receives Traits::kTxBytes). As fp8_load_k_blocks otherwise (extras too).
-template <class Pipeline, class TmaA, class TmaB, class GA, class GB, class SA, class SB,
-          class Extras = NoStageExtras>
-__device__ __forceinline__ void fp8_load_k_blocks_b_multicast(Pipeline& pipeline,
-                                                              typename Pipeline::PipelineState& write_state,
-                                                              const TmaA& tma_a, const TmaB& tma_b, const GA& gA,
-                                                              const GB& gB, SA& sA, SB& sB, int k_tiles, int rank,
-                                                              const Extras& extras = {}) {
-  using namespace cute;
-  auto [tAgA, tAsA] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
-  auto [tBgB, tBsB] = tma_partition(tma_b, rank, Layout<_2>{}, group_modes<0, 2>(sB), group_modes<0, 2>(gB));
-  constexpr uint16_t kBothCtas = 0b11;
-  for (int kt = 0; kt < k_tiles; ++kt) {
-    pipeline.producer_acquire(write_state);
-    auto* barrier = pipeline.producer_get_barrier(write_state);
-    const int stage = write_state.index();
-    extras(barrier, stage, kt);  // this CTA's own copies into its own stage
-    copy(tma_a.with(*barrier), tAgA(_, kt), tAsA(_, stage));
-    copy(tma_b.with(*barrier, kBothCtas), tBgB(_, kt), tBsB(_, stage));
     ++write_state;
   }
 }

@@ -2,9 +2,7 @@
 // 128-deep k-blocks, 6 stages (32.5 KiB each), cooperative consumers; plain bf16 rows, rows
 // stored into their owners' combine slots (the W2 forward), or the W2 DGRAD's SwiGLU backward
 // (fp8_swiglu_epilogue.cuh); each with one block accumulator or
-// two (kOverlap: MMA of the next k-block during the promotion; Fp8GroupedGemmArgs::overlap); on
-// single CTAs or, in builds with EPMOE_GEMM_CONFIGS=ALL, CTA pairs multicasting the weights
-// (Fp8GroupedGemmArgs::multicast).
+// two (kOverlap: MMA of the next k-block during the promotion; Fp8GroupedGemmArgs::overlap).
 // The argument checks and the tile choice (Fp8Tile; the 64 x 256 ping-pong tile is launched by
 // grouped_gemm_fp8_pingpong.cu).
 #include <cuda_runtime.h>
@@ -31,24 +29,6 @@ using namespace gemm;
 namespace {
 
 using Traits = Fp8GemmTraits<128, 6>;
-
-// Fp8GroupedGemmArgs::multicast, or at -1 EPMOE_FP8_MULTICAST=0|1 read per launch (unset: 0): the
-// CTAs of a launch, 1 or 2.
-int cluster_size(int multicast) {
-  EPMOE_CHECK_ARG(multicast >= -1 && multicast <= 1, "multicast", "-1, 0 or 1", multicast);
-  bool pairs = multicast == 1;
-  if (multicast < 0) {
-    const char* env = std::getenv("EPMOE_FP8_MULTICAST");
-    EPMOE_CHECK_ARG(env == nullptr || std::strcmp(env, "0") == 0 || std::strcmp(env, "1") == 0,
-                    "EPMOE_FP8_MULTICAST", "0 or 1", env);
-    pairs = env != nullptr && env[0] == '1';
-  }
-#if !defined(EPMOE_GEMM_ALL_CONFIGS)
-  EPMOE_CHECK_ARG(!pairs, multicast < 0 ? "EPMOE_FP8_MULTICAST" : "multicast",
-                  "0 in a build with EPMOE_GEMM_CONFIGS=CI (CTA pairs not instantiated)", 1);
-#endif
-  return pairs ? 2 : 1;
-}
 
 void check_args(const Fp8GroupedGemmArgs& a) {
   EPMOE_CHECK_ARG(a.E >= 1 && a.E <= kMaxGroups, "E", "1 .. " + std::to_string(kMaxGroups), a.E);
@@ -101,56 +81,31 @@ void check_args(const Fp8GroupedGemmArgs& a) {
   }
 }
 
-// The epilogues take Traits (single CTAs): theirs is the same tile whatever the cluster.
-template <class Epilogue, bool kOverlap, int kCluster>
+template <class Epilogue, bool kOverlap>
 void launch(const Fp8GroupedGemmArgs& args, const typename Epilogue::Params& epi, void* stream) {
-  using T = Fp8GemmTraits<Traits::BLOCK_N, Traits::kStages, kCluster>;
   const Operand a{args.a_MK, args.M, args.K, args.K, 1};
   const Operand b{args.b_ENK, args.N, args.K, args.K, 1, args.E, args.N * args.K};
-  auto tma_a = make_tma<T, Major::K, T::BLOCK_M, 2>(a);
-  auto tma_b = make_tma<T, Major::K, T::BLOCK_N, 3, kCluster>(b);
+  auto tma_a = make_tma<Traits, Major::K, Traits::BLOCK_M, 2>(a);
+  auto tma_b = make_tma<Traits, Major::K, Traits::BLOCK_N, 3>(b);
   const GroupArgs groups = fp8_group_args(args);
   const Fp8ActScales sa = fp8_act_scales(args);
   const Fp8WeightScales sb = fp8_weight_scales(args);
 
-  constexpr auto kernel = &grouped_gemm_fp8_kernel<T, Epilogue, kOverlap, decltype(tma_a), decltype(tma_b)>;
-  constexpr int kSmem = static_cast<int>(sizeof(Fp8SharedStorage<T, Epilogue::kSmemBytesPerWarpgroup>));
+  constexpr auto kernel = &grouped_gemm_fp8_kernel<Traits, Epilogue, kOverlap, decltype(tma_a), decltype(tma_b)>;
+  constexpr int kSmem = static_cast<int>(sizeof(Fp8SharedStorage<Traits, Epilogue::kSmemBytesPerWarpgroup>));
   static_assert(kSmem <= 227 * 1024, "shared memory of one CTA on sm_90 is at most 227 KiB");
   set_shared_memory_limit<kernel>(kSmem);
-  if constexpr (kCluster == 1) {
-    kernel<<<device_sm_count(), T::kThreads, kSmem, static_cast<cudaStream_t>(stream)>>>(
-        tma_a, tma_b, groups, sa, sb, epi, a.rows, a.cols, b.rows, b.cols);
-    EPMOE_CUDA_LAUNCH_CHECK();
-  } else {
-    cudaLaunchAttribute attribute = cluster_attribute(kCluster);
-    cudaLaunchConfig_t config{};
-    // As many pairs as can be resident at once (two free SMs of one GPC each).
-    config.gridDim = dim3(static_cast<unsigned>(resident_cluster_grid<kernel, kCluster>(T::kThreads, kSmem)));
-    config.blockDim = dim3(T::kThreads);
-    config.dynamicSmemBytes = kSmem;
-    config.stream = static_cast<cudaStream_t>(stream);
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-    EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, tma_a, tma_b, groups, sa, sb, epi, a.rows,
-                                        a.cols, b.rows, b.cols));
-  }
-}
-
-template <class Epilogue, bool kOverlap>
-void launch(const Fp8GroupedGemmArgs& args, const typename Epilogue::Params& epi, int cluster, void* stream) {
-#if defined(EPMOE_GEMM_ALL_CONFIGS)
-  if (cluster == 2) return launch<Epilogue, kOverlap, 2>(args, epi, stream);
-#endif
-  (void)cluster;  // 1 (cluster_size refuses 2 in a CI build)
-  launch<Epilogue, kOverlap, 1>(args, epi, stream);
+  kernel<<<device_sm_count(), Traits::kThreads, kSmem, static_cast<cudaStream_t>(stream)>>>(
+      tma_a, tma_b, groups, sa, sb, epi, a.rows, a.cols, b.rows, b.cols);
+  EPMOE_CUDA_LAUNCH_CHECK();
 }
 
 template <class Epilogue>
-void launch(const Fp8GroupedGemmArgs& args, const typename Epilogue::Params& epi, int cluster, void* stream) {
+void launch(const Fp8GroupedGemmArgs& args, const typename Epilogue::Params& epi, void* stream) {
   if (fp8_overlap_selected(args.overlap)) {
-    launch<Epilogue, true>(args, epi, cluster, stream);
+    launch<Epilogue, true>(args, epi, stream);
   } else {
-    launch<Epilogue, false>(args, epi, cluster, stream);
+    launch<Epilogue, false>(args, epi, stream);
   }
 }
 
@@ -192,10 +147,6 @@ void fp8_grouped_gemm(const Fp8GroupedGemmArgs& args, void* stream) {
                     "m128_n128 with swiglu_backward (from_env: EPMOE_FP8_TILE unset or 128x128)",
                     static_cast<int>(tile));
   }
-  // Checked before any launch, so with M = 0 too.
-  const int cluster = tile == Fp8Tile::m128_n128 ? cluster_size(args.multicast) : 1;
-  EPMOE_CHECK_ARG(args.multicast != 1 || tile == Fp8Tile::m128_n128, "multicast",
-                  "0 or -1 with the ping-pong tiles (CTA pairs are the 128 x 128 tile's)", 1);
   if (args.M == 0) return;  // no rows: every group is empty
   if (tile != Fp8Tile::m128_n128) {
     return fp8_grouped_gemm_pingpong(args, tile == Fp8Tile::m64_n256, stream);
@@ -204,14 +155,14 @@ void fp8_grouped_gemm(const Fp8GroupedGemmArgs& args, void* stream) {
     const typename SwigluBackwardFp8Epilogue<Traits>::Params epi{
         sw.h13, sw.grad_h13_M2F, sw.h_MF, Fp8RowsOut{sw.q_M2F, sw.q_scales_SM, sw.q_ld}, args.N, sw.act,
         sw.row_scores_M, sw.score_parts_MC, score_chunks(args.N)};
-    launch<SwigluBackwardFp8Epilogue<Traits>>(args, epi, cluster, stream);
+    launch<SwigluBackwardFp8Epilogue<Traits>>(args, epi, stream);
   } else if (args.combine_R != nullptr) {
     const typename ScatterEpilogue<Traits>::Params epi{args.combine_R, args.recv_src_M, args.T,
                                                        args.top_k, args.N};
-    launch<ScatterEpilogue<Traits>>(args, epi, cluster, stream);
+    launch<ScatterEpilogue<Traits>>(args, epi, stream);
   } else {
     const typename RowsEpilogue<Traits>::Params epi{fp8_rows_out(args), args.ld_out, args.N};
-    launch<RowsEpilogue<Traits>>(args, epi, cluster, stream);
+    launch<RowsEpilogue<Traits>>(args, epi, stream);
   }
 }
 

@@ -12,11 +12,7 @@
 //
 // Structure as the bf16 kernel (grouped_gemm_sm90.cuh, whose tile scheduler and epilogues this
 // reuses): persistent grid, one producer warpgroup (one thread issues TMA), BLOCK_M / 64 consumer
-// warpgroups on one 128-row tile (cooperative). CLUSTER_M == 2: CTAs run in pairs on the two
-// m-tiles of one (expert, n-tile), each loading half of every weight k-block and multicasting it to
-// both (half the weights' L2 -> shared-memory bytes; the kernel runs L2 at ~80 % of its peak on
-// mixtral, Nsight Compute at b8fedc5); a pair's second m-tile past the expert's rows is loaded and
-// computed and its epilogue masks every row, as in the bf16 kernel. A stage holds the A and B k-blocks (128 bytes of
+// warpgroups on one 128-row tile (cooperative). A stage holds the A and B k-blocks (128 bytes of
 // K: one 128-byte swizzle row). Scales are plain loads issued one k-block ahead, in flight during
 // the MMA: each consumer thread's two rows' activation scales from the S-major layout (scale of
 // (m, kb) at kb * ld + m) and the tile's weight scale of (expert, n-block, kb). (A TMA box of the
@@ -45,7 +41,7 @@ namespace epmoe::cuda::gemm {
 
 using namespace cute;
 
-template <int BLOCK_N_, int STAGES_, int CLUSTER_M_ = 1>
+template <int BLOCK_N_, int STAGES_>
 struct Fp8GemmTraits {
   static constexpr int BLOCK_M = 128;       // two consumer warpgroups of 64 rows
   static constexpr int BLOCK_N = BLOCK_N_;  // 128: one weight scale block per tile
@@ -54,9 +50,7 @@ struct Fp8GemmTraits {
   static constexpr Grouping kGrouping = Grouping::rows;  // the scheduler's grouping
   static constexpr int kNumB = 1;
   static constexpr bool kPingPong = false;
-  static constexpr int kClusterM = CLUSTER_M_;  // CTAs sharing each weight tile (the scheduler's)
-  static_assert(kClusterM == 1 || kClusterM == 2, "single CTAs or pairs sharing B");
-  using ClusterShape = Shape<Int<kClusterM>, _1, _1>;
+  static constexpr int kClusterM = 1;       // the scheduler's tiles: one CTA each
   static constexpr int kWarpgroupsPerTile = BLOCK_M / 64;
   static constexpr int kConsumerWarpgroups = BLOCK_M / 64;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
@@ -114,16 +108,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Pipeline pipeline(smem.pipeline,
                     fp8_pipeline_params<Pipeline>(warpgroup, warp_in_group, lane_predicate, Traits::kTxBytes,
                                                   128 * Traits::kWarpgroupsPerTile),
-                    typename Traits::ClusterShape{});
-  constexpr int kCluster = Traits::kClusterM;
-  if constexpr (kCluster > 1) {  // the peer's barriers are initialised before any multicast
-    cute::cluster_arrive_relaxed();
-    cute::cluster_wait();
-  }
+                    Shape<_1, _1, _1>{});
   fp8_prefetch_descriptors(tma_a, tma_b);
   const TileScheduler<Traits> sched = make_scheduler<Traits>(smem, group_args);  // syncs the CTA
-  const int first_tile = static_cast<int>(blockIdx.x) / kCluster;  // tiles are per cluster
-  const int tile_stride = static_cast<int>(gridDim.x) / kCluster;
 
   Tensor sA = make_tensor(make_smem_ptr(smem.a.data()), typename Traits::SmemLayoutA{});
   Tensor sB = make_tensor(make_smem_ptr(smem.b.data()), typename Traits::SmemLayoutB{});
@@ -135,22 +122,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       Tensor mA = tma_a.get_tma_tensor(make_shape(a_rows, a_cols));                         // (M, K)
       Tensor mB = tma_b.get_tma_tensor(make_shape(b_rows, b_cols, group_args.groups));      // (N, K, G)
       PipelineState write_state = cutlass::make_producer_start_state<Pipeline>();
-      for (int tile = first_tile; tile < sched.total; tile += tile_stride) {
+      for (int tile = blockIdx.x; tile < sched.total; tile += gridDim.x) {
         const TileCoord t = sched.at(tile);
         Tensor gA = local_tile(domain_offset(make_coord(t.row0, 0), mA), Shape<Int<BM>, Int<BK>>{},
                                make_coord(0, _));  // (BM, BK, k)
         Tensor gB = local_tile(domain_offset(make_coord(static_cast<int64_t>(t.n_tile) * BN, 0, t.group), mB)(_, _, 0),
                                Shape<Int<BN>, Int<BK>>{}, make_coord(0, _));  // (BN, BK, k)
-        if constexpr (kCluster == 1) {
-          fp8_load_k_blocks(pipeline, write_state, tma_a, tma_b, gA, gB, sA, sB, t.k_tiles);
-        } else {
-          fp8_load_k_blocks_b_multicast(pipeline, write_state, tma_a, tma_b, gA, gB, sA, sB, t.k_tiles,
-                                        sched.rank);
-        }
+        fp8_load_k_blocks(pipeline, write_state, tma_a, tma_b, gA, gB, sA, sB, t.k_tiles);
       }
-      // A CTA of a pair stays until the peer's consumers have released every stage this CTA's
-      // barriers track (their arrivals target this CTA's shared memory).
-      if constexpr (kCluster > 1) pipeline.producer_tail(write_state);
     }
   } else {
     // ---------------- consumers: wgmma per k-block, promotion, epilogue ----------------
@@ -185,7 +164,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     };
 
     Epilogue epilogue(epi_params, smem.epilogue[wg], wg, wg, tid);
-    for (int tile = first_tile; tile < sched.total; tile += tile_stride) {
+    for (int tile = blockIdx.x; tile < sched.total; tile += gridDim.x) {
       const TileCoord t = sched.at(tile);
       if constexpr (requires { epilogue.prefetch(t); }) epilogue.prefetch(t);  // its global inputs
       const float* sb_S = sb.scales_EBS + (static_cast<int64_t>(t.group) * sb.n_blocks + t.n_tile) * sb.k_blocks;

@@ -197,6 +197,31 @@ __device__ Fp8WgradScheduler<Traits, kCluster> make_wgrad_scheduler(Smem& smem, 
   return s;
 }
 
+// Producer, kCluster == 2: k-blocks [0, k_tiles) of the tile's gA (this CTA's, whole) and gB (the
+// pair's), one stage each: B in two halves, this CTA's half (`rank`) multicast into both CTAs'
+// stage, each half signalling the receiving CTA's barrier (so every stage still receives
+// Traits::kTxBytes). As fp8_load_k_blocks otherwise (extras too).
+template <class Pipeline, class TmaA, class TmaB, class GA, class GB, class SA, class SB,
+          class Extras = NoStageExtras>
+__device__ __forceinline__ void fp8_load_k_blocks_b_multicast(Pipeline& pipeline,
+                                                              typename Pipeline::PipelineState& write_state,
+                                                              const TmaA& tma_a, const TmaB& tma_b, const GA& gA,
+                                                              const GB& gB, SA& sA, SB& sB, int k_tiles, int rank,
+                                                              const Extras& extras = {}) {
+  auto [tAgA, tAsA] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
+  auto [tBgB, tBsB] = tma_partition(tma_b, rank, Layout<_2>{}, group_modes<0, 2>(sB), group_modes<0, 2>(gB));
+  constexpr uint16_t kBothCtas = 0b11;
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    pipeline.producer_acquire(write_state);
+    auto* barrier = pipeline.producer_get_barrier(write_state);
+    const int stage = write_state.index();
+    extras(barrier, stage, kt);  // this CTA's own copies into its own stage
+    copy(tma_a.with(*barrier), tAgA(_, kt), tAsA(_, stage));
+    copy(tma_b.with(*barrier, kBothCtas), tBgB(_, kt), tBsB(_, stage));
+    ++write_state;
+  }
+}
+
 template <class Traits, class Epilogue, bool kOverlap, int kCluster, bool kStageScales, class TmaA, class TmaB>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     grouped_wgrad_fp8_kernel(CUTE_GRID_CONSTANT const TmaA tma_a, CUTE_GRID_CONSTANT const TmaB tma_b,
