@@ -644,6 +644,7 @@ int run(const Options& o) {
       o.iters,
       static_cast<unsigned long long>(o.seed));
   std::printf("%s\n", plan.explain().c_str());
+  if (use_cuda) std::printf("%s\n", epmoe::explain_cuda_kernels(config, p.R).c_str());
 
   std::vector<RankData> ranks = make_inputs(p, o.routing, o.seed);
   const std::vector<int64_t> rows = received_rows(p, ranks);

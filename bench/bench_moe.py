@@ -14,7 +14,9 @@ them an epmoe-fp8-wgrad-bf16 or epmoe-fp8-wgrad-fp8 fwd+bwd row with a stage bre
 other choice (bf16: both weight gradients as bf16 WGRADs, x decoded from its E4M3 rows; fp8: the
 FP8 WGRADs), with ratio_to_fp8 against the epmoe-fp8 fwd+bwd row. --no-fp8 leaves all of them
 out; where torch._scaled_grouped_mm does not run the row-wise recipe the torch-native-fp8 rows
-are left out with the reason printed and kept under "notes" in the JSON.
+are left out with the reason printed and kept under "notes" in the JSON. The epmoe fwd+bwd rows
+(bf16, epmoe-fp8*, --epmoe-only's) record "kernels": explain_cuda_kernels' text, the kernel each
+grouped GEMM ran and the rule or override that chose it.
 
 Each shape also gets epmoe-nvfp4 / epmoe-nvfp4-graph decode-fwd rows (Config.precision = nvfp4:
 weight-only inference on weights prepared once) with roofline_fraction for the bytes the NVFP4
@@ -172,6 +174,8 @@ class Layer:
             t = not self.inference  # a backward reads the transposed copies
             self.prepared = (epmoe_ctypes.PreparedFp8(lib, self.w13, transposed=t),
                              epmoe_ctypes.PreparedFp8(lib, self.w2, transposed=t))
+        # The kernel each GEMM runs, with this process's overrides (the JSON's "kernels").
+        self.kernels = epmoe_ctypes.explain_kernels(lib, cfg, 1)
         if not self.inference:
             self.grad_x = torch.empty_like(self.x)
             self.grad_scores = torch.empty(T, K, device="cuda")
@@ -332,6 +336,7 @@ def bench_epmoe_only(lib, shape, routing, rows, iters, impl, precision="bf16"):
     L = Layer(lib, shape, routing, T_train, precision=precision)
     p = "fp8" if precision == "fp8-train" else "bf16"
     extra = {"fp8_wgrad": L.fp8_wgrad} if p == "fp8" else {}  # the planner's choice (by_shape)
+    extra["kernels"] = L.kernels
     N = L.routes
     L.step()
     L.ctx.check()
@@ -548,7 +553,7 @@ def bench_fp8_train(lib, shape, routing, rows, iters, bf16_out, t_step_bf16, rec
     err = {name: rel_l2(getattr(L, name), ref) for name, ref in bf16_out.items()}
     t = timed(L.step, iters)
     flops = 18 * N * D * F
-    extra = {"fp8_wgrad": L.fp8_wgrad}
+    extra = {"fp8_wgrad": L.fp8_wgrad, "kernels": L.kernels}
     if t_step_fp8 is not None:
         extra["ratio_to_fp8"] = t_step_fp8[0] / t[0]
     rows.append(row(impl, shape, routing, "fwd+bwd", T_train, t, flops, precision="fp8",
@@ -618,7 +623,7 @@ def bench_shape(lib, shape, routing, ceil, rows, iters, fp8=True, fp8_recipe=Tru
                     ratio_to_recipe=r_fwd[0] / t_fwd[0], **ext))
     rows.append(row("epmoe", shape, routing, "fwd+bwd", T_train, t_step, step_flops,
                     ratio_to_ceiling=step_flops / t_step[0] / 1e9 / ceil["bf16_matmul_tflops"],
-                    ratio_to_recipe=r_step[0] / t_step[0]))
+                    ratio_to_recipe=r_step[0] / t_step[0], kernels=L.kernels))
     rows.append(row("torch-native", shape, routing, "fwd", T_train, r_fwd, fwd_flops))
     rows.append(row("torch-native", shape, routing, "fwd+bwd", T_train, r_step, step_flops,
                     peak_mem_bytes_recipe=recipe_peak))

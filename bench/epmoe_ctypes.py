@@ -97,6 +97,8 @@ def load(path=None):
                                       ctypes.POINTER(ctypes.c_int)]
     lib.epmoe_explain_plan.argtypes = [ctypes.POINTER(Config), ctypes.c_int, ctypes.c_char_p,
                                        ctypes.c_size_t]
+    lib.epmoe_explain_kernels.argtypes = [ctypes.POINTER(Config), ctypes.c_int, ctypes.c_char_p,
+                                          ctypes.c_size_t]
     lib.epmoe_plan_slots.argtypes = [ctypes.POINTER(Config), ctypes.c_int, ctypes.POINTER(SlotPlan)]
     lib.epmoe_resolved_fp8_wgrad.argtypes = [ctypes.POINTER(Config), ctypes.c_int,
                                              ctypes.POINTER(ctypes.c_int32)]
@@ -124,6 +126,15 @@ def plan_slots(lib, config, ep_size=1):
     if lib.epmoe_plan_slots(ctypes.byref(config), ep_size, ctypes.byref(p)) != 0:
         raise RuntimeError(lib.epmoe_last_error().decode())
     return {name: getattr(p, name) for name, _ in SlotPlan._fields_}
+
+
+def explain_kernels(lib, config, ep_size=1):
+    """The kernel each grouped GEMM runs on the CUDA backend and the rule that chose it, with this
+    process's environment overrides (epmoe_explain_kernels; host only)."""
+    buf = ctypes.create_string_buffer(16384)
+    if lib.epmoe_explain_kernels(ctypes.byref(config), ep_size, buf, len(buf)) != 0:
+        raise RuntimeError(lib.epmoe_last_error().decode())
+    return buf.value.decode()
 
 
 FP8_WGRADS = ("fp8", "bf16", "by_shape")  # epmoe_config.fp8_wgrad values 0, 1, 2

@@ -136,9 +136,14 @@ int epmoe_prepare_weights_mxfp8(const void* w_GNL, int64_t G, int64_t N, int64_t
 /* plan_memory(config, ep_size).explain() into buf (truncated to len - 1). */
 int epmoe_explain_plan(const epmoe_config* config, int ep_size, char* buf, size_t len);
 
+/* explain_cuda_kernels(config, ep_size) into buf (truncated to len - 1): the kernel each grouped
+   GEMM runs on the CUDA backend and the rule that chose it (host only, no GPU needed). A build
+   without the CUDA backend returns the backend error. */
+int epmoe_explain_kernels(const epmoe_config* config, int ep_size, char* buf, size_t len);
+
 /* The planner's resolution of config->fp8_wgrad at ep_size (MemoryPlan::fp8_wgrad): *out = 0 fp8
    or 1 bf16, never 2. by_shape (2) with fp8_block training: 0 iff the balanced rows per local
-   expert T*K*ep_size/num_experts >= 256 and D*F/(D+F) >= 1024; other precisions and inference: 0
+   expert T*K*ep_size/num_experts >= 512 and D*F/(D+F) >= 1024; other precisions and inference: 0
    (unused). 0 fp8 / 1 bf16 pass through. epmoe_explain_plan prints the reason. */
 int epmoe_resolved_fp8_wgrad(const epmoe_config* config, int ep_size, int32_t* out);
 

@@ -55,7 +55,7 @@ const char* to_string(CombineMode mode);
 //         bf16(fp32 code * scale). No column quantization.
 //   by_shape: the planner picks fp8 or bf16 from the shape (MemoryPlan::fp8_wgrad holds the
 //         choice, explain() its reason; rule in src/core/fp8_wgrad_choice.h): fp8 iff the balanced
-//         rows per local expert T*K*R/E_global >= 256 and D*F/(D+F) >= 1024.
+//         rows per local expert T*K*R/E_global >= 512 and D*F/(D+F) >= 1024.
 enum class Fp8Wgrad : int { fp8, bf16, by_shape };
 const char* to_string(Fp8Wgrad wgrad);
 // The default of ConfigFields::fp8_wgrad (one place to change it).

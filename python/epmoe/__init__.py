@@ -15,7 +15,7 @@ from .api import ExecutionOptions, routed_experts
 from .config import Config
 from .context import Context, create_context
 from .layered import DispatchHandle, combine, dispatch, grouped_gemm
-from .plan import MemoryPlan, plan_memory
+from .plan import MemoryPlan, explain_kernels, plan_memory
 
 __all__ = [
     "Config",
@@ -26,6 +26,7 @@ __all__ = [
     "combine",
     "create_context",
     "dispatch",
+    "explain_kernels",
     "grouped_gemm",
     "library_path",
     "plan_memory",

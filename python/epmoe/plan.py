@@ -57,3 +57,15 @@ def plan_memory(config: Config, ep_size: int, *, device=None) -> MemoryPlan:
     lines = ops._plan_fields(native, ep_size).strip().splitlines()
     fields = {k: _value(v) for k, v in (line.split("=", 1) for line in lines)}
     return MemoryPlan(fields, ops._plan_explain(native, ep_size))
+
+
+def explain_kernels(config: Config, ep_size: int = 1) -> str:
+    """The kernel each grouped GEMM of config at ep_size runs on the CUDA backend, each with the rule
+    or environment override that chose it (C++ explain_cuda_kernels; pure host logic, no GPU
+    needed). Raises RuntimeError where the library was built without the CUDA backend."""
+    if not isinstance(config, Config):
+        raise TypeError(f"config: expected epmoe.Config, got {type(config).__name__}")
+    if isinstance(ep_size, bool) or not isinstance(ep_size, int) or ep_size < 1:
+        raise ValueError(f"ep_size: expected an int >= 1, got {ep_size!r}")
+    config.local_experts(ep_size)
+    return ops._kernels_explain(config.to_native(), ep_size)

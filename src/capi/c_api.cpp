@@ -310,6 +310,18 @@ int epmoe_explain_plan(const epmoe_config* config, int ep_size, char* buf, size_
   });
 }
 
+int epmoe_explain_kernels(const epmoe_config* config, int ep_size, char* buf, size_t len) {
+  return guarded([&] {
+    EPMOE_CHECK_ARG(config != nullptr, "config", "an epmoe_config", "nullptr");
+    const std::string s = epmoe::explain_cuda_kernels(to_config(*config), ep_size);
+    if (len == 0) return;
+    EPMOE_CHECK_ARG(buf != nullptr, "buf", "a buffer of len bytes", "nullptr");
+    const size_t n = s.size() < len - 1 ? s.size() : len - 1;
+    std::memcpy(buf, s.data(), n);
+    buf[n] = '\0';
+  });
+}
+
 int epmoe_resolved_fp8_wgrad(const epmoe_config* config, int ep_size, int32_t* out) {
   return guarded([&] {
     EPMOE_CHECK_ARG(config != nullptr, "config", "an epmoe_config", "nullptr");

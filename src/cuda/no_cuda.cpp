@@ -26,4 +26,10 @@ void prepare_weights_cuda(const TensorRef& w_GNL, const PreparedWeights& /*prepa
                "a CPU-only build asked for cuda:" + std::to_string(w_GNL.device.index));
 }
 
+std::string explain_cuda_kernels(const Config& /*config*/, int /*ep_size*/) {
+  EPMOE_EXPECT(false, backend, "explain_cuda_kernels", "a build with the CUDA backend (EPMOE_CUDA=ON)",
+               "a CPU-only build");
+  return {};
+}
+
 }  // namespace epmoe

@@ -137,6 +137,11 @@ std::string plan_explain(const std::string& config_text, int64_t ep_size) {
   return guarded([&] { return plan_memory(parse_config(config_text), static_cast<int>(ep_size)).explain(); });
 }
 
+// explain_cuda_kernels (epmoe/cuda.h): the kernel each grouped GEMM runs on the CUDA backend.
+std::string kernels_explain(const std::string& config_text, int64_t ep_size) {
+  return guarded([&] { return explain_cuda_kernels(parse_config(config_text), static_cast<int>(ep_size)); });
+}
+
 const char* slot_sizing_name(SlotSizing s) {
   switch (s) {
     case SlotSizing::none: return "none";
@@ -203,6 +208,7 @@ TORCH_LIBRARY(epmoe, m) {
   m.def("_context_info(int context) -> int[]", &context_info);
   m.def("_plan_explain(str config, int ep_size) -> str", &plan_explain);
   m.def("_plan_fields(str config, int ep_size) -> str", &plan_fields);
+  m.def("_kernels_explain(str config, int ep_size) -> str", &kernels_explain);
   m.def("_cuda_device_count() -> int", &cuda_devices);
   m.def("_nccl_unique_id() -> str", &nccl_id);
   m.def("_has_nccl() -> bool", &has_nccl);

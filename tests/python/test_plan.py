@@ -225,3 +225,19 @@ def test_import_initialises_neither_cuda_nor_a_process_group():
             "print(sorted(epmoe.__all__))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert "routed_experts" in out.stdout
+
+
+def test_explain_kernels_names_each_gemm_or_the_missing_backend():
+    """explain_kernels: the CUDA backend's choice per grouped GEMM (C++ explain_cuda_kernels, host
+    only), or the backend error in a build without it."""
+    config = tiny_config()
+    try:
+        text = epmoe.explain_kernels(config, 2)
+    except RuntimeError as e:
+        assert "EPMOE_CUDA=ON" in str(e)
+        return
+    for gemm in ("w13_fprop", "w2_fprop", "w2_dgrad", "w13_dgrad", "w2_wgrad", "w13_wgrad"):
+        assert f"  {gemm}: " in text
+    assert f"at EP = 2: {config.local_experts(2)} local experts" in text
+    with pytest.raises(ValueError, match="ep_size"):
+        epmoe.explain_kernels(config, 0)

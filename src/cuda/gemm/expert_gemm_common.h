@@ -1,5 +1,5 @@
-// Shared by the per-stage GEMM launchers: the group description of a Step and the problem
-// descriptor each launcher prints through the config heuristic.
+// Shared by the per-stage GEMM launchers: the group description of a Step, the kernel choices as
+// types (the selectors are gemm_config.h's).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,30 +17,6 @@ namespace epmoe::cuda::gemm {
 
 // Throws naming the limit when the launch would not fit the kernel family.
 void check_groups(const Step& s);
-
-// The consumer schedule of one GEMM: EPMOE_GEMM_SCHEDULE[_<KIND>|_WGRAD]=cooperative|pingpong
-// forces one (for measurements), else the measured table in gemm_config.cpp.
-Schedule select_schedule(GemmKind kind, const Step& s);
-
-// CTAs that share each B tile (1, or a pair multicasting it): EPMOE_GEMM_CLUSTER=1|2 forces it,
-// else the measured table in gemm_config.cpp.
-int select_cluster(GemmKind kind, const Step& s);
-
-// How the bf16 WGRAD writes an overwritten gradient: through one TMA-store buffer per warpgroup
-// (3 stages) that drains during the next tile's MMA, its stores issued by the consumers or, up to
-// kWgradStoreWarpMaxRows rows per expert, by a producer warp (the rule in gemm_config.cpp); or by
-// the threads (staged rows, 16-byte global stores; 4 stages). EPMOE_WGRAD_STORE=tma|tma_warp|direct
-// forces one.
-WgradStore select_wgrad_store(GemmKind kind, const Step& s);
-
-// The output tile of the TMA-store WGRAD (cooperative, unclustered): EPMOE_WGRAD_TILE=128x256|
-// 128x192 forces one (128x192 is built with EPMOE_GEMM_CONFIGS=ALL only), else 128 x 256.
-WgradTile select_wgrad_tile(GemmKind kind, const Step& s);
-
-// Whether the bf16 WGRAD (cooperative, unclustered; overwritten output) runs its full k-blocks with
-// one wgmma batch in flight and the partial one after them: EPMOE_WGRAD_PEEL=1|0 forces it, else
-// the rule in gemm_config.cpp.
-bool select_wgrad_peel(GemmKind kind, const Step& s);
 
 // A kernel configuration chosen at run time, as a type: the consumer schedule and the cluster.
 template <bool kPingPong, int kCluster>

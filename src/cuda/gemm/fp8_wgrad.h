@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "epmoe/tensor.h"
 
@@ -52,6 +53,19 @@ struct Fp8WgradArgs {
   // EPMOE_FP8_WGRAD_TILE=128x128|192x128 read per launch (unset: 192x128).
   int tile = -1;
 };
+
+// The kernel fp8_grouped_wgrad runs for `args`, by the rules in grouped_wgrad_fp8.cu with the
+// environment's overrides read now (Error(invalid_argument) as the launch would throw it): CTAs per
+// tile (2: pairs multicasting B), the scales copied into the stages (bf16 overwritten), 192 x 128
+// tiles (with them, on single CTAs), two block accumulators (f32 or accumulated, single CTAs).
+struct Fp8WgradKernel {
+  int cluster = 1;
+  bool stage_scales = false;
+  bool tile192 = false;
+  bool overlap = false;
+};
+Fp8WgradKernel fp8_wgrad_kernel(const Fp8WgradArgs& args);
+std::string to_string(const Fp8WgradKernel& k);  // e.g. "192 x 128, scales in the stage, single CTAs"
 
 // An expert without rows (all of them when skipped): zeros, or nothing added when accumulating
 // (the bf16 WGRAD's contract). Requirements (checked; Error(invalid_argument) naming the field):

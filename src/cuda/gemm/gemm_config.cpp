@@ -18,34 +18,6 @@
 
 namespace epmoe::cuda {
 
-std::string GemmConfig::to_string() const {
-  std::ostringstream os;
-  os << "tile " << block_m << "x" << block_n << "x" << block_k << ", " << stages
-     << " stages, persistent grid " << num_sms;
-  return os.str();
-}
-
-std::string to_string(const GemmProblem& p) {
-  std::ostringstream os;
-  os << p.name << ": " << (p.grouping == Grouping::rows ? "rows" : "reduction") << " grouping, A "
-     << (p.a_major == Major::K ? "K" : "MN") << "-major, B " << (p.b_major == Major::K ? "K" : "MN")
-     << "-major x" << p.num_b << ", m " << p.m << ", n " << p.n << ", k " << p.k << ", groups "
-     << p.groups << " (~" << p.expected_rows_per_group << " rows each)";
-  return os.str();
-}
-
-// One instantiated tile per problem kind today: 128 rows (two consumer warpgroups), 256 columns
-// (two 128-column halves for the SwiGLU pair), 64-deep k-blocks, 4 stages (192 KiB of operands).
-GemmConfig select_config(const GemmProblem& p, int num_sms) {
-  GemmConfig c;
-  c.block_m = 128;
-  c.block_n = p.num_b == 2 ? 128 : 256;
-  c.block_k = 64;
-  c.stages = 4;
-  c.num_sms = num_sms;
-  return c;
-}
-
 const char* to_string(Schedule s) { return s == Schedule::pingpong ? "ping-pong" : "cooperative"; }
 
 namespace gemm {
@@ -81,6 +53,13 @@ const char* to_string(GemmKind k) {
 namespace {
 bool is_wgrad(GemmKind kind) { return kind == GemmKind::w2_wgrad || kind == GemmKind::w13_wgrad; }
 
+// Appends to a selector's `why` when asked for.
+void say(std::string* why, const std::string& text) {
+  if (why != nullptr) *why += text;
+}
+
+int64_t rows_per_expert(const Step& s) { return s.capacity_rows / std::max(1, s.dims.E); }
+
 // EPMOE_GEMM_SCHEDULE_<KIND>: the kind's name (to_string) in capitals, built once.
 const char* schedule_override_name(GemmKind kind) {
   constexpr int kKinds = static_cast<int>(GemmKind::w13_wgrad) + 1;
@@ -96,7 +75,7 @@ const char* schedule_override_name(GemmKind kind) {
 }
 }  // namespace
 
-Schedule select_schedule(GemmKind kind, const Step& s) {
+Schedule select_schedule(GemmKind kind, const Step& s, std::string* why) {
   const char* names[] = {schedule_override_name(kind),
                          is_wgrad(kind) ? "EPMOE_GEMM_SCHEDULE_WGRAD" : nullptr,
                          "EPMOE_GEMM_SCHEDULE"};
@@ -110,6 +89,7 @@ Schedule select_schedule(GemmKind kind, const Step& s) {
     }
   }
   if (env != nullptr) {
+    say(why, std::string(name) + "=" + env + " (override)");
     if (std::strcmp(env, "cooperative") == 0) return Schedule::cooperative;
     EPMOE_CHECK_ARG(std::strcmp(env, "pingpong") == 0, name, "cooperative or pingpong", env);
 #if !defined(EPMOE_GEMM_ALL_CONFIGS)
@@ -118,14 +98,20 @@ Schedule select_schedule(GemmKind kind, const Step& s) {
 #endif
     return Schedule::pingpong;
   }
-  const int64_t rows_per_expert = s.capacity_rows / std::max(1, s.dims.E);
+  const int64_t rows = rows_per_expert(s);
   switch (kind) {
     case GemmKind::w13_fprop:
-    case GemmKind::w2_fprop: return Schedule::pingpong;
+    case GemmKind::w2_fprop:
+      say(why, "forward rule: one warpgroup's epilogue under the other's MMA");
+      return Schedule::pingpong;
     case GemmKind::w2_dgrad:
-    case GemmKind::w13_dgrad: return rows_per_expert <= 192 ? Schedule::pingpong : Schedule::cooperative;
+    case GemmKind::w13_dgrad:
+      say(why, std::to_string(rows) + " rows per expert " + (rows <= 192 ? "<=" : ">") + " 192");
+      return rows <= 192 ? Schedule::pingpong : Schedule::cooperative;
     case GemmKind::w2_wgrad:
-    case GemmKind::w13_wgrad: return Schedule::cooperative;
+    case GemmKind::w13_wgrad:
+      say(why, "WGRAD rule: ping-pong measured 1.3-1.6x slower");
+      return Schedule::cooperative;
   }
   return Schedule::cooperative;
 }
@@ -152,17 +138,21 @@ Schedule select_schedule(GemmKind kind, const Step& s) {
 // (gpt-oss) it measured x1.02-1.05 slower, though the stamped tile period fell: the stores now run
 // under the next tile's k-loop, whose MMA phase grew 4 991 -> 6 162 clocks. Neutral on qwen3 (~512)
 // and mixtral (~2048). bench/RESULTS.md "2026-12-01 · 7d26173".
-WgradStore select_wgrad_store(GemmKind kind, const Step& s) {
+WgradStore select_wgrad_store(GemmKind kind, const Step& s, std::string* why) {
   (void)kind;
   const char* env = std::getenv("EPMOE_WGRAD_STORE");
   if (env != nullptr) {
+    say(why, std::string("EPMOE_WGRAD_STORE=") + env + " (override)");
     if (std::strcmp(env, "tma") == 0) return WgradStore::tma;
     if (std::strcmp(env, "tma_warp") == 0) return WgradStore::tma_warp;
     EPMOE_CHECK_ARG(std::strcmp(env, "direct") == 0, "EPMOE_WGRAD_STORE", "tma, tma_warp or direct", env);
     return WgradStore::direct;
   }
-  const int64_t rows_per_expert = s.capacity_rows / std::max(1, s.dims.E);
-  return rows_per_expert <= kWgradStoreWarpMaxRows ? WgradStore::tma_warp : WgradStore::tma;
+  const int64_t rows = rows_per_expert(s);
+  const bool warp = rows <= kWgradStoreWarpMaxRows;
+  say(why, std::to_string(rows) + " rows per expert " + (warp ? "<= " : "> ") +
+               std::to_string(kWgradStoreWarpMaxRows));
+  return warp ? WgradStore::tma_warp : WgradStore::tma;
 }
 
 // 128 x 192 fits a fourth stage beside its TMA-store staging (4 x 40 + 2 x 24 KiB): the timeline
@@ -170,10 +160,12 @@ WgradStore select_wgrad_store(GemmKind kind, const Step& s) {
 // which three stages let the producer load only once the tile's first block retires, and its
 // D = F = 2880 fills 15 tiles of 192 where 256 leaves the twelfth a quarter full. Unmeasured,
 // so off unless asked for.
-WgradTile select_wgrad_tile(GemmKind kind, const Step& s) {
+WgradTile select_wgrad_tile(GemmKind kind, const Step& s, std::string* why) {
   (void)kind;
   (void)s;
   const char* env = std::getenv("EPMOE_WGRAD_TILE");
+  say(why, env == nullptr ? std::string("rule; 128 x 192 unmeasured")
+                          : std::string("EPMOE_WGRAD_TILE=") + env + " (override)");
   if (env == nullptr || std::strcmp(env, "128x256") == 0) return WgradTile::n256;
   EPMOE_CHECK_ARG(std::strcmp(env, "128x192") == 0, "EPMOE_WGRAD_TILE", "128x256 or 128x192", env);
 #if !defined(EPMOE_GEMM_ALL_CONFIGS)
@@ -184,8 +176,10 @@ WgradTile select_wgrad_tile(GemmKind kind, const Step& s) {
 
 namespace {
 // A 0 / 1 switch read per launch (~100 ns): its value, or `fallback` when unset.
-bool switch_from_env(const char* name, bool fallback) {
+bool switch_from_env(const char* name, bool fallback, std::string* why) {
   const char* env = std::getenv(name);
+  say(why, env == nullptr ? std::string("rule")
+                          : std::string(name) + "=" + env + " (override)");
   if (env == nullptr) return fallback;
   EPMOE_CHECK_ARG(std::strcmp(env, "0") == 0 || std::strcmp(env, "1") == 0, name, "0 or 1", env);
   return env[0] == '1';
@@ -196,10 +190,10 @@ bool switch_from_env(const char* name, bool fallback) {
 // in flight (the rows grouping's loop) instead of retiring each. Measured on every shape at EP = 1
 // (bench/RESULTS.md, 0305eb4): W2 / W13 WGRAD x0.86 / 0.87 (qwen3), 0.97 / 0.96 (deepseek-v3),
 // 0.91 / 0.91 (gpt-oss), 1.00 / 1.02 (mixtral, direct stores: noise), so on everywhere.
-bool select_wgrad_peel(GemmKind kind, const Step& s) {
+bool select_wgrad_peel(GemmKind kind, const Step& s, std::string* why) {
   (void)kind;
   (void)s;
-  return switch_from_env("EPMOE_WGRAD_PEEL", true);
+  return switch_from_env("EPMOE_WGRAD_PEEL", true, why);
 }
 
 // Pairs of CTAs multicasting B (grouped_gemm_sm90.cuh) are measured against single CTAs per GEMM
@@ -209,12 +203,13 @@ bool select_wgrad_peel(GemmKind kind, const Step& s) {
 // at about the same rate on the cooperative 128 x 256 tile and on the 64 x 256 ping-pong one (4.8
 // and 4.4 TB/s of k-blocks, 1.67x the bytes taking 1.8x the time; bench/RESULTS.md 004ced0): if
 // that rate is their bound, pairs (B shared by two m-tiles) cut the L2 reads by a third; unmeasured.
-int select_cluster(GemmKind kind, const Step& s) {
+int select_cluster(GemmKind kind, const Step& s, std::string* why) {
   (void)s;
   for (const char* name :
        {is_wgrad(kind) ? "EPMOE_GEMM_CLUSTER_WGRAD" : nullptr, "EPMOE_GEMM_CLUSTER"}) {
     const char* env = name == nullptr ? nullptr : std::getenv(name);
     if (env == nullptr) continue;
+    say(why, std::string(name) + "=" + env + " (override)");
     if (std::strcmp(env, "1") == 0) return 1;
     EPMOE_CHECK_ARG(std::strcmp(env, "2") == 0, name, "1 or 2", env);
 #if !defined(EPMOE_GEMM_ALL_CONFIGS)
@@ -222,6 +217,7 @@ int select_cluster(GemmKind kind, const Step& s) {
 #endif
     return 2;
   }
+  say(why, "rule: pairs showed no gain");
   return 1;
 }
 

@@ -1,9 +1,16 @@
-// Grouped GEMM problem descriptor and kernel config, apart from each other: the problem says what
-// to compute, the config how; select_config() is the printable heuristic between them.
+// The grouped GEMMs' kernel choices (host side): what a launch can run (schedule, cluster, the
+// WGRAD's store, tile and k-tail) and the selectors that pick one per GEMM of a Step. Each selector
+// applies its measured rule (gemm_config.cpp, with the figures behind it) unless an environment
+// override is set, and with `why` also says which and on what values: cuda/kernel_explain.h prints
+// them for a configuration.
 #pragma once
 
 #include <cstdint>
 #include <string>
+
+namespace epmoe {
+struct Step;
+}
 
 namespace epmoe::cuda {
 
@@ -17,28 +24,6 @@ enum class Grouping : int { rows, reduction };
 // Where an operand's consecutive elements run: along K (row-major activations, weights as
 // [N, K]) or along M/N (weights read transposed in DGRAD, activations in WGRAD).
 enum class Major : int { K, MN };
-
-struct GemmProblem {
-  const char* name = "";   // "w13_fprop", ...
-  Grouping grouping = Grouping::rows;
-  Major a_major = Major::K;
-  Major b_major = Major::K;
-  int num_b = 1;           // 2: gate and up halves of W13 as two B operands (SwiGLU pairs)
-  int64_t m = 0;           // rows: capacity rows; reduction: output rows
-  int64_t n = 0;           // output columns (per B operand when num_b == 2)
-  int64_t k = 0;           // rows: reduction length; reduction: capacity rows
-  int groups = 0;          // local experts E
-  int64_t expected_rows_per_group = 0;  // host estimate (capacity / E), for tile choice only
-};
-
-struct GemmConfig {
-  int block_m = 128;       // 64 per consumer warpgroup
-  int block_n = 256;       // per B operand
-  int block_k = 64;
-  int stages = 4;
-  int num_sms = 0;         // persistent grid size
-  std::string to_string() const;
-};
 
 // Consumer warpgroups: both on one 128-row tile (cooperative), or alternate 64-row tiles so one
 // warpgroup's epilogue overlaps the other's MMA (ping-pong).
@@ -57,10 +42,35 @@ enum class WgradTile : int { n256, n192 };
 
 // The six expert GEMMs (their schedule is chosen per kind).
 enum class GemmKind : int { w13_fprop, w2_fprop, w2_dgrad, w13_dgrad, w2_wgrad, w13_wgrad };
+
+namespace gemm {
+
 const char* to_string(GemmKind k);
 
-// Printable heuristic: a small table of configs that exist as instantiations.
-GemmConfig select_config(const GemmProblem& p, int num_sms);
-std::string to_string(const GemmProblem& p);
+// Each selector returns its choice for GEMM `kind` of step `s` (only s.dims and s.capacity_rows
+// are read) and, with `why`, appends the rule or override that made it.
 
+// The consumer schedule: EPMOE_GEMM_SCHEDULE[_<KIND>|_WGRAD]=cooperative|pingpong forces one (for
+// measurements), else the measured table.
+Schedule select_schedule(GemmKind kind, const Step& s, std::string* why = nullptr);
+
+// CTAs that share each B tile (1, or a pair multicasting it): EPMOE_GEMM_CLUSTER[_WGRAD]=1|2
+// forces it, else 1.
+int select_cluster(GemmKind kind, const Step& s, std::string* why = nullptr);
+
+// How the bf16 WGRAD writes an overwritten gradient: through one TMA-store buffer per warpgroup
+// (3 stages) that drains during the next tile's MMA, its stores issued by the consumers or, up to
+// kWgradStoreWarpMaxRows rows per expert, by a producer warp; or by the threads (staged rows,
+// 16-byte global stores; 4 stages). EPMOE_WGRAD_STORE=tma|tma_warp|direct forces one.
+WgradStore select_wgrad_store(GemmKind kind, const Step& s, std::string* why = nullptr);
+
+// The output tile of the TMA-store WGRAD (cooperative, unclustered): EPMOE_WGRAD_TILE=128x256|
+// 128x192 forces one (128x192 is built with EPMOE_GEMM_CONFIGS=ALL only), else 128 x 256.
+WgradTile select_wgrad_tile(GemmKind kind, const Step& s, std::string* why = nullptr);
+
+// Whether the bf16 WGRAD (cooperative, unclustered; overwritten output) runs its full k-blocks with
+// one wgmma batch in flight and the partial one after them: EPMOE_WGRAD_PEEL=1|0 forces it, else on.
+bool select_wgrad_peel(GemmKind kind, const Step& s, std::string* why = nullptr);
+
+}  // namespace gemm
 }  // namespace epmoe::cuda

@@ -149,19 +149,41 @@ void launch(const Fp8WgradArgs& args, const typename Epilogue::Params& epi, int 
 }
 
 template <class Epilogue>
-void launch(const Fp8WgradArgs& args, const typename Epilogue::Params& epi, int cluster, void* stream) {
-  if (cluster == 1 && fp8_overlap_selected(args.overlap)) {
-    launch<Epilogue, true>(args, epi, cluster, stream);
+void launch(const Fp8WgradArgs& args, const typename Epilogue::Params& epi, const Fp8WgradKernel& k,
+            void* stream) {
+  if (k.overlap) {
+    launch<Epilogue, true>(args, epi, k.cluster, stream);
   } else {
-    launch<Epilogue, false>(args, epi, cluster, stream);
+    launch<Epilogue, false>(args, epi, k.cluster, stream);
   }
 }
 
 }  // namespace
 
+Fp8WgradKernel fp8_wgrad_kernel(const Fp8WgradArgs& args) {
+  Fp8WgradKernel k;
+  k.cluster = cluster_size(args.multicast);
+  if (args.out_dtype == DType::bf16 && !args.accumulate) {
+    // One block accumulator only: with two, the TMA-store epilogue's kernel spills (-Xptxas -v).
+    k.stage_scales = stage_scales_selected(args);
+    k.tile192 = k.stage_scales && k.cluster == 1 && tile192_selected(args.tile);
+  } else {
+    k.overlap = k.cluster == 1 && fp8_overlap_selected(args.overlap);
+  }
+  return k;
+}
+
+std::string to_string(const Fp8WgradKernel& k) {
+  std::string s = k.tile192 ? "192 x 128" : "128 x 128";
+  s += k.stage_scales ? ", scales in the stage" : ", scales loaded by the consumers";
+  if (k.overlap) s += ", two block accumulators";
+  s += k.cluster == 2 ? ", CTA pairs multicasting B" : ", single CTAs";
+  return s;
+}
+
 void fp8_grouped_wgrad(const Fp8WgradArgs& args, void* stream) {
   check_args(args);
-  const int cluster = cluster_size(args.multicast);
+  const Fp8WgradKernel k = fp8_wgrad_kernel(args);
   if (args.out_dtype == DType::bf16 && !args.accumulate) {
     using Box = typename WgradTmaEpilogue<Traits, int>::SmemLayoutBox;
     auto tensor = make_tensor(make_gmem_ptr(static_cast<cutlass::bfloat16_t*>(args.out_ENL)),
@@ -170,15 +192,14 @@ void fp8_grouped_wgrad(const Fp8WgradArgs& args, void* stream) {
     auto store = make_tma_atom(SM90_TMA_STORE{}, tensor, Box{}, Shape<_64, _64>{});
     using Epi = WgradTmaEpilogue<Traits, decltype(store)>;
     const typename Epi::Params epi{store, args.N, args.L, args.E};
-    // One block accumulator only: with two, this epilogue's kernel spills (-Xptxas -v).
-    if (stage_scales_selected(args)) {
+    if (k.stage_scales) {
 #if defined(EPMOE_GEMM_ALL_CONFIGS)
-      if (cluster == 2) {
+      if (k.cluster == 2) {
         launch<Epi, false, 2, true>(args, epi, stream);
         return;
       }
 #endif
-      if (tile192_selected(args.tile)) {
+      if (k.tile192) {
         using Epi192 = WgradTmaEpilogue<Fp8Wgrad192Traits, decltype(store)>;
         const typename Epi192::Params epi192{store, args.N, args.L, args.E};
         launch<Epi192, false, 1, true, Fp8Wgrad192Traits>(args, epi192, stream);
@@ -186,7 +207,7 @@ void fp8_grouped_wgrad(const Fp8WgradArgs& args, void* stream) {
       }
       launch<Epi, false, 1, true>(args, epi, stream);
     } else {
-      launch<Epi, false>(args, epi, cluster, stream);
+      launch<Epi, false>(args, epi, k.cluster, stream);
     }
     return;
   }
@@ -194,12 +215,12 @@ void fp8_grouped_wgrad(const Fp8WgradArgs& args, void* stream) {
   if (args.out_dtype == DType::f32) {
     using Epi = WgradEpilogue<Traits, float>;
     const typename Epi::Params epi{static_cast<float*>(args.out_ENL), args.N, args.L, accumulate};
-    launch<Epi>(args, epi, cluster, stream);
+    launch<Epi>(args, epi, k, stream);
   } else {
     using Epi = WgradEpilogue<Traits, cutlass::bfloat16_t>;
     const typename Epi::Params epi{static_cast<cutlass::bfloat16_t*>(args.out_ENL), args.N, args.L,
                                    accumulate};
-    launch<Epi>(args, epi, cluster, stream);
+    launch<Epi>(args, epi, k, stream);
   }
 }
 

@@ -1,0 +1,156 @@
+// explain_cuda_kernels: the kernel each grouped GEMM of a configuration runs on the CUDA backend,
+// from the launchers' own selectors (gemm/gemm_config.h, the FP8 launchers' rules), so the text
+// cannot drift from what runs. The tiles named per schedule are the launchers' instantiations:
+// gemm/expert_gemm_common.h RowsTraits (ping-pong 64 rows and 5 stages, cooperative 128 and 4),
+// W13's two B operands of 128 columns, the TMA-store WGRAD's 128 x 256 (or 128 x 192) on 3 stages,
+// the FP8 kernels' fp8_gemm.h Fp8Tile and fp8_wgrad.h Fp8WgradKernel.
+#include <cstdlib>
+#include <sstream>
+#include <string>
+
+#include "core/step.h"
+#include "cuda/gemm/fp8_gemm.h"
+#include "cuda/gemm/fp8_wgrad.h"
+#include "cuda/gemm/gemm_config.h"
+#include "epmoe/cuda.h"
+#include "epmoe/error.h"
+#include "epmoe/memory_plan.h"
+
+namespace epmoe {
+namespace {
+
+using cuda::GemmKind;
+using cuda::Schedule;
+using cuda::WgradStore;
+using cuda::WgradTile;
+
+std::string bf16_rows_gemm(GemmKind kind, const Step& s) {
+  namespace g = cuda::gemm;
+  std::string why_schedule, why_cluster;
+  const Schedule sched = g::select_schedule(kind, s, &why_schedule);
+  const int cluster = g::select_cluster(kind, s, &why_cluster);
+  const bool pp = sched == Schedule::pingpong;
+  std::string tile = kind == GemmKind::w13_fprop ? (pp ? "64 x 128 x 2 (gate, up)" : "128 x 128 x 2 (gate, up)")
+                                                 : (pp ? "64 x 256" : "128 x 256");
+  return "bf16 " + tile + ", " + cuda::to_string(sched) + " [" + why_schedule + "], " +
+         (cluster == 2 ? "CTA pairs" : "single CTAs") + " [" + why_cluster + "]";
+}
+
+std::string bf16_wgrad(GemmKind kind, const Step& s) {
+  namespace g = cuda::gemm;
+  std::string why_schedule, why_cluster, why_store, why_tile, why_peel;
+  const Schedule sched = g::select_schedule(kind, s, &why_schedule);
+  const int cluster = g::select_cluster(kind, s, &why_cluster);
+  std::string out = "bf16, " + std::string(cuda::to_string(sched)) + " [" + why_schedule + "], " +
+                    (cluster == 2 ? "CTA pairs" : "single CTAs") + " [" + why_cluster + "]";
+  if (s.wgrad_dtype != DType::bf16) {
+    return out + ", 128 x 256, f32 stored by the threads (4 stages)";
+  }
+  // Overwritten bf16 (accumulate_wgrad is a call option: accumulated gradients take the threads'
+  // stores).
+  const WgradStore store = g::select_wgrad_store(kind, s, &why_store);
+  const bool peel = g::select_wgrad_peel(kind, s, &why_peel);
+  if (store == WgradStore::direct) {
+    return out + ", 128 x 256, stored by the threads [" + why_store + "], k-tail peeled " +
+           (peel ? "yes" : "no") + " [" + why_peel + "]";
+  }
+  const WgradTile tile = g::select_wgrad_tile(kind, s, &why_tile);
+  const bool warp = store == WgradStore::tma_warp && sched == Schedule::cooperative && cluster == 1 &&
+                    tile == WgradTile::n256;
+  return out + ", " + (tile == WgradTile::n192 ? "128 x 192" : "128 x 256") + " [" + why_tile +
+         "], TMA stores issued by " + (warp ? "a producer warp" : "the consumers") + " [" + why_store +
+         "], k-tail peeled " + (peel ? "yes" : "no") + " [" + why_peel + "]" +
+         " (accumulated: stored by the threads)";
+}
+
+std::string fp8_tile_text(cuda::Fp8Tile t) {
+  switch (t) {
+    case cuda::Fp8Tile::m128_n128: return "128 x 128, cooperative";
+    case cuda::Fp8Tile::m64_n256: return "64 x 256 ping-pong, halves back to back";
+    case cuda::Fp8Tile::m64_n256_spread: return "64 x 256 ping-pong, halves on neighbouring CTAs";
+    case cuda::Fp8Tile::from_env: break;
+  }
+  return "?";
+}
+
+// The FP8 GEMMs whose output rows are D wide (W2 FPROP, W13 DGRAD): fp8_tile_for_d_rows.
+std::string fp8_d_rows(int64_t N, int64_t K) {
+  const cuda::Fp8Tile t = cuda::fp8_tile_for_d_rows(N, K);
+  const std::string why = std::getenv("EPMOE_FP8_TILE") != nullptr
+                              ? std::string("EPMOE_FP8_TILE=") + std::getenv("EPMOE_FP8_TILE") + " (override)"
+                              : "K " + std::to_string(K) + (K < N ? " < N " : " >= N ") + std::to_string(N);
+  return "fp8 " + fp8_tile_text(t) + " [" + why + "]";
+}
+
+std::string fp8_128(const char* what) {
+  const cuda::Fp8Tile t = cuda::fp8_tile_from_env();
+  std::string out = std::string("fp8 ") + fp8_tile_text(t);
+  if (t == cuda::Fp8Tile::m128_n128) {
+    out += cuda::fp8_overlap_selected(-1) ? ", two block accumulators" : ", one block accumulator";
+  }
+  return out + what;
+}
+
+std::string fp8_wgrad(const Step& s, int64_t N, int64_t L) {
+  cuda::Fp8WgradArgs a;
+  a.N = N;
+  a.L = L;
+  a.out_dtype = s.wgrad_dtype;
+  const cuda::Fp8WgradKernel k = cuda::fp8_wgrad_kernel(a);
+  return "fp8 on column-quantized operands, " + cuda::to_string(k);
+}
+
+}  // namespace
+
+std::string explain_cuda_kernels(const Config& config, int ep_size) {
+  const MemoryPlan plan = plan_memory(config, ep_size);
+  const ConfigFields& f = config.fields();
+  Step s;
+  s.dims.T = config.T();
+  s.dims.K = f.top_k;
+  s.dims.D = config.D();
+  s.dims.F = config.F();
+  s.dims.E = config.local_experts(ep_size);
+  s.dims.R = ep_size;
+  s.capacity_rows = plan.recv_capacity_rows;
+  s.wgrad_dtype = f.wgrad_dtype;
+  const int64_t D = s.dims.D, F = s.dims.F;
+  std::ostringstream os;
+  os << "CUDA grouped GEMMs at EP = " << ep_size << ": " << s.dims.E << " local experts, capacity "
+     << s.capacity_rows << " rows (" << s.capacity_rows / (s.dims.E > 0 ? s.dims.E : 1)
+     << " per expert), precision " << to_string(f.precision) << (f.inference ? ", inference" : "")
+     << " (the environment's overrides as set now)\n";
+  auto line = [&](const char* name, const std::string& text) { os << "  " << name << ": " << text << "\n"; };
+  if (f.precision == Precision::mxfp8 || f.precision == Precision::nvfp4) {
+    line("w13_fprop, w2_fprop", std::string(to_string(f.precision)) +
+                                    " weight-only inference kernels (their launchers' rules: "
+                                    "docs/formats.md)");
+    return os.str();
+  }
+  if (f.precision == Precision::fp8_block) {
+    line("w13_fprop", fp8_128(" (stores h13; the SwiGLU and h's E4M3 rows in their own kernel)"));
+    line("w2_fprop", fp8_d_rows(D, F) + " (rows into the combine slots)");
+    if (f.inference) return os.str();
+    line("w2_dgrad", fp8_128(" (then the SwiGLU backward: EPMOE_SWIGLU_BACKWARD)"));
+    line("w13_dgrad", fp8_d_rows(D, 2 * F) + " (rows scattered back)");
+    os << "  weight gradients: " << plan.fp8_wgrad_reason << "\n";
+    if (plan.fp8_wgrad == Fp8Wgrad::fp8) {
+      line("w2_wgrad", fp8_wgrad(s, D, F));
+      line("w13_wgrad", fp8_wgrad(s, 2 * F, D));
+    } else {
+      line("w2_wgrad", bf16_wgrad(GemmKind::w2_wgrad, s));
+      line("w13_wgrad", bf16_wgrad(GemmKind::w13_wgrad, s));
+    }
+    return os.str();
+  }
+  line("w13_fprop", bf16_rows_gemm(GemmKind::w13_fprop, s) + ", SwiGLU in the epilogue");
+  line("w2_fprop", bf16_rows_gemm(GemmKind::w2_fprop, s) + ", rows into the combine slots");
+  if (f.inference) return os.str();
+  line("w2_dgrad", bf16_rows_gemm(GemmKind::w2_dgrad, s) + ", then the SwiGLU backward kernel");
+  line("w13_dgrad", bf16_rows_gemm(GemmKind::w13_dgrad, s) + ", rows scattered back");
+  line("w2_wgrad", bf16_wgrad(GemmKind::w2_wgrad, s));
+  line("w13_wgrad", bf16_wgrad(GemmKind::w13_wgrad, s));
+  return os.str();
+}
+
+}  // namespace epmoe

@@ -1,0 +1,140 @@
+// explain_cuda_kernels (epmoe/cuda.h) on the four bench shapes, host only (no GPU needed): it names
+// the kernel the launchers' selectors pick for each GEMM, with the rule and the values it read, and
+// follows the environment's overrides as the launchers do.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+
+#include "epmoe/c_api.h"
+#include "epmoe/config.h"
+#include "epmoe/cuda.h"
+#include "epmoe/error.h"
+#include "../cpp/memory_plan_test_configs.h"
+#include "scoped_env.h"
+
+namespace epmoe::test {
+namespace {
+
+ConfigFields shape(int64_t T, int64_t D, int64_t F, int K, int experts, Precision p) {
+  ConfigFields f = plan_test::fields(T, D, F, experts, K);
+  f.precision = p;
+  return f;
+}
+// Bench shapes at EP = 1 (bench/shapes.py): rows per expert 128, 256, 512, 2048.
+ConfigFields deepseek(Precision p = Precision::bf16) { return shape(4096, 7168, 2048, 8, 256, p); }
+ConfigFields gpt_oss(Precision p = Precision::bf16) { return shape(8192, 2880, 2880, 4, 128, p); }
+ConfigFields qwen3(Precision p = Precision::bf16) { return shape(8192, 2048, 768, 8, 128, p); }
+ConfigFields mixtral(Precision p = Precision::bf16) { return shape(8192, 4096, 14336, 2, 8, p); }
+
+// The text after "  <gemm>: " up to the end of its line.
+std::string line_of(const std::string& text, const std::string& gemm) {
+  const std::string key = "  " + gemm + ": ";
+  const size_t at = text.find(key);
+  if (at == std::string::npos) return "";
+  const size_t end = text.find('\n', at);
+  return text.substr(at + key.size(), end - at - key.size());
+}
+
+// Clears every override the selectors read, for the test's scope.
+struct NoOverrides {
+  ScopedEnv a{"EPMOE_WGRAD_STORE", nullptr}, b{"EPMOE_WGRAD_TILE", nullptr}, c{"EPMOE_WGRAD_PEEL", nullptr},
+      d{"EPMOE_GEMM_SCHEDULE", nullptr}, e{"EPMOE_GEMM_SCHEDULE_WGRAD", nullptr},
+      f{"EPMOE_GEMM_SCHEDULE_W2_DGRAD", nullptr}, g{"EPMOE_GEMM_CLUSTER", nullptr},
+      h{"EPMOE_GEMM_CLUSTER_WGRAD", nullptr}, i{"EPMOE_FP8_TILE", nullptr}, j{"EPMOE_FP8_OVERLAP", nullptr},
+      k{"EPMOE_FP8_WGRAD_TILE", nullptr}, l{"EPMOE_FP8_WGRAD_SCALES", nullptr},
+      m{"EPMOE_FP8_WGRAD_MULTICAST", nullptr};
+};
+
+TEST(KernelExplain, Bf16TrainingNamesEachGemmsKernelAndRule) {
+  const NoOverrides clean;
+  const std::string ds = explain_cuda_kernels(Config(deepseek()), 1);
+  std::printf("%s\n", ds.c_str());
+  EXPECT_NE(ds.find("256 local experts, capacity 32768 rows (128 per expert)"), std::string::npos) << ds;
+  EXPECT_NE(line_of(ds, "w13_fprop").find("64 x 128 x 2 (gate, up), ping-pong"), std::string::npos) << ds;
+  EXPECT_NE(line_of(ds, "w2_dgrad").find("ping-pong [128 rows per expert <= 192]"), std::string::npos) << ds;
+  EXPECT_NE(line_of(ds, "w13_wgrad").find("TMA stores issued by a producer warp [128 rows per expert <= 192]"),
+            std::string::npos)
+      << ds;
+  const std::string go = explain_cuda_kernels(Config(gpt_oss()), 1);
+  EXPECT_NE(line_of(go, "w13_dgrad").find("128 x 256, cooperative [256 rows per expert > 192]"), std::string::npos)
+      << go;
+  EXPECT_NE(line_of(go, "w2_wgrad").find("TMA stores issued by the consumers [256 rows per expert > 192]"),
+            std::string::npos)
+      << go;
+  for (const char* gemm : {"w13_fprop", "w2_fprop", "w2_dgrad", "w13_dgrad", "w2_wgrad", "w13_wgrad"}) {
+    EXPECT_FALSE(line_of(go, gemm).empty()) << gemm << "\n" << go;
+  }
+}
+
+TEST(KernelExplain, FollowsTheEnvironmentsOverrides) {
+  const NoOverrides clean;
+  {
+    const ScopedEnv store("EPMOE_WGRAD_STORE", "tma");
+    const std::string ds = explain_cuda_kernels(Config(deepseek()), 1);
+    EXPECT_NE(line_of(ds, "w2_wgrad").find("the consumers [EPMOE_WGRAD_STORE=tma (override)]"), std::string::npos)
+        << ds;
+  }
+  {
+    const ScopedEnv schedule("EPMOE_GEMM_SCHEDULE_W2_DGRAD", "cooperative");
+    const std::string ds = explain_cuda_kernels(Config(deepseek()), 1);
+    EXPECT_NE(line_of(ds, "w2_dgrad").find("cooperative [EPMOE_GEMM_SCHEDULE_W2_DGRAD=cooperative (override)]"),
+              std::string::npos)
+        << ds;
+    EXPECT_NE(line_of(ds, "w13_dgrad").find("ping-pong [128 rows"), std::string::npos) << ds;
+  }
+  const ScopedEnv bad("EPMOE_WGRAD_STORE", "nowhere");
+  std::string field;
+  try {
+    explain_cuda_kernels(Config(deepseek()), 1);
+  } catch (const Error& e) {
+    field = e.argument();
+  }
+  EXPECT_EQ(field, "EPMOE_WGRAD_STORE");
+}
+
+TEST(KernelExplain, Fp8TrainingTilesAndWeightGradients) {
+  const NoOverrides clean;
+  const std::string mx = explain_cuda_kernels(Config(mixtral(Precision::fp8_block)), 1);
+  std::printf("%s\n", mx.c_str());
+  EXPECT_NE(line_of(mx, "w13_fprop").find("fp8 128 x 128, cooperative, two block accumulators"), std::string::npos)
+      << mx;
+  EXPECT_NE(line_of(mx, "w2_fprop").find("128 x 128, cooperative [K 14336 >= N 4096]"), std::string::npos) << mx;
+  EXPECT_NE(line_of(mx, "w2_wgrad").find("192 x 128, scales in the stage, single CTAs"), std::string::npos) << mx;
+  EXPECT_NE(mx.find("weight gradients: fp8: 2048 rows per expert"), std::string::npos) << mx;
+  const std::string qw = explain_cuda_kernels(Config(qwen3(Precision::fp8_block)), 1);
+  EXPECT_NE(line_of(qw, "w2_fprop").find("64 x 256 ping-pong, halves on neighbouring CTAs [K 768 < N 2048]"),
+            std::string::npos)
+      << qw;
+  EXPECT_NE(qw.find("weight gradients: bf16"), std::string::npos) << qw;
+  EXPECT_NE(line_of(qw, "w13_wgrad").find("bf16, cooperative"), std::string::npos) << qw;
+  const ScopedEnv tile("EPMOE_FP8_WGRAD_TILE", "128x128");
+  EXPECT_NE(line_of(explain_cuda_kernels(Config(mixtral(Precision::fp8_block)), 1), "w13_wgrad")
+                .find("128 x 128, scales in the stage"),
+            std::string::npos);
+}
+
+TEST(KernelExplain, InferenceHasTheForwardGemmsOnly) {
+  const NoOverrides clean;
+  ConfigFields f = gpt_oss();
+  f.inference = true;
+  const std::string go = explain_cuda_kernels(Config(f), 1);
+  EXPECT_FALSE(line_of(go, "w2_fprop").empty()) << go;
+  EXPECT_TRUE(line_of(go, "w2_dgrad").empty()) << go;
+  EXPECT_TRUE(line_of(go, "w13_wgrad").empty()) << go;
+}
+
+// The C ABI's copy: the same text, truncated to the buffer.
+TEST(KernelExplain, CApiCopiesTheText) {
+  const NoOverrides clean;
+  const epmoe_config c = epmoe_config_default(4096, 7168, 2048, 8, 256);
+  char buf[8192];
+  ASSERT_EQ(epmoe_explain_kernels(&c, 1, buf, sizeof(buf)), 0);
+  EXPECT_NE(std::string(buf).find("w13_wgrad: bf16, cooperative"), std::string::npos) << buf;
+  char small[16];
+  ASSERT_EQ(epmoe_explain_kernels(&c, 1, small, sizeof(small)), 0);
+  EXPECT_EQ(std::string(small).size(), sizeof(small) - 1);
+}
+
+}  // namespace
+}  // namespace epmoe::test
