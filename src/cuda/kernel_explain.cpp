@@ -116,10 +116,10 @@ std::string explain_cuda_kernels(const Config& config, int ep_size) {
   s.wgrad_dtype = f.wgrad_dtype;
   const int64_t D = s.dims.D, F = s.dims.F;
   std::ostringstream os;
-  os << "CUDA grouped GEMMs at EP = " << ep_size << ": " << s.dims.E << " local experts, capacity "
-     << s.capacity_rows << " rows (" << s.capacity_rows / (s.dims.E > 0 ? s.dims.E : 1)
-     << " per expert), precision " << to_string(f.precision) << (f.inference ? ", inference" : "")
-     << " (the environment's overrides as set now)\n";
+  os << "CUDA grouped GEMMs at EP = " << ep_size << ": " << s.dims.E << " local experts, "
+     << balanced_rows_per_expert(s.dims) << " rows per expert under balanced routing (T*K/E), capacity "
+     << s.capacity_rows << " rows, precision " << to_string(f.precision)
+     << (f.inference ? ", inference" : "") << " (the environment's overrides as set now)\n";
   auto line = [&](const char* name, const std::string& text) { os << "  " << name << ": " << text << "\n"; };
   if (f.precision == Precision::mxfp8 || f.precision == Precision::nvfp4) {
     line("w13_fprop, w2_fprop", std::string(to_string(f.precision)) +

@@ -50,21 +50,37 @@ TEST(KernelExplain, Bf16TrainingNamesEachGemmsKernelAndRule) {
   const NoOverrides clean;
   const std::string ds = explain_cuda_kernels(Config(deepseek()), 1);
   std::printf("%s\n", ds.c_str());
-  EXPECT_NE(ds.find("256 local experts, capacity 32768 rows (128 per expert)"), std::string::npos) << ds;
+  EXPECT_NE(ds.find("256 local experts, 128 rows per expert under balanced routing (T*K/E), capacity 32768 rows"),
+            std::string::npos)
+      << ds;
   EXPECT_NE(line_of(ds, "w13_fprop").find("64 x 128 x 2 (gate, up), ping-pong"), std::string::npos) << ds;
-  EXPECT_NE(line_of(ds, "w2_dgrad").find("ping-pong [128 rows per expert <= 192]"), std::string::npos) << ds;
-  EXPECT_NE(line_of(ds, "w13_wgrad").find("TMA stores issued by a producer warp [128 rows per expert <= 192]"),
+  EXPECT_NE(line_of(ds, "w2_dgrad").find("ping-pong [T*K/E = 128 rows per expert <= 192]"), std::string::npos) << ds;
+  EXPECT_NE(line_of(ds, "w13_wgrad").find("TMA stores issued by a producer warp [T*K/E = 128 rows per expert <= 192]"),
             std::string::npos)
       << ds;
   const std::string go = explain_cuda_kernels(Config(gpt_oss()), 1);
-  EXPECT_NE(line_of(go, "w13_dgrad").find("128 x 256, cooperative [256 rows per expert > 192]"), std::string::npos)
+  EXPECT_NE(line_of(go, "w13_dgrad").find("128 x 256, cooperative [T*K/E = 256 rows per expert > 192]"), std::string::npos)
       << go;
-  EXPECT_NE(line_of(go, "w2_wgrad").find("TMA stores issued by the consumers [256 rows per expert > 192]"),
+  EXPECT_NE(line_of(go, "w2_wgrad").find("TMA stores issued by the consumers [T*K/E = 256 rows per expert > 192]"),
             std::string::npos)
       << go;
   for (const char* gemm : {"w13_fprop", "w2_fprop", "w2_dgrad", "w13_dgrad", "w2_wgrad", "w13_wgrad"}) {
     EXPECT_FALSE(line_of(go, gemm).empty()) << gemm << "\n" << go;
   }
+}
+
+// The rules key on T*K/E, not on the capacity: a capacity factor of 2 changes no choice.
+TEST(KernelExplain, CapacityFactorChangesNoChoice) {
+  const NoOverrides clean;
+  ConfigFields f = deepseek();
+  f.capacity_factor = 2.0;
+  const std::string wide = explain_cuda_kernels(Config(f), 2);
+  const std::string plain = explain_cuda_kernels(Config(deepseek()), 2);
+  EXPECT_NE(wide.find("capacity 65536 rows"), std::string::npos) << wide;
+  for (const char* gemm : {"w13_fprop", "w2_fprop", "w2_dgrad", "w13_dgrad", "w2_wgrad", "w13_wgrad"}) {
+    EXPECT_EQ(line_of(wide, gemm), line_of(plain, gemm)) << gemm;
+  }
+  EXPECT_NE(line_of(wide, "w2_wgrad").find("the consumers [T*K/E = 256 rows"), std::string::npos) << wide;
 }
 
 TEST(KernelExplain, FollowsTheEnvironmentsOverrides) {
@@ -81,7 +97,7 @@ TEST(KernelExplain, FollowsTheEnvironmentsOverrides) {
     EXPECT_NE(line_of(ds, "w2_dgrad").find("cooperative [EPMOE_GEMM_SCHEDULE_W2_DGRAD=cooperative (override)]"),
               std::string::npos)
         << ds;
-    EXPECT_NE(line_of(ds, "w13_dgrad").find("ping-pong [128 rows"), std::string::npos) << ds;
+    EXPECT_NE(line_of(ds, "w13_dgrad").find("ping-pong [T*K/E = 128 rows"), std::string::npos) << ds;
   }
   const ScopedEnv bad("EPMOE_WGRAD_STORE", "nowhere");
   std::string field;

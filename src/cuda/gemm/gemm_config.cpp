@@ -58,7 +58,11 @@ void say(std::string* why, const std::string& text) {
   if (why != nullptr) *why += text;
 }
 
-int64_t rows_per_expert(const Step& s) { return s.capacity_rows / std::max(1, s.dims.E); }
+// The rules key on the rows an expert receives under balanced routing, T * K / E (as the FP8 WGRAD
+// choice and the NVFP4 split-K do, core/plan_terms.h), not on capacity / E, which the capacity
+// factor inflates (bench_ep runs Config.capacity_factor 2; the rules were measured at 1, where the
+// two agree).
+int64_t rows_per_expert(const Step& s) { return balanced_rows_per_expert(s.dims); }
 
 // EPMOE_GEMM_SCHEDULE_<KIND>: the kind's name (to_string) in capitals, built once.
 const char* schedule_override_name(GemmKind kind) {
@@ -106,7 +110,7 @@ Schedule select_schedule(GemmKind kind, const Step& s, std::string* why) {
       return Schedule::pingpong;
     case GemmKind::w2_dgrad:
     case GemmKind::w13_dgrad:
-      say(why, std::to_string(rows) + " rows per expert " + (rows <= 192 ? "<=" : ">") + " 192");
+      say(why, "T*K/E = " + std::to_string(rows) + " rows per expert " + (rows <= 192 ? "<=" : ">") + " 192");
       return rows <= 192 ? Schedule::pingpong : Schedule::cooperative;
     case GemmKind::w2_wgrad:
     case GemmKind::w13_wgrad:
@@ -150,7 +154,7 @@ WgradStore select_wgrad_store(GemmKind kind, const Step& s, std::string* why) {
   }
   const int64_t rows = rows_per_expert(s);
   const bool warp = rows <= kWgradStoreWarpMaxRows;
-  say(why, std::to_string(rows) + " rows per expert " + (warp ? "<= " : "> ") +
+  say(why, "T*K/E = " + std::to_string(rows) + " rows per expert " + (warp ? "<= " : "> ") +
                std::to_string(kWgradStoreWarpMaxRows));
   return warp ? WgradStore::tma_warp : WgradStore::tma;
 }

@@ -33,7 +33,8 @@ const char* to_string(Schedule s);
 // How the bf16 WGRAD stores an overwritten gradient (gemm::select_wgrad_store): TMA stores issued by
 // the consumers, 16-byte stores by the consumers, or TMA stores issued by a producer warp.
 enum class WgradStore : int { tma, direct, tma_warp };
-// Rows per expert (capacity / local experts) up to which the producer warp issues the stores.
+// Rows per expert under balanced routing (T * K / local experts) up to which the producer warp
+// issues the stores.
 constexpr int64_t kWgradStoreWarpMaxRows = 192;
 
 // The TMA-store WGRAD's output tile (gemm::select_wgrad_tile): 128 x 256 on 3 stages, or 128 x 192
@@ -47,8 +48,9 @@ namespace gemm {
 
 const char* to_string(GemmKind k);
 
-// Each selector returns its choice for GEMM `kind` of step `s` (only s.dims and s.capacity_rows
-// are read) and, with `why`, appends the rule or override that made it.
+// Each selector returns its choice for GEMM `kind` of step `s` (only s.dims is read: the rules key
+// on the balanced rows per expert T * K / E) and, with `why`, appends the rule or override that
+// made it.
 
 // The consumer schedule: EPMOE_GEMM_SCHEDULE[_<KIND>|_WGRAD]=cooperative|pingpong forces one (for
 // measurements), else the measured table.
