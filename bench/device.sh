@@ -29,6 +29,10 @@
 #       one bf16 step per shape (default deepseek-v3 gpt-oss-120b; bench/one_step.py):
 #       $OUT/timeline_<shape>.txt, per-launch medians (bench/timeline_summary.py) in
 #       $OUT/timeline_summary.txt
+#   bash bench/device.sh tests <test binary>[:<gtest filter>] ...   builds libepmoe and those test
+#       targets only, runs each (EPMOE_TEST_TIMEOUT s each, default 300) into $OUT/<binary>.log and
+#       prints its summary: the cheap check of a change to a few kernels, e.g.
+#       `tests test_gpu_wgrad_fp8 test_gpu_context:GpuContext.Wgrad*`
 #   bash bench/device.sh abpatch <patch> [pairs]   A / B of two builds at EP = 1: a copy of this tree
 #       with <patch> (a `git diff <base> <this>` of the tree, an untracked file here so that it
 #       travels) applied in reverse, built in build-base/, against this tree's libepmoe, in
@@ -106,6 +110,9 @@ elif [[ $mode == ab || $mode == abpatch || $mode == timeline ]]; then
   EPMOE_BUILD_TARGETS=${EPMOE_BUILD_TARGETS:-epmoe}
 elif [[ $mode == fp8wgrad ]]; then
   EPMOE_BUILD_TARGETS=${EPMOE_BUILD_TARGETS:-epmoe test_gpu_wgrad_fp8}
+elif [[ $mode == tests ]]; then
+  (( $# > 0 )) || { echo "device.sh tests: name at least one test binary"; exit 2; }
+  EPMOE_BUILD_TARGETS="epmoe $(for a in "$@"; do printf '%s ' "${a%%:*}"; done)"
 elif [[ $mode == nvfp4 ]]; then
   EPMOE_BUILD_TARGETS=${EPMOE_BUILD_TARGETS:-epmoe test_gpu_gemm_nvfp4 test_gpu_nvfp4_forward \
     test_gpu_prepared_weights test_c_api test_formats}
@@ -258,6 +265,19 @@ if [[ $mode == profile ]]; then
     fi
     grep -E "grouped_gemm|nvfp4_gemm|Duration|DRAM Throughput|Compute \(SM\) Throughput|No Eligible|Registers Per|Warp Cycles Per Issued|Stall|Issue Slots|Achieved Occupancy|Spilling|L2 Cache Throughput|L1/TEX Hit|__" "$OUT/ncu.txt" | head -100
   fi
+fi
+if [[ $mode == tests ]]; then
+  for a in "$@"; do
+    name=${a%%:*}
+    filter=()
+    [[ $a == *:* ]] && filter=(--gtest_filter="${a#*:}")
+    bin=$(find "$build/tests" -name "$name" -type f -perm -u+x | head -1)
+    if [[ -z $bin ]]; then echo "$name: no such test binary under $build/tests"; status=1; continue; fi
+    t1=$(date +%s)
+    timeout -k 10 "${EPMOE_TEST_TIMEOUT:-300}" "$bin" "${filter[@]}" > "$OUT/$name.log" 2>&1 || status=1
+    echo "$name ($(( $(date +%s) - t1 )) s): $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/$name.log" | tr '\n' ' ')"
+    grep -E '^\[  FAILED  \] [A-Za-z]' "$OUT/$name.log" | head -10
+  done
 fi
 if [[ $mode == fp8wgrad ]]; then
   timeout -k 10 300 "$build/tests/gpu/test_gpu_wgrad_fp8" > "$OUT/wgrad_fp8.log" 2>&1 || status=1
