@@ -10,7 +10,9 @@ the same processes on the same inputs. Per shape and routing: rel-L2 of epmoe vs
 forward and forward + backward step times (max over ranks of each iteration), useful TFLOP/s per
 GPU, ratios to the dense-matmul ceiling and to the recipe, both epilogue variants, dispatch +
 combine bandwidth against SM-driven peer stores measured in the same run, the imbalance figure
-under skew, and every rank's stage breakdown. Rank 0 writes the JSON after every shape.
+under skew, and every rank's stage breakdown. Rank 0 writes the JSON after every shape. The epmoe
+fwd+bwd rows record "kernels" (explain_cuda_kernels at EP = 2: each grouped GEMM's kernel and the
+rule that chose it) and "peer_access" (nccl-lsa or cuda-ipc, and why).
 
 FP8 (opt-in through --variants): epmoe-fp8 is an fp8_block training context at EP = 2 with each
 rank's local experts prepared once outside the timing (epmoe_prepare_weights_fp8 with the
@@ -157,6 +159,8 @@ class EpmoeRun:
             dev = torch.cuda.current_device()
             self.prepared = (epmoe_ctypes.PreparedFp8(lib, inp.w13, device=dev, transposed=True),
                              epmoe_ctypes.PreparedFp8(lib, inp.w2, device=dev, transposed=True))
+        # The kernel each GEMM runs at this EP size, with this process's overrides (rows' "kernels").
+        self.kernels = epmoe_ctypes.explain_kernels(lib, cfg, ranks.size)
         uid = epmoe_ctypes.nccl_unique_id(lib, nccl) if ranks.rank == 0 else None
         uid = ranks.gather(uid)[0]
         self.ctx = epmoe_ctypes.Context.create_nccl(lib, nccl, cfg, uid, ranks.rank, ranks.size,
@@ -302,6 +306,7 @@ def bench_shape(lib, nccl, ranks, shape, routing, ceil, args):
             stages[impl] = ranks.gather(run.stage_times())
             run.ctx.check()
             peer_access = run.ctx.peer_access()
+            kernels = run.kernels
             fp8_wgrad = run.fp8_wgrad if fp8 else None
         finally:
             run.close()
@@ -338,7 +343,7 @@ def bench_shape(lib, nccl, ranks, shape, routing, ceil, args):
                           "ratio_to_recipe": r_step[0] / t_step[0]}
         rows.append(row(impl, shape, routing, "fwd", T, t_fwd, fwd_flops, **fwd_extra, **ext))
         rows.append(row(impl, shape, routing, "fwd+bwd", T, t_step, step_flops, **step_extra,
-                        **ext))
+                        kernels=kernels, **ext))
         for r, st in enumerate(stages[impl]):
             rows.append({"impl": impl, "shape": shape, "ep": 2, "routing": routing,
                          "precision": precision, "phase": "stage-breakdown", "tokens_per_rank": T,
