@@ -24,14 +24,15 @@ using cuda::Schedule;
 using cuda::WgradStore;
 using cuda::WgradTile;
 
-std::string bf16_rows_gemm(GemmKind kind, const Step& s) {
+// swiglu_pair: W13 with the SwiGLU in its epilogue (two B operands of 128 columns, gate and up).
+std::string bf16_rows_gemm(GemmKind kind, const Step& s, bool swiglu_pair = false) {
   namespace g = cuda::gemm;
   std::string why_schedule, why_cluster;
   const Schedule sched = g::select_schedule(kind, s, &why_schedule);
   const int cluster = g::select_cluster(kind, s, &why_cluster);
   const bool pp = sched == Schedule::pingpong;
-  std::string tile = kind == GemmKind::w13_fprop ? (pp ? "64 x 128 x 2 (gate, up)" : "128 x 128 x 2 (gate, up)")
-                                                 : (pp ? "64 x 256" : "128 x 256");
+  std::string tile = swiglu_pair ? (pp ? "64 x 128 x 2 (gate, up)" : "128 x 128 x 2 (gate, up)")
+                                 : (pp ? "64 x 256" : "128 x 256");
   return "bf16 " + tile + ", " + cuda::to_string(sched) + " [" + why_schedule + "], " +
          (cluster == 2 ? "CTA pairs" : "single CTAs") + " [" + why_cluster + "]";
 }
@@ -65,10 +66,14 @@ std::string bf16_wgrad(GemmKind kind, const Step& s) {
 
 std::string fp8_tile_text(cuda::Fp8Tile t) {
   switch (t) {
-    case cuda::Fp8Tile::m128_n128: return "128 x 128, cooperative";
-    case cuda::Fp8Tile::m64_n256: return "64 x 256 ping-pong, halves back to back";
-    case cuda::Fp8Tile::m64_n256_spread: return "64 x 256 ping-pong, halves on neighbouring CTAs";
-    case cuda::Fp8Tile::from_env: break;
+    case cuda::Fp8Tile::m128_n128:
+      return "128 x 128, cooperative";
+    case cuda::Fp8Tile::m64_n256:
+      return "64 x 256 ping-pong, halves back to back";
+    case cuda::Fp8Tile::m64_n256_spread:
+      return "64 x 256 ping-pong, halves on neighbouring CTAs";
+    case cuda::Fp8Tile::from_env:
+      break;
   }
   return "?";
 }
@@ -118,9 +123,18 @@ std::string explain_cuda_kernels(const Config& config, int ep_size) {
   std::ostringstream os;
   os << "CUDA grouped GEMMs at EP = " << ep_size << ": " << s.dims.E << " local experts, "
      << balanced_rows_per_expert(s.dims) << " rows per expert under balanced routing (T*K/E), capacity "
-     << s.capacity_rows << " rows, precision " << to_string(f.precision)
-     << (f.inference ? ", inference" : "") << " (the environment's overrides as set now)\n";
+     << s.capacity_rows << " rows, precision " << to_string(f.precision) << (f.inference ? ", inference" : "")
+     << " (the environment's overrides as set now)\n";
   auto line = [&](const char* name, const std::string& text) { os << "  " << name << ": " << text << "\n"; };
+  // The stages Context runs (core/context.cpp expert_stages and backward).
+  const bool fused = f.fuse_epilogues, per_rank = f.combine == CombineMode::per_rank;
+  const std::string kept = "rows kept for the per-rank combine's send stage";
+  const std::string w2_rows = per_rank ? kept
+                              : fused  ? "rows into the combine slots"
+                                       : "plain rows, then the scatter kernel";
+  const std::string w13_rows = per_rank ? kept
+                               : fused  ? "rows scattered back"
+                                        : "plain rows, then the scatter kernel";
   if (f.precision == Precision::mxfp8 || f.precision == Precision::nvfp4) {
     line("w13_fprop, w2_fprop", std::string(to_string(f.precision)) +
                                     " weight-only inference kernels (their launchers' rules: "
@@ -129,10 +143,10 @@ std::string explain_cuda_kernels(const Config& config, int ep_size) {
   }
   if (f.precision == Precision::fp8_block) {
     line("w13_fprop", fp8_128(" (stores h13; the SwiGLU and h's E4M3 rows in their own kernel)"));
-    line("w2_fprop", fp8_d_rows(D, F) + " (rows into the combine slots)");
+    line("w2_fprop", fp8_d_rows(D, F) + " (" + w2_rows + ")");
     if (f.inference) return os.str();
     line("w2_dgrad", fp8_128(" (then the SwiGLU backward: EPMOE_SWIGLU_BACKWARD)"));
-    line("w13_dgrad", fp8_d_rows(D, 2 * F) + " (rows scattered back)");
+    line("w13_dgrad", fp8_d_rows(D, 2 * F) + " (" + w13_rows + ")");
     os << "  weight gradients: " << plan.fp8_wgrad_reason << "\n";
     if (plan.fp8_wgrad == Fp8Wgrad::fp8) {
       line("w2_wgrad", fp8_wgrad(s, D, F));
@@ -143,11 +157,15 @@ std::string explain_cuda_kernels(const Config& config, int ep_size) {
     }
     return os.str();
   }
-  line("w13_fprop", bf16_rows_gemm(GemmKind::w13_fprop, s) + ", SwiGLU in the epilogue");
-  line("w2_fprop", bf16_rows_gemm(GemmKind::w2_fprop, s) + ", rows into the combine slots");
+  std::string w13 = bf16_rows_gemm(GemmKind::w13_fprop, s, fused);
+  w13 +=
+      fused ? ", SwiGLU in the epilogue" : ", plain h13 rows, then the SwiGLU kernel (fuse_epilogues false)";
+  if (fused && f.arrival_gated_w13) w13 += ", its producer gated on dispatch arrivals (arrival_gated_w13)";
+  line("w13_fprop", w13);
+  line("w2_fprop", bf16_rows_gemm(GemmKind::w2_fprop, s) + ", " + w2_rows);
   if (f.inference) return os.str();
   line("w2_dgrad", bf16_rows_gemm(GemmKind::w2_dgrad, s) + ", then the SwiGLU backward kernel");
-  line("w13_dgrad", bf16_rows_gemm(GemmKind::w13_dgrad, s) + ", rows scattered back");
+  line("w13_dgrad", bf16_rows_gemm(GemmKind::w13_dgrad, s) + ", " + w13_rows);
   line("w2_wgrad", bf16_wgrad(GemmKind::w2_wgrad, s));
   line("w13_wgrad", bf16_wgrad(GemmKind::w13_wgrad, s));
   return os.str();

@@ -6,11 +6,11 @@
 #include <cstdio>
 #include <string>
 
+#include "../cpp/memory_plan_test_configs.h"
 #include "epmoe/c_api.h"
 #include "epmoe/config.h"
 #include "epmoe/cuda.h"
 #include "epmoe/error.h"
-#include "../cpp/memory_plan_test_configs.h"
 #include "scoped_env.h"
 
 namespace epmoe::test {
@@ -50,19 +50,24 @@ TEST(KernelExplain, Bf16TrainingNamesEachGemmsKernelAndRule) {
   const NoOverrides clean;
   const std::string ds = explain_cuda_kernels(Config(deepseek()), 1);
   std::printf("%s\n", ds.c_str());
-  EXPECT_NE(ds.find("256 local experts, 128 rows per expert under balanced routing (T*K/E), capacity 32768 rows"),
-            std::string::npos)
+  EXPECT_NE(
+      ds.find("256 local experts, 128 rows per expert under balanced routing (T*K/E), capacity 32768 rows"),
+      std::string::npos)
       << ds;
   EXPECT_NE(line_of(ds, "w13_fprop").find("64 x 128 x 2 (gate, up), ping-pong"), std::string::npos) << ds;
-  EXPECT_NE(line_of(ds, "w2_dgrad").find("ping-pong [T*K/E = 128 rows per expert <= 192]"), std::string::npos) << ds;
-  EXPECT_NE(line_of(ds, "w13_wgrad").find("TMA stores issued by a producer warp [T*K/E = 128 rows per expert <= 192]"),
+  EXPECT_NE(line_of(ds, "w2_dgrad").find("ping-pong [T*K/E = 128 rows per expert <= 192]"), std::string::npos)
+      << ds;
+  EXPECT_NE(line_of(ds, "w13_wgrad")
+                .find("TMA stores issued by a producer warp [T*K/E = 128 rows per expert <= 192]"),
             std::string::npos)
       << ds;
   const std::string go = explain_cuda_kernels(Config(gpt_oss()), 1);
-  EXPECT_NE(line_of(go, "w13_dgrad").find("128 x 256, cooperative [T*K/E = 256 rows per expert > 192]"), std::string::npos)
-      << go;
-  EXPECT_NE(line_of(go, "w2_wgrad").find("TMA stores issued by the consumers [T*K/E = 256 rows per expert > 192]"),
+  EXPECT_NE(line_of(go, "w13_dgrad").find("128 x 256, cooperative [T*K/E = 256 rows per expert > 192]"),
             std::string::npos)
+      << go;
+  EXPECT_NE(
+      line_of(go, "w2_wgrad").find("TMA stores issued by the consumers [T*K/E = 256 rows per expert > 192]"),
+      std::string::npos)
       << go;
   for (const char* gemm : {"w13_fprop", "w2_fprop", "w2_dgrad", "w13_dgrad", "w2_wgrad", "w13_wgrad"}) {
     EXPECT_FALSE(line_of(go, gemm).empty()) << gemm << "\n" << go;
@@ -88,14 +93,16 @@ TEST(KernelExplain, FollowsTheEnvironmentsOverrides) {
   {
     const ScopedEnv store("EPMOE_WGRAD_STORE", "tma");
     const std::string ds = explain_cuda_kernels(Config(deepseek()), 1);
-    EXPECT_NE(line_of(ds, "w2_wgrad").find("the consumers [EPMOE_WGRAD_STORE=tma (override)]"), std::string::npos)
+    EXPECT_NE(line_of(ds, "w2_wgrad").find("the consumers [EPMOE_WGRAD_STORE=tma (override)]"),
+              std::string::npos)
         << ds;
   }
   {
     const ScopedEnv schedule("EPMOE_GEMM_SCHEDULE_W2_DGRAD", "cooperative");
     const std::string ds = explain_cuda_kernels(Config(deepseek()), 1);
-    EXPECT_NE(line_of(ds, "w2_dgrad").find("cooperative [EPMOE_GEMM_SCHEDULE_W2_DGRAD=cooperative (override)]"),
-              std::string::npos)
+    EXPECT_NE(
+        line_of(ds, "w2_dgrad").find("cooperative [EPMOE_GEMM_SCHEDULE_W2_DGRAD=cooperative (override)]"),
+        std::string::npos)
         << ds;
     EXPECT_NE(line_of(ds, "w13_dgrad").find("ping-pong [T*K/E = 128 rows"), std::string::npos) << ds;
   }
@@ -113,10 +120,13 @@ TEST(KernelExplain, Fp8TrainingTilesAndWeightGradients) {
   const NoOverrides clean;
   const std::string mx = explain_cuda_kernels(Config(mixtral(Precision::fp8_block)), 1);
   std::printf("%s\n", mx.c_str());
-  EXPECT_NE(line_of(mx, "w13_fprop").find("fp8 128 x 128, cooperative, two block accumulators"), std::string::npos)
+  EXPECT_NE(line_of(mx, "w13_fprop").find("fp8 128 x 128, cooperative, two block accumulators"),
+            std::string::npos)
       << mx;
-  EXPECT_NE(line_of(mx, "w2_fprop").find("128 x 128, cooperative [K 14336 >= N 4096]"), std::string::npos) << mx;
-  EXPECT_NE(line_of(mx, "w2_wgrad").find("192 x 128, scales in the stage, single CTAs"), std::string::npos) << mx;
+  EXPECT_NE(line_of(mx, "w2_fprop").find("128 x 128, cooperative [K 14336 >= N 4096]"), std::string::npos)
+      << mx;
+  EXPECT_NE(line_of(mx, "w2_wgrad").find("192 x 128, scales in the stage, single CTAs"), std::string::npos)
+      << mx;
   EXPECT_NE(mx.find("weight gradients: fp8: 2048 rows per expert"), std::string::npos) << mx;
   const std::string qw = explain_cuda_kernels(Config(qwen3(Precision::fp8_block)), 1);
   EXPECT_NE(line_of(qw, "w2_fprop").find("64 x 256 ping-pong, halves on neighbouring CTAs [K 768 < N 2048]"),
@@ -128,6 +138,25 @@ TEST(KernelExplain, Fp8TrainingTilesAndWeightGradients) {
   EXPECT_NE(line_of(explain_cuda_kernels(Config(mixtral(Precision::fp8_block)), 1), "w13_wgrad")
                 .find("128 x 128, scales in the stage"),
             std::string::npos);
+}
+
+// The epilogue variants Context runs: unfused (plain rows, then the SwiGLU / scatter kernels; W13
+// on one 256-column B), per-rank combine, arrival-gated W13.
+TEST(KernelExplain, NamesTheEpilogueVariant) {
+  const NoOverrides clean;
+  ConfigFields f = gpt_oss();
+  f.fuse_epilogues = false;
+  const std::string unfused = explain_cuda_kernels(Config(f), 2);
+  EXPECT_NE(line_of(unfused, "w13_fprop").find("bf16 64 x 256, ping-pong"), std::string::npos) << unfused;
+  EXPECT_NE(line_of(unfused, "w13_fprop").find("then the SwiGLU kernel"), std::string::npos) << unfused;
+  EXPECT_NE(line_of(unfused, "w2_fprop").find("then the scatter kernel"), std::string::npos) << unfused;
+  f = gpt_oss();
+  f.combine = CombineMode::per_rank;
+  f.arrival_gated_w13 = true;
+  const std::string per_rank = explain_cuda_kernels(Config(f), 2);
+  EXPECT_NE(line_of(per_rank, "w2_fprop").find("per-rank combine"), std::string::npos) << per_rank;
+  EXPECT_NE(line_of(per_rank, "w13_dgrad").find("per-rank combine"), std::string::npos) << per_rank;
+  EXPECT_NE(line_of(per_rank, "w13_fprop").find("gated on dispatch arrivals"), std::string::npos) << per_rank;
 }
 
 TEST(KernelExplain, InferenceHasTheForwardGemmsOnly) {
