@@ -5,6 +5,7 @@
 // W13's two B operands of 128 columns, the TMA-store WGRAD's 128 x 256 (or 128 x 192) on 3 stages,
 // the FP8 kernels' fp8_gemm.h Fp8Tile and fp8_wgrad.h Fp8WgradKernel.
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 #include <string>
 
@@ -12,6 +13,7 @@
 #include "cuda/gemm/fp8_gemm.h"
 #include "cuda/gemm/fp8_wgrad.h"
 #include "cuda/gemm/gemm_config.h"
+#include "cuda/mxfp8_forward.h"
 #include "epmoe/cuda.h"
 #include "epmoe/error.h"
 #include "epmoe/memory_plan.h"
@@ -105,6 +107,31 @@ std::string fp8_wgrad(const Step& s, int64_t N, int64_t L) {
   return "fp8 on column-quantized operands, " + cuda::to_string(k);
 }
 
+// mxfp8_forward.h's choice on the capacity rows (its rule: measured on capacity at decode sizes).
+std::string mxfp8_kernel(const Step& s) {
+  const cuda::Mxfp8Kernel k = cuda::mxfp8_kernel_for(s.capacity_rows, s.dims.E);
+  const char* env = std::getenv("EPMOE_MXFP8_KERNEL");
+  const std::string why = env != nullptr && std::strcmp(env, "auto") != 0
+                              ? std::string("EPMOE_MXFP8_KERNEL=") + env + " (override)"
+                              : "capacity " + std::to_string(s.capacity_rows) +
+                                    (k == cuda::Mxfp8Kernel::wgmma ? " >= " : " < ") +
+                                    std::to_string(cuda::kMxfp8WgmmaRowsPerExpert) + " x " +
+                                    std::to_string(s.dims.E) + " experts";
+  return std::string("mxfp8 ") + cuda::to_string(k) + " kernel, activation rows quantized 1x32 [" + why + "]";
+}
+
+// nvfp4_gemm.h's split-K: one split unless EPMOE_NVFP4_SPLITK says otherwise (auto: the heuristic,
+// evaluated at launch on the SM count).
+std::string nvfp4_kernel() {
+  const char* env = std::getenv("EPMOE_NVFP4_SPLITK");
+  const std::string splits =
+      env == nullptr ? "one split [rule: measured fastest]"
+                     : std::string(std::strcmp(env, "auto") == 0 ? "nvfp4_choose_splits' splits"
+                                                                 : std::string(env) + " splits") +
+                           " [EPMOE_NVFP4_SPLITK=" + env + " (override), at most what the scratch holds]";
+  return "nvfp4 weight-only (E2M1 weights decoded in the mainloop, bf16 activations), " + splits;
+}
+
 }  // namespace
 
 std::string explain_cuda_kernels(const Config& config, int ep_size) {
@@ -135,10 +162,16 @@ std::string explain_cuda_kernels(const Config& config, int ep_size) {
   const std::string w13_rows = per_rank ? kept
                                : fused  ? "rows scattered back"
                                         : "plain rows, then the scatter kernel";
-  if (f.precision == Precision::mxfp8 || f.precision == Precision::nvfp4) {
-    line("w13_fprop, w2_fprop", std::string(to_string(f.precision)) +
-                                    " weight-only inference kernels (their launchers' rules: "
-                                    "docs/formats.md)");
+  if (f.precision == Precision::mxfp8) {
+    const std::string k = mxfp8_kernel(s);
+    line("w13_fprop", k + (fused ? ", SwiGLU in the epilogue" : ", plain h13 rows, then the SwiGLU kernel"));
+    line("w2_fprop", k + ", " + w2_rows);
+    return os.str();
+  }
+  if (f.precision == Precision::nvfp4) {
+    const std::string k = nvfp4_kernel();
+    line("w13_fprop", k + (fused ? ", SwiGLU in the epilogue" : ", plain h13 rows, then the SwiGLU kernel"));
+    line("w2_fprop", k + ", " + w2_rows);
     return os.str();
   }
   if (f.precision == Precision::fp8_block) {

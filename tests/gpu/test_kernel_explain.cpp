@@ -169,6 +169,25 @@ TEST(KernelExplain, InferenceHasTheForwardGemmsOnly) {
   EXPECT_TRUE(line_of(go, "w13_wgrad").empty()) << go;
 }
 
+// Weight-only inference formats: MXFP8's decode / wgmma kernel by its capacity rule, NVFP4's splits.
+TEST(KernelExplain, InferenceFormats) {
+  const NoOverrides clean;
+  const ScopedEnv mx("EPMOE_MXFP8_KERNEL", nullptr), nv("EPMOE_NVFP4_SPLITK", nullptr);
+  ConfigFields f = qwen3(Precision::mxfp8);
+  f.inference = true;
+  f.prepared_weights = true;
+  f.max_tokens_per_rank = 128;  // decode: 8 rows per expert
+  const std::string decode = explain_cuda_kernels(Config(f), 1);
+  EXPECT_NE(line_of(decode, "w13_fprop").find("mxfp8 decode kernel"), std::string::npos) << decode;
+  f.max_tokens_per_rank = 8192;  // prefill: 512 rows per expert
+  EXPECT_NE(line_of(explain_cuda_kernels(Config(f), 1), "w2_fprop").find("mxfp8 wgmma kernel"),
+            std::string::npos);
+  f.precision = Precision::nvfp4;
+  const std::string nvfp4 = explain_cuda_kernels(Config(f), 1);
+  EXPECT_NE(line_of(nvfp4, "w13_fprop").find("one split"), std::string::npos) << nvfp4;
+  EXPECT_TRUE(line_of(nvfp4, "w2_dgrad").empty()) << nvfp4;
+}
+
 // The C ABI's copy: the same text, truncated to the buffer.
 TEST(KernelExplain, CApiCopiesTheText) {
   const NoOverrides clean;
