@@ -5,7 +5,6 @@
 // W13's two B operands of 128 columns, the TMA-store WGRAD's 128 x 256 (or 128 x 192) on 3 stages,
 // the FP8 kernels' fp8_gemm.h Fp8Tile and fp8_wgrad.h Fp8WgradKernel.
 #include <cstdlib>
-#include <cstring>
 #include <sstream>
 #include <string>
 
@@ -13,6 +12,7 @@
 #include "cuda/gemm/fp8_gemm.h"
 #include "cuda/gemm/fp8_wgrad.h"
 #include "cuda/gemm/gemm_config.h"
+#include "cuda/gemm/nvfp4_gemm.h"
 #include "cuda/mxfp8_forward.h"
 #include "epmoe/cuda.h"
 #include "epmoe/error.h"
@@ -82,10 +82,8 @@ std::string fp8_tile_text(cuda::Fp8Tile t) {
 
 // The FP8 GEMMs whose output rows are D wide (W2 FPROP, W13 DGRAD): fp8_tile_for_d_rows.
 std::string fp8_d_rows(int64_t N, int64_t K) {
-  const cuda::Fp8Tile t = cuda::fp8_tile_for_d_rows(N, K);
-  const std::string why = std::getenv("EPMOE_FP8_TILE") != nullptr
-                              ? std::string("EPMOE_FP8_TILE=") + std::getenv("EPMOE_FP8_TILE") + " (override)"
-                              : "K " + std::to_string(K) + (K < N ? " < N " : " >= N ") + std::to_string(N);
+  std::string why;
+  const cuda::Fp8Tile t = cuda::fp8_tile_for_d_rows(N, K, &why);
   return "fp8 " + fp8_tile_text(t) + " [" + why + "]";
 }
 
@@ -107,27 +105,21 @@ std::string fp8_wgrad(const Step& s, int64_t N, int64_t L) {
   return "fp8 on column-quantized operands, " + cuda::to_string(k);
 }
 
-// mxfp8_forward.h's choice on the capacity rows (its rule: measured on capacity at decode sizes).
+// mxfp8_forward.h's choice on the capacity rows.
 std::string mxfp8_kernel(const Step& s) {
-  const cuda::Mxfp8Kernel k = cuda::mxfp8_kernel_for(s.capacity_rows, s.dims.E);
-  const char* env = std::getenv("EPMOE_MXFP8_KERNEL");
-  const std::string why = env != nullptr && std::strcmp(env, "auto") != 0
-                              ? std::string("EPMOE_MXFP8_KERNEL=") + env + " (override)"
-                              : "capacity " + std::to_string(s.capacity_rows) +
-                                    (k == cuda::Mxfp8Kernel::wgmma ? " >= " : " < ") +
-                                    std::to_string(cuda::kMxfp8WgmmaRowsPerExpert) + " x " +
-                                    std::to_string(s.dims.E) + " experts";
+  std::string why;
+  const cuda::Mxfp8Kernel k = cuda::mxfp8_kernel_for(s.capacity_rows, s.dims.E, &why);
   return std::string("mxfp8 ") + cuda::to_string(k) + " kernel, activation rows quantized 1x32 [" + why + "]";
 }
 
-// nvfp4_gemm.h's split-K: one split unless EPMOE_NVFP4_SPLITK says otherwise (auto: the heuristic,
-// evaluated at launch on the SM count).
+// nvfp4_gemm.h's split-K as asked for (at launch lowered to what the scratch holds; auto: the
+// heuristic on the SM count).
 std::string nvfp4_kernel() {
+  const int64_t n = cuda::nvfp4_requested_splits();
   const char* env = std::getenv("EPMOE_NVFP4_SPLITK");
   const std::string splits =
       env == nullptr ? "one split [rule: measured fastest]"
-                     : std::string(std::strcmp(env, "auto") == 0 ? "nvfp4_choose_splits' splits"
-                                                                 : std::string(env) + " splits") +
+                     : (n == 0 ? std::string("nvfp4_choose_splits' splits") : std::to_string(n) + " splits") +
                            " [EPMOE_NVFP4_SPLITK=" + env + " (override), at most what the scratch holds]";
   return "nvfp4 weight-only (E2M1 weights decoded in the mainloop, bf16 activations), " + splits;
 }

@@ -13,15 +13,20 @@
 
 namespace epmoe::cuda {
 
-Mxfp8Kernel mxfp8_kernel_for(int64_t M, int E) {
+Mxfp8Kernel mxfp8_kernel_for(int64_t M, int E, std::string* why) {
   const char* env = std::getenv("EPMOE_MXFP8_KERNEL");  // per call (~100 ns), for measurements
   if (env != nullptr && std::strcmp(env, "auto") != 0) {
+    if (why != nullptr) *why += std::string("EPMOE_MXFP8_KERNEL=") + env + " (override)";
     if (std::strcmp(env, "decode") == 0) return Mxfp8Kernel::decode;
     EPMOE_CHECK_ARG(std::strcmp(env, "wgmma") == 0, "EPMOE_MXFP8_KERNEL", "decode, wgmma or auto",
                     env);
     return Mxfp8Kernel::wgmma;
   }
   const bool prefill = E >= 1 && E <= kMaxGroups && M >= kMxfp8WgmmaRowsPerExpert * E;
+  if (why != nullptr) {
+    *why += "capacity " + std::to_string(M) + (prefill ? " >= " : " < ") +
+            std::to_string(kMxfp8WgmmaRowsPerExpert) + " x " + std::to_string(E) + " experts";
+  }
   return prefill ? Mxfp8Kernel::wgmma : Mxfp8Kernel::decode;
 }
 

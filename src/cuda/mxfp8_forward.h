@@ -26,7 +26,8 @@ enum class Mxfp8Kernel { decode, wgmma };
 // mixtral (32 rows per expert) 1.343 / 4.403, qwen3 (8) 0.700 / 0.751, deepseek-v3 (4) 9.32 / 9.50,
 // gpt-oss (4) 3.00 / 2.72; prefill (>= 256 rows per expert) wgmma 8-12x decode.
 inline constexpr int64_t kMxfp8WgmmaRowsPerExpert = 16;
-Mxfp8Kernel mxfp8_kernel_for(int64_t M, int E);
+// With `why`, appends the rule and values or the override that chose it.
+Mxfp8Kernel mxfp8_kernel_for(int64_t M, int E, std::string* why = nullptr);
 const char* to_string(Mxfp8Kernel kernel);
 // The rule in words, with the override's value: what benchmarks print beside their rows.
 std::string mxfp8_kernel_rule();

@@ -186,6 +186,24 @@ TEST(KernelExplain, InferenceFormats) {
   const std::string nvfp4 = explain_cuda_kernels(Config(f), 1);
   EXPECT_NE(line_of(nvfp4, "w13_fprop").find("one split"), std::string::npos) << nvfp4;
   EXPECT_TRUE(line_of(nvfp4, "w2_dgrad").empty()) << nvfp4;
+  {  // the launcher's own parser of the override (nvfp4_requested_splits)
+    const ScopedEnv three("EPMOE_NVFP4_SPLITK", "3");
+    EXPECT_NE(line_of(explain_cuda_kernels(Config(f), 1), "w2_fprop").find("3 splits [EPMOE_NVFP4_SPLITK=3"),
+              std::string::npos);
+  }
+  {
+    const ScopedEnv automatic("EPMOE_NVFP4_SPLITK", "auto");
+    EXPECT_NE(line_of(explain_cuda_kernels(Config(f), 1), "w2_fprop").find("nvfp4_choose_splits"),
+              std::string::npos);
+  }
+  const ScopedEnv bad("EPMOE_NVFP4_SPLITK", "0");
+  std::string field;
+  try {
+    explain_cuda_kernels(Config(f), 1);
+  } catch (const Error& e) {
+    field = e.argument();
+  }
+  EXPECT_EQ(field, "EPMOE_NVFP4_SPLITK");
 }
 
 // The C ABI's copy: the same text, truncated to the buffer.

@@ -455,14 +455,17 @@ class NcclTransport final : public Transport {
     std::string why;
     // ncclDevCommRequirements gained fields between 2.28.3 and 2.28.9: a library of another patch
     // release reads this build's struct as garbage (seen: 2.28.9 loaded first by PyTorch, under
-    // 2.28.3 headers, failed ncclDevCommCreate with "out of memory"). Every rank runs the same
-    // version (handshake), so every rank decides alike without a collective.
-    if (hello_R_[rank_].nccl_version != NCCL_VERSION_CODE) {
-      why = detail::concat("epmoe_nccl was built with the headers of NCCL ", version_text(NCCL_VERSION_CODE),
-                           " but the process runs NCCL ", version_text(hello_R_[rank_].nccl_version),
-                           " (another libnccl.so.2 loaded first, e.g. PyTorch's): the device API's "
-                           "structures differ between releases; build with NCCL_HOME at the NCCL the "
-                           "process loads");
+    // 2.28.3 headers, failed ncclDevCommCreate with "out of memory"). The handshake holds only the
+    // minor version alike, so every rank checks every rank's gathered version: all decide alike
+    // without a collective.
+    for (int r = 0; r < size_ && why.empty(); ++r) {
+      if (hello_R_[r].nccl_version != NCCL_VERSION_CODE) {
+        why = detail::concat("epmoe_nccl was built with the headers of NCCL ", version_text(NCCL_VERSION_CODE),
+                             " but rank ", r, " runs NCCL ", version_text(hello_R_[r].nccl_version),
+                             " (another libnccl.so.2 loaded first, e.g. PyTorch's): the device API's "
+                             "structures differ between releases; build with NCCL_HOME at the NCCL the "
+                             "process loads");
+      }
     }
     for (int r = 0; r < size_ && why.empty(); ++r) {
       // Environment switches are per process: checked before the (collective) probe so that no

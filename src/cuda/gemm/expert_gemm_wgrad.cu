@@ -1,4 +1,6 @@
 // Weight-gradient GEMMs: a reduction over each expert's rows (variable K, empty experts give 0).
+#include <type_traits>
+
 #include "cuda/gemm/expert_gemm.h"
 #include "cuda/gemm/expert_gemm_common.h"
 #include "cuda/gemm/launch.cuh"
@@ -48,23 +50,18 @@ void wgrad(GemmKind kind, const Step& s, const bf16_t* a_rows, int64_t m_out,
   const WgradStore how = select_wgrad_store(kind, s);
   if (s.wgrad_dtype == DType::bf16 && !accumulate && how != WgradStore::direct) {
     auto store = make_wgrad_store(out, m_out, n_out, s.dims.E);
-    auto run = [&](auto traits) {
+    // store_warp: std::true_type where a warp of the producer warpgroup issues the stores.
+    auto run = [&](auto traits, auto store_warp) {
       using T = decltype(traits);
-      using Epi = WgradTmaEpilogue<T, decltype(store)>;
+      using Epi = WgradTmaEpilogue<T, decltype(store), decltype(store_warp)::value>;
       const typename Epi::Params epi{store, m_out, n_out, s.dims.E};
       launch_grouped_gemm<T, Major::MN, Major::MN, Epi>(a, b, g, epi, stream_of(s));
     };
-    // tma_warp: a warp of the producer warpgroup issues the stores (cooperative single CTAs,
-    // 128 x 256; the rule's tile and peel).
+    // tma_warp: cooperative single CTAs, 128 x 256 (the rule's tile and peel).
     if constexpr (!S::pingpong && S::cluster == 1) {
       if (how == WgradStore::tma_warp && tile == WgradTile::n256) {
-        auto run_warp = [&](auto traits) {
-          using T = decltype(traits);
-          using Epi = WgradTmaEpilogue<T, decltype(store), true>;
-          const typename Epi::Params epi{store, m_out, n_out, s.dims.E};
-          launch_grouped_gemm<T, Major::MN, Major::MN, Epi>(a, b, g, epi, stream_of(s));
-        };
-        return select_wgrad_peel(kind, s) ? run_warp(WgradTmaTraits<S, true>{}) : run_warp(WgradTmaTraits<S>{});
+        return select_wgrad_peel(kind, s) ? run(WgradTmaTraits<S, true>{}, std::true_type{})
+                                          : run(WgradTmaTraits<S>{}, std::true_type{});
       }
     }
     // CTA pairs peel too: measured against single CTAs, both take the same k-tail.
@@ -73,15 +70,16 @@ void wgrad(GemmKind kind, const Step& s, const bf16_t* a_rows, int64_t m_out,
       if constexpr (S::cluster == 1) {
 #if defined(EPMOE_GEMM_ALL_CONFIGS)
         if (tile == WgradTile::n192) {
-          return peel ? run(WgradTma192Traits<true>{}) : run(WgradTma192Traits<false>{});
+          return peel ? run(WgradTma192Traits<true>{}, std::false_type{})
+                      : run(WgradTma192Traits<false>{}, std::false_type{});
         }
 #endif
       }
-      if (peel) return run(WgradTmaTraits<S, true>{});
+      if (peel) return run(WgradTmaTraits<S, true>{}, std::false_type{});
     }
     EPMOE_CHECK_ARG(tile == WgradTile::n256, "EPMOE_WGRAD_TILE",
                     "128x256 with a ping-pong or clustered WGRAD", "128x192");
-    return run(WgradTmaTraits<S>{});
+    return run(WgradTmaTraits<S>{}, std::false_type{});
   }
   EPMOE_CHECK_ARG(tile == WgradTile::n256, "EPMOE_WGRAD_TILE",
                   "128x256 where the WGRAD does not store through the TMA (f32, accumulated, or "

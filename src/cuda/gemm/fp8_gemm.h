@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "core/activation.h"
 #include "core/numeric.h"
@@ -32,7 +33,8 @@ Fp8Tile fp8_tile_from_env();
 // FPROP qwen3 0.385 / 0.327, deepseek-v3 1.853 / 1.512 (K < N), gpt-oss 0.756 / 0.821, mixtral
 // 1.758 / 2.559; W13 DGRAD qwen3 0.578 / 0.545, deepseek-v3 3.474 / 2.985 (K < N), gpt-oss
 // 1.336 / 1.576, mixtral 3.428 / 5.012. The other GEMMs ran faster on 128 x 128 on every shape.
-Fp8Tile fp8_tile_for_d_rows(int64_t N, int64_t K);
+// With `why`, appends the rule and values or the override that chose it.
+Fp8Tile fp8_tile_for_d_rows(int64_t N, int64_t K, std::string* why = nullptr);
 
 // The W2 DGRAD's SwiGLU backward in the epilogue (gemm/fp8_swiglu_epilogue.cuh): the GEMM's
 // output is grad_h [M, F] (N = F, a multiple of 128), which is not stored; instead, bitwise what

@@ -120,8 +120,12 @@ Fp8Tile fp8_tile_from_env() {
   return Fp8Tile::m64_n256_spread;
 }
 
-Fp8Tile fp8_tile_for_d_rows(int64_t N, int64_t K) {
-  if (std::getenv("EPMOE_FP8_TILE") != nullptr) return fp8_tile_from_env();
+Fp8Tile fp8_tile_for_d_rows(int64_t N, int64_t K, std::string* why) {
+  if (const char* env = std::getenv("EPMOE_FP8_TILE"); env != nullptr) {
+    if (why != nullptr) *why += std::string("EPMOE_FP8_TILE=") + env + " (override)";
+    return fp8_tile_from_env();
+  }
+  if (why != nullptr) *why += "K " + std::to_string(K) + (K < N ? " < N " : " >= N ") + std::to_string(N);
   return K < N ? Fp8Tile::m64_n256_spread : Fp8Tile::m128_n128;
 }
 

@@ -549,6 +549,17 @@ Nvfp4Splits nvfp4_choose_splits(int64_t N, int64_t K, int E, bool swiglu, int sm
   return c;
 }
 
+// Unset: one split. The heuristic's split of mixtral-8x7b's W2 (3) measured 2.5 % slower than one
+// (bench/RESULTS.md "e86d331"), so it runs only when asked for (EPMOE_NVFP4_SPLITK=auto).
+int64_t nvfp4_requested_splits() {
+  const char* env = std::getenv("EPMOE_NVFP4_SPLITK");
+  if (env == nullptr) return 1;
+  const bool automatic = std::strcmp(env, "auto") == 0;
+  const int64_t n = automatic ? 0 : std::atoll(env);
+  EPMOE_CHECK_ARG(automatic || n >= 1, "EPMOE_NVFP4_SPLITK", "auto or a count >= 1", env);
+  return n;
+}
+
 int nvfp4_launch_splits(const Nvfp4GroupedGemmArgs& a) {
   // At most one split per chunk, and grid z's limit.
   const int64_t chunks = a.K / kChunk < 65535 ? a.K / kChunk : 65535;
@@ -563,14 +574,7 @@ int nvfp4_launch_splits(const Nvfp4GroupedGemmArgs& a) {
                     a.splitk_scratch_bytes);
     return static_cast<int>(n);
   }
-  // Unset: one split. The heuristic's split of mixtral-8x7b's W2 (3) measured 2.5 % slower than
-  // one (bench/RESULTS.md "e86d331"), so it runs only when asked for (EPMOE_NVFP4_SPLITK=auto).
-  int64_t n = 1;
-  if (const char* env = std::getenv("EPMOE_NVFP4_SPLITK"); env != nullptr) {
-    const bool automatic = std::strcmp(env, "auto") == 0;
-    n = automatic ? 0 : std::atoll(env);
-    EPMOE_CHECK_ARG(automatic || n >= 1, "EPMOE_NVFP4_SPLITK", "auto or a count >= 1", env);
-  }
+  int64_t n = nvfp4_requested_splits();
   if (n < 1) {
     n = nvfp4_choose_splits(a.N, a.K, a.E, a.swiglu, sm_count()).splits;
   } else if (n > chunks) {

@@ -69,6 +69,10 @@ Nvfp4Splits nvfp4_choose_splits(int64_t N, int64_t K, int E, bool swiglu, int sm
 // Bytes of the fp32 partials of `splits` splits (0 for one split: no scratch).
 int64_t nvfp4_splitk_scratch_bytes(int splits, int64_t M, int64_t N);
 
+// The splits asked for where Nvfp4GroupedGemmArgs::splits is 0: EPMOE_NVFP4_SPLITK=<n> (>= 1), 0
+// for =auto (nvfp4_choose_splits), unset 1 (Error(invalid_argument) naming it otherwise).
+int64_t nvfp4_requested_splits();
+
 // The splits nvfp4_grouped_gemm launches with these arguments (the rules above; host only).
 int nvfp4_launch_splits(const Nvfp4GroupedGemmArgs& args);
 
