@@ -52,6 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_moe  # noqa: E402
 import ep_self_check  # noqa: E402
 import epmoe_ctypes  # noqa: E402
+import measure  # noqa: E402
 import shapes as S  # noqa: E402
 import torch_recipe  # noqa: E402
 import torch_recipe_fp8  # noqa: E402
@@ -100,7 +101,7 @@ class Ranks:
 def timed_ep(fn, ranks, iters, warmup=3):
     """(median, min, max) ms of the step over >= iters iterations: every rank times each iteration
     with CUDA events after a host barrier; the step time is the max over ranks."""
-    times = bench_moe.event_times(fn, iters, warmup, before=ranks.barrier)
+    times = measure.event_times(fn, iters, warmup, before=ranks.barrier)
     return step_stats(ranks.gather(times))
 
 
@@ -294,9 +295,9 @@ def bench_shape(lib, nccl, ranks, shape, routing, ceil, args):
             run.ctx.check()
             if fp8:
                 base = bf16_out if bf16_out is not None else ref
-                parts = {k: bench_moe.rel_l2_parts(run.outputs()[k], base[k]) for k in FP8_COMPARED}
+                parts = {k: measure.rel_l2_parts(run.outputs()[k], base[k]) for k in FP8_COMPARED}
             else:
-                parts = {k: bench_moe.rel_l2_parts(v, ref[k]) for k, v in run.outputs().items()}
+                parts = {k: measure.rel_l2_parts(v, ref[k]) for k, v in run.outputs().items()}
             errors[impl] = pooled_rel_l2(ranks, parts)
             if impl == "epmoe":
                 bf16_out = {k: run.outputs()[k].clone() for k in FP8_COMPARED}
@@ -350,8 +351,8 @@ def bench_shape(lib, nccl, ranks, shape, routing, ceil, args):
                          "rank": r, "stages_ms": st, **tr})
     if r8 is not None:
         base = bf16_out if bf16_out is not None else ref
-        err8_fwd = pooled_rel_l2(ranks, {"y": bench_moe.rel_l2_parts(y8_fwd, base["y"])})
-        err8 = pooled_rel_l2(ranks, {k: bench_moe.rel_l2_parts(v, base[k]) for k, v in out8.items()})
+        err8_fwd = pooled_rel_l2(ranks, {"y": measure.rel_l2_parts(y8_fwd, base["y"])})
+        err8 = pooled_rel_l2(ranks, {k: measure.rel_l2_parts(v, base[k]) for k, v in out8.items()})
         errors[RECIPE_FP8] = err8
         meta = {"precision": "fp8", "rel_l2_reference": "epmoe" if bf16_out is not None
                 else "torch-native", **bench_moe.RECIPE_FP8_META, **common}
@@ -497,7 +498,7 @@ def main_gpu(args):
         raise SystemExit(f"bench_ep: expected 2 ranks (torchrun --nproc-per-node 2), got {ranks.size}")
     lib = epmoe_ctypes.load(args.lib)
     nccl = epmoe_ctypes.load_nccl(args.nccl_lib)
-    c = bench_moe.ceilings()
+    c = measure.ceilings()
     all_c = ranks.gather(c)
     fp8_R = [x.get("fp8_matmul_tflops") for x in all_c]
     ceil = {"bf16_matmul_tflops": statistics.mean(x["bf16_matmul_tflops"] for x in all_c),

@@ -6,7 +6,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-import bench_moe
+import measure
 import shapes as S
 import torch_recipe
 import torch_recipe_fp8
@@ -46,7 +46,7 @@ def ep_against_one_process(rank, R, x, ids, scores, w13, w2, grad_y, forward, fo
     pairs = {"y": (ye, ya[tokens]), "grad_x": (xe.grad, xa.grad[tokens]),
              "grad_scores": (se.grad, sa.grad[tokens]), "grad_w13": (w13e.grad, w13a.grad[mine]),
              "grad_w2": (w2e.grad, w2a.grad[mine])}
-    return {k: bench_moe.rel_l2(a.detach(), b.detach()) for k, (a, b) in pairs.items()}, ye
+    return {k: measure.rel_l2(a.detach(), b.detach()) for k, (a, b) in pairs.items()}, ye
 
 
 def self_check_fp8(rank, R, x, ids, scores, w13, w2, grad_y, ye_bf16):
@@ -64,7 +64,7 @@ def self_check_fp8(rank, R, x, ids, scores, w13, w2, grad_y, ye_bf16):
                                      lambda *a: R8.moe_forward(*a, every),
                                      lambda *a: R8.moe_forward_ep(*a, local))
     bad = [f"fp8 {k}" for k, v in err.items() if not v <= 1e-2]
-    vs_bf16 = bench_moe.rel_l2(ye.detach(), ye_bf16.detach())
+    vs_bf16 = measure.rel_l2(ye.detach(), ye_bf16.detach())
     # e4m3 operands of two chained GEMMs: a few % from bf16 (test_torch_recipe_fp8.py)
     if not 1e-3 < vs_bf16 < 0.12:
         bad.append("fp8 y vs bf16 within (1e-3, 0.12)")
