@@ -4,18 +4,22 @@
 // partials (bitwise swiglu_backward_fp8_rows). Neither bf16 grad_h13 nor h is stored: the
 // W13 DGRAD reads the rows, the two FP8 WGRADs the columns, and nothing else reads them.
 //
-// One CTA per (column block b of the expert layout, 128 columns f0 .. f0 + 127 of F):
-//   1. half warp (row r, warp-half) loads h13's gate and up and grad_h for columns f0 .. + 127
-//      (lane j: 8 columns, 16-byte vectors), runs the SwiGLU backward (swiglu_backward_run8,
-//      the unfused kernel's math), writes grad_h13's 1x128 row codes (gate block f0 / 128 and
-//      up block (F + f0) / 128: the half warp holds both whole), the row's grad_scores
-//      partials (a 64-column chunk is 8 lanes, summed in the unfused kernel's order), and stages
-//      d_gate, d_up and h as bf16 tiles [128, 128] in shared memory, keeping column amaxes
-//      (an integer max of |x| bits: exact and order-free; shared atomics combine the warps);
-//   2. 3 x 128 columns' scales (stored, coalesced) and encode bounds;
-//   3. each tile encoded (fp8_cols_tile.cuh), staged in place over the tile once every thread
-//      has read it, then stored as whole 128-byte rows of the transposed codes.
-// Shared memory: the three tiles (96 KiB) and 6 KiB of column terms: 2 CTAs per SM.
+// One CTA of 16 warps per (column block b of the expert layout, 128 columns f0 .. f0 + 127 of F):
+//   1. a half warp per row (4 rows per thread, the next row's loads in flight) loads h13's gate
+//      and up and grad_h for columns f0 .. + 127 (lane j: 8 columns, 16-byte vectors), runs the
+//      SwiGLU backward (swiglu_backward_run8, the unfused kernel's math), writes grad_h13's 1x128
+//      row codes (gate block f0 / 128 and up block (F + f0) / 128: the half warp holds both
+//      whole) and the row's grad_scores partials (a 64-column chunk is 8 lanes, summed in the
+//      unfused kernel's order), and stages d_gate, d_up and h as bf16 tiles [128, 128] in
+//      shared memory;
+//   2. thread c < 384 takes column c's amax over the staged rows (an integer max of |x| bits:
+//      exact and order-free), its scale (stored, coalesced) and encode bounds;
+//   3. each tile encoded by 8 warps (fp8_cols_tile.cuh; warps 0-7 d_gate then h, 8-15 d_up),
+//      staged in place over the tile once every thread has read it, then stored as whole
+//      128-byte rows of the transposed codes.
+// The SwiGLU math needs the unfused kernel's occupancy (it is bound by its exp and division
+// work): 2 CTAs of 512 threads per SM, <= 64 registers, the three tiles (96 KiB) and 4.5 KiB of
+// column terms in shared memory each.
 #include "cuda/swiglu_backward_cols.h"
 
 #include <atomic>
@@ -33,13 +37,13 @@ namespace epmoe::cuda {
 namespace {
 
 using namespace fp8_cols;
-constexpr int kColsThreads = kEncodeThreads;
-constexpr int kOutputs = 3;  // tiles: d_gate, d_up, h
-constexpr int kRowVecs = kTile / kVec;                      // 16 lanes: one row of the tile
-constexpr int kRowGroups = kColsThreads / kRowVecs;         // 16 rows at a time
-constexpr int kRowSteps = kBlock / kRowGroups;              // 8 rows per thread
-constexpr int kBatch = 2;                                   // rows whose loads are in flight together
-static_assert(kRowVecs == 16 && kRowSteps % kBatch == 0, "a half warp per row, whole batches");
+constexpr int kColsThreads = 2 * kEncodeThreads;  // two encode groups of 8 warps
+constexpr int kOutputs = 3;                        // tiles: d_gate, d_up, h
+constexpr int kRowVecs = kTile / kVec;               // 16 lanes: one row of the tile
+constexpr int kRowGroups = kColsThreads / kRowVecs;  // 32 rows at a time
+constexpr int kRowSteps = kBlock / kRowGroups;       // 4 rows per thread
+static_assert(kOutputs * kTile <= kColsThreads, "a thread per column of the three tiles");
+static_assert(kRowVecs == 16, "a half warp per row");
 constexpr int kTileBytes = kBlock * kTile * 2;
 constexpr int kSmem = kOutputs * kTileBytes;
 
@@ -58,38 +62,33 @@ struct ColsParams {
   int64_t max_blocks;
 };
 
-// The column amaxes of one thread's 8 columns over its rows, as 4 pairs of bf16 |x| bits.
-struct PairMax {
-  uint32_t v[4] = {};
-  __device__ __forceinline__ void add(uint4 x) {
-    v[0] = __vmaxu2(v[0], x.x & 0x7fff7fffu);
-    v[1] = __vmaxu2(v[1], x.y & 0x7fff7fffu);
-    v[2] = __vmaxu2(v[2], x.z & 0x7fff7fffu);
-    v[3] = __vmaxu2(v[3], x.w & 0x7fff7fffu);
-  }
-  // Lanes j and j ^ 16 (two rows of the warp) combined, then lane j < 16 folds the warp's maxima
-  // of columns 8 j .. 8 j + 7 into amax_C: the fp32 bits of a bf16 are its bits << 16.
-  __device__ __forceinline__ void fold(uint32_t* amax_C, int lane) {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) v[k] = __vmaxu2(v[k], __shfl_xor_sync(0xffffffffu, v[k], 16));
-    if (lane < 16) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        atomicMax(amax_C + 8 * lane + 2 * k, v[k] << 16);
-        atomicMax(amax_C + 8 * lane + 2 * k + 1, v[k] & 0xffff0000u);
-      }
-    }
-  }
+// Row r of the block (zeros past its n rows): h13's gate and up and grad_h at columns f .. f + 7,
+// and the row's score.
+struct RowIn {
+  uint4 gate, up, dh;
+  float score;
 };
+__device__ __forceinline__ RowIn load_row(const ColsParams& p, const bf16_t* h13_M2F, int64_t m0, int r, int n,
+                                          int64_t f, bool scored) {
+  RowIn x{make_uint4(0u, 0u, 0u, 0u), make_uint4(0u, 0u, 0u, 0u), make_uint4(0u, 0u, 0u, 0u), 1.0f};
+  if (r < n) {
+    const int64_t m = m0 + r;
+    x.gate = load_vec(h13_M2F + m * 2 * p.F + f);
+    x.up = load_vec(h13_M2F + m * 2 * p.F + p.F + f);
+    x.dh = load_vec(p.grad_h_MF + m * p.F + f);
+    if (scored) x.score = p.row_scores_M[m];
+  }
+  return x;
+}
 
 __global__ void __launch_bounds__(kColsThreads, 2) swiglu_backward_cols_kernel(const ColsParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ uint32_t amax_XC[kOutputs][kTile];
   __shared__ __align__(16) float scale_XC[kOutputs][kTile], lo_XC[kOutputs][kTile], hi_XC[kOutputs][kTile];
   if (layout_skip(p.header)) return;  // uniform over the grid
   const bf16_t* h13_M2F = p.h13.get<const bf16_t>();
   const int t = static_cast<int>(threadIdx.x), lane = t % 32, warp = t / 32;
-  const int j = t % kRowVecs, g = t / kRowVecs;  // columns f0 + 8 j .., rows g + 16 i
+  const int j = t % kRowVecs, g = t / kRowVecs;  // columns f0 + 8 j .., rows g + 32 i
+  const int group = warp / 8, gwarp = warp % 8;  // encode group, its warp
   const int64_t F = p.F, f0 = static_cast<int64_t>(blockIdx.x) * kTile, f = f0 + kVec * j;
   const int64_t K = kBlock * p.max_blocks;
   const bool scored = p.row_scores_M != nullptr;
@@ -102,60 +101,43 @@ __global__ void __launch_bounds__(kColsThreads, 2) swiglu_backward_cols_kernel(c
     if (!find_block(p.offsets_E1, p.E, b, m0, m1)) break;  // past the last block (later b too)
     const int n = static_cast<int>(m1 - m0);
     __syncthreads();  // the previous block's shared reads are done
-    for (int c = t; c < kOutputs * kTile; c += kColsThreads) amax_XC[c / kTile][c % kTile] = 0;
-    __syncthreads();
-
-    PairMax amax[kOutputs];
-#pragma unroll
-    for (int i0 = 0; i0 < kRowSteps; i0 += kBatch) {
-      uint4 gate[kBatch], up[kBatch], dh[kBatch];
-      float score[kBatch];
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i) {  // the batch's loads first
-        const int r = g + kRowGroups * (i0 + i);
-        gate[i] = up[i] = dh[i] = make_uint4(0u, 0u, 0u, 0u);
-        score[i] = 1.0f;
-        if (r < n) {
-          const int64_t m = m0 + r;
-          gate[i] = load_vec(h13_M2F + m * 2 * F + f);
-          up[i] = load_vec(h13_M2F + m * 2 * F + F + f);
-          dh[i] = load_vec(p.grad_h_MF + m * F + f);
-          if (scored) score[i] = p.row_scores_M[m];
+    // One row per iteration, the next row's loads in flight meanwhile; not unrolled (nor the
+    // encode below): the SwiGLU math and the encoders inline to thousands of instructions, and
+    // unrolled copies stalled on instruction fetch (Nsight Compute).
+    RowIn next = load_row(p, h13_M2F, m0, g, n, f, scored);
+#pragma unroll 1
+    for (int i = 0; i < kRowSteps; ++i) {
+      const int r = g + kRowGroups * i;
+      const RowIn in = next;
+      if (i + 1 < kRowSteps) next = load_row(p, h13_M2F, m0, r + kRowGroups, n, f, scored);
+      SwigluBackwardRun8 o{};
+      if (r < n) {  // uniform over the half warp (one row): its shuffles below stay within it
+        const int64_t m = m0 + r;
+        o = swiglu_backward_run8(in.gate, in.up, in.dh, scored, in.score, p.act);
+        store_fp8_run8(p.q, m, 2 * F, f, fp8_quantize_run8(o.d_gate, true, row_lanes));
+        store_fp8_run8(p.q, m, 2 * F, F + f, fp8_quantize_run8(o.d_up, true, row_lanes));
+        if (scored) {
+          float dot = o.dot;
+          dot = __fadd_rn(dot, __shfl_xor_sync(chunk_lanes, dot, 4));
+          dot = __fadd_rn(dot, __shfl_xor_sync(chunk_lanes, dot, 2));
+          dot = __fadd_rn(dot, __shfl_xor_sync(chunk_lanes, dot, 1));
+          if (j % 8 == 0) p.score_parts_MC[m * p.chunks + f / kScoreChunkCols] = dot;
         }
       }
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        const int r = g + kRowGroups * (i0 + i);
-        SwigluBackwardRun8 o{};
-        if (r < n) {  // uniform over the half warp (one row): its shuffles below stay within it
-          const int64_t m = m0 + r;
-          o = swiglu_backward_run8(gate[i], up[i], dh[i], scored, score[i], p.act);
-          store_fp8_run8(p.q, m, 2 * F, f, fp8_quantize_run8(o.d_gate, true, row_lanes));
-          store_fp8_run8(p.q, m, 2 * F, F + f, fp8_quantize_run8(o.d_up, true, row_lanes));
-          if (scored) {
-            float dot = o.dot;
-            dot = __fadd_rn(dot, __shfl_xor_sync(chunk_lanes, dot, 4));
-            dot = __fadd_rn(dot, __shfl_xor_sync(chunk_lanes, dot, 2));
-            dot = __fadd_rn(dot, __shfl_xor_sync(chunk_lanes, dot, 1));
-            if (j % 8 == 0) p.score_parts_MC[m * p.chunks + f / kScoreChunkCols] = dot;
-          }
-        }
-        // Rows past the block's end stay zeros: no amax, and the encode masks them to +0.
-        *reinterpret_cast<uint4*>(tile(0) + r * kTile + kVec * j) = o.d_gate;
-        *reinterpret_cast<uint4*>(tile(1) + r * kTile + kVec * j) = o.d_up;
-        *reinterpret_cast<uint4*>(tile(2) + r * kTile + kVec * j) = o.h;
-        amax[0].add(o.d_gate);
-        amax[1].add(o.d_up);
-        amax[2].add(o.h);
-      }
+      // Rows past the block's end stay zeros: no amax, and the encode masks them to +0.
+      *reinterpret_cast<uint4*>(tile(0) + r * kTile + kVec * j) = o.d_gate;
+      *reinterpret_cast<uint4*>(tile(1) + r * kTile + kVec * j) = o.d_up;
+      *reinterpret_cast<uint4*>(tile(2) + r * kTile + kVec * j) = o.h;
     }
-#pragma unroll
-    for (int x = 0; x < kOutputs; ++x) amax[x].fold(amax_XC[x], lane);
     __syncthreads();
 
-    for (int c = t; c < kOutputs * kTile; c += kColsThreads) {  // the columns' scales and bounds
-      const int x = c / kTile, col = c % kTile;
-      const float scale = fp8_scale_fp32(amax_XC[x][col]);
+    if (t < kOutputs * kTile) {  // column t's amax, scale and bounds (a warp reads 64 bytes a row)
+      const int x = t / kTile, col = t % kTile;
+      const uint16_t* col_R = reinterpret_cast<const uint16_t*>(tile(x)) + col;
+      uint32_t amax = 0;
+#pragma unroll 8
+      for (int r = 0; r < kBlock; ++r) amax = umax(amax, col_R[r * kTile] & 0x7fffu);
+      const float scale = fp8_scale_fp32(amax << 16);  // the fp32 bits of a bf16: its bits << 16
       const Fp8Fp32Bounds bounds = fp8_fp32_bounds(scale);
       scale_XC[x][col] = scale;
       lo_XC[x][col] = bounds.lo;
@@ -167,18 +149,27 @@ __global__ void __launch_bounds__(kColsThreads, 2) swiglu_backward_cols_kernel(c
       }
     }
     __syncthreads();
-#pragma unroll
-    for (int x = 0; x < kOutputs; ++x) {
-      uint32_t w[4][4];
-      encode_words(tile(x), static_cast<const float*>(nullptr), ColumnScales{scale_XC[x], lo_XC[x], hi_XC[x]},
-                   lane, warp, w);
-      __syncthreads();  // every thread has read tile x: its codes go over it
-      stage_chunk(w, n, lane, warp, reinterpret_cast<uint4*>(tile(x)));
+    // Group 0 encodes d_gate then h, group 1 d_up; each stages its codes over its tile after a
+    // barrier that every thread reaches (the tile is read by its group only).
+    uint32_t w[4][4];
+    const int x0 = group;  // 0 or 1
+    encode_words(tile(x0), static_cast<const float*>(nullptr),
+                 ColumnScales{scale_XC[x0], lo_XC[x0], hi_XC[x0]}, lane, gwarp, w);
+    __syncthreads();
+    stage_chunk(w, n, lane, gwarp, reinterpret_cast<uint4*>(tile(x0)));
+    if (group == 0) {
+      encode_words(tile(2), static_cast<const float*>(nullptr), ColumnScales{scale_XC[2], lo_XC[2], hi_XC[2]},
+                   lane, gwarp, w);
     }
     __syncthreads();
-    store_staged(reinterpret_cast<const uint4*>(tile(0)), p.g13.qt_LK, K, b, f0, kTile, lane, warp);
-    store_staged(reinterpret_cast<const uint4*>(tile(1)), p.g13.qt_LK, K, b, F + f0, kTile, lane, warp);
-    store_staged(reinterpret_cast<const uint4*>(tile(2)), p.h.qt_LK, K, b, f0, kTile, lane, warp);
+    if (group == 0) stage_chunk(w, n, lane, gwarp, reinterpret_cast<uint4*>(tile(2)));
+    __syncthreads();
+    if (group == 0) {
+      store_staged(reinterpret_cast<const uint4*>(tile(0)), p.g13.qt_LK, K, b, f0, kTile, lane, gwarp);
+      store_staged(reinterpret_cast<const uint4*>(tile(2)), p.h.qt_LK, K, b, f0, kTile, lane, gwarp);
+    } else {
+      store_staged(reinterpret_cast<const uint4*>(tile(1)), p.g13.qt_LK, K, b, F + f0, kTile, lane, gwarp);
+    }
   }
 }
 
