@@ -99,7 +99,8 @@ inline Fp8WeightLayout fp8_weight_layout(const Dims& d) {
 }
 
 // grad_h13's column operand (codes [2F, Kc] | scales [Bc, 2F] f32) where the SwiGLU backward
-// writes it in the FP8 steps with FP8 WGRADs (cuda swiglu_backward_fp8_cols): the call scratch's
+// writes it in the FP8 steps with FP8 WGRADs and EPMOE_FP8_COL_QUANT=swiglu (cuda
+// swiglu_backward_fp8_cols, fp8_swiglu_backward_writes_cols): the call scratch's
 // grad_h13 rows ([M, 2F] bf16 = 4 F M bytes), which that path never stores. It lives there from
 // the SwiGLU backward to the W13 WGRAD, while col_a and col_b serve the W2 WGRAD. It fits when
 // 132 Bc <= 2 M (about M >= 137 E): always at the FP8 WGRAD's rows (Config.fp8_wgrad by_shape

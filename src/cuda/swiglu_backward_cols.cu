@@ -3,6 +3,9 @@
 // fp8_quantize_cols_transposed of the bf16 rows) beside grad_h13's 1x128 rows and grad_scores'
 // partials (bitwise swiglu_backward_fp8_rows). Neither bf16 grad_h13 nor h is stored: the
 // W13 DGRAD reads the rows, the two FP8 WGRADs the columns, and nothing else reads them.
+// Opt-in (EPMOE_FP8_COL_QUANT=swiglu, fp8_backward.h): it saves ~2.8 GB of bf16 traffic on
+// mixtral-8x7b but runs at ~2.4 instructions a cycle against the plain SwiGLU backward's ~3.4, so
+// it measured ~0.25 ms slower than the chain it replaces.
 //
 // One CTA of 16 warps per (column block b of the expert layout, 128 columns f0 .. f0 + 127 of F):
 //   1. a half warp per row (4 rows per thread, the next row's loads in flight) loads h13's gate

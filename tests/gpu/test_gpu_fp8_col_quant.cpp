@@ -1,6 +1,6 @@
-// The FP8 SwiGLU backward that writes the WGRADs' column operands (swiglu_backward_cols.cu, the
-// default where fp8_swiglu_backward_writes_cols) against the chain it replaces
-// (EPMOE_FP8_COL_QUANT=separate: the SwiGLU backward storing bf16 grad_h13 and h, then
+// The FP8 SwiGLU backward that writes the WGRADs' column operands (swiglu_backward_cols.cu,
+// EPMOE_FP8_COL_QUANT=swiglu where fp8_swiglu_backward_writes_cols) against the chain it replaces
+// (unset or =separate, the default: the SwiGLU backward storing bf16 grad_h13 and h, then
 // fp8_quantize_cols_transposed on each, as the WGRAD stages run it), through the CUDA backend's
 // swiglu_backward stage: grad_h13's E4M3 rows, the grad_scores partials, h's columns (col_b) and
 // grad_h13's columns (over its bf16 rows) bitwise, over the whole scratch and regions (bytes no
@@ -84,7 +84,7 @@ Out run(World& w, int r, bool separate) {
   s.fp8 = true;
   s.fp8_scratch = reinterpret_cast<char*>(scratch.ptr);
   {
-    const ScopedEnv env("EPMOE_FP8_COL_QUANT", separate ? "separate" : nullptr);
+    const ScopedEnv env("EPMOE_FP8_COL_QUANT", separate ? "separate" : "swiglu");
     EXPECT_EQ(cuda::fp8_swiglu_backward_writes_cols(s), !separate);
     w.backend().swiglu_backward(s);
   }
@@ -196,7 +196,8 @@ TEST(GpuFp8ColQuant, SkippedStepWritesNothing) {
   EXPECT_TRUE(same_bits(std::vector<uint8_t>(got.grad_h13.size(), kPoison), got.grad_h13)) << "grad_h13 region written";
 }
 
-// Few rows per expert (the columns do not fit over grad_h13's bf16 rows): the chain runs.
+// Few rows per expert (the columns do not fit over grad_h13's bf16 rows), bf16 WGRADs or the
+// variable unset: the chain runs.
 TEST(GpuFp8ColQuant, ColumnsThatDoNotFitTakeTheChain) {
   const Shape sh{40, 128, 128, 2, 4, 1, 0};
   EXPECT_FALSE(fp8_grad_h13_cols_fit(sh.dims(), sh.cap()));
@@ -206,12 +207,17 @@ TEST(GpuFp8ColQuant, ColumnsThatDoNotFitTakeTheChain) {
   s.fp8 = true;
   bf16_t dummy{};
   s.grad_h13_M2F = &dummy;
+  const ScopedEnv on("EPMOE_FP8_COL_QUANT", "swiglu");
   EXPECT_FALSE(cuda::fp8_swiglu_backward_writes_cols(s));
   s.capacity_rows = 1024;  // 132 * (8 + 4) blocks' bytes per column <= 2 * 1024
   EXPECT_TRUE(cuda::fp8_swiglu_backward_writes_cols(s));
   s.fp8_wgrad = Fp8Wgrad::bf16;
   EXPECT_FALSE(cuda::fp8_swiglu_backward_writes_cols(s)) << "bf16 WGRADs read the bf16 rows";
   s.fp8_wgrad = Fp8Wgrad::fp8;
+  {
+    const ScopedEnv off("EPMOE_FP8_COL_QUANT", nullptr);
+    EXPECT_FALSE(cuda::fp8_swiglu_backward_writes_cols(s)) << "opt-in: off by default";
+  }
   const ScopedEnv env("EPMOE_FP8_COL_QUANT", "bogus");
   EXPECT_THROW(cuda::fp8_swiglu_backward_writes_cols(s), Error);
 }

@@ -198,7 +198,7 @@ TEST(GpuFp8Training, RowQuantizationInProducersEqualsSeparateBitwise) {
   }
 }
 
-// grad_h13's and h's column operands written by the SwiGLU backward (EPMOE_FP8_COL_QUANT unset, on
+// grad_h13's and h's column operands written by the SwiGLU backward (EPMOE_FP8_COL_QUANT=swiglu, on
 // shapes where they fit over grad_h13's rows) give y and every gradient bitwise as the WGRAD
 // stages' quantization of the bf16 rows does, fused and unfused, within the bounds of the CPU.
 TEST(GpuFp8Training, ColumnQuantizationInSwigluEqualsSeparateBitwise) {
@@ -221,7 +221,11 @@ TEST(GpuFp8Training, ColumnQuantizationInSwigluEqualsSeparateBitwise) {
         const ScopedEnv env("EPMOE_FP8_COL_QUANT", "separate");
         separate = gpu_train(p, in[0]);
       }
-      const RankOutputs got = gpu_train(p, in[0], 2);
+      RankOutputs got;
+      {
+        const ScopedEnv env("EPMOE_FP8_COL_QUANT", "swiglu");
+        got = gpu_train(p, in[0], 2);
+      }
       expect_bitwise_equal({got}, {separate},
                            p.name() + (fused ? " fused" : " unfused") + ": columns by the SwiGLU vs separately");
       if (!fused) continue;
