@@ -98,6 +98,28 @@ inline Fp8WeightLayout fp8_weight_layout(const Dims& d) {
   return l;
 }
 
+// grad_h13's column operand (codes [2F, Kc] | scales [Bc, 2F] f32) where the SwiGLU backward
+// writes it in the FP8 steps with FP8 WGRADs and EPMOE_FP8_COL_QUANT=swiglu (cuda
+// swiglu_backward_fp8_cols, fp8_swiglu_backward_writes_cols): the call scratch's
+// grad_h13 rows ([M, 2F] bf16 = 4 F M bytes), which that path never stores. It lives there from
+// the SwiGLU backward to the W13 WGRAD, while col_a and col_b serve the W2 WGRAD. It fits when
+// 132 Bc <= 2 M (about M >= 137 E): always at the FP8 WGRAD's rows (Config.fp8_wgrad by_shape
+// picks it from 512 rows per expert); otherwise the SwiGLU backward stores grad_h13 in bf16 and
+// the W13 WGRAD quantizes it into col_a (the same bits).
+struct Fp8GradH13ColsLayout {
+  int64_t codes, scales, total;
+};
+inline Fp8GradH13ColsLayout fp8_grad_h13_cols_layout(const Dims& d, int64_t M) {
+  Fp8GradH13ColsLayout l;
+  l.codes = 0;
+  l.scales = align_bytes(2 * d.F * fp8_col_k(M, d.E));
+  l.total = l.scales + align_bytes(fp8_col_blocks(M, d.E) * 2 * d.F * 4);
+  return l;
+}
+inline bool fp8_grad_h13_cols_fit(const Dims& d, int64_t M) {
+  return fp8_grad_h13_cols_layout(d, M).total <= align_bytes(M * 2 * d.F * 2);
+}
+
 // One weight transposed for its DGRAD (training contexts): codes [E, K, N] | scales [E, S_K, S_N]
 // of a weight [E, N, K] (the FP8 grouped GEMM reads B as [E, N', K'] with N' = N, K' = K of the
 // DGRAD). W2's transpose and then W13's use the same region, sized for the larger, W13's.

@@ -1,5 +1,8 @@
 #include "cuda/fp8_backward.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #include "core/formats/fp8_block.h"
 #include "core/fp8_terms.h"
 #include "cuda/formats/formats.h"
@@ -10,6 +13,7 @@
 #include "cuda/gemm/fp8_wgrad.h"
 #include "cuda/placed.h"
 #include "cuda/swiglu.h"
+#include "cuda/swiglu_backward_cols.h"
 #include "epmoe/error.h"
 
 namespace epmoe::cuda {
@@ -97,6 +101,14 @@ ColOperands col_operands(const Step& s) {
           fp8_col_blocks(s.capacity_rows, s.dims.E)};
 }
 
+// grad_h13's column operand where swiglu_backward_fp8_cols writes it (fp8_grad_h13_cols_layout:
+// over the call scratch's bf16 grad_h13 rows, which that path never stores).
+Fp8ColsOut grad_h13_cols(const Step& s) {
+  char* base = reinterpret_cast<char*>(s.grad_h13_M2F);
+  const Fp8GradH13ColsLayout l = fp8_grad_h13_cols_layout(s.dims, s.capacity_rows);
+  return {reinterpret_cast<uint8_t*>(base + l.codes), reinterpret_cast<float*>(base + l.scales)};
+}
+
 void quantize_cols(const Step& s, const bf16_t* x_ML, int64_t L, uint8_t* qt, float* scales,
                    int64_t max_blocks) {
   fp8_quantize_cols_transposed(x_ML, s.capacity_rows, L, s.layout.expert_offsets_E1, s.dims.E,
@@ -143,7 +155,25 @@ void fp8_gather_grad(const Step& s) {
   gather_grad_fp8_rows(s, q.codes, q.scales_SM, q.ld);
 }
 
+bool fp8_swiglu_backward_writes_cols(const Step& s) {
+  const char* env = std::getenv("EPMOE_FP8_COL_QUANT");
+  EPMOE_CHECK_ARG(env == nullptr || std::strcmp(env, "swiglu") == 0 || std::strcmp(env, "separate") == 0,
+                  "EPMOE_FP8_COL_QUANT", "swiglu or separate", env);
+  const bool in_swiglu = env != nullptr && std::strcmp(env, "swiglu") == 0;  // opt-in: measured slower
+  return in_swiglu && s.fp8_wgrad == Fp8Wgrad::fp8 && s.dims.F % kFp8RowBlock == 0 &&
+         fp8_rows_quantized_by_producer() && !fp8_swiglu_backward_in_epilogue(s) &&
+         s.grad_h13_M2F != nullptr && fp8_grad_h13_cols_fit(s.dims, s.capacity_rows);
+}
+
 void fp8_swiglu_backward(const Step& s) {
+  if (fp8_swiglu_backward_writes_cols(s)) {
+    const Fp8ScratchLayout l = fp8_scratch_layout(s);
+    const ScratchRows q = scratch_rows(s, l.grad_h13_q, 2 * s.dims.F);
+    const ColOperands c = col_operands(s);  // h's columns go to col_b for the W2 WGRAD
+    swiglu_backward_fp8_cols(s, q.codes, q.scales_SM, q.ld, grad_h13_cols(s), Fp8ColsOut{c.qb, c.sb},
+                             c.max_blocks);
+    return;
+  }
   // A 1x128 block of grad_h13 [gate | up] spans both halves unless F % 128 == 0: then separate.
   if (s.dims.F % kFp8RowBlock != 0 || !fp8_rows_quantized_by_producer()) {
     swiglu_backward(s);
@@ -209,20 +239,28 @@ void fp8_w13_dgrad(const Step& s, bool scatter) {
   fp8_grouped_gemm(a, s.stream);
 }
 
-// grad_w2[e] [D, F] = grad_h3[e]^T h[e]: col_a grad_h3 along D, col_b h along F, then the FP8 WGRAD.
+// grad_w2[e] [D, F] = grad_h3[e]^T h[e]: col_a grad_h3 along D, col_b h along F (already there when
+// the SwiGLU backward wrote it), then the FP8 WGRAD.
 void fp8_w2_wgrad(const Step& s) {
   const ColOperands c = col_operands(s);
   quantize_cols(s, s.grad_h3_MD, s.dims.D, c.qa, c.sa, c.max_blocks);
-  quantize_cols(s, s.h_MF, s.dims.F, c.qb, c.sb, c.max_blocks);
+  if (!fp8_swiglu_backward_writes_cols(s)) quantize_cols(s, s.h_MF, s.dims.F, c.qb, c.sb, c.max_blocks);
   wgrad(s, c, s.dims.D, s.dims.F, s.grad_w2_EDF);
 }
 
-// grad_w13[e] [2F, D] = grad_h13[e]^T x[e]: col_a grad_h13 along 2F, col_b x decoded from the
+// grad_w13[e] [2F, D] = grad_h13[e]^T x[e]: col_a grad_h13 along 2F (or its columns where the SwiGLU
+// backward wrote them), col_b x decoded from the
 // received E4M3 rows (where the layer plan placed them) along D, then the FP8 WGRAD.
 void fp8_w13_wgrad(const Step& s) {
   const int64_t D = s.dims.D, F = s.dims.F;
-  const ColOperands c = col_operands(s);
-  quantize_cols(s, s.grad_h13_M2F, 2 * F, c.qa, c.sa, c.max_blocks);
+  ColOperands c = col_operands(s);
+  if (fp8_swiglu_backward_writes_cols(s)) {
+    const Fp8ColsOut g = grad_h13_cols(s);
+    c.qa = g.qt_LK;
+    c.sa = g.scales_BL;
+  } else {
+    quantize_cols(s, s.grad_h13_M2F, 2 * F, c.qa, c.sa, c.max_blocks);
+  }
   const Placed x = placed_x_gathered(s);
   fp8_quantize_cols_transposed_from_rows(x.base, x.offset, s.layout.header + kLayoutRows,
                                          s.capacity_rows, D, s.layout.expert_offsets_E1, s.dims.E,

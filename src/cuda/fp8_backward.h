@@ -15,8 +15,20 @@ void fp8_quantize_grad_h3(const Step& s);
 void fp8_gather_grad(const Step& s);
 // The FP8 SwiGLU backward: swiglu_backward with grad_h13 quantized as fp8_quantize_grad_h13 does,
 // in the kernel that writes it when F % 128 == 0 (otherwise, or with
-// EPMOE_FP8_ROW_QUANT=separate: swiglu_backward, then fp8_quantize_grad_h13).
+// EPMOE_FP8_ROW_QUANT=separate: swiglu_backward, then fp8_quantize_grad_h13). Where
+// fp8_swiglu_backward_writes_cols, the kernel also writes the WGRADs' column operands of grad_h13
+// and h and no bf16 rows (swiglu_backward_cols.h).
 void fp8_swiglu_backward(const Step& s);
+// Whether the FP8 SwiGLU backward writes grad_h13's and h's 128x1 column operands (grad_h13's over
+// its bf16 rows in the call scratch, h's in col_b) for the FP8 WGRADs, which then quantize only
+// grad_h3 and x: FP8 WGRADs (Step::fp8_wgrad), F % 128 == 0, rows quantized by their producers,
+// the SwiGLU backward not in the GEMM epilogue, fp8_grad_h13_cols_fit, and EPMOE_FP8_COL_QUANT=swiglu
+// (unset or =separate, the default: the bf16 rows stored and quantized by the WGRAD stages, the
+// same bits). Opt-in because it measured slower: on mixtral-8x7b the kernel takes ~1.9 ms against
+// 1.04 ms for the SwiGLU backward plus ~0.7 ms of column quantization it saves (fwd+bwd x1.01,
+// bench/RESULTS.md 2026-12-01 eae3f8e). A pure function of the step and the environment: the
+// SwiGLU and WGRAD stages agree.
+bool fp8_swiglu_backward_writes_cols(const Step& s);
 // Whether the fused W2 DGRAD runs the SwiGLU backward in the FP8 GEMM's epilogue: F % 128 == 0,
 // rows quantized by their producers (EPMOE_FP8_ROW_QUANT unset or producer), the 128 x 128 tile
 // (EPMOE_FP8_TILE unset or 128x128), and swiglu_backward_in_epilogue() (swiglu.h:

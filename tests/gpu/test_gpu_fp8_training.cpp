@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "captured_step.h"
+#include "core/fp8_terms.h"
 #include "device_call.h"
 #include "device_prepared.h"
 #include "epmoe/context.h"
@@ -193,6 +194,47 @@ TEST(GpuFp8Training, RowQuantizationInProducersEqualsSeparateBitwise) {
       expect_bitwise_equal({gpu_train(p, in[0])}, {separate},
                            p.name() + (fused ? " fused" : " unfused") +
                                ": quantized by the producers vs separately");
+    }
+  }
+}
+
+// grad_h13's and h's column operands written by the SwiGLU backward (EPMOE_FP8_COL_QUANT=swiglu, on
+// shapes where they fit over grad_h13's rows) give y and every gradient bitwise as the WGRAD
+// stages' quantization of the bf16 rows does, fused and unfused, within the bounds of the CPU.
+TEST(GpuFp8Training, ColumnQuantizationInSwigluEqualsSeparateBitwise) {
+  EPMOE_REQUIRE_GPU();
+  const std::vector<Problem> cases = {
+      fp8_problem(1024, 256, 256, 4, 2),       // 512 rows per expert: two column tiles
+      fp8_problem(700, 192, 256, 3, 2, true),  // clamped SwiGLU, partial column blocks
+  };
+  uint64_t seed = 1350;
+  for (const Problem& base : cases) {
+    const Dims d{base.max_tokens, base.hidden, base.intermediate, base.top_k, base.local_experts(), base.ranks};
+    ASSERT_TRUE(fp8_grad_h13_cols_fit(d, base.max_tokens * base.top_k))
+        << base.name() << ": the case should take the column path";
+    const std::vector<RankInputs> in = make_inputs(base, seed++, base.max_tokens);
+    for (bool fused : {true, false}) {
+      Problem p = base;
+      p.fused = fused;
+      RankOutputs separate;
+      {
+        const ScopedEnv env("EPMOE_FP8_COL_QUANT", "separate");
+        separate = gpu_train(p, in[0]);
+      }
+      RankOutputs got;
+      {
+        const ScopedEnv env("EPMOE_FP8_COL_QUANT", "swiglu");
+        got = gpu_train(p, in[0], 2);
+      }
+      expect_bitwise_equal({got}, {separate},
+                           p.name() + (fused ? " fused" : " unfused") + ": columns by the SwiGLU vs separately");
+      if (!fused) continue;
+      const OutputErrors vs_cpu = compare(got, run_layer(p, in)[0]);
+      for (int o = 0; o < kNumOutputs; ++o) {
+        const Output out = static_cast<Output>(o);
+        EXPECT_LE(vs_cpu[out], backend_rel_l2_bound(Precision::fp8_block, out))
+            << p.name() << ": " << to_string(out) << " CUDA vs CPU backend (" << vs_cpu.to_string() << ")";
+      }
     }
   }
 }
