@@ -4,8 +4,10 @@
 // partials (bitwise swiglu_backward_fp8_rows). Neither bf16 grad_h13 nor h is stored: the
 // W13 DGRAD reads the rows, the two FP8 WGRADs the columns, and nothing else reads them.
 // Opt-in (EPMOE_FP8_COL_QUANT=swiglu, fp8_backward.h): it saves ~2.8 GB of bf16 traffic on
-// mixtral-8x7b but runs at ~2.4 instructions a cycle against the plain SwiGLU backward's ~3.4, so
-// it measured ~0.25 ms slower than the chain it replaces.
+// mixtral-8x7b, but the SwiGLU math is bound by its exp and division work, not by memory, and this
+// kernel issues 51 % more instructions than the plain SwiGLU backward (the column amax pass, three
+// tile encodes) with barrier stalls the plain one has none of: 1.76 ms against 1.04 + 0.72 ms of
+// the column passes it replaces (bench/RESULTS.md 1ceb4b9).
 //
 // One CTA of 16 warps per (column block b of the expert layout, 128 columns f0 .. f0 + 127 of F):
 //   1. a half warp per row (4 rows per thread, the next row's loads in flight) loads h13's gate
