@@ -7,7 +7,7 @@
 // mixtral-8x7b, but the SwiGLU math is bound by its exp and division work, not by memory, and this
 // kernel issues 51 % more instructions than the plain SwiGLU backward (the column amax pass, three
 // tile encodes) with barrier stalls the plain one has none of: 1.76 ms against 1.04 + 0.72 ms of
-// the column passes it replaces (bench/RESULTS.md 1ceb4b9).
+// the column passes it replaces (eae3f8e's form; bench/RESULTS.md 1ceb4b9). fwd+bwd ties at 2b8b02b.
 //
 // One CTA of 16 warps per (column block b of the expert layout, 128 columns f0 .. f0 + 127 of F):
 //   1. a half warp per row (4 rows per thread, the next row's loads in flight) loads h13's gate
