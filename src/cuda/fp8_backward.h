@@ -24,9 +24,9 @@ void fp8_swiglu_backward(const Step& s);
 // grad_h3 and x: FP8 WGRADs (Step::fp8_wgrad), F % 128 == 0, rows quantized by their producers,
 // the SwiGLU backward not in the GEMM epilogue, fp8_grad_h13_cols_fit, and EPMOE_FP8_COL_QUANT=swiglu
 // (unset or =separate, the default: the bf16 rows stored and quantized by the WGRAD stages, the
-// same bits). Opt-in because it did not win: on mixtral-8x7b the kernel takes 1.76 ms against
-// 1.04 ms for the SwiGLU backward plus 0.72 ms of column quantization it saves, and fwd+bwd
-// measured x1.01 slower (bench/RESULTS.md 2026-12-01 eae3f8e, 1ceb4b9). A pure function of the step and the environment: the
+// same bits). Opt-in because it did not win: on mixtral-8x7b the kernel took 1.76 ms against
+// 1.04 ms for the SwiGLU backward plus 0.72 ms of column quantization it saves (eae3f8e), and
+// fwd+bwd measured x1.01 slower there and a tie at 2b8b02b (bench/RESULTS.md 2026-12-01). A pure function of the step and the environment: the
 // SwiGLU and WGRAD stages agree.
 bool fp8_swiglu_backward_writes_cols(const Step& s);
 // Whether the fused W2 DGRAD runs the SwiGLU backward in the FP8 GEMM's epilogue: F % 128 == 0,

@@ -7,7 +7,7 @@
 // mixtral-8x7b, but the SwiGLU math is bound by its exp and division work, not by memory, and this
 // kernel issues 51 % more instructions than the plain SwiGLU backward (the column amax pass, three
 // tile encodes) with barrier stalls the plain one has none of: 1.76 ms against 1.04 + 0.72 ms of
-// the column passes it replaces (bench/RESULTS.md 1ceb4b9).
+// the column passes it replaces (eae3f8e's form; bench/RESULTS.md 1ceb4b9). fwd+bwd ties at 2b8b02b.
 //
 // One CTA of 16 warps per (column block b of the expert layout, 128 columns f0 .. f0 + 127 of F):
 //   1. a half warp per row (4 rows per thread, the next row's loads in flight) loads h13's gate
@@ -17,11 +17,12 @@
 //      whole) and the row's grad_scores partials (a 64-column chunk is 8 lanes, summed in the
 //      unfused kernel's order), and stages d_gate, d_up and h as bf16 tiles [128, 128] in
 //      shared memory;
-//   2. thread c < 384 takes column c's amax over the staged rows (an integer max of |x| bits:
-//      exact and order-free), its scale (stored, coalesced) and encode bounds;
+//   2. 12 warps take the column amaxes of the staged rows as 16-byte vectors (an integer max of
+//      |x| bits: exact and order-free), four partials a column; thread c < 384 combines column c's
+//      into its scale (stored, coalesced) and encode bounds;
 //   3. each tile encoded by 8 warps (fp8_cols_tile.cuh; warps 0-7 d_gate then h, 8-15 d_up),
-//      staged in place over the tile once every thread has read it, then stored as whole
-//      128-byte rows of the transposed codes.
+//      staged in place over the tile once its readers have passed a barrier, then stored as
+//      whole 128-byte rows of the transposed codes (warps 8-15 store d_up while 0-7 encode h).
 // The SwiGLU math needs the unfused kernel's occupancy (it is bound by its exp and division
 // work): 2 CTAs of 512 threads per SM, <= 64 registers, the three tiles (96 KiB) and 4.5 KiB of
 // column terms in shared memory each.
@@ -48,6 +49,7 @@ constexpr int kRowVecs = kTile / kVec;               // 16 lanes: one row of the
 constexpr int kRowGroups = kColsThreads / kRowVecs;  // 32 rows at a time
 constexpr int kRowSteps = kBlock / kRowGroups;       // 4 rows per thread
 static_assert(kOutputs * kTile <= kColsThreads, "a thread per column of the three tiles");
+constexpr int kAmaxParts = kTile / 32;  // warps of the amax pass per tile (each: 16 rows x 128 columns)
 static_assert(kRowVecs == 16, "a half warp per row");
 constexpr int kTileBytes = kBlock * kTile * 2;
 constexpr int kSmem = kOutputs * kTileBytes;
@@ -66,6 +68,11 @@ struct ColsParams {
   Fp8ColsOut g13, h;          // [2F, K] and [F, K] codes, [max_blocks, 2F] and [max_blocks, F] scales
   int64_t max_blocks;
 };
+
+// A barrier of one encode group (8 warps): ids 1 and 2 (0 is __syncthreads).
+__device__ __forceinline__ void group_barrier(int id) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(kEncodeThreads) : "memory");
+}
 
 // Row r of the block (zeros past its n rows): h13's gate and up and grad_h at columns f .. f + 7,
 // and the row's score.
@@ -89,6 +96,7 @@ __device__ __forceinline__ RowIn load_row(const ColsParams& p, const bf16_t* h13
 __global__ void __launch_bounds__(kColsThreads, 2) swiglu_backward_cols_kernel(const ColsParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ __align__(16) float scale_XC[kOutputs][kTile], lo_XC[kOutputs][kTile], hi_XC[kOutputs][kTile];
+  __shared__ __align__(16) uint32_t amax_XWC[kOutputs][kAmaxParts][kTile];  // per warp of the amax pass
   if (layout_skip(p.header)) return;  // uniform over the grid
   const bf16_t* h13_M2F = p.h13.get<const bf16_t>();
   const int t = static_cast<int>(threadIdx.x), lane = t % 32, warp = t / 32;
@@ -136,13 +144,33 @@ __global__ void __launch_bounds__(kColsThreads, 2) swiglu_backward_cols_kernel(c
     }
     __syncthreads();
 
-    if (t < kOutputs * kTile) {  // column t's amax, scale and bounds (a warp reads 64 bytes a row)
+    if (t < kOutputs * kTile) {  // partial column amaxes: 16-byte vectors of rows u / 16 + 8 i
+      const int x = t / kTile, u = t % kTile, jv = u % kRowVecs;
+      const bf16_t* tile_RC = tile(x);
+      uint32_t amax2[4] = {};  // |x| bf16 bits of columns 8 jv .. 8 jv + 7, two per word
+#pragma unroll 4
+      for (int r = u / kRowVecs; r < kBlock; r += kTile / kRowVecs) {
+        const uint4 v = *reinterpret_cast<const uint4*>(tile_RC + r * kTile + kVec * jv);
+        amax2[0] = __vmaxu2(amax2[0], v.x & 0x7fff7fffu);
+        amax2[1] = __vmaxu2(amax2[1], v.y & 0x7fff7fffu);
+        amax2[2] = __vmaxu2(amax2[2], v.z & 0x7fff7fffu);
+        amax2[3] = __vmaxu2(amax2[3], v.w & 0x7fff7fffu);
+      }
+#pragma unroll
+      for (int k = 0; k < 4; ++k) amax2[k] = __vmaxu2(amax2[k], __shfl_xor_sync(0xffffffffu, amax2[k], 16));
+      if (lane < kRowVecs) {  // the fp32 bits of a bf16 are its bits << 16
+        uint4* part_C = reinterpret_cast<uint4*>(&amax_XWC[x][u / 32][kVec * jv]);
+        part_C[0] = make_uint4(amax2[0] << 16, amax2[0] & 0xffff0000u, amax2[1] << 16, amax2[1] & 0xffff0000u);
+        part_C[1] = make_uint4(amax2[2] << 16, amax2[2] & 0xffff0000u, amax2[3] << 16, amax2[3] & 0xffff0000u);
+      }
+    }
+    __syncthreads();
+    if (t < kOutputs * kTile) {  // column t's amax, scale and bounds
       const int x = t / kTile, col = t % kTile;
-      const uint16_t* col_R = reinterpret_cast<const uint16_t*>(tile(x)) + col;
       uint32_t amax = 0;
-#pragma unroll 8
-      for (int r = 0; r < kBlock; ++r) amax = umax(amax, col_R[r * kTile] & 0x7fffu);
-      const float scale = fp8_scale_fp32(amax << 16);  // the fp32 bits of a bf16: its bits << 16
+#pragma unroll
+      for (int q = 0; q < kAmaxParts; ++q) amax = umax(amax, amax_XWC[x][q][col]);
+      const float scale = fp8_scale_fp32(amax);
       const Fp8Fp32Bounds bounds = fp8_fp32_bounds(scale);
       scale_XC[x][col] = scale;
       lo_XC[x][col] = bounds.lo;
@@ -154,25 +182,23 @@ __global__ void __launch_bounds__(kColsThreads, 2) swiglu_backward_cols_kernel(c
       }
     }
     __syncthreads();
-    // Group 0 encodes d_gate then h, group 1 d_up; each stages its codes over its tile after a
-    // barrier that every thread reaches (the tile is read by its group only).
+    // Group 0 encodes d_gate then h, group 1 d_up; each stages its codes over its tile once every
+    // reader of that tile has passed a barrier. Group 1 stores its tile while group 0 encodes h.
     uint32_t w[4][4];
-    const int x0 = group;  // 0 or 1
-    encode_words(tile(x0), static_cast<const float*>(nullptr),
-                 ColumnScales{scale_XC[x0], lo_XC[x0], hi_XC[x0]}, lane, gwarp, w);
+    encode_words(tile(group), static_cast<const float*>(nullptr),
+                 ColumnScales{scale_XC[group], lo_XC[group], hi_XC[group]}, lane, gwarp, w);
     __syncthreads();
-    stage_chunk(w, n, lane, gwarp, reinterpret_cast<uint4*>(tile(x0)));
+    stage_chunk(w, n, lane, gwarp, reinterpret_cast<uint4*>(tile(group)));
     if (group == 0) {
       encode_words(tile(2), static_cast<const float*>(nullptr), ColumnScales{scale_XC[2], lo_XC[2], hi_XC[2]},
                    lane, gwarp, w);
-    }
-    __syncthreads();
-    if (group == 0) stage_chunk(w, n, lane, gwarp, reinterpret_cast<uint4*>(tile(2)));
-    __syncthreads();
-    if (group == 0) {
+      group_barrier(1);  // group 0 has read h's tile
+      stage_chunk(w, n, lane, gwarp, reinterpret_cast<uint4*>(tile(2)));
+      group_barrier(1);  // group 0's codes are staged
       store_staged(reinterpret_cast<const uint4*>(tile(0)), p.g13.qt_LK, K, b, f0, kTile, lane, gwarp);
       store_staged(reinterpret_cast<const uint4*>(tile(2)), p.h.qt_LK, K, b, f0, kTile, lane, gwarp);
     } else {
+      group_barrier(2);  // group 1's codes are staged
       store_staged(reinterpret_cast<const uint4*>(tile(1)), p.g13.qt_LK, K, b, F + f0, kTile, lane, gwarp);
     }
   }
