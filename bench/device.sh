@@ -70,6 +70,12 @@ pack_out() {
   fi
 }
 trap pack_out EXIT
+# EPMOE_AB_SHAPES, comma- or space-separated (bench_moe.py takes commas).
+ab_shapes() {
+  local s=${EPMOE_AB_SHAPES:-qwen3-30b-a3b,deepseek-v3,gpt-oss-120b,mixtral-8x7b}
+  s=${s// /,}
+  echo "${s//,,/,}"
+}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 cd "$(dirname "$0")/.."
 build=build-gpu
@@ -292,7 +298,7 @@ if [[ $mode == fp8wgrad ]]; then
 fi
 if [[ $mode == ab ]]; then
   ab_runs ab "${EPMOE_AB_PRECISION:-bf16}" \
-    "${EPMOE_AB_SHAPES:-qwen3-30b-a3b,deepseek-v3,gpt-oss-120b,mixtral-8x7b}" - "$@"
+    "$(ab_shapes)" - "$@"
   cat "$OUT/ab_compare.txt"
 fi
 if [[ $mode == abpatch ]]; then
@@ -315,7 +321,7 @@ if [[ $mode == abpatch ]]; then
   settings=()
   for (( p = 0; p < pairs; ++p )); do settings+=("EPMOE_AB_LIB=$PWD/build-base/build/src/libepmoe.so" -); done
   ab_runs abpatch "${EPMOE_AB_PRECISION:-bf16}" \
-    "${EPMOE_AB_SHAPES:-qwen3-30b-a3b,deepseek-v3,gpt-oss-120b,mixtral-8x7b}" "${settings[@]}"
+    "$(ab_shapes)" "${settings[@]}"
   cat "$OUT/abpatch_compare.txt"
 fi
 if [[ $mode == timeline ]]; then
