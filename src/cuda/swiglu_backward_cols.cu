@@ -24,8 +24,8 @@
 //      staged in place over the tile once its readers have passed a barrier, then stored as
 //      whole 128-byte rows of the transposed codes (warps 8-15 store d_up while 0-7 encode h).
 // The SwiGLU math needs the unfused kernel's occupancy (it is bound by its exp and division
-// work): 2 CTAs of 512 threads per SM, <= 64 registers, the three tiles (96 KiB) and 4.5 KiB of
-// column terms in shared memory each.
+// work): 2 CTAs of 512 threads per SM, <= 64 registers (a few loop-invariant terms spill), the
+// three tiles (96 KiB) and 10.5 KiB of column terms in shared memory each.
 #include "cuda/swiglu_backward_cols.h"
 
 #include <atomic>
@@ -49,7 +49,7 @@ constexpr int kRowVecs = kTile / kVec;               // 16 lanes: one row of the
 constexpr int kRowGroups = kColsThreads / kRowVecs;  // 32 rows at a time
 constexpr int kRowSteps = kBlock / kRowGroups;       // 4 rows per thread
 static_assert(kOutputs * kTile <= kColsThreads, "a thread per column of the three tiles");
-constexpr int kAmaxParts = kTile / 32;  // warps of the amax pass per tile (each: 16 rows x 128 columns)
+constexpr int kAmaxParts = kTile / 32;  // warps of the amax pass per tile (each: 32 rows x 128 columns)
 static_assert(kRowVecs == 16, "a half warp per row");
 constexpr int kTileBytes = kBlock * kTile * 2;
 constexpr int kSmem = kOutputs * kTileBytes;
