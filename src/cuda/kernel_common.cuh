@@ -33,6 +33,21 @@ inline int sm_count() {
   return sms;
 }
 
+// The shared-memory limit is a per-device attribute of a kernel: sets it once per device (several
+// GPUs, one thread each, share this process). The record is per kKernel, so per instantiation.
+// Call it before each launch that needs more than 48 KiB of dynamic shared memory.
+template <auto kKernel>
+void set_shared_memory_limit(int bytes) {
+  static std::atomic<uint64_t> set_on{0};  // bit d: set on device d
+  int device = 0;
+  EPMOE_CUDA_CHECK(cudaGetDevice(&device));
+  const uint64_t bit = uint64_t{1} << (device % 64);
+  if ((set_on.load(std::memory_order_acquire) & bit) == 0) {
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    set_on.fetch_or(bit, std::memory_order_release);
+  }
+}
+
 // Blocks of a grid-stride loop over `items` work items: enough to cover them once, capped at a
 // persistent grid. Geometry depends only on host-known sizes (capacity, T), never on counts.
 inline unsigned grid_for(int64_t items, int threads_per_block) {

@@ -108,9 +108,7 @@ __global__ void __launch_bounds__(kThreads) swiglu_backward_kernel(const SwigluP
       }
     }
     if (scored) {
-      dot = __fadd_rn(dot, __shfl_xor_sync(row_lanes, dot, 4));
-      dot = __fadd_rn(dot, __shfl_xor_sync(row_lanes, dot, 2));
-      dot = __fadd_rn(dot, __shfl_xor_sync(row_lanes, dot, 1));
+      dot = chunk_dot_sum(dot, row_lanes);
       if (j % 8 == 0) p.score_parts_MC[m * p.chunks + c] = dot;
     }
   }

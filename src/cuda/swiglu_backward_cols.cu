@@ -28,8 +28,6 @@
 // three tiles (96 KiB) and 10.5 KiB of column terms in shared memory each.
 #include "cuda/swiglu_backward_cols.h"
 
-#include <atomic>
-
 #include "core/fp8_terms.h"
 #include "core/plan_terms.h"
 #include "cuda/formats/fp8_cols_tile.cuh"
@@ -130,10 +128,7 @@ __global__ void __launch_bounds__(kColsThreads, 2) swiglu_backward_cols_kernel(c
         store_fp8_run8(p.q, m, 2 * F, f, fp8_quantize_run8(o.d_gate, true, row_lanes));
         store_fp8_run8(p.q, m, 2 * F, F + f, fp8_quantize_run8(o.d_up, true, row_lanes));
         if (scored) {
-          float dot = o.dot;
-          dot = __fadd_rn(dot, __shfl_xor_sync(chunk_lanes, dot, 4));
-          dot = __fadd_rn(dot, __shfl_xor_sync(chunk_lanes, dot, 2));
-          dot = __fadd_rn(dot, __shfl_xor_sync(chunk_lanes, dot, 1));
+          const float dot = chunk_dot_sum(o.dot, chunk_lanes);
           if (j % 8 == 0) p.score_parts_MC[m * p.chunks + f / kScoreChunkCols] = dot;
         }
       }
@@ -204,19 +199,6 @@ __global__ void __launch_bounds__(kColsThreads, 2) swiglu_backward_cols_kernel(c
   }
 }
 
-// Dynamic shared memory past 48 KiB is a per-device attribute of the kernel: set once per device.
-void allow_shared_memory() {
-  static std::atomic<uint64_t> set_on{0};  // bit d: set on device d
-  int device = 0;
-  EPMOE_CUDA_CHECK(cudaGetDevice(&device));
-  const uint64_t bit = uint64_t{1} << (device % 64);
-  if ((set_on.load(std::memory_order_acquire) & bit) == 0) {
-    EPMOE_CUDA_CHECK(
-        cudaFuncSetAttribute(swiglu_backward_cols_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    set_on.fetch_or(bit, std::memory_order_release);
-  }
-}
-
 void check_cols(const Fp8ColsOut& c, const char* name) {
   EPMOE_CHECK_ARG(c.qt_LK != nullptr && c.scales_BL != nullptr, name, "column codes and scales", "nullptr");
   EPMOE_CHECK_ARG(reinterpret_cast<uintptr_t>(c.qt_LK) % 16 == 0, name,
@@ -256,7 +238,7 @@ void swiglu_backward_fp8_cols(const Step& s, uint8_t* q_M2F, float* scales_SM, i
   p.g13 = grad_h13_cols;
   p.h = h_cols;
   p.max_blocks = max_blocks;
-  allow_shared_memory();
+  set_shared_memory_limit<swiglu_backward_cols_kernel>(kSmem);
   const unsigned blocks = static_cast<unsigned>(max_blocks < 65535 ? max_blocks : 65535);
   swiglu_backward_cols_kernel<<<dim3(static_cast<unsigned>(F / kTile), blocks), kColsThreads, kSmem,
                                 static_cast<cudaStream_t>(s.stream)>>>(p);

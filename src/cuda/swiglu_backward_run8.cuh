@@ -33,4 +33,13 @@ __device__ __forceinline__ SwigluBackwardRun8 swiglu_backward_run8(uint4 gate_8,
   return SwigluBackwardRun8{pack8(h), pack8(d_gate), pack8(d_up), scored ? dot : 0.0f};
 }
 
+// A 64-column chunk's grad_scores partial: the 8 lanes of `chunk_lanes` (8 aligned lanes, one run
+// of 8 columns each) summed as an xor tree (4, 2, 1). Every kernel and epilogue that writes
+// score_parts_MC sums in this order, so that their partials agree bit for bit.
+__device__ __forceinline__ float chunk_dot_sum(float dot, unsigned chunk_lanes) {
+  dot = __fadd_rn(dot, __shfl_xor_sync(chunk_lanes, dot, 4));
+  dot = __fadd_rn(dot, __shfl_xor_sync(chunk_lanes, dot, 2));
+  return __fadd_rn(dot, __shfl_xor_sync(chunk_lanes, dot, 1));
+}
+
 }  // namespace epmoe::cuda

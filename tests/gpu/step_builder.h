@@ -353,6 +353,17 @@ class World {
   std::vector<RankState> ranks_;
 };
 
+// For tests of the backward stages: routes every rank's random inputs (make_input; publish_forward,
+// route) and publishes their grad_y (publish_backward).
+inline void route_and_publish(World& w, uint32_t seed, std::optional<int32_t> live, Pattern pattern) {
+  const Shape& sh = w.shape();
+  Rng rng(seed);
+  for (int r = 0; r < sh.R; ++r) w.set_input(r, make_input(rng, sh, r, sh.T, live, pattern));
+  w.all([](Backend& b, const Step& s) { b.publish_forward(s); });
+  w.all([](Backend& b, const Step& s) { b.route(s); });
+  w.all([](Backend& b, const Step& s) { b.publish_backward(s); });
+}
+
 // The CPU reference and the CUDA backend side by side, on identical inputs.
 struct Pair {
   explicit Pair(const Shape& shape, bool with_h3 = true)

@@ -50,15 +50,6 @@ std::vector<ColCase> cases() {
   return c;
 }
 
-void route_and_publish(World& w, uint32_t seed, std::optional<int32_t> live, Pattern pattern) {
-  const Shape& sh = w.shape();
-  Rng rng(seed);
-  for (int r = 0; r < sh.R; ++r) w.set_input(r, make_input(rng, sh, r, sh.T, live, pattern));
-  w.all([](Backend& b, const Step& s) { b.publish_forward(s); });
-  w.all([](Backend& b, const Step& s) { b.route(s); });
-  w.all([](Backend& b, const Step& s) { b.publish_backward(s); });
-}
-
 // What one SwiGLU backward leaves: the FP8 scratch, grad_h13's region (bf16 rows or columns),
 // h's bf16 rows, the score partials, and grad_h13's columns (the chain: quantized by the test).
 struct Out {

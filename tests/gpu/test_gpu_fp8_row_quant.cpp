@@ -48,16 +48,6 @@ std::vector<RowQuantCase> cases() {
   return c;
 }
 
-// Routes every rank's inputs (publish_forward, route) and publishes grad_y (publish_backward).
-void route_and_publish(World& w, uint32_t seed, std::optional<int32_t> live, Pattern pattern) {
-  const Shape& sh = w.shape();
-  Rng rng(seed);
-  for (int r = 0; r < sh.R; ++r) w.set_input(r, make_input(rng, sh, r, sh.T, live, pattern));
-  w.all([](Backend& b, const Step& s) { b.publish_forward(s); });
-  w.all([](Backend& b, const Step& s) { b.route(s); });
-  w.all([](Backend& b, const Step& s) { b.publish_backward(s); });
-}
-
 Step fp8_step(World& w, int r, Dev<uint8_t>& scratch) {
   Step s = w.step(r);
   s.fp8 = true;

@@ -19,7 +19,6 @@
 //      tile's zeros there encode as NaN under a NaN column scale, a column holding Inf or NaN);
 //   3. a warp stores 4 whole 128-byte rows of qt per instruction.
 // The codec functions are the host's (core/formats/fp8_block.h), so codes and scales are bitwise.
-#include <atomic>
 #include <type_traits>
 
 #include "core/formats/codecs.h"
@@ -250,21 +249,6 @@ __global__ void __launch_bounds__(kColsThreads, 4) quantize_cols_kernel(const Co
   }
 }
 
-// Dynamic shared memory past 48 KiB is a per-device attribute of the kernel: set once per device
-// (several GPUs, one thread each, may share the process), not on every (captured) launch.
-template <bool kFromE4m3>
-void allow_shared_memory(int bytes) {
-  static std::atomic<uint64_t> set_on{0};  // bit d: set on device d
-  int device = 0;
-  EPMOE_CUDA_CHECK(cudaGetDevice(&device));
-  const uint64_t bit = uint64_t{1} << (device % 64);
-  if ((set_on.load(std::memory_order_acquire) & bit) == 0) {
-    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(quantize_cols_kernel<kFromE4m3>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-    set_on.fetch_or(bit, std::memory_order_release);
-  }
-}
-
 template <bool kFromE4m3>
 void launch_cols(const ColsArgs& a, void* stream) {
   check_codec_shape(a.M, a.L, "M", "L");
@@ -282,7 +266,7 @@ void launch_cols(const ColsArgs& a, void* stream) {
   const unsigned blocks = static_cast<unsigned>(a.max_blocks < 65535 ? a.max_blocks : 65535);
   using Elem = std::conditional_t<kFromE4m3, uint8_t, bf16_t>;
   constexpr int kSmem = kBlock * kTile * static_cast<int>(sizeof(Elem) + 1);  // tile and staged codes
-  allow_shared_memory<kFromE4m3>(kSmem);  // with the static arrays, past 48 KiB
+  set_shared_memory_limit<quantize_cols_kernel<kFromE4m3>>(kSmem);  // with the static arrays, past 48 KiB
   const bool vec_x = a.L % 8 == 0 && reinterpret_cast<uintptr_t>(a.x_ML) % 16 == 0;
   quantize_cols_kernel<kFromE4m3><<<dim3(runs, blocks), kColsThreads, kSmem,
                                     static_cast<cudaStream_t>(stream)>>>(a, vec_x);

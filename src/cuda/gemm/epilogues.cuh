@@ -20,6 +20,7 @@
 #include "core/plan_terms.h"
 #include "cuda/gemm/grouped_gemm_sm90.cuh"
 #include "cuda/placed.h"
+#include "cuda/swiglu_backward_run8.cuh"  // chunk_dot_sum
 
 namespace epmoe::cuda::gemm {
 
@@ -355,9 +356,7 @@ struct SwigluBackwardEpilogue {
       }
       if (scored) {
         const unsigned row_lanes = 0xffu << ((stage.tid % 32) & ~7);  // the row's 8 lanes
-        dot = __fadd_rn(dot, __shfl_xor_sync(row_lanes, dot, 4));
-        dot = __fadd_rn(dot, __shfl_xor_sync(row_lanes, dot, 2));
-        dot = __fadd_rn(dot, __shfl_xor_sync(row_lanes, dot, 1));
+        dot = chunk_dot_sum(dot, row_lanes);
         if (seg == 0 && m < t.rows_valid) {
           p.score_parts[row * p.score_chunks + c0 / kScoreChunkCols] = dot;
         }

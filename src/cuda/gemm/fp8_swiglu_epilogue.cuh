@@ -135,10 +135,7 @@ struct SwigluBackwardFp8Epilogue {
       store_fp8_run8(p.q, row, 2 * F, f, fp8_quantize_run8(o.d_gate, true, block_lanes));
       store_fp8_run8(p.q, row, 2 * F, F + f, fp8_quantize_run8(o.d_up, true, block_lanes));
       if (scored) {
-        float dot = o.dot;
-        dot = __fadd_rn(dot, __shfl_xor_sync(chunk_lanes, dot, 4));
-        dot = __fadd_rn(dot, __shfl_xor_sync(chunk_lanes, dot, 2));
-        dot = __fadd_rn(dot, __shfl_xor_sync(chunk_lanes, dot, 1));
+        const float dot = chunk_dot_sum(o.dot, chunk_lanes);
         if (seg % 8 == 0) p.score_parts[row * p.score_chunks + f / kScoreChunkCols] = dot;
       }
     }

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "cuda/check.h"
+#include "cuda/kernel_common.cuh"  // set_shared_memory_limit
 #include "cuda/gemm/epilogues.cuh"
 #include "cuda/gemm/gemm_config.h"
 #include "cuda/gemm/grouped_gemm_sm90.cuh"
@@ -106,20 +107,6 @@ int resident_cluster_grid(int threads, int smem_bytes) {
     cached.store(grid, std::memory_order_release);
   }
   return grid;
-}
-
-// The shared-memory limit is a per-device attribute of a kernel: sets it once per device (several
-// GPUs, one thread each, share this process). The record is per kKernel, so per instantiation.
-template <auto kKernel>
-void set_shared_memory_limit(int bytes) {
-  static std::atomic<uint64_t> set_on{0};  // bit d: set on device d
-  int device = 0;
-  EPMOE_CUDA_CHECK(cudaGetDevice(&device));
-  const uint64_t bit = uint64_t{1} << (device % 64);
-  if ((set_on.load(std::memory_order_acquire) & bit) == 0) {
-    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-    set_on.fetch_or(bit, std::memory_order_release);
-  }
 }
 
 // The probe build (-DEPMOE_GEMM_TIMELINE): prints and clears the stamps the GEMM just enqueued
