@@ -5,7 +5,9 @@
 //   fp8_block_fp32 / fp8_block_ue8m0   data u8 E4M3 [G, N, L] (K-major), scales [G, ceil(N/128),
 //                                      ceil(L/128)] f32 / u8 (UE8M0 codes), one per 128x128 block
 //   mxfp8                              data u8 E4M3 [G, N, L], scales u8 E8M0 [G, N, ceil(L/32)]
-//   nvfp4                              data u8 packed E2M1 [G, N, ceil(L/2)], scales u8 E4M3
+//   nvfp4                              data u8 packed E2M1 [G, N, ceil(L/2)] in the GEMM's
+//                                      bit order (each whole 4-byte word's bits permuted:
+//                                      core/formats/nvfp4_gemm_order.h), scales u8 E4M3
 //                                      [G, N, ceil(L/16)], global_scale f32 [G] (one per expert)
 // The FP8 training path (Config.precision = fp8_block) reads fp8_block_fp32 weights: w13 as
 // [E, 2F, D], w2 as [E, D, F]; its DGRADs read the same 128x128 blocks transposed, which the

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/formats/codecs.h"
+#include "core/formats/nvfp4_gemm_order.h"
 #include "core/numeric.h"
 #include "core/prepared_device.h"
 #include "core/validate.h"
@@ -112,6 +113,7 @@ void prepare_weights(const TensorRef& w_GNL, const PreparedWeights& p, void* str
       float* global = p.global_scale.as<float>();
       nvfp4_global_scales(x.data(), p.G, p.G * p.N, p.L, global);
       nvfp4_quantize_rows(x.data(), p.G, p.G * p.N, p.L, global, q, p.scales.as<uint8_t>());
+      nvfp4_codes_to_gemm_order(q, p.G * p.N, nvfp4_packed_bytes(p.L));  // the GEMM's decode order
       return;
     }
   }

@@ -119,10 +119,10 @@ struct Step {
   // ---- NVFP4 weight-only inference (Config.precision = nvfp4; docs/formats.md) ----
   // The GEMMs read these instead of w13_EFD / w2_EDF; activations stay bf16.
   bool nvfp4 = false;
-  const uint8_t* w13_nvfp4_EFP = nullptr;         // [E, 2F, ceil(D/2)] packed E2M1
+  const uint8_t* w13_nvfp4_EFP = nullptr;         // [E, 2F, ceil(D/2)] E2M1, GEMM order
   const uint8_t* w13_nvfp4_scales_EFS = nullptr;  // [E, 2F, ceil(D/16)] E4M3
   const float* w13_nvfp4_global_E = nullptr;      // [E] fp32
-  const uint8_t* w2_nvfp4_EDP = nullptr;          // [E, D, ceil(F/2)] packed E2M1
+  const uint8_t* w2_nvfp4_EDP = nullptr;          // [E, D, ceil(F/2)] E2M1, GEMM order
   const uint8_t* w2_nvfp4_scales_EDS = nullptr;   // [E, D, ceil(F/16)] E4M3
   const float* w2_nvfp4_global_E = nullptr;       // [E] fp32
   // Split-K partials of both GEMMs (gemm/nvfp4_gemm.h; fp32 [splits, capacity, N]); the call

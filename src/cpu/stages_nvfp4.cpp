@@ -1,9 +1,11 @@
 // CPU reference of the NVFP4 weight-only inference path (Config.precision = nvfp4): the W13 and
 // W2 stages read each expert's weight decoded by the codec (core/formats/nvfp4.h: E2M1 element
-// x (E4M3 block scale x fp32 global scale)), then run the bf16 path's fp32 row loops on it.
+// x (E4M3 block scale x fp32 global scale)) from the prepared code order
+// (core/formats/nvfp4_gemm_order.h), then run the bf16 path's fp32 row loops on it.
 #include <vector>
 
 #include "core/formats/codecs.h"
+#include "core/formats/nvfp4_gemm_order.h"
 #include "cpu/cpu_backend.h"
 
 namespace epmoe::cpu {
@@ -14,9 +16,10 @@ namespace {
 std::vector<float> decode_expert(const uint8_t* q_ENP, const uint8_t* scales_ENS,
                                  const float* global_E, int e, int64_t N, int64_t L) {
   const int64_t P = nvfp4_packed_bytes(L), S = scale_blocks(L, kNvfp4Block);
+  std::vector<uint8_t> q_NP(q_ENP + e * N * P, q_ENP + (e + 1) * N * P);
+  nvfp4_codes_to_codec_order(q_NP.data(), N, P);
   std::vector<float> w_NL(static_cast<size_t>(N * L));
-  nvfp4_dequantize_rows(q_ENP + e * N * P, scales_ENS + e * N * S, global_E + e, 1, N, L,
-                        w_NL.data());
+  nvfp4_dequantize_rows(q_NP.data(), scales_ENS + e * N * S, global_E + e, 1, N, L, w_NL.data());
   return w_NL;
 }
 

@@ -58,10 +58,12 @@ void CudaBackend::validate(const Config& config, int ep_size) const {
                     config.F());
   }
   if (precision == Precision::nvfp4) {
-    EPMOE_CHECK_ARG(config.D() % 16 == 0, "Config.hidden_dim",
-                    "a multiple of 16 with nvfp4 on CUDA (whole NVFP4 blocks: W13's K)", config.D());
-    EPMOE_CHECK_ARG(config.F() % 16 == 0, "Config.intermediate_dim",
-                    "a multiple of 16 with nvfp4 on CUDA (whole NVFP4 blocks: W2's K)", config.F());
+    EPMOE_CHECK_ARG(config.D() % 32 == 0, "Config.hidden_dim",
+                    "a multiple of 32 with nvfp4 on CUDA (W13's K: 16-byte NVFP4 code rows for TMA)",
+                    config.D());
+    EPMOE_CHECK_ARG(config.F() % 32 == 0, "Config.intermediate_dim",
+                    "a multiple of 32 with nvfp4 on CUDA (W2's K: 16-byte NVFP4 code rows for TMA)",
+                    config.F());
   }
   EPMOE_CHECK_ARG(config.D() % 8 == 0, "Config.hidden_dim",
                   "a multiple of 8 on CUDA (16-byte bf16 rows for TMA and vector loads)", config.D());

@@ -112,16 +112,18 @@ std::string mxfp8_kernel(const Step& s) {
   return std::string("mxfp8 ") + cuda::to_string(k) + " kernel, activation rows quantized 1x32 [" + why + "]";
 }
 
-// nvfp4_gemm.h's split-K as asked for (at launch lowered to what the scratch holds; auto: the
-// heuristic on the SM count).
-std::string nvfp4_kernel() {
+// nvfp4_gemm.h's row groups on the balanced rows per expert, and its split-K as asked for (at
+// launch lowered to what the scratch holds; auto: the heuristic on the SM count).
+std::string nvfp4_kernel(const Step& s) {
   const int64_t n = cuda::nvfp4_requested_splits();
   const char* env = std::getenv("EPMOE_NVFP4_SPLITK");
   const std::string splits =
-      env == nullptr ? "one split [rule: measured fastest]"
+      env == nullptr ? "one split [default]"
                      : (n == 0 ? std::string("nvfp4_choose_splits' splits") : std::to_string(n) + " splits") +
                            " [EPMOE_NVFP4_SPLITK=" + env + " (override), at most what the scratch holds]";
-  return "nvfp4 weight-only (E2M1 weights decoded in the mainloop, bf16 activations), " + splits;
+  const cuda::Nvfp4RowGroups groups = cuda::nvfp4_row_groups(balanced_rows_per_expert(s.dims));
+  return "nvfp4 weight-only (TMA-fed E2M1 weights decoded in the mainloop, bf16 activations), " +
+         std::to_string(8 * groups.groups) + " rows a pass [rule: " + groups.reason + "], " + splits;
 }
 
 }  // namespace
@@ -161,7 +163,7 @@ std::string explain_cuda_kernels(const Config& config, int ep_size) {
     return os.str();
   }
   if (f.precision == Precision::nvfp4) {
-    const std::string k = nvfp4_kernel();
+    const std::string k = nvfp4_kernel(s);
     line("w13_fprop", k + (fused ? ", SwiGLU in the epilogue" : ", plain h13 rows, then the SwiGLU kernel"));
     line("w2_fprop", k + ", " + w2_rows);
     return os.str();

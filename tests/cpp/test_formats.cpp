@@ -8,6 +8,7 @@
 #include <cuda_fp8.h>
 #endif
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -20,7 +21,7 @@
 #include <vector>
 
 #include "core/formats/codecs.h"
-#include "core/formats/e2m1_bf16.h"
+#include "core/formats/nvfp4_gemm_order.h"
 #include "epmoe/error.h"
 #include "tolerances.h"
 
@@ -227,68 +228,76 @@ TEST(FormatsE2m1, PackingPutsTheFirstElementInTheLowNibble) {
   EXPECT_EQ(e2m1_second(0xF1), 0xF);
 }
 
-// The NVFP4 GEMM's decode (core/formats/e2m1_bf16.h; the kernel runs the same PRMT sequence):
-// every 4-code word gives the bf16 bits of each code's value, sign of zero included.
-TEST(FormatsE2m1, BytePermuteDecodeGivesEveryCodesBf16Bits) {
-  for (uint32_t w = 0; w < 0x10000u; ++w) {
-    uint32_t e01 = 0, e23 = 0;
-    // Upper bits are ignored: the kernel passes whole words and words shifted right by 16.
-    e2m1x4_to_bf16x2(w | 0xabcd0000u, e01, e23);
-    const uint32_t got[4] = {e01 & 0xffffu, e01 >> 16, e23 & 0xffffu, e23 >> 16};
-    for (int j = 0; j < 4; ++j) {
-      const uint8_t code = static_cast<uint8_t>((w >> (4 * j)) & 0xfu);
-      const uint32_t want = bitsf(e2m1_to_float(code)) >> 16;  // exact in bf16
-      ASSERT_EQ(got[j], want) << "word " << hex(w) << " element " << j;
-    }
+// ============================ NVFP4 GEMM code order ============================
+// core/formats/nvfp4_gemm_order.h: the prepared weights' permutation of each 4-byte code word and
+// the GEMM's decode of it (the kernel runs the same functions).
+
+// Every bit of a codec word lands on exactly one bit of the prepared word: the four pair
+// placements tile the 32 bits.
+TEST(Nvfp4GemmOrder, PlacementsTileTheWord) {
+  uint32_t seen = 0;
+  for (int b = 0; b < 32; ++b) {
+    const uint32_t w = nvfp4_gemm_word(uint32_t{1} << b);
+    ASSERT_EQ(std::popcount(w), 1) << "codec bit " << b;
+    ASSERT_EQ(seen & w, 0u) << "codec bit " << b << " lands on a taken bit";
+    seen |= w;
   }
+  EXPECT_EQ(seen, 0xffffffffu);
 }
 
-// The scaled decode (a block's table, then 8 codes per word): for every non-negative E4M3 block
-// scale (the codec's; NaN included) and every code in every nibble position, the bf16 bits of
-// e2m1 * e4m3 (exact in bf16), the sign of zero included; any NaN for the NaN scale.
-TEST(FormatsE2m1, ScaledTableDecodeGivesEveryProductsBf16Bits) {
-  const auto bf16_bits = [](float x) { return bitsf(x) >> 16; };  // exact values only
-  std::mt19937 rng(5);
+TEST(Nvfp4GemmOrder, RoundTripsEveryCodeInEveryPosition) {
+  std::mt19937 rng(7);
   std::vector<uint32_t> words;
-  for (uint32_t c = 0; c < 16; ++c) words.push_back(c * 0x11111111u);  // one code everywhere
-  for (int i = 0; i < 2000; ++i) words.push_back(static_cast<uint32_t>(rng()));
-  const float mags[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  for (unsigned sc = 0; sc < 0x80; ++sc) {
-    const float s = e4m3_to_float(static_cast<uint8_t>(sc));
-    uint32_t v[4];
-    for (int i = 0; i < 4; ++i) {
-      v[i] = bf16_bits(mags[2 * i] * s) | (bf16_bits(mags[2 * i + 1] * s) << 16);
-    }
-    const E2m1Bf16Table table = e2m1_bf16_table(v[0], v[1], v[2], v[3]);
-    for (uint32_t w : words) {
-      uint32_t e[4];
-      e2m1x8_to_bf16x2(w, table, e);
-      for (int j = 0; j < 8; ++j) {
-        const uint8_t code = static_cast<uint8_t>((w >> (4 * j)) & 0xfu);
-        const uint32_t got = (e[j / 2] >> (16 * (j % 2))) & 0xffffu;
-        const float want = e2m1_to_float(code) * s;
-        if (std::isnan(want)) {
-          ASSERT_TRUE(std::isnan(fbits(got << 16))) << "scale " << hex(sc) << " word " << hex(w);
-        } else {
-          ASSERT_EQ(got, bf16_bits(want)) << "scale " << hex(sc) << " word " << hex(w) << " element " << j;
-        }
-      }
-    }
+  for (uint32_t c = 0; c < 16; ++c) words.push_back(c * 0x11111111u);
+  for (int j = 0; j < 8; ++j) {
+    for (uint32_t c = 0; c < 16; ++c) words.push_back(c << (4 * j));
   }
-  // The unscaled table is the magnitudes' own.
-  const E2m1Bf16Table one =
-      e2m1_bf16_table(kE2m1Bf16x2_01, kE2m1Bf16x2_23, kE2m1Bf16x2_45, kE2m1Bf16x2_67);
-  EXPECT_EQ(one.high_lo, kE2m1Bf16HighLo);
-  EXPECT_EQ(one.high_hi, kE2m1Bf16HighHi);
-  EXPECT_EQ(one.low_lo, kE2m1Bf16LowLo);
-  EXPECT_EQ(one.low_hi, kE2m1Bf16LowHi);
+  for (int i = 0; i < 20000; ++i) words.push_back(static_cast<uint32_t>(rng()));
+  for (uint32_t w : words) ASSERT_EQ(nvfp4_codec_word(nvfp4_gemm_word(w)), w) << hex(w);
 }
 
-TEST(FormatsE2m1, BytePermuteMatchesPrmtOnHandWorkedSelectors) {
-  EXPECT_EQ(byte_perm(0x33221100u, 0x77665544u, 0x3210u), 0x33221100u);
-  EXPECT_EQ(byte_perm(0x33221100u, 0x77665544u, 0x7654u), 0x77665544u);
-  EXPECT_EQ(byte_perm(0x33221100u, 0x77665544u, 0x5140u), 0x55114400u);
-  EXPECT_EQ(byte_perm(0x33221100u, 0x77665544u, 0xabcd7362u), 0x77336622u);  // upper bits unused
+// The decode of a prepared word: pair i holds elements 2i, 2i + 1 as the bf16 bits of
+// e2m1 * 2^-126 (0.5 as bf16's subnormal 2^-127), the sign of zero included.
+TEST(Nvfp4GemmOrder, DecodeGivesEveryCodesBf16BitsTimesTwoToTheMinus126) {
+  std::mt19937 rng(8);
+  std::vector<uint32_t> words;
+  for (uint32_t c = 0; c < 16; ++c) words.push_back(c * 0x11111111u);
+  for (int i = 0; i < 20000; ++i) words.push_back(static_cast<uint32_t>(rng()));
+  for (uint32_t w : words) {
+    uint32_t pair[4];
+    nvfp4_decode_word(nvfp4_gemm_word(w), pair);
+    for (int j = 0; j < 8; ++j) {
+      const uint8_t code = static_cast<uint8_t>((w >> (4 * j)) & 0xfu);
+      const uint32_t bf16 = (pair[j / 2] >> (16 * (j % 2))) & 0xffffu;
+      const float got = std::ldexp(fbits(bf16 << 16), -kNvfp4DecodeScaleLog2);
+      ASSERT_EQ(bitsf(got), bitsf(e2m1_to_float(code))) << "word " << hex(w) << " element " << j;
+    }
+  }
+  EXPECT_EQ(nvfp4_place_pair(0x1, 0x9), 0x80400040u);  // 0.5 and -0.5: subnormal bf16 0x0040
+  EXPECT_EQ(nvfp4_place_pair(0x7, 0x8), 0x800001c0u);  // 6 = 1.5 * 2^2 (exponent 3), and -0
+}
+
+// Rows of P bytes: whole words converted, a partial last word (P % 4 bytes) left as it is.
+TEST(Nvfp4GemmOrder, BufferConversionKeepsPartialWords) {
+  std::mt19937 rng(9);
+  const int64_t rows = 3, P = 11;  // two whole words and 3 bytes a row
+  std::vector<uint8_t> q(static_cast<size_t>(rows * P));
+  for (uint8_t& b : q) b = static_cast<uint8_t>(rng());
+  std::vector<uint8_t> g = q;
+  nvfp4_codes_to_gemm_order(g.data(), rows, P);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t w = 0; w < 2; ++w) {
+      uint32_t in = 0, out = 0;
+      std::memcpy(&in, q.data() + r * P + 4 * w, 4);
+      std::memcpy(&out, g.data() + r * P + 4 * w, 4);
+      EXPECT_EQ(out, nvfp4_gemm_word(in)) << "row " << r << " word " << w;
+    }
+    for (int64_t b = 8; b < P; ++b) {
+      EXPECT_EQ(g[static_cast<size_t>(r * P + b)], q[static_cast<size_t>(r * P + b)]) << "row " << r;
+    }
+  }
+  nvfp4_codes_to_codec_order(g.data(), rows, P);
+  EXPECT_EQ(g, q);
 }
 
 // ================================ E8M0 ================================

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/formats/codecs.h"
+#include "core/formats/nvfp4_gemm_order.h"
 #include "epmoe/error.h"
 #include "epmoe/layered.h"
 #include "harness.h"
@@ -36,11 +37,14 @@ struct Nvfp4Weight {
     std::vector<bf16_t> w = w_ENL;  // prepare_weights takes a mutable view
     prepare_weights(TensorRef::contiguous(w.data(), DType::bf16, {E, N, L}), view);
   }
-  // The values the format decodes to (codec: element x (block scale x global)).
+  // The values the format decodes to (codec: element x (block scale x global)), from the codes
+  // in the codec's order.
   std::vector<double> decoded() const {
+    std::vector<uint8_t> codec = q;
+    nvfp4_codes_to_codec_order(codec.data(), view.G * view.N, nvfp4_packed_bytes(view.L));
     std::vector<float> x(static_cast<size_t>(view.G * view.N * view.L));
-    nvfp4_dequantize_rows(q.data(), scales.data(), global.data(), view.G, view.G * view.N, view.L,
-                          x.data());
+    nvfp4_dequantize_rows(codec.data(), scales.data(), global.data(), view.G, view.G * view.N,
+                          view.L, x.data());
     return {x.begin(), x.end()};
   }
   std::vector<uint8_t> q, scales;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/formats/codecs.h"
+#include "core/formats/nvfp4_gemm_order.h"
 #include "core/numeric.h"
 #include "cpu/fp8_steps.h"
 #include "epmoe/error.h"
@@ -101,6 +102,7 @@ TEST(PreparedWeights, SameBitsAsTheCodecs) {
         nvfp4_global_scales(x.data(), G, G * N, L, want.global.data());
         nvfp4_quantize_rows(x.data(), G, G * N, L, want.global.data(), want.data.data(),
                             want.scales_u8.data());
+        nvfp4_codes_to_gemm_order(want.data.data(), G * N, nvfp4_packed_bytes(L));  // prepared order
         break;
     }
     EXPECT_EQ(got.data, want.data) << to_string(f);

@@ -1,9 +1,10 @@
 // NVFP4 weight-only grouped GEMM (cuda/gemm/nvfp4_gemm.h) against the CPU computation of its
 // formula, out[m, n] = bf16(global_e * sum_k a[m, k] * e2m1(q) * e4m3(scale)), on several expert
-// counts and row distributions: empty experts, 1 .. 70 rows (several 32-row passes), rows past the
-// last group, N not a multiple of 16 or 64, K with and without a tail past the 128-element chunks,
-// code rows of 16-byte and of 8-byte pitch; the skip flag; rows stored into combine slots; the
-// SwiGLU epilogue against the host SwiGLU of the plain output.
+// counts and row distributions: empty experts, 1 .. 70 rows (several passes of each row-group
+// count), rows past the last group, N not a multiple of 16 or 128, K with and without a tail past
+// the 128-element chunks; the skip flag; rows stored into combine slots; the SwiGLU epilogue
+// against the host SwiGLU of the plain output. The problems hold the codec's codes (what the
+// formula reads); the GPU gets them in the prepared order (core/formats/nvfp4_gemm_order.h).
 //
 // Two checks:
 // - exact sums: activations are the integers -3..3, block scales powers of two in [1/4, 4] and the
@@ -35,6 +36,7 @@
 
 #include "core/activation.h"
 #include "core/formats/codecs.h"
+#include "core/formats/nvfp4_gemm_order.h"
 #include "core/layout.h"
 #include "core/numeric.h"
 #include "cuda/gemm/nvfp4_gemm.h"
@@ -56,10 +58,10 @@ constexpr int kSplits[] = {1, 2, 3};
 std::vector<Shape> shapes() {
   return {
       {{4}, 0, 64, 128},                         // one chunk, one group
-      {{0, 1, 8, 33, 70}, 5, 200, 304},          // N % 16 != 0; 2 chunks + 3 tail blocks, 8-byte pitch
-      {{3, 0, 0, 40, 9, 1, 0, 2}, 3, 128, 112},  // K < 128: tail only, 8-byte pitch
-      {{17, 5}, 0, 96, 640},                     // 5 chunks (past the 4 in flight), 16-byte pitch
-      {{2, 31, 32}, 1, 48, 1120},                // 8 chunks + 6 tail blocks, 16-byte pitch
+      {{0, 1, 8, 33, 70}, 5, 200, 288},          // N % 16 != 0; 2 chunks + 2 tail blocks
+      {{3, 0, 0, 40, 9, 1, 0, 2}, 3, 128, 96},   // K < 128: a partial chunk only
+      {{17, 5}, 0, 96, 896},                     // 7 chunks (past the 6 stages)
+      {{2, 31, 32}, 1, 48, 1120},                // 8 chunks + 6 tail blocks
       {{0, 0, 0}, 7, 64, 256},                   // every expert empty
   };
 }
@@ -83,6 +85,13 @@ struct Problem {
     M = offsets.back() + s.spare_rows;
   }
 
+  // The codes in the prepared order, as the GEMM reads them.
+  std::vector<uint8_t> gemm_codes() const {
+    std::vector<uint8_t> q = codes;
+    nvfp4_codes_to_gemm_order(q.data(), E * N, P);
+    return q;
+  }
+
   cuda::Nvfp4GroupedGemmArgs args(const Dev<bf16_t>& da, const Dev<uint8_t>& dq,
                                   const Dev<uint8_t>& ds, const Dev<float>& dg,
                                   const Dev<int32_t>& doff) const {
@@ -100,17 +109,20 @@ struct Problem {
   }
 
   // [M, N] output, with swiglu [M, N / 2] (rows outside the groups keep 0xA5A5); splits: the
-  // count asked for (the scratch holds it).
+  // count asked for (the scratch holds it); rows_per_group: the host's hint choosing the row
+  // groups (0: M / E).
   std::vector<bf16_t> run_gpu(const int32_t* skip = nullptr,
-                              const ActivationParams* swiglu = nullptr, int splits = 1) const {
+                              const ActivationParams* swiglu = nullptr, int splits = 1,
+                              int64_t rows_per_group = 0) const {
     const int64_t cols = swiglu != nullptr ? N / 2 : N;
     Dev<bf16_t> da(a), dout(static_cast<size_t>(M * cols));
     Dev<float> scratch(static_cast<size_t>(
         std::max<int64_t>(1, cuda::nvfp4_splitk_scratch_bytes(splits, M, N) / 4)));
-    Dev<uint8_t> dq(codes), ds(scales);
+    Dev<uint8_t> dq(gemm_codes()), ds(scales);
     Dev<float> dg(global);
     Dev<int32_t> doff(offsets);
     cuda::Nvfp4GroupedGemmArgs x = args(da, dq, ds, dg, doff);
+    x.rows_per_group = rows_per_group;
     x.skip = skip;
     x.out_MN = dout.ptr;
     x.ld_out = cols;
@@ -301,81 +313,53 @@ TEST(GpuGemmNvfp4, SwigluEpilogueMatchesThePlainOutputsSwiglu) {
   }
 }
 
-// Every value of the run-time switch `env` gives the bits of `reference` (the same MMAs in the same
-// order) on each shape, plain, SwiGLU and clamped SwiGLU, one split (exact codes, random
-// activations).
-void expect_switch_bitwise(const std::vector<Shape>& cases, const char* env, const char* reference,
-                           const std::vector<std::string>& values, uint32_t seed) {
-  std::mt19937 rng(seed);
+// Every row-group count (1, 2, 4, 8 groups a pass, chosen by the rows-per-expert hint) gives the
+// bits of one group: the same MMAs in the same order for every row, only the passes over the
+// weights differ. Plain, SwiGLU and clamped SwiGLU, one split and three (exact codes, random
+// activations). Beyond shapes(): 70 and 33 rows (several passes of every count, the last one
+// partial), N = 200 (warps past the end in the last slab), 12 chunks (past the stages).
+TEST(GpuGemmNvfp4, RowGroupsBitwiseEqual) {
+  EPMOE_REQUIRE_GPU();
+  std::vector<Shape> cases = shapes();
+  cases.push_back({{70, 0, 33}, 2, 200, 512});
+  cases.push_back({{5, 64, 1}, 0, 128, 1536});
+  std::mt19937 rng(27);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const ActivationParams clamped = activation_params(Activation::swiglu_clamped());
   const ActivationParams plain_swiglu{};
+  // Hints giving 1, 2, 4 and 8 groups (nvfp4_row_groups).
+  const int64_t hints[] = {1, 8, 16, 40};
+  for (int i = 0; i < 4; ++i) ASSERT_EQ(cuda::nvfp4_row_groups(hints[i]).groups, 1 << i);
   for (const ActivationParams* act : {static_cast<const ActivationParams*>(nullptr), &plain_swiglu,
                                       &clamped}) {
-    const char* what = act == nullptr ? " plain " : (act->clamped ? " clamped " : " swiglu ");
+    const char* what = act == nullptr ? " plain" : (act->clamped ? " clamped" : " swiglu");
     for (const Shape& s : cases) {
       Problem p(s);
       fill_exact(p, rng);
       for (bf16_t& v : p.a) v = float_to_bf16(normal(rng));
       const int64_t cols = act == nullptr ? p.N : p.N / 2;
-      std::vector<bf16_t> expected;
-      {
-        const ScopedEnv set(env, reference);
-        expected = p.run_gpu(nullptr, act, 1);
-      }
-      for (const std::string& value : values) {
-        const ScopedEnv set(env, value.c_str());
-        expect_bitwise(expected, p.run_gpu(nullptr, act, 1), cols,
-                       describe(s) + what + env + "=" + value);
+      for (int splits : {1, 3}) {
+        const std::vector<bf16_t> one_group = p.run_gpu(nullptr, act, splits, hints[0]);
+        for (int i = 1; i < 4; ++i) {
+          expect_bitwise(one_group, p.run_gpu(nullptr, act, splits, hints[i]), cols,
+                         describe(s) + what + " splits " + std::to_string(splits) + " groups " +
+                             std::to_string(1 << i));
+        }
       }
     }
   }
 }
 
-// The single-split kernel at both occupancies it is compiled for (EPMOE_NVFP4_OCCUPANCY: CTAs per
-// SM x chunks in flight) against the default 4x4.
-TEST(GpuGemmNvfp4, OccupanciesBitwiseEqual) {
-  EPMOE_REQUIRE_GPU();
-  expect_switch_bitwise(shapes(), "EPMOE_NVFP4_OCCUPANCY", "4x4", {"1x4"}, 27);
-}
-
-// Activations staged per CTA in shared memory (EPMOE_NVFP4_ACTIVATIONS=staged: a cp.async ring,
-// the 4x4 kernel on 16-byte code rows) against the per-warp loads through L1. Beyond shapes(): 70
-// and 33 rows (several 32-row passes reusing the ring, the last one partial), N = 200 and F = 100
-// (warps past the end in the last slab, which must still take part in the ring), 4 chunks and 12
-// chunks (past the 4 stages).
-TEST(GpuGemmNvfp4, StagedActivationsBitwiseEqual) {
-  EPMOE_REQUIRE_GPU();
-  std::vector<Shape> cases = shapes();
-  cases.push_back({{70, 0, 33}, 2, 200, 512});
-  cases.push_back({{5, 64, 1}, 0, 128, 1536});
-  expect_switch_bitwise(cases, "EPMOE_NVFP4_ACTIVATIONS", "l1", {"staged"}, 29);
-}
-
-// The activation rule (host only): staged past one 8-row group per expert, as the decode bench
-// shapes measured (nvfp4_gemm.h); the environment forces either way, and names itself when wrong.
-TEST(GpuGemmNvfp4, ActivationsStagedPastOneGroupOfRows) {
-  using cuda::Nvfp4Activations;
-  const ScopedEnv unset("EPMOE_NVFP4_ACTIVATIONS", nullptr);
-  EXPECT_EQ(cuda::nvfp4_activations(4), Nvfp4Activations::l1);   // deepseek-v3, gpt-oss decode
-  EXPECT_EQ(cuda::nvfp4_activations(8), Nvfp4Activations::l1);   // qwen3 decode
-  EXPECT_EQ(cuda::nvfp4_activations(9), Nvfp4Activations::staged);
-  EXPECT_EQ(cuda::nvfp4_activations(32), Nvfp4Activations::staged);  // mixtral decode
-  {
-    const ScopedEnv set("EPMOE_NVFP4_ACTIVATIONS", "staged");
-    EXPECT_EQ(cuda::nvfp4_activations(4), Nvfp4Activations::staged);
-  }
-  {
-    const ScopedEnv set("EPMOE_NVFP4_ACTIVATIONS", "l1");
-    EXPECT_EQ(cuda::nvfp4_activations(32), Nvfp4Activations::l1);
-  }
-  const ScopedEnv set("EPMOE_NVFP4_ACTIVATIONS", "smem");
-  try {
-    cuda::nvfp4_activations(4);
-    FAIL() << "EPMOE_NVFP4_ACTIVATIONS=smem accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("EPMOE_NVFP4_ACTIVATIONS"), std::string::npos) << e.what();
-  }
+// The row-group rule (host only): the expected rows plus two standard deviations fit a pass.
+TEST(GpuGemmNvfp4, RowGroupsHoldTheExpectedRowsAndTwoSigma) {
+  EXPECT_EQ(cuda::nvfp4_row_groups(0).groups, 1);
+  EXPECT_EQ(cuda::nvfp4_row_groups(4).groups, 1);   // deepseek-v3, gpt-oss decode: 4 + 4 = 8
+  EXPECT_EQ(cuda::nvfp4_row_groups(5).groups, 2);   // 5 + 4.5 > 8
+  EXPECT_EQ(cuda::nvfp4_row_groups(8).groups, 2);   // qwen3 decode: 8 + 5.7 <= 16
+  EXPECT_EQ(cuda::nvfp4_row_groups(32).groups, 8);  // mixtral decode: 32 + 11.3 > 32
+  EXPECT_EQ(cuda::nvfp4_row_groups(1000).groups, cuda::kNvfp4MaxRowGroups);
+  EXPECT_NE(cuda::nvfp4_row_groups(8).reason.find("2 x 8 rows"), std::string::npos)
+      << cuda::nvfp4_row_groups(8).reason;
 }
 
 TEST(GpuGemmNvfp4, SkipFlagLeavesTheOutputUntouched) {
@@ -403,7 +387,7 @@ TEST(GpuGemmNvfp4, ScatterStoresEachRowInItsSlot) {
   for (int32_t& v : recv_src) v = encode_src(0, v / top_k, v % top_k, T, top_k);
   for (int splits : {1, 3}) {
     Dev<bf16_t> da(p.a), combine(static_cast<size_t>(T * top_k * p.N));
-    Dev<uint8_t> dq(p.codes), ds(p.scales);
+    Dev<uint8_t> dq(p.gemm_codes()), ds(p.scales);
     Dev<float> dg(p.global);
     Dev<float> scratch(static_cast<size_t>(cuda::nvfp4_splitk_scratch_bytes(3, p.M, p.N) / 4));
     Dev<int32_t> doff(p.offsets), dsrc(recv_src);
@@ -440,20 +424,20 @@ TEST(GpuGemmNvfp4, SplitChoiceHeuristic) {
     bool swiglu;
     int splits;
   };
-  // H200: 132 SMs; target 8 x 132 = 1056 CTAs. The bench shapes' GEMMs (fused W13, W2), then
+  // H200: 132 SMs; target 3 x 132 = 396 CTAs. The bench shapes' GEMMs (fused W13, W2), then
   // the bounds.
   const Want wants[] = {
-      {"mixtral-8x7b W2 (64 slabs x 8 experts, 112 chunks)", 4096, 14336, 8, false, 3},
-      {"mixtral-8x7b W13 (448 slabs x 8)", 28672, 4096, 8, true, 1},
-      {"qwen3-30b-a3b W13 (24 slabs x 128)", 1536, 2048, 128, true, 1},
-      {"qwen3-30b-a3b W2 (32 slabs x 128)", 2048, 768, 128, false, 1},
-      {"deepseek-v3 W13 (64 slabs x 256)", 4096, 7168, 256, true, 1},
-      {"deepseek-v3 W2 (112 slabs x 256)", 7168, 2048, 256, false, 1},
-      {"gpt-oss-120b W13 (90 slabs x 128)", 5760, 2880, 128, true, 1},
-      {"gpt-oss-120b W2 (45 slabs x 128)", 2880, 2880, 128, false, 1},
-      {"one expert, 2 slabs, K = 4096 (32 chunks: 4 splits of >= 8)", 128, 4096, 1, false, 4},
+      {"mixtral-8x7b W2 (32 slabs x 8 experts, 112 chunks)", 4096, 14336, 8, false, 2},
+      {"mixtral-8x7b W13 (224 slabs x 8)", 28672, 4096, 8, true, 1},
+      {"qwen3-30b-a3b W13 (12 slabs x 128)", 1536, 2048, 128, true, 1},
+      {"qwen3-30b-a3b W2 (16 slabs x 128)", 2048, 768, 128, false, 1},
+      {"deepseek-v3 W13 (32 slabs x 256)", 4096, 7168, 256, true, 1},
+      {"deepseek-v3 W2 (56 slabs x 256)", 7168, 2048, 256, false, 1},
+      {"gpt-oss-120b W13 (45 slabs x 128)", 5760, 2880, 128, true, 1},
+      {"gpt-oss-120b W2 (23 slabs x 128)", 2880, 2880, 128, false, 1},
+      {"one expert, 1 slab, K = 4096 (32 chunks: 4 splits of >= 8)", 128, 4096, 1, false, 4},
       {"one expert, 1 slab, K = 1 << 20 (capped at 16)", 64, 1 << 20, 1, false, 16},
-      {"K < 128: no chunks", 64, 112, 1, false, 1},
+      {"K < 128: one partial chunk", 64, 96, 1, false, 1},
   };
   for (const Want& w : wants) {
     const cuda::Nvfp4Splits c = cuda::nvfp4_choose_splits(w.N, w.K, w.E, w.swiglu, 132);
@@ -543,12 +527,14 @@ TEST(GpuGemmNvfp4, ArgumentsAreChecked) {
   x.E = 1;
   x.M = 0;
   x.N = 64;
-  x.K = 120;  // not a multiple of 16
-  try {
-    cuda::nvfp4_grouped_gemm(x, nullptr);
-    ADD_FAILURE() << "K = 120 accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "K") << e.what();
+  for (int64_t K : {120, 144}) {  // not a multiple of 16; of 16 but not 32 (8-byte code rows)
+    x.K = K;
+    try {
+      cuda::nvfp4_grouped_gemm(x, nullptr);
+      ADD_FAILURE() << "K = " << K << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "K") << e.what();
+    }
   }
   x.K = 128;
   x.ld_out = 64;

@@ -185,6 +185,7 @@ TEST(KernelExplain, InferenceFormats) {
   f.precision = Precision::nvfp4;
   const std::string nvfp4 = explain_cuda_kernels(Config(f), 1);
   EXPECT_NE(line_of(nvfp4, "w13_fprop").find("one split"), std::string::npos) << nvfp4;
+  EXPECT_NE(line_of(nvfp4, "w13_fprop").find("64 rows a pass"), std::string::npos) << nvfp4;  // 512 rows
   EXPECT_TRUE(line_of(nvfp4, "w2_dgrad").empty()) << nvfp4;
   {  // the launcher's own parser of the override (nvfp4_requested_splits)
     const ScopedEnv three("EPMOE_NVFP4_SPLITK", "3");

@@ -4,8 +4,12 @@
 //           atomicMax-ed into global_G (as unsigned bits; zeroed first), then converted in place
 //           by nvfp4_global_scale. Integer max: the same bits as the host loop in any order.
 //   quantize: 8 lanes per 16-element block, each lane one pair of elements = one packed byte.
+//   gemm order: one thread per 4-byte code word (the prepared weights' order).
 #include <cuda_runtime.h>
 
+#include <string>
+
+#include "core/formats/nvfp4_gemm_order.h"
 #include "cuda/formats/formats.h"
 #include "cuda/formats/row_blocks.cuh"
 
@@ -116,6 +120,22 @@ void launch_quantize(const T* x_NL, int64_t groups, int64_t N, int64_t L, const 
   EPMOE_CUDA_LAUNCH_CHECK();
 }
 
+// Every whole 4-byte word of each P-byte row into the prepared order (nvfp4_gemm_word), in place:
+// one thread a word, bytes read and written singly (rows need not be 4-byte aligned).
+__global__ void __launch_bounds__(kThreads)
+    gemm_order_kernel(uint8_t* __restrict__ q_NP, int64_t N, int64_t P) {
+  const int64_t words = P / 4;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < N * words; i += stride) {
+    uint8_t* p = q_NP + (i / words) * P + (i % words) * 4;
+    const uint32_t w = static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) |
+                       (static_cast<uint32_t>(p[2]) << 16) | (static_cast<uint32_t>(p[3]) << 24);
+    const uint32_t v = nvfp4_gemm_word(w);
+#pragma unroll
+    for (int b = 0; b < 4; ++b) p[b] = static_cast<uint8_t>(v >> (8 * b));
+  }
+}
+
 }  // namespace
 
 void nvfp4_global_scales(const float* x_NL, int64_t groups, int64_t N, int64_t L, float* global_G, void* stream) {
@@ -143,6 +163,15 @@ void nvfp4_dequantize_rows(const uint8_t* q_NP, const uint8_t* scales_NS, const 
   if (N * L == 0) return;
   dequantize_kernel<<<grid_for(N * L, kThreads), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       q_NP, scales_NS, global_G, N / groups, N, L, x_NL);
+  EPMOE_CUDA_LAUNCH_CHECK();
+}
+
+void nvfp4_codes_to_gemm_order(uint8_t* q_NP, int64_t N, int64_t P, void* stream) {
+  EPMOE_CHECK_ARG(N >= 0 && P >= 0, "N, P", ">= 0", std::to_string(N) + ", " + std::to_string(P));
+  check_codec_pointer(q_NP, N * P, "q_NP");
+  if (N * (P / 4) == 0) return;
+  gemm_order_kernel<<<grid_for(N * (P / 4), kThreads), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      q_NP, N, P);
   EPMOE_CUDA_LAUNCH_CHECK();
 }
 

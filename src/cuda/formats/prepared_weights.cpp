@@ -1,4 +1,5 @@
 // prepare_weights() for CUDA tensors: the codec launchers of formats.h on the caller's stream.
+#include "core/formats/codecs.h"
 #include "core/prepared_device.h"
 #include "cuda/device_scope.h"
 #include "cuda/formats/formats.h"
@@ -27,6 +28,7 @@ void prepare_weights_cuda(const TensorRef& w_GNL, const PreparedWeights& p, void
       float* global = p.global_scale.as<float>();
       cuda::nvfp4_global_scales(w, p.G, p.G * p.N, p.L, global, stream);
       cuda::nvfp4_quantize_rows(w, p.G, p.G * p.N, p.L, global, q, p.scales.as<uint8_t>(), stream);
+      cuda::nvfp4_codes_to_gemm_order(q, p.G * p.N, nvfp4_packed_bytes(p.L), stream);
       return;
     }
   }

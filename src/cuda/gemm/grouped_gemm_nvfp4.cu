@@ -1,86 +1,84 @@
-// NVFP4 weight-only grouped GEMM for few rows per expert (decode), swap-AB on mma.sync:
-// the weights are the 16-row A operand of mma.m16n8k16 (decoded from E2M1 x E4M3 into bf16 in
-// registers), eight activation rows the B operand, so one weight element is read once per 32
-// activation rows (kGroups x 8) and the weight stream sets the time.
+// NVFP4 weight-only grouped GEMM for few rows per expert (decode), swap-AB on mma.sync: the
+// weights are the 16-row A operand of mma.m16n8k16, decoded from E2M1 x E4M3 into bf16 in
+// registers; 8-row groups of activation rows are the B operand. The weight stream sets the time.
 //
-// Work: CTA (n-slab of 64 weight rows, expert e, K split z), four warps of 16 rows each; a warp
-// sums its split's chunks for its 16 x 8 tiles. One split (grid z = 1): the warp sums all of K and
-// stores bf16. Several (split-K, deterministic without atomics): split z sums the chunks
-// [z * chunks / splits, (z + 1) * chunks / splits) (the last split also the K tail) and stores fp32
-// partials [splits, M, N] into the caller's scratch; a reduce kernel sums them in ascending split
-// order and applies the global scale and the epilogue (plain, combine slots, SwiGLU). Splits give
-// the grid enough CTAs to keep HBM busy when N * E is small against K (mixtral W2: 64 slabs x 8
-// experts = 512 CTAs of 112 chunks each). CTAs of experts without rows return at once (offsets
-// read on the device).
+// CTA (slab of 128 weight rows, expert e, K split z): one producer warp keeps a ring of stages
+// full by TMA, each stage one 128-element chunk of K: the slab's code bytes (128 rows x 64 B) and
+// the pass's activation rows (8 * kGroups rows x 256 B, 128-byte swizzled halves). Four consumer
+// warps own 32 weight rows each (two m16 tiles). A pass covers 8 * kGroups rows of the expert;
+// experts with more rows take more passes over the weights. CTAs of experts without rows return
+// at once (offsets read on the device).
 //
-// K order: an mma's 16 k are any 16 of K as long as A and B agree. Per 128-element chunk, lane
-// quad position t (lane % 4) owns elements [32 t, 32 t + 32) of its rows (16 code bytes: one
-// 16-byte load per row) and feeds elements 32 t + 4 j + {0, 1} / {2, 3} to step j's k pairs
-// {2t, 2t+1} / {2t+8, 2t+9}; its activation elements are the same 32 (four 16-byte loads). A tail
-// of K % 128 elements runs one 16-element block per step, lane t owning elements 4t .. 4t + 3.
+// Per chunk a lane (group g, quad position t) owns elements [32 t, 32 t + 32) of its four rows
+// (tile rows g and g + 8): one 16-byte load a row, NVFP4 blocks 2t and 2t + 1, so a lane converts
+// two block scales a row a chunk. An mma's 16 k are any 16 of K as long as A and B agree: step j
+// (0..7) takes the lane's elements 4j + {0, 1} as k pair {2t, 2t + 1} and 4j + {2, 3} as
+// {2t + 8, 2t + 9}; its activation words are the same elements (the B registers come from the
+// lane's own loads). Code word q (elements 8q .. 8q + 7) decodes (core/formats/nvfp4_gemm_order.h:
+// the prepared order) into the pairs of steps 2q and 2q + 1, times the block scale in bf16
+// (mul.rn.bf16x2, exact: e2m1 x e4m3 has <= 6 significant bits).
+//
+// Numbers: the decoded pair is e2m1 * 2^-126, the scale operand e4m3 * 2^118 (bf16, exact), so
+// the MMA sees the weight e2m1 * e4m3 * 2^-8 (normal bf16; every product exact in fp32) and the
+// epilogue multiplies the fp32 sum by 2^8 (exact) and then the fp32 global: the bits of
+// bf16(global * sum) for the tensor cores' summation order.
+#include <cuda.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "core/activation.h"
-#include "core/formats/e2m1_bf16.h"
+#include "core/formats/nvfp4_gemm_order.h"
 #include "core/layout.h"
 #include "cuda/check.h"
-#include "cuda/gemm/nvfp4_gemm.h"
+#include "cuda/gemm/bulk_pipeline.cuh"
 #include "cuda/gemm/launch_checks.h"
+#include "cuda/gemm/nvfp4_gemm.h"
+#include "cuda/gemm/tensor_map.h"
 #include "cuda/kernel_common.cuh"
 #include "epmoe/error.h"
 
 namespace epmoe::cuda {
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kGemmThreads = kWarps * 32;
-constexpr int kRowsPerWarp = 16;                    // mma M: weight rows (outputs' columns n)
-constexpr int kSlab = kWarps * kRowsPerWarp;        // weight rows per CTA
-constexpr int kGroups = 4;                          // 8-row activation groups per weight pass
-constexpr int kChunk = 128;                         // K elements per chunk (64 code bytes a row)
-constexpr int kDepth = 4;                           // chunks in flight per warp
+constexpr int kConsumerWarps = 4;
+constexpr int kGemmThreads = (kConsumerWarps + 1) * 32;  // the last warp produces
+constexpr int kTiles = 2;                                // m16 tiles per consumer warp
+constexpr int kSlab = kConsumerWarps * kTiles * 16;      // weight rows per CTA
+constexpr int kChunk = 128;                              // K elements per stage
+constexpr int kCodeRowBytes = kChunk / 2;
+constexpr int kCodeBytes = kSlab * kCodeRowBytes;        // 8 KiB a stage
+constexpr int kActHalf = 64;                             // elements of a 128-byte swizzled row
+constexpr int kWeightLog2 = -8;                          // the MMA's weights: e2m1 * e4m3 * 2^-8
+// The scale operand's factor 2^(kWeightLog2 - kNvfp4DecodeScaleLog2) = 2^118, as fp32 bits.
+constexpr uint32_t kScaleFactorBits = static_cast<uint32_t>(127 + kWeightLog2 - kNvfp4DecodeScaleLog2) << 23;
+constexpr float kSumFactor = 256.0f;  // 2^-kWeightLog2
+static_assert(kWeightLog2 - kNvfp4DecodeScaleLog2 == 118 && -kWeightLog2 == 8, "the factors above");
 
-struct Params {
-  Nvfp4GroupedGemmArgs a;
-  int64_t P, S;                    // code bytes and scale blocks per weight row
-  float* partials_SMN = nullptr;   // split-K: [splits, M, N] fp32 (the caller's scratch)
+template <int kGroups>
+struct Ring {
+  static constexpr int kActBytes = 8 * kGroups * kChunk * 2;  // two swizzled halves
+  static constexpr int kStageBytes = kCodeBytes + kActBytes;  // a multiple of 1024
+  static constexpr int kStages = kGroups <= 2 ? 6 : 4;
+  // Registers for 3 CTAs per SM (2 with 4 or 8 groups, whose stages leave room for 2).
+  static constexpr int kMaxRegs = kGroups <= 2 ? 136 : 200;
+  static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;
+  static_assert(kStageBytes % 1024 == 0, "128-byte swizzle atoms need 1024-byte aligned stages");
 };
 
-// Streamed once: no L1 allocation. kWide: the row pitch P is a multiple of 16 (one 16-byte load),
-// else two 8-byte loads (P % 8 == 0 since K % 16 == 0).
-template <bool kWide>
-__device__ __forceinline__ uint4 load_codes(const uint8_t* p) {
-  uint4 v;
-  if constexpr (kWide) {
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-  } else {
-    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];"
-                 : "=r"(v.x), "=r"(v.y)
-                 : "l"(p));
-    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];"
-                 : "=r"(v.z), "=r"(v.w)
-                 : "l"(p + 8));
-  }
-  return v;
-}
-
-// One E4M3 block scale as bf16x2 (both halves), exact: E4M3 -> f16 (hardware) -> fp32 -> bf16.
-__device__ __forceinline__ uint32_t scale_bf16x2(float f) {
-  uint32_t r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %1;" : "=r"(r) : "f"(f));
-  return r;
-}
-__device__ __forceinline__ uint32_t scale_bf16x2(uint8_t code) {
-  const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3);
-  return scale_bf16x2(__half2float(__half(h)));
-}
+struct Params {
+  CUtensorMap codes;  // [E * N rows, K / 2 bytes] u8; box 64 bytes x 128 rows (SwiGLU: 64 rows)
+  CUtensorMap act;    // [M rows, K] bf16; box 64 x 8 * kGroups rows, 128-byte swizzle
+  Nvfp4GroupedGemmArgs a;
+  int64_t S = 0;                   // scale bytes per weight row
+  int64_t chunks = 0;              // ceil(K / kChunk)
+  float* partials_SMN = nullptr;   // split-K: [splits, M, N] fp32 (the caller's scratch)
+};
 
 __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t x, uint32_t y) {
   uint32_t r;
@@ -94,6 +92,12 @@ __device__ __forceinline__ bf16_t to_bf16(float f) {
   return r;
 }
 
+__device__ __forceinline__ uint32_t bf16x2_same(float f) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %1;" : "=r"(r) : "f"(f));
+  return r;
+}
+
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                          uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
@@ -102,175 +106,32 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// One chunk of a lane's two weight rows (g and g + 8 of the warp's 16): 32 codes each, and their
-// two block scales (blocks 2t, 2t + 1) in the low 16 bits of scales[r], the first in the low byte.
-struct Chunk {
-  uint4 codes[2];
-  uint32_t scales[2];
-};
-
-// Per-thread view of the warp's weight rows: where the next chunk's loads read (advanced by each
-// load, so the loop carries pointers instead of recomputing 64-bit addresses).
-struct Lane {
-  const uint8_t* codes[2];   // row g, row g + 8: this lane's code bytes of the next chunk
-  const uint8_t* scales[2];  // their scale bytes of the next chunk
-};
-
-// kWide: the scale row pitch K / 16 is even as well (K % 32 == 0): one 2-byte load.
-template <bool kWide>
-__device__ __forceinline__ Chunk load_chunk(Lane& l) {
-  Chunk ch;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    ch.codes[r] = load_codes<kWide>(l.codes[r]);
-    if constexpr (kWide) {
-      ch.scales[r] = __ldg(reinterpret_cast<const unsigned short*>(l.scales[r]));
-    } else {
-      ch.scales[r] = static_cast<uint32_t>(__ldg(l.scales[r])) |
-                     (static_cast<uint32_t>(__ldg(l.scales[r] + 1)) << 8);
-    }
-    l.codes[r] += kChunk / 2;
-    l.scales[r] += kChunk / 16;
-  }
-  return ch;
+__device__ __forceinline__ uint4 lds128(const uint8_t* p) {
+  return *reinterpret_cast<const uint4*>(p);
 }
 
-// A block's decode table (core/formats/e2m1_bf16.h): the E2M1 magnitudes times the block scale.
-__device__ __forceinline__ E2m1Bf16Table block_table(float scale) {
-  const uint32_t s = scale_bf16x2(scale);
-  return e2m1_bf16_table(mul_bf16x2(kE2m1Bf16x2_01, s), mul_bf16x2(kE2m1Bf16x2_23, s),
-                         mul_bf16x2(kE2m1Bf16x2_45, s), mul_bf16x2(kE2m1Bf16x2_67, s));
+// The E4M3 scales of blocks b and b + 1 of a weight row (0 past the row's S blocks: the tail
+// chunk's zero-filled codes decode to 0 with any finite scale), first in the low byte.
+__device__ __forceinline__ uint32_t load_scale_pair(const uint8_t* row, int64_t b, int64_t S) {
+  const uint32_t lo = b < S ? static_cast<uint32_t>(__ldg(row + b)) : 0u;
+  const uint32_t hi = b + 1 < S ? static_cast<uint32_t>(__ldg(row + b + 1)) : 0u;
+  return lo | (hi << 8);
 }
 
-// A fragments of the chunk's 8 steps: step j, registers {row g k-pair 0, row g+8 pair 0, row g
-// pair 1, row g+8 pair 1} (mma.m16n8k16's A layout), each pair = one code byte, scaled.
-__device__ __forceinline__ void decode_chunk(const Chunk& ch, uint32_t (&a)[8][4]) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const uint32_t words[4] = {ch.codes[r].x, ch.codes[r].y, ch.codes[r].z, ch.codes[r].w};
-    // The lane's two block scales (blocks 2t, 2t + 1: elements 0..15, 16..31) in one conversion.
-    const __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(
-        static_cast<__nv_fp8x2_storage_t>(ch.scales[r]), __NV_E4M3);
-    const float2 sc = __half22float2(__half2(h2));
-    const E2m1Bf16Table tables[2] = {block_table(sc.x), block_table(sc.y)};
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {  // word q: elements 8q .. 8q + 7 = steps 2q, 2q + 1
-      uint32_t e[4];
-      e2m1x8_to_bf16x2(words[q], tables[q / 2], e);
-      a[2 * q][r] = e[0];
-      a[2 * q][2 + r] = e[1];
-      a[2 * q + 1][r] = e[2];
-      a[2 * q + 1][2 + r] = e[3];
-    }
-  }
+// Two E4M3 block scales as the MMA's scale operands: each e4m3 * 2^118 in both bf16 halves
+// (exact: E4M3 -> f16 -> fp32 is exact, the factor a power of two, 4 significant bits; NaN
+// stays NaN).
+__device__ __forceinline__ void scale_operands(uint32_t two_codes, uint32_t& s0, uint32_t& s1) {
+  const __half2_raw h2 =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_codes), __NV_E4M3);
+  const float2 f = __half22float2(__half2(h2));
+  const float factor = __uint_as_float(kScaleFactorBits);
+  s0 = bf16x2_same(__fmul_rn(f.x, factor));
+  s1 = bf16x2_same(__fmul_rn(f.y, factor));
 }
 
-// rows: this lane's 32 activation elements of the chunk in each group's row (clamped into the
-// expert's rows; columns of rows past the end are computed and never stored), advanced to the
-// next chunk. live: groups holding rows (warp-uniform).
-__device__ __forceinline__ void mma_chunk(const uint32_t (&a)[8][4], const bf16_t* (&rows)[kGroups],
-                                          int live, float (&acc)[kGroups][4]) {
-#pragma unroll
-  for (int q = 0; q < kGroups; ++q) {
-    if (q >= live) break;
-    const uint4* x = reinterpret_cast<const uint4*>(rows[q]);
-    const uint4 v[4] = {__ldg(x), __ldg(x + 1), __ldg(x + 2), __ldg(x + 3)};
-    rows[q] += kChunk;
-    const uint32_t w[16] = {v[0].x, v[0].y, v[0].z, v[0].w, v[1].x, v[1].y, v[1].z, v[1].w,
-                            v[2].x, v[2].y, v[2].z, v[2].w, v[3].x, v[3].y, v[3].z, v[3].w};
-#pragma unroll
-    for (int j = 0; j < 8; ++j) mma_bf16(acc[q], a[j], w[2 * j], w[2 * j + 1]);
-  }
-}
-
-// Activations staged in shared memory (kStageAct): each chunk's live activation rows (32 rows x
-// 256 bytes at most) are copied once per CTA by cp.async into a ring of kActStages stages, issued
-// kActStages - 1 chunks ahead, instead of each warp loading them through L1 just before its MMAs
-// (Nsight Compute, bench/RESULTS.md f32be88: 39-48 % of stall cycles on L1TEX scoreboards, L1 hit
-// rate 63 %). A row is 16 units of 16 bytes; lane (g, t) reads units 4t .. 4t + 3 of row g, so
-// unit u of row r sits at u ^ 2 (bit 3 of u) ^ (r & 1): the 8 lanes of each 128-bit phase then hit
-// 8 distinct bank groups.
-constexpr int kActStages = 4;
-constexpr int kActRows = 8 * kGroups;
-constexpr int kActUnits = kChunk * 2 / 16;  // 16-byte units per row of a chunk
-
-__device__ __forceinline__ int act_unit(int u, int row) { return u ^ (((u >> 3) & 1) << 1) ^ (row & 1); }
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const auto s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
-}
-
-// The ring, [kActStages][kActRows][kActUnits] (32 KiB); only the staged kernels reference it.
-__device__ __forceinline__ uint4* act_ring() {
-  __shared__ alignas(128) uint4 ring[kActStages * kActRows * kActUnits];
-  return ring;
-}
-
-// Chunk c's live rows (rows m0 + r, clamped into the group) into stage c % kActStages by every
-// thread of the CTA, then one cp.async group (empty past the last chunk, so that every thread
-// waits on the same group count).
-__device__ __forceinline__ void stage_chunk(uint4* ring, const bf16_t* a_MK, int64_t K, int64_t m0,
-                                            int64_t row_end, int live, int64_t first_chunk,
-                                            int64_t c, int64_t chunks) {
-  if (c < chunks) {
-    uint4* stage = ring + (c % kActStages) * (kActRows * kActUnits);
-    for (int piece = static_cast<int>(threadIdx.x); piece < live * 8 * kActUnits;
-         piece += kGemmThreads) {
-      const int r = piece / kActUnits, u = piece % kActUnits;
-      const int64_t m = m0 + r < row_end ? m0 + r : row_end - 1;
-      cp_async16(stage + r * kActUnits + act_unit(u, r), a_MK + m * K + (first_chunk + c) * kChunk + u * 8);
-    }
-  }
-  cp_async_commit();
-}
-
-// mma_chunk on a staged chunk: the same MMAs in the same order, activation words from the stage.
-__device__ __forceinline__ void mma_chunk_staged(const uint32_t (&a)[8][4], const uint4* stage,
-                                                 int g, int t, int live,
-                                                 float (&acc)[kGroups][4]) {
-#pragma unroll
-  for (int q = 0; q < kGroups; ++q) {
-    if (q >= live) break;
-    const uint4* row = stage + (q * 8 + g) * kActUnits;
-    uint4 v[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) v[i] = row[act_unit(4 * t + i, g)];
-    const uint32_t w[16] = {v[0].x, v[0].y, v[0].z, v[0].w, v[1].x, v[1].y, v[1].z, v[1].w,
-                            v[2].x, v[2].y, v[2].z, v[2].w, v[3].x, v[3].y, v[3].z, v[3].w};
-#pragma unroll
-    for (int j = 0; j < 8; ++j) mma_bf16(acc[q], a[j], w[2 * j], w[2 * j + 1]);
-  }
-}
-
-// One 16-element block of the K tail: lane t owns elements 4t .. 4t + 3 (two code bytes) of each
-// weight row (codes, scale: the block's first code byte and its scale) and activation row.
-__device__ __forceinline__ void tail_block(const uint8_t* const (&codes)[2],
-                                           const uint8_t* const (&scale)[2],
-                                           const bf16_t* const (&rows)[kGroups], int live, int t,
-                                           float (&acc)[kGroups][4]) {
-  uint32_t a[4];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const uint8_t* c = codes[r] + t * 2;
-    const uint32_t w = static_cast<uint32_t>(c[0]) | (static_cast<uint32_t>(c[1]) << 8);
-    const uint32_t s = scale_bf16x2(*scale[r]);
-    uint32_t p0, p1;
-    e2m1x4_to_bf16x2(w, p0, p1);
-    a[r] = mul_bf16x2(p0, s);
-    a[2 + r] = mul_bf16x2(p1, s);
-  }
-#pragma unroll
-  for (int q = 0; q < kGroups; ++q) {
-    if (q >= live) break;
-    const uint2 x = __ldg(reinterpret_cast<const uint2*>(rows[q] + t * 4));
-    mma_bf16(acc[q], a, x.x, x.y);
-  }
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int q) {
+  return q == 0 ? v.x : (q == 1 ? v.y : (q == 2 ? v.z : v.w));
 }
 
 __device__ __forceinline__ bf16_t* out_row(const Nvfp4GroupedGemmArgs& a, int64_t m) {
@@ -279,16 +140,24 @@ __device__ __forceinline__ bf16_t* out_row(const Nvfp4GroupedGemmArgs& a, int64_
   return a.combine_R[src_rank(src, a.T, a.top_k)] + src_slot(src, a.T, a.top_k) * a.N;
 }
 
-// kSwiglu (W13 with the SwiGLU epilogue): a warp's A rows are 8 gate rows f0 + g and their 8 up
-// rows F + f0 + g, so a lane holds gate and up of the same (row m, column f) and stores
-// h = act(bf16(gate), bf16(up)) as the unfused kernel does (core/activation.h).
-// kSplit: split blockIdx.z of gridDim.z stores its unscaled fp32 sums at partials_SMN[z, m, n]
-// (gate at n = f, up at n = F + f); the reduce kernel applies the scale and the epilogue.
-// kStageAct (single split): activations through the shared-memory ring above; every warp of the
-// CTA then runs every chunk (a warp past N computes on clamped rows and stores nothing).
-template <bool kWide, bool kSwiglu, bool kSplit, bool kStageAct = false>
-__device__ __forceinline__ void nvfp4_gemm(const Params& p) {
-  static_assert(!kStageAct || !kSplit, "staged activations: single split");
+// Shared-memory row (of the stage's codes) of tile `tile`'s A row g + 8 r for consumer warp
+// `warp`. Plain: the slab's rows in order, 32 a warp. kSwiglu: the slab's first 64 rows are gate
+// rows f0 .. f0 + 63, the next 64 their up rows; tile rows g are gate rows, g + 8 the matching up
+// rows, so a lane holds gate and up of the same (row m, column f).
+template <bool kSwiglu>
+__device__ __forceinline__ int code_row(int warp, int tile, int r, int g) {
+  if constexpr (kSwiglu) return r * (kSlab / 2) + warp * 16 + tile * 8 + g;
+  return warp * 32 + tile * 16 + r * 8 + g;
+}
+
+// kSwiglu (W13 with the SwiGLU epilogue): out gets h = act(bf16(gate), bf16(up)) as the unfused
+// kernel computes it (core/activation.h). kSplit: split blockIdx.z of gridDim.z stores its fp32
+// sums (scaled back by 2^8, not by the global) at partials_SMN[z, m, n] (SwiGLU: gate at n = f,
+// up at n = F + f); the reduce kernel applies the global and the epilogue.
+template <int kGroups, bool kSwiglu, bool kSplit>
+__global__ void __launch_bounds__(kGemmThreads) __maxnreg__(Ring<kGroups>::kMaxRegs)
+    nvfp4_gemm_kernel(const __grid_constant__ Params p) {
+  using R = Ring<kGroups>;
   const Nvfp4GroupedGemmArgs& a = p.a;
   const int e = static_cast<int>(blockIdx.y);
   if ((a.skip != nullptr && *a.skip != 0) || (a.replay_skip != nullptr && *a.replay_skip != 0)) {
@@ -297,152 +166,197 @@ __device__ __forceinline__ void nvfp4_gemm(const Params& p) {
   const int64_t row_begin = a.offsets_E1[e];
   const int64_t row_end = a.offsets_E1[e + 1] < a.M ? a.offsets_E1[e + 1] : a.M;
   if (row_end <= row_begin) return;
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int g = lane / 4;  // mma groupID: weight rows g, g + 8; activation row g of a group
-  // Unfused: weight rows n0 + g, n0 + g + 8 of 16 per warp. kSwiglu: gate row f0 + g and up row
-  // F + f0 + g of 8 columns per warp. Rows past the end: clamped, loaded, unstored.
-  const int64_t F = a.N / 2;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kSlab + warp * kRowsPerWarp;
-  const int64_t f0 = static_cast<int64_t>(blockIdx.x) * (kSlab / 2) + warp * (kRowsPerWarp / 2);
-  if constexpr (!kStageAct) {
-    if (kSwiglu ? f0 >= F : n0 >= a.N) return;  // warp-uniform; no CTA-wide barrier follows
-  }
 
-  const int t = lane % 4;
-  const uint8_t* code_rows[2];
-  const uint8_t* scale_rows[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    int64_t n;
-    if constexpr (kSwiglu) {
-      n = r * F + (f0 + g < F ? f0 + g : F - 1);
-    } else {
-      n = n0 + g + 8 * r < a.N ? n0 + g + 8 * r : a.N - 1;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                             ~static_cast<uintptr_t>(1023));
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + R::kStages * R::kStageBytes);
+  uint64_t* empty = full + R::kStages;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < R::kStages; ++s) {
+      pipe::barrier_init(&full[s], 1);
+      pipe::barrier_init(&empty[s], kConsumerWarps);
     }
-    code_rows[r] = a.b_codes_ENP + (e * a.N + n) * p.P;
-    scale_rows[r] = a.b_scales_ENS + (e * a.N + n) * p.S;
+    pipe::barrier_init_fence();
   }
-  [[maybe_unused]] const float global = a.b_global_E[e];  // split-K: the reduce applies it
-  const int64_t all_chunks = a.K / kChunk;
+  __syncthreads();
+
+  const int64_t F = a.N / 2;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kSlab;        // plain
+  const int64_t f0 = static_cast<int64_t>(blockIdx.x) * (kSlab / 2);  // SwiGLU
   const int64_t z = kSplit ? static_cast<int64_t>(blockIdx.z) : 0;
   const int64_t splits = kSplit ? static_cast<int64_t>(gridDim.z) : 1;
-  const int64_t c_begin = all_chunks * z / splits;  // 0 with one split
-  const int64_t chunks = all_chunks * (z + 1) / splits - c_begin;
-  const bool has_tail = z == splits - 1;
+  const int64_t c_begin = p.chunks * z / splits;
+  const int64_t chunks = p.chunks * (z + 1) / splits - c_begin;
+  constexpr int kPassRows = 8 * kGroups;
 
-  for (int64_t m0 = row_begin; m0 < row_end; m0 += 8 * kGroups) {
-    const int live = static_cast<int>((row_end - m0 + 7) / 8 < kGroups ? (row_end - m0 + 7) / 8
-                                                                        : kGroups);
-    const bf16_t* row_starts[kGroups];
-    const bf16_t* rows[kGroups];  // the lane's elements of the next chunk
-#pragma unroll
-    for (int q = 0; q < kGroups; ++q) {
-      const int64_t m = m0 + q * 8 + g < row_end ? m0 + q * 8 + g : row_end - 1;
-      row_starts[q] = a.a_MK + m * a.K;
-      rows[q] = row_starts[q] + c_begin * kChunk + t * 32;
-    }
-    Lane l;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      l.codes[r] = code_rows[r] + c_begin * (kChunk / 2) + t * 16;
-      l.scales[r] = scale_rows[r] + c_begin * (kChunk / 16) + t * 2;
-    }
-    float acc[kGroups][4] = {};
-
-    [[maybe_unused]] uint4* ring = nullptr;
-    if constexpr (kStageAct) {
-      ring = act_ring();
-#pragma unroll
-      for (int s = 0; s < kActStages - 1; ++s) {
-        stage_chunk(ring, a.a_MK, a.K, m0, row_end, live, c_begin, s, chunks);
+  if (warp == kConsumerWarps) {  // the producer
+    if (lane != 0) return;
+    pipe::prefetch_tensor_map(&p.codes);
+    pipe::prefetch_tensor_map(&p.act);
+    const int32_t code_y = static_cast<int32_t>(e * a.N + (kSwiglu ? f0 : n0));
+    int64_t it = 0;
+    for (int64_t m0 = row_begin; m0 < row_end; m0 += kPassRows) {
+      for (int64_t c = 0; c < chunks; ++c, ++it) {
+        const int s = static_cast<int>(it % R::kStages);
+        if (it >= R::kStages) pipe::wait(&empty[s], static_cast<uint32_t>((it / R::kStages - 1) & 1));
+        uint8_t* stage = smem + s * R::kStageBytes;
+        pipe::arrive_expect_bytes(&full[s], R::kStageBytes);
+        const int32_t kx = static_cast<int32_t>((c_begin + c) * kChunk);
+        pipe::load_2d(stage, &p.codes, &full[s], kx / 2, code_y);
+        if constexpr (kSwiglu) {
+          pipe::load_2d(stage + kCodeBytes / 2, &p.codes, &full[s], kx / 2,
+                        code_y + static_cast<int32_t>(F));
+        }
+        uint8_t* act = stage + kCodeBytes;
+        pipe::load_2d(act, &p.act, &full[s], kx, static_cast<int32_t>(m0));
+        pipe::load_2d(act + R::kActBytes / 2, &p.act, &full[s], kx + kActHalf, static_cast<int32_t>(m0));
       }
     }
-    Chunk buf[kDepth];
+    return;
+  }
+
+  // Consumers: lane (g, t); this lane's 4 weight rows (tile, r) and their scale rows (rows past
+  // the weight's end clamped: loaded, computed, never stored).
+  const int g = lane / 4, t = lane % 4;
+  const uint8_t* scale_rows[kTiles][2];
 #pragma unroll
-    for (int i = 0; i < kDepth; ++i) {
-      if (i < chunks) buf[i] = load_chunk<kWide>(l);
+  for (int tile = 0; tile < kTiles; ++tile) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      int64_t n;
+      if constexpr (kSwiglu) {
+        const int64_t f = f0 + warp * 16 + tile * 8 + g;
+        n = r * F + (f < F ? f : F - 1);
+      } else {
+        const int64_t nn = n0 + code_row<false>(warp, tile, r, g);
+        n = nn < a.N ? nn : a.N - 1;
+      }
+      scale_rows[tile][r] = a.b_scales_ENS + (e * a.N + n) * p.S;
     }
-    for (int64_t c0 = 0; c0 < chunks; c0 += kDepth) {
+  }
+  const float global = a.b_global_E[e];
+  // The lane's 16 bytes of activation unit q of row `row` in a stage (128-byte swizzle: unit u of
+  // a row r of a half at u ^ (r % 8)).
+  const int act_half = t >> 1;
+  auto act_unit = [&](const uint8_t* act, int row, int q) {
+    const int u = 4 * (t & 1) + q;
+    return lds128(act + act_half * (R::kActBytes / 2) + row * 128 + ((u ^ (row & 7)) << 4));
+  };
+
+  int64_t it = 0;
+  for (int64_t m0 = row_begin; m0 < row_end; m0 += kPassRows) {
+    const int live = static_cast<int>((row_end - m0 + 7) / 8 < kGroups ? (row_end - m0 + 7) / 8 : kGroups);
+    float acc[kTiles][kGroups][4] = {};
+    // Block scales two chunks ahead: pair[0] this chunk's, pair[1] the next one's.
+    uint32_t pair[2][kTiles][2];
 #pragma unroll
-      for (int i = 0; i < kDepth; ++i) {
-        const int64_t c = c0 + i;
-        if (c >= chunks) break;
-        // Decode first, then refill the slot: the next load needs no registers of its own.
-        uint32_t frag[8][4];
-        decode_chunk(buf[i], frag);
-        if (c + kDepth < chunks) buf[i] = load_chunk<kWide>(l);
-        if constexpr (kStageAct) {
-          // Chunk c has landed (this thread's copies), and after the barrier every thread's; the
-          // barrier also ends every warp's reads of chunk c - 1's stage, which chunk
-          // c + kActStages - 1 then refills.
-          cp_async_wait<kActStages - 2>();
-          __syncthreads();
-          mma_chunk_staged(frag, ring + (c % kActStages) * (kActRows * kActUnits), g, t, live, acc);
-          stage_chunk(ring, a.a_MK, a.K, m0, row_end, live, c_begin, c + kActStages - 1, chunks);
-        } else {
-          mma_chunk(frag, rows, live, acc);
+    for (int d = 0; d < 2; ++d) {
+#pragma unroll
+      for (int tile = 0; tile < kTiles; ++tile) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          pair[d][tile][r] = d < chunks ? load_scale_pair(scale_rows[tile][r], (c_begin + d) * 8 + 2 * t, p.S) : 0u;
         }
       }
     }
-    if constexpr (kStageAct) {
-      cp_async_wait<0>();
-      __syncthreads();  // the next rows' copies may not overwrite stages still being read
-    }
-    for (int64_t b = all_chunks * (kChunk / 16); has_tail && b < a.K / 16; ++b) {
-      const uint8_t* const codes[2] = {code_rows[0] + b * 8, code_rows[1] + b * 8};
-      const uint8_t* const scale[2] = {scale_rows[0] + b, scale_rows[1] + b};
-      const bf16_t* tail_rows[kGroups];
+    for (int64_t c = 0; c < chunks; ++c, ++it) {
+      uint32_t scale[kTiles][2][2];  // [tile][r][block 2t / 2t + 1]
 #pragma unroll
-      for (int q = 0; q < kGroups; ++q) tail_rows[q] = row_starts[q] + b * 16;
-      tail_block(codes, scale, tail_rows, live, t, acc);
+      for (int tile = 0; tile < kTiles; ++tile) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          scale_operands(pair[0][tile][r], scale[tile][r][0], scale[tile][r][1]);
+          pair[0][tile][r] = pair[1][tile][r];
+          pair[1][tile][r] = c + 2 < chunks
+                                 ? load_scale_pair(scale_rows[tile][r], (c_begin + c + 2) * 8 + 2 * t, p.S)
+                                 : 0u;
+        }
+      }
+      const int s = static_cast<int>(it % R::kStages);
+      pipe::wait(&full[s], static_cast<uint32_t>((it / R::kStages) & 1));
+      const uint8_t* stage = smem + s * R::kStageBytes;
+      const uint8_t* act = stage + kCodeBytes;
+      uint4 codes[kTiles][2];
+#pragma unroll
+      for (int tile = 0; tile < kTiles; ++tile) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          codes[tile][r] = lds128(stage + code_row<kSwiglu>(warp, tile, r, g) * kCodeRowBytes + 16 * t);
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {  // code word q: steps 2q, 2q + 1 (block 2t + q / 2)
+        uint4 b[kGroups];
+#pragma unroll
+        for (int grp = 0; grp < kGroups; ++grp) {
+          if (grp < live) b[grp] = act_unit(act, grp * 8 + g, q);
+        }
+#pragma unroll
+        for (int tile = 0; tile < kTiles; ++tile) {
+          uint32_t lo[4], hi[4];  // rows g, g + 8
+          nvfp4_decode_word(word_of(codes[tile][0], q), lo);
+          nvfp4_decode_word(word_of(codes[tile][1], q), hi);
+          const uint32_t s_lo = scale[tile][0][q >> 1], s_hi = scale[tile][1][q >> 1];
+          const uint32_t a0[4] = {mul_bf16x2(lo[0], s_lo), mul_bf16x2(hi[0], s_hi),
+                                  mul_bf16x2(lo[1], s_lo), mul_bf16x2(hi[1], s_hi)};
+          const uint32_t a1[4] = {mul_bf16x2(lo[2], s_lo), mul_bf16x2(hi[2], s_hi),
+                                  mul_bf16x2(lo[3], s_lo), mul_bf16x2(hi[3], s_hi)};
+#pragma unroll
+          for (int grp = 0; grp < kGroups; ++grp) {
+            if (grp < live) {
+              mma_bf16(acc[tile][grp], a0, b[grp].x, b[grp].y);
+              mma_bf16(acc[tile][grp], a1, b[grp].z, b[grp].w);
+            }
+          }
+        }
+      }
+      __syncwarp();
+      if (lane == 0) pipe::arrive(&empty[s]);
     }
 
-    // acc[q]: {(A row g, m 2t), (A row g, m 2t+1), (A row g+8, m 2t), (A row g+8, m 2t+1)} of
-    // group q.
+    // acc[tile][grp]: {(A row g, m 2t), (A row g, m 2t + 1), (A row g + 8, m 2t), (A row g + 8,
+    // m 2t + 1)} of group grp.
 #pragma unroll
-    for (int q = 0; q < kGroups; ++q) {
-      if (q >= live) break;
+    for (int tile = 0; tile < kTiles; ++tile) {
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int64_t m = m0 + q * 8 + 2 * t + i;
-        if (m >= row_end) continue;
-        if constexpr (kSplit) {
-          float* part = p.partials_SMN + (z * a.M + m) * a.N;
+      for (int grp = 0; grp < kGroups; ++grp) {
+        if (grp >= live) continue;
 #pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int64_t n = kSwiglu ? r * F + f0 + g : n0 + g + 8 * r;
-            if (kSwiglu ? f0 + g < F : n < a.N) part[n] = acc[q][2 * r + i];
-          }
-        } else if constexpr (kSwiglu) {
-          const int64_t f = f0 + g;
-          if (f >= F) continue;
-          const float gate = bf16_to_float(to_bf16(__fmul_rn(acc[q][i], global)));
-          const float up = bf16_to_float(to_bf16(__fmul_rn(acc[q][2 + i], global)));
-          a.out_MN[m * a.ld_out + f] = to_bf16(swiglu_forward(gate, up, a.act));
-        } else {
-          bf16_t* out = out_row(a, m);
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int64_t n = n0 + g + 8 * r;
-            if (n < a.N) out[n] = to_bf16(__fmul_rn(acc[q][2 * r + i], global));
+        for (int i = 0; i < 2; ++i) {
+          const int64_t m = m0 + grp * 8 + 2 * t + i;
+          if (m >= row_end) continue;
+          const float lo = __fmul_rn(acc[tile][grp][i], kSumFactor);
+          const float hi = __fmul_rn(acc[tile][grp][2 + i], kSumFactor);
+          if constexpr (kSwiglu) {
+            const int64_t f = f0 + warp * 16 + tile * 8 + g;
+            if (f >= F) continue;
+            if constexpr (kSplit) {
+              float* part = p.partials_SMN + (z * a.M + m) * a.N;
+              part[f] = lo;
+              part[F + f] = hi;
+            } else {
+              const float gate = bf16_to_float(to_bf16(__fmul_rn(lo, global)));
+              const float up = bf16_to_float(to_bf16(__fmul_rn(hi, global)));
+              a.out_MN[m * a.ld_out + f] = to_bf16(swiglu_forward(gate, up, a.act));
+            }
+          } else {
+            const int64_t n = n0 + code_row<false>(warp, tile, 0, g);
+            if constexpr (kSplit) {
+              float* part = p.partials_SMN + (z * a.M + m) * a.N;
+              if (n < a.N) part[n] = lo;
+              if (n + 8 < a.N) part[n + 8] = hi;
+            } else {
+              bf16_t* out = out_row(a, m);
+              if (n < a.N) out[n] = to_bf16(__fmul_rn(lo, global));
+              if (n + 8 < a.N) out[n + 8] = to_bf16(__fmul_rn(hi, global));
+            }
           }
         }
       }
     }
   }
-}
-
-template <bool kWide, bool kSwiglu, bool kSplit>
-__global__ void __launch_bounds__(kGemmThreads) nvfp4_gemm_kernel(const Params p) {
-  nvfp4_gemm<kWide, kSwiglu, kSplit>(p);
-}
-
-// The single-split kernel on 16-byte code rows compiled for 4 CTAs per SM (registers capped at
-// 128; the SwiGLU one spills 16 bytes): the default, nvfp4_ctas_per_sm(); kStageAct: the
-// activations through the shared-memory ring (nvfp4_activations()).
-template <bool kSwiglu, bool kStageAct = false>
-__global__ void __launch_bounds__(kGemmThreads, 4) nvfp4_gemm_kernel_4ctas(const Params p) {
-  nvfp4_gemm<true, kSwiglu, false, kStageAct>(p);
 }
 
 // The expert owning row m: the last e with offsets_E1[e] <= m (experts without rows share their
@@ -465,8 +379,9 @@ __device__ __forceinline__ int expert_of(const int32_t* offsets_E1, int E, int64
 // kernel's (plain rows, combine slots, SwiGLU on the reduced gate and up). Grid-stride over
 // (row, output column); the grid is sized on host-known M.
 template <bool kSwiglu>
-__global__ void __launch_bounds__(256) nvfp4_splitk_reduce_kernel(const Params p, int splits) {
-  const Nvfp4GroupedGemmArgs& a = p.a;
+__global__ void __launch_bounds__(256) nvfp4_splitk_reduce_kernel(const Nvfp4GroupedGemmArgs a,
+                                                                  const float* partials_SMN,
+                                                                  int splits) {
   if ((a.skip != nullptr && *a.skip != 0) || (a.replay_skip != nullptr && *a.replay_skip != 0)) {
     return;
   }
@@ -480,7 +395,7 @@ __global__ void __launch_bounds__(256) nvfp4_splitk_reduce_kernel(const Params p
        i < row_end * cols; i += stride) {
     const int64_t m = i / cols, n = i % cols;
     const float global = a.b_global_E[expert_of(a.offsets_E1, a.E, m)];
-    const float* part = p.partials_SMN + m * a.N + n;
+    const float* part = partials_SMN + m * a.N + n;
     float sum = part[0];
     for (int z = 1; z < splits; ++z) sum = __fadd_rn(sum, part[z * plane]);
     if constexpr (kSwiglu) {
@@ -498,8 +413,11 @@ __global__ void __launch_bounds__(256) nvfp4_splitk_reduce_kernel(const Params p
 void check_args(const Nvfp4GroupedGemmArgs& a) {
   EPMOE_CHECK_ARG(a.E >= 1 && a.E <= 65535, "E", "1 .. 65535 (grid y)", a.E);
   EPMOE_CHECK_ARG(a.M >= 0, "M", ">= 0", a.M);
-  EPMOE_CHECK_ARG(a.K > 0 && a.K % 16 == 0, "K", "> 0 and a multiple of 16 (NVFP4 blocks)", a.K);
+  EPMOE_CHECK_ARG(a.K > 0 && a.K % 32 == 0, "K",
+                  "> 0 and a multiple of 32 (whole NVFP4 block pairs; 16-byte code rows for TMA)", a.K);
   EPMOE_CHECK_ARG(a.N > 0, "N", "> 0", a.N);
+  EPMOE_CHECK_ARG(a.E * a.N < (int64_t{1} << 31) && a.M < (int64_t{1} << 31), "E * N, M",
+                  "< 2^31 (TMA row coordinates)", std::to_string(a.E * a.N) + ", " + std::to_string(a.M));
   gemm::check_output_destination(a);
   gemm::check_device_pointer(a.b_codes_ENP, "b_codes_ENP", 16);
   gemm::check_device_pointer(a.b_scales_ENS, "b_scales_ENS", 1);
@@ -517,23 +435,41 @@ void check_args(const Nvfp4GroupedGemmArgs& a) {
   gemm::check_output_pointers(a, 2);
 }
 
+int64_t grid_slabs(int64_t N, bool swiglu) {
+  return swiglu ? (N / 2 + kSlab / 2 - 1) / (kSlab / 2) : (N + kSlab - 1) / kSlab;
+}
+
+template <int kGroups, bool kSwiglu, bool kSplit>
+void launch(const Params& p, dim3 grid, cudaStream_t st) {
+  constexpr auto kernel = nvfp4_gemm_kernel<kGroups, kSwiglu, kSplit>;
+  set_shared_memory_limit<kernel>(Ring<kGroups>::kSmemBytes);
+  kernel<<<grid, kGemmThreads, Ring<kGroups>::kSmemBytes, st>>>(p);
+  EPMOE_CUDA_LAUNCH_CHECK();
+}
+
+template <int kGroups>
+void launch_groups(const Params& p, dim3 grid, bool split, cudaStream_t st) {
+  if (split && p.a.swiglu) {
+    launch<kGroups, true, true>(p, grid, st);
+  } else if (split) {
+    launch<kGroups, false, true>(p, grid, st);
+  } else if (p.a.swiglu) {
+    launch<kGroups, true, false>(p, grid, st);
+  } else {
+    launch<kGroups, false, false>(p, grid, st);
+  }
+}
+
 }  // namespace
 
 int64_t nvfp4_splitk_scratch_bytes(int splits, int64_t M, int64_t N) {
   return splits <= 1 ? 0 : static_cast<int64_t>(splits) * M * N * 4;
 }
 
-namespace {
-int64_t nvfp4_grid_ctas(int64_t N, int E, bool swiglu) {
-  const int64_t slabs = swiglu ? (N / 2 + kSlab / 2 - 1) / (kSlab / 2) : (N + kSlab - 1) / kSlab;
-  return slabs * E;
-}
-}  // namespace
-
 Nvfp4Splits nvfp4_choose_splits(int64_t N, int64_t K, int E, bool swiglu, int sms) {
   Nvfp4Splits c;
-  const int64_t ctas = nvfp4_grid_ctas(N, E, swiglu);
-  const int64_t chunks = K / kChunk;
+  const int64_t ctas = grid_slabs(N, swiglu) * E;
+  const int64_t chunks = (K + kChunk - 1) / kChunk;
   const int64_t target = static_cast<int64_t>(kNvfp4TargetCtasPerSm) * sms;
   int64_t splits = (target + ctas - 1) / ctas;
   const int64_t by_chunks = chunks / kNvfp4MinChunksPerSplit;
@@ -549,8 +485,6 @@ Nvfp4Splits nvfp4_choose_splits(int64_t N, int64_t K, int E, bool swiglu, int sm
   return c;
 }
 
-// Unset: one split. The heuristic's split of mixtral-8x7b's W2 (3) measured 2.5 % slower than one
-// (bench/RESULTS.md "e86d331"), so it runs only when asked for (EPMOE_NVFP4_SPLITK=auto).
 int64_t nvfp4_requested_splits() {
   const char* env = std::getenv("EPMOE_NVFP4_SPLITK");
   if (env == nullptr) return 1;
@@ -562,7 +496,8 @@ int64_t nvfp4_requested_splits() {
 
 int nvfp4_launch_splits(const Nvfp4GroupedGemmArgs& a) {
   // At most one split per chunk, and grid z's limit.
-  const int64_t chunks = a.K / kChunk < 65535 ? a.K / kChunk : 65535;
+  const int64_t all = (a.K + kChunk - 1) / kChunk;
+  const int64_t chunks = all < 65535 ? all : 65535;
   const int64_t per_split = nvfp4_splitk_scratch_bytes(2, a.M, a.N) / 2;
   const int64_t held = per_split == 0 ? 1 : a.splitk_scratch_bytes / per_split;
   const int64_t fit = a.splitk_scratch_SMN == nullptr || held < 1 ? 1 : held;  // splits it holds
@@ -583,86 +518,69 @@ int nvfp4_launch_splits(const Nvfp4GroupedGemmArgs& a) {
   return static_cast<int>(n < fit ? n : fit);  // what the scratch holds
 }
 
-int nvfp4_ctas_per_sm() {
-  // Read per launch (~100 ns), for measurements. The decode GEMM is latency-bound at 12 warps per
-  // SM (Nsight Compute, bench/RESULTS.md 7db1bac); 4 CTAs (the SwiGLU kernel capped at 128
-  // registers, 16 bytes spilled) measured 7 % faster than 1x4 on every shape (5e64418).
-  const char* env = std::getenv("EPMOE_NVFP4_OCCUPANCY");
-  if (env == nullptr || std::strcmp(env, "4x4") == 0) return 4;
-  EPMOE_CHECK_ARG(std::strcmp(env, "1x4") == 0, "EPMOE_NVFP4_OCCUPANCY", "1x4 or 4x4", env);
-  return 1;
+Nvfp4RowGroups nvfp4_row_groups(int64_t rows_per_group) {
+  Nvfp4RowGroups c;
+  const double lambda = rows_per_group > 0 ? static_cast<double>(rows_per_group) : 0.0;
+  const double want = lambda + 2.0 * std::sqrt(lambda);
+  c.groups = 1;
+  while (c.groups < kNvfp4MaxRowGroups && 8.0 * c.groups < want) c.groups *= 2;
+  c.reason = std::to_string(rows_per_group) + " rows per expert expected, + 2 sigma = " +
+             std::to_string(static_cast<int64_t>(want + 0.5)) + ": " + std::to_string(c.groups) +
+             " x 8 rows a pass";
+  return c;
 }
-
-Nvfp4Activations nvfp4_activations(int64_t rows_per_group) {
-  // Read per launch (~100 ns), for measurements.
-  const char* env = std::getenv("EPMOE_NVFP4_ACTIVATIONS");
-  if (env == nullptr || std::strcmp(env, "rows") == 0) {
-    return rows_per_group > kNvfp4L1MaxRows ? Nvfp4Activations::staged : Nvfp4Activations::l1;
-  }
-  if (std::strcmp(env, "l1") == 0) return Nvfp4Activations::l1;
-  EPMOE_CHECK_ARG(std::strcmp(env, "staged") == 0, "EPMOE_NVFP4_ACTIVATIONS", "rows, l1 or staged",
-                  env);
-  return Nvfp4Activations::staged;
-}
-
-namespace {
-template <bool kSwiglu>
-void launch_occupancy(const Params& p, dim3 grid, cudaStream_t st) {
-  if (nvfp4_ctas_per_sm() == 1) {
-    nvfp4_gemm_kernel<true, kSwiglu, false><<<grid, kGemmThreads, 0, st>>>(p);
-  } else if (nvfp4_activations(p.a.rows_per_group > 0 ? p.a.rows_per_group : p.a.M / p.a.E) ==
-             Nvfp4Activations::staged) {
-    nvfp4_gemm_kernel_4ctas<kSwiglu, true><<<grid, kGemmThreads, 0, st>>>(p);
-  } else {
-    nvfp4_gemm_kernel_4ctas<kSwiglu><<<grid, kGemmThreads, 0, st>>>(p);
-  }
-}
-}  // namespace
 
 void nvfp4_grouped_gemm(const Nvfp4GroupedGemmArgs& args, void* stream) {
   check_args(args);
   if (args.M == 0) return;
   const int splits = nvfp4_launch_splits(args);
-  const Params p{args, args.K / 2, args.K / 16, splits > 1 ? args.splitk_scratch_SMN : nullptr};
-  const int64_t slabs = nvfp4_grid_ctas(args.N, 1, args.swiglu);
-  const dim3 grid(static_cast<unsigned>(slabs), static_cast<unsigned>(args.E),
-                  static_cast<unsigned>(splits));
+  const int groups =
+      nvfp4_row_groups(args.rows_per_group > 0 ? args.rows_per_group : args.M / args.E).groups;
+  Params p;
+  p.a = args;
+  p.S = args.K / 16;
+  p.chunks = (args.K + kChunk - 1) / kChunk;
+  p.partials_SMN = splits > 1 ? args.splitk_scratch_SMN : nullptr;
+  TensorMap2d codes;
+  codes.base = args.b_codes_ENP;
+  codes.type = CU_TENSOR_MAP_DATA_TYPE_UINT8;
+  codes.inner = static_cast<uint64_t>(args.K / 2);
+  codes.outer = static_cast<uint64_t>(args.E * args.N);
+  codes.pitch_bytes = static_cast<uint64_t>(args.K / 2);
+  codes.box_inner = kCodeRowBytes;
+  codes.box_outer = args.swiglu ? kSlab / 2 : kSlab;
+  p.codes = make_tensor_map(codes, "b_codes_ENP");
+  TensorMap2d act;
+  act.base = args.a_MK;
+  act.type = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  act.inner = static_cast<uint64_t>(args.K);
+  act.outer = static_cast<uint64_t>(args.M);
+  act.pitch_bytes = static_cast<uint64_t>(args.K * 2);
+  act.box_inner = kActHalf;
+  act.box_outer = static_cast<uint32_t>(8 * groups);
+  act.swizzle_128b = true;
+  p.act = make_tensor_map(act, "a_MK");
+
+  const dim3 grid(static_cast<unsigned>(grid_slabs(args.N, args.swiglu)),
+                  static_cast<unsigned>(args.E), static_cast<unsigned>(splits));
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
-  // Wide loads: 16-byte code rows (P % 16 == 0, so K % 32 == 0 and the scale rows hold an even
-  // number of bytes) and 2-byte aligned scales.
-  const bool wide =
-      p.P % 16 == 0 && reinterpret_cast<uintptr_t>(args.b_scales_ENS) % 2 == 0;
-  if (splits > 1) {
-    if (wide && args.swiglu) {
-      nvfp4_gemm_kernel<true, true, true><<<grid, kGemmThreads, 0, st>>>(p);
-    } else if (wide) {
-      nvfp4_gemm_kernel<true, false, true><<<grid, kGemmThreads, 0, st>>>(p);
-    } else if (args.swiglu) {
-      nvfp4_gemm_kernel<false, true, true><<<grid, kGemmThreads, 0, st>>>(p);
-    } else {
-      nvfp4_gemm_kernel<false, false, true><<<grid, kGemmThreads, 0, st>>>(p);
-    }
-    EPMOE_CUDA_LAUNCH_CHECK();
+  const bool split = splits > 1;
+  switch (groups) {
+    case 1: launch_groups<1>(p, grid, split, st); break;
+    case 2: launch_groups<2>(p, grid, split, st); break;
+    case 4: launch_groups<4>(p, grid, split, st); break;
+    default: launch_groups<8>(p, grid, split, st); break;
+  }
+  if (split) {
     const int64_t cols = args.swiglu ? args.N / 2 : args.N;
     const unsigned blocks = grid_for(args.M * cols, 256);
     if (args.swiglu) {
-      nvfp4_splitk_reduce_kernel<true><<<blocks, 256, 0, st>>>(p, splits);
+      nvfp4_splitk_reduce_kernel<true><<<blocks, 256, 0, st>>>(args, p.partials_SMN, splits);
     } else {
-      nvfp4_splitk_reduce_kernel<false><<<blocks, 256, 0, st>>>(p, splits);
+      nvfp4_splitk_reduce_kernel<false><<<blocks, 256, 0, st>>>(args, p.partials_SMN, splits);
     }
     EPMOE_CUDA_LAUNCH_CHECK();
-    return;
   }
-  if (wide && args.swiglu) {
-    launch_occupancy<true>(p, grid, st);
-  } else if (wide) {
-    launch_occupancy<false>(p, grid, st);
-  } else if (args.swiglu) {
-    nvfp4_gemm_kernel<false, true, false><<<grid, kGemmThreads, 0, st>>>(p);
-  } else {
-    nvfp4_gemm_kernel<false, false, false><<<grid, kGemmThreads, 0, st>>>(p);
-  }
-  EPMOE_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace epmoe::cuda

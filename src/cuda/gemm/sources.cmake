@@ -8,4 +8,5 @@ set(EPMOE_GEMM_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_nvfp4.cu
   ${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_mxfp8.cu
   ${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_mxfp8_wgmma.cu
-  ${CMAKE_CURRENT_LIST_DIR}/gemm_config.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/gemm_config.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/tensor_map.cpp)
