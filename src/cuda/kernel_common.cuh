@@ -35,15 +35,21 @@ inline int sm_count() {
 
 // The shared-memory limit is a per-device attribute of a kernel: sets it once per device (several
 // GPUs, one thread each, share this process). The record is per kKernel, so per instantiation.
-// Call it before each launch that needs more than 48 KiB of dynamic shared memory.
+// Call it before each launch that needs more than 48 KiB of dynamic shared memory. max_carveout:
+// also ask for the largest shared-memory carveout of the unified L1, for kernels whose
+// occupancy needs several CTAs' shared memory on one SM.
 template <auto kKernel>
-void set_shared_memory_limit(int bytes) {
+void set_shared_memory_limit(int bytes, bool max_carveout = false) {
   static std::atomic<uint64_t> set_on{0};  // bit d: set on device d
   int device = 0;
   EPMOE_CUDA_CHECK(cudaGetDevice(&device));
   const uint64_t bit = uint64_t{1} << (device % 64);
   if ((set_on.load(std::memory_order_acquire) & bit) == 0) {
     EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    if (max_carveout) {
+      EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                            cudaSharedmemCarveoutMaxShared));
+    }
     set_on.fetch_or(bit, std::memory_order_release);
   }
 }

@@ -177,7 +177,7 @@ void expect_weight_only_forward_matches_cpu(Problem p, uint64_t seed,
 TEST(GpuEp2, Nvfp4InferenceForwardMatchesCpu) {
   EPMOE_REQUIRE_2GPUS();
   expect_weight_only_forward_matches_cpu<Nvfp4Weights, Nvfp4Weight>(
-      problem(128, 416, 288, 16, 4), 47, nvfp4_config, Precision::nvfp4, "nvfp4");
+      problem(128, 448, 320, 16, 4), 47, nvfp4_config, Precision::nvfp4, "nvfp4");
 }
 
 TEST(GpuEp2, Mxfp8InferenceForwardMatchesCpu) {

@@ -58,10 +58,10 @@ constexpr int kSplits[] = {1, 2, 3};
 std::vector<Shape> shapes() {
   return {
       {{4}, 0, 64, 128},                         // one chunk, one group
-      {{0, 1, 8, 33, 70}, 5, 200, 288},          // N % 16 != 0; 2 chunks + 2 tail blocks
-      {{3, 0, 0, 40, 9, 1, 0, 2}, 3, 128, 96},   // K < 128: a partial chunk only
+      {{0, 1, 8, 33, 70}, 5, 200, 320},          // N % 16 != 0; 2 chunks + 4 tail blocks
+      {{3, 0, 0, 40, 9, 1, 0, 2}, 3, 128, 64},   // K < 128: a partial chunk only
       {{17, 5}, 0, 96, 896},                     // 7 chunks (past the 6 stages)
-      {{2, 31, 32}, 1, 48, 1120},                // 8 chunks + 6 tail blocks
+      {{2, 31, 32}, 1, 48, 1088},                // 8 chunks + 4 tail blocks
       {{0, 0, 0}, 7, 64, 256},                   // every expert empty
   };
 }
@@ -437,7 +437,7 @@ TEST(GpuGemmNvfp4, SplitChoiceHeuristic) {
       {"gpt-oss-120b W2 (23 slabs x 128)", 2880, 2880, 128, false, 1},
       {"one expert, 1 slab, K = 4096 (32 chunks: 4 splits of >= 8)", 128, 4096, 1, false, 4},
       {"one expert, 1 slab, K = 1 << 20 (capped at 16)", 64, 1 << 20, 1, false, 16},
-      {"K < 128: one partial chunk", 64, 96, 1, false, 1},
+      {"K < 128: one partial chunk", 64, 64, 1, false, 1},
   };
   for (const Want& w : wants) {
     const cuda::Nvfp4Splits c = cuda::nvfp4_choose_splits(w.N, w.K, w.E, w.swiglu, 132);
@@ -527,7 +527,7 @@ TEST(GpuGemmNvfp4, ArgumentsAreChecked) {
   x.E = 1;
   x.M = 0;
   x.N = 64;
-  for (int64_t K : {120, 144}) {  // not a multiple of 16; of 16 but not 32 (8-byte code rows)
+  for (int64_t K : {120, 144, 160}) {  // not a multiple of 16; of 16 or 32, not 64
     x.K = K;
     try {
       cuda::nvfp4_grouped_gemm(x, nullptr);

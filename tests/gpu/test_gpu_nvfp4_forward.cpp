@@ -1,7 +1,7 @@
 // NVFP4 weight-only inference on one GPU (Config.precision = nvfp4, inference, prepared weights)
 // through the public API, against the CPU backend on the same inputs and the same prepared weights:
 // - y within kBackendTolerances (nvfp4, y) on random inputs: T = 1, 7, 128, 1000, D and F
-//   multiples of 16 but not of 128, plain and clamped SwiGLU, live count below T and 0;
+//   multiples of 64 but not of 128, plain and clamped SwiGLU, live count below T and 0;
 // - fused == unfused, no bf16 weights == with them, repeated calls: bitwise;
 // - CUDA-graph replay with new routings and live counts == eager, bitwise;
 // - a skipped step (capacity overflow) reported as the bf16 path does, the context usable after;
@@ -104,15 +104,15 @@ struct Case {
 TEST(GpuNvfp4Forward, MatchesCpuWithinBoundAndVariantsBitwise) {
   EPMOE_REQUIRE_GPU();
   std::vector<Case> cases = {
-      {nvfp4_problem(1, 96, 64, 8, 2), -1},           // T = 1, K < 128 everywhere
-      {nvfp4_problem(7, 224, 160, 8, 2), -1},         // tails past 128-element chunks
-      {nvfp4_problem(128, 416, 288, 16, 4), -1},      // decode size, D, F % 128 != 0
+      {nvfp4_problem(1, 64, 64, 8, 2), -1},           // T = 1, K < 128 everywhere
+      {nvfp4_problem(7, 192, 320, 8, 2), -1},         // tails past 128-element chunks
+      {nvfp4_problem(128, 448, 320, 16, 4), -1},      // decode size, D, F % 128 != 0
       // clamped SwiGLU: two routes of 192-wide tokens, so make_inputs finds tokens clear of the
       // clamp's kinks (with four routes of 400 it gave up after 1000 draws on the H200 run)
-      {nvfp4_problem(96, 192, 160, 8, 2, true), -1},
-      {nvfp4_problem(128, 256, 160, 8, 2), 77},       // live count below T
-      {nvfp4_problem(128, 256, 160, 8, 2), 0},        // no live tokens
-      {nvfp4_problem(1000, 352, 224, 8, 2), -1},      // prefill: experts with ~250 rows
+      {nvfp4_problem(96, 192, 192, 8, 2, true), -1},
+      {nvfp4_problem(128, 256, 192, 8, 2), 77},       // live count below T
+      {nvfp4_problem(128, 256, 192, 8, 2), 0},        // no live tokens
+      {nvfp4_problem(1000, 320, 192, 8, 2), -1},      // prefill: experts with ~250 rows
   };
   uint64_t seed = 900;
   const bool report = std::getenv("EPMOE_REPORT_ERRORS") != nullptr;
@@ -141,7 +141,7 @@ TEST(GpuNvfp4Forward, MatchesCpuWithinBoundAndVariantsBitwise) {
 
 TEST(GpuNvfp4Forward, GraphReplayWithNewRoutingsEqualsEager) {
   EPMOE_REQUIRE_GPU();
-  Problem p = nvfp4_problem(128, 256, 176, 16, 4);
+  Problem p = nvfp4_problem(128, 256, 192, 16, 4);
   p.capacity_factor = 1.0;
   // Same x and weights every time; a new routing per seed.
   auto routing = [&](uint64_t seed, int64_t live) { return rerouted(p, 100, seed, 128, {live})[0]; };

@@ -3,15 +3,17 @@
 // registers; 8-row groups of activation rows are the B operand. The weight stream sets the time.
 //
 // CTA (slab of 128 weight rows, expert e, K split z): one producer warp keeps a ring of stages
-// full by TMA, each stage one 128-element chunk of K: the slab's code bytes (128 rows x 64 B) and
-// the pass's activation rows (8 * kGroups rows x 256 B, 128-byte swizzled halves). Four consumer
-// warps own 32 weight rows each (two m16 tiles). A pass covers 8 * kGroups rows of the expert;
-// experts with more rows take more passes over the weights. CTAs of experts without rows return
-// at once (offsets read on the device).
+// full, each stage one 128-element chunk of K: the slab's code bytes (128 rows x 64 B, one TMA
+// box), the pass's live 8-row groups of activation rows (256 B a row, two 128-byte swizzled TMA
+// boxes a group) and the slab's 8 block scales a row (4-byte cp.async by the producer's 32 lanes:
+// scale rows of K / 16 bytes need not be 16-byte multiples). Four consumer warps own 32 weight
+// rows each (two m16 tiles). A pass covers up to 8 * kGroups rows of the expert; experts with
+// more rows take more passes over the weights. CTAs of experts without rows return at once
+// (offsets read on the device).
 //
 // Per chunk a lane (group g, quad position t) owns elements [32 t, 32 t + 32) of its four rows
-// (tile rows g and g + 8): one 16-byte load a row, NVFP4 blocks 2t and 2t + 1, so a lane converts
-// two block scales a row a chunk. An mma's 16 k are any 16 of K as long as A and B agree: step j
+// (tile rows g and g + 8): one 16-byte shared-memory load a row, NVFP4 blocks 2t and 2t + 1, so a
+// lane converts two block scales a row a chunk. An mma's 16 k are any 16 of K as long as A and B agree: step j
 // (0..7) takes the lane's elements 4j + {0, 1} as k pair {2t, 2t + 1} and 4j + {2, 3} as
 // {2t + 8, 2t + 9}; its activation words are the same elements (the B registers come from the
 // lane's own loads). Code word q (elements 8q .. 8q + 7) decodes (core/formats/nvfp4_gemm_order.h:
@@ -62,18 +64,24 @@ static_assert(kWeightLog2 - kNvfp4DecodeScaleLog2 == 118 && -kWeightLog2 == 8, "
 
 template <int kGroups>
 struct Ring {
-  static constexpr int kActBytes = 8 * kGroups * kChunk * 2;  // two swizzled halves
-  static constexpr int kStageBytes = kCodeBytes + kActBytes;  // a multiple of 1024
+  static constexpr int kGroupBytes = 8 * kActHalf * 2;           // one 8-row group's half: 1 KiB
+  static constexpr int kActBytes = 2 * kGroups * kGroupBytes;    // both halves of kGroups groups
+  static constexpr int kScaleOffset = kCodeBytes + kActBytes;
+  static constexpr int kScaleBytes = kSlab * (kChunk / 16);      // 8 E4M3 scales a row
+  static constexpr int kStageBytes = kScaleOffset + kScaleBytes;
   static constexpr int kStages = kGroups <= 2 ? 6 : 4;
   // Registers for 3 CTAs per SM (2 with 4 or 8 groups, whose stages leave room for 2).
   static constexpr int kMaxRegs = kGroups <= 2 ? 136 : 200;
   static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;
   static_assert(kStageBytes % 1024 == 0, "128-byte swizzle atoms need 1024-byte aligned stages");
 };
+// A stage's full barrier: the producer's lane 0 arming the TMA bytes, then each of its 32 lanes
+// once its scale copies have landed.
+constexpr int kFullArrivals = 1 + 32;
 
 struct Params {
   CUtensorMap codes;  // [E * N rows, K / 2 bytes] u8; box 64 bytes x 128 rows (SwiGLU: 64 rows)
-  CUtensorMap act;    // [M rows, K] bf16; box 64 x 8 * kGroups rows, 128-byte swizzle
+  CUtensorMap act;    // [M rows, K] bf16; box 64 x 8 rows, 128-byte swizzle
   Nvfp4GroupedGemmArgs a;
   int64_t S = 0;                   // scale bytes per weight row
   int64_t chunks = 0;              // ceil(K / kChunk)
@@ -108,14 +116,6 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
 
 __device__ __forceinline__ uint4 lds128(const uint8_t* p) {
   return *reinterpret_cast<const uint4*>(p);
-}
-
-// The E4M3 scales of blocks b and b + 1 of a weight row (0 past the row's S blocks: the tail
-// chunk's zero-filled codes decode to 0 with any finite scale), first in the low byte.
-__device__ __forceinline__ uint32_t load_scale_pair(const uint8_t* row, int64_t b, int64_t S) {
-  const uint32_t lo = b < S ? static_cast<uint32_t>(__ldg(row + b)) : 0u;
-  const uint32_t hi = b + 1 < S ? static_cast<uint32_t>(__ldg(row + b + 1)) : 0u;
-  return lo | (hi << 8);
 }
 
 // Two E4M3 block scales as the MMA's scale operands: each e4m3 * 2^118 in both bf16 halves
@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(kGemmThreads) __maxnreg__(Ring<kGroups>::kMaxR
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   if (threadIdx.x == 0) {
     for (int s = 0; s < R::kStages; ++s) {
-      pipe::barrier_init(&full[s], 1);
+      pipe::barrier_init(&full[s], kFullArrivals);
       pipe::barrier_init(&empty[s], kConsumerWarps);
     }
     pipe::barrier_init_fence();
@@ -190,52 +190,70 @@ __global__ void __launch_bounds__(kGemmThreads) __maxnreg__(Ring<kGroups>::kMaxR
   const int64_t c_begin = p.chunks * z / splits;
   const int64_t chunks = p.chunks * (z + 1) / splits - c_begin;
   constexpr int kPassRows = 8 * kGroups;
+  auto live_groups = [&](int64_t m0) {
+    const int64_t g8 = (row_end - m0 + 7) / 8;
+    return static_cast<int>(g8 < kGroups ? g8 : kGroups);
+  };
 
   if (warp == kConsumerWarps) {  // the producer
-    if (lane != 0) return;
-    pipe::prefetch_tensor_map(&p.codes);
-    pipe::prefetch_tensor_map(&p.act);
+    if (lane == 0) {
+      pipe::prefetch_tensor_map(&p.codes);
+      pipe::prefetch_tensor_map(&p.act);
+    }
+    // This lane's 8 of a stage's 256 scale words: word j = lane + 32 i is half j % 2 of slab row
+    // j / 2's 8 bytes (slab rows as code_row numbers them; rows past the weight's end clamped).
+    const uint8_t* scale_src[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int j = lane + 32 * i, row = j >> 1;
+      int64_t n;
+      if constexpr (kSwiglu) {
+        const int64_t f = f0 + (row % (kSlab / 2));
+        n = (row < kSlab / 2 ? 0 : F) + (f < F ? f : F - 1);
+      } else {
+        n = n0 + row < a.N ? n0 + row : a.N - 1;
+      }
+      scale_src[i] = a.b_scales_ENS + (e * a.N + n) * p.S + 4 * (j & 1);
+    }
     const int32_t code_y = static_cast<int32_t>(e * a.N + (kSwiglu ? f0 : n0));
     int64_t it = 0;
     for (int64_t m0 = row_begin; m0 < row_end; m0 += kPassRows) {
+      const int live = live_groups(m0);
+      const uint32_t bytes = static_cast<uint32_t>(kCodeBytes + live * 2 * R::kGroupBytes);
       for (int64_t c = 0; c < chunks; ++c, ++it) {
         const int s = static_cast<int>(it % R::kStages);
         if (it >= R::kStages) pipe::wait(&empty[s], static_cast<uint32_t>((it / R::kStages - 1) & 1));
         uint8_t* stage = smem + s * R::kStageBytes;
-        pipe::arrive_expect_bytes(&full[s], R::kStageBytes);
-        const int32_t kx = static_cast<int32_t>((c_begin + c) * kChunk);
-        pipe::load_2d(stage, &p.codes, &full[s], kx / 2, code_y);
-        if constexpr (kSwiglu) {
-          pipe::load_2d(stage + kCodeBytes / 2, &p.codes, &full[s], kx / 2,
-                        code_y + static_cast<int32_t>(F));
+        const int64_t cc = c_begin + c;
+        if (lane == 0) {
+          pipe::arrive_expect_bytes(&full[s], bytes);
+          const int32_t kx = static_cast<int32_t>(cc * kChunk);
+          pipe::load_2d(stage, &p.codes, &full[s], kx / 2, code_y);
+          if constexpr (kSwiglu) {
+            pipe::load_2d(stage + kCodeBytes / 2, &p.codes, &full[s], kx / 2,
+                          code_y + static_cast<int32_t>(F));
+          }
+          uint8_t* act = stage + kCodeBytes;
+          for (int grp = 0; grp < live; ++grp) {
+            const int32_t y = static_cast<int32_t>(m0 + 8 * grp);
+            pipe::load_2d(act + grp * R::kGroupBytes, &p.act, &full[s], kx, y);
+            pipe::load_2d(act + R::kActBytes / 2 + grp * R::kGroupBytes, &p.act, &full[s], kx + kActHalf, y);
+          }
         }
-        uint8_t* act = stage + kCodeBytes;
-        pipe::load_2d(act, &p.act, &full[s], kx, static_cast<int32_t>(m0));
-        pipe::load_2d(act + R::kActBytes / 2, &p.act, &full[s], kx + kActHalf, static_cast<int32_t>(m0));
+        // Scale words past the row's S blocks are not copied: the consumers read 0 for them.
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int j = lane + 32 * i;
+          if (8 * cc + 4 * (j & 1) < p.S) pipe::copy_4(stage + R::kScaleOffset + 4 * j, scale_src[i] + 8 * cc);
+        }
+        pipe::arrive_after_copies(&full[s]);
       }
     }
     return;
   }
 
-  // Consumers: lane (g, t); this lane's 4 weight rows (tile, r) and their scale rows (rows past
-  // the weight's end clamped: loaded, computed, never stored).
+  // Consumers: lane (g, t).
   const int g = lane / 4, t = lane % 4;
-  const uint8_t* scale_rows[kTiles][2];
-#pragma unroll
-  for (int tile = 0; tile < kTiles; ++tile) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      int64_t n;
-      if constexpr (kSwiglu) {
-        const int64_t f = f0 + warp * 16 + tile * 8 + g;
-        n = r * F + (f < F ? f : F - 1);
-      } else {
-        const int64_t nn = n0 + code_row<false>(warp, tile, r, g);
-        n = nn < a.N ? nn : a.N - 1;
-      }
-      scale_rows[tile][r] = a.b_scales_ENS + (e * a.N + n) * p.S;
-    }
-  }
   const float global = a.b_global_E[e];
   // The lane's 16 bytes of activation unit q of row `row` in a stage (128-byte swizzle: unit u of
   // a row r of a half at u ^ (r % 8)).
@@ -247,43 +265,25 @@ __global__ void __launch_bounds__(kGemmThreads) __maxnreg__(Ring<kGroups>::kMaxR
 
   int64_t it = 0;
   for (int64_t m0 = row_begin; m0 < row_end; m0 += kPassRows) {
-    const int live = static_cast<int>((row_end - m0 + 7) / 8 < kGroups ? (row_end - m0 + 7) / 8 : kGroups);
+    const int live = live_groups(m0);
     float acc[kTiles][kGroups][4] = {};
-    // Block scales two chunks ahead: pair[0] this chunk's, pair[1] the next one's.
-    uint32_t pair[2][kTiles][2];
-#pragma unroll
-    for (int d = 0; d < 2; ++d) {
-#pragma unroll
-      for (int tile = 0; tile < kTiles; ++tile) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          pair[d][tile][r] = d < chunks ? load_scale_pair(scale_rows[tile][r], (c_begin + d) * 8 + 2 * t, p.S) : 0u;
-        }
-      }
-    }
     for (int64_t c = 0; c < chunks; ++c, ++it) {
+      const int s = static_cast<int>(it % R::kStages);
+      pipe::wait(&full[s], static_cast<uint32_t>((it / R::kStages) & 1));
+      const uint8_t* stage = smem + s * R::kStageBytes;
+      const uint8_t* act = stage + kCodeBytes;
+      // Blocks 2t, 2t + 1 of the chunk exist (S % 4 == 0: both or neither).
+      const bool blocks = 8 * (c_begin + c) + 2 * t < p.S;
+      uint4 codes[kTiles][2];
       uint32_t scale[kTiles][2][2];  // [tile][r][block 2t / 2t + 1]
 #pragma unroll
       for (int tile = 0; tile < kTiles; ++tile) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          scale_operands(pair[0][tile][r], scale[tile][r][0], scale[tile][r][1]);
-          pair[0][tile][r] = pair[1][tile][r];
-          pair[1][tile][r] = c + 2 < chunks
-                                 ? load_scale_pair(scale_rows[tile][r], (c_begin + c + 2) * 8 + 2 * t, p.S)
-                                 : 0u;
-        }
-      }
-      const int s = static_cast<int>(it % R::kStages);
-      pipe::wait(&full[s], static_cast<uint32_t>((it / R::kStages) & 1));
-      const uint8_t* stage = smem + s * R::kStageBytes;
-      const uint8_t* act = stage + kCodeBytes;
-      uint4 codes[kTiles][2];
-#pragma unroll
-      for (int tile = 0; tile < kTiles; ++tile) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          codes[tile][r] = lds128(stage + code_row<kSwiglu>(warp, tile, r, g) * kCodeRowBytes + 16 * t);
+          const int row = code_row<kSwiglu>(warp, tile, r, g);
+          codes[tile][r] = lds128(stage + row * kCodeRowBytes + 16 * t);
+          const uint32_t two = blocks ? *reinterpret_cast<const uint16_t*>(stage + R::kScaleOffset + row * 8 + 2 * t) : 0u;
+          scale_operands(two, scale[tile][r][0], scale[tile][r][1]);
         }
       }
 #pragma unroll
@@ -413,8 +413,9 @@ __global__ void __launch_bounds__(256) nvfp4_splitk_reduce_kernel(const Nvfp4Gro
 void check_args(const Nvfp4GroupedGemmArgs& a) {
   EPMOE_CHECK_ARG(a.E >= 1 && a.E <= 65535, "E", "1 .. 65535 (grid y)", a.E);
   EPMOE_CHECK_ARG(a.M >= 0, "M", ">= 0", a.M);
-  EPMOE_CHECK_ARG(a.K > 0 && a.K % 32 == 0, "K",
-                  "> 0 and a multiple of 32 (whole NVFP4 block pairs; 16-byte code rows for TMA)", a.K);
+  EPMOE_CHECK_ARG(a.K > 0 && a.K % 64 == 0, "K",
+                  "> 0 and a multiple of 64 (16-byte code rows for TMA, 4-byte scale rows for cp.async)",
+                  a.K);
   EPMOE_CHECK_ARG(a.N > 0, "N", "> 0", a.N);
   EPMOE_CHECK_ARG(a.E * a.N < (int64_t{1} << 31) && a.M < (int64_t{1} << 31), "E * N, M",
                   "< 2^31 (TMA row coordinates)", std::to_string(a.E * a.N) + ", " + std::to_string(a.M));
@@ -442,7 +443,7 @@ int64_t grid_slabs(int64_t N, bool swiglu) {
 template <int kGroups, bool kSwiglu, bool kSplit>
 void launch(const Params& p, dim3 grid, cudaStream_t st) {
   constexpr auto kernel = nvfp4_gemm_kernel<kGroups, kSwiglu, kSplit>;
-  set_shared_memory_limit<kernel>(Ring<kGroups>::kSmemBytes);
+  set_shared_memory_limit<kernel>(Ring<kGroups>::kSmemBytes, /*max_carveout=*/true);
   kernel<<<grid, kGemmThreads, Ring<kGroups>::kSmemBytes, st>>>(p);
   EPMOE_CUDA_LAUNCH_CHECK();
 }
@@ -557,7 +558,7 @@ void nvfp4_grouped_gemm(const Nvfp4GroupedGemmArgs& args, void* stream) {
   act.outer = static_cast<uint64_t>(args.M);
   act.pitch_bytes = static_cast<uint64_t>(args.K * 2);
   act.box_inner = kActHalf;
-  act.box_outer = static_cast<uint32_t>(8 * groups);
+  act.box_outer = 8;
   act.swizzle_128b = true;
   p.act = make_tensor_map(act, "a_MK");
 
