@@ -28,6 +28,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -69,7 +70,7 @@ struct Ring {
   static constexpr int kScaleOffset = kCodeBytes + kActBytes;
   static constexpr int kScaleBytes = kSlab * (kChunk / 16);      // 8 E4M3 scales a row
   static constexpr int kStageBytes = kScaleOffset + kScaleBytes;
-  static constexpr int kStages = kGroups <= 2 ? 6 : 4;
+  static constexpr int kStages = kGroups == 1 ? 6 : (kGroups == 2 ? 5 : 4);  // 3 CTAs per SM up to 2 groups
   // Registers for 3 CTAs per SM (2 with 4 or 8 groups, whose stages leave room for 2).
   static constexpr int kMaxRegs = kGroups <= 2 ? 136 : 200;
   static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;
@@ -85,6 +86,9 @@ struct Params {
   Nvfp4GroupedGemmArgs a;
   int64_t S = 0;                   // scale bytes per weight row
   int64_t chunks = 0;              // ceil(K / kChunk)
+  int64_t slabs = 0;               // slabs per expert
+  int64_t splits = 1;
+  int64_t items = 0;               // work items: slabs * E * splits
   float* partials_SMN = nullptr;   // split-K: [splits, M, N] fp32 (the caller's scratch)
 };
 
@@ -150,23 +154,130 @@ __device__ __forceinline__ int code_row(int warp, int tile, int r, int g) {
   return warp * 32 + tile * 16 + r * 8 + g;
 }
 
+// Position in the stage ring: stage, and the parity of its current phase (flips every lap).
+template <int kStages>
+struct RingPos {
+  int stage = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void next() {
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1u;
+    }
+  }
+};
+
+// One work item of the persistent grid: (slab, expert, split) of item i, slab fastest (CTAs
+// running side by side share an expert's activation rows), and its rows and chunks.
+struct Work {
+  int e = 0;
+  int64_t n0 = 0, f0 = 0;       // the slab's first weight row (plain) / column f (SwiGLU)
+  int64_t z = 0;                // split
+  int64_t row_begin = 0, row_end = 0;
+  int64_t c_begin = 0, chunks = 0;
+};
+__device__ __forceinline__ Work work_item(const Params& p, int64_t i) {
+  Work w;
+  const int64_t per_split = p.slabs * p.a.E;
+  w.z = i / per_split;
+  const int64_t slab = i % p.slabs;
+  w.e = static_cast<int>((i % per_split) / p.slabs);
+  w.n0 = slab * kSlab;
+  w.f0 = slab * (kSlab / 2);
+  w.row_begin = p.a.offsets_E1[w.e];
+  w.row_end = p.a.offsets_E1[w.e + 1] < p.a.M ? p.a.offsets_E1[w.e + 1] : p.a.M;
+  w.c_begin = p.chunks * w.z / p.splits;
+  w.chunks = p.chunks * (w.z + 1) / p.splits - w.c_begin;
+  return w;
+}
+
+// 8-row groups of the pass at m0 (at most kGroups).
+template <int kGroups>
+__device__ __forceinline__ int live_groups(const Work& w, int64_t m0) {
+  const int64_t g8 = (w.row_end - m0 + 7) / 8;
+  return static_cast<int>(g8 < kGroups ? g8 : kGroups);
+}
+
+// The producer warp: for every pass and chunk of the CTA's items, a free stage filled by lane 0's
+// TMA boxes (codes, the live groups' activation halves) and all lanes' scale copies.
+template <int kGroups, bool kSwiglu>
+__device__ __forceinline__ void produce(const Params& p, uint8_t* smem, uint64_t* full,
+                                        uint64_t* empty, int lane) {
+  using R = Ring<kGroups>;
+  const Nvfp4GroupedGemmArgs& a = p.a;
+  const int64_t F = a.N / 2;
+  if (lane == 0) {
+    pipe::prefetch_tensor_map(&p.codes);
+    pipe::prefetch_tensor_map(&p.act);
+  }
+  RingPos<R::kStages> pos;
+  for (int64_t i = blockIdx.x; i < p.items; i += gridDim.x) {
+    const Work w = work_item(p, i);
+    if (w.row_end <= w.row_begin) continue;
+    // This lane's 8 of a stage's 256 scale words: word j = lane + 32 k is half j % 2 of slab row
+    // j / 2's 8 bytes (slab rows as code_row numbers them; rows past the weight's end clamped).
+    const uint8_t* scale_src[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const int j = lane + 32 * k, row = j >> 1;
+      int64_t n;
+      if constexpr (kSwiglu) {
+        const int64_t f = w.f0 + (row % (kSlab / 2));
+        n = (row < kSlab / 2 ? 0 : F) + (f < F ? f : F - 1);
+      } else {
+        n = w.n0 + row < a.N ? w.n0 + row : a.N - 1;
+      }
+      scale_src[k] = a.b_scales_ENS + (w.e * a.N + n) * p.S + 4 * (j & 1);
+    }
+    const int32_t code_y = static_cast<int32_t>(w.e * a.N + (kSwiglu ? w.f0 : w.n0));
+    for (int64_t m0 = w.row_begin; m0 < w.row_end; m0 += 8 * kGroups) {
+      const int live = live_groups<kGroups>(w, m0);
+      const uint32_t bytes = static_cast<uint32_t>(kCodeBytes + live * 2 * R::kGroupBytes);
+      for (int64_t c = 0; c < w.chunks; ++c, pos.next()) {
+        pipe::wait(&empty[pos.stage], pos.phase ^ 1u);  // the first lap passes at once
+        uint8_t* stage = smem + pos.stage * R::kStageBytes;
+        uint64_t* bar = &full[pos.stage];
+        const int64_t cc = w.c_begin + c;
+        if (lane == 0) {
+          pipe::arrive_expect_bytes(bar, bytes);
+          const int32_t kx = static_cast<int32_t>(cc * kChunk);
+          pipe::load_2d(stage, &p.codes, bar, kx / 2, code_y);
+          if constexpr (kSwiglu) {
+            pipe::load_2d(stage + kCodeBytes / 2, &p.codes, bar, kx / 2, code_y + static_cast<int32_t>(F));
+          }
+          uint8_t* act = stage + kCodeBytes;
+          for (int grp = 0; grp < live; ++grp) {
+            const int32_t y = static_cast<int32_t>(m0 + 8 * grp);
+            pipe::load_2d(act + grp * R::kGroupBytes, &p.act, bar, kx, y);
+            pipe::load_2d(act + R::kActBytes / 2 + grp * R::kGroupBytes, &p.act, bar, kx + kActHalf, y);
+          }
+        }
+        // Scale words past the row's S blocks are not copied: the consumers read 0 for them.
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const int j = lane + 32 * k;
+          if (8 * cc + 4 * (j & 1) < p.S) pipe::copy_4(stage + R::kScaleOffset + 4 * j, scale_src[k] + 8 * cc);
+        }
+        pipe::arrive_after_copies(bar);
+      }
+    }
+  }
+}
+
 // kSwiglu (W13 with the SwiGLU epilogue): out gets h = act(bf16(gate), bf16(up)) as the unfused
-// kernel computes it (core/activation.h). kSplit: split blockIdx.z of gridDim.z stores its fp32
-// sums (scaled back by 2^8, not by the global) at partials_SMN[z, m, n] (SwiGLU: gate at n = f,
-// up at n = F + f); the reduce kernel applies the global and the epilogue.
+// kernel computes it (core/activation.h). kSplit: split z stores its fp32 sums (scaled back by
+// 2^8, not by the global) at partials_SMN[z, m, n] (SwiGLU: gate at n = f, up at n = F + f); the
+// reduce kernel applies the global and the epilogue. A persistent grid: each CTA takes items
+// blockIdx.x, + gridDim.x, ...; its ring runs on across items, so the producer fills the next
+// item's first stages while the consumers finish the last.
 template <int kGroups, bool kSwiglu, bool kSplit>
 __global__ void __launch_bounds__(kGemmThreads) __maxnreg__(Ring<kGroups>::kMaxRegs)
     nvfp4_gemm_kernel(const __grid_constant__ Params p) {
   using R = Ring<kGroups>;
   const Nvfp4GroupedGemmArgs& a = p.a;
-  const int e = static_cast<int>(blockIdx.y);
   if ((a.skip != nullptr && *a.skip != 0) || (a.replay_skip != nullptr && *a.replay_skip != 0)) {
     return;
   }
-  const int64_t row_begin = a.offsets_E1[e];
-  const int64_t row_end = a.offsets_E1[e + 1] < a.M ? a.offsets_E1[e + 1] : a.M;
-  if (row_end <= row_begin) return;
-
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
                                              ~static_cast<uintptr_t>(1023));
@@ -181,80 +292,14 @@ __global__ void __launch_bounds__(kGemmThreads) __maxnreg__(Ring<kGroups>::kMaxR
     pipe::barrier_init_fence();
   }
   __syncthreads();
-
-  const int64_t F = a.N / 2;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kSlab;        // plain
-  const int64_t f0 = static_cast<int64_t>(blockIdx.x) * (kSlab / 2);  // SwiGLU
-  const int64_t z = kSplit ? static_cast<int64_t>(blockIdx.z) : 0;
-  const int64_t splits = kSplit ? static_cast<int64_t>(gridDim.z) : 1;
-  const int64_t c_begin = p.chunks * z / splits;
-  const int64_t chunks = p.chunks * (z + 1) / splits - c_begin;
-  constexpr int kPassRows = 8 * kGroups;
-  auto live_groups = [&](int64_t m0) {
-    const int64_t g8 = (row_end - m0 + 7) / 8;
-    return static_cast<int>(g8 < kGroups ? g8 : kGroups);
-  };
-
-  if (warp == kConsumerWarps) {  // the producer
-    if (lane == 0) {
-      pipe::prefetch_tensor_map(&p.codes);
-      pipe::prefetch_tensor_map(&p.act);
-    }
-    // This lane's 8 of a stage's 256 scale words: word j = lane + 32 i is half j % 2 of slab row
-    // j / 2's 8 bytes (slab rows as code_row numbers them; rows past the weight's end clamped).
-    const uint8_t* scale_src[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int j = lane + 32 * i, row = j >> 1;
-      int64_t n;
-      if constexpr (kSwiglu) {
-        const int64_t f = f0 + (row % (kSlab / 2));
-        n = (row < kSlab / 2 ? 0 : F) + (f < F ? f : F - 1);
-      } else {
-        n = n0 + row < a.N ? n0 + row : a.N - 1;
-      }
-      scale_src[i] = a.b_scales_ENS + (e * a.N + n) * p.S + 4 * (j & 1);
-    }
-    const int32_t code_y = static_cast<int32_t>(e * a.N + (kSwiglu ? f0 : n0));
-    int64_t it = 0;
-    for (int64_t m0 = row_begin; m0 < row_end; m0 += kPassRows) {
-      const int live = live_groups(m0);
-      const uint32_t bytes = static_cast<uint32_t>(kCodeBytes + live * 2 * R::kGroupBytes);
-      for (int64_t c = 0; c < chunks; ++c, ++it) {
-        const int s = static_cast<int>(it % R::kStages);
-        if (it >= R::kStages) pipe::wait(&empty[s], static_cast<uint32_t>((it / R::kStages - 1) & 1));
-        uint8_t* stage = smem + s * R::kStageBytes;
-        const int64_t cc = c_begin + c;
-        if (lane == 0) {
-          pipe::arrive_expect_bytes(&full[s], bytes);
-          const int32_t kx = static_cast<int32_t>(cc * kChunk);
-          pipe::load_2d(stage, &p.codes, &full[s], kx / 2, code_y);
-          if constexpr (kSwiglu) {
-            pipe::load_2d(stage + kCodeBytes / 2, &p.codes, &full[s], kx / 2,
-                          code_y + static_cast<int32_t>(F));
-          }
-          uint8_t* act = stage + kCodeBytes;
-          for (int grp = 0; grp < live; ++grp) {
-            const int32_t y = static_cast<int32_t>(m0 + 8 * grp);
-            pipe::load_2d(act + grp * R::kGroupBytes, &p.act, &full[s], kx, y);
-            pipe::load_2d(act + R::kActBytes / 2 + grp * R::kGroupBytes, &p.act, &full[s], kx + kActHalf, y);
-          }
-        }
-        // Scale words past the row's S blocks are not copied: the consumers read 0 for them.
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const int j = lane + 32 * i;
-          if (8 * cc + 4 * (j & 1) < p.S) pipe::copy_4(stage + R::kScaleOffset + 4 * j, scale_src[i] + 8 * cc);
-        }
-        pipe::arrive_after_copies(&full[s]);
-      }
-    }
+  if (warp == kConsumerWarps) {
+    produce<kGroups, kSwiglu>(p, smem, full, empty, lane);
     return;
   }
 
   // Consumers: lane (g, t).
+  const int64_t F = a.N / 2;
   const int g = lane / 4, t = lane % 4;
-  const float global = a.b_global_E[e];
   // The lane's 16 bytes of activation unit q of row `row` in a stage (128-byte swizzle: unit u of
   // a row r of a half at u ^ (r % 8)).
   const int act_half = t >> 1;
@@ -262,95 +307,99 @@ __global__ void __launch_bounds__(kGemmThreads) __maxnreg__(Ring<kGroups>::kMaxR
     const int u = 4 * (t & 1) + q;
     return lds128(act + act_half * (R::kActBytes / 2) + row * 128 + ((u ^ (row & 7)) << 4));
   };
-
-  int64_t it = 0;
-  for (int64_t m0 = row_begin; m0 < row_end; m0 += kPassRows) {
-    const int live = live_groups(m0);
-    float acc[kTiles][kGroups][4] = {};
-    for (int64_t c = 0; c < chunks; ++c, ++it) {
-      const int s = static_cast<int>(it % R::kStages);
-      pipe::wait(&full[s], static_cast<uint32_t>((it / R::kStages) & 1));
-      const uint8_t* stage = smem + s * R::kStageBytes;
-      const uint8_t* act = stage + kCodeBytes;
-      // Blocks 2t, 2t + 1 of the chunk exist (S % 4 == 0: both or neither).
-      const bool blocks = 8 * (c_begin + c) + 2 * t < p.S;
-      uint4 codes[kTiles][2];
-      uint32_t scale[kTiles][2][2];  // [tile][r][block 2t / 2t + 1]
-#pragma unroll
-      for (int tile = 0; tile < kTiles; ++tile) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int row = code_row<kSwiglu>(warp, tile, r, g);
-          codes[tile][r] = lds128(stage + row * kCodeRowBytes + 16 * t);
-          const uint32_t two = blocks ? *reinterpret_cast<const uint16_t*>(stage + R::kScaleOffset + row * 8 + 2 * t) : 0u;
-          scale_operands(two, scale[tile][r][0], scale[tile][r][1]);
-        }
-      }
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {  // code word q: steps 2q, 2q + 1 (block 2t + q / 2)
-        uint4 b[kGroups];
-#pragma unroll
-        for (int grp = 0; grp < kGroups; ++grp) {
-          if (grp < live) b[grp] = act_unit(act, grp * 8 + g, q);
-        }
+  RingPos<R::kStages> pos;
+  for (int64_t i = blockIdx.x; i < p.items; i += gridDim.x) {
+    const Work w = work_item(p, i);
+    if (w.row_end <= w.row_begin) continue;
+    const float global = a.b_global_E[w.e];
+    for (int64_t m0 = w.row_begin; m0 < w.row_end; m0 += 8 * kGroups) {
+      const int live = live_groups<kGroups>(w, m0);
+      float acc[kTiles][kGroups][4] = {};
+      for (int64_t c = 0; c < w.chunks; ++c, pos.next()) {
+        pipe::wait(&full[pos.stage], pos.phase);
+        const uint8_t* stage = smem + pos.stage * R::kStageBytes;
+        const uint8_t* act = stage + kCodeBytes;
+        // Blocks 2t, 2t + 1 of the chunk exist (S % 4 == 0: both or neither).
+        const bool blocks = 8 * (w.c_begin + c) + 2 * t < p.S;
+        uint4 codes[kTiles][2];
+        uint32_t scale[kTiles][2][2];  // [tile][r][block 2t / 2t + 1]
 #pragma unroll
         for (int tile = 0; tile < kTiles; ++tile) {
-          uint32_t lo[4], hi[4];  // rows g, g + 8
-          nvfp4_decode_word(word_of(codes[tile][0], q), lo);
-          nvfp4_decode_word(word_of(codes[tile][1], q), hi);
-          const uint32_t s_lo = scale[tile][0][q >> 1], s_hi = scale[tile][1][q >> 1];
-          const uint32_t a0[4] = {mul_bf16x2(lo[0], s_lo), mul_bf16x2(hi[0], s_hi),
-                                  mul_bf16x2(lo[1], s_lo), mul_bf16x2(hi[1], s_hi)};
-          const uint32_t a1[4] = {mul_bf16x2(lo[2], s_lo), mul_bf16x2(hi[2], s_hi),
-                                  mul_bf16x2(lo[3], s_lo), mul_bf16x2(hi[3], s_hi)};
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int row = code_row<kSwiglu>(warp, tile, r, g);
+            codes[tile][r] = lds128(stage + row * kCodeRowBytes + 16 * t);
+            const uint32_t two =
+                blocks ? *reinterpret_cast<const uint16_t*>(stage + R::kScaleOffset + row * 8 + 2 * t) : 0u;
+            scale_operands(two, scale[tile][r][0], scale[tile][r][1]);
+          }
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {  // code word q: steps 2q, 2q + 1 (block 2t + q / 2)
+          uint4 b[kGroups];
 #pragma unroll
           for (int grp = 0; grp < kGroups; ++grp) {
-            if (grp < live) {
-              mma_bf16(acc[tile][grp], a0, b[grp].x, b[grp].y);
-              mma_bf16(acc[tile][grp], a1, b[grp].z, b[grp].w);
+            if (grp < live) b[grp] = act_unit(act, grp * 8 + g, q);
+          }
+#pragma unroll
+          for (int tile = 0; tile < kTiles; ++tile) {
+            uint32_t lo[4], hi[4];  // rows g, g + 8
+            nvfp4_decode_word(word_of(codes[tile][0], q), lo);
+            nvfp4_decode_word(word_of(codes[tile][1], q), hi);
+            const uint32_t s_lo = scale[tile][0][q >> 1], s_hi = scale[tile][1][q >> 1];
+            const uint32_t a0[4] = {mul_bf16x2(lo[0], s_lo), mul_bf16x2(hi[0], s_hi),
+                                    mul_bf16x2(lo[1], s_lo), mul_bf16x2(hi[1], s_hi)};
+            const uint32_t a1[4] = {mul_bf16x2(lo[2], s_lo), mul_bf16x2(hi[2], s_hi),
+                                    mul_bf16x2(lo[3], s_lo), mul_bf16x2(hi[3], s_hi)};
+#pragma unroll
+            for (int grp = 0; grp < kGroups; ++grp) {
+              if (grp < live) {
+                mma_bf16(acc[tile][grp], a0, b[grp].x, b[grp].y);
+                mma_bf16(acc[tile][grp], a1, b[grp].z, b[grp].w);
+              }
             }
           }
         }
+        __syncwarp();
+        if (lane == 0) pipe::arrive(&empty[pos.stage]);
       }
-      __syncwarp();
-      if (lane == 0) pipe::arrive(&empty[s]);
-    }
 
-    // acc[tile][grp]: {(A row g, m 2t), (A row g, m 2t + 1), (A row g + 8, m 2t), (A row g + 8,
-    // m 2t + 1)} of group grp.
+      // acc[tile][grp]: {(A row g, m 2t), (A row g, m 2t + 1), (A row g + 8, m 2t), (A row g + 8,
+      // m 2t + 1)} of group grp.
 #pragma unroll
-    for (int tile = 0; tile < kTiles; ++tile) {
+      for (int tile = 0; tile < kTiles; ++tile) {
 #pragma unroll
-      for (int grp = 0; grp < kGroups; ++grp) {
-        if (grp >= live) continue;
+        for (int grp = 0; grp < kGroups; ++grp) {
+          if (grp >= live) continue;
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int64_t m = m0 + grp * 8 + 2 * t + i;
-          if (m >= row_end) continue;
-          const float lo = __fmul_rn(acc[tile][grp][i], kSumFactor);
-          const float hi = __fmul_rn(acc[tile][grp][2 + i], kSumFactor);
-          if constexpr (kSwiglu) {
-            const int64_t f = f0 + warp * 16 + tile * 8 + g;
-            if (f >= F) continue;
-            if constexpr (kSplit) {
-              float* part = p.partials_SMN + (z * a.M + m) * a.N;
-              part[f] = lo;
-              part[F + f] = hi;
+          for (int h = 0; h < 2; ++h) {
+            const int64_t m = m0 + grp * 8 + 2 * t + h;
+            if (m >= w.row_end) continue;
+            const float lo = __fmul_rn(acc[tile][grp][h], kSumFactor);
+            const float hi = __fmul_rn(acc[tile][grp][2 + h], kSumFactor);
+            if constexpr (kSwiglu) {
+              const int64_t f = w.f0 + warp * 16 + tile * 8 + g;
+              if (f >= F) continue;
+              if constexpr (kSplit) {
+                float* part = p.partials_SMN + (w.z * a.M + m) * a.N;
+                part[f] = lo;
+                part[F + f] = hi;
+              } else {
+                const float gate = bf16_to_float(to_bf16(__fmul_rn(lo, global)));
+                const float up = bf16_to_float(to_bf16(__fmul_rn(hi, global)));
+                a.out_MN[m * a.ld_out + f] = to_bf16(swiglu_forward(gate, up, a.act));
+              }
             } else {
-              const float gate = bf16_to_float(to_bf16(__fmul_rn(lo, global)));
-              const float up = bf16_to_float(to_bf16(__fmul_rn(hi, global)));
-              a.out_MN[m * a.ld_out + f] = to_bf16(swiglu_forward(gate, up, a.act));
-            }
-          } else {
-            const int64_t n = n0 + code_row<false>(warp, tile, 0, g);
-            if constexpr (kSplit) {
-              float* part = p.partials_SMN + (z * a.M + m) * a.N;
-              if (n < a.N) part[n] = lo;
-              if (n + 8 < a.N) part[n + 8] = hi;
-            } else {
-              bf16_t* out = out_row(a, m);
-              if (n < a.N) out[n] = to_bf16(__fmul_rn(lo, global));
-              if (n + 8 < a.N) out[n + 8] = to_bf16(__fmul_rn(hi, global));
+              const int64_t n = w.n0 + code_row<false>(warp, tile, 0, g);
+              if constexpr (kSplit) {
+                float* part = p.partials_SMN + (w.z * a.M + m) * a.N;
+                if (n < a.N) part[n] = lo;
+                if (n + 8 < a.N) part[n + 8] = hi;
+              } else {
+                bf16_t* out = out_row(a, m);
+                if (n < a.N) out[n] = to_bf16(__fmul_rn(lo, global));
+                if (n + 8 < a.N) out[n + 8] = to_bf16(__fmul_rn(hi, global));
+              }
             }
           }
         }
@@ -440,24 +489,44 @@ int64_t grid_slabs(int64_t N, bool swiglu) {
   return swiglu ? (N / 2 + kSlab / 2 - 1) / (kSlab / 2) : (N + kSlab - 1) / kSlab;
 }
 
+// CTAs of `kernel` resident per SM at its shared memory, cached per device (asked every launch).
+template <auto kKernel>
+int resident_ctas(int smem_bytes) {
+  static std::atomic<int> cached[64] = {};
+  int device = 0;
+  EPMOE_CUDA_CHECK(cudaGetDevice(&device));
+  std::atomic<int>& slot = cached[device % 64];
+  int n = slot.load(std::memory_order_relaxed);
+  if (n == 0) {
+    EPMOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, kGemmThreads, smem_bytes));
+    n = n > 0 ? n : 1;
+    slot.store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+// The persistent grid: every resident CTA slot, at most one per item.
 template <int kGroups, bool kSwiglu, bool kSplit>
-void launch(const Params& p, dim3 grid, cudaStream_t st) {
+void launch(const Params& p, cudaStream_t st) {
   constexpr auto kernel = nvfp4_gemm_kernel<kGroups, kSwiglu, kSplit>;
-  set_shared_memory_limit<kernel>(Ring<kGroups>::kSmemBytes, /*max_carveout=*/true);
-  kernel<<<grid, kGemmThreads, Ring<kGroups>::kSmemBytes, st>>>(p);
+  constexpr int smem = Ring<kGroups>::kSmemBytes;
+  set_shared_memory_limit<kernel>(smem, /*max_carveout=*/true);
+  const int64_t slots = static_cast<int64_t>(sm_count()) * resident_ctas<kernel>(smem);
+  const unsigned grid = static_cast<unsigned>(p.items < slots ? p.items : slots);
+  kernel<<<grid, kGemmThreads, smem, st>>>(p);
   EPMOE_CUDA_LAUNCH_CHECK();
 }
 
 template <int kGroups>
-void launch_groups(const Params& p, dim3 grid, bool split, cudaStream_t st) {
+void launch_groups(const Params& p, bool split, cudaStream_t st) {
   if (split && p.a.swiglu) {
-    launch<kGroups, true, true>(p, grid, st);
+    launch<kGroups, true, true>(p, st);
   } else if (split) {
-    launch<kGroups, false, true>(p, grid, st);
+    launch<kGroups, false, true>(p, st);
   } else if (p.a.swiglu) {
-    launch<kGroups, true, false>(p, grid, st);
+    launch<kGroups, true, false>(p, st);
   } else {
-    launch<kGroups, false, false>(p, grid, st);
+    launch<kGroups, false, false>(p, st);
   }
 }
 
@@ -562,15 +631,16 @@ void nvfp4_grouped_gemm(const Nvfp4GroupedGemmArgs& args, void* stream) {
   act.swizzle_128b = true;
   p.act = make_tensor_map(act, "a_MK");
 
-  const dim3 grid(static_cast<unsigned>(grid_slabs(args.N, args.swiglu)),
-                  static_cast<unsigned>(args.E), static_cast<unsigned>(splits));
+  p.slabs = grid_slabs(args.N, args.swiglu);
+  p.splits = splits;
+  p.items = p.slabs * args.E * splits;
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   const bool split = splits > 1;
   switch (groups) {
-    case 1: launch_groups<1>(p, grid, split, st); break;
-    case 2: launch_groups<2>(p, grid, split, st); break;
-    case 4: launch_groups<4>(p, grid, split, st); break;
-    default: launch_groups<8>(p, grid, split, st); break;
+    case 1: launch_groups<1>(p, split, st); break;
+    case 2: launch_groups<2>(p, split, st); break;
+    case 4: launch_groups<4>(p, split, st); break;
+    default: launch_groups<8>(p, split, st); break;
   }
   if (split) {
     const int64_t cols = args.swiglu ? args.N / 2 : args.N;
