@@ -174,7 +174,7 @@ TEST(GpuNvfp4Forward, GraphReplayWithNewRoutingsEqualsEager) {
 // see the skip flag and do nothing).
 TEST(GpuNvfp4Forward, OverflowIsReportedAndTheContextStaysUsable) {
   EPMOE_REQUIRE_GPU();
-  Problem p = nvfp4_problem(128, 128, 96, 8, 2);
+  Problem p = nvfp4_problem(128, 128, 128, 8, 2);
   p.capacity_factor = 0.5;
   const auto one_expert = [](int, int64_t, int, std::mt19937_64&) -> int64_t { return 3; };
   const RankInputs skewed = make_inputs(p, 950, 128, one_expert)[0];

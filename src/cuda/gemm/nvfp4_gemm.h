@@ -91,10 +91,11 @@ struct Nvfp4RowGroups {
 Nvfp4RowGroups nvfp4_row_groups(int64_t rows_per_group);
 
 // Requirements (checked; Error(invalid_argument) naming the field): E >= 1, K > 0 and
-// K % 32 == 0 (16-byte code rows for TMA), N > 0, E * N and M < 2^31, ld_out >= N (or the
-// combine fields), a_MK and b_codes_ENP 16-byte aligned, b_global_E 4-byte aligned; swiglu: N
-// even, ld_out >= N / 2, no combine_R. Grid (ceil(N / 128), E, splits) (swiglu: (ceil(N / 2 /
-// 64), E, splits)), then with splits > 1 the reduce kernel; graph-capturable (the splits and row
+// K % 64 == 0 (16-byte code rows for TMA, 4-byte scale rows for cp.async), N > 0, E * N and
+// M < 2^31, ld_out >= N (or the combine fields), a_MK and b_codes_ENP 16-byte aligned, b_global_E
+// 4-byte aligned; swiglu: N even, ld_out >= N / 2, no combine_R. Work items (ceil(N / 128), E,
+// splits) (swiglu: (ceil(N / 2 / 64), E, splits)) over a persistent grid of the resident CTAs,
+// then with splits > 1 the reduce kernel; graph-capturable (the splits and row
 // groups depend on host-known sizes and the environment only; the TMA descriptors are kernel
 // parameters); deterministic (one lane owns each output of a split and sums its chunks in a
 // fixed order; the reduce sums the splits in order). Row groups change nothing but the passes:
