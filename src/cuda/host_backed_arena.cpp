@@ -8,6 +8,7 @@
 
 #include "cuda/check.h"
 #include "cuda/device_scope.h"
+#include "cuda/driver_entry.h"
 #include "epmoe/error.h"
 
 namespace epmoe::cuda {
@@ -35,32 +36,22 @@ struct Driver {
   CUresult (*properties)(CUmemAllocationProp*, CUmemGenericAllocationHandle) = nullptr;
 };
 
-template <class Fn>
-void load(Fn*& fn, const char* symbol) {
-  void* p = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  EPMOE_CUDA_CHECK(cudaGetDriverEntryPointByVersion(symbol, &p, 12000, cudaEnableDefault, &found));
-  EPMOE_EXPECT(found == cudaDriverEntryPointSuccess && p != nullptr, backend, symbol,
-               "a driver entry point (CUDA 12.0 version)", "none found");
-  fn = reinterpret_cast<Fn*>(p);
-}
-
 const Driver& driver() {
   static const Driver d = [] {
     Driver x;
-    load(x.get_error_name, "cuGetErrorName");
-    load(x.device_get, "cuDeviceGet");
-    load(x.device_get_attribute, "cuDeviceGetAttribute");
-    load(x.granularity, "cuMemGetAllocationGranularity");
-    load(x.address_reserve, "cuMemAddressReserve");
-    load(x.address_free, "cuMemAddressFree");
-    load(x.create, "cuMemCreate");
-    load(x.release, "cuMemRelease");
-    load(x.map, "cuMemMap");
-    load(x.unmap, "cuMemUnmap");
-    load(x.set_access, "cuMemSetAccess");
-    load(x.retain_handle, "cuMemRetainAllocationHandle");
-    load(x.properties, "cuMemGetAllocationPropertiesFromHandle");
+    load_driver_entry(x.get_error_name, "cuGetErrorName");
+    load_driver_entry(x.device_get, "cuDeviceGet");
+    load_driver_entry(x.device_get_attribute, "cuDeviceGetAttribute");
+    load_driver_entry(x.granularity, "cuMemGetAllocationGranularity");
+    load_driver_entry(x.address_reserve, "cuMemAddressReserve");
+    load_driver_entry(x.address_free, "cuMemAddressFree");
+    load_driver_entry(x.create, "cuMemCreate");
+    load_driver_entry(x.release, "cuMemRelease");
+    load_driver_entry(x.map, "cuMemMap");
+    load_driver_entry(x.unmap, "cuMemUnmap");
+    load_driver_entry(x.set_access, "cuMemSetAccess");
+    load_driver_entry(x.retain_handle, "cuMemRetainAllocationHandle");
+    load_driver_entry(x.properties, "cuMemGetAllocationPropertiesFromHandle");
     return x;
   }();
   return d;

@@ -1,10 +1,8 @@
 #include "cuda/gemm/tensor_map.h"
 
-#include <cuda_runtime.h>
-
 #include <string>
 
-#include "cuda/check.h"
+#include "cuda/driver_entry.h"
 #include "epmoe/error.h"
 
 namespace epmoe::cuda {
@@ -17,13 +15,9 @@ using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, 
 
 EncodeTiled encode_tiled() {
   static const EncodeTiled fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    EPMOE_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
-                                                      cudaEnableDefault, &found));
-    EPMOE_EXPECT(found == cudaDriverEntryPointSuccess && p != nullptr, backend,
-                 "cuTensorMapEncodeTiled", "a driver entry point (CUDA 12.0 version)", "none found");
-    return reinterpret_cast<EncodeTiled>(p);
+    EncodeTiled f = nullptr;
+    load_driver_entry(f, "cuTensorMapEncodeTiled");
+    return f;
   }();
   return fn;
 }
