@@ -177,14 +177,15 @@ class PreparedFp8:
 
 class PreparedNvfp4:
     """nvfp4 prepared weights of a bf16 [G, N, L] tensor on cuda:device (packed E2M1 codes
-    [G, N, L/2], E4M3 block scales [G, N, L/16], one fp32 global per group; weight-only inference)
-    (epmoe_prepare_weights_nvfp4; refill() after the bf16 weights change)."""
+    [G, N, L/2] and E4M3 block scales [G, ceil(L/128), N, 8], both in the GEMM's order, one fp32
+    global per group; weight-only inference) (epmoe_prepare_weights_nvfp4; refill() after the
+    bf16 weights change)."""
 
     def __init__(self, lib, w, device=0):
         G, N, L = w.shape
         self.lib, self.w, self.device = lib, w, device
         self.q = torch.empty(G, N, (L + 1) // 2, dtype=torch.uint8, device=w.device)
-        self.scales = torch.empty(G, N, (L + 15) // 16, dtype=torch.uint8, device=w.device)
+        self.scales = torch.empty(G, (L + 127) // 128, N, 8, dtype=torch.uint8, device=w.device)
         self.global_scale = torch.empty(G, dtype=torch.float32, device=w.device)
         self.refill()
 

@@ -68,8 +68,8 @@ typedef struct {
      [E, N, L] and f32 scales [E, ceil(N/128), ceil(L/128)]; w13: N = 2F, L = D; w2: N = D, L = F). */
   const void* w13_q; const float* w13_scales; const void* w2_q; const float* w2_scales;
   /* precision nvfp4: weights from epmoe_prepare_weights_nvfp4: packed E2M1 codes [E, N, L/2] in
-     w13_q / w2_q (w13_scales / w2_scales unused), E4M3 block scales [E, N, L/16] and fp32 global
-     scales [E] here. precision mxfp8: weights from epmoe_prepare_weights_mxfp8: E4M3 codes
+     w13_q / w2_q (w13_scales / w2_scales unused), E4M3 block scales [E, ceil(L/128), N, 8] and fp32
+     global scales [E] here (codes and scales in the GEMM's order, prepared_weights.h). precision mxfp8: weights from epmoe_prepare_weights_mxfp8: E4M3 codes
      [E, N, L] in w13_q / w2_q, E8M0 scales [E, N, L/32] in w13_block_scales / w2_block_scales
      (the global scales unused). */
   const void* w13_block_scales; const float* w13_global; const void* w2_block_scales;
@@ -123,10 +123,11 @@ int epmoe_prepare_weights_fp8(const void* w_GNL, int64_t G, int64_t N, int64_t L
                               void* stream);
 
 /* prepare_weights for nvfp4 on cuda:device: bf16 w_GNL [G, N, L] -> packed E2M1 q_GNP
-   [G, N, ceil(L/2)], E4M3 block scales scales_GNS [G, N, ceil(L/16)] and one fp32 global scale per
-   group global_G [G], enqueued on stream (graph-capturable). */
+   [G, N, ceil(L/2)], E4M3 block scales scales_GCN8 [G, ceil(L/128), N, 8] (both in the GEMM's
+   order: epmoe/prepared_weights.h) and one fp32 global scale per group global_G [G], enqueued on
+   stream (graph-capturable). */
 int epmoe_prepare_weights_nvfp4(const void* w_GNL, int64_t G, int64_t N, int64_t L, void* q_GNP,
-                                void* scales_GNS, float* global_G, int device, void* stream);
+                                void* scales_GCN8, float* global_G, int device, void* stream);
 
 /* prepare_weights for mxfp8 on cuda:device: bf16 w_GNL [G, N, L] -> E4M3 q_GNL [G, N, L] and E8M0
    scales_GNS [G, N, ceil(L/32)], enqueued on stream (graph-capturable). */

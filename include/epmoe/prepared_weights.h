@@ -6,9 +6,11 @@
 //                                      ceil(L/128)] f32 / u8 (UE8M0 codes), one per 128x128 block
 //   mxfp8                              data u8 E4M3 [G, N, L], scales u8 E8M0 [G, N, ceil(L/32)]
 //   nvfp4                              data u8 packed E2M1 [G, N, ceil(L/2)] in the GEMM's
-//                                      bit order (each whole 4-byte word's bits permuted:
-//                                      core/formats/nvfp4_gemm_order.h), scales u8 E4M3
-//                                      [G, N, ceil(L/16)], global_scale f32 [G] (one per expert)
+//                                      bit order (each whole 4-byte word's bits permuted),
+//                                      scales u8 E4M3 [G, ceil(L/128), N, 8] (a row's 8 scales
+//                                      of a 128-element chunk together; blocks past ceil(L/16)
+//                                      zero), global_scale f32 [G] (one per expert); both orders
+//                                      in core/formats/nvfp4_gemm_order.h
 // The FP8 training path (Config.precision = fp8_block) reads fp8_block_fp32 weights: w13 as
 // [E, 2F, D], w2 as [E, D, F]; its DGRADs read the same 128x128 blocks transposed, which the
 // caller prepares too (data_t / scales_t, filled by prepare_weights beside data / scales) so no

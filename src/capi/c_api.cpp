@@ -165,11 +165,11 @@ int epmoe_prepare_weights_fp8(const void* w_GNL, int64_t G, int64_t N, int64_t L
 }
 
 int epmoe_prepare_weights_nvfp4(const void* w_GNL, int64_t G, int64_t N, int64_t L, void* q_GNP,
-                                void* scales_GNS, float* global_G, int device, void* stream) {
+                                void* scales_GCN8, float* global_G, int device, void* stream) {
   return guarded([&] {
     const epmoe::Device dev = epmoe::Device::cuda(device);
     epmoe::prepare_weights(ref(w_GNL, epmoe::DType::bf16, {G, N, L}, dev),
-                           prepared_nvfp4(q_GNP, scales_GNS, global_G, G, N, L, dev), stream);
+                           prepared_nvfp4(q_GNP, scales_GCN8, global_G, G, N, L, dev), stream);
   });
 }
 

@@ -138,10 +138,10 @@ struct Context::Impl {
       // Weight-only NVFP4 (validated: both prepared, format nvfp4); activations stay bf16.
       s.nvfp4 = true;
       s.w13_nvfp4_EFP = w13_prepared->data.as<uint8_t>();
-      s.w13_nvfp4_scales_EFS = w13_prepared->scales.as<uint8_t>();
+      s.w13_nvfp4_scales = w13_prepared->scales.as<uint8_t>();
       s.w13_nvfp4_global_E = w13_prepared->global_scale.as<float>();
       s.w2_nvfp4_EDP = w2_prepared->data.as<uint8_t>();
-      s.w2_nvfp4_scales_EDS = w2_prepared->scales.as<uint8_t>();
+      s.w2_nvfp4_scales = w2_prepared->scales.as<uint8_t>();
       s.w2_nvfp4_global_E = w2_prepared->global_scale.as<float>();
       // The split-K partials: grad_h3 .. rows_MD of the call scratch (backward's; nvfp4 contexts
       // are inference only), so the plan counts them already.

@@ -46,7 +46,8 @@ PreparedWeightShapes prepared_weight_shapes(WeightFormat format, int64_t G, int6
       return s;
     case WeightFormat::nvfp4:
       s.data = TensorRef::contiguous(nullptr, DType::u8, {G, N, nvfp4_packed_bytes(L)});
-      s.scales = TensorRef::contiguous(nullptr, DType::u8, {G, N, scale_blocks(L, kNvfp4Block)});
+      s.scales = TensorRef::contiguous(nullptr, DType::u8,
+                                       {G, nvfp4_scale_chunks(L), N, kNvfp4ChunkBlocks});
       s.global_scale = TensorRef::contiguous(nullptr, DType::f32, {G});
       return s;
   }
@@ -62,6 +63,7 @@ void check_like(const TensorRef& got, const TensorRef& want, const std::string& 
   switch (want.ndim) {
     case 1: check_tensor(got, name.c_str(), {want.dtype}, {d[0]}, device); break;
     case 3: check_tensor(got, name.c_str(), {want.dtype}, {d[0], d[1], d[2]}, device); break;
+    case 4: check_tensor(got, name.c_str(), {want.dtype}, {d[0], d[1], d[2], d[3]}, device); break;
     default: EPMOE_ASSERT(false);
   }
 }
@@ -112,8 +114,11 @@ void prepare_weights(const TensorRef& w_GNL, const PreparedWeights& p, void* str
       // One global scale per expert: groups = G over the G * N rows.
       float* global = p.global_scale.as<float>();
       nvfp4_global_scales(x.data(), p.G, p.G * p.N, p.L, global);
-      nvfp4_quantize_rows(x.data(), p.G, p.G * p.N, p.L, global, q, p.scales.as<uint8_t>());
-      nvfp4_codes_to_gemm_order(q, p.G * p.N, nvfp4_packed_bytes(p.L));  // the GEMM's decode order
+      std::vector<uint8_t> scales_GNS(static_cast<size_t>(p.G * p.N * scale_blocks(p.L, kNvfp4Block)));
+      nvfp4_quantize_rows(x.data(), p.G, p.G * p.N, p.L, global, q, scales_GNS.data());
+      // The GEMM's order (core/formats/nvfp4_gemm_order.h).
+      nvfp4_codes_to_gemm_order(q, p.G * p.N, nvfp4_packed_bytes(p.L));
+      nvfp4_scales_to_gemm_order(scales_GNS.data(), p.G, p.N, p.L, p.scales.as<uint8_t>());
       return;
     }
   }

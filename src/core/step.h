@@ -120,10 +120,10 @@ struct Step {
   // The GEMMs read these instead of w13_EFD / w2_EDF; activations stay bf16.
   bool nvfp4 = false;
   const uint8_t* w13_nvfp4_EFP = nullptr;         // [E, 2F, ceil(D/2)] E2M1, GEMM order
-  const uint8_t* w13_nvfp4_scales_EFS = nullptr;  // [E, 2F, ceil(D/16)] E4M3
+  const uint8_t* w13_nvfp4_scales = nullptr;      // E4M3 [E, ceil(D/128), 2F, 8], GEMM order
   const float* w13_nvfp4_global_E = nullptr;      // [E] fp32
   const uint8_t* w2_nvfp4_EDP = nullptr;          // [E, D, ceil(F/2)] E2M1, GEMM order
-  const uint8_t* w2_nvfp4_scales_EDS = nullptr;   // [E, D, ceil(F/16)] E4M3
+  const uint8_t* w2_nvfp4_scales = nullptr;       // E4M3 [E, ceil(F/128), D, 8], GEMM order
   const float* w2_nvfp4_global_E = nullptr;       // [E] fp32
   // Split-K partials of both GEMMs (gemm/nvfp4_gemm.h; fp32 [splits, capacity, N]); the call
   // scratch's grad_h3 and grad_h13 rows, which an inference context never touches otherwise.

@@ -58,13 +58,11 @@ void CudaBackend::validate(const Config& config, int ep_size) const {
                     config.F());
   }
   if (precision == Precision::nvfp4) {
-    EPMOE_CHECK_ARG(config.D() % 64 == 0, "Config.hidden_dim",
-                    "a multiple of 64 with nvfp4 on CUDA (W13's K: 16-byte code and 4-byte scale rows "
-                    "for the GEMM's copies)",
+    EPMOE_CHECK_ARG(config.D() % 32 == 0, "Config.hidden_dim",
+                    "a multiple of 32 with nvfp4 on CUDA (W13's K: 16-byte NVFP4 code rows for TMA)",
                     config.D());
-    EPMOE_CHECK_ARG(config.F() % 64 == 0, "Config.intermediate_dim",
-                    "a multiple of 64 with nvfp4 on CUDA (W2's K: 16-byte code and 4-byte scale rows "
-                    "for the GEMM's copies)",
+    EPMOE_CHECK_ARG(config.F() % 32 == 0, "Config.intermediate_dim",
+                    "a multiple of 32 with nvfp4 on CUDA (W2's K: 16-byte NVFP4 code rows for TMA)",
                     config.F());
   }
   EPMOE_CHECK_ARG(config.D() % 8 == 0, "Config.hidden_dim",

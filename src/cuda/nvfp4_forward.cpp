@@ -32,7 +32,7 @@ void nvfp4_w13_fprop(const Step& s) {
   Nvfp4GroupedGemmArgs a = step_gemm(s, 2 * F, D);
   a.a_MK = s.x_gathered_MD;
   a.b_codes_ENP = s.w13_nvfp4_EFP;
-  a.b_scales_ENS = s.w13_nvfp4_scales_EFS;
+  a.b_scales = s.w13_nvfp4_scales;
   a.b_global_E = s.w13_nvfp4_global_E;
   a.out_MN = s.h13_M2F;
   a.ld_out = 2 * F;
@@ -44,7 +44,7 @@ void nvfp4_w13_swiglu(const Step& s) {
   Nvfp4GroupedGemmArgs a = step_gemm(s, 2 * F, D);
   a.a_MK = s.x_gathered_MD;
   a.b_codes_ENP = s.w13_nvfp4_EFP;
-  a.b_scales_ENS = s.w13_nvfp4_scales_EFS;
+  a.b_scales = s.w13_nvfp4_scales;
   a.b_global_E = s.w13_nvfp4_global_E;
   a.swiglu = true;
   a.act = s.act;
@@ -58,7 +58,7 @@ void nvfp4_w2_fprop(const Step& s, bool scatter) {
   Nvfp4GroupedGemmArgs a = step_gemm(s, D, F);
   a.a_MK = s.h_MF;
   a.b_codes_ENP = s.w2_nvfp4_EDP;
-  a.b_scales_ENS = s.w2_nvfp4_scales_EDS;
+  a.b_scales = s.w2_nvfp4_scales;
   a.b_global_E = s.w2_nvfp4_global_E;
   w2_rows_output(s, scatter, a);
   nvfp4_grouped_gemm(a, s.stream);

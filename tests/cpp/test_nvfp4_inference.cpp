@@ -38,12 +38,15 @@ struct Nvfp4Weight {
     prepare_weights(TensorRef::contiguous(w.data(), DType::bf16, {E, N, L}), view);
   }
   // The values the format decodes to (codec: element x (block scale x global)), from the codes
-  // in the codec's order.
+  // and scales in the codec's order.
   std::vector<double> decoded() const {
     std::vector<uint8_t> codec = q;
     nvfp4_codes_to_codec_order(codec.data(), view.G * view.N, nvfp4_packed_bytes(view.L));
+    std::vector<uint8_t> codec_scales(
+        static_cast<size_t>(view.G * view.N * scale_blocks(view.L, kNvfp4Block)));
+    nvfp4_scales_to_codec_order(scales.data(), view.G, view.N, view.L, codec_scales.data());
     std::vector<float> x(static_cast<size_t>(view.G * view.N * view.L));
-    nvfp4_dequantize_rows(codec.data(), scales.data(), global.data(), view.G, view.G * view.N,
+    nvfp4_dequantize_rows(codec.data(), codec_scales.data(), global.data(), view.G, view.G * view.N,
                           view.L, x.data());
     return {x.begin(), x.end()};
   }

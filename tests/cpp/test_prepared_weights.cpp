@@ -76,7 +76,7 @@ TEST(PreparedWeights, ShapesPerFormat) {
   EXPECT_EQ(m.scales.shape_string(), "[3, 200, 9]");
   const PreparedWeightShapes n = prepared_weight_shapes(WeightFormat::nvfp4, G, N, L);
   EXPECT_EQ(n.data.shape_string(), "[3, 200, 130]");
-  EXPECT_EQ(n.scales.shape_string(), "[3, 200, 17]");
+  EXPECT_EQ(n.scales.shape_string(), "[3, 3, 200, 8]");  // ceil(260 / 128) chunks of 8 blocks
   EXPECT_EQ(n.global_scale.shape_string(), "[3]");
 }
 
@@ -100,10 +100,15 @@ TEST(PreparedWeights, SameBitsAsTheCodecs) {
         break;
       case WeightFormat::nvfp4:
         nvfp4_global_scales(x.data(), G, G * N, L, want.global.data());
+      {
+        std::vector<uint8_t> codec_scales(static_cast<size_t>(G * N * scale_blocks(L, kNvfp4Block)));
         nvfp4_quantize_rows(x.data(), G, G * N, L, want.global.data(), want.data.data(),
-                            want.scales_u8.data());
-        nvfp4_codes_to_gemm_order(want.data.data(), G * N, nvfp4_packed_bytes(L));  // prepared order
+                            codec_scales.data());
+        // The prepared order of codes and scales (core/formats/nvfp4_gemm_order.h).
+        nvfp4_codes_to_gemm_order(want.data.data(), G * N, nvfp4_packed_bytes(L));
+        nvfp4_scales_to_gemm_order(codec_scales.data(), G, N, L, want.scales_u8.data());
         break;
+      }
     }
     EXPECT_EQ(got.data, want.data) << to_string(f);
     EXPECT_EQ(got.scales_u8, want.scales_u8) << to_string(f);

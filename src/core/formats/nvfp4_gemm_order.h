@@ -1,7 +1,8 @@
-// The prepared NVFP4 code order (PreparedWeights of format nvfp4, docs/formats.md): the codec's
+// The prepared NVFP4 layout (PreparedWeights of format nvfp4, docs/formats.md), the order the
+// GEMM reads. Codes: the codec's
 // packing (two E2M1 codes a byte, low nibble first) with the 32 bits of every whole 4-byte word
 // of a row (8 consecutive elements) permuted so that the GEMM decodes them with 5 LOP3 and 4
-// funnel shifts (cuda/gemm/grouped_gemm_nvfp4.cu): pair i = elements (2i, 2i + 1) of the word
+// shifts (cuda/gemm/grouped_gemm_nvfp4.cu): pair i = elements (2i, 2i + 1) of the word
 // comes out as a bf16x2 word. Hopper has no E2M1 conversion instruction.
 //
 // Decoded pair layout (bf16x2, first element in the low half): code bits m, e0, e1 at bits 6, 7, 8
@@ -14,6 +15,10 @@
 // the 32 bits exactly once (no four rotations of one pair's targets can tile 32 bits, so one pair
 // needs two; tests/cpp/test_formats.cpp checks the tiling). A partial word at the end of a row
 // (P % 4 != 0 bytes) keeps the codec's order.
+//
+// Block scales: [G, C, N, 8] with C = ceil(L / 128): a row's 8 scales of one 128-element chunk
+// side by side, a chunk's rows in order, so one copy brings a slab of rows' scales for a chunk
+// (the codec's [G, N, S], S = ceil(L / 16), reordered; blocks S .. 8C - 1 are 0).
 #pragma once
 
 #include <cstdint>
@@ -52,12 +57,14 @@ EPMOE_HD uint32_t nvfp4_pair_code(uint32_t pair, int h) {
 }
 
 // The 4 decoded pairs of a prepared word: p[i] = elements (2i, 2i + 1) as bf16x2 bits of
-// e2m1 * 2^-126. 9 integer instructions (no table, no multiply).
+// e2m1 * 2^-126. 5 LOP3, 2 funnel shifts and 2 plain left shifts (no table, no multiply): the
+// rotations by 4 and 6 wrap only bits their masks drop, so they are shifts, which the compiler
+// may put on the FMA pipe (IMAD.SHL) beside the integer pipe's LOP3s.
 EPMOE_HD void nvfp4_decode_word(uint32_t w, uint32_t (&p)[4]) {
   p[0] = w & kNvfp4PairMask;
-  p[1] = rotl32(w, kNvfp4Pair1Rot) & kNvfp4PairMask;
+  p[1] = (w << kNvfp4Pair1Rot) & kNvfp4PairMask;
   p[2] = rotl32(w, kNvfp4Pair2Rot) & kNvfp4PairMask;
-  p[3] = (rotl32(w, 6) & kNvfp4Pair3ByRot6) | (rotl32(w, 14) & kNvfp4Pair3ByRot14);
+  p[3] = ((w << 6) & kNvfp4Pair3ByRot6) | (rotl32(w, 14) & kNvfp4Pair3ByRot14);
 }
 
 // A codec word (8 codes, element j in nibble j) in the prepared order, and back.
@@ -99,6 +106,41 @@ inline void nvfp4_codes_to_gemm_order(uint8_t* q, int64_t rows, int64_t P) {
 }
 inline void nvfp4_codes_to_codec_order(uint8_t* q, int64_t rows, int64_t P) {
   nvfp4_convert_words(q, rows, P, nvfp4_codec_word);
+}
+
+// Block scales of a 128-element chunk, and chunks of a row of L elements.
+constexpr int kNvfp4ChunkBlocks = 8;
+EPMOE_HD int64_t nvfp4_scale_chunks(int64_t L) { return (L + 127) / 128; }
+
+// The prepared position of block b of row n (of N rows a group) in group g.
+EPMOE_HD int64_t nvfp4_prepared_scale_index(int64_t g, int64_t n, int64_t b, int64_t N, int64_t C) {
+  return ((g * C + b / kNvfp4ChunkBlocks) * N + n) * kNvfp4ChunkBlocks + b % kNvfp4ChunkBlocks;
+}
+
+// The codec's scales [G, N, S] of rows of L elements into the prepared [G, C, N, 8] (padding 0),
+// and back.
+inline void nvfp4_scales_to_gemm_order(const uint8_t* codec_GNS, int64_t G, int64_t N, int64_t L,
+                                       uint8_t* prepared_GCN8) {
+  const int64_t S = (L + 15) / 16, C = nvfp4_scale_chunks(L);
+  for (int64_t i = 0; i < G * C * N * kNvfp4ChunkBlocks; ++i) prepared_GCN8[i] = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t b = 0; b < S; ++b) {
+        prepared_GCN8[nvfp4_prepared_scale_index(g, n, b, N, C)] = codec_GNS[(g * N + n) * S + b];
+      }
+    }
+  }
+}
+inline void nvfp4_scales_to_codec_order(const uint8_t* prepared_GCN8, int64_t G, int64_t N,
+                                        int64_t L, uint8_t* codec_GNS) {
+  const int64_t S = (L + 15) / 16, C = nvfp4_scale_chunks(L);
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t b = 0; b < S; ++b) {
+        codec_GNS[(g * N + n) * S + b] = prepared_GCN8[nvfp4_prepared_scale_index(g, n, b, N, C)];
+      }
+    }
+  }
 }
 
 }  // namespace epmoe

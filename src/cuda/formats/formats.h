@@ -109,6 +109,11 @@ void nvfp4_quantize_rows(const bf16_t* x_NL, int64_t groups, int64_t N, int64_t 
                          uint8_t* q_NP, uint8_t* scales_NS, void* stream);
 void nvfp4_dequantize_rows(const uint8_t* q_NP, const uint8_t* scales_NS, const float* global_G, int64_t groups,
                            int64_t N, int64_t L, float* x_NL, void* stream);
+// nvfp4_quantize_rows with the scales in the prepared order, [groups, C, N / groups, 8]
+// (core/formats/nvfp4_gemm_order.h; the padding blocks 0): the host codec's bits reordered.
+void nvfp4_quantize_rows_prepared(const bf16_t* x_NL, int64_t groups, int64_t N, int64_t L,
+                                  const float* global_G, uint8_t* q_NP, uint8_t* scales_GCN8,
+                                  void* stream);
 // The quantizer's codes [N, P] into the prepared order (core/formats/nvfp4_gemm_order.h), in place:
 // the bits of the host nvfp4_codes_to_gemm_order.
 void nvfp4_codes_to_gemm_order(uint8_t* q_NP, int64_t N, int64_t P, void* stream);

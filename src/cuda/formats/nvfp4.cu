@@ -37,7 +37,9 @@ __global__ void global_scale_kernel(float* __restrict__ global_G, int64_t groups
   if (g < groups) global_G[g] = nvfp4_global_scale(f32_bits(global_G[g]));
 }
 
-template <class T>
+// kPrepared: the scales go to the prepared [G, C, N / G, 8] order (nvfp4_prepared_scale_index)
+// instead of the codec's [N, S].
+template <class T, bool kPrepared = false>
 __global__ void __launch_bounds__(kThreads)
     quantize_kernel(const T* __restrict__ x_NL, int64_t rows_per_group, int64_t N, int64_t L,
                     const float* __restrict__ global_G, uint8_t* __restrict__ q_NP, uint8_t* __restrict__ scales_NS) {
@@ -61,7 +63,14 @@ __global__ void __launch_bounds__(kThreads)
     if (!valid) continue;
     const float global = global_G[n / rows_per_group];
     const uint8_t scale = nvfp4_block_scale(amax, global);
-    if (sub == 0) scales_NS[blk] = scale;
+    if (sub == 0) {
+      if constexpr (kPrepared) {
+        scales_NS[nvfp4_prepared_scale_index(n / rows_per_group, n % rows_per_group, blk % S,
+                                             rows_per_group, nvfp4_scale_chunks(L))] = scale;
+      } else {
+        scales_NS[blk] = scale;
+      }
+    }
     if (has0) {
       const float element_scale = nvfp4_element_scale(scale, global);
       const uint8_t second = has1 ? nvfp4_encode(v1, element_scale) : uint8_t{0};
@@ -103,19 +112,24 @@ void launch_global_scales(const T* x_NL, int64_t groups, int64_t N, int64_t L, f
   EPMOE_CUDA_LAUNCH_CHECK();
 }
 
-template <class T>
+template <class T, bool kPrepared = false>
 void launch_quantize(const T* x_NL, int64_t groups, int64_t N, int64_t L, const float* global_G, uint8_t* q_NP,
                      uint8_t* scales_NS, void* stream) {
   check_codec_shape(N, L, "N", "L");
   check_codec_groups(groups, N);
   const int64_t S = scale_blocks(L, kNvfp4Block);
+  const int64_t scale_bytes = kPrepared ? N * nvfp4_scale_chunks(L) * kNvfp4ChunkBlocks : N * S;
   check_codec_pointer(x_NL, N * L, "x_NL");
   check_codec_pointer(global_G, groups, "global_G");
   check_codec_pointer(q_NP, N * nvfp4_packed_bytes(L), "q_NP");
-  check_codec_pointer(scales_NS, N * S, "scales_NS");
+  check_codec_pointer(scales_NS, scale_bytes, "scales_NS");
   if (N * L == 0) return;
+  const cudaStream_t st = static_cast<cudaStream_t>(stream);
+  if constexpr (kPrepared) {  // the blocks past each row's S stay 0
+    EPMOE_CUDA_CHECK(cudaMemsetAsync(scales_NS, 0, static_cast<size_t>(scale_bytes), st));
+  }
   const int64_t tiles = (N * S + (32 / kLanes) - 1) / (32 / kLanes);
-  quantize_kernel<T><<<grid_for(tiles * 32, kThreads), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+  quantize_kernel<T, kPrepared><<<grid_for(tiles * 32, kThreads), kThreads, 0, st>>>(
       x_NL, N / groups, N, L, global_G, q_NP, scales_NS);
   EPMOE_CUDA_LAUNCH_CHECK();
 }
@@ -151,6 +165,11 @@ void nvfp4_quantize_rows(const float* x_NL, int64_t groups, int64_t N, int64_t L
 void nvfp4_quantize_rows(const bf16_t* x_NL, int64_t groups, int64_t N, int64_t L, const float* global_G,
                          uint8_t* q_NP, uint8_t* scales_NS, void* stream) {
   launch_quantize(x_NL, groups, N, L, global_G, q_NP, scales_NS, stream);
+}
+void nvfp4_quantize_rows_prepared(const bf16_t* x_NL, int64_t groups, int64_t N, int64_t L,
+                                  const float* global_G, uint8_t* q_NP, uint8_t* scales_GCN8,
+                                  void* stream) {
+  launch_quantize<bf16_t, true>(x_NL, groups, N, L, global_G, q_NP, scales_GCN8, stream);
 }
 void nvfp4_dequantize_rows(const uint8_t* q_NP, const uint8_t* scales_NS, const float* global_G, int64_t groups,
                            int64_t N, int64_t L, float* x_NL, void* stream) {

@@ -27,7 +27,8 @@ void prepare_weights_cuda(const TensorRef& w_GNL, const PreparedWeights& p, void
     case WeightFormat::nvfp4: {
       float* global = p.global_scale.as<float>();
       cuda::nvfp4_global_scales(w, p.G, p.G * p.N, p.L, global, stream);
-      cuda::nvfp4_quantize_rows(w, p.G, p.G * p.N, p.L, global, q, p.scales.as<uint8_t>(), stream);
+      cuda::nvfp4_quantize_rows_prepared(w, p.G, p.G * p.N, p.L, global, q, p.scales.as<uint8_t>(),
+                                         stream);
       cuda::nvfp4_codes_to_gemm_order(q, p.G * p.N, nvfp4_packed_bytes(p.L), stream);
       return;
     }

@@ -1,7 +1,6 @@
 // Shared-memory stage rings filled by TMA for the hand-written kernels: mbarrier waits and
-// arrivals, 2-D tensor loads, 4-byte cp.async. A stage's `full` barrier completes when the
-// producer has armed it with the stage's TMA bytes and they, and any cp.async arrivals it counts,
-// have landed; its `empty` barrier (one arrival per
+// arrivals, 2-D tensor loads. A stage's `full` barrier (count 1) completes when the producer has
+// armed it with the stage's bytes and they have landed; its `empty` barrier (one arrival per
 // consumer warp) when every consumer warp is done reading it. Iteration `it` of a ring of
 // kStages uses stage it % kStages at phase (it / kStages) & 1.
 #pragma once
@@ -48,15 +47,6 @@ __device__ __forceinline__ void wait(uint64_t* bar, uint32_t parity) {
 
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
-}
-
-// 4 bytes global -> shared (cp.async, L1-cached), and an arrival on `bar` once every cp.async
-// this thread issued before it has landed (noinc: the barrier's count includes the arrival).
-__device__ __forceinline__ void copy_4(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
-}
-__device__ __forceinline__ void arrive_after_copies(uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 
 // Box (x = inner element, y = row) of `map` into `dst`, completing on `bar`.

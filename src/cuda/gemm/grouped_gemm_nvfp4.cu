@@ -3,10 +3,10 @@
 // registers; 8-row groups of activation rows are the B operand. The weight stream sets the time.
 //
 // CTA (slab of 128 weight rows, expert e, K split z): one producer warp keeps a ring of stages
-// full, each stage one 128-element chunk of K: the slab's code bytes (128 rows x 64 B, one TMA
-// box), the pass's live 8-row groups of activation rows (256 B a row, two 128-byte swizzled TMA
-// boxes a group) and the slab's 8 block scales a row (4-byte cp.async by the producer's 32 lanes:
-// scale rows of K / 16 bytes need not be 16-byte multiples). Four consumer warps own 32 weight
+// full by TMA, each stage one 128-element chunk of K: the slab's code bytes (128 rows x 64 B), its
+// block scales (128 rows x 8 B: the prepared scales keep a chunk's rows together), and the
+// pass's live 8-row groups of activation rows (256 B a row, two 128-byte swizzled boxes a
+// group). Four consumer warps own 32 weight
 // rows each (two m16 tiles). A pass covers up to 8 * kGroups rows of the expert; experts with
 // more rows take more passes over the weights. CTAs of experts without rows return at once
 // (offsets read on the device).
@@ -76,15 +76,13 @@ struct Ring {
   static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;
   static_assert(kStageBytes % 1024 == 0, "128-byte swizzle atoms need 1024-byte aligned stages");
 };
-// A stage's full barrier: the producer's lane 0 arming the TMA bytes, then each of its 32 lanes
-// once its scale copies have landed.
-constexpr int kFullArrivals = 1 + 32;
 
 struct Params {
   CUtensorMap codes;  // [E * N rows, K / 2 bytes] u8; box 64 bytes x 128 rows (SwiGLU: 64 rows)
   CUtensorMap act;    // [M rows, K] bf16; box 64 x 8 rows, 128-byte swizzle
+  CUtensorMap scales; // [E * ceil(K / 128) rows, N] of 8-byte scale groups; box 128 (SwiGLU: 64) x 1
   Nvfp4GroupedGemmArgs a;
-  int64_t S = 0;                   // scale bytes per weight row
+  int64_t C = 0;                   // scale chunks per weight row, ceil(K / 128)
   int64_t chunks = 0;              // ceil(K / kChunk)
   int64_t slabs = 0;               // slabs per expert
   int64_t splits = 1;
@@ -168,98 +166,149 @@ struct RingPos {
 };
 
 // One work item of the persistent grid: (slab, expert, split) of item i, slab fastest (CTAs
-// running side by side share an expert's activation rows), and its rows and chunks.
+// running side by side share an expert's activation rows), and its rows, chunks and global scale.
+// Loaded one item ahead, so the offsets' latency hides under the item before.
 struct Work {
   int e = 0;
-  int64_t n0 = 0, f0 = 0;       // the slab's first weight row (plain) / column f (SwiGLU)
-  int64_t z = 0;                // split
-  int64_t row_begin = 0, row_end = 0;
-  int64_t c_begin = 0, chunks = 0;
+  int n0 = 0, f0 = 0;        // the slab's first weight row (plain) / column f (SwiGLU)
+  int z = 0;                 // split
+  int row_begin = 0, row_end = 0;
+  int c_begin = 0, chunks = 0;
+  float global = 0.0f;
 };
 __device__ __forceinline__ Work work_item(const Params& p, int64_t i) {
   Work w;
+  if (i >= p.items) return w;  // no rows: the loops skip it
   const int64_t per_split = p.slabs * p.a.E;
-  w.z = i / per_split;
-  const int64_t slab = i % p.slabs;
+  w.z = static_cast<int>(i / per_split);
+  const int slab = static_cast<int>(i % p.slabs);
   w.e = static_cast<int>((i % per_split) / p.slabs);
   w.n0 = slab * kSlab;
   w.f0 = slab * (kSlab / 2);
   w.row_begin = p.a.offsets_E1[w.e];
-  w.row_end = p.a.offsets_E1[w.e + 1] < p.a.M ? p.a.offsets_E1[w.e + 1] : p.a.M;
-  w.c_begin = p.chunks * w.z / p.splits;
-  w.chunks = p.chunks * (w.z + 1) / p.splits - w.c_begin;
+  const int end = p.a.offsets_E1[w.e + 1];
+  w.row_end = end < p.a.M ? end : static_cast<int>(p.a.M);
+  w.c_begin = static_cast<int>(p.chunks * w.z / p.splits);
+  w.chunks = static_cast<int>(p.chunks * (w.z + 1) / p.splits) - w.c_begin;
+  w.global = p.a.b_global_E[w.e];
   return w;
 }
 
 // 8-row groups of the pass at m0 (at most kGroups).
 template <int kGroups>
-__device__ __forceinline__ int live_groups(const Work& w, int64_t m0) {
-  const int64_t g8 = (w.row_end - m0 + 7) / 8;
-  return static_cast<int>(g8 < kGroups ? g8 : kGroups);
+__device__ __forceinline__ int live_groups(const Work& w, int m0) {
+  const int g8 = (w.row_end - m0 + 7) / 8;
+  return g8 < kGroups ? g8 : kGroups;
 }
 
-// The producer warp: for every pass and chunk of the CTA's items, a free stage filled by lane 0's
-// TMA boxes (codes, the live groups' activation halves) and all lanes' scale copies.
+// The producer (one lane): for every pass and chunk of the CTA's items, a free stage filled by TMA
+// boxes (codes, scales, the live groups' activation halves).
 template <int kGroups, bool kSwiglu>
 __device__ __forceinline__ void produce(const Params& p, uint8_t* smem, uint64_t* full,
-                                        uint64_t* empty, int lane) {
+                                        uint64_t* empty) {
   using R = Ring<kGroups>;
   const Nvfp4GroupedGemmArgs& a = p.a;
   const int64_t F = a.N / 2;
-  if (lane == 0) {
-    pipe::prefetch_tensor_map(&p.codes);
-    pipe::prefetch_tensor_map(&p.act);
-  }
+  pipe::prefetch_tensor_map(&p.codes);
+  pipe::prefetch_tensor_map(&p.act);
+  pipe::prefetch_tensor_map(&p.scales);
   RingPos<R::kStages> pos;
+  Work next = work_item(p, blockIdx.x);
   for (int64_t i = blockIdx.x; i < p.items; i += gridDim.x) {
-    const Work w = work_item(p, i);
+    const Work w = next;
+    next = work_item(p, i + gridDim.x);
     if (w.row_end <= w.row_begin) continue;
-    // This lane's 8 of a stage's 256 scale words: word j = lane + 32 k is half j % 2 of slab row
-    // j / 2's 8 bytes (slab rows as code_row numbers them; rows past the weight's end clamped).
-    const uint8_t* scale_src[8];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const int j = lane + 32 * k, row = j >> 1;
-      int64_t n;
-      if constexpr (kSwiglu) {
-        const int64_t f = w.f0 + (row % (kSlab / 2));
-        n = (row < kSlab / 2 ? 0 : F) + (f < F ? f : F - 1);
-      } else {
-        n = w.n0 + row < a.N ? w.n0 + row : a.N - 1;
-      }
-      scale_src[k] = a.b_scales_ENS + (w.e * a.N + n) * p.S + 4 * (j & 1);
-    }
-    const int32_t code_y = static_cast<int32_t>(w.e * a.N + (kSwiglu ? w.f0 : w.n0));
-    for (int64_t m0 = w.row_begin; m0 < w.row_end; m0 += 8 * kGroups) {
+    const int32_t code_y = static_cast<int32_t>(w.e * a.N + (kSwiglu ? w.f0 : w.n0));  // < 2^31
+    for (int m0 = w.row_begin; m0 < w.row_end; m0 += 8 * kGroups) {
       const int live = live_groups<kGroups>(w, m0);
-      const uint32_t bytes = static_cast<uint32_t>(kCodeBytes + live * 2 * R::kGroupBytes);
-      for (int64_t c = 0; c < w.chunks; ++c, pos.next()) {
+      const uint32_t bytes = static_cast<uint32_t>(kCodeBytes + R::kScaleBytes + live * 2 * R::kGroupBytes);
+      for (int c = 0; c < w.chunks; ++c, pos.next()) {
         pipe::wait(&empty[pos.stage], pos.phase ^ 1u);  // the first lap passes at once
         uint8_t* stage = smem + pos.stage * R::kStageBytes;
         uint64_t* bar = &full[pos.stage];
-        const int64_t cc = w.c_begin + c;
-        if (lane == 0) {
-          pipe::arrive_expect_bytes(bar, bytes);
-          const int32_t kx = static_cast<int32_t>(cc * kChunk);
-          pipe::load_2d(stage, &p.codes, bar, kx / 2, code_y);
-          if constexpr (kSwiglu) {
-            pipe::load_2d(stage + kCodeBytes / 2, &p.codes, bar, kx / 2, code_y + static_cast<int32_t>(F));
-          }
-          uint8_t* act = stage + kCodeBytes;
-          for (int grp = 0; grp < live; ++grp) {
-            const int32_t y = static_cast<int32_t>(m0 + 8 * grp);
-            pipe::load_2d(act + grp * R::kGroupBytes, &p.act, bar, kx, y);
-            pipe::load_2d(act + R::kActBytes / 2 + grp * R::kGroupBytes, &p.act, bar, kx + kActHalf, y);
-          }
+        const int cc = w.c_begin + c;
+        pipe::arrive_expect_bytes(bar, bytes);
+        const int32_t kx = cc * kChunk;
+        const int32_t scale_y = static_cast<int32_t>(w.e * p.C + cc);
+        pipe::load_2d(stage, &p.codes, bar, kx / 2, code_y);
+        pipe::load_2d(stage + R::kScaleOffset, &p.scales, bar, kSwiglu ? w.f0 : w.n0, scale_y);
+        if constexpr (kSwiglu) {
+          pipe::load_2d(stage + kCodeBytes / 2, &p.codes, bar, kx / 2, code_y + static_cast<int32_t>(F));
+          pipe::load_2d(stage + R::kScaleOffset + R::kScaleBytes / 2, &p.scales, bar,
+                        static_cast<int32_t>(F) + w.f0, scale_y);
         }
-        // Scale words past the row's S blocks are not copied: the consumers read 0 for them.
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const int j = lane + 32 * k;
-          if (8 * cc + 4 * (j & 1) < p.S) pipe::copy_4(stage + R::kScaleOffset + 4 * j, scale_src[k] + 8 * cc);
+        uint8_t* act = stage + kCodeBytes;
+        for (int grp = 0; grp < live; ++grp) {
+          const int32_t y = m0 + 8 * grp;
+          pipe::load_2d(act + grp * R::kGroupBytes, &p.act, bar, kx, y);
+          pipe::load_2d(act + R::kActBytes / 2 + grp * R::kGroupBytes, &p.act, bar, kx + kActHalf, y);
         }
-        pipe::arrive_after_copies(bar);
       }
+    }
+  }
+}
+
+// One chunk of a stage for the consumer warp: the tiles' codes and scales, then per code word the
+// live groups' activation units and MMAs. kLive (the pass's groups) is a template argument so the
+// MMAs are not under a run-time predicate (mma.sync under one costs a WARPSYNC each).
+template <int kGroups, int kLive, bool kSwiglu>
+__device__ __forceinline__ void consume_chunk(const uint8_t* stage, int warp, int g, int t,
+                                              float (&acc)[kTiles][kGroups][4]) {
+  using R = Ring<kGroups>;
+  const uint8_t* act = stage + kCodeBytes;
+  uint4 codes[kTiles][2];
+  uint32_t scale[kTiles][2][2];  // [tile][r][block 2t / 2t + 1]
+#pragma unroll
+  for (int tile = 0; tile < kTiles; ++tile) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = code_row<kSwiglu>(warp, tile, r, g);
+      codes[tile][r] = lds128(stage + row * kCodeRowBytes + 16 * t);
+      // Blocks past the row's end are 0 in the prepared scales; their codes are TMA's zeros.
+      const uint32_t two = *reinterpret_cast<const uint16_t*>(stage + R::kScaleOffset + row * 8 + 2 * t);
+      scale_operands(two, scale[tile][r][0], scale[tile][r][1]);
+    }
+  }
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {  // code word q: steps 2q, 2q + 1 (block 2t + q / 2)
+    // The lane's 16 bytes of activation unit u of its row in each group (128-byte swizzle: unit u
+    // of a row r of a half at u ^ (r % 8); r % 8 = g).
+    const int u = 4 * (t & 1) + q;
+    uint4 b[kLive];
+#pragma unroll
+    for (int grp = 0; grp < kLive; ++grp) {
+      b[grp] = lds128(act + (t >> 1) * (R::kActBytes / 2) + (grp * 8 + g) * 128 + ((u ^ g) << 4));
+    }
+#pragma unroll
+    for (int tile = 0; tile < kTiles; ++tile) {
+      uint32_t lo[4], hi[4];  // rows g, g + 8
+      nvfp4_decode_word(word_of(codes[tile][0], q), lo);
+      nvfp4_decode_word(word_of(codes[tile][1], q), hi);
+      const uint32_t s_lo = scale[tile][0][q >> 1], s_hi = scale[tile][1][q >> 1];
+      const uint32_t a0[4] = {mul_bf16x2(lo[0], s_lo), mul_bf16x2(hi[0], s_hi),
+                              mul_bf16x2(lo[1], s_lo), mul_bf16x2(hi[1], s_hi)};
+      const uint32_t a1[4] = {mul_bf16x2(lo[2], s_lo), mul_bf16x2(hi[2], s_hi),
+                              mul_bf16x2(lo[3], s_lo), mul_bf16x2(hi[3], s_hi)};
+#pragma unroll
+      for (int grp = 0; grp < kLive; ++grp) {
+        mma_bf16(acc[tile][grp], a0, b[grp].x, b[grp].y);
+        mma_bf16(acc[tile][grp], a1, b[grp].z, b[grp].w);
+      }
+    }
+  }
+}
+
+// consume_chunk for the run-time live group count (1 .. kGroups; warp-uniform).
+template <int kGroups, bool kSwiglu, int kLive = kGroups>
+__device__ __forceinline__ void consume_live(int live, const uint8_t* stage, int warp, int g, int t,
+                                             float (&acc)[kTiles][kGroups][4]) {
+  if constexpr (kLive == 1) {
+    consume_chunk<kGroups, 1, kSwiglu>(stage, warp, g, t, acc);
+  } else {
+    if (live == kLive) {
+      consume_chunk<kGroups, kLive, kSwiglu>(stage, warp, g, t, acc);
+    } else {
+      consume_live<kGroups, kSwiglu, kLive - 1>(live, stage, warp, g, t, acc);
     }
   }
 }
@@ -278,88 +327,43 @@ __global__ void __launch_bounds__(kGemmThreads) __maxnreg__(Ring<kGroups>::kMaxR
   if ((a.skip != nullptr && *a.skip != 0) || (a.replay_skip != nullptr && *a.replay_skip != 0)) {
     return;
   }
+  // The ring at the first 1024-byte boundary of the shared window (128-byte swizzle atoms), as an
+  // offset from smem_raw so the compiler keeps the shared address space (LDS, 32-bit addresses).
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
-                                             ~static_cast<uintptr_t>(1023));
+  uint8_t* smem = smem_raw + ((1024u - (pipe::smem_addr(smem_raw) & 1023u)) & 1023u);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + R::kStages * R::kStageBytes);
   uint64_t* empty = full + R::kStages;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   if (threadIdx.x == 0) {
     for (int s = 0; s < R::kStages; ++s) {
-      pipe::barrier_init(&full[s], kFullArrivals);
+      pipe::barrier_init(&full[s], 1);
       pipe::barrier_init(&empty[s], kConsumerWarps);
     }
     pipe::barrier_init_fence();
   }
   __syncthreads();
   if (warp == kConsumerWarps) {
-    produce<kGroups, kSwiglu>(p, smem, full, empty, lane);
+    if (lane == 0) produce<kGroups, kSwiglu>(p, smem, full, empty);
     return;
   }
 
   // Consumers: lane (g, t).
   const int64_t F = a.N / 2;
   const int g = lane / 4, t = lane % 4;
-  // The lane's 16 bytes of activation unit q of row `row` in a stage (128-byte swizzle: unit u of
-  // a row r of a half at u ^ (r % 8)).
-  const int act_half = t >> 1;
-  auto act_unit = [&](const uint8_t* act, int row, int q) {
-    const int u = 4 * (t & 1) + q;
-    return lds128(act + act_half * (R::kActBytes / 2) + row * 128 + ((u ^ (row & 7)) << 4));
-  };
   RingPos<R::kStages> pos;
+  Work next = work_item(p, blockIdx.x);
   for (int64_t i = blockIdx.x; i < p.items; i += gridDim.x) {
-    const Work w = work_item(p, i);
+    const Work w = next;
+    next = work_item(p, i + gridDim.x);
     if (w.row_end <= w.row_begin) continue;
-    const float global = a.b_global_E[w.e];
-    for (int64_t m0 = w.row_begin; m0 < w.row_end; m0 += 8 * kGroups) {
-      const int live = live_groups<kGroups>(w, m0);
+    const float global = w.global;
+    for (int m0 = w.row_begin; m0 < w.row_end; m0 += 8 * kGroups) {
+      // Groups holding rows; one group always does (the item has rows).
+      const int live = kGroups == 1 ? 1 : live_groups<kGroups>(w, m0);
       float acc[kTiles][kGroups][4] = {};
-      for (int64_t c = 0; c < w.chunks; ++c, pos.next()) {
+      for (int c = 0; c < w.chunks; ++c, pos.next()) {
         pipe::wait(&full[pos.stage], pos.phase);
-        const uint8_t* stage = smem + pos.stage * R::kStageBytes;
-        const uint8_t* act = stage + kCodeBytes;
-        // Blocks 2t, 2t + 1 of the chunk exist (S % 4 == 0: both or neither).
-        const bool blocks = 8 * (w.c_begin + c) + 2 * t < p.S;
-        uint4 codes[kTiles][2];
-        uint32_t scale[kTiles][2][2];  // [tile][r][block 2t / 2t + 1]
-#pragma unroll
-        for (int tile = 0; tile < kTiles; ++tile) {
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int row = code_row<kSwiglu>(warp, tile, r, g);
-            codes[tile][r] = lds128(stage + row * kCodeRowBytes + 16 * t);
-            const uint32_t two =
-                blocks ? *reinterpret_cast<const uint16_t*>(stage + R::kScaleOffset + row * 8 + 2 * t) : 0u;
-            scale_operands(two, scale[tile][r][0], scale[tile][r][1]);
-          }
-        }
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {  // code word q: steps 2q, 2q + 1 (block 2t + q / 2)
-          uint4 b[kGroups];
-#pragma unroll
-          for (int grp = 0; grp < kGroups; ++grp) {
-            if (grp < live) b[grp] = act_unit(act, grp * 8 + g, q);
-          }
-#pragma unroll
-          for (int tile = 0; tile < kTiles; ++tile) {
-            uint32_t lo[4], hi[4];  // rows g, g + 8
-            nvfp4_decode_word(word_of(codes[tile][0], q), lo);
-            nvfp4_decode_word(word_of(codes[tile][1], q), hi);
-            const uint32_t s_lo = scale[tile][0][q >> 1], s_hi = scale[tile][1][q >> 1];
-            const uint32_t a0[4] = {mul_bf16x2(lo[0], s_lo), mul_bf16x2(hi[0], s_hi),
-                                    mul_bf16x2(lo[1], s_lo), mul_bf16x2(hi[1], s_hi)};
-            const uint32_t a1[4] = {mul_bf16x2(lo[2], s_lo), mul_bf16x2(hi[2], s_hi),
-                                    mul_bf16x2(lo[3], s_lo), mul_bf16x2(hi[3], s_hi)};
-#pragma unroll
-            for (int grp = 0; grp < kGroups; ++grp) {
-              if (grp < live) {
-                mma_bf16(acc[tile][grp], a0, b[grp].x, b[grp].y);
-                mma_bf16(acc[tile][grp], a1, b[grp].z, b[grp].w);
-              }
-            }
-          }
-        }
+        consume_live<kGroups, kSwiglu>(live, smem + pos.stage * R::kStageBytes, warp, g, t, acc);
         __syncwarp();
         if (lane == 0) pipe::arrive(&empty[pos.stage]);
       }
@@ -373,7 +377,7 @@ __global__ void __launch_bounds__(kGemmThreads) __maxnreg__(Ring<kGroups>::kMaxR
           if (grp >= live) continue;
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const int64_t m = m0 + grp * 8 + 2 * t + h;
+            const int64_t m = m0 + grp * 8 + 2 * t + h;  // 64-bit: the row offsets below
             if (m >= w.row_end) continue;
             const float lo = __fmul_rn(acc[tile][grp][h], kSumFactor);
             const float hi = __fmul_rn(acc[tile][grp][2 + h], kSumFactor);
@@ -381,7 +385,7 @@ __global__ void __launch_bounds__(kGemmThreads) __maxnreg__(Ring<kGroups>::kMaxR
               const int64_t f = w.f0 + warp * 16 + tile * 8 + g;
               if (f >= F) continue;
               if constexpr (kSplit) {
-                float* part = p.partials_SMN + (w.z * a.M + m) * a.N;
+                float* part = p.partials_SMN + (static_cast<int64_t>(w.z) * a.M + m) * a.N;
                 part[f] = lo;
                 part[F + f] = hi;
               } else {
@@ -392,7 +396,7 @@ __global__ void __launch_bounds__(kGemmThreads) __maxnreg__(Ring<kGroups>::kMaxR
             } else {
               const int64_t n = w.n0 + code_row<false>(warp, tile, 0, g);
               if constexpr (kSplit) {
-                float* part = p.partials_SMN + (w.z * a.M + m) * a.N;
+                float* part = p.partials_SMN + (static_cast<int64_t>(w.z) * a.M + m) * a.N;
                 if (n < a.N) part[n] = lo;
                 if (n + 8 < a.N) part[n + 8] = hi;
               } else {
@@ -462,15 +466,15 @@ __global__ void __launch_bounds__(256) nvfp4_splitk_reduce_kernel(const Nvfp4Gro
 void check_args(const Nvfp4GroupedGemmArgs& a) {
   EPMOE_CHECK_ARG(a.E >= 1 && a.E <= 65535, "E", "1 .. 65535 (grid y)", a.E);
   EPMOE_CHECK_ARG(a.M >= 0, "M", ">= 0", a.M);
-  EPMOE_CHECK_ARG(a.K > 0 && a.K % 64 == 0, "K",
-                  "> 0 and a multiple of 64 (16-byte code rows for TMA, 4-byte scale rows for cp.async)",
+  EPMOE_CHECK_ARG(a.K > 0 && a.K % 32 == 0, "K", "> 0 and a multiple of 32 (16-byte code rows for TMA)",
                   a.K);
-  EPMOE_CHECK_ARG(a.N > 0, "N", "> 0", a.N);
+  EPMOE_CHECK_ARG(a.N > 0 && a.N % 2 == 0, "N",
+                  "> 0 and even (16-byte rows of 8-byte scale groups for TMA)", a.N);
   EPMOE_CHECK_ARG(a.E * a.N < (int64_t{1} << 31) && a.M < (int64_t{1} << 31), "E * N, M",
                   "< 2^31 (TMA row coordinates)", std::to_string(a.E * a.N) + ", " + std::to_string(a.M));
   gemm::check_output_destination(a);
   gemm::check_device_pointer(a.b_codes_ENP, "b_codes_ENP", 16);
-  gemm::check_device_pointer(a.b_scales_ENS, "b_scales_ENS", 1);
+  gemm::check_device_pointer(a.b_scales, "b_scales", 16);
   gemm::check_device_pointer(a.b_global_E, "b_global_E", 4);
   gemm::check_device_pointer(a.offsets_E1, "offsets_E1", 4);
   EPMOE_CHECK_ARG(a.splits >= 0, "splits", ">= 0 (0: EPMOE_NVFP4_SPLITK or the heuristic)",
@@ -608,7 +612,7 @@ void nvfp4_grouped_gemm(const Nvfp4GroupedGemmArgs& args, void* stream) {
       nvfp4_row_groups(args.rows_per_group > 0 ? args.rows_per_group : args.M / args.E).groups;
   Params p;
   p.a = args;
-  p.S = args.K / 16;
+  p.C = nvfp4_scale_chunks(args.K);
   p.chunks = (args.K + kChunk - 1) / kChunk;
   p.partials_SMN = splits > 1 ? args.splitk_scratch_SMN : nullptr;
   TensorMap2d codes;
@@ -630,6 +634,15 @@ void nvfp4_grouped_gemm(const Nvfp4GroupedGemmArgs& args, void* stream) {
   act.box_outer = 8;
   act.swizzle_128b = true;
   p.act = make_tensor_map(act, "a_MK");
+  TensorMap2d scales;  // a chunk's 8 scales of a row as one 8-byte element
+  scales.base = args.b_scales;
+  scales.type = CU_TENSOR_MAP_DATA_TYPE_UINT64;
+  scales.inner = static_cast<uint64_t>(args.N);
+  scales.outer = static_cast<uint64_t>(args.E * p.C);
+  scales.pitch_bytes = static_cast<uint64_t>(args.N * kNvfp4ChunkBlocks);
+  scales.box_inner = args.swiglu ? kSlab / 2 : kSlab;
+  scales.box_outer = 1;
+  p.scales = make_tensor_map(scales, "b_scales");
 
   p.slabs = grid_slabs(args.N, args.swiglu);
   p.splits = splits;

@@ -19,12 +19,11 @@
 
 namespace epmoe::cuda {
 
-// Letters: M rows (capacity), K contraction, N output columns, E experts, P = K / 2 code bytes,
-// S = K / 16 scale blocks.
+// Letters: M rows (capacity), K contraction, N output columns, E experts, P = K / 2 code bytes.
 struct Nvfp4GroupedGemmArgs {
   const bf16_t* a_MK = nullptr;           // [M, K] bf16, row pitch K
   const uint8_t* b_codes_ENP = nullptr;   // [E, N, P] packed E2M1, prepared order
-  const uint8_t* b_scales_ENS = nullptr;  // [E, N, S] E4M3 block scales
+  const uint8_t* b_scales = nullptr;      // E4M3 block scales [E, ceil(K/128), N, 8], prepared order
   const float* b_global_E = nullptr;      // [E] fp32 global scales
   const int32_t* offsets_E1 = nullptr;    // device [E + 1], non-decreasing, offsets_E1[E] <= M
   const int32_t* skip = nullptr;          // nullable device flag: non-zero = every group is empty
@@ -91,9 +90,9 @@ struct Nvfp4RowGroups {
 Nvfp4RowGroups nvfp4_row_groups(int64_t rows_per_group);
 
 // Requirements (checked; Error(invalid_argument) naming the field): E >= 1, K > 0 and
-// K % 64 == 0 (16-byte code rows for TMA, 4-byte scale rows for cp.async), N > 0, E * N and
-// M < 2^31, ld_out >= N (or the combine fields), a_MK and b_codes_ENP 16-byte aligned, b_global_E
-// 4-byte aligned; swiglu: N even, ld_out >= N / 2, no combine_R. Work items (ceil(N / 128), E,
+// K % 32 == 0 (16-byte code rows for TMA), N > 0 and even (16-byte rows of 8-byte scale groups),
+// E * N and M < 2^31, ld_out >= N (or the combine fields), a_MK, b_codes_ENP and b_scales
+// 16-byte aligned, b_global_E 4-byte aligned; swiglu: N even, ld_out >= N / 2, no combine_R. Work items (ceil(N / 128), E,
 // splits) (swiglu: (ceil(N / 2 / 64), E, splits)) over a persistent grid of the resident CTAs,
 // then with splits > 1 the reduce kernel; graph-capturable (the splits and row
 // groups depend on host-known sizes and the environment only; the TMA descriptors are kernel

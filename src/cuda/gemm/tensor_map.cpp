@@ -28,9 +28,10 @@ uint32_t element_bytes(CUtensorMapDataType type) {
     case CU_TENSOR_MAP_DATA_TYPE_BFLOAT16:
     case CU_TENSOR_MAP_DATA_TYPE_FLOAT16: return 2;
     case CU_TENSOR_MAP_DATA_TYPE_FLOAT32: return 4;
+    case CU_TENSOR_MAP_DATA_TYPE_UINT64: return 8;
     default: break;
   }
-  EPMOE_CHECK_ARG(false, "TensorMap2d.type", "uint8, bfloat16, float16 or float32",
+  EPMOE_CHECK_ARG(false, "TensorMap2d.type", "uint8, bfloat16, float16, float32 or uint64",
                   static_cast<int>(type));
   return 0;
 }
