@@ -118,7 +118,7 @@ struct Problem {
   // groups (0: M / E).
   std::vector<bf16_t> run_gpu(const int32_t* skip = nullptr,
                               const ActivationParams* swiglu = nullptr, int splits = 1,
-                              int64_t rows_per_group = 0) const {
+                              int64_t rows_per_group = 0, int64_t wide_above_rows = 0) const {
     const int64_t cols = swiglu != nullptr ? N / 2 : N;
     Dev<bf16_t> da(a), dout(static_cast<size_t>(M * cols));
     Dev<float> scratch(static_cast<size_t>(
@@ -128,6 +128,7 @@ struct Problem {
     Dev<int32_t> doff(offsets);
     cuda::Nvfp4GroupedGemmArgs x = args(da, dq, ds, dg, doff);
     x.rows_per_group = rows_per_group;
+    x.wide_above_rows = wide_above_rows;
     x.skip = skip;
     x.out_MN = dout.ptr;
     x.ld_out = cols;
@@ -355,6 +356,38 @@ TEST(GpuGemmNvfp4, RowGroupsBitwiseEqual) {
   }
 }
 
+// Experts with many rows (skewed routing) take the second, 8-group launch: the same bits as
+// narrow passes only, and as every expert in the wide launch.
+TEST(GpuGemmNvfp4, WidePassBitwiseEqualNarrowPasses) {
+  EPMOE_REQUIRE_GPU();
+  std::vector<Shape> cases = shapes();
+  cases.push_back({{150, 3, 0, 70, 17, 64, 65}, 2, 200, 512});
+  cases.push_back({{1, 200}, 0, 128, 384});
+  std::mt19937 rng(28);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const ActivationParams plain_swiglu{};
+  for (const ActivationParams* act : {static_cast<const ActivationParams*>(nullptr), &plain_swiglu}) {
+    const char* what = act == nullptr ? " plain" : " swiglu";
+    for (const Shape& s : cases) {
+      Problem p(s);
+      fill_exact(p, rng);
+      for (bf16_t& v : p.a) v = float_to_bf16(normal(rng));
+      const int64_t cols = act == nullptr ? p.N : p.N / 2;
+      for (int splits : {1, 3}) {
+        for (int64_t hint : {1, 8, 16}) {  // 1, 2, 4 groups: wide above 16, 32, 64 rows
+          const std::string where = describe(s) + what + " splits " + std::to_string(splits) +
+                                    " hint " + std::to_string(hint);
+          const std::vector<bf16_t> narrow =
+              p.run_gpu(nullptr, act, splits, hint, cuda::kNvfp4NoWidePass);
+          expect_bitwise(narrow, p.run_gpu(nullptr, act, splits, hint), cols, where + " rule");
+          expect_bitwise(narrow, p.run_gpu(nullptr, act, splits, hint, 1), cols,
+                         where + " wide above 1 row");
+        }
+      }
+    }
+  }
+}
+
 // The row-group rule (host only): the expected rows plus two standard deviations fit a pass.
 TEST(GpuGemmNvfp4, RowGroupsHoldTheExpectedRowsAndTwoSigma) {
   EXPECT_EQ(cuda::nvfp4_row_groups(0).groups, 1);
@@ -363,6 +396,13 @@ TEST(GpuGemmNvfp4, RowGroupsHoldTheExpectedRowsAndTwoSigma) {
   EXPECT_EQ(cuda::nvfp4_row_groups(8).groups, 2);   // qwen3 decode: 8 + 5.7 <= 16
   EXPECT_EQ(cuda::nvfp4_row_groups(32).groups, 8);  // mixtral decode: 32 + 11.3 > 32
   EXPECT_EQ(cuda::nvfp4_row_groups(1000).groups, cuda::kNvfp4MaxRowGroups);
+  // More than two passes' rows: the 8-group launch; none beside 8 groups.
+  EXPECT_EQ(cuda::nvfp4_row_groups(4).wide_above, 16);
+  EXPECT_EQ(cuda::nvfp4_row_groups(8).wide_above, 32);
+  EXPECT_EQ(cuda::nvfp4_row_groups(16).wide_above, 64);
+  EXPECT_EQ(cuda::nvfp4_row_groups(32).wide_above, cuda::kNvfp4NoWidePass);
+  EXPECT_NE(cuda::nvfp4_row_groups(4).reason.find("more than 16 rows"), std::string::npos)
+      << cuda::nvfp4_row_groups(4).reason;
   EXPECT_NE(cuda::nvfp4_row_groups(8).reason.find("2 x 8 rows"), std::string::npos)
       << cuda::nvfp4_row_groups(8).reason;
 }

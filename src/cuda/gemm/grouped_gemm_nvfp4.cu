@@ -63,6 +63,11 @@ constexpr uint32_t kScaleFactorBits = static_cast<uint32_t>(127 + kWeightLog2 - 
 constexpr float kSumFactor = 256.0f;  // 2^-kWeightLog2
 static_assert(kWeightLog2 - kNvfp4DecodeScaleLog2 == 118 && -kWeightLog2 == 8, "the factors above");
 
+// The experts a launch takes, selected on the device by their rows (select_experts): at most
+// kNvfp4MaxExperts, counted per 32 (int) and listed (uint16) in shared memory.
+constexpr int kExpertChunks = kNvfp4MaxExperts / 32;
+constexpr int kExpertListBytes = kExpertChunks * 4 + kNvfp4MaxExperts * 2;
+
 template <int kGroups>
 struct Ring {
   static constexpr int kGroupBytes = 8 * kActHalf * 2;           // one 8-row group's half: 1 KiB
@@ -70,11 +75,16 @@ struct Ring {
   static constexpr int kScaleOffset = kCodeBytes + kActBytes;
   static constexpr int kScaleBytes = kSlab * (kChunk / 16);      // 8 E4M3 scales a row
   static constexpr int kStageBytes = kScaleOffset + kScaleBytes;
-  static constexpr int kStages = kGroups == 1 ? 6 : (kGroups == 2 ? 5 : 4);  // 3 CTAs per SM up to 2 groups
-  // Registers for 3 CTAs per SM (2 with 4 or 8 groups, whose stages leave room for 2).
-  static constexpr int kMaxRegs = kGroups <= 2 ? 136 : 200;
-  static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;
+  static constexpr int kStages = kGroups == 1 ? 6 : (kGroups == 2 ? 5 : 4);
+  // CTAs per SM: registers are allocated per sub-partition (16 Ki each) to whole warps, so a
+  // 5-warp CTA needs ceil(5 * CTAs / 4) warps' registers in one: 3 CTAs (4 warps) at <= 128
+  // registers, 2 (3 warps) at <= 168. The stages leave room for the same counts.
+  static constexpr int kCtasPerSm = kGroups <= 4 ? 3 : 2;
+  static constexpr int kMaxRegs = kGroups <= 4 ? 128 : 168;
+  static constexpr int kBarrierBytes = 2 * kStages * 8;
+  static constexpr int kSmemBytes = kStages * kStageBytes + kBarrierBytes + kExpertListBytes + 1024;
   static_assert(kStageBytes % 1024 == 0, "128-byte swizzle atoms need 1024-byte aligned stages");
+  static_assert(kCtasPerSm * (kSmemBytes + 1024) <= 228 * 1024, "the CTAs' shared memory per SM");
 };
 
 struct Params {
@@ -86,7 +96,8 @@ struct Params {
   int64_t chunks = 0;              // ceil(K / kChunk)
   int64_t slabs = 0;               // slabs per expert
   int64_t splits = 1;
-  int64_t items = 0;               // work items: slabs * E * splits
+  int32_t rows_above = 0;          // the launch takes the experts with rows in (rows_above,
+  int32_t rows_upto = 0;           // rows_upto]
   float* partials_SMN = nullptr;   // split-K: [splits, M, N] fp32 (the caller's scratch)
 };
 
@@ -165,9 +176,48 @@ struct RingPos {
   }
 };
 
-// One work item of the persistent grid: (slab, expert, split) of item i, slab fastest (CTAs
-// running side by side share an expert's activation rows), and its rows, chunks and global scale.
-// Loaded one item ahead, so the offsets' latency hides under the item before.
+// The experts of this launch (rows in (rows_above, rows_upto]), ascending, into ids; returns their
+// count. Every thread of the CTA calls it (two CTA barriers); each warp ballots 32 experts at a
+// time, one load round of the offsets.
+__device__ __forceinline__ int select_experts(const Params& p, uint16_t* ids, int* chunk_n) {
+  constexpr int kWarps = kConsumerWarps + 1;
+  constexpr int kRounds = (kExpertChunks + kWarps - 1) / kWarps;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int E = p.a.E;
+  const int chunks = (E + 31) / 32;
+  uint32_t picked[kRounds];
+#pragma unroll
+  for (int j = 0; j < kRounds; ++j) {
+    const int c = warp + j * kWarps;
+    const int e = c * 32 + lane;
+    bool take = false;
+    if (e < E) {
+      const int begin = p.a.offsets_E1[e];
+      const int end_raw = p.a.offsets_E1[e + 1];
+      const int end = end_raw < p.a.M ? end_raw : static_cast<int>(p.a.M);
+      take = end - begin > p.rows_above && end - begin <= p.rows_upto;
+    }
+    picked[j] = __ballot_sync(0xffffffffu, take);
+    if (lane == 0 && c < chunks) chunk_n[c] = __popc(picked[j]);
+  }
+  __syncthreads();
+  int total = 0;
+  for (int c = 0; c < chunks; ++c) total += chunk_n[c];
+#pragma unroll
+  for (int j = 0; j < kRounds; ++j) {
+    const int c = warp + j * kWarps;
+    if (c >= chunks || ((picked[j] >> lane) & 1u) == 0) continue;
+    int base = 0;
+    for (int k = 0; k < c; ++k) base += chunk_n[k];
+    ids[base + __popc(picked[j] & ((1u << lane) - 1u))] = static_cast<uint16_t>(c * 32 + lane);
+  }
+  __syncthreads();
+  return total;
+}
+
+// One work item of the persistent grid: (slab, listed expert, split) of item i, slab fastest
+// (CTAs running side by side share an expert's activation rows), and its rows, chunks and global
+// scale. Loaded one item ahead, so the offsets' latency hides under the item before.
 struct Work {
   int e = 0;
   int n0 = 0, f0 = 0;        // the slab's first weight row (plain) / column f (SwiGLU)
@@ -176,13 +226,14 @@ struct Work {
   int c_begin = 0, chunks = 0;
   float global = 0.0f;
 };
-__device__ __forceinline__ Work work_item(const Params& p, int64_t i) {
+__device__ __forceinline__ Work work_item(const Params& p, const uint16_t* ids, int listed,
+                                          int64_t i) {
   Work w;
-  if (i >= p.items) return w;  // no rows: the loops skip it
-  const int64_t per_split = p.slabs * p.a.E;
+  const int64_t per_split = p.slabs * listed;
+  if (i >= per_split * p.splits) return w;  // no rows: the loops skip it
   w.z = static_cast<int>(i / per_split);
   const int slab = static_cast<int>(i % p.slabs);
-  w.e = static_cast<int>((i % per_split) / p.slabs);
+  w.e = ids[(i % per_split) / p.slabs];
   w.n0 = slab * kSlab;
   w.f0 = slab * (kSlab / 2);
   w.row_begin = p.a.offsets_E1[w.e];
@@ -205,7 +256,7 @@ __device__ __forceinline__ int live_groups(const Work& w, int m0) {
 // boxes (codes, scales, the live groups' activation halves).
 template <int kGroups, bool kSwiglu>
 __device__ __forceinline__ void produce(const Params& p, uint8_t* smem, uint64_t* full,
-                                        uint64_t* empty) {
+                                        uint64_t* empty, const uint16_t* ids, int listed) {
   using R = Ring<kGroups>;
   const Nvfp4GroupedGemmArgs& a = p.a;
   const int64_t F = a.N / 2;
@@ -213,10 +264,11 @@ __device__ __forceinline__ void produce(const Params& p, uint8_t* smem, uint64_t
   pipe::prefetch_tensor_map(&p.act);
   pipe::prefetch_tensor_map(&p.scales);
   RingPos<R::kStages> pos;
-  Work next = work_item(p, blockIdx.x);
-  for (int64_t i = blockIdx.x; i < p.items; i += gridDim.x) {
+  const int64_t items = p.slabs * listed * p.splits;
+  Work next = work_item(p, ids, listed, blockIdx.x);
+  for (int64_t i = blockIdx.x; i < items; i += gridDim.x) {
     const Work w = next;
-    next = work_item(p, i + gridDim.x);
+    next = work_item(p, ids, listed, i + gridDim.x);
     if (w.row_end <= w.row_begin) continue;
     const int32_t code_y = static_cast<int32_t>(w.e * a.N + (kSwiglu ? w.f0 : w.n0));  // < 2^31
     for (int m0 = w.row_begin; m0 < w.row_end; m0 += 8 * kGroups) {
@@ -274,25 +326,31 @@ __device__ __forceinline__ void consume_chunk(const uint8_t* stage, int warp, in
     // The lane's 16 bytes of activation unit u of its row in each group (128-byte swizzle: unit u
     // of a row r of a half at u ^ (r % 8); r % 8 = g).
     const int u = 4 * (t & 1) + q;
-    uint4 b[kLive];
-#pragma unroll
-    for (int grp = 0; grp < kLive; ++grp) {
-      b[grp] = lds128(act + (t >> 1) * (R::kActBytes / 2) + (grp * 8 + g) * 128 + ((u ^ g) << 4));
-    }
+    uint32_t a0[kTiles][4], a1[kTiles][4];  // the tiles' A operands of steps 2q, 2q + 1
 #pragma unroll
     for (int tile = 0; tile < kTiles; ++tile) {
       uint32_t lo[4], hi[4];  // rows g, g + 8
       nvfp4_decode_word(word_of(codes[tile][0], q), lo);
       nvfp4_decode_word(word_of(codes[tile][1], q), hi);
       const uint32_t s_lo = scale[tile][0][q >> 1], s_hi = scale[tile][1][q >> 1];
-      const uint32_t a0[4] = {mul_bf16x2(lo[0], s_lo), mul_bf16x2(hi[0], s_hi),
-                              mul_bf16x2(lo[1], s_lo), mul_bf16x2(hi[1], s_hi)};
-      const uint32_t a1[4] = {mul_bf16x2(lo[2], s_lo), mul_bf16x2(hi[2], s_hi),
-                              mul_bf16x2(lo[3], s_lo), mul_bf16x2(hi[3], s_hi)};
+      a0[tile][0] = mul_bf16x2(lo[0], s_lo);
+      a0[tile][1] = mul_bf16x2(hi[0], s_hi);
+      a0[tile][2] = mul_bf16x2(lo[1], s_lo);
+      a0[tile][3] = mul_bf16x2(hi[1], s_hi);
+      a1[tile][0] = mul_bf16x2(lo[2], s_lo);
+      a1[tile][1] = mul_bf16x2(hi[2], s_hi);
+      a1[tile][2] = mul_bf16x2(lo[3], s_lo);
+      a1[tile][3] = mul_bf16x2(hi[3], s_hi);
+    }
+    // Group by group, so only one group's activation unit is live (registers: 8 groups of
+    // accumulators leave room for little else).
 #pragma unroll
-      for (int grp = 0; grp < kLive; ++grp) {
-        mma_bf16(acc[tile][grp], a0, b[grp].x, b[grp].y);
-        mma_bf16(acc[tile][grp], a1, b[grp].z, b[grp].w);
+    for (int grp = 0; grp < kLive; ++grp) {
+      const uint4 b = lds128(act + (t >> 1) * (R::kActBytes / 2) + (grp * 8 + g) * 128 + ((u ^ g) << 4));
+#pragma unroll
+      for (int tile = 0; tile < kTiles; ++tile) {
+        mma_bf16(acc[tile][grp], a0[tile], b.x, b.y);
+        mma_bf16(acc[tile][grp], a1[tile], b.z, b.w);
       }
     }
   }
@@ -333,6 +391,8 @@ __global__ void __launch_bounds__(kGemmThreads) __maxnreg__(Ring<kGroups>::kMaxR
   uint8_t* smem = smem_raw + ((1024u - (pipe::smem_addr(smem_raw) & 1023u)) & 1023u);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + R::kStages * R::kStageBytes);
   uint64_t* empty = full + R::kStages;
+  int* chunk_n = reinterpret_cast<int*>(smem + R::kStages * R::kStageBytes + R::kBarrierBytes);
+  uint16_t* ids = reinterpret_cast<uint16_t*>(chunk_n + kExpertChunks);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   if (threadIdx.x == 0) {
     for (int s = 0; s < R::kStages; ++s) {
@@ -341,9 +401,9 @@ __global__ void __launch_bounds__(kGemmThreads) __maxnreg__(Ring<kGroups>::kMaxR
     }
     pipe::barrier_init_fence();
   }
-  __syncthreads();
+  const int listed = select_experts(p, ids, chunk_n);  // its barriers also publish the inits
   if (warp == kConsumerWarps) {
-    if (lane == 0) produce<kGroups, kSwiglu>(p, smem, full, empty);
+    if (lane == 0) produce<kGroups, kSwiglu>(p, smem, full, empty, ids, listed);
     return;
   }
 
@@ -351,10 +411,11 @@ __global__ void __launch_bounds__(kGemmThreads) __maxnreg__(Ring<kGroups>::kMaxR
   const int64_t F = a.N / 2;
   const int g = lane / 4, t = lane % 4;
   RingPos<R::kStages> pos;
-  Work next = work_item(p, blockIdx.x);
-  for (int64_t i = blockIdx.x; i < p.items; i += gridDim.x) {
+  const int64_t items = p.slabs * listed * p.splits;
+  Work next = work_item(p, ids, listed, blockIdx.x);
+  for (int64_t i = blockIdx.x; i < items; i += gridDim.x) {
     const Work w = next;
-    next = work_item(p, i + gridDim.x);
+    next = work_item(p, ids, listed, i + gridDim.x);
     if (w.row_end <= w.row_begin) continue;
     const float global = w.global;
     for (int m0 = w.row_begin; m0 < w.row_end; m0 += 8 * kGroups) {
@@ -464,7 +525,10 @@ __global__ void __launch_bounds__(256) nvfp4_splitk_reduce_kernel(const Nvfp4Gro
 }
 
 void check_args(const Nvfp4GroupedGemmArgs& a) {
-  EPMOE_CHECK_ARG(a.E >= 1 && a.E <= 65535, "E", "1 .. 65535 (grid y)", a.E);
+  EPMOE_CHECK_ARG(a.E >= 1 && a.E <= kNvfp4MaxExperts, "E",
+                  "1 .. " + std::to_string(kNvfp4MaxExperts) + " (the kernel's expert list)", a.E);
+  EPMOE_CHECK_ARG(a.wide_above_rows >= 0, "wide_above_rows", ">= 0 (0: nvfp4_row_groups' rule)",
+                  a.wide_above_rows);
   EPMOE_CHECK_ARG(a.M >= 0, "M", ">= 0", a.M);
   EPMOE_CHECK_ARG(a.K > 0 && a.K % 32 == 0, "K", "> 0 and a multiple of 32 (16-byte code rows for TMA)",
                   a.K);
@@ -509,14 +573,16 @@ int resident_ctas(int smem_bytes) {
   return n;
 }
 
-// The persistent grid: every resident CTA slot, at most one per item.
+// The persistent grid: every resident CTA slot, at most one per item (slabs * E * splits, the
+// most the device's expert list can give).
 template <int kGroups, bool kSwiglu, bool kSplit>
 void launch(const Params& p, cudaStream_t st) {
   constexpr auto kernel = nvfp4_gemm_kernel<kGroups, kSwiglu, kSplit>;
   constexpr int smem = Ring<kGroups>::kSmemBytes;
   set_shared_memory_limit<kernel>(smem, /*max_carveout=*/true);
   const int64_t slots = static_cast<int64_t>(sm_count()) * resident_ctas<kernel>(smem);
-  const unsigned grid = static_cast<unsigned>(p.items < slots ? p.items : slots);
+  const int64_t items = p.slabs * p.a.E * p.splits;
+  const unsigned grid = static_cast<unsigned>(items < slots ? items : slots);
   kernel<<<grid, kGemmThreads, smem, st>>>(p);
   EPMOE_CUDA_LAUNCH_CHECK();
 }
@@ -598,9 +664,14 @@ Nvfp4RowGroups nvfp4_row_groups(int64_t rows_per_group) {
   const double want = lambda + 2.0 * std::sqrt(lambda);
   c.groups = 1;
   while (c.groups < kNvfp4MaxRowGroups && 8.0 * c.groups < want) c.groups *= 2;
+  c.wide_above = c.groups < kNvfp4MaxRowGroups ? 2 * 8 * c.groups : kNvfp4NoWidePass;
   c.reason = std::to_string(rows_per_group) + " rows per expert expected, + 2 sigma = " +
              std::to_string(static_cast<int64_t>(want + 0.5)) + ": " + std::to_string(c.groups) +
-             " x 8 rows a pass";
+             " x 8 rows a pass" +
+             (c.wide_above == kNvfp4NoWidePass
+                  ? std::string()
+                  : "; experts with more than " + std::to_string(c.wide_above) + " rows: " +
+                        std::to_string(kNvfp4MaxRowGroups) + " x 8");
   return c;
 }
 
@@ -608,8 +679,12 @@ void nvfp4_grouped_gemm(const Nvfp4GroupedGemmArgs& args, void* stream) {
   check_args(args);
   if (args.M == 0) return;
   const int splits = nvfp4_launch_splits(args);
-  const int groups =
-      nvfp4_row_groups(args.rows_per_group > 0 ? args.rows_per_group : args.M / args.E).groups;
+  const Nvfp4RowGroups rows =
+      nvfp4_row_groups(args.rows_per_group > 0 ? args.rows_per_group : args.M / args.E);
+  // Experts with more rows than the narrow passes suit take the widest launch (an expert holds
+  // at most M rows; the device picks each launch's experts from the offsets).
+  const int64_t wide_above = args.wide_above_rows > 0 ? args.wide_above_rows : rows.wide_above;
+  const int32_t narrow_upto = static_cast<int32_t>(wide_above < args.M ? wide_above : args.M);
   Params p;
   p.a = args;
   p.C = nvfp4_scale_chunks(args.K);
@@ -646,14 +721,20 @@ void nvfp4_grouped_gemm(const Nvfp4GroupedGemmArgs& args, void* stream) {
 
   p.slabs = grid_slabs(args.N, args.swiglu);
   p.splits = splits;
-  p.items = p.slabs * args.E * splits;
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   const bool split = splits > 1;
-  switch (groups) {
+  p.rows_above = 0;
+  p.rows_upto = narrow_upto;
+  switch (rows.groups) {
     case 1: launch_groups<1>(p, split, st); break;
     case 2: launch_groups<2>(p, split, st); break;
     case 4: launch_groups<4>(p, split, st); break;
-    default: launch_groups<8>(p, split, st); break;
+    default: launch_groups<kNvfp4MaxRowGroups>(p, split, st); break;
+  }
+  if (narrow_upto < args.M) {
+    p.rows_above = narrow_upto;
+    p.rows_upto = static_cast<int32_t>(args.M);
+    launch_groups<kNvfp4MaxRowGroups>(p, split, st);
   }
   if (split) {
     const int64_t cols = args.swiglu ? args.N / 2 : args.N;

@@ -41,6 +41,10 @@ struct Nvfp4GroupedGemmArgs {
   // The host's expectation of rows per group (balanced routing: T * top_k / E), for choices that
   // depend on it (nvfp4_row_groups); 0: M / E.
   int64_t rows_per_group = 0;
+  // Experts with more rows than this take a second launch of kNvfp4MaxRowGroups groups a pass
+  // (the device picks each launch's experts); 0: nvfp4_row_groups' wide_above;
+  // kNvfp4NoWidePass: never.
+  int64_t wide_above_rows = 0;
   // W13 with the SwiGLU epilogue: B holds the gate rows [0, N/2) then the up rows [N/2, N); out
   // gets h[m, f] = bf16(act(bf16(gate), bf16(up))) for f < N/2 (core/activation.h, the unfused
   // kernel's math), [M, N/2] with row pitch ld_out; no h13.
@@ -82,19 +86,28 @@ int nvfp4_launch_splits(const Nvfp4GroupedGemmArgs& args);
 // count, sqrt(rows): an expert with more rows takes another pass over its weights, and groups
 // past an expert's rows run no MMAs. Decode T = 128: 4 rows (deepseek-v3, gpt-oss) -> 1 group,
 // 8 (qwen3) -> 2, 32 (mixtral) -> 8. From the host's expectation only (graph-capturable).
+// Experts with more than two such passes' rows (wide_above = 16 x groups; skewed routing) go to a
+// second launch of 8 groups a pass, which decodes their weights once per 64 rows instead of once
+// per 8 x groups; the device sorts the experts between the two launches by their offsets.
 constexpr int kNvfp4MaxRowGroups = 8;
+constexpr int64_t kNvfp4NoWidePass = INT64_MAX;
 struct Nvfp4RowGroups {
   int groups = 1;
+  int64_t wide_above = kNvfp4NoWidePass;  // rows; kNvfp4NoWidePass with 8 groups
   std::string reason;
 };
+
+// Experts a launch can take (the kernel lists them in shared memory).
+constexpr int kNvfp4MaxExperts = 1024;
 Nvfp4RowGroups nvfp4_row_groups(int64_t rows_per_group);
 
-// Requirements (checked; Error(invalid_argument) naming the field): E >= 1, K > 0 and
+// Requirements (checked; Error(invalid_argument) naming the field): 1 <= E <= kNvfp4MaxExperts, K > 0 and
 // K % 32 == 0 (16-byte code rows for TMA), N > 0 and even (16-byte rows of 8-byte scale groups),
 // E * N and M < 2^31, ld_out >= N (or the combine fields), a_MK, b_codes_ENP and b_scales
-// 16-byte aligned, b_global_E 4-byte aligned; swiglu: N even, ld_out >= N / 2, no combine_R. Work items (ceil(N / 128), E,
-// splits) (swiglu: (ceil(N / 2 / 64), E, splits)) over a persistent grid of the resident CTAs,
-// then with splits > 1 the reduce kernel; graph-capturable (the splits and row
+// 16-byte aligned, b_global_E 4-byte aligned; swiglu: N even, ld_out >= N / 2, no combine_R. Work items (ceil(N / 128),
+// expert with rows, splits) (swiglu: (ceil(N / 2 / 64), ...)) over a persistent grid of the
+// resident CTAs, one launch per row-group width (nvfp4_row_groups), then with splits > 1 the
+// reduce kernel; graph-capturable (the splits and row
 // groups depend on host-known sizes and the environment only; the TMA descriptors are kernel
 // parameters); deterministic (one lane owns each output of a split and sums its chunks in a
 // fixed order; the reduce sums the splits in order). Row groups change nothing but the passes:
