@@ -44,7 +44,9 @@
 #       EPMOE_AB_PRECISION, default bf16; EPMOE_AB_SHAPES, default the four) once as is and once
 #       per setting with its variables set: $OUT/ab0.json, $OUT/ab<i>.json, stage ms of each against ab0
 #       (bench/compare_stages.py) in $OUT/ab_compare.txt. EPMOE_AB_DECODE=1: bench_moe.py
-#       --decode-only instead (the bf16 decode forward, eager and graph, at each shape's decode T)
+#       --decode-only instead (the bf16 decode forward, eager and graph, at each shape's decode T);
+#       EPMOE_AB_NVFP4=1: --nvfp4-only (the NVFP4 decode forward beside the bf16 one); both also
+#       for abpatch
 # Every mode but test and profile also logs SM clocks, power and temperature every 500 ms to
 # $OUT/clocks.csv and prints their summary per GPU (bench/clock_summary.py).
 # CUTLASS headers and GoogleTest sources travel in third_party/ (git-ignored; name it in carry).
@@ -147,6 +149,7 @@ ab_runs() {
       fi
       what=(--epmoe-only "epmoe-$prefix$i" --epmoe-only-precision "$precision")
       [[ ${EPMOE_AB_DECODE:-0} == 1 ]] && what=(--decode-only)
+      [[ ${EPMOE_AB_NVFP4:-0} == 1 ]] && what=(--nvfp4-only)
       PYTHONUNBUFFERED=1 timeout -k 10 "${EPMOE_AB_TIMEOUT:-300}" python3 bench/bench_moe.py \
         --routings "${EPMOE_AB_ROUTINGS:-balanced}" --shapes "$shapes" "${what[@]}" \
         --lib "${EPMOE_AB_LIB:-$build/src/libepmoe.so}" \

@@ -675,12 +675,25 @@ Nvfp4RowGroups nvfp4_row_groups(int64_t rows_per_group) {
   return c;
 }
 
+int nvfp4_requested_row_groups() {
+  const char* env = std::getenv("EPMOE_NVFP4_ROW_GROUPS");
+  if (env == nullptr) return 0;
+  const int n = std::atoi(env);
+  EPMOE_CHECK_ARG(n == 1 || n == 2 || n == 4 || n == 8, "EPMOE_NVFP4_ROW_GROUPS", "1, 2, 4 or 8",
+                  env);
+  return n;
+}
+
 void nvfp4_grouped_gemm(const Nvfp4GroupedGemmArgs& args, void* stream) {
   check_args(args);
   if (args.M == 0) return;
   const int splits = nvfp4_launch_splits(args);
-  const Nvfp4RowGroups rows =
+  Nvfp4RowGroups rows =
       nvfp4_row_groups(args.rows_per_group > 0 ? args.rows_per_group : args.M / args.E);
+  if (const int forced = nvfp4_requested_row_groups(); forced > 0) {
+    rows.groups = forced;
+    rows.wide_above = forced < kNvfp4MaxRowGroups ? 2 * 8 * forced : kNvfp4NoWidePass;
+  }
   // Experts with more rows than the narrow passes suit take the widest launch (an expert holds
   // at most M rows; the device picks each launch's experts from the offsets).
   const int64_t wide_above = args.wide_above_rows > 0 ? args.wide_above_rows : rows.wide_above;

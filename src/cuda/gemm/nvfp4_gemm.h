@@ -101,6 +101,10 @@ struct Nvfp4RowGroups {
 constexpr int kNvfp4MaxExperts = 1024;
 Nvfp4RowGroups nvfp4_row_groups(int64_t rows_per_group);
 
+// EPMOE_NVFP4_ROW_GROUPS=<1|2|4|8> in place of nvfp4_row_groups' count (measurements; the wide
+// launch as the rule puts it); 0 when unset (Error(invalid_argument) naming it otherwise).
+int nvfp4_requested_row_groups();
+
 // Requirements (checked; Error(invalid_argument) naming the field): 1 <= E <= kNvfp4MaxExperts, K > 0 and
 // K % 32 == 0 (16-byte code rows for TMA), N > 0 and even (16-byte rows of 8-byte scale groups),
 // E * N and M < 2^31, ld_out >= N (or the combine fields), a_MK, b_codes_ENP and b_scales
