@@ -342,16 +342,19 @@ __device__ __forceinline__ void consume_chunk(const uint8_t* stage, int warp, in
       a1[tile][2] = mul_bf16x2(lo[3], s_lo);
       a1[tile][3] = mul_bf16x2(hi[3], s_hi);
     }
-    // Group by group, so only one group's activation unit is live (registers: 8 groups of
-    // accumulators leave room for little else).
+    // Step 2q's MMAs of every (tile, group), then step 2q + 1's: an accumulator's second MMA
+    // waits for its first behind 2 x kLive - 1 independent ones.
+    uint4 b[kLive];
 #pragma unroll
     for (int grp = 0; grp < kLive; ++grp) {
-      const uint4 b = lds128(act + (t >> 1) * (R::kActBytes / 2) + (grp * 8 + g) * 128 + ((u ^ g) << 4));
+      b[grp] = lds128(act + (t >> 1) * (R::kActBytes / 2) + (grp * 8 + g) * 128 + ((u ^ g) << 4));
 #pragma unroll
-      for (int tile = 0; tile < kTiles; ++tile) {
-        mma_bf16(acc[tile][grp], a0[tile], b.x, b.y);
-        mma_bf16(acc[tile][grp], a1[tile], b.z, b.w);
-      }
+      for (int tile = 0; tile < kTiles; ++tile) mma_bf16(acc[tile][grp], a0[tile], b[grp].x, b[grp].y);
+    }
+#pragma unroll
+    for (int grp = 0; grp < kLive; ++grp) {
+#pragma unroll
+      for (int tile = 0; tile < kTiles; ++tile) mma_bf16(acc[tile][grp], a1[tile], b[grp].z, b[grp].w);
     }
   }
 }
