@@ -37,6 +37,8 @@ CudaBackend::CudaBackend(int device_ordinal) : ordinal_(device_ordinal) {
   EPMOE_EXPECT(device_ordinal >= 0 && device_ordinal < count, backend, "Device",
                "a CUDA ordinal in [0, " + std::to_string(count) + ")",
                "cuda:" + std::to_string(device_ordinal));
+  DeviceScope scope(ordinal_);
+  fork_ = std::make_unique<StreamFork>();
 }
 
 void CudaBackend::validate(const Config& config, int ep_size) const {
@@ -165,18 +167,18 @@ EPMOE_STAGE(dispatch, cuda::dispatch(s))
 // NVFP4 (s.nvfp4): the weight-only GEMMs on bf16 rows (nvfp4_forward.h). MXFP8 (s.mxfp8): the
 // rows quantized 1x32, then the MXFP8 GEMMs (mxfp8_forward.h).
 EPMOE_STAGE(w13_gemm, if (s.fp8) cuda::fp8_w13_fprop(s);
-            else if (s.nvfp4) cuda::nvfp4_w13_fprop(s);
+            else if (s.nvfp4) cuda::nvfp4_w13_fprop(s, fork_->view());
             else if (s.mxfp8) cuda::mxfp8_w13_fprop(s); else cuda::w13_fprop(s, false))
 EPMOE_STAGE(swiglu_forward, if (s.fp8) cuda::fp8_swiglu_forward(s); else cuda::swiglu_forward(s))
 EPMOE_STAGE(w13_swiglu, if (s.fp8) cuda::fp8_w13_swiglu(s);
-            else if (s.nvfp4) cuda::nvfp4_w13_swiglu(s);
+            else if (s.nvfp4) cuda::nvfp4_w13_swiglu(s, fork_->view());
             else if (s.mxfp8) cuda::mxfp8_w13_swiglu(s); else cuda::w13_fprop(s, true))
 EPMOE_STAGE(w2_gemm, if (s.fp8) cuda::fp8_w2_fprop(s, false);
-            else if (s.nvfp4) cuda::nvfp4_w2_fprop(s, false);
+            else if (s.nvfp4) cuda::nvfp4_w2_fprop(s, false, fork_->view());
             else if (s.mxfp8) cuda::mxfp8_w2_fprop(s, false); else cuda::w2_fprop(s, false))
 EPMOE_STAGE(scatter_rows, cuda::scatter_rows(s))
 EPMOE_STAGE(w2_scatter, if (s.fp8) cuda::fp8_w2_fprop(s, true);
-            else if (s.nvfp4) cuda::nvfp4_w2_fprop(s, true);
+            else if (s.nvfp4) cuda::nvfp4_w2_fprop(s, true, fork_->view());
             else if (s.mxfp8) cuda::mxfp8_w2_fprop(s, true); else cuda::w2_fprop(s, true))
 EPMOE_STAGE(combine_send_forward, cuda::send_partials(s, true))
 EPMOE_STAGE(reduce_forward, s.combine_per_rank

@@ -9,6 +9,7 @@
 
 #include "core/backend.h"
 #include "cuda/host_backed_arena.h"
+#include "cuda/stream_fork.h"
 
 namespace epmoe::cuda {
 
@@ -65,6 +66,7 @@ class CudaBackend final : public Backend {
  private:
   int ordinal_;
   std::vector<HostBackedArena> host_backed_;  // live allocate_host_backed ranges
+  std::unique_ptr<StreamFork> fork_;          // the NVFP4 GEMM's wide launch beside the narrow one
 };
 
 }  // namespace epmoe::cuda

@@ -9,7 +9,7 @@ namespace {
 
 // Groups, skip flag and split-K scratch of the step; A, B and the output are the caller's.
 // Inference contexts have no layer plan: x_gathered, h13, h3 are the Step's buffers.
-Nvfp4GroupedGemmArgs step_gemm(const Step& s, int64_t N, int64_t K) {
+Nvfp4GroupedGemmArgs step_gemm(const Step& s, int64_t N, int64_t K, const StreamForkView& fork) {
   EPMOE_CHECK_ARG(s.layer_plan == nullptr && !s.replay, "Step.layer_plan",
                   "none with nvfp4 (weight-only inference saves nothing)", "a layer plan");
   Nvfp4GroupedGemmArgs a;
@@ -22,14 +22,15 @@ Nvfp4GroupedGemmArgs step_gemm(const Step& s, int64_t N, int64_t K) {
   a.K = K;
   a.splitk_scratch_SMN = s.nvfp4_splitk_SMN;
   a.splitk_scratch_bytes = s.nvfp4_splitk_bytes;
+  a.fork = fork;
   return a;
 }
 
 }  // namespace
 
-void nvfp4_w13_fprop(const Step& s) {
+void nvfp4_w13_fprop(const Step& s, const StreamForkView& fork) {
   const int64_t D = s.dims.D, F = s.dims.F;
-  Nvfp4GroupedGemmArgs a = step_gemm(s, 2 * F, D);
+  Nvfp4GroupedGemmArgs a = step_gemm(s, 2 * F, D, fork);
   a.a_MK = s.x_gathered_MD;
   a.b_codes_ENP = s.w13_nvfp4_EFP;
   a.b_scales = s.w13_nvfp4_scales;
@@ -39,9 +40,9 @@ void nvfp4_w13_fprop(const Step& s) {
   nvfp4_grouped_gemm(a, s.stream);
 }
 
-void nvfp4_w13_swiglu(const Step& s) {
+void nvfp4_w13_swiglu(const Step& s, const StreamForkView& fork) {
   const int64_t D = s.dims.D, F = s.dims.F;
-  Nvfp4GroupedGemmArgs a = step_gemm(s, 2 * F, D);
+  Nvfp4GroupedGemmArgs a = step_gemm(s, 2 * F, D, fork);
   a.a_MK = s.x_gathered_MD;
   a.b_codes_ENP = s.w13_nvfp4_EFP;
   a.b_scales = s.w13_nvfp4_scales;
@@ -53,9 +54,9 @@ void nvfp4_w13_swiglu(const Step& s) {
   nvfp4_grouped_gemm(a, s.stream);
 }
 
-void nvfp4_w2_fprop(const Step& s, bool scatter) {
+void nvfp4_w2_fprop(const Step& s, bool scatter, const StreamForkView& fork) {
   const int64_t D = s.dims.D, F = s.dims.F;
-  Nvfp4GroupedGemmArgs a = step_gemm(s, D, F);
+  Nvfp4GroupedGemmArgs a = step_gemm(s, D, F, fork);
   a.a_MK = s.h_MF;
   a.b_codes_ENP = s.w2_nvfp4_EDP;
   a.b_scales = s.w2_nvfp4_scales;

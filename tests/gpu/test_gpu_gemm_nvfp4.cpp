@@ -118,7 +118,8 @@ struct Problem {
   // groups (0: M / E).
   std::vector<bf16_t> run_gpu(const int32_t* skip = nullptr,
                               const ActivationParams* swiglu = nullptr, int splits = 1,
-                              int64_t rows_per_group = 0, int64_t wide_above_rows = 0) const {
+                              int64_t rows_per_group = 0, int64_t wide_above_rows = 0,
+                              cuda::StreamForkView fork = {}) const {
     const int64_t cols = swiglu != nullptr ? N / 2 : N;
     Dev<bf16_t> da(a), dout(static_cast<size_t>(M * cols));
     Dev<float> scratch(static_cast<size_t>(
@@ -129,6 +130,7 @@ struct Problem {
     cuda::Nvfp4GroupedGemmArgs x = args(da, dq, ds, dg, doff);
     x.rows_per_group = rows_per_group;
     x.wide_above_rows = wide_above_rows;
+    x.fork = fork;
     x.skip = skip;
     x.out_MN = dout.ptr;
     x.ld_out = cols;
@@ -366,6 +368,7 @@ TEST(GpuGemmNvfp4, WidePassBitwiseEqualNarrowPasses) {
   std::mt19937 rng(28);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const ActivationParams plain_swiglu{};
+  const cuda::StreamFork fork;  // the wide launch on a side stream, joined back
   for (const ActivationParams* act : {static_cast<const ActivationParams*>(nullptr), &plain_swiglu}) {
     const char* what = act == nullptr ? " plain" : " swiglu";
     for (const Shape& s : cases) {
@@ -382,6 +385,8 @@ TEST(GpuGemmNvfp4, WidePassBitwiseEqualNarrowPasses) {
           expect_bitwise(narrow, p.run_gpu(nullptr, act, splits, hint), cols, where + " rule");
           expect_bitwise(narrow, p.run_gpu(nullptr, act, splits, hint, 1), cols,
                          where + " wide above 1 row");
+          expect_bitwise(narrow, p.run_gpu(nullptr, act, splits, hint, 1, fork.view()), cols,
+                         where + " wide above 1 row, forked");
         }
       }
     }

@@ -739,17 +739,26 @@ void nvfp4_grouped_gemm(const Nvfp4GroupedGemmArgs& args, void* stream) {
   p.splits = splits;
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   const bool split = splits > 1;
-  p.rows_above = 0;
-  p.rows_upto = narrow_upto;
-  switch (rows.groups) {
-    case 1: launch_groups<1>(p, split, st); break;
-    case 2: launch_groups<2>(p, split, st); break;
-    case 4: launch_groups<4>(p, split, st); break;
-    default: launch_groups<kNvfp4MaxRowGroups>(p, split, st); break;
+  const bool wide = narrow_upto < args.M;
+  const bool forked = wide && args.fork.side_stream != nullptr;
+  Params narrow = p;
+  narrow.rows_above = 0;
+  narrow.rows_upto = narrow_upto;
+  p.rows_above = narrow_upto;
+  p.rows_upto = static_cast<int32_t>(args.M);
+  if (forked) {
+    fork(args.fork, stream);
+    launch_groups<kNvfp4MaxRowGroups>(p, split, static_cast<cudaStream_t>(args.fork.side_stream));
   }
-  if (narrow_upto < args.M) {
-    p.rows_above = narrow_upto;
-    p.rows_upto = static_cast<int32_t>(args.M);
+  switch (rows.groups) {
+    case 1: launch_groups<1>(narrow, split, st); break;
+    case 2: launch_groups<2>(narrow, split, st); break;
+    case 4: launch_groups<4>(narrow, split, st); break;
+    default: launch_groups<kNvfp4MaxRowGroups>(narrow, split, st); break;
+  }
+  if (forked) {
+    join(args.fork, stream);
+  } else if (wide) {
     launch_groups<kNvfp4MaxRowGroups>(p, split, st);
   }
   if (split) {

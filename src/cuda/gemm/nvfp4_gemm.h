@@ -16,6 +16,7 @@
 
 #include "core/activation.h"
 #include "core/numeric.h"
+#include "cuda/stream_fork.h"
 
 namespace epmoe::cuda {
 
@@ -45,6 +46,11 @@ struct Nvfp4GroupedGemmArgs {
   // (the device picks each launch's experts); 0: nvfp4_row_groups' wide_above;
   // kNvfp4NoWidePass: never.
   int64_t wide_above_rows = 0;
+  // Where the wide launch runs: forked from the caller's stream onto fork.side_stream, issued
+  // before the narrow launch, joined back before the split-K reduce (the two take disjoint
+  // experts: they overlap, and the wide one's idle grid costs no serial time). Null side stream:
+  // both on the caller's stream, narrow first.
+  StreamForkView fork;
   // W13 with the SwiGLU epilogue: B holds the gate rows [0, N/2) then the up rows [N/2, N); out
   // gets h[m, f] = bf16(act(bf16(gate), bf16(up))) for f < N/2 (core/activation.h, the unfused
   // kernel's math), [M, N/2] with row pitch ld_out; no h13.
