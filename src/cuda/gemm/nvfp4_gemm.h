@@ -111,6 +111,10 @@ Nvfp4RowGroups nvfp4_row_groups(int64_t rows_per_group);
 // launch as the rule puts it); 0 when unset (Error(invalid_argument) naming it otherwise).
 int nvfp4_requested_row_groups();
 
+// EPMOE_NVFP4_WIDE_FORK=0: the wide launch after the narrow one on the caller's stream even with
+// a fork (measurements); unset or 1: forked (Error(invalid_argument) naming it otherwise).
+bool nvfp4_wide_fork();
+
 // Requirements (checked; Error(invalid_argument) naming the field): 1 <= E <= kNvfp4MaxExperts, K > 0 and
 // K % 32 == 0 (16-byte code rows for TMA), N > 0 and even (16-byte rows of 8-byte scale groups),
 // E * N and M < 2^31, ld_out >= N (or the combine fields), a_MK, b_codes_ENP and b_scales
