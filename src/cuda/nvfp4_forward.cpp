@@ -22,7 +22,7 @@ Nvfp4GroupedGemmArgs step_gemm(const Step& s, int64_t N, int64_t K, const Stream
   a.K = K;
   a.splitk_scratch_SMN = s.nvfp4_splitk_SMN;
   a.splitk_scratch_bytes = s.nvfp4_splitk_bytes;
-  a.fork = fork;
+  if (nvfp4_wide_fork()) a.fork = fork;  // off by default (nvfp4_gemm.h)
   return a;
 }
 

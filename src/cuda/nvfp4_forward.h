@@ -1,8 +1,8 @@
 // The NVFP4 weight-only inference stages on CUDA (Config.precision = nvfp4, inference contexts):
 // the bf16 forward with W13 and W2 on the NVFP4 grouped GEMM (gemm/nvfp4_gemm.h) reading the
 // prepared weights; activations stay bf16 (docs/formats.md "NVFP4 weight-only inference").
-// Launchers only (no CUDA types). fork: where the GEMM's wide launch (experts with many rows)
-// runs beside its narrow one (gemm/nvfp4_gemm.h); a null side stream runs both in s.stream.
+// Launchers only (no CUDA types). fork: handed to the GEMM for its wide launch (experts with many
+// rows) with EPMOE_NVFP4_WIDE_FORK=1 (gemm/nvfp4_gemm.h); otherwise both launches run in s.stream.
 #pragma once
 
 #include "core/step.h"

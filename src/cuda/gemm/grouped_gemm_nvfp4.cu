@@ -680,7 +680,7 @@ Nvfp4RowGroups nvfp4_row_groups(int64_t rows_per_group) {
 
 bool nvfp4_wide_fork() {
   const char* env = std::getenv("EPMOE_NVFP4_WIDE_FORK");
-  if (env == nullptr) return true;
+  if (env == nullptr) return false;
   EPMOE_CHECK_ARG(std::strcmp(env, "0") == 0 || std::strcmp(env, "1") == 0,
                   "EPMOE_NVFP4_WIDE_FORK", "0 or 1", env);
   return env[0] == '1';
@@ -748,7 +748,7 @@ void nvfp4_grouped_gemm(const Nvfp4GroupedGemmArgs& args, void* stream) {
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   const bool split = splits > 1;
   const bool wide = narrow_upto < args.M;
-  const bool forked = wide && args.fork.side_stream != nullptr && nvfp4_wide_fork();
+  const bool forked = wide && args.fork.side_stream != nullptr;
   Params narrow = p;
   narrow.rows_above = 0;
   narrow.rows_upto = narrow_upto;

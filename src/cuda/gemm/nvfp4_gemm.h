@@ -48,8 +48,7 @@ struct Nvfp4GroupedGemmArgs {
   int64_t wide_above_rows = 0;
   // Where the wide launch runs: forked from the caller's stream onto fork.side_stream, issued
   // before the narrow launch, joined back before the split-K reduce (the two take disjoint
-  // experts: they overlap, and the wide one's idle grid costs no serial time). Null side stream:
-  // both on the caller's stream, narrow first.
+  // experts, so they may overlap). Null side stream: both on the caller's stream, narrow first.
   StreamForkView fork;
   // W13 with the SwiGLU epilogue: B holds the gate rows [0, N/2) then the up rows [N/2, N); out
   // gets h[m, f] = bf16(act(bf16(gate), bf16(up))) for f < N/2 (core/activation.h, the unfused
@@ -111,8 +110,10 @@ Nvfp4RowGroups nvfp4_row_groups(int64_t rows_per_group);
 // launch as the rule puts it); 0 when unset (Error(invalid_argument) naming it otherwise).
 int nvfp4_requested_row_groups();
 
-// EPMOE_NVFP4_WIDE_FORK=0: the wide launch after the narrow one on the caller's stream even with
-// a fork (measurements); unset or 1: forked (Error(invalid_argument) naming it otherwise).
+// Whether the NVFP4 stages hand the GEMM their backend's fork (nvfp4_forward.h):
+// EPMOE_NVFP4_WIDE_FORK=1 yes, unset or 0 no (Error(invalid_argument) naming it otherwise). Off by
+// default: measured at 54f5f22 (bench/RESULTS.md), the fork made skewed decode 12-22 % faster
+// and balanced decode up to 15 % slower (qwen3; gpt-oss 6 %, deepseek-v3 even).
 bool nvfp4_wide_fork();
 
 // Requirements (checked; Error(invalid_argument) naming the field): 1 <= E <= kNvfp4MaxExperts, K > 0 and
