@@ -32,6 +32,7 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/activation.h"
@@ -572,6 +573,42 @@ TEST(GpuGemmNvfp4, SplitCountFollowsTheArgumentsTheEnvironmentAndTheScratch) {
   }
 }
 
+// The measurement switches (host only): unset gives the rule, bad values name the variable.
+TEST(GpuGemmNvfp4, RowGroupAndForkSwitchesAreChecked) {
+  {
+    const ScopedEnv env("EPMOE_NVFP4_ROW_GROUPS", nullptr);
+    EXPECT_EQ(cuda::nvfp4_requested_row_groups(), 0);
+  }
+  for (const char* v : {"1", "2", "4", "8"}) {
+    const ScopedEnv env("EPMOE_NVFP4_ROW_GROUPS", v);
+    EXPECT_EQ(cuda::nvfp4_requested_row_groups(), std::atoi(v));
+  }
+  {
+    const ScopedEnv env("EPMOE_NVFP4_WIDE_FORK", nullptr);
+    EXPECT_FALSE(cuda::nvfp4_wide_fork());  // off by default (measured slower on balanced)
+  }
+  {
+    const ScopedEnv env("EPMOE_NVFP4_WIDE_FORK", "1");
+    EXPECT_TRUE(cuda::nvfp4_wide_fork());
+  }
+  const std::pair<const char*, const char*> bad[] = {{"EPMOE_NVFP4_ROW_GROUPS", "3"},
+                                                      {"EPMOE_NVFP4_ROW_GROUPS", "16"},
+                                                      {"EPMOE_NVFP4_WIDE_FORK", "yes"}};
+  for (const auto& [name, value] : bad) {
+    const ScopedEnv env(name, value);
+    try {
+      if (std::string(name) == "EPMOE_NVFP4_WIDE_FORK") {
+        cuda::nvfp4_wide_fork();
+      } else {
+        cuda::nvfp4_requested_row_groups();
+      }
+      ADD_FAILURE() << name << "=" << value << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), name) << e.what();
+    }
+  }
+}
+
 TEST(GpuGemmNvfp4, ArgumentsAreChecked) {
   cuda::Nvfp4GroupedGemmArgs x;
   x.E = 1;
@@ -593,6 +630,22 @@ TEST(GpuGemmNvfp4, ArgumentsAreChecked) {
     ADD_FAILURE() << "null weights accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "b_codes_ENP") << e.what();
+  }
+  // More experts than the kernel's shared-memory list; a negative wide threshold.
+  x.E = cuda::kNvfp4MaxExperts + 1;
+  try {
+    cuda::nvfp4_grouped_gemm(x, nullptr);
+    ADD_FAILURE() << "E = " << x.E << " accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "E") << e.what();
+  }
+  x.E = 1;
+  x.wide_above_rows = -1;
+  try {
+    cuda::nvfp4_grouped_gemm(x, nullptr);
+    ADD_FAILURE() << "wide_above_rows = -1 accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "wide_above_rows") << e.what();
   }
 }
 
