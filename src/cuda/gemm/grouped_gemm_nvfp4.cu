@@ -2,14 +2,15 @@
 // weights are the 16-row A operand of mma.m16n8k16, decoded from E2M1 x E4M3 into bf16 in
 // registers; 8-row groups of activation rows are the B operand. The weight stream sets the time.
 //
-// CTA (slab of 128 weight rows, expert e, K split z): one producer warp keeps a ring of stages
-// full by TMA, each stage one 128-element chunk of K: the slab's code bytes (128 rows x 64 B), its
-// block scales (128 rows x 8 B: the prepared scales keep a chunk's rows together), and the
-// pass's live 8-row groups of activation rows (256 B a row, two 128-byte swizzled boxes a
-// group). Four consumer warps own 32 weight
-// rows each (two m16 tiles). A pass covers up to 8 * kGroups rows of the expert; experts with
-// more rows take more passes over the weights. CTAs of experts without rows return at once
-// (offsets read on the device).
+// Work item (slab of 128 weight rows, expert e, K split z) of a persistent grid: one producer
+// warp keeps a ring of stages full by TMA, each stage one 128-element chunk of K: the slab's code
+// bytes (128 rows x 64 B), its block scales (128 rows x 8 B: the prepared scales keep a chunk's
+// rows together), and the pass's live 8-row groups of activation rows (256 B a row, two 128-byte
+// swizzled boxes a group). Four consumer warps own 32 weight rows each (two m16 tiles). A pass
+// covers up to 8 * kGroups rows of the expert; experts with more rows take more passes over the
+// weights. Each CTA first lists the experts of its launch from the offsets (rows in a range:
+// nvfp4_grouped_gemm sends experts with many rows to a second, 8-group launch), so experts
+// without rows make no items.
 //
 // Per chunk a lane (group g, quad position t) owns elements [32 t, 32 t + 32) of its four rows
 // (tile rows g and g + 8): one 16-byte shared-memory load a row, NVFP4 blocks 2t and 2t + 1, so a
