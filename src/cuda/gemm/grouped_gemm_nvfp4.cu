@@ -662,13 +662,21 @@ int nvfp4_launch_splits(const Nvfp4GroupedGemmArgs& a) {
   return static_cast<int>(n < fit ? n : fit);  // what the scratch holds
 }
 
+namespace {
+// Rows above which an expert leaves the launch of `groups` groups a pass for the 8-group one:
+// more than two narrow passes' rows (none beside 8 groups).
+int64_t wide_above(int groups) {
+  return groups < kNvfp4MaxRowGroups ? 2 * 8 * groups : kNvfp4NoWidePass;
+}
+}  // namespace
+
 Nvfp4RowGroups nvfp4_row_groups(int64_t rows_per_group) {
   Nvfp4RowGroups c;
   const double lambda = rows_per_group > 0 ? static_cast<double>(rows_per_group) : 0.0;
   const double want = lambda + 2.0 * std::sqrt(lambda);
   c.groups = 1;
   while (c.groups < kNvfp4MaxRowGroups && 8.0 * c.groups < want) c.groups *= 2;
-  c.wide_above = c.groups < kNvfp4MaxRowGroups ? 2 * 8 * c.groups : kNvfp4NoWidePass;
+  c.wide_above = wide_above(c.groups);
   c.reason = std::to_string(rows_per_group) + " rows per expert expected, + 2 sigma = " +
              std::to_string(static_cast<int64_t>(want + 0.5)) + ": " + std::to_string(c.groups) +
              " x 8 rows a pass" +
@@ -704,12 +712,12 @@ void nvfp4_grouped_gemm(const Nvfp4GroupedGemmArgs& args, void* stream) {
       nvfp4_row_groups(args.rows_per_group > 0 ? args.rows_per_group : args.M / args.E);
   if (const int forced = nvfp4_requested_row_groups(); forced > 0) {
     rows.groups = forced;
-    rows.wide_above = forced < kNvfp4MaxRowGroups ? 2 * 8 * forced : kNvfp4NoWidePass;
+    rows.wide_above = wide_above(forced);
   }
   // Experts with more rows than the narrow passes suit take the widest launch (an expert holds
   // at most M rows; the device picks each launch's experts from the offsets).
-  const int64_t wide_above = args.wide_above_rows > 0 ? args.wide_above_rows : rows.wide_above;
-  const int32_t narrow_upto = static_cast<int32_t>(wide_above < args.M ? wide_above : args.M);
+  const int64_t above = args.wide_above_rows > 0 ? args.wide_above_rows : rows.wide_above;
+  const int32_t narrow_upto = static_cast<int32_t>(above < args.M ? above : args.M);
   Params p;
   p.a = args;
   p.C = nvfp4_scale_chunks(args.K);
