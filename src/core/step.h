@@ -144,7 +144,8 @@ struct Step {
 };
 
 // Dispatch arrival counters [arrival_blocks(capacity)] in the route scratch: route zeroes them,
-// dispatch counts the rows it stored per 128-row block, an arrival-gated W13 waits on them.
+// dispatch counts the rows it stored per 128-row block (only with arrival_gated_w13), an
+// arrival-gated W13 waits on them.
 inline uint32_t* arrivals_B(const Step& s) {
   return reinterpret_cast<uint32_t*>(s.route_scratch +
                                      route_scratch_layout(s.dims, s.capacity_rows).arrivals);

@@ -152,8 +152,9 @@ void CpuBackend::route(const Step& s) {
   }
 }
 
-// One read of each pulled source row, copied to every local row it feeds; the arrival counters
-// count the rows stored per 128-row block (the CUDA dispatch releases the same counts).
+// One read of each pulled source row, copied to every local row it feeds; with an arrival-gated
+// W13 the arrival counters count the rows stored per 128-row block (the CUDA dispatch releases the
+// same counts), otherwise they stay as route left them (zero).
 void CpuBackend::dispatch(const Step& step) {
   const Step s = placed(step);
   if (skipped(s)) return;
@@ -163,7 +164,7 @@ void CpuBackend::dispatch(const Step& step) {
   }
   const int64_t D = s.dims.D, T = s.dims.T;
   const int K = s.dims.K;
-  uint32_t* arrived_B = arrivals_B(s);
+  uint32_t* arrived_B = s.arrival_gated_w13 ? arrivals_B(s) : nullptr;
   for (int64_t p = 0; p < pull_count(s); ++p) {
     const int32_t src = s.layout.pull_src_P[p];
     const bf16_t* row_D = s.dispatch_R[src / T] + (src % T) * D;
@@ -171,7 +172,7 @@ void CpuBackend::dispatch(const Step& step) {
       const int32_t m = s.layout.pull_rows_PK[p * K + k];
       if (m < 0) continue;
       std::memcpy(s.x_gathered_MD + m * D, row_D, static_cast<size_t>(D) * 2);
-      ++arrived_B[m / kArrivalBlockRows];
+      if (arrived_B != nullptr) ++arrived_B[m / kArrivalBlockRows];
     }
   }
 }

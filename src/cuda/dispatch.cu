@@ -300,7 +300,9 @@ void dispatch(const Step& s) {
     launch_fp8_pulls(s);
     return;
   }
-  launch_pulls<false>(s, placed_x_gathered(s), arrivals_B(s));
+  // Arrival counters only for a W13 that waits on them: counting costs a fence per pull and one
+  // warp per pull (no column slices), the decode pull's latency.
+  launch_pulls<false>(s, placed_x_gathered(s), s.arrival_gated_w13 ? arrivals_B(s) : nullptr);
 }
 void gather_grad(const Step& s) { launch_pulls<true>(s, plain(s.grad_h3_MD), nullptr); }
 void gather_grad_fp8_rows(const Step& s, uint8_t* q_MD, float* scales_SM, int64_t ld) {

@@ -9,8 +9,9 @@
 
 namespace epmoe::cuda {
 
-// x_gathered[m] = dispatch_R[src rank][t] for m < M; counts the stored rows per 128-row block in
-// arrivals_B(s) (release) and lets a programmatically dependent launch (W13) start at once.
+// x_gathered[m] = dispatch_R[src rank][t] for m < M and lets a programmatically dependent launch
+// (W13) start at once; with Step::arrival_gated_w13 it also counts the stored rows per 128-row
+// block in arrivals_B(s) (release), which that W13 waits on.
 void dispatch(const Step& s);
 // grad_h3[m] = grad_y[t] and row_scores_M[m] = score[t,k] for m < M (with row scores,
 // Step::row_scores_M), else grad_h3[m] = bf16(score[t,k] * grad_y[t]); score from the owner's

@@ -20,7 +20,10 @@
 // Each kernel's body is a device function over one block ("*_block"). Where every source's routes
 // fit one chunk and its tokens one pull chunk (decode sizes), route_single_kernel runs the same
 // bodies in one CTA, phase by phase behind block barriers, instead of five launches: the same
-// stores in the same order per block, so the same layout (select_route_kernels).
+// stores in the same order per block, so the same layout (select_route_kernels). Its scratch
+// (ids, counts, chunk starts, pull numbers) lives in shared memory instead of the route scratch:
+// every phase reads what the one before wrote, and at decode sizes the route is a chain of such
+// round trips.
 #include "cuda/route.h"
 
 #include <cstdlib>
@@ -48,6 +51,8 @@ static_assert(kPrefixThreads == kSingleThreads && kPullThreads == kSingleThreads
               "the one-CTA route runs the prefix and pull bodies at their block size");
 // Largest E*R of the one-CTA route: its ranking keeps one expert row per (warp, expert) in 64 KiB.
 constexpr int kSingleMaxGlobalExperts = 512;
+// Shared memory the one-CTA route may take (the device allows 227 KiB a block).
+constexpr int64_t kSingleMaxSmemBytes = 200 * 1024;
 
 struct RouteParams {
   char* const* routing_R;  // [R] routing buffers: RoutingHeader | ids [T, K] i32 | scores
@@ -345,12 +350,30 @@ __global__ void __launch_bounds__(kRankThreads) route_rank_kernel(const RoutePar
   rank_block<kRankWarps>(p, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), next_row_WG);
 }
 
+// Shared-memory ints of the one-CTA route: the phases' common [kSingleRankWarps, Eg], then the
+// scratch arrays in RouteParams order (ids [R, T*K], counts [R, Eg], chunk rows [R, 1, Eg], pull
+// of token [R, T], pull counts [R, 1]).
+int64_t single_smem_ints(const Dims& d) {
+  const int64_t R = d.R, Eg = static_cast<int64_t>(d.E) * d.R;
+  return kSingleRankWarps * Eg + R * d.T * d.K + 2 * R * Eg + R * d.T + R;
+}
+
 // The five launches' blocks in launch order, in one CTA (p.chunks == p.token_chunks == 1, so the
 // blocks are (0, s) for each source s). A block barrier stands between blocks that share shared
-// memory and between phases: it orders the global stores of one phase before the next one's loads,
-// as the launch boundaries do. Shared memory: [kSingleRankWarps, Eg] ints, reused by every phase.
-__global__ void __launch_bounds__(kSingleThreads) route_single_kernel(const RouteParams p) {
+// memory and between phases: it orders the stores of one phase before the next one's loads, as
+// the launch boundaries do. Shared memory (single_smem_ints): [kSingleRankWarps, Eg] ints reused by
+// every phase, then the scratch arrays, which p's pointers name here instead of the route scratch
+// (the bodies read them with plain loads, so either space works).
+__global__ void __launch_bounds__(kSingleThreads) route_single_kernel(const RouteParams global) {
   extern __shared__ int32_t smem_ints[];
+  RouteParams p = global;
+  int32_t* scratch = smem_ints + kSingleRankWarps * p.Eg;
+  const int64_t TK = p.T * p.K;
+  p.ids_all_RTK = scratch;
+  p.counts_RG = p.ids_all_RTK + p.R * TK;
+  p.chunk_RCG = p.counts_RG + p.R * p.Eg;
+  p.pull_of_token_RT = p.chunk_RCG + p.R * p.Eg;
+  p.pull_counts_RC = p.pull_of_token_RT + p.R * p.T;
   for (int s = 0; s < p.R; ++s) {
     histogram_block(p, 0, s, smem_ints);
     __syncthreads();
@@ -374,15 +397,17 @@ const char* to_string(RouteKernels k) { return k == RouteKernels::single ? "sing
 
 RouteKernels select_route_kernels(const Dims& d) {
   const bool fits = d.T * d.K <= kRouteChunkRoutes && d.T <= kPullChunkTokens &&
-                    d.E * d.R <= kSingleMaxGlobalExperts;
+                    d.E * d.R <= kSingleMaxGlobalExperts &&
+                    single_smem_ints(d) * 4 <= kSingleMaxSmemBytes;
   const char* env = std::getenv("EPMOE_ROUTE_KERNELS");
   if (env == nullptr) return fits ? RouteKernels::single : RouteKernels::chunked;
   if (std::strcmp(env, "chunked") == 0) return RouteKernels::chunked;
   EPMOE_CHECK_ARG(std::strcmp(env, "single") == 0, "EPMOE_ROUTE_KERNELS", "chunked or single", env);
   EPMOE_CHECK_ARG(fits, "EPMOE_ROUTE_KERNELS",
                   "chunked where T * K > " + std::to_string(kRouteChunkRoutes) + ", T > " +
-                      std::to_string(kPullChunkTokens) + " or E * R > " +
-                      std::to_string(kSingleMaxGlobalExperts),
+                      std::to_string(kPullChunkTokens) + ", E * R > " +
+                      std::to_string(kSingleMaxGlobalExperts) + " or its shared memory > " +
+                      std::to_string(kSingleMaxSmemBytes) + " bytes",
                   env);
   return RouteKernels::single;
 }
@@ -419,12 +444,12 @@ void route(const Step& s) {
 
   auto stream = static_cast<cudaStream_t>(s.stream);
   if (select_route_kernels(d) == RouteKernels::single) {
-    const size_t bytes = static_cast<size_t>(kSingleRankWarps) * Eg * sizeof(int32_t);
-    if (bytes > 48 * 1024) {
-      EPMOE_CUDA_CHECK(cudaFuncSetAttribute(route_single_kernel,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(bytes)));
-    }
+    // Past 48 KiB with the bodies' static shared memory (the block scans), the launch needs the
+    // opt-in: set for every size, so that it holds whatever the static part is.
+    const size_t bytes = static_cast<size_t>(single_smem_ints(d)) * sizeof(int32_t);
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(route_single_kernel,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(bytes)));
     route_single_kernel<<<1, kSingleThreads, bytes, stream>>>(p);
     EPMOE_CUDA_LAUNCH_CHECK();
     return;

@@ -11,8 +11,9 @@ constexpr int kMaxGlobalExperts = 4096;
 
 // chunked: five launches (chunk histograms, pull counts, one-CTA prefix + checks, pull list,
 // stable in-chunk ranking), grids over chunks and source ranks. single: the same block bodies in
-// one CTA, one launch, where T * K <= kRouteChunkRoutes, T <= kPullChunkTokens and E * R <= 512
-// (decode sizes, where the five launches are latency). EPMOE_ROUTE_KERNELS=chunked|single
+// one CTA, one launch, their scratch in shared memory, where T * K <= kRouteChunkRoutes,
+// T <= kPullChunkTokens, E * R <= 512 and that scratch fits 200 KiB (decode sizes, where the
+// five launches and the phases' round trips are latency). EPMOE_ROUTE_KERNELS=chunked|single
 // overrides the choice (read on every call).
 enum class RouteKernels { chunked, single };
 const char* to_string(RouteKernels k);

@@ -235,6 +235,7 @@ class World {
     s.act = act;
     s.sequence = sequence;
     s.check_inputs = check_inputs;
+    s.arrival_gated_w13 = arrival_gated_w13;
     s.trap_on_overflow = false;
     s.stream = stream;
     s.x_TD = st.x_TD;
@@ -302,6 +303,7 @@ class World {
   bool score_after_w2_dgrad = false;  // the Context's backward (Step::row_scores_M)
   int64_t sequence = 1;
   bool check_inputs = true;
+  bool arrival_gated_w13 = false;  // dispatch counts arrivals only for a gated W13
   void* stream = nullptr;      // cudaStream_t of the stages (nullptr: the default stream)
 
  private:

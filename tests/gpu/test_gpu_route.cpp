@@ -331,8 +331,8 @@ TEST(GpuRoute, RepeatedRoutesAreDeterministicAndClearTheSkipFlag) {
 }
 
 // The choice itself (no GPU needed): one CTA exactly where every source's routes fit one chunk,
-// its tokens one pull chunk and E * R the one-CTA ranking's shared memory; forcing it elsewhere
-// is an error that names the switch.
+// its tokens one pull chunk, and E * R and the scratch the one-CTA route's shared memory; forcing
+// it elsewhere is an error that names the switch.
 TEST(GpuRoute, SingleKernelWhereEverySourceFitsOneChunk) {
   ScopedEnv unset("EPMOE_ROUTE_KERNELS", nullptr);
   auto choice = [](int64_t T, int K, int E, int R) {
@@ -344,6 +344,9 @@ TEST(GpuRoute, SingleKernelWhereEverySourceFitsOneChunk) {
   EXPECT_EQ(choice(257, 8, 8, 1), cuda::RouteKernels::chunked);    // T * K > 2048
   EXPECT_EQ(choice(1025, 1, 8, 1), cuda::RouteKernels::chunked);   // T > 1024
   EXPECT_EQ(choice(128, 8, 256, 4), cuda::RouteKernels::chunked);  // E * R > 512
+  // 64 sources' ids alone, 64 x 2048 ints, pass the one-CTA route's 200 KiB of shared memory.
+  EXPECT_EQ(choice(256, 8, 1, 64), cuda::RouteKernels::chunked);
+  EXPECT_EQ(choice(256, 8, 1, 8), cuda::RouteKernels::single);     // 8 x 2048 ints
   EXPECT_EQ(choice(8192, 8, 128, 1), cuda::RouteKernels::chunked);
   {
     ScopedEnv force("EPMOE_ROUTE_KERNELS", "chunked");

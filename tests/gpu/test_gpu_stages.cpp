@@ -69,6 +69,9 @@ void run_stages(const StagesCase& c, uint32_t seed) {
   const int64_t T = sh.T, D = sh.D, F = sh.F, K = sh.K, cap = sh.cap();
   Pair p(sh, c.with_h3);
   p.set_flags(c.act, true);
+  // Dispatch counts arrivals only for a gated W13: every other case counts them (one warp per
+  // pull), the rest run the column-sliced pull and leave the counters zero.
+  p.cpu.arrival_gated_w13 = p.gpu.arrival_gated_w13 = (seed % 2) == 0;
   Rng rng(seed);
   std::vector<RankInput> in;
   const int64_t tokens = T - c.tokens_minus;
@@ -111,7 +114,8 @@ void run_stages(const StagesCase& c, uint32_t seed) {
                                                       got.begin() + static_cast<int64_t>(m + 1) * D)))
           << "row " << m << " vs its route's source row";
     }
-    // Arrival counters: the rows stored per 128-row block, as the CPU twin counts them.
+    // Arrival counters: the rows stored per 128-row block, as the CPU twin counts them (zero
+    // without a gated W13).
     const int64_t blocks = arrival_blocks(cap);
     EXPECT_TRUE(same_bits(p.cpu.read<uint32_t>(arrivals_B(p.cpu.step(r)), blocks),
                           p.gpu.read<uint32_t>(arrivals_B(p.gpu.step(r)), blocks)))
