@@ -139,35 +139,70 @@ TEST(GpuNvfp4Forward, MatchesCpuWithinBoundAndVariantsBitwise) {
   }
 }
 
+// The GEMMs as programmatic launches (W13 after dispatch, W2 after W13, each wide launch after its
+// narrow one): the same bits as plain launches, on the rule's row groups and on one group a pass,
+// which sends the experts past 16 rows to the wide launches.
+TEST(GpuNvfp4Forward, ProgrammaticLaunchesEqualPlainOnesBitwise) {
+  EPMOE_REQUIRE_GPU();
+  const std::vector<Case> cases = {
+      {nvfp4_problem(128, 448, 320, 16, 4), -1},  // decode size
+      {nvfp4_problem(128, 256, 192, 8, 2), 77},   // live count below T
+      {nvfp4_problem(1000, 320, 192, 8, 2), -1},  // prefill
+  };
+  uint64_t seed = 950;
+  for (const Case& c : cases) {
+    RankInputs in = make_inputs(c.p, seed++, c.p.max_tokens)[0];
+    in.live = c.live;
+    const Weights w(c.p, in);
+    for (const char* groups : {static_cast<const char*>(nullptr), "1"}) {
+      const ScopedEnv rows("EPMOE_NVFP4_ROW_GROUPS", groups);
+      const std::string what = c.p.name() + " live " + std::to_string(c.live) +
+                               (groups != nullptr ? ", one row group a pass" : "");
+      const std::vector<bf16_t> plain = gpu_forward(c.p, in, w);
+      const ScopedEnv pdl("EPMOE_NVFP4_PDL", "1");
+      const ScopedEnv wide("EPMOE_NVFP4_WIDE_PDL", "1");
+      expect_same_y(gpu_forward(c.p, in, w, 3), plain, c.p.hidden,
+                    what + ": programmatic vs plain");
+    }
+  }
+}
+
 TEST(GpuNvfp4Forward, GraphReplayWithNewRoutingsEqualsEager) {
   EPMOE_REQUIRE_GPU();
-  Problem p = nvfp4_problem(128, 256, 192, 16, 4);
-  p.capacity_factor = 1.0;
-  // Same x and weights every time; a new routing per seed.
-  auto routing = [&](uint64_t seed, int64_t live) { return rerouted(p, 100, seed, 128, {live})[0]; };
-  const RankInputs first = routing(1, 128);
-  const Weights w(p, first);
-  auto graph_ctx = Context::create(nvfp4_config(p), make_single_gpu_transport(0));
-  DeviceCall call(p, first);
-  StreamGraph graph(
-      [&](cudaStream_t stream) {
-        graph_ctx->forward(gpu_args(call, w, stream));  // warm-up outside capture
-        CUDA_OK(cudaStreamSynchronize(stream));
-      },
-      [&](cudaStream_t stream) { graph_ctx->forward(gpu_args(call, w, stream)); });
-  for (const auto& [seed, live] :
-       std::vector<std::pair<uint64_t, int64_t>>{{2, 128}, {3, 50}, {4, 1}, {5, 0}, {6, 128}}) {
-    const RankInputs in = routing(seed, live);
-    call.set_routing(in);
-    call.poison();
-    graph.launch();
-    graph_ctx->check();
-    const std::vector<bf16_t> replayed = download(call.y, call.host.y.size());
-    expect_same_y(replayed, gpu_forward(p, in, w), p.hidden,
-                  "graph replay, routing seed " + std::to_string(seed) + " live " +
-                      std::to_string(live));
+  for (const char* programmatic : {"0", "1"}) {
+    SCOPED_TRACE(std::string("EPMOE_NVFP4_PDL and EPMOE_NVFP4_WIDE_PDL = ") + programmatic);
+    const ScopedEnv pdl("EPMOE_NVFP4_PDL", programmatic);
+    const ScopedEnv wide("EPMOE_NVFP4_WIDE_PDL", programmatic);
+    Problem p = nvfp4_problem(128, 256, 192, 16, 4);
+    p.capacity_factor = 1.0;
+    // Same x and weights every time; a new routing per seed.
+    auto routing = [&](uint64_t seed, int64_t live) {
+      return rerouted(p, 100, seed, 128, {live})[0];
+    };
+    const RankInputs first = routing(1, 128);
+    const Weights w(p, first);
+    auto graph_ctx = Context::create(nvfp4_config(p), make_single_gpu_transport(0));
+    DeviceCall call(p, first);
+    StreamGraph graph(
+        [&](cudaStream_t stream) {
+          graph_ctx->forward(gpu_args(call, w, stream));  // warm-up outside capture
+          CUDA_OK(cudaStreamSynchronize(stream));
+        },
+        [&](cudaStream_t stream) { graph_ctx->forward(gpu_args(call, w, stream)); });
+    for (const auto& [seed, live] :
+         std::vector<std::pair<uint64_t, int64_t>>{{2, 128}, {3, 50}, {4, 1}, {5, 0}, {6, 128}}) {
+      const RankInputs in = routing(seed, live);
+      call.set_routing(in);
+      call.poison();
+      graph.launch();
+      graph_ctx->check();
+      const std::vector<bf16_t> replayed = download(call.y, call.host.y.size());
+      expect_same_y(replayed, gpu_forward(p, in, w), p.hidden,
+                    "graph replay, routing seed " + std::to_string(seed) + " live " +
+                        std::to_string(live));
+    }
+    graph_ctx->close();
   }
-  graph_ctx->close();
 }
 
 // Capacity overflow is reported through the status and the context stays usable (the NVFP4 GEMMs

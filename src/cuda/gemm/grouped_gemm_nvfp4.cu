@@ -100,6 +100,10 @@ struct Params {
   int32_t rows_above = 0;          // the launch takes the experts with rows in (rows_above,
   int32_t rows_upto = 0;           // rows_upto]
   float* partials_SMN = nullptr;   // split-K: [splits, M, N] fp32 (the caller's scratch)
+  // The activation rows are the stream's previous kernel's output (a programmatic launch): every
+  // thread waits for that kernel before the CTA lets its dependents start, and the producer loads
+  // the first lap's weights before that wait. Otherwise the rows are complete at the launch.
+  bool acts_from_previous = false;
 };
 
 __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t x, uint32_t y) {
@@ -253,52 +257,103 @@ __device__ __forceinline__ int live_groups(const Work& w, int m0) {
   return g8 < kGroups ? g8 : kGroups;
 }
 
-// The producer (one lane): for every pass and chunk of the CTA's items, a free stage filled by TMA
-// boxes (codes, scales, the live groups' activation halves).
-template <int kGroups, bool kSwiglu>
-__device__ __forceinline__ void produce(const Params& p, uint8_t* smem, uint64_t* full,
-                                        uint64_t* empty, const uint16_t* ids, int listed) {
-  using R = Ring<kGroups>;
-  const Nvfp4GroupedGemmArgs& a = p.a;
-  const int64_t F = a.N / 2;
-  pipe::prefetch_tensor_map(&p.codes);
-  pipe::prefetch_tensor_map(&p.act);
-  pipe::prefetch_tensor_map(&p.scales);
-  RingPos<R::kStages> pos;
+// Grid dependency control (PTX griddepcontrol); both are no-ops unless the launch is programmatic
+// (the narrow launch with Nvfp4GroupedGemmArgs::programmatic, the wide one after it on one stream).
+__device__ __forceinline__ void allow_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+__device__ __forceinline__ void wait_prerequisites() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+// The stage fills of the CTA's items in ring order: for every pass and chunk, fill(w, m0, live, c,
+// n) with n the fill's index; stops where fill returns false.
+template <int kGroups, class Fill>
+__device__ __forceinline__ void for_each_fill(const Params& p, const uint16_t* ids, int listed,
+                                              Fill&& fill) {
   const int64_t items = p.slabs * listed * p.splits;
+  int64_t n = 0;
   Work next = work_item(p, ids, listed, blockIdx.x);
   for (int64_t i = blockIdx.x; i < items; i += gridDim.x) {
     const Work w = next;
     next = work_item(p, ids, listed, i + gridDim.x);
     if (w.row_end <= w.row_begin) continue;
-    const int32_t code_y = static_cast<int32_t>(w.e * a.N + (kSwiglu ? w.f0 : w.n0));  // < 2^31
     for (int m0 = w.row_begin; m0 < w.row_end; m0 += 8 * kGroups) {
       const int live = live_groups<kGroups>(w, m0);
-      const uint32_t bytes = static_cast<uint32_t>(kCodeBytes + R::kScaleBytes + live * 2 * R::kGroupBytes);
-      for (int c = 0; c < w.chunks; ++c, pos.next()) {
-        pipe::wait(&empty[pos.stage], pos.phase ^ 1u);  // the first lap passes at once
-        uint8_t* stage = smem + pos.stage * R::kStageBytes;
-        uint64_t* bar = &full[pos.stage];
-        const int cc = w.c_begin + c;
-        pipe::arrive_expect_bytes(bar, bytes);
-        const int32_t kx = cc * kChunk;
-        const int32_t scale_y = static_cast<int32_t>(w.e * p.C + cc);
-        pipe::load_2d(stage, &p.codes, bar, kx / 2, code_y);
-        pipe::load_2d(stage + R::kScaleOffset, &p.scales, bar, kSwiglu ? w.f0 : w.n0, scale_y);
-        if constexpr (kSwiglu) {
-          pipe::load_2d(stage + kCodeBytes / 2, &p.codes, bar, kx / 2, code_y + static_cast<int32_t>(F));
-          pipe::load_2d(stage + R::kScaleOffset + R::kScaleBytes / 2, &p.scales, bar,
-                        static_cast<int32_t>(F) + w.f0, scale_y);
-        }
-        uint8_t* act = stage + kCodeBytes;
-        for (int grp = 0; grp < live; ++grp) {
-          const int32_t y = m0 + 8 * grp;
-          pipe::load_2d(act + grp * R::kGroupBytes, &p.act, bar, kx, y);
-          pipe::load_2d(act + R::kActBytes / 2 + grp * R::kGroupBytes, &p.act, bar, kx + kActHalf, y);
-        }
+      for (int c = 0; c < w.chunks; ++c, ++n) {
+        if (!fill(w, m0, live, c, n)) return;
       }
     }
   }
+}
+
+// Expects stage `stage`'s bytes and loads its codes and scales (the weights of chunk c of w).
+template <int kGroups, bool kSwiglu>
+__device__ __forceinline__ void load_weights(const Params& p, uint8_t* smem, uint64_t* full,
+                                             const Work& w, int live, int c, int stage) {
+  using R = Ring<kGroups>;
+  const Nvfp4GroupedGemmArgs& a = p.a;
+  uint8_t* dst = smem + stage * R::kStageBytes;
+  uint64_t* bar = &full[stage];
+  pipe::arrive_expect_bytes(
+      bar, static_cast<uint32_t>(kCodeBytes + R::kScaleBytes + live * 2 * R::kGroupBytes));
+  const int cc = w.c_begin + c;
+  const int32_t kx = cc * kChunk;
+  const int32_t code_y = static_cast<int32_t>(w.e * a.N + (kSwiglu ? w.f0 : w.n0));  // < 2^31
+  const int32_t scale_y = static_cast<int32_t>(w.e * p.C + cc);
+  pipe::load_2d(dst, &p.codes, bar, kx / 2, code_y);
+  pipe::load_2d(dst + R::kScaleOffset, &p.scales, bar, kSwiglu ? w.f0 : w.n0, scale_y);
+  if constexpr (kSwiglu) {
+    const int32_t F = static_cast<int32_t>(a.N / 2);
+    pipe::load_2d(dst + kCodeBytes / 2, &p.codes, bar, kx / 2, code_y + F);
+    pipe::load_2d(dst + R::kScaleOffset + R::kScaleBytes / 2, &p.scales, bar, F + w.f0, scale_y);
+  }
+}
+
+// The first lap's weights (stages 0 .. kStages - 1, free at the start), before the previous
+// kernel's end: the fills produce() then completes with their activation rows. Returns them.
+template <int kGroups, bool kSwiglu>
+__device__ __forceinline__ int64_t prefill_weights(const Params& p, uint8_t* smem, uint64_t* full,
+                                                   const uint16_t* ids, int listed) {
+  using R = Ring<kGroups>;
+  pipe::prefetch_tensor_map(&p.codes);
+  pipe::prefetch_tensor_map(&p.scales);
+  int64_t filled = 0;
+  for_each_fill<kGroups>(p, ids, listed, [&](const Work& w, int, int live, int c, int64_t n) {
+    if (n >= R::kStages) return false;
+    load_weights<kGroups, kSwiglu>(p, smem, full, w, live, c, static_cast<int>(n));
+    filled = n + 1;
+    return true;
+  });
+  return filled;
+}
+
+// The producer (one lane): for every pass and chunk of the CTA's items, a free stage filled by TMA
+// boxes (codes, scales, the live groups' activation halves); the first `prefilled` fills already
+// have their weights (prefill_weights).
+template <int kGroups, bool kSwiglu>
+__device__ __forceinline__ void produce(const Params& p, uint8_t* smem, uint64_t* full,
+                                        uint64_t* empty, const uint16_t* ids, int listed,
+                                        int64_t prefilled) {
+  using R = Ring<kGroups>;
+  pipe::prefetch_tensor_map(&p.codes);
+  pipe::prefetch_tensor_map(&p.act);
+  pipe::prefetch_tensor_map(&p.scales);
+  RingPos<R::kStages> pos;
+  for_each_fill<kGroups>(p, ids, listed, [&](const Work& w, int m0, int live, int c, int64_t n) {
+    if (n >= prefilled) {
+      pipe::wait(&empty[pos.stage], pos.phase ^ 1u);  // the first lap passes at once
+      load_weights<kGroups, kSwiglu>(p, smem, full, w, live, c, pos.stage);
+    }
+    uint8_t* act = smem + pos.stage * R::kStageBytes + kCodeBytes;
+    uint64_t* bar = &full[pos.stage];
+    const int32_t kx = (w.c_begin + c) * kChunk;
+    for (int grp = 0; grp < live; ++grp) {
+      const int32_t y = m0 + 8 * grp;
+      pipe::load_2d(act + grp * R::kGroupBytes, &p.act, bar, kx, y);
+      pipe::load_2d(act + R::kActBytes / 2 + grp * R::kGroupBytes, &p.act, bar, kx + kActHalf, y);
+    }
+    pos.next();
+    return true;
+  });
 }
 
 // One chunk of a stage for the consumer warp: the tiles' codes and scales, then per code word the
@@ -382,8 +437,7 @@ __device__ __forceinline__ void consume_live(int live, const uint8_t* stage, int
 // blockIdx.x, + gridDim.x, ...; its ring runs on across items, so the producer fills the next
 // item's first stages while the consumers finish the last.
 template <int kGroups, bool kSwiglu, bool kSplit>
-__global__ void __launch_bounds__(kGemmThreads) __maxnreg__(Ring<kGroups>::kMaxRegs)
-    nvfp4_gemm_kernel(const __grid_constant__ Params p) {
+__device__ __forceinline__ void gemm_cta(const Params& p) {
   using R = Ring<kGroups>;
   const Nvfp4GroupedGemmArgs& a = p.a;
   if ((a.skip != nullptr && *a.skip != 0) || (a.replay_skip != nullptr && *a.replay_skip != 0)) {
@@ -406,8 +460,18 @@ __global__ void __launch_bounds__(kGemmThreads) __maxnreg__(Ring<kGroups>::kMaxR
     pipe::barrier_init_fence();
   }
   const int listed = select_experts(p, ids, chunk_n);  // its barriers also publish the inits
+  // A dependent launch may start once every CTA is here: past the wait, so the rows this grid
+  // reads are complete for it too (the wide launch reads them without a wait of its own).
+  int64_t prefilled = 0;
+  if (p.acts_from_previous) {
+    if (warp == kConsumerWarps && lane == 0) {
+      prefilled = prefill_weights<kGroups, kSwiglu>(p, smem, full, ids, listed);
+    }
+    wait_prerequisites();
+  }
+  allow_dependents();
   if (warp == kConsumerWarps) {
-    if (lane == 0) produce<kGroups, kSwiglu>(p, smem, full, empty, ids, listed);
+    if (lane == 0) produce<kGroups, kSwiglu>(p, smem, full, empty, ids, listed, prefilled);
     return;
   }
 
@@ -475,6 +539,17 @@ __global__ void __launch_bounds__(kGemmThreads) __maxnreg__(Ring<kGroups>::kMaxR
       }
     }
   }
+}
+
+// The kernel: the CTA's work, then a wait for the prerequisite grid (a no-op unless the launch is
+// programmatic, or once waited). A dependent grid starts as this one's CTAs let it (gemm_cta) and
+// takes the SM slots they leave; the wide launch, which reads nothing the narrow one writes, waits
+// for it only here, so that its completion implies the narrow grid's for the launches after it.
+template <int kGroups, bool kSwiglu, bool kSplit>
+__global__ void __launch_bounds__(kGemmThreads) __maxnreg__(Ring<kGroups>::kMaxRegs)
+    nvfp4_gemm_kernel(const __grid_constant__ Params p) {
+  gemm_cta<kGroups, kSwiglu, kSplit>(p);
+  wait_prerequisites();
 }
 
 // The expert owning row m: the last e with offsets_E1[e] <= m (experts without rows share their
@@ -578,29 +653,43 @@ int resident_ctas(int smem_bytes) {
 }
 
 // The persistent grid: every resident CTA slot, at most one per item (slabs * E * splits, the
-// most the device's expert list can give).
+// most the device's expert list can give). programmatic: a programmatic dependent launch.
 template <int kGroups, bool kSwiglu, bool kSplit>
-void launch(const Params& p, cudaStream_t st) {
+void launch(const Params& p, cudaStream_t st, bool programmatic) {
   constexpr auto kernel = nvfp4_gemm_kernel<kGroups, kSwiglu, kSplit>;
   constexpr int smem = Ring<kGroups>::kSmemBytes;
   set_shared_memory_limit<kernel>(smem, /*max_carveout=*/true);
   const int64_t slots = static_cast<int64_t>(sm_count()) * resident_ctas<kernel>(smem);
   const int64_t items = p.slabs * p.a.E * p.splits;
   const unsigned grid = static_cast<unsigned>(items < slots ? items : slots);
+  if (programmatic) {
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(grid);
+    config.blockDim = dim3(kGemmThreads);
+    config.dynamicSmemBytes = smem;
+    config.stream = st;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
+    return;
+  }
   kernel<<<grid, kGemmThreads, smem, st>>>(p);
   EPMOE_CUDA_LAUNCH_CHECK();
 }
 
 template <int kGroups>
-void launch_groups(const Params& p, bool split, cudaStream_t st) {
+void launch_groups(const Params& p, bool split, cudaStream_t st, bool programmatic = false) {
   if (split && p.a.swiglu) {
-    launch<kGroups, true, true>(p, st);
+    launch<kGroups, true, true>(p, st, programmatic);
   } else if (split) {
-    launch<kGroups, false, true>(p, st);
+    launch<kGroups, false, true>(p, st, programmatic);
   } else if (p.a.swiglu) {
-    launch<kGroups, true, false>(p, st);
+    launch<kGroups, true, false>(p, st, programmatic);
   } else {
-    launch<kGroups, false, false>(p, st);
+    launch<kGroups, false, false>(p, st, programmatic);
   }
 }
 
@@ -695,6 +784,22 @@ bool nvfp4_wide_fork() {
   return env[0] == '1';
 }
 
+bool nvfp4_wide_pdl() {
+  const char* env = std::getenv("EPMOE_NVFP4_WIDE_PDL");
+  if (env == nullptr) return false;
+  EPMOE_CHECK_ARG(std::strcmp(env, "0") == 0 || std::strcmp(env, "1") == 0,
+                  "EPMOE_NVFP4_WIDE_PDL", "0 or 1", env);
+  return env[0] == '1';
+}
+
+bool nvfp4_pdl() {
+  const char* env = std::getenv("EPMOE_NVFP4_PDL");
+  if (env == nullptr) return false;
+  EPMOE_CHECK_ARG(std::strcmp(env, "0") == 0 || std::strcmp(env, "1") == 0, "EPMOE_NVFP4_PDL",
+                  "0 or 1", env);
+  return env[0] == '1';
+}
+
 int nvfp4_requested_row_groups() {
   const char* env = std::getenv("EPMOE_NVFP4_ROW_GROUPS");
   if (env == nullptr) return 0;
@@ -758,9 +863,13 @@ void nvfp4_grouped_gemm(const Nvfp4GroupedGemmArgs& args, void* stream) {
   const bool split = splits > 1;
   const bool wide = narrow_upto < args.M;
   const bool forked = wide && args.fork.side_stream != nullptr;
+  // A programmatic narrow launch waits for the previous kernel (its rows) inside; the forked wide
+  // launch would stand between the two on the stream, so a fork launches it plainly.
+  const bool programmatic = args.programmatic && !forked;
   Params narrow = p;
   narrow.rows_above = 0;
   narrow.rows_upto = narrow_upto;
+  narrow.acts_from_previous = programmatic;
   p.rows_above = narrow_upto;
   p.rows_upto = static_cast<int32_t>(args.M);
   if (forked) {
@@ -768,15 +877,15 @@ void nvfp4_grouped_gemm(const Nvfp4GroupedGemmArgs& args, void* stream) {
     launch_groups<kNvfp4MaxRowGroups>(p, split, static_cast<cudaStream_t>(args.fork.side_stream));
   }
   switch (rows.groups) {
-    case 1: launch_groups<1>(narrow, split, st); break;
-    case 2: launch_groups<2>(narrow, split, st); break;
-    case 4: launch_groups<4>(narrow, split, st); break;
-    default: launch_groups<kNvfp4MaxRowGroups>(narrow, split, st); break;
+    case 1: launch_groups<1>(narrow, split, st, programmatic); break;
+    case 2: launch_groups<2>(narrow, split, st, programmatic); break;
+    case 4: launch_groups<4>(narrow, split, st, programmatic); break;
+    default: launch_groups<kNvfp4MaxRowGroups>(narrow, split, st, programmatic); break;
   }
   if (forked) {
     join(args.fork, stream);
   } else if (wide) {
-    launch_groups<kNvfp4MaxRowGroups>(p, split, st);
+    launch_groups<kNvfp4MaxRowGroups>(p, split, st, nvfp4_wide_pdl());
   }
   if (split) {
     const int64_t cols = args.swiglu ? args.N / 2 : args.N;
