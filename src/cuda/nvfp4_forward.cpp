@@ -23,7 +23,6 @@ Nvfp4GroupedGemmArgs step_gemm(const Step& s, int64_t N, int64_t K, const Stream
   a.splitk_scratch_SMN = s.nvfp4_splitk_SMN;
   a.splitk_scratch_bytes = s.nvfp4_splitk_bytes;
   if (nvfp4_wide_fork()) a.fork = fork;  // off by default (nvfp4_gemm.h)
-  a.programmatic = nvfp4_pdl();           // after dispatch (W13) or W13 (W2); off by default
   return a;
 }
 

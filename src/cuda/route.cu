@@ -170,13 +170,32 @@ __device__ __forceinline__ void write_status(Status* st, StatusCode code, int ra
   st->code = static_cast<int32_t>(code);
 }
 
-// first_row_G1: [Eg + 1] shared, the exclusive scan of per-expert totals.
+// Shared ints of prefix_block: the scan [Eg + 1], then the header words its checks read.
+__host__ __device__ constexpr int64_t prefix_smem_ints(int Eg, int R) { return Eg + 1 + 2 * R + 2; }
+
+// first_row_G1: prefix_smem_ints shared, the exclusive scan of per-expert totals [Eg + 1], then
+// every rank's (tokens, error code) of its routing header, the status code and this rank's live
+// rows: loaded by R + 2 threads at the start, so that the checks at the end (one thread) wait on
+// shared memory, not on a chain of global loads.
 __device__ __forceinline__ void prefix_block(const RouteParams& p, int32_t* first_row_G1) {
   using BlockScan = cub::BlockScan<int32_t, kPrefixThreads>;
   __shared__ typename BlockScan::TempStorage scan_storage;
   const int tid = static_cast<int>(threadIdx.x);
   const int Eg = p.Eg;
   const int64_t RG = static_cast<int64_t>(p.R) * Eg;
+  int32_t* header_words = first_row_G1 + Eg + 1;  // [2R + 2]
+  for (int r = tid; r < p.R + 2; r += kPrefixThreads) {
+    if (r < p.R) {
+      const auto* h = reinterpret_cast<const RoutingHeader*>(p.routing_R[r]);  // [1] rank r's header
+      header_words[2 * r] = __ldcg(&h->tokens);
+      header_words[2 * r + 1] = __ldcg(&h->error_code);
+    } else if (r == p.R) {
+      header_words[2 * p.R] = __ldcg(&p.status->code);
+    } else {
+      header_words[2 * p.R + 1] =
+          __ldcg(&reinterpret_cast<const RoutingHeader*>(p.routing_R[p.self])->live);
+    }
+  }
 
   // counts[s][g] = sum over chunks.
   for (int64_t j = tid; j < RG; j += kPrefixThreads) {
@@ -234,13 +253,13 @@ __device__ __forceinline__ void prefix_block(const RouteParams& p, int32_t* firs
   // Header checks in rank order, as the CPU reference: a T' that differs from rank 0's (the
   // common reference, so every rank reports the same error), else the rank's input error.
   // A stream barrier that timed out (now or earlier) left peers' buffers unsynchronised: skip.
-  bool failed = __ldcg(&p.status->code) == static_cast<int32_t>(StatusCode::barrier_timeout);
+  bool failed = header_words[2 * p.R] == static_cast<int32_t>(StatusCode::barrier_timeout);
   StatusCode failed_code = failed ? StatusCode::barrier_timeout : StatusCode::ok;
-  const int32_t tokens0 = __ldcg(&reinterpret_cast<const RoutingHeader*>(p.routing_R[0])->tokens);
+  const int32_t tokens0 = header_words[0];
   for (int r = 0; r < p.R && !failed; ++r) {
     const auto* h = reinterpret_cast<const RoutingHeader*>(p.routing_R[r]);  // [1] rank r's header
-    const int32_t tokens = __ldcg(&h->tokens);
-    const int32_t code = __ldcg(&h->error_code);
+    const int32_t tokens = header_words[2 * r];
+    const int32_t code = header_words[2 * r + 1];
     if (tokens != tokens0) {
       failed = true;
       failed_code = StatusCode::token_count_mismatch;
@@ -267,13 +286,12 @@ __device__ __forceinline__ void prefix_block(const RouteParams& p, int32_t* firs
       write_status(p.status, failed_code, q, StatusArg::topk_ids_TK, rows, p.capacity, -1);
     }
   }
-  const auto* own = reinterpret_cast<const RoutingHeader*>(p.routing_R[p.self]);  // [1] header
   int32_t* header = p.layout.header;  // [kLayoutHeaderInts]
   for (int i = 0; i < kLayoutHeaderInts; ++i) header[i] = 0;
   header[kLayoutRows] =
       input_error ? 0 : first_row_G1[(p.self + 1) * p.E] - first_row_G1[p.self * p.E];
   header[kLayoutTokens] = static_cast<int32_t>(p.tokens);
-  header[kLayoutLive] = __ldcg(&own->live);
+  header[kLayoutLive] = header_words[2 * p.R + 1];
   header[kLayoutSkip] = failed ? 1 : 0;
   header[kLayoutMaxRows] = max_rows;
   if (failed_code == StatusCode::capacity_overflow && p.trap_on_overflow) {
@@ -283,7 +301,7 @@ __device__ __forceinline__ void prefix_block(const RouteParams& p, int32_t* firs
 }
 
 __global__ void __launch_bounds__(kPrefixThreads) route_prefix_kernel(const RouteParams p) {
-  extern __shared__ int32_t first_row_G1[];  // [Eg + 1]
+  extern __shared__ int32_t first_row_G1[];  // prefix_smem_ints
   prefix_block(p, first_row_G1);
 }
 
@@ -350,24 +368,29 @@ __global__ void __launch_bounds__(kRankThreads) route_rank_kernel(const RoutePar
   rank_block<kRankWarps>(p, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), next_row_WG);
 }
 
-// Shared-memory ints of the one-CTA route: the phases' common [kSingleRankWarps, Eg], then the
-// scratch arrays in RouteParams order (ids [R, T*K], counts [R, Eg], chunk rows [R, 1, Eg], pull
-// of token [R, T], pull counts [R, 1]).
+// Shared-memory ints of the one-CTA route: the phases' common area (the ranking's
+// [kSingleRankWarps, Eg], or the prefix's ints where more), then the scratch arrays in
+// RouteParams order (ids [R, T*K], counts [R, Eg], chunk rows [R, 1, Eg], pull of token [R, T],
+// pull counts [R, 1]).
+__host__ __device__ constexpr int64_t single_common_ints(int Eg, int R) {
+  return kSingleRankWarps * Eg > prefix_smem_ints(Eg, R) ? kSingleRankWarps * Eg
+                                                         : prefix_smem_ints(Eg, R);
+}
 int64_t single_smem_ints(const Dims& d) {
   const int64_t R = d.R, Eg = static_cast<int64_t>(d.E) * d.R;
-  return kSingleRankWarps * Eg + R * d.T * d.K + 2 * R * Eg + R * d.T + R;
+  return single_common_ints(static_cast<int>(Eg), d.R) + R * d.T * d.K + 2 * R * Eg + R * d.T + R;
 }
 
 // The five launches' blocks in launch order, in one CTA (p.chunks == p.token_chunks == 1, so the
 // blocks are (0, s) for each source s). A block barrier stands between blocks that share shared
 // memory and between phases: it orders the stores of one phase before the next one's loads, as
-// the launch boundaries do. Shared memory (single_smem_ints): [kSingleRankWarps, Eg] ints reused by
-// every phase, then the scratch arrays, which p's pointers name here instead of the route scratch
+// the launch boundaries do. Shared memory (single_smem_ints): the common area reused by every
+// phase, then the scratch arrays, which p's pointers name here instead of the route scratch
 // (the bodies read them with plain loads, so either space works).
 __global__ void __launch_bounds__(kSingleThreads) route_single_kernel(const RouteParams global) {
   extern __shared__ int32_t smem_ints[];
   RouteParams p = global;
-  int32_t* scratch = smem_ints + kSingleRankWarps * p.Eg;
+  int32_t* scratch = smem_ints + single_common_ints(p.Eg, p.R);
   const int64_t TK = p.T * p.K;
   p.ids_all_RTK = scratch;
   p.counts_RG = p.ids_all_RTK + p.R * TK;
@@ -461,7 +484,7 @@ void route(const Step& s) {
   const dim3 token_grid(static_cast<unsigned>(p.token_chunks), static_cast<unsigned>(d.R));
   route_pull_count_kernel<<<token_grid, kPullThreads, 0, stream>>>(p);
   EPMOE_CUDA_LAUNCH_CHECK();
-  const size_t scan_bytes = static_cast<size_t>(Eg + 1) * sizeof(int32_t);
+  const size_t scan_bytes = static_cast<size_t>(prefix_smem_ints(Eg, d.R)) * sizeof(int32_t);
   route_prefix_kernel<<<1, kPrefixThreads, scan_bytes, stream>>>(p);
   EPMOE_CUDA_LAUNCH_CHECK();
   route_pull_list_kernel<<<token_grid, kPullThreads, 0, stream>>>(p);  // after the header reset

@@ -120,7 +120,7 @@ struct Problem {
   std::vector<bf16_t> run_gpu(const int32_t* skip = nullptr,
                               const ActivationParams* swiglu = nullptr, int splits = 1,
                               int64_t rows_per_group = 0, int64_t wide_above_rows = 0,
-                              cuda::StreamForkView fork = {}, bool programmatic = false) const {
+                              cuda::StreamForkView fork = {}) const {
     const int64_t cols = swiglu != nullptr ? N / 2 : N;
     Dev<bf16_t> da(a), dout(static_cast<size_t>(M * cols));
     Dev<float> scratch(static_cast<size_t>(
@@ -132,7 +132,6 @@ struct Problem {
     x.rows_per_group = rows_per_group;
     x.wide_above_rows = wide_above_rows;
     x.fork = fork;
-    x.programmatic = programmatic;
     x.skip = skip;
     x.out_MN = dout.ptr;
     x.ld_out = cols;
@@ -389,13 +388,11 @@ TEST(GpuGemmNvfp4, WidePassBitwiseEqualNarrowPasses) {
                          where + " wide above 1 row");
           expect_bitwise(narrow, p.run_gpu(nullptr, act, splits, hint, 1, fork.view()), cols,
                          where + " wide above 1 row, forked");
-          // Both launches programmatic on one stream: the narrow one's first weights before its
-          // wait, the wide one after the narrow one's CTAs passed theirs.
-          const ScopedEnv pdl("EPMOE_NVFP4_WIDE_PDL", "1");
-          expect_bitwise(narrow, p.run_gpu(nullptr, act, splits, hint, 1, {}, true), cols,
-                         where + " wide above 1 row, programmatic launches");
-          expect_bitwise(narrow, p.run_gpu(nullptr, act, splits, hint, 0, {}, true), cols,
-                         where + " rule, programmatic launches");
+          // The wide launch as an ordinary one after the narrow one (the default above: a
+          // programmatic dependent launch).
+          const ScopedEnv plain("EPMOE_NVFP4_WIDE_PDL", "0");
+          expect_bitwise(narrow, p.run_gpu(nullptr, act, splits, hint, 1), cols,
+                         where + " wide above 1 row, ordinary launches");
         }
       }
     }
@@ -599,22 +596,18 @@ TEST(GpuGemmNvfp4, RowGroupAndForkSwitchesAreChecked) {
     const ScopedEnv env("EPMOE_NVFP4_WIDE_FORK", "1");
     EXPECT_TRUE(cuda::nvfp4_wide_fork());
   }
-  for (const char* name : {"EPMOE_NVFP4_WIDE_PDL", "EPMOE_NVFP4_PDL"}) {
-    auto read = [&] {
-      return std::string(name) == "EPMOE_NVFP4_PDL" ? cuda::nvfp4_pdl() : cuda::nvfp4_wide_pdl();
-    };
-    {
-      const ScopedEnv env(name, nullptr);
-      EXPECT_FALSE(read()) << name;
-    }
-    const ScopedEnv env(name, "1");
-    EXPECT_TRUE(read()) << name;
+  {
+    const ScopedEnv env("EPMOE_NVFP4_WIDE_PDL", nullptr);
+    EXPECT_TRUE(cuda::nvfp4_wide_pdl());  // on by default (measured faster on skew, even balanced)
+  }
+  {
+    const ScopedEnv env("EPMOE_NVFP4_WIDE_PDL", "0");
+    EXPECT_FALSE(cuda::nvfp4_wide_pdl());
   }
   const std::pair<const char*, const char*> bad[] = {{"EPMOE_NVFP4_ROW_GROUPS", "3"},
                                                       {"EPMOE_NVFP4_ROW_GROUPS", "16"},
                                                       {"EPMOE_NVFP4_WIDE_FORK", "yes"},
-                                                      {"EPMOE_NVFP4_WIDE_PDL", "on"},
-                                                      {"EPMOE_NVFP4_PDL", "2"}};
+                                                      {"EPMOE_NVFP4_WIDE_PDL", "on"}};
   for (const auto& [name, value] : bad) {
     const ScopedEnv env(name, value);
     try {
@@ -623,8 +616,6 @@ TEST(GpuGemmNvfp4, RowGroupAndForkSwitchesAreChecked) {
         cuda::nvfp4_wide_fork();
       } else if (n == "EPMOE_NVFP4_WIDE_PDL") {
         cuda::nvfp4_wide_pdl();
-      } else if (n == "EPMOE_NVFP4_PDL") {
-        cuda::nvfp4_pdl();
       } else {
         cuda::nvfp4_requested_row_groups();
       }

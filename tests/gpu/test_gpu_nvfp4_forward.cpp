@@ -139,10 +139,10 @@ TEST(GpuNvfp4Forward, MatchesCpuWithinBoundAndVariantsBitwise) {
   }
 }
 
-// The GEMMs as programmatic launches (W13 after dispatch, W2 after W13, each wide launch after its
-// narrow one): the same bits as plain launches, on the rule's row groups and on one group a pass,
-// which sends the experts past 16 rows to the wide launches.
-TEST(GpuNvfp4Forward, ProgrammaticLaunchesEqualPlainOnesBitwise) {
+// The wide launches as programmatic dependent launches after the narrow ones (the default) and as
+// ordinary ones: the same bits, on the rule's row groups and on one group a pass, which sends the
+// experts past 16 rows to the wide launches.
+TEST(GpuNvfp4Forward, ProgrammaticWideLaunchesEqualOrdinaryOnesBitwise) {
   EPMOE_REQUIRE_GPU();
   const std::vector<Case> cases = {
       {nvfp4_problem(128, 448, 320, 16, 4), -1},  // decode size
@@ -158,11 +158,10 @@ TEST(GpuNvfp4Forward, ProgrammaticLaunchesEqualPlainOnesBitwise) {
       const ScopedEnv rows("EPMOE_NVFP4_ROW_GROUPS", groups);
       const std::string what = c.p.name() + " live " + std::to_string(c.live) +
                                (groups != nullptr ? ", one row group a pass" : "");
-      const std::vector<bf16_t> plain = gpu_forward(c.p, in, w);
-      const ScopedEnv pdl("EPMOE_NVFP4_PDL", "1");
-      const ScopedEnv wide("EPMOE_NVFP4_WIDE_PDL", "1");
-      expect_same_y(gpu_forward(c.p, in, w, 3), plain, c.p.hidden,
-                    what + ": programmatic vs plain");
+      const std::vector<bf16_t> programmatic = gpu_forward(c.p, in, w, 3);
+      const ScopedEnv plain("EPMOE_NVFP4_WIDE_PDL", "0");
+      expect_same_y(gpu_forward(c.p, in, w), programmatic, c.p.hidden,
+                    what + ": ordinary vs programmatic wide launches");
     }
   }
 }
@@ -170,9 +169,9 @@ TEST(GpuNvfp4Forward, ProgrammaticLaunchesEqualPlainOnesBitwise) {
 TEST(GpuNvfp4Forward, GraphReplayWithNewRoutingsEqualsEager) {
   EPMOE_REQUIRE_GPU();
   for (const char* programmatic : {"0", "1"}) {
-    SCOPED_TRACE(std::string("EPMOE_NVFP4_PDL and EPMOE_NVFP4_WIDE_PDL = ") + programmatic);
-    const ScopedEnv pdl("EPMOE_NVFP4_PDL", programmatic);
+    SCOPED_TRACE(std::string("EPMOE_NVFP4_WIDE_PDL=") + programmatic);
     const ScopedEnv wide("EPMOE_NVFP4_WIDE_PDL", programmatic);
+    const ScopedEnv rows("EPMOE_NVFP4_ROW_GROUPS", "1");  // wide launches with rows
     Problem p = nvfp4_problem(128, 256, 192, 16, 4);
     p.capacity_factor = 1.0;
     // Same x and weights every time; a new routing per seed.

@@ -94,16 +94,14 @@ struct Params {
   CUtensorMap scales; // [E * ceil(K / 128) rows, N] of 8-byte scale groups; box 128 (SwiGLU: 64) x 1
   Nvfp4GroupedGemmArgs a;
   int64_t C = 0;                   // scale chunks per weight row, ceil(K / 128)
-  int64_t chunks = 0;              // ceil(K / kChunk)
-  int64_t slabs = 0;               // slabs per expert
-  int64_t splits = 1;
+  // 32-bit: the work-item arithmetic runs per item on every warp (items = slabs * E * splits <
+  // 2^31 by check_args' E * N < 2^31 and at most 16 splits).
+  int32_t chunks = 0;              // ceil(K / kChunk)
+  int32_t slabs = 0;               // slabs per expert
+  int32_t splits = 1;
   int32_t rows_above = 0;          // the launch takes the experts with rows in (rows_above,
   int32_t rows_upto = 0;           // rows_upto]
   float* partials_SMN = nullptr;   // split-K: [splits, M, N] fp32 (the caller's scratch)
-  // The activation rows are the stream's previous kernel's output (a programmatic launch): every
-  // thread waits for that kernel before the CTA lets its dependents start, and the producer loads
-  // the first lap's weights before that wait. Otherwise the rows are complete at the launch.
-  bool acts_from_previous = false;
 };
 
 __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t x, uint32_t y) {
@@ -150,6 +148,17 @@ __device__ __forceinline__ void scale_operands(uint32_t two_codes, uint32_t& s0,
 
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int q) {
   return q == 0 ? v.x : (q == 1 ? v.y : (q == 2 ? v.z : v.w));
+}
+
+// The pass's rows' sources (the combine slots' epilogue reads them) into L1 while its chunks run:
+// lane l takes the l-th 128-byte line of recv_src_M[m0, min(m0 + rows, end)).
+__device__ __forceinline__ void prefetch_sources(const Nvfp4GroupedGemmArgs& a, int m0, int end,
+                                                 int rows, int lane) {
+  const int line = (m0 & ~31) + 32 * lane;  // 32 sources a line
+  const int last = m0 + rows < end ? m0 + rows : end;
+  if (lane * 32 < rows + 32 && line < last) {
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(a.recv_src_M + line));
+  }
 }
 
 __device__ __forceinline__ bf16_t* out_row(const Nvfp4GroupedGemmArgs& a, int64_t m) {
@@ -231,21 +240,27 @@ struct Work {
   int c_begin = 0, chunks = 0;
   float global = 0.0f;
 };
-__device__ __forceinline__ Work work_item(const Params& p, const uint16_t* ids, int listed,
-                                          int64_t i) {
+__device__ __forceinline__ Work work_item(const Params& p, const uint16_t* ids, int listed, int i) {
   Work w;
-  const int64_t per_split = p.slabs * listed;
-  if (i >= per_split * p.splits) return w;  // no rows: the loops skip it
-  w.z = static_cast<int>(i / per_split);
-  const int slab = static_cast<int>(i % p.slabs);
-  w.e = ids[(i % per_split) / p.slabs];
+  const unsigned per_split = static_cast<unsigned>(p.slabs) * static_cast<unsigned>(listed);
+  if (static_cast<unsigned>(i) >= per_split * static_cast<unsigned>(p.splits)) return w;  // no rows
+  unsigned rest = static_cast<unsigned>(i);
+  w.chunks = p.chunks;
+  if (p.splits > 1) {
+    const unsigned z = rest / per_split;
+    rest -= z * per_split;
+    w.z = static_cast<int>(z);
+    w.c_begin = p.chunks * w.z / p.splits;
+    w.chunks = p.chunks * (w.z + 1) / p.splits - w.c_begin;
+  }
+  const unsigned listed_index = rest / static_cast<unsigned>(p.slabs);
+  const int slab = static_cast<int>(rest - listed_index * static_cast<unsigned>(p.slabs));
+  w.e = ids[listed_index];
   w.n0 = slab * kSlab;
   w.f0 = slab * (kSlab / 2);
   w.row_begin = p.a.offsets_E1[w.e];
   const int end = p.a.offsets_E1[w.e + 1];
   w.row_end = end < p.a.M ? end : static_cast<int>(p.a.M);
-  w.c_begin = static_cast<int>(p.chunks * w.z / p.splits);
-  w.chunks = static_cast<int>(p.chunks * (w.z + 1) / p.splits) - w.c_begin;
   w.global = p.a.b_global_E[w.e];
   return w;
 }
@@ -258,29 +273,25 @@ __device__ __forceinline__ int live_groups(const Work& w, int m0) {
 }
 
 // Grid dependency control (PTX griddepcontrol); both are no-ops unless the launch is programmatic
-// (the narrow launch with Nvfp4GroupedGemmArgs::programmatic, the wide one after it on one stream).
+// (the wide launch after the narrow one on one stream, nvfp4_wide_pdl).
 __device__ __forceinline__ void allow_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 __device__ __forceinline__ void wait_prerequisites() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
-// The stage fills of the CTA's items in ring order: for every pass and chunk, fill(w, m0, live, c,
-// n) with n the fill's index; stops where fill returns false.
+// The stage fills of the CTA's items in ring order: fill(w, m0, live, c) for every pass and chunk.
 template <int kGroups, class Fill>
 __device__ __forceinline__ void for_each_fill(const Params& p, const uint16_t* ids, int listed,
                                               Fill&& fill) {
-  const int64_t items = p.slabs * listed * p.splits;
-  int64_t n = 0;
-  Work next = work_item(p, ids, listed, blockIdx.x);
-  for (int64_t i = blockIdx.x; i < items; i += gridDim.x) {
+  const int items = p.slabs * listed * p.splits;
+  Work next = work_item(p, ids, listed, static_cast<int>(blockIdx.x));
+  for (int i = static_cast<int>(blockIdx.x); i < items; i += static_cast<int>(gridDim.x)) {
     const Work w = next;
-    next = work_item(p, ids, listed, i + gridDim.x);
+    next = work_item(p, ids, listed, i + static_cast<int>(gridDim.x));
     if (w.row_end <= w.row_begin) continue;
     for (int m0 = w.row_begin; m0 < w.row_end; m0 += 8 * kGroups) {
       const int live = live_groups<kGroups>(w, m0);
-      for (int c = 0; c < w.chunks; ++c, ++n) {
-        if (!fill(w, m0, live, c, n)) return;
-      }
+      for (int c = 0; c < w.chunks; ++c) fill(w, m0, live, c);
     }
   }
 }
@@ -308,41 +319,19 @@ __device__ __forceinline__ void load_weights(const Params& p, uint8_t* smem, uin
   }
 }
 
-// The first lap's weights (stages 0 .. kStages - 1, free at the start), before the previous
-// kernel's end: the fills produce() then completes with their activation rows. Returns them.
-template <int kGroups, bool kSwiglu>
-__device__ __forceinline__ int64_t prefill_weights(const Params& p, uint8_t* smem, uint64_t* full,
-                                                   const uint16_t* ids, int listed) {
-  using R = Ring<kGroups>;
-  pipe::prefetch_tensor_map(&p.codes);
-  pipe::prefetch_tensor_map(&p.scales);
-  int64_t filled = 0;
-  for_each_fill<kGroups>(p, ids, listed, [&](const Work& w, int, int live, int c, int64_t n) {
-    if (n >= R::kStages) return false;
-    load_weights<kGroups, kSwiglu>(p, smem, full, w, live, c, static_cast<int>(n));
-    filled = n + 1;
-    return true;
-  });
-  return filled;
-}
-
 // The producer (one lane): for every pass and chunk of the CTA's items, a free stage filled by TMA
-// boxes (codes, scales, the live groups' activation halves); the first `prefilled` fills already
-// have their weights (prefill_weights).
+// boxes (codes, scales, the live groups' activation halves).
 template <int kGroups, bool kSwiglu>
 __device__ __forceinline__ void produce(const Params& p, uint8_t* smem, uint64_t* full,
-                                        uint64_t* empty, const uint16_t* ids, int listed,
-                                        int64_t prefilled) {
+                                        uint64_t* empty, const uint16_t* ids, int listed) {
   using R = Ring<kGroups>;
   pipe::prefetch_tensor_map(&p.codes);
   pipe::prefetch_tensor_map(&p.act);
   pipe::prefetch_tensor_map(&p.scales);
   RingPos<R::kStages> pos;
-  for_each_fill<kGroups>(p, ids, listed, [&](const Work& w, int m0, int live, int c, int64_t n) {
-    if (n >= prefilled) {
-      pipe::wait(&empty[pos.stage], pos.phase ^ 1u);  // the first lap passes at once
-      load_weights<kGroups, kSwiglu>(p, smem, full, w, live, c, pos.stage);
-    }
+  for_each_fill<kGroups>(p, ids, listed, [&](const Work& w, int m0, int live, int c) {
+    pipe::wait(&empty[pos.stage], pos.phase ^ 1u);  // the first lap passes at once
+    load_weights<kGroups, kSwiglu>(p, smem, full, w, live, c, pos.stage);
     uint8_t* act = smem + pos.stage * R::kStageBytes + kCodeBytes;
     uint64_t* bar = &full[pos.stage];
     const int32_t kx = (w.c_begin + c) * kChunk;
@@ -351,8 +340,7 @@ __device__ __forceinline__ void produce(const Params& p, uint8_t* smem, uint64_t
       pipe::load_2d(act + grp * R::kGroupBytes, &p.act, bar, kx, y);
       pipe::load_2d(act + R::kActBytes / 2 + grp * R::kGroupBytes, &p.act, bar, kx + kActHalf, y);
     }
-    pos.next();
-    return true;
+      pos.next();
   });
 }
 
@@ -460,18 +448,11 @@ __device__ __forceinline__ void gemm_cta(const Params& p) {
     pipe::barrier_init_fence();
   }
   const int listed = select_experts(p, ids, chunk_n);  // its barriers also publish the inits
-  // A dependent launch may start once every CTA is here: past the wait, so the rows this grid
-  // reads are complete for it too (the wide launch reads them without a wait of its own).
-  int64_t prefilled = 0;
-  if (p.acts_from_previous) {
-    if (warp == kConsumerWarps && lane == 0) {
-      prefilled = prefill_weights<kGroups, kSwiglu>(p, smem, full, ids, listed);
-    }
-    wait_prerequisites();
-  }
+  // A dependent launch (the wide one) may start once every CTA is here: it takes the SM slots
+  // these CTAs leave and reads nothing they write.
   allow_dependents();
   if (warp == kConsumerWarps) {
-    if (lane == 0) produce<kGroups, kSwiglu>(p, smem, full, empty, ids, listed, prefilled);
+    if (lane == 0) produce<kGroups, kSwiglu>(p, smem, full, empty, ids, listed);
     return;
   }
 
@@ -479,16 +460,17 @@ __device__ __forceinline__ void gemm_cta(const Params& p) {
   const int64_t F = a.N / 2;
   const int g = lane / 4, t = lane % 4;
   RingPos<R::kStages> pos;
-  const int64_t items = p.slabs * listed * p.splits;
-  Work next = work_item(p, ids, listed, blockIdx.x);
-  for (int64_t i = blockIdx.x; i < items; i += gridDim.x) {
+  const int items = p.slabs * listed * p.splits;
+  Work next = work_item(p, ids, listed, static_cast<int>(blockIdx.x));
+  for (int i = static_cast<int>(blockIdx.x); i < items; i += static_cast<int>(gridDim.x)) {
     const Work w = next;
-    next = work_item(p, ids, listed, i + gridDim.x);
+    next = work_item(p, ids, listed, i + static_cast<int>(gridDim.x));
     if (w.row_end <= w.row_begin) continue;
     const float global = w.global;
     for (int m0 = w.row_begin; m0 < w.row_end; m0 += 8 * kGroups) {
       // Groups holding rows; one group always does (the item has rows).
       const int live = kGroups == 1 ? 1 : live_groups<kGroups>(w, m0);
+      if (a.combine_R != nullptr) prefetch_sources(a, m0, w.row_end, 8 * kGroups, lane);
       float acc[kTiles][kGroups][4] = {};
       for (int c = 0; c < w.chunks; ++c, pos.next()) {
         pipe::wait(&full[pos.stage], pos.phase);
@@ -660,7 +642,7 @@ void launch(const Params& p, cudaStream_t st, bool programmatic) {
   constexpr int smem = Ring<kGroups>::kSmemBytes;
   set_shared_memory_limit<kernel>(smem, /*max_carveout=*/true);
   const int64_t slots = static_cast<int64_t>(sm_count()) * resident_ctas<kernel>(smem);
-  const int64_t items = p.slabs * p.a.E * p.splits;
+  const int64_t items = static_cast<int64_t>(p.slabs) * p.a.E * p.splits;
   const unsigned grid = static_cast<unsigned>(items < slots ? items : slots);
   if (programmatic) {
     cudaLaunchAttribute attribute{};
@@ -757,6 +739,14 @@ namespace {
 int64_t wide_above(int groups) {
   return groups < kNvfp4MaxRowGroups ? 2 * 8 * groups : kNvfp4NoWidePass;
 }
+
+// An on / off switch from the environment: "0" or "1", the default where unset.
+bool env_switch(const char* name, bool unset) {
+  const char* env = std::getenv(name);
+  if (env == nullptr) return unset;
+  EPMOE_CHECK_ARG(std::strcmp(env, "0") == 0 || std::strcmp(env, "1") == 0, name, "0 or 1", env);
+  return env[0] == '1';
+}
 }  // namespace
 
 Nvfp4RowGroups nvfp4_row_groups(int64_t rows_per_group) {
@@ -776,29 +766,8 @@ Nvfp4RowGroups nvfp4_row_groups(int64_t rows_per_group) {
   return c;
 }
 
-bool nvfp4_wide_fork() {
-  const char* env = std::getenv("EPMOE_NVFP4_WIDE_FORK");
-  if (env == nullptr) return false;
-  EPMOE_CHECK_ARG(std::strcmp(env, "0") == 0 || std::strcmp(env, "1") == 0,
-                  "EPMOE_NVFP4_WIDE_FORK", "0 or 1", env);
-  return env[0] == '1';
-}
-
-bool nvfp4_wide_pdl() {
-  const char* env = std::getenv("EPMOE_NVFP4_WIDE_PDL");
-  if (env == nullptr) return false;
-  EPMOE_CHECK_ARG(std::strcmp(env, "0") == 0 || std::strcmp(env, "1") == 0,
-                  "EPMOE_NVFP4_WIDE_PDL", "0 or 1", env);
-  return env[0] == '1';
-}
-
-bool nvfp4_pdl() {
-  const char* env = std::getenv("EPMOE_NVFP4_PDL");
-  if (env == nullptr) return false;
-  EPMOE_CHECK_ARG(std::strcmp(env, "0") == 0 || std::strcmp(env, "1") == 0, "EPMOE_NVFP4_PDL",
-                  "0 or 1", env);
-  return env[0] == '1';
-}
+bool nvfp4_wide_fork() { return env_switch("EPMOE_NVFP4_WIDE_FORK", false); }
+bool nvfp4_wide_pdl() { return env_switch("EPMOE_NVFP4_WIDE_PDL", true); }
 
 int nvfp4_requested_row_groups() {
   const char* env = std::getenv("EPMOE_NVFP4_ROW_GROUPS");
@@ -826,7 +795,7 @@ void nvfp4_grouped_gemm(const Nvfp4GroupedGemmArgs& args, void* stream) {
   Params p;
   p.a = args;
   p.C = nvfp4_scale_chunks(args.K);
-  p.chunks = (args.K + kChunk - 1) / kChunk;
+  p.chunks = static_cast<int32_t>((args.K + kChunk - 1) / kChunk);
   p.partials_SMN = splits > 1 ? args.splitk_scratch_SMN : nullptr;
   TensorMap2d codes;
   codes.base = args.b_codes_ENP;
@@ -857,19 +826,17 @@ void nvfp4_grouped_gemm(const Nvfp4GroupedGemmArgs& args, void* stream) {
   scales.box_outer = 1;
   p.scales = make_tensor_map(scales, "b_scales");
 
-  p.slabs = grid_slabs(args.N, args.swiglu);
+  p.slabs = static_cast<int32_t>(grid_slabs(args.N, args.swiglu));
   p.splits = splits;
+  EPMOE_CHECK_ARG(static_cast<int64_t>(p.slabs) * args.E * splits < (int64_t{1} << 31), "splits",
+                  "slabs * E * splits < 2^31 (32-bit work items)", splits);
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   const bool split = splits > 1;
   const bool wide = narrow_upto < args.M;
   const bool forked = wide && args.fork.side_stream != nullptr;
-  // A programmatic narrow launch waits for the previous kernel (its rows) inside; the forked wide
-  // launch would stand between the two on the stream, so a fork launches it plainly.
-  const bool programmatic = args.programmatic && !forked;
   Params narrow = p;
   narrow.rows_above = 0;
   narrow.rows_upto = narrow_upto;
-  narrow.acts_from_previous = programmatic;
   p.rows_above = narrow_upto;
   p.rows_upto = static_cast<int32_t>(args.M);
   if (forked) {
@@ -877,10 +844,10 @@ void nvfp4_grouped_gemm(const Nvfp4GroupedGemmArgs& args, void* stream) {
     launch_groups<kNvfp4MaxRowGroups>(p, split, static_cast<cudaStream_t>(args.fork.side_stream));
   }
   switch (rows.groups) {
-    case 1: launch_groups<1>(narrow, split, st, programmatic); break;
-    case 2: launch_groups<2>(narrow, split, st, programmatic); break;
-    case 4: launch_groups<4>(narrow, split, st, programmatic); break;
-    default: launch_groups<kNvfp4MaxRowGroups>(narrow, split, st, programmatic); break;
+    case 1: launch_groups<1>(narrow, split, st); break;
+    case 2: launch_groups<2>(narrow, split, st); break;
+    case 4: launch_groups<4>(narrow, split, st); break;
+    default: launch_groups<kNvfp4MaxRowGroups>(narrow, split, st); break;
   }
   if (forked) {
     join(args.fork, stream);

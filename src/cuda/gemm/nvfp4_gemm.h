@@ -50,11 +50,6 @@ struct Nvfp4GroupedGemmArgs {
   // before the narrow launch, joined back before the split-K reduce (the two take disjoint
   // experts, so they may overlap). Null side stream: both on the caller's stream, narrow first.
   StreamForkView fork;
-  // A programmatic dependent launch (PDL) after the stream's previous kernel, which writes a_MK:
-  // the GEMM's CTAs start as that kernel lets them (and SM slots free), load their first weights,
-  // and wait for it before reading a_MK. Everything else the GEMM reads (weights, offsets, skip
-  // flags, recv_src_M) must be complete before that kernel began. Ignored with a fork.
-  bool programmatic = false;
   // W13 with the SwiGLU epilogue: B holds the gate rows [0, N/2) then the up rows [N/2, N); out
   // gets h[m, f] = bf16(act(bf16(gate), bf16(up))) for f < N/2 (core/activation.h, the unfused
   // kernel's math), [M, N/2] with row pitch ld_out; no h13.
@@ -121,16 +116,12 @@ int nvfp4_requested_row_groups();
 // and balanced decode up to 15 % slower (qwen3; gpt-oss 6 %, deepseek-v3 even).
 bool nvfp4_wide_fork();
 
-// EPMOE_NVFP4_WIDE_PDL=1: without a fork, the wide launch is a programmatic dependent launch
-// after the narrow one on the caller's stream (it may start as the narrow CTAs finish, and
-// completes only after the narrow grid); unset or 0: an ordinary launch (Error(invalid_argument)
-// naming it otherwise).
+// Whether the wide launch, without a fork, is a programmatic dependent launch after the narrow one
+// on the caller's stream (its CTAs start as the narrow ones finish and take their SM slots; it
+// completes only after the narrow grid): EPMOE_NVFP4_WIDE_PDL unset or 1 yes, 0 an ordinary launch
+// (Error(invalid_argument) naming it otherwise). Measured at 0be8ef8 (bench/RESULTS.md): skewed
+// decode 4-16 % faster, balanced even.
 bool nvfp4_wide_pdl();
-
-// Whether the NVFP4 stages launch their GEMMs programmatically (Nvfp4GroupedGemmArgs::
-// programmatic: W13 after dispatch, W2 after W13): EPMOE_NVFP4_PDL=1 yes, unset or 0 no
-// (Error(invalid_argument) naming it otherwise).
-bool nvfp4_pdl();
 
 // Requirements (checked; Error(invalid_argument) naming the field): 1 <= E <= kNvfp4MaxExperts, K > 0 and
 // K % 32 == 0 (16-byte code rows for TMA), N > 0 and even (16-byte rows of 8-byte scale groups),
