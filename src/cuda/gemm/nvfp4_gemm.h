@@ -120,7 +120,7 @@ bool nvfp4_wide_fork();
 // on the caller's stream (its CTAs start as the narrow ones finish and take their SM slots; it
 // completes only after the narrow grid): EPMOE_NVFP4_WIDE_PDL unset or 1 yes, 0 an ordinary launch
 // (Error(invalid_argument) naming it otherwise). Measured at 0be8ef8 (bench/RESULTS.md): skewed
-// decode 4-16 % faster, balanced even.
+// decode up to 16 % faster (mixtral even), balanced even.
 bool nvfp4_wide_pdl();
 
 // Requirements (checked; Error(invalid_argument) naming the field): 1 <= E <= kNvfp4MaxExperts, K > 0 and
