@@ -279,11 +279,10 @@ __device__ __forceinline__ void allow_dependents() {
 }
 __device__ __forceinline__ void wait_prerequisites() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
-// The passes of the CTA's items in order, pass(w, m0, live) for each (live: the pass's groups
-// holding rows, at least one); producer and consumers walk the same sequence.
-template <int kGroups, class Pass>
-__device__ __forceinline__ void for_each_pass(const Params& p, const uint16_t* ids, int listed,
-                                              Pass&& pass) {
+// The stage fills of the CTA's items in ring order: fill(w, m0, live, c) for every pass and chunk.
+template <int kGroups, class Fill>
+__device__ __forceinline__ void for_each_fill(const Params& p, const uint16_t* ids, int listed,
+                                              Fill&& fill) {
   const int items = p.slabs * listed * p.splits;
   Work next = work_item(p, ids, listed, static_cast<int>(blockIdx.x));
   for (int i = static_cast<int>(blockIdx.x); i < items; i += static_cast<int>(gridDim.x)) {
@@ -291,7 +290,8 @@ __device__ __forceinline__ void for_each_pass(const Params& p, const uint16_t* i
     next = work_item(p, ids, listed, i + static_cast<int>(gridDim.x));
     if (w.row_end <= w.row_begin) continue;
     for (int m0 = w.row_begin; m0 < w.row_end; m0 += 8 * kGroups) {
-      pass(w, m0, live_groups<kGroups>(w, m0));
+      const int live = live_groups<kGroups>(w, m0);
+      for (int c = 0; c < w.chunks; ++c) fill(w, m0, live, c);
     }
   }
 }
@@ -329,20 +329,18 @@ __device__ __forceinline__ void produce(const Params& p, uint8_t* smem, uint64_t
   pipe::prefetch_tensor_map(&p.act);
   pipe::prefetch_tensor_map(&p.scales);
   RingPos<R::kStages> pos;
-  for_each_pass<kGroups>(p, ids, listed, [&](const Work& w, int m0, int live) {
-    for (int c = 0; c < w.chunks; ++c, pos.next()) {
-      pipe::wait(&empty[pos.stage], pos.phase ^ 1u);  // the first lap passes at once
-      load_weights<kGroups, kSwiglu>(p, smem, full, w, live, c, pos.stage);
-      uint8_t* act = smem + pos.stage * R::kStageBytes + kCodeBytes;
-      uint64_t* bar = &full[pos.stage];
-      const int32_t kx = (w.c_begin + c) * kChunk;
-      for (int grp = 0; grp < live; ++grp) {
-        const int32_t y = m0 + 8 * grp;
-        pipe::load_2d(act + grp * R::kGroupBytes, &p.act, bar, kx, y);
-        pipe::load_2d(act + R::kActBytes / 2 + grp * R::kGroupBytes, &p.act, bar, kx + kActHalf,
-                      y);
-      }
+  for_each_fill<kGroups>(p, ids, listed, [&](const Work& w, int m0, int live, int c) {
+    pipe::wait(&empty[pos.stage], pos.phase ^ 1u);  // the first lap passes at once
+    load_weights<kGroups, kSwiglu>(p, smem, full, w, live, c, pos.stage);
+    uint8_t* act = smem + pos.stage * R::kStageBytes + kCodeBytes;
+    uint64_t* bar = &full[pos.stage];
+    const int32_t kx = (w.c_begin + c) * kChunk;
+    for (int grp = 0; grp < live; ++grp) {
+      const int32_t y = m0 + 8 * grp;
+      pipe::load_2d(act + grp * R::kGroupBytes, &p.act, bar, kx, y);
+      pipe::load_2d(act + R::kActBytes / 2 + grp * R::kGroupBytes, &p.act, bar, kx + kActHalf, y);
     }
+      pos.next();
   });
 }
 
@@ -462,59 +460,67 @@ __device__ __forceinline__ void gemm_cta(const Params& p) {
   const int64_t F = a.N / 2;
   const int g = lane / 4, t = lane % 4;
   RingPos<R::kStages> pos;
-  for_each_pass<kGroups>(p, ids, listed, [&](const Work& w, int m0, int groups) {
-    const int live = kGroups == 1 ? 1 : groups;  // a constant for one group
+  const int items = p.slabs * listed * p.splits;
+  Work next = work_item(p, ids, listed, static_cast<int>(blockIdx.x));
+  for (int i = static_cast<int>(blockIdx.x); i < items; i += static_cast<int>(gridDim.x)) {
+    const Work w = next;
+    next = work_item(p, ids, listed, i + static_cast<int>(gridDim.x));
+    if (w.row_end <= w.row_begin) continue;
     const float global = w.global;
-    if (a.combine_R != nullptr) prefetch_sources(a, m0, w.row_end, 8 * kGroups, lane);
-    float acc[kTiles][kGroups][4] = {};
-    for (int c = 0; c < w.chunks; ++c, pos.next()) {
-      pipe::wait(&full[pos.stage], pos.phase);
-      consume_live<kGroups, kSwiglu>(live, smem + pos.stage * R::kStageBytes, warp, g, t, acc);
-      __syncwarp();
-      if (lane == 0) pipe::arrive(&empty[pos.stage]);
-    }
+    for (int m0 = w.row_begin; m0 < w.row_end; m0 += 8 * kGroups) {
+      // Groups holding rows; one group always does (the item has rows).
+      const int live = kGroups == 1 ? 1 : live_groups<kGroups>(w, m0);
+      if (a.combine_R != nullptr) prefetch_sources(a, m0, w.row_end, 8 * kGroups, lane);
+      float acc[kTiles][kGroups][4] = {};
+      for (int c = 0; c < w.chunks; ++c, pos.next()) {
+        pipe::wait(&full[pos.stage], pos.phase);
+        consume_live<kGroups, kSwiglu>(live, smem + pos.stage * R::kStageBytes, warp, g, t, acc);
+        __syncwarp();
+        if (lane == 0) pipe::arrive(&empty[pos.stage]);
+      }
 
-    // acc[tile][grp]: {(A row g, m 2t), (A row g, m 2t + 1), (A row g + 8, m 2t), (A row g + 8,
-    // m 2t + 1)} of group grp.
+      // acc[tile][grp]: {(A row g, m 2t), (A row g, m 2t + 1), (A row g + 8, m 2t), (A row g + 8,
+      // m 2t + 1)} of group grp.
 #pragma unroll
-    for (int tile = 0; tile < kTiles; ++tile) {
+      for (int tile = 0; tile < kTiles; ++tile) {
 #pragma unroll
-      for (int grp = 0; grp < kGroups; ++grp) {
-        if (grp >= live) continue;
+        for (int grp = 0; grp < kGroups; ++grp) {
+          if (grp >= live) continue;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int64_t m = m0 + grp * 8 + 2 * t + h;  // 64-bit: the row offsets below
-          if (m >= w.row_end) continue;
-          const float lo = __fmul_rn(acc[tile][grp][h], kSumFactor);
-          const float hi = __fmul_rn(acc[tile][grp][2 + h], kSumFactor);
-          if constexpr (kSwiglu) {
-            const int64_t f = w.f0 + warp * 16 + tile * 8 + g;
-            if (f >= F) continue;
-            if constexpr (kSplit) {
-              float* part = p.partials_SMN + (static_cast<int64_t>(w.z) * a.M + m) * a.N;
-              part[f] = lo;
-              part[F + f] = hi;
+          for (int h = 0; h < 2; ++h) {
+            const int64_t m = m0 + grp * 8 + 2 * t + h;  // 64-bit: the row offsets below
+            if (m >= w.row_end) continue;
+            const float lo = __fmul_rn(acc[tile][grp][h], kSumFactor);
+            const float hi = __fmul_rn(acc[tile][grp][2 + h], kSumFactor);
+            if constexpr (kSwiglu) {
+              const int64_t f = w.f0 + warp * 16 + tile * 8 + g;
+              if (f >= F) continue;
+              if constexpr (kSplit) {
+                float* part = p.partials_SMN + (static_cast<int64_t>(w.z) * a.M + m) * a.N;
+                part[f] = lo;
+                part[F + f] = hi;
+              } else {
+                const float gate = bf16_to_float(to_bf16(__fmul_rn(lo, global)));
+                const float up = bf16_to_float(to_bf16(__fmul_rn(hi, global)));
+                a.out_MN[m * a.ld_out + f] = to_bf16(swiglu_forward(gate, up, a.act));
+              }
             } else {
-              const float gate = bf16_to_float(to_bf16(__fmul_rn(lo, global)));
-              const float up = bf16_to_float(to_bf16(__fmul_rn(hi, global)));
-              a.out_MN[m * a.ld_out + f] = to_bf16(swiglu_forward(gate, up, a.act));
-            }
-          } else {
-            const int64_t n = w.n0 + code_row<false>(warp, tile, 0, g);
-            if constexpr (kSplit) {
-              float* part = p.partials_SMN + (static_cast<int64_t>(w.z) * a.M + m) * a.N;
-              if (n < a.N) part[n] = lo;
-              if (n + 8 < a.N) part[n + 8] = hi;
-            } else {
-              bf16_t* out = out_row(a, m);
-              if (n < a.N) out[n] = to_bf16(__fmul_rn(lo, global));
-              if (n + 8 < a.N) out[n + 8] = to_bf16(__fmul_rn(hi, global));
+              const int64_t n = w.n0 + code_row<false>(warp, tile, 0, g);
+              if constexpr (kSplit) {
+                float* part = p.partials_SMN + (static_cast<int64_t>(w.z) * a.M + m) * a.N;
+                if (n < a.N) part[n] = lo;
+                if (n + 8 < a.N) part[n + 8] = hi;
+              } else {
+                bf16_t* out = out_row(a, m);
+                if (n < a.N) out[n] = to_bf16(__fmul_rn(lo, global));
+                if (n + 8 < a.N) out[n + 8] = to_bf16(__fmul_rn(hi, global));
+              }
             }
           }
         }
       }
     }
-  });
+  }
 }
 
 // The kernel: the CTA's work, then a wait for the prerequisite grid (a no-op unless the launch is
