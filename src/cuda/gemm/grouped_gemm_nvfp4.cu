@@ -277,7 +277,9 @@ __device__ __forceinline__ int live_groups(const Work& w, int m0) {
 __device__ __forceinline__ void allow_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
-__device__ __forceinline__ void wait_prerequisites() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void wait_prerequisites() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
 
 // The stage fills of the CTA's items in ring order: fill(w, m0, live, c) for every pass and chunk.
 template <int kGroups, class Fill>
@@ -340,7 +342,7 @@ __device__ __forceinline__ void produce(const Params& p, uint8_t* smem, uint64_t
       pipe::load_2d(act + grp * R::kGroupBytes, &p.act, bar, kx, y);
       pipe::load_2d(act + R::kActBytes / 2 + grp * R::kGroupBytes, &p.act, bar, kx + kActHalf, y);
     }
-      pos.next();
+    pos.next();
   });
 }
 
