@@ -7,6 +7,10 @@ plotting library (the GPU machine and CI install none):
     python3 bench/plot.py scaling RESULT.json [RESULT.json ...] --out bench/plots/NAME.svg
         epmoe and torch-native fwd+bwd TFLOP/s per GPU against the EP size, one panel per shape
         (balanced routing); each file contributes the EP sizes it holds.
+    python3 bench/plot.py decode RESULT.json [--graph-only] --out bench/plots/NAME.svg
+        the decode forward (phase decode-fwd) of every implementation as % of the HBM roofline for
+        the bytes it reads, grouped by shape and routing; bars of rows with a ratio to bf16
+        (NVFP4, MXFP8) carry it as "x bf16" (their time against the bf16 row of the same run).
 """
 import argparse
 import json
@@ -159,16 +163,70 @@ def scaling(docs, out):
     svg.save(out)
 
 
+def decode(doc, out, graph_only=False):
+    rows = [r for r in doc["rows"] if r.get("phase") == "decode-fwd" and r.get("roofline_fraction")]
+    if graph_only:
+        rows = [r for r in rows if r["impl"].endswith("-graph")]
+    groups, impls = [], []
+    for r in rows:
+        if (r["shape"], r["routing"]) not in groups:
+            groups.append((r["shape"], r["routing"]))
+        if r["impl"] not in impls:
+            impls.append(r["impl"])
+    cell = {(r["shape"], r["routing"], r["impl"]): r for r in rows}
+    left, right, bottom, plot_h = 60, 20, 70, 300
+    bar_w, gap = 26, 56
+    group_w = bar_w * len(impls) + gap
+    width = left + right + group_w * len(groups)
+    per_row = max(1, int((width - left) // 170))
+    legend_rows = -(-len(impls) // per_row)
+    svg = Svg(width, plot_h + bottom + 60 + 18 * (legend_rows - 1))
+    y0, top = 40 + plot_h, 110.0
+
+    def y(v):
+        return y0 - plot_h * v / top
+
+    svg.text(svg.w / 2, 20, f"decode forward, % of the HBM roofline of the bytes read · "
+             f"{doc.get('gpu', '')} · {doc.get('sha', '')[:7]}", 13)
+    for t in range(0, 101, 20):
+        svg.line(left, y(t), svg.w - right, y(t), "#eee")
+        svg.text(left - 6, y(t) + 4, f"{t} %", 10, "end")
+    seen = {}
+    for g, (shape, routing) in enumerate(groups):
+        x = left + gap / 2 + g * group_w
+        for i, impl in enumerate(impls):
+            r = cell.get((shape, routing, impl))
+            if r is None:
+                continue
+            v = 100.0 * r["roofline_fraction"]
+            bx = x + i * bar_w
+            svg.rect(bx, y(min(v, top)), bar_w - 2, y0 - y(min(v, top)), color(impl, seen))
+            svg.text(bx + bar_w / 2, y(min(v, top)) - 3, f"{v:.0f}", 8)
+            if r.get("ratio_to_bf16"):
+                svg.text(bx + bar_w / 2, y(min(v, top)) - 13, f"x{r['ratio_to_bf16']:.2f}", 8,
+                         fill="#b91c1c")
+        svg.text(x + group_w / 2 - gap / 2, y0 + 14, shape, 10)
+        svg.text(x + group_w / 2 - gap / 2, y0 + 27, routing, 10, fill="#666")
+    for i, impl in enumerate(impls):
+        lx, ly = left + (i % per_row) * 170, y0 + 45 + (i // per_row) * 18
+        svg.rect(lx, ly, 12, 12, color(impl, seen))
+        svg.text(lx + 16, ly + 10, impl, 11, "start")
+    svg.save(out)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("kind", choices=["bars", "scaling"])
+    ap.add_argument("kind", choices=["bars", "scaling", "decode"])
     ap.add_argument("files", nargs="+")
     ap.add_argument("--phase", default="fwd+bwd")
+    ap.add_argument("--graph-only", action="store_true", help="decode: the CUDA-graph rows only")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     docs = load(a.files)
     if a.kind == "bars":
         bars(docs[0], a.phase, a.out)
+    elif a.kind == "decode":
+        decode(docs[0], a.out, a.graph_only)
     else:
         scaling(docs, a.out)
     print(a.out)
