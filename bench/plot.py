@@ -65,26 +65,50 @@ class Svg:
             f.write("\n</svg>\n")
 
 
-def bars(doc, phase, out):
-    rows = [r for r in doc["rows"] if r.get("phase") == phase and r.get("useful_tflops")]
-    groups = []
+def groups_and_impls(rows):
+    """The (shape, routing) groups and the implementations of rows, in their first order."""
+    groups, impls = [], []
     for r in rows:
-        key = (r["shape"], r["routing"])
-        if key not in groups:
-            groups.append(key)
-    impls = []
-    for r in rows:
+        if (r["shape"], r["routing"]) not in groups:
+            groups.append((r["shape"], r["routing"]))
         if r["impl"] not in impls:
             impls.append(r["impl"])
+    return groups, impls
+
+
+def grouped_bars(svg, groups, impls, left, gap, bar_w, y0, draw):
+    """One bar slot per implementation in each group, draw(x, shape, routing, impl) filling it,
+    and the groups' labels and the legend below."""
+    group_w = bar_w * len(impls) + gap
+    seen = {}
+    for g, (shape, routing) in enumerate(groups):
+        x = left + gap / 2 + g * group_w
+        for i, impl in enumerate(impls):
+            draw(x + i * bar_w, shape, routing, impl, color(impl, seen))
+        svg.text(x + group_w / 2 - gap / 2, y0 + 14, shape, 10)
+        svg.text(x + group_w / 2 - gap / 2, y0 + 27, routing, 10, fill="#666")
+    per_row = max(1, int((svg.w - left) // 170))  # legend entries wrap instead of leaving the canvas
+    for i, impl in enumerate(impls):
+        lx, ly = left + (i % per_row) * 170, y0 + 45 + (i // per_row) * 18
+        svg.rect(lx, ly, 12, 12, color(impl, seen))
+        svg.text(lx + 16, ly + 10, impl, 11, "start")
+
+
+def canvas(groups, impls, left, right, bottom, plot_h, bar_w, gap):
+    width = left + right + (bar_w * len(impls) + gap) * len(groups)
+    legend_rows = -(-len(impls) // max(1, int((width - left) // 170)))
+    return Svg(width, plot_h + bottom + 60 + 18 * (legend_rows - 1))
+
+
+def bars(doc, phase, out):
+    rows = [r for r in doc["rows"] if r.get("phase") == phase and r.get("useful_tflops")]
+    groups, impls = groups_and_impls(rows)
     value = {(r["shape"], r["routing"], r["impl"]): r["useful_tflops"] for r in rows}
     ceiling = doc.get("ceilings", {}).get("bf16_matmul_tflops")
     top = max([v for v in value.values()] + [ceiling or 0]) * 1.12
     left, right, bottom, plot_h = 60, 20, 70, 300
     bar_w, gap = 22, 56
-    group_w = bar_w * len(impls) + gap
-    width = left + right + group_w * len(groups)
-    legend_rows = -(-len(impls) // max(1, int((width - left) // 150)))
-    svg = Svg(width, plot_h + bottom + 60 + 18 * (legend_rows - 1))
+    svg = canvas(groups, impls, left, right, bottom, plot_h, bar_w, gap)
     y0 = 40 + plot_h
 
     def y(v):
@@ -99,22 +123,14 @@ def bars(doc, phase, out):
     if ceiling:
         svg.line(left, y(ceiling), svg.w - right, y(ceiling), "#444", "5,4")
         svg.text(svg.w - right, y(ceiling) - 4, f"dense bf16 matmul {ceiling:.0f}", 10, "end")
-    seen = {}
-    for g, (shape, routing) in enumerate(groups):
-        x = left + gap / 2 + g * group_w
-        for i, impl in enumerate(impls):
-            v = value.get((shape, routing, impl))
-            if v is None:
-                continue
-            svg.rect(x + i * bar_w, y(v), bar_w - 2, y0 - y(v), color(impl, seen))
-            svg.text(x + i * bar_w + bar_w / 2, y(v) - 3, f"{v:.0f}", 8)
-        svg.text(x + group_w / 2 - gap / 2, y0 + 14, shape, 10)
-        svg.text(x + group_w / 2 - gap / 2, y0 + 27, routing, 10, fill="#666")
-    per_row = max(1, int((svg.w - left) // 150))  # legend entries wrap instead of leaving the canvas
-    for i, impl in enumerate(impls):
-        lx, ly = left + (i % per_row) * 150, y0 + 45 + (i // per_row) * 18
-        svg.rect(lx, ly, 12, 12, color(impl, seen))
-        svg.text(lx + 16, ly + 10, impl, 11, "start")
+
+    def draw(bx, shape, routing, impl, fill):
+        v = value.get((shape, routing, impl))
+        if v is not None:
+            svg.rect(bx, y(v), bar_w - 2, y0 - y(v), fill)
+            svg.text(bx + bar_w / 2, y(v) - 3, f"{v:.0f}", 8)
+
+    grouped_bars(svg, groups, impls, left, gap, bar_w, y0, draw)
     svg.save(out)
 
 
@@ -167,50 +183,33 @@ def decode(doc, out, graph_only=False):
     rows = [r for r in doc["rows"] if r.get("phase") == "decode-fwd" and r.get("roofline_fraction")]
     if graph_only:
         rows = [r for r in rows if r["impl"].endswith("-graph")]
-    groups, impls = [], []
-    for r in rows:
-        if (r["shape"], r["routing"]) not in groups:
-            groups.append((r["shape"], r["routing"]))
-        if r["impl"] not in impls:
-            impls.append(r["impl"])
+    groups, impls = groups_and_impls(rows)
     cell = {(r["shape"], r["routing"], r["impl"]): r for r in rows}
     left, right, bottom, plot_h = 60, 20, 70, 300
     bar_w, gap = 26, 56
-    group_w = bar_w * len(impls) + gap
-    width = left + right + group_w * len(groups)
-    per_row = max(1, int((width - left) // 170))
-    legend_rows = -(-len(impls) // per_row)
-    svg = Svg(width, plot_h + bottom + 60 + 18 * (legend_rows - 1))
+    svg = canvas(groups, impls, left, right, bottom, plot_h, bar_w, gap)
     y0, top = 40 + plot_h, 110.0
 
     def y(v):
-        return y0 - plot_h * v / top
+        return y0 - plot_h * min(v, top) / top
 
     svg.text(svg.w / 2, 20, f"decode forward, % of the HBM roofline of the bytes read · "
              f"{doc.get('gpu', '')} · {doc.get('sha', '')[:7]}", 13)
     for t in range(0, 101, 20):
         svg.line(left, y(t), svg.w - right, y(t), "#eee")
         svg.text(left - 6, y(t) + 4, f"{t} %", 10, "end")
-    seen = {}
-    for g, (shape, routing) in enumerate(groups):
-        x = left + gap / 2 + g * group_w
-        for i, impl in enumerate(impls):
-            r = cell.get((shape, routing, impl))
-            if r is None:
-                continue
-            v = 100.0 * r["roofline_fraction"]
-            bx = x + i * bar_w
-            svg.rect(bx, y(min(v, top)), bar_w - 2, y0 - y(min(v, top)), color(impl, seen))
-            svg.text(bx + bar_w / 2, y(min(v, top)) - 3, f"{v:.0f}", 8)
-            if r.get("ratio_to_bf16"):
-                svg.text(bx + bar_w / 2, y(min(v, top)) - 13, f"x{r['ratio_to_bf16']:.2f}", 8,
-                         fill="#b91c1c")
-        svg.text(x + group_w / 2 - gap / 2, y0 + 14, shape, 10)
-        svg.text(x + group_w / 2 - gap / 2, y0 + 27, routing, 10, fill="#666")
-    for i, impl in enumerate(impls):
-        lx, ly = left + (i % per_row) * 170, y0 + 45 + (i // per_row) * 18
-        svg.rect(lx, ly, 12, 12, color(impl, seen))
-        svg.text(lx + 16, ly + 10, impl, 11, "start")
+
+    def draw(bx, shape, routing, impl, fill):
+        r = cell.get((shape, routing, impl))
+        if r is None:
+            return
+        v = 100.0 * r["roofline_fraction"]
+        svg.rect(bx, y(v), bar_w - 2, y0 - y(v), fill)
+        svg.text(bx + bar_w / 2, y(v) - 3, f"{v:.0f}", 8)
+        if r.get("ratio_to_bf16"):
+            svg.text(bx + bar_w / 2, y(v) - 13, f"x{r['ratio_to_bf16']:.2f}", 8, fill="#b91c1c")
+
+    grouped_bars(svg, groups, impls, left, gap, bar_w, y0, draw)
     svg.save(out)
 
 
