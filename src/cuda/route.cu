@@ -467,12 +467,10 @@ void route(const Step& s) {
 
   auto stream = static_cast<cudaStream_t>(s.stream);
   if (select_route_kernels(d) == RouteKernels::single) {
-    // Past 48 KiB with the bodies' static shared memory (the block scans), the launch needs the
-    // opt-in: set for every size, so that it holds whatever the static part is.
+    // Past 48 KiB with the bodies' static shared memory (the block scans) the launch needs the
+    // opt-in: set once per device to the most select_route_kernels lets through.
+    set_shared_memory_limit<route_single_kernel>(static_cast<int>(kSingleMaxSmemBytes));
     const size_t bytes = static_cast<size_t>(single_smem_ints(d)) * sizeof(int32_t);
-    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(route_single_kernel,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(bytes)));
     route_single_kernel<<<1, kSingleThreads, bytes, stream>>>(p);
     EPMOE_CUDA_LAUNCH_CHECK();
     return;

@@ -64,6 +64,13 @@ struct Nvfp4GroupedGemmArgs {
   int splits = 0;
 };
 
+// The kernel's work decomposition: slabs of kNvfp4Slab weight rows (SwiGLU: kNvfp4Slab / 2 columns
+// f, their gate and up rows), K in stages of kNvfp4Chunk elements. Slabs per expert:
+// nvfp4_grid_slabs (work items = slabs x experts with rows x splits).
+constexpr int kNvfp4Slab = 128;
+constexpr int kNvfp4Chunk = 128;
+int64_t nvfp4_grid_slabs(int64_t N, bool swiglu);
+
 // The split-K heuristic: enough CTAs for kNvfp4TargetCtasPerSm per SM, each split >=
 // kNvfp4MinChunksPerSplit 128-element chunks of K, at most kNvfp4MaxSplits. reason: the numbers
 // it decided on, printable.
@@ -109,6 +116,10 @@ Nvfp4RowGroups nvfp4_row_groups(int64_t rows_per_group);
 // EPMOE_NVFP4_ROW_GROUPS=<1|2|4|8> in place of nvfp4_row_groups' count (measurements; the wide
 // launch as the rule puts it); 0 when unset (Error(invalid_argument) naming it otherwise).
 int nvfp4_requested_row_groups();
+
+// The row groups nvfp4_grouped_gemm launches with these arguments: nvfp4_row_groups of their
+// rows_per_group (0: M / E), the count EPMOE_NVFP4_ROW_GROUPS forces with the rule's wide launch.
+Nvfp4RowGroups nvfp4_launch_row_groups(const Nvfp4GroupedGemmArgs& args);
 
 // Whether the NVFP4 stages hand the GEMM their backend's fork (nvfp4_forward.h):
 // EPMOE_NVFP4_WIDE_FORK=1 yes, unset or 0 no (Error(invalid_argument) naming it otherwise). Off by

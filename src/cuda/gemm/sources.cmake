@@ -6,6 +6,7 @@ set(EPMOE_GEMM_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_fp8_pingpong.cu
   ${CMAKE_CURRENT_LIST_DIR}/grouped_wgrad_fp8.cu
   ${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_nvfp4.cu
+  ${CMAKE_CURRENT_LIST_DIR}/nvfp4_gemm_config.cpp
   ${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_mxfp8.cu
   ${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_mxfp8_wgmma.cu
   ${CMAKE_CURRENT_LIST_DIR}/gemm_config.cpp
