@@ -245,31 +245,37 @@ TEST(GpuGemmNvfp4, CodecPreparedRandomDataWithinBound) {
     nvfp4_quantize_rows(w.data(), p.E, p.E * p.N, p.K, p.global.data(), p.codes.data(),
                         p.scales.data());
     std::vector<float> mag;
-    const std::vector<bf16_t> cpu = p.run_cpu(&mag), one = p.run_gpu();
-    for (int splits : kSplits) {
-      const std::vector<bf16_t> gpu = splits == 1 ? one : p.run_gpu(nullptr, nullptr, splits);
-      const std::string what = describe(s) + " splits " + std::to_string(splits);
-      int shown = 0;
-      for (size_t i = 0; i < cpu.size(); ++i) {
-        if (cpu[i] == static_cast<bf16_t>(0xA5A5)) {
-          EXPECT_EQ(gpu[i], cpu[i]) << what << ": element " << i << " outside the groups";
-          continue;
-        }
-        const double c = bf16_to_float(cpu[i]), g = bf16_to_float(gpu[i]);
-        const double o = bf16_to_float(one[i]);
-        const double bound = std::ldexp(std::fabs(c), -7) + std::ldexp(mag[i], -13) + 1e-30;
-        const double split_bound = std::ldexp(std::fabs(o), -7) + std::ldexp(mag[i], -15) + 1e-30;
-        worst = std::max(worst, std::fabs(g - c) / bound);
-        if (splits > 1) worst_split = std::max(worst_split, std::fabs(g - o) / split_bound);
-        if (!(std::fabs(g - c) <= bound) && shown++ < 8) {
-          ADD_FAILURE() << what << ": row " << i / static_cast<size_t>(p.N) << " col "
-                        << i % static_cast<size_t>(p.N) << ": cpu " << c << ", gpu " << g
-                        << ", bound " << bound;
-        }
-        if (!(std::fabs(g - o) <= split_bound) && shown++ < 8) {
-          ADD_FAILURE() << what << ": row " << i / static_cast<size_t>(p.N) << " col "
-                        << i % static_cast<size_t>(p.N) << ": one split " << o << ", gpu " << g
-                        << ", bound " << split_bound;
+    const std::vector<bf16_t> cpu = p.run_cpu(&mag);
+    // The rows-per-expert hint: M / E, and 40 (8 groups a pass), on wgmma and on mma.sync.
+    for (const auto& [hint, wgmma] : {std::pair<int64_t, const char*>{0, "1"}, {40, "1"}, {40, "0"}}) {
+      const ScopedEnv mma("EPMOE_NVFP4_WGMMA", wgmma);
+      const std::vector<bf16_t> one = p.run_gpu(nullptr, nullptr, 1, hint);
+      for (int splits : kSplits) {
+        const std::vector<bf16_t> gpu = splits == 1 ? one : p.run_gpu(nullptr, nullptr, splits, hint);
+        const std::string what = describe(s) + " splits " + std::to_string(splits) + " hint " +
+                                 std::to_string(hint) + " wgmma " + wgmma;
+        int shown = 0;
+        for (size_t i = 0; i < cpu.size(); ++i) {
+          if (cpu[i] == static_cast<bf16_t>(0xA5A5)) {
+            EXPECT_EQ(gpu[i], cpu[i]) << what << ": element " << i << " outside the groups";
+            continue;
+          }
+          const double c = bf16_to_float(cpu[i]), g = bf16_to_float(gpu[i]);
+          const double o = bf16_to_float(one[i]);
+          const double bound = std::ldexp(std::fabs(c), -7) + std::ldexp(mag[i], -13) + 1e-30;
+          const double split_bound = std::ldexp(std::fabs(o), -7) + std::ldexp(mag[i], -15) + 1e-30;
+          worst = std::max(worst, std::fabs(g - c) / bound);
+          if (splits > 1) worst_split = std::max(worst_split, std::fabs(g - o) / split_bound);
+          if (!(std::fabs(g - c) <= bound) && shown++ < 8) {
+            ADD_FAILURE() << what << ": row " << i / static_cast<size_t>(p.N) << " col "
+                          << i % static_cast<size_t>(p.N) << ": cpu " << c << ", gpu " << g
+                          << ", bound " << bound;
+          }
+          if (!(std::fabs(g - o) <= split_bound) && shown++ < 8) {
+            ADD_FAILURE() << what << ": row " << i / static_cast<size_t>(p.N) << " col "
+                          << i % static_cast<size_t>(p.N) << ": one split " << o << ", gpu " << g
+                          << ", bound " << split_bound;
+          }
         }
       }
     }
@@ -354,6 +360,10 @@ TEST(GpuGemmNvfp4, RowGroupsBitwiseEqual) {
                          describe(s) + what + " splits " + std::to_string(splits) + " groups " +
                              std::to_string(1 << i));
         }
+        // 8 groups on wgmma: the same bits (the tensor cores' k16 steps sum as mma.sync's do).
+        const ScopedEnv wgmma("EPMOE_NVFP4_WGMMA", "1");
+        expect_bitwise(one_group, p.run_gpu(nullptr, act, splits, hints[3]), cols,
+                       describe(s) + what + " splits " + std::to_string(splits) + " groups 8 wgmma");
       }
     }
   }
@@ -390,9 +400,14 @@ TEST(GpuGemmNvfp4, WidePassBitwiseEqualNarrowPasses) {
                          where + " wide above 1 row, forked");
           // The wide launch as an ordinary one after the narrow one (the default above: a
           // programmatic dependent launch).
-          const ScopedEnv plain("EPMOE_NVFP4_WIDE_PDL", "0");
+          {
+            const ScopedEnv plain("EPMOE_NVFP4_WIDE_PDL", "0");
+            expect_bitwise(narrow, p.run_gpu(nullptr, act, splits, hint, 1), cols,
+                           where + " wide above 1 row, ordinary launches");
+          }
+          const ScopedEnv wgmma("EPMOE_NVFP4_WGMMA", "1");
           expect_bitwise(narrow, p.run_gpu(nullptr, act, splits, hint, 1), cols,
-                         where + " wide above 1 row, ordinary launches");
+                         where + " wide above 1 row on wgmma");
         }
       }
     }
@@ -604,10 +619,19 @@ TEST(GpuGemmNvfp4, RowGroupAndForkSwitchesAreChecked) {
     const ScopedEnv env("EPMOE_NVFP4_WIDE_PDL", "0");
     EXPECT_FALSE(cuda::nvfp4_wide_pdl());
   }
+  {
+    const ScopedEnv env("EPMOE_NVFP4_WGMMA", nullptr);
+    EXPECT_FALSE(cuda::nvfp4_wgmma());  // off by default (measured slower)
+  }
+  {
+    const ScopedEnv env("EPMOE_NVFP4_WGMMA", "1");
+    EXPECT_TRUE(cuda::nvfp4_wgmma());
+  }
   const std::pair<const char*, const char*> bad[] = {{"EPMOE_NVFP4_ROW_GROUPS", "3"},
                                                       {"EPMOE_NVFP4_ROW_GROUPS", "16"},
                                                       {"EPMOE_NVFP4_WIDE_FORK", "yes"},
-                                                      {"EPMOE_NVFP4_WIDE_PDL", "on"}};
+                                                      {"EPMOE_NVFP4_WIDE_PDL", "on"},
+                                                      {"EPMOE_NVFP4_WGMMA", "2"}};
   for (const auto& [name, value] : bad) {
     const ScopedEnv env(name, value);
     try {
@@ -616,6 +640,8 @@ TEST(GpuGemmNvfp4, RowGroupAndForkSwitchesAreChecked) {
         cuda::nvfp4_wide_fork();
       } else if (n == "EPMOE_NVFP4_WIDE_PDL") {
         cuda::nvfp4_wide_pdl();
+      } else if (n == "EPMOE_NVFP4_WGMMA") {
+        cuda::nvfp4_wgmma();
       } else {
         cuda::nvfp4_requested_row_groups();
       }

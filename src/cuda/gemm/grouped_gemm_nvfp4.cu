@@ -21,6 +21,10 @@
 // the prepared order) into the pairs of steps 2q and 2q + 1, times the block scale in bf16
 // (mul.rn.bf16x2, exact: e2m1 x e4m3 has <= 6 significant bits).
 //
+// EPMOE_NVFP4_WGMMA=1 (off by default, measured slower): passes of 8 groups issue the same MMAs as
+// wgmma.m64n(8 live)k16 with the decoded fragments as the register A operand and the activation
+// rows, rearranged in shared memory to the lanes' k order, as B (consume_chunk_wgmma).
+//
 // Numbers: the decoded pair is e2m1 * 2^-126, the scale operand e4m3 * 2^118 (bf16, exact), so
 // the MMA sees the weight e2m1 * e4m3 * 2^-8 (normal bf16; every product exact in fp32) and the
 // epilogue multiplies the fp32 sum by 2^8 (exact) and then the fp32 global: the bits of
@@ -32,6 +36,10 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <utility>
+
+#include <cute/arch/mma_sm90_gmma.hpp>
+#include <cute/arch/mma_sm90_gmma_ext.hpp>  // n24, n40, n48, n56
 
 #include "core/activation.h"
 #include "core/formats/nvfp4_gemm_order.h"
@@ -166,12 +174,15 @@ __device__ __forceinline__ bf16_t* out_row(const Nvfp4GroupedGemmArgs& a, int64_
 }
 
 // Shared-memory row (of the stage's codes) of tile `tile`'s A row g + 8 r for consumer warp
-// `warp`. Plain: the slab's rows in order, 32 a warp. kSwiglu: the slab's first 64 rows are gate
-// rows f0 .. f0 + 63, the next 64 their up rows; tile rows g are gate rows, g + 8 the matching up
-// rows, so a lane holds gate and up of the same (row m, column f).
-template <bool kSwiglu>
+// `warp`. Plain: the slab's rows in order, 32 a warp (kWgmma: a tile is 64 rows, 16 a warp: the
+// warp's quarter of the warpgroup's m64 A). kSwiglu: the slab's first 64 rows are gate rows
+// f0 .. f0 + 63, the next 64 their up rows; tile rows g are gate rows, g + 8 the matching up rows,
+// so a lane holds gate and up of the same (row m, column f = f0 + code_row(warp, tile, 0, g)).
+template <bool kSwiglu, bool kWgmma = false>
 __device__ __forceinline__ int code_row(int warp, int tile, int r, int g) {
+  if constexpr (kSwiglu && kWgmma) return r * (kSlab / 2) + tile * 32 + warp * 8 + g;
   if constexpr (kSwiglu) return r * (kSlab / 2) + warp * 16 + tile * 8 + g;
+  if constexpr (kWgmma) return tile * 64 + warp * 16 + r * 8 + g;
   return warp * 32 + tile * 16 + r * 8 + g;
 }
 
@@ -279,10 +290,11 @@ __device__ __forceinline__ void wait_prerequisites() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
-// The stage fills of the CTA's items in ring order: fill(w, m0, live, c) for every pass and chunk.
-template <int kGroups, class Fill>
-__device__ __forceinline__ void for_each_fill(const Params& p, const uint16_t* ids, int listed,
-                                              Fill&& fill) {
+// The passes of the CTA's items in order, pass(w, m0, live) for each (live: the pass's groups
+// holding rows, at least one); producer and consumers walk the same sequence.
+template <int kGroups, class Pass>
+__device__ __forceinline__ void for_each_pass(const Params& p, const uint16_t* ids, int listed,
+                                              Pass&& pass) {
   const int items = p.slabs * listed * p.splits;
   Work next = work_item(p, ids, listed, static_cast<int>(blockIdx.x));
   for (int i = static_cast<int>(blockIdx.x); i < items; i += static_cast<int>(gridDim.x)) {
@@ -290,8 +302,7 @@ __device__ __forceinline__ void for_each_fill(const Params& p, const uint16_t* i
     next = work_item(p, ids, listed, i + static_cast<int>(gridDim.x));
     if (w.row_end <= w.row_begin) continue;
     for (int m0 = w.row_begin; m0 < w.row_end; m0 += 8 * kGroups) {
-      const int live = live_groups<kGroups>(w, m0);
-      for (int c = 0; c < w.chunks; ++c) fill(w, m0, live, c);
+      pass(w, m0, live_groups<kGroups>(w, m0));
     }
   }
 }
@@ -329,63 +340,85 @@ __device__ __forceinline__ void produce(const Params& p, uint8_t* smem, uint64_t
   pipe::prefetch_tensor_map(&p.act);
   pipe::prefetch_tensor_map(&p.scales);
   RingPos<R::kStages> pos;
-  for_each_fill<kGroups>(p, ids, listed, [&](const Work& w, int m0, int live, int c) {
-    pipe::wait(&empty[pos.stage], pos.phase ^ 1u);  // the first lap passes at once
-    load_weights<kGroups, kSwiglu>(p, smem, full, w, live, c, pos.stage);
-    uint8_t* act = smem + pos.stage * R::kStageBytes + kCodeBytes;
-    uint64_t* bar = &full[pos.stage];
-    const int32_t kx = (w.c_begin + c) * kChunk;
-    for (int grp = 0; grp < live; ++grp) {
-      const int32_t y = m0 + 8 * grp;
-      pipe::load_2d(act + grp * R::kGroupBytes, &p.act, bar, kx, y);
-      pipe::load_2d(act + R::kActBytes / 2 + grp * R::kGroupBytes, &p.act, bar, kx + kActHalf, y);
+  for_each_pass<kGroups>(p, ids, listed, [&](const Work& w, int m0, int live) {
+    for (int c = 0; c < w.chunks; ++c, pos.next()) {
+      pipe::wait(&empty[pos.stage], pos.phase ^ 1u);  // the first lap passes at once
+      load_weights<kGroups, kSwiglu>(p, smem, full, w, live, c, pos.stage);
+      uint8_t* act = smem + pos.stage * R::kStageBytes + kCodeBytes;
+      uint64_t* bar = &full[pos.stage];
+      const int32_t kx = (w.c_begin + c) * kChunk;
+      for (int grp = 0; grp < live; ++grp) {
+        const int32_t y = m0 + 8 * grp;
+        pipe::load_2d(act + grp * R::kGroupBytes, &p.act, bar, kx, y);
+        pipe::load_2d(act + R::kActBytes / 2 + grp * R::kGroupBytes, &p.act, bar, kx + kActHalf,
+                      y);
+      }
     }
-    pos.next();
   });
 }
 
-// One chunk of a stage for the consumer warp: the tiles' codes and scales, then per code word the
-// live groups' activation units and MMAs. kLive (the pass's groups) is a template argument so the
-// MMAs are not under a run-time predicate (mma.sync under one costs a WARPSYNC each).
+// The consumer warp's weights of one chunk: per tile the codes of A rows g and g + 8 (16 bytes
+// each: the lane's elements [32 t, 32 t + 32)) and their blocks 2t, 2t + 1 as scale operands.
+struct ChunkWeights {
+  uint4 codes[kTiles][2];
+  uint32_t scale[kTiles][2][2];  // [tile][r][block 2t / 2t + 1]
+};
+template <int kGroups, bool kSwiglu, bool kWgmma>
+__device__ __forceinline__ void load_chunk_weights(const uint8_t* stage, int warp, int g, int t,
+                                                   ChunkWeights& cw) {
+  using R = Ring<kGroups>;
+#pragma unroll
+  for (int tile = 0; tile < kTiles; ++tile) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = code_row<kSwiglu, kWgmma>(warp, tile, r, g);
+      cw.codes[tile][r] = lds128(stage + row * kCodeRowBytes + 16 * t);
+      // Blocks past the row's end are 0 in the prepared scales; their codes are TMA's zeros.
+      const uint32_t two = *reinterpret_cast<const uint16_t*>(stage + R::kScaleOffset + row * 8 + 2 * t);
+      scale_operands(two, cw.scale[tile][r][0], cw.scale[tile][r][1]);
+    }
+  }
+}
+
+// Code word q (steps 2q, 2q + 1; block 2t + q / 2) of every tile, decoded and scaled: the A
+// operands (m16n8k16's fragment: rows g, g + 8 x k pairs {2t, 2t + 1}, {2t + 8, 2t + 9}) of step 2q
+// in a0, of step 2q + 1 in a1.
+__device__ __forceinline__ void decode_steps(const ChunkWeights& cw, int q,
+                                             uint32_t (&a0)[kTiles][4], uint32_t (&a1)[kTiles][4]) {
+#pragma unroll
+  for (int tile = 0; tile < kTiles; ++tile) {
+    uint32_t lo[4], hi[4];  // rows g, g + 8
+    nvfp4_decode_word(word_of(cw.codes[tile][0], q), lo);
+    nvfp4_decode_word(word_of(cw.codes[tile][1], q), hi);
+    const uint32_t s_lo = cw.scale[tile][0][q >> 1], s_hi = cw.scale[tile][1][q >> 1];
+    a0[tile][0] = mul_bf16x2(lo[0], s_lo);
+    a0[tile][1] = mul_bf16x2(hi[0], s_hi);
+    a0[tile][2] = mul_bf16x2(lo[1], s_lo);
+    a0[tile][3] = mul_bf16x2(hi[1], s_hi);
+    a1[tile][0] = mul_bf16x2(lo[2], s_lo);
+    a1[tile][1] = mul_bf16x2(hi[2], s_hi);
+    a1[tile][2] = mul_bf16x2(lo[3], s_lo);
+    a1[tile][3] = mul_bf16x2(hi[3], s_hi);
+  }
+}
+
+// One chunk of a stage for the consumer warp on mma.sync: the tiles' codes and scales, then per
+// code word the live groups' activation units and MMAs. kLive (the pass's groups) is a template
+// argument so the MMAs are not under a run-time predicate (mma.sync under one costs a WARPSYNC each).
 template <int kGroups, int kLive, bool kSwiglu>
 __device__ __forceinline__ void consume_chunk(const uint8_t* stage, int warp, int g, int t,
                                               float (&acc)[kTiles][kGroups][4]) {
   using R = Ring<kGroups>;
   const uint8_t* act = stage + kCodeBytes;
-  uint4 codes[kTiles][2];
-  uint32_t scale[kTiles][2][2];  // [tile][r][block 2t / 2t + 1]
-#pragma unroll
-  for (int tile = 0; tile < kTiles; ++tile) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = code_row<kSwiglu>(warp, tile, r, g);
-      codes[tile][r] = lds128(stage + row * kCodeRowBytes + 16 * t);
-      // Blocks past the row's end are 0 in the prepared scales; their codes are TMA's zeros.
-      const uint32_t two = *reinterpret_cast<const uint16_t*>(stage + R::kScaleOffset + row * 8 + 2 * t);
-      scale_operands(two, scale[tile][r][0], scale[tile][r][1]);
-    }
-  }
+  ChunkWeights cw;
+  load_chunk_weights<kGroups, kSwiglu, false>(stage, warp, g, t, cw);
 #pragma unroll
   for (int q = 0; q < 4; ++q) {  // code word q: steps 2q, 2q + 1 (block 2t + q / 2)
     // The lane's 16 bytes of activation unit u of its row in each group (128-byte swizzle: unit u
     // of a row r of a half at u ^ (r % 8); r % 8 = g).
     const int u = 4 * (t & 1) + q;
     uint32_t a0[kTiles][4], a1[kTiles][4];  // the tiles' A operands of steps 2q, 2q + 1
-#pragma unroll
-    for (int tile = 0; tile < kTiles; ++tile) {
-      uint32_t lo[4], hi[4];  // rows g, g + 8
-      nvfp4_decode_word(word_of(codes[tile][0], q), lo);
-      nvfp4_decode_word(word_of(codes[tile][1], q), hi);
-      const uint32_t s_lo = scale[tile][0][q >> 1], s_hi = scale[tile][1][q >> 1];
-      a0[tile][0] = mul_bf16x2(lo[0], s_lo);
-      a0[tile][1] = mul_bf16x2(hi[0], s_hi);
-      a0[tile][2] = mul_bf16x2(lo[1], s_lo);
-      a0[tile][3] = mul_bf16x2(hi[1], s_hi);
-      a1[tile][0] = mul_bf16x2(lo[2], s_lo);
-      a1[tile][1] = mul_bf16x2(hi[2], s_hi);
-      a1[tile][2] = mul_bf16x2(lo[3], s_lo);
-      a1[tile][3] = mul_bf16x2(hi[3], s_hi);
-    }
+    decode_steps(cw, q, a0, a1);
     // Step 2q's MMAs of every (tile, group), then step 2q + 1's: an accumulator's second MMA
     // waits for its first behind 2 x kLive - 1 independent ones.
     uint4 b[kLive];
@@ -403,17 +436,176 @@ __device__ __forceinline__ void consume_chunk(const uint8_t* stage, int warp, in
   }
 }
 
+// A barrier of the four consumer warps (named barrier 1; the producer warp is not in it).
+__device__ __forceinline__ void consumer_barrier() {
+  asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory");
+}
+
+// The wgmma consumer (kWgmma; the four consumer warps are one warpgroup). Its A is the same
+// decoded fragment, a warp's 16 rows of an m64 tile (code_row<_, true>), so step j of lane t still
+// takes the lane's elements 32 t + 4 j + {0, 1} as k pair {2t, 2t + 1} and 32 t + 4 j + {2, 3} as
+// {2t + 8, 2t + 9}. wgmma reads B from shared memory in k order, so the stage's activation rows
+// are first rearranged in place to that order: per 128-element chunk, position
+// 16 j + 8 h + 2 t + e holds element 32 t + 4 j + 2 h + e (pairs of elements move together: target
+// 16-byte unit U of a row gathers the 4-byte pairs U, U + 16, U + 32, U + 48). The rows keep the
+// stage's layout (halves of 64 elements in 128-byte swizzled rows, 8-row groups at 1 KiB), which
+// is K-major SW128 for the descriptor: stride 1 KiB between 8-row groups, k16 step j at
+// half j / 4 + 32 bytes x (j % 4).
+//
+// A row's 16 target units are four quads of 4 (U = 4c + j): quad c reads the 16-byte source units
+// holding pairs 16 t + 4c .. 16 t + 4c + 3 (t = 0..3; unit 4 (t % 2) + c of half t / 2) and writes
+// their transpose. A row's four quads are adjacent lanes of one warp, so reads and writes of a row
+// are ordered by __syncwarp; the consumer barrier then publishes every row to the warpgroup.
+template <int kGroups, int kLive>
+__device__ __forceinline__ void rearrange_activations(uint8_t* act, int thread) {
+  constexpr int kHalf = Ring<kGroups>::kActBytes / 2;
+  constexpr int kThreads = kConsumerWarps * 32;
+  constexpr int kQuads = kLive * 8 * 4;  // (row, quad) of the live groups
+  constexpr int kRounds = (kQuads + kThreads - 1) / kThreads;  // rounds of distinct rows
+#pragma unroll
+  for (int i = 0; i < kRounds; ++i) {
+    const int idx = thread + i * kThreads;
+    const bool active = kQuads % kThreads == 0 || idx < kQuads;
+    const int row = idx / 4, c = idx % 4, r = row % 8;
+    uint8_t* rows = act + (row / 8) * 1024 + r * 128;
+    uint4 v[4];
+    if (active) {
+#pragma unroll
+      for (int t = 0; t < 4; ++t) v[t] = lds128(rows + (t / 2) * kHalf + (((4 * (t % 2) + c) ^ r) << 4));
+    }
+    __syncwarp();  // a row's sources read before its quads overwrite them
+    if (active) {
+      const uint4 unit[4] = {make_uint4(v[0].x, v[1].x, v[2].x, v[3].x),
+                             make_uint4(v[0].y, v[1].y, v[2].y, v[3].y),
+                             make_uint4(v[0].z, v[1].z, v[2].z, v[3].z),
+                             make_uint4(v[0].w, v[1].w, v[2].w, v[3].w)};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        *reinterpret_cast<uint4*>(rows + (c / 2) * kHalf + (((4 * (c % 2) + j) ^ r) << 4)) = unit[j];
+      }
+    }
+  }
+  // The writes are the generic proxy's; wgmma reads through the async proxy.
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  consumer_barrier();
+}
+
+// wgmma.m64n(8 kLive)k16 (bf16 in, fp32 accumulate), A from registers, B by descriptor, into the
+// first kLive groups of d (group j in d[j][0..3]: the accumulator layout of mma.sync's groups).
+template <int kLive>
+struct WgmmaRs;
+#define EPMOE_NVFP4_WGMMA_OP(live, n)                                                        \
+  template <>                                                                                \
+  struct WgmmaRs<live> {                                                                     \
+    using Op = cute::SM90::GMMA::MMA_64x##n##x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K, \
+                                                                cute::SM90::GMMA::Major::K>; \
+  };
+EPMOE_NVFP4_WGMMA_OP(1, 8)
+EPMOE_NVFP4_WGMMA_OP(2, 16)
+EPMOE_NVFP4_WGMMA_OP(3, 24)
+EPMOE_NVFP4_WGMMA_OP(4, 32)
+EPMOE_NVFP4_WGMMA_OP(5, 40)
+EPMOE_NVFP4_WGMMA_OP(6, 48)
+EPMOE_NVFP4_WGMMA_OP(7, 56)
+EPMOE_NVFP4_WGMMA_OP(8, 64)
+#undef EPMOE_NVFP4_WGMMA_OP
+
+template <int kLive, int kGroups, size_t... I>
+__device__ __forceinline__ void wgmma_rs(float (&d)[kGroups][4], const uint32_t (&a)[4],
+                                         uint64_t desc, std::index_sequence<I...>) {
+  WgmmaRs<kLive>::Op::fma(a[0], a[1], a[2], a[3], desc, d[I / 4][I % 4]...);
+}
+
+// The descriptor of the stage's activation rows at k16 step 0: K-major, 128-byte swizzle, 1 KiB
+// between 8-row groups (the leading offset is unused by swizzled K-major layouts: 1).
+__device__ __forceinline__ uint64_t activation_descriptor(const uint8_t* act) {
+  return static_cast<uint64_t>((pipe::smem_addr(act) >> 4) & 0x3fffu) | (uint64_t{1} << 16) |
+         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+}
+
+// The descriptor's start-address step (16-byte units) to k16 step j.
+template <int kGroups>
+__device__ __forceinline__ uint64_t step_offset(int j) {
+  return static_cast<uint64_t>(((j / 4) * (Ring<kGroups>::kActBytes / 2) + (j % 4) * 32) >> 4);
+}
+
+template <int kGroups, int kLive, bool kSwiglu>
+__device__ __forceinline__ void consume_chunk_wgmma(uint8_t* stage, int warp, int g, int t,
+                                                    float (&acc)[kTiles][kGroups][4]) {
+  uint8_t* act = stage + kCodeBytes;
+  rearrange_activations<kGroups, kLive>(act, static_cast<int>(threadIdx.x));
+  ChunkWeights cw;
+  load_chunk_weights<kGroups, kSwiglu, true>(stage, warp, g, t, cw);
+  const uint64_t desc = activation_descriptor(act);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    uint32_t a0[kTiles][4], a1[kTiles][4];
+    decode_steps(cw, q, a0, a1);
+    cute::warpgroup_arrive();  // the A registers (and, first, the zeroed accumulators) written
+#pragma unroll
+    for (int tile = 0; tile < kTiles; ++tile) {
+      wgmma_rs<kLive>(acc[tile], a0[tile], desc + step_offset<kGroups>(2 * q),
+                      std::make_index_sequence<4 * kLive>{});
+      wgmma_rs<kLive>(acc[tile], a1[tile], desc + step_offset<kGroups>(2 * q + 1),
+                      std::make_index_sequence<4 * kLive>{});
+    }
+    cute::warpgroup_commit_batch();
+    cute::warpgroup_wait<1>();  // word q - 1's wgmmas done: its A registers are free
+  }
+}
+
+// A pass's chunks on wgmma, kLive groups. Each chunk waits for its last wgmmas before releasing
+// its stage: keeping them in flight into the next chunk (the stage released one chunk later) made
+// ptxas serialize every wgmma for want of registers (C7511) at 168 a thread.
+template <int kGroups, int kLive, bool kSwiglu>
+__device__ __forceinline__ void consume_pass_wgmma(int chunks, RingPos<Ring<kGroups>::kStages>& pos,
+                                                   uint8_t* smem, uint64_t* full, uint64_t* empty,
+                                                   int warp, int g, int t, int lane,
+                                                   float (&acc)[kTiles][kGroups][4]) {
+  for (int c = 0; c < chunks; ++c, pos.next()) {
+    pipe::wait(&full[pos.stage], pos.phase);
+    consume_chunk_wgmma<kGroups, kLive, kSwiglu>(smem + pos.stage * Ring<kGroups>::kStageBytes,
+                                                 warp, g, t, acc);
+    cute::warpgroup_wait<0>();
+    if (lane == 0) pipe::arrive(&empty[pos.stage]);
+  }
+}
+
+// consume_pass_wgmma for the run-time live group count (1 .. kGroups; CTA-uniform).
+template <int kGroups, bool kSwiglu, int kLive = kGroups>
+__device__ __forceinline__ void consume_pass_wgmma_live(int live, int chunks,
+                                                        RingPos<Ring<kGroups>::kStages>& pos,
+                                                        uint8_t* smem, uint64_t* full,
+                                                        uint64_t* empty, int warp, int g, int t,
+                                                        int lane, float (&acc)[kTiles][kGroups][4]) {
+  if (kLive == 1 || live == kLive) {
+    consume_pass_wgmma<kGroups, kLive, kSwiglu>(chunks, pos, smem, full, empty, warp, g, t, lane, acc);
+  } else if constexpr (kLive > 1) {
+    consume_pass_wgmma_live<kGroups, kSwiglu, kLive - 1>(live, chunks, pos, smem, full, empty, warp,
+                                                         g, t, lane, acc);
+  }
+}
+
 // consume_chunk for the run-time live group count (1 .. kGroups; warp-uniform).
 template <int kGroups, bool kSwiglu, int kLive = kGroups>
 __device__ __forceinline__ void consume_live(int live, const uint8_t* stage, int warp, int g, int t,
                                              float (&acc)[kTiles][kGroups][4]) {
-  if constexpr (kLive == 1) {
-    consume_chunk<kGroups, 1, kSwiglu>(stage, warp, g, t, acc);
-  } else {
-    if (live == kLive) {
-      consume_chunk<kGroups, kLive, kSwiglu>(stage, warp, g, t, acc);
-    } else {
-      consume_live<kGroups, kSwiglu, kLive - 1>(live, stage, warp, g, t, acc);
+  if (kLive == 1 || live == kLive) {
+    consume_chunk<kGroups, kLive, kSwiglu>(stage, warp, g, t, acc);
+  } else if constexpr (kLive > 1) {
+    consume_live<kGroups, kSwiglu, kLive - 1>(live, stage, warp, g, t, acc);
+  }
+}
+
+// Keeps the compiler from moving accumulator accesses across the wgmma fences and waits.
+template <int kGroups>
+__device__ __forceinline__ void fence_accumulators(float (&acc)[kTiles][kGroups][4]) {
+#pragma unroll
+  for (int tile = 0; tile < kTiles; ++tile) {
+#pragma unroll
+    for (int grp = 0; grp < kGroups; ++grp) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) cute::warpgroup_fence_operand(acc[tile][grp][i]);
     }
   }
 }
@@ -423,8 +615,9 @@ __device__ __forceinline__ void consume_live(int live, const uint8_t* stage, int
 // 2^8, not by the global) at partials_SMN[z, m, n] (SwiGLU: gate at n = f, up at n = F + f); the
 // reduce kernel applies the global and the epilogue. A persistent grid: each CTA takes items
 // blockIdx.x, + gridDim.x, ...; its ring runs on across items, so the producer fills the next
-// item's first stages while the consumers finish the last.
-template <int kGroups, bool kSwiglu, bool kSplit>
+// item's first stages while the consumers finish the last. kWgmma: the MMAs on wgmma
+// (consume_chunk_wgmma), the same epilogues.
+template <int kGroups, bool kSwiglu, bool kSplit, bool kWgmma>
 __device__ __forceinline__ void gemm_cta(const Params& p) {
   using R = Ring<kGroups>;
   const Nvfp4GroupedGemmArgs& a = p.a;
@@ -460,77 +653,76 @@ __device__ __forceinline__ void gemm_cta(const Params& p) {
   const int64_t F = a.N / 2;
   const int g = lane / 4, t = lane % 4;
   RingPos<R::kStages> pos;
-  const int items = p.slabs * listed * p.splits;
-  Work next = work_item(p, ids, listed, static_cast<int>(blockIdx.x));
-  for (int i = static_cast<int>(blockIdx.x); i < items; i += static_cast<int>(gridDim.x)) {
-    const Work w = next;
-    next = work_item(p, ids, listed, i + static_cast<int>(gridDim.x));
-    if (w.row_end <= w.row_begin) continue;
+  for_each_pass<kGroups>(p, ids, listed, [&](const Work& w, int m0, int groups) {
+    const int live = kGroups == 1 ? 1 : groups;  // a constant for one group
     const float global = w.global;
-    for (int m0 = w.row_begin; m0 < w.row_end; m0 += 8 * kGroups) {
-      // Groups holding rows; one group always does (the item has rows).
-      const int live = kGroups == 1 ? 1 : live_groups<kGroups>(w, m0);
-      if (a.combine_R != nullptr) prefetch_sources(a, m0, w.row_end, 8 * kGroups, lane);
-      float acc[kTiles][kGroups][4] = {};
+    if (a.combine_R != nullptr) prefetch_sources(a, m0, w.row_end, 8 * kGroups, lane);
+    float acc[kTiles][kGroups][4] = {};
+    if constexpr (kWgmma) {
+      fence_accumulators(acc);  // zeroed before the first wgmma
+      consume_pass_wgmma_live<kGroups, kSwiglu>(live, w.chunks, pos, smem, full, empty, warp, g, t,
+                                                lane, acc);
+      fence_accumulators(acc);  // read after the last wait
+    } else {
       for (int c = 0; c < w.chunks; ++c, pos.next()) {
         pipe::wait(&full[pos.stage], pos.phase);
         consume_live<kGroups, kSwiglu>(live, smem + pos.stage * R::kStageBytes, warp, g, t, acc);
         __syncwarp();
         if (lane == 0) pipe::arrive(&empty[pos.stage]);
       }
+    }
 
-      // acc[tile][grp]: {(A row g, m 2t), (A row g, m 2t + 1), (A row g + 8, m 2t), (A row g + 8,
-      // m 2t + 1)} of group grp.
+    // acc[tile][grp]: {(A row g, m 2t), (A row g, m 2t + 1), (A row g + 8, m 2t), (A row g + 8,
+    // m 2t + 1)} of group grp.
 #pragma unroll
-      for (int tile = 0; tile < kTiles; ++tile) {
+    for (int tile = 0; tile < kTiles; ++tile) {
 #pragma unroll
-        for (int grp = 0; grp < kGroups; ++grp) {
-          if (grp >= live) continue;
+      for (int grp = 0; grp < kGroups; ++grp) {
+        if (grp >= live) continue;
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int64_t m = m0 + grp * 8 + 2 * t + h;  // 64-bit: the row offsets below
-            if (m >= w.row_end) continue;
-            const float lo = __fmul_rn(acc[tile][grp][h], kSumFactor);
-            const float hi = __fmul_rn(acc[tile][grp][2 + h], kSumFactor);
-            if constexpr (kSwiglu) {
-              const int64_t f = w.f0 + warp * 16 + tile * 8 + g;
-              if (f >= F) continue;
-              if constexpr (kSplit) {
-                float* part = p.partials_SMN + (static_cast<int64_t>(w.z) * a.M + m) * a.N;
-                part[f] = lo;
-                part[F + f] = hi;
-              } else {
-                const float gate = bf16_to_float(to_bf16(__fmul_rn(lo, global)));
-                const float up = bf16_to_float(to_bf16(__fmul_rn(hi, global)));
-                a.out_MN[m * a.ld_out + f] = to_bf16(swiglu_forward(gate, up, a.act));
-              }
+        for (int h = 0; h < 2; ++h) {
+          const int64_t m = m0 + grp * 8 + 2 * t + h;  // 64-bit: the row offsets below
+          if (m >= w.row_end) continue;
+          const float lo = __fmul_rn(acc[tile][grp][h], kSumFactor);
+          const float hi = __fmul_rn(acc[tile][grp][2 + h], kSumFactor);
+          if constexpr (kSwiglu) {
+            const int64_t f = w.f0 + code_row<true, kWgmma>(warp, tile, 0, g);
+            if (f >= F) continue;
+            if constexpr (kSplit) {
+              float* part = p.partials_SMN + (static_cast<int64_t>(w.z) * a.M + m) * a.N;
+              part[f] = lo;
+              part[F + f] = hi;
             } else {
-              const int64_t n = w.n0 + code_row<false>(warp, tile, 0, g);
-              if constexpr (kSplit) {
-                float* part = p.partials_SMN + (static_cast<int64_t>(w.z) * a.M + m) * a.N;
-                if (n < a.N) part[n] = lo;
-                if (n + 8 < a.N) part[n + 8] = hi;
-              } else {
-                bf16_t* out = out_row(a, m);
-                if (n < a.N) out[n] = to_bf16(__fmul_rn(lo, global));
-                if (n + 8 < a.N) out[n + 8] = to_bf16(__fmul_rn(hi, global));
-              }
+              const float gate = bf16_to_float(to_bf16(__fmul_rn(lo, global)));
+              const float up = bf16_to_float(to_bf16(__fmul_rn(hi, global)));
+              a.out_MN[m * a.ld_out + f] = to_bf16(swiglu_forward(gate, up, a.act));
+            }
+          } else {
+            const int64_t n = w.n0 + code_row<false, kWgmma>(warp, tile, 0, g);
+            if constexpr (kSplit) {
+              float* part = p.partials_SMN + (static_cast<int64_t>(w.z) * a.M + m) * a.N;
+              if (n < a.N) part[n] = lo;
+              if (n + 8 < a.N) part[n + 8] = hi;
+            } else {
+              bf16_t* out = out_row(a, m);
+              if (n < a.N) out[n] = to_bf16(__fmul_rn(lo, global));
+              if (n + 8 < a.N) out[n + 8] = to_bf16(__fmul_rn(hi, global));
             }
           }
         }
       }
     }
-  }
+  });
 }
 
 // The kernel: the CTA's work, then a wait for the prerequisite grid (a no-op unless the launch is
 // programmatic, or once waited). A dependent grid starts as this one's CTAs let it (gemm_cta) and
 // takes the SM slots they leave; the wide launch, which reads nothing the narrow one writes, waits
 // for it only here, so that its completion implies the narrow grid's for the launches after it.
-template <int kGroups, bool kSwiglu, bool kSplit>
+template <int kGroups, bool kSwiglu, bool kSplit, bool kWgmma>
 __global__ void __launch_bounds__(kGemmThreads) __maxnreg__(Ring<kGroups>::kMaxRegs)
     nvfp4_gemm_kernel(const __grid_constant__ Params p) {
-  gemm_cta<kGroups, kSwiglu, kSplit>(p);
+  gemm_cta<kGroups, kSwiglu, kSplit, kWgmma>(p);
   wait_prerequisites();
 }
 
@@ -632,9 +824,9 @@ int resident_ctas(int smem_bytes) {
 
 // The persistent grid: every resident CTA slot, at most one per item (slabs * E * splits, the
 // most the device's expert list can give). programmatic: a programmatic dependent launch.
-template <int kGroups, bool kSwiglu, bool kSplit>
+template <int kGroups, bool kSwiglu, bool kSplit, bool kWgmma>
 void launch(const Params& p, cudaStream_t st, bool programmatic) {
-  constexpr auto kernel = nvfp4_gemm_kernel<kGroups, kSwiglu, kSplit>;
+  constexpr auto kernel = nvfp4_gemm_kernel<kGroups, kSwiglu, kSplit, kWgmma>;
   constexpr int smem = Ring<kGroups>::kSmemBytes;
   set_shared_memory_limit<kernel>(smem, /*max_carveout=*/true);
   const int64_t slots = static_cast<int64_t>(sm_count()) * resident_ctas<kernel>(smem);
@@ -658,16 +850,26 @@ void launch(const Params& p, cudaStream_t st, bool programmatic) {
   EPMOE_CUDA_LAUNCH_CHECK();
 }
 
+template <int kGroups, bool kWgmma>
+void launch_epilogue(const Params& p, bool split, cudaStream_t st, bool programmatic) {
+  if (split && p.a.swiglu) {
+    launch<kGroups, true, true, kWgmma>(p, st, programmatic);
+  } else if (split) {
+    launch<kGroups, false, true, kWgmma>(p, st, programmatic);
+  } else if (p.a.swiglu) {
+    launch<kGroups, true, false, kWgmma>(p, st, programmatic);
+  } else {
+    launch<kGroups, false, false, kWgmma>(p, st, programmatic);
+  }
+}
+
+// 8 groups a pass run on wgmma unless EPMOE_NVFP4_WGMMA=0 (nvfp4_wgmma); fewer on mma.sync.
 template <int kGroups>
 void launch_groups(const Params& p, bool split, cudaStream_t st, bool programmatic = false) {
-  if (split && p.a.swiglu) {
-    launch<kGroups, true, true>(p, st, programmatic);
-  } else if (split) {
-    launch<kGroups, false, true>(p, st, programmatic);
-  } else if (p.a.swiglu) {
-    launch<kGroups, true, false>(p, st, programmatic);
+  if (kGroups == kNvfp4MaxRowGroups && nvfp4_wgmma()) {
+    launch_epilogue<kNvfp4MaxRowGroups, true>(p, split, st, programmatic);
   } else {
-    launch<kGroups, false, false>(p, st, programmatic);
+    launch_epilogue<kGroups, false>(p, split, st, programmatic);
   }
 }
 

@@ -134,6 +134,14 @@ bool nvfp4_wide_fork();
 // decode up to 16 % faster (mixtral even), balanced even.
 bool nvfp4_wide_pdl();
 
+// Whether passes of 8 row groups (the wide launch, and the narrow one at 8 groups: mixtral decode)
+// run their MMAs on wgmma (A, the decoded weights, from registers; B, the activation rows
+// rearranged in shared memory to wgmma's k order) instead of mma.sync: EPMOE_NVFP4_WGMMA=1 yes,
+// unset or 0 no (Error(invalid_argument) naming it otherwise). Bitwise equal to mma.sync on the
+// GPU tests. Off by default: measured slower (bench/RESULTS.md, 2026-12-02 session 22: mixtral
+// decode x1.16, qwen3 skew x1.06), with 2 CTAs of 168 registers a thread per SM.
+bool nvfp4_wgmma();
+
 // Requirements (checked; Error(invalid_argument) naming the field): 1 <= E <= kNvfp4MaxExperts, K > 0 and
 // K % 32 == 0 (16-byte code rows for TMA), N > 0 and even (16-byte rows of 8-byte scale groups),
 // E * N and M < 2^31, ld_out >= N (or the combine fields), a_MK, b_codes_ENP and b_scales
