@@ -138,8 +138,8 @@ bool nvfp4_wide_pdl();
 // run their MMAs on wgmma (A, the decoded weights, from registers; B, the activation rows
 // rearranged in shared memory to wgmma's k order) instead of mma.sync: EPMOE_NVFP4_WGMMA=1 yes,
 // unset or 0 no (Error(invalid_argument) naming it otherwise). Bitwise equal to mma.sync on the
-// GPU tests. Off by default: measured slower (bench/RESULTS.md, 2026-12-02 session 22: mixtral
-// decode x1.16, qwen3 skew x1.06), with 2 CTAs of 168 registers a thread per SM.
+// GPU tests. Off by default: measured slower (bench/RESULTS.md, 218f6e7: mixtral decode graph
+// x1.14, qwen3 skew x1.03), with 2 CTAs of 168 registers a thread an SM.
 bool nvfp4_wgmma();
 
 // Requirements (checked; Error(invalid_argument) naming the field): 1 <= E <= kNvfp4MaxExperts, K > 0 and
