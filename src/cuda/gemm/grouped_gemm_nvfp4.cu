@@ -38,9 +38,6 @@
 #include <string>
 #include <utility>
 
-#include <cute/arch/mma_sm90_gmma.hpp>
-#include <cute/arch/mma_sm90_gmma_ext.hpp>  // n24, n40, n48, n56
-
 #include "core/activation.h"
 #include "core/formats/nvfp4_gemm_order.h"
 #include "core/layout.h"
@@ -48,6 +45,8 @@
 #include "cuda/gemm/bulk_pipeline.cuh"
 #include "cuda/gemm/launch_checks.h"
 #include "cuda/gemm/nvfp4_gemm.h"
+#include "cuda/gemm/nvfp4_gemm_decode.cuh"
+#include "cuda/gemm/nvfp4_gemm_wgmma.cuh"
 #include "cuda/gemm/tensor_map.h"
 #include "cuda/kernel_common.cuh"
 #include "epmoe/error.h"
@@ -55,44 +54,7 @@
 namespace epmoe::cuda {
 namespace {
 
-constexpr int kConsumerWarps = 4;
-constexpr int kGemmThreads = (kConsumerWarps + 1) * 32;  // the last warp produces
-constexpr int kTiles = 2;                                // m16 tiles per consumer warp
-constexpr int kSlab = kConsumerWarps * kTiles * 16;      // weight rows per CTA
-static_assert(kSlab == kNvfp4Slab, "nvfp4_gemm.h's slab is the consumer warps' rows");
-constexpr int kChunk = kNvfp4Chunk;                      // K elements per stage
-constexpr int kCodeRowBytes = kChunk / 2;
-constexpr int kCodeBytes = kSlab * kCodeRowBytes;        // 8 KiB a stage
-constexpr int kActHalf = 64;                             // elements of a 128-byte swizzled row
-constexpr int kWeightLog2 = -8;                          // the MMA's weights: e2m1 * e4m3 * 2^-8
-// The scale operand's factor 2^(kWeightLog2 - kNvfp4DecodeScaleLog2) = 2^118, as fp32 bits.
-constexpr uint32_t kScaleFactorBits = static_cast<uint32_t>(127 + kWeightLog2 - kNvfp4DecodeScaleLog2) << 23;
-constexpr float kSumFactor = 256.0f;  // 2^-kWeightLog2
-static_assert(kWeightLog2 - kNvfp4DecodeScaleLog2 == 118 && -kWeightLog2 == 8, "the factors above");
-
-// The experts a launch takes, selected on the device by their rows (select_experts): at most
-// kNvfp4MaxExperts, counted per 32 (int) and listed (uint16) in shared memory.
-constexpr int kExpertChunks = kNvfp4MaxExperts / 32;
-constexpr int kExpertListBytes = kExpertChunks * 4 + kNvfp4MaxExperts * 2;
-
-template <int kGroups>
-struct Ring {
-  static constexpr int kGroupBytes = 8 * kActHalf * 2;           // one 8-row group's half: 1 KiB
-  static constexpr int kActBytes = 2 * kGroups * kGroupBytes;    // both halves of kGroups groups
-  static constexpr int kScaleOffset = kCodeBytes + kActBytes;
-  static constexpr int kScaleBytes = kSlab * (kChunk / 16);      // 8 E4M3 scales a row
-  static constexpr int kStageBytes = kScaleOffset + kScaleBytes;
-  static constexpr int kStages = kGroups == 1 ? 6 : (kGroups == 2 ? 5 : 4);
-  // CTAs per SM: registers are allocated per sub-partition (16 Ki each) to whole warps, so a
-  // 5-warp CTA needs ceil(5 * CTAs / 4) warps' registers in one: 3 CTAs (4 warps) at <= 128
-  // registers, 2 (3 warps) at <= 168. The stages leave room for the same counts.
-  static constexpr int kCtasPerSm = kGroups <= 4 ? 3 : 2;
-  static constexpr int kMaxRegs = kGroups <= 4 ? 128 : 168;
-  static constexpr int kBarrierBytes = 2 * kStages * 8;
-  static constexpr int kSmemBytes = kStages * kStageBytes + kBarrierBytes + kExpertListBytes + 1024;
-  static_assert(kStageBytes % 1024 == 0, "128-byte swizzle atoms need 1024-byte aligned stages");
-  static_assert(kCtasPerSm * (kSmemBytes + 1024) <= 228 * 1024, "the CTAs' shared memory per SM");
-};
+using namespace nvfp4;  // the ring, decode and wgmma consumer (nvfp4_gemm_decode.cuh, _wgmma.cuh)
 
 struct Params {
   CUtensorMap codes;  // [E * N rows, K / 2 bytes] u8; box 64 bytes x 128 rows (SwiGLU: 64 rows)
@@ -110,51 +72,6 @@ struct Params {
   float* partials_SMN = nullptr;   // split-K: [splits, M, N] fp32 (the caller's scratch)
 };
 
-__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t x, uint32_t y) {
-  uint32_t r;
-  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(x), "r"(y));
-  return r;
-}
-
-__device__ __forceinline__ bf16_t to_bf16(float f) {
-  uint16_t r;
-  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
-  return r;
-}
-
-__device__ __forceinline__ uint32_t bf16x2_same(float f) {
-  uint32_t r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %1;" : "=r"(r) : "f"(f));
-  return r;
-}
-
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint4 lds128(const uint8_t* p) {
-  return *reinterpret_cast<const uint4*>(p);
-}
-
-// Two E4M3 block scales as the MMA's scale operands: each e4m3 * 2^118 in both bf16 halves
-// (exact: E4M3 -> f16 -> fp32 is exact, the factor a power of two, 4 significant bits; NaN
-// stays NaN).
-__device__ __forceinline__ void scale_operands(uint32_t two_codes, uint32_t& s0, uint32_t& s1) {
-  const __half2_raw h2 =
-      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_codes), __NV_E4M3);
-  const float2 f = __half22float2(__half2(h2));
-  const float factor = __uint_as_float(kScaleFactorBits);
-  s0 = bf16x2_same(__fmul_rn(f.x, factor));
-  s1 = bf16x2_same(__fmul_rn(f.y, factor));
-}
-
-__device__ __forceinline__ uint32_t word_of(const uint4& v, int q) {
-  return q == 0 ? v.x : (q == 1 ? v.y : (q == 2 ? v.z : v.w));
-}
 
 // The pass's rows' sources (the combine slots' epilogue reads them) into L1 while its chunks run:
 // lane l takes the l-th 128-byte line of recv_src_M[m0, min(m0 + rows, end)).
@@ -173,31 +90,6 @@ __device__ __forceinline__ bf16_t* out_row(const Nvfp4GroupedGemmArgs& a, int64_
   return a.combine_R[src_rank(src, a.T, a.top_k)] + src_slot(src, a.T, a.top_k) * a.N;
 }
 
-// Shared-memory row (of the stage's codes) of tile `tile`'s A row g + 8 r for consumer warp
-// `warp`. Plain: the slab's rows in order, 32 a warp (kWgmma: a tile is 64 rows, 16 a warp: the
-// warp's quarter of the warpgroup's m64 A). kSwiglu: the slab's first 64 rows are gate rows
-// f0 .. f0 + 63, the next 64 their up rows; tile rows g are gate rows, g + 8 the matching up rows,
-// so a lane holds gate and up of the same (row m, column f = f0 + code_row(warp, tile, 0, g)).
-template <bool kSwiglu, bool kWgmma = false>
-__device__ __forceinline__ int code_row(int warp, int tile, int r, int g) {
-  if constexpr (kSwiglu && kWgmma) return r * (kSlab / 2) + tile * 32 + warp * 8 + g;
-  if constexpr (kSwiglu) return r * (kSlab / 2) + warp * 16 + tile * 8 + g;
-  if constexpr (kWgmma) return tile * 64 + warp * 16 + r * 8 + g;
-  return warp * 32 + tile * 16 + r * 8 + g;
-}
-
-// Position in the stage ring: stage, and the parity of its current phase (flips every lap).
-template <int kStages>
-struct RingPos {
-  int stage = 0;
-  uint32_t phase = 0;
-  __device__ __forceinline__ void next() {
-    if (++stage == kStages) {
-      stage = 0;
-      phase ^= 1u;
-    }
-  }
-};
 
 // The experts of this launch (rows in (rows_above, rows_upto]), ascending, into ids; returns their
 // count. Every thread of the CTA calls it (two CTA barriers); each warp ballots 32 experts at a
@@ -357,50 +249,6 @@ __device__ __forceinline__ void produce(const Params& p, uint8_t* smem, uint64_t
   });
 }
 
-// The consumer warp's weights of one chunk: per tile the codes of A rows g and g + 8 (16 bytes
-// each: the lane's elements [32 t, 32 t + 32)) and their blocks 2t, 2t + 1 as scale operands.
-struct ChunkWeights {
-  uint4 codes[kTiles][2];
-  uint32_t scale[kTiles][2][2];  // [tile][r][block 2t / 2t + 1]
-};
-template <int kGroups, bool kSwiglu, bool kWgmma>
-__device__ __forceinline__ void load_chunk_weights(const uint8_t* stage, int warp, int g, int t,
-                                                   ChunkWeights& cw) {
-  using R = Ring<kGroups>;
-#pragma unroll
-  for (int tile = 0; tile < kTiles; ++tile) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = code_row<kSwiglu, kWgmma>(warp, tile, r, g);
-      cw.codes[tile][r] = lds128(stage + row * kCodeRowBytes + 16 * t);
-      // Blocks past the row's end are 0 in the prepared scales; their codes are TMA's zeros.
-      const uint32_t two = *reinterpret_cast<const uint16_t*>(stage + R::kScaleOffset + row * 8 + 2 * t);
-      scale_operands(two, cw.scale[tile][r][0], cw.scale[tile][r][1]);
-    }
-  }
-}
-
-// Code word q (steps 2q, 2q + 1; block 2t + q / 2) of every tile, decoded and scaled: the A
-// operands (m16n8k16's fragment: rows g, g + 8 x k pairs {2t, 2t + 1}, {2t + 8, 2t + 9}) of step 2q
-// in a0, of step 2q + 1 in a1.
-__device__ __forceinline__ void decode_steps(const ChunkWeights& cw, int q,
-                                             uint32_t (&a0)[kTiles][4], uint32_t (&a1)[kTiles][4]) {
-#pragma unroll
-  for (int tile = 0; tile < kTiles; ++tile) {
-    uint32_t lo[4], hi[4];  // rows g, g + 8
-    nvfp4_decode_word(word_of(cw.codes[tile][0], q), lo);
-    nvfp4_decode_word(word_of(cw.codes[tile][1], q), hi);
-    const uint32_t s_lo = cw.scale[tile][0][q >> 1], s_hi = cw.scale[tile][1][q >> 1];
-    a0[tile][0] = mul_bf16x2(lo[0], s_lo);
-    a0[tile][1] = mul_bf16x2(hi[0], s_hi);
-    a0[tile][2] = mul_bf16x2(lo[1], s_lo);
-    a0[tile][3] = mul_bf16x2(hi[1], s_hi);
-    a1[tile][0] = mul_bf16x2(lo[2], s_lo);
-    a1[tile][1] = mul_bf16x2(hi[2], s_hi);
-    a1[tile][2] = mul_bf16x2(lo[3], s_lo);
-    a1[tile][3] = mul_bf16x2(hi[3], s_hi);
-  }
-}
 
 // One chunk of a stage for the consumer warp on mma.sync: the tiles' codes and scales, then per
 // code word the live groups' activation units and MMAs. kLive (the pass's groups) is a template
@@ -436,155 +284,6 @@ __device__ __forceinline__ void consume_chunk(const uint8_t* stage, int warp, in
   }
 }
 
-// A barrier of the four consumer warps (named barrier 1; the producer warp is not in it).
-__device__ __forceinline__ void consumer_barrier() {
-  asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory");
-}
-
-// The wgmma consumer (kWgmma; the four consumer warps are one warpgroup). Its A is the same
-// decoded fragment, a warp's 16 rows of an m64 tile (code_row<_, true>), so step j of lane t still
-// takes the lane's elements 32 t + 4 j + {0, 1} as k pair {2t, 2t + 1} and 32 t + 4 j + {2, 3} as
-// {2t + 8, 2t + 9}. wgmma reads B from shared memory in k order, so the stage's activation rows
-// are first rearranged in place to that order: per 128-element chunk, position
-// 16 j + 8 h + 2 t + e holds element 32 t + 4 j + 2 h + e (pairs of elements move together: target
-// 16-byte unit U of a row gathers the 4-byte pairs U, U + 16, U + 32, U + 48). The rows keep the
-// stage's layout (halves of 64 elements in 128-byte swizzled rows, 8-row groups at 1 KiB), which
-// is K-major SW128 for the descriptor: stride 1 KiB between 8-row groups, k16 step j at
-// half j / 4 + 32 bytes x (j % 4).
-//
-// A row's 16 target units are four quads of 4 (U = 4c + j): quad c reads the 16-byte source units
-// holding pairs 16 t + 4c .. 16 t + 4c + 3 (t = 0..3; unit 4 (t % 2) + c of half t / 2) and writes
-// their transpose. A row's four quads are adjacent lanes of one warp, so reads and writes of a row
-// are ordered by __syncwarp; the consumer barrier then publishes every row to the warpgroup.
-template <int kGroups, int kLive>
-__device__ __forceinline__ void rearrange_activations(uint8_t* act, int thread) {
-  constexpr int kHalf = Ring<kGroups>::kActBytes / 2;
-  constexpr int kThreads = kConsumerWarps * 32;
-  constexpr int kQuads = kLive * 8 * 4;  // (row, quad) of the live groups
-  constexpr int kRounds = (kQuads + kThreads - 1) / kThreads;  // rounds of distinct rows
-#pragma unroll
-  for (int i = 0; i < kRounds; ++i) {
-    const int idx = thread + i * kThreads;
-    const bool active = kQuads % kThreads == 0 || idx < kQuads;
-    const int row = idx / 4, c = idx % 4, r = row % 8;
-    uint8_t* rows = act + (row / 8) * 1024 + r * 128;
-    uint4 v[4];
-    if (active) {
-#pragma unroll
-      for (int t = 0; t < 4; ++t) v[t] = lds128(rows + (t / 2) * kHalf + (((4 * (t % 2) + c) ^ r) << 4));
-    }
-    __syncwarp();  // a row's sources read before its quads overwrite them
-    if (active) {
-      const uint4 unit[4] = {make_uint4(v[0].x, v[1].x, v[2].x, v[3].x),
-                             make_uint4(v[0].y, v[1].y, v[2].y, v[3].y),
-                             make_uint4(v[0].z, v[1].z, v[2].z, v[3].z),
-                             make_uint4(v[0].w, v[1].w, v[2].w, v[3].w)};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        *reinterpret_cast<uint4*>(rows + (c / 2) * kHalf + (((4 * (c % 2) + j) ^ r) << 4)) = unit[j];
-      }
-    }
-  }
-  // The writes are the generic proxy's; wgmma reads through the async proxy.
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  consumer_barrier();
-}
-
-// wgmma.m64n(8 kLive)k16 (bf16 in, fp32 accumulate), A from registers, B by descriptor, into the
-// first kLive groups of d (group j in d[j][0..3]: the accumulator layout of mma.sync's groups).
-template <int kLive>
-struct WgmmaRs;
-#define EPMOE_NVFP4_WGMMA_OP(live, n)                                                        \
-  template <>                                                                                \
-  struct WgmmaRs<live> {                                                                     \
-    using Op = cute::SM90::GMMA::MMA_64x##n##x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K, \
-                                                                cute::SM90::GMMA::Major::K>; \
-  };
-EPMOE_NVFP4_WGMMA_OP(1, 8)
-EPMOE_NVFP4_WGMMA_OP(2, 16)
-EPMOE_NVFP4_WGMMA_OP(3, 24)
-EPMOE_NVFP4_WGMMA_OP(4, 32)
-EPMOE_NVFP4_WGMMA_OP(5, 40)
-EPMOE_NVFP4_WGMMA_OP(6, 48)
-EPMOE_NVFP4_WGMMA_OP(7, 56)
-EPMOE_NVFP4_WGMMA_OP(8, 64)
-#undef EPMOE_NVFP4_WGMMA_OP
-
-template <int kLive, int kGroups, size_t... I>
-__device__ __forceinline__ void wgmma_rs(float (&d)[kGroups][4], const uint32_t (&a)[4],
-                                         uint64_t desc, std::index_sequence<I...>) {
-  WgmmaRs<kLive>::Op::fma(a[0], a[1], a[2], a[3], desc, d[I / 4][I % 4]...);
-}
-
-// The descriptor of the stage's activation rows at k16 step 0: K-major, 128-byte swizzle, 1 KiB
-// between 8-row groups (the leading offset is unused by swizzled K-major layouts: 1).
-__device__ __forceinline__ uint64_t activation_descriptor(const uint8_t* act) {
-  return static_cast<uint64_t>((pipe::smem_addr(act) >> 4) & 0x3fffu) | (uint64_t{1} << 16) |
-         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
-}
-
-// The descriptor's start-address step (16-byte units) to k16 step j.
-template <int kGroups>
-__device__ __forceinline__ uint64_t step_offset(int j) {
-  return static_cast<uint64_t>(((j / 4) * (Ring<kGroups>::kActBytes / 2) + (j % 4) * 32) >> 4);
-}
-
-template <int kGroups, int kLive, bool kSwiglu>
-__device__ __forceinline__ void consume_chunk_wgmma(uint8_t* stage, int warp, int g, int t,
-                                                    float (&acc)[kTiles][kGroups][4]) {
-  uint8_t* act = stage + kCodeBytes;
-  rearrange_activations<kGroups, kLive>(act, static_cast<int>(threadIdx.x));
-  ChunkWeights cw;
-  load_chunk_weights<kGroups, kSwiglu, true>(stage, warp, g, t, cw);
-  const uint64_t desc = activation_descriptor(act);
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    uint32_t a0[kTiles][4], a1[kTiles][4];
-    decode_steps(cw, q, a0, a1);
-    cute::warpgroup_arrive();  // the A registers (and, first, the zeroed accumulators) written
-#pragma unroll
-    for (int tile = 0; tile < kTiles; ++tile) {
-      wgmma_rs<kLive>(acc[tile], a0[tile], desc + step_offset<kGroups>(2 * q),
-                      std::make_index_sequence<4 * kLive>{});
-      wgmma_rs<kLive>(acc[tile], a1[tile], desc + step_offset<kGroups>(2 * q + 1),
-                      std::make_index_sequence<4 * kLive>{});
-    }
-    cute::warpgroup_commit_batch();
-    cute::warpgroup_wait<1>();  // word q - 1's wgmmas done: its A registers are free
-  }
-}
-
-// A pass's chunks on wgmma, kLive groups. Each chunk waits for its last wgmmas before releasing
-// its stage: keeping them in flight into the next chunk (the stage released one chunk later) made
-// ptxas serialize every wgmma for want of registers (C7511) at 168 a thread.
-template <int kGroups, int kLive, bool kSwiglu>
-__device__ __forceinline__ void consume_pass_wgmma(int chunks, RingPos<Ring<kGroups>::kStages>& pos,
-                                                   uint8_t* smem, uint64_t* full, uint64_t* empty,
-                                                   int warp, int g, int t, int lane,
-                                                   float (&acc)[kTiles][kGroups][4]) {
-  for (int c = 0; c < chunks; ++c, pos.next()) {
-    pipe::wait(&full[pos.stage], pos.phase);
-    consume_chunk_wgmma<kGroups, kLive, kSwiglu>(smem + pos.stage * Ring<kGroups>::kStageBytes,
-                                                 warp, g, t, acc);
-    cute::warpgroup_wait<0>();
-    if (lane == 0) pipe::arrive(&empty[pos.stage]);
-  }
-}
-
-// consume_pass_wgmma for the run-time live group count (1 .. kGroups; CTA-uniform).
-template <int kGroups, bool kSwiglu, int kLive = kGroups>
-__device__ __forceinline__ void consume_pass_wgmma_live(int live, int chunks,
-                                                        RingPos<Ring<kGroups>::kStages>& pos,
-                                                        uint8_t* smem, uint64_t* full,
-                                                        uint64_t* empty, int warp, int g, int t,
-                                                        int lane, float (&acc)[kTiles][kGroups][4]) {
-  if (kLive == 1 || live == kLive) {
-    consume_pass_wgmma<kGroups, kLive, kSwiglu>(chunks, pos, smem, full, empty, warp, g, t, lane, acc);
-  } else if constexpr (kLive > 1) {
-    consume_pass_wgmma_live<kGroups, kSwiglu, kLive - 1>(live, chunks, pos, smem, full, empty, warp,
-                                                         g, t, lane, acc);
-  }
-}
 
 // consume_chunk for the run-time live group count (1 .. kGroups; warp-uniform).
 template <int kGroups, bool kSwiglu, int kLive = kGroups>
@@ -597,18 +296,6 @@ __device__ __forceinline__ void consume_live(int live, const uint8_t* stage, int
   }
 }
 
-// Keeps the compiler from moving accumulator accesses across the wgmma fences and waits.
-template <int kGroups>
-__device__ __forceinline__ void fence_accumulators(float (&acc)[kTiles][kGroups][4]) {
-#pragma unroll
-  for (int tile = 0; tile < kTiles; ++tile) {
-#pragma unroll
-    for (int grp = 0; grp < kGroups; ++grp) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) cute::warpgroup_fence_operand(acc[tile][grp][i]);
-    }
-  }
-}
 
 // kSwiglu (W13 with the SwiGLU epilogue): out gets h = act(bf16(gate), bf16(up)) as the unfused
 // kernel computes it (core/activation.h). kSplit: split z stores its fp32 sums (scaled back by
