@@ -72,7 +72,6 @@ struct Params {
   float* partials_SMN = nullptr;   // split-K: [splits, M, N] fp32 (the caller's scratch)
 };
 
-
 // The pass's rows' sources (the combine slots' epilogue reads them) into L1 while its chunks run:
 // lane l takes the l-th 128-byte line of recv_src_M[m0, min(m0 + rows, end)).
 __device__ __forceinline__ void prefetch_sources(const Nvfp4GroupedGemmArgs& a, int m0, int end,
@@ -89,7 +88,6 @@ __device__ __forceinline__ bf16_t* out_row(const Nvfp4GroupedGemmArgs& a, int64_
   const int32_t src = a.recv_src_M[m];
   return a.combine_R[src_rank(src, a.T, a.top_k)] + src_slot(src, a.T, a.top_k) * a.N;
 }
-
 
 // The experts of this launch (rows in (rows_above, rows_upto]), ascending, into ids; returns their
 // count. Every thread of the CTA calls it (two CTA barriers); each warp ballots 32 experts at a
@@ -249,7 +247,6 @@ __device__ __forceinline__ void produce(const Params& p, uint8_t* smem, uint64_t
   });
 }
 
-
 // One chunk of a stage for the consumer warp on mma.sync: the tiles' codes and scales, then per
 // code word the live groups' activation units and MMAs. kLive (the pass's groups) is a template
 // argument so the MMAs are not under a run-time predicate (mma.sync under one costs a WARPSYNC each).
@@ -284,7 +281,6 @@ __device__ __forceinline__ void consume_chunk(const uint8_t* stage, int warp, in
   }
 }
 
-
 // consume_chunk for the run-time live group count (1 .. kGroups; warp-uniform).
 template <int kGroups, bool kSwiglu, int kLive = kGroups>
 __device__ __forceinline__ void consume_live(int live, const uint8_t* stage, int warp, int g, int t,
@@ -295,7 +291,6 @@ __device__ __forceinline__ void consume_live(int live, const uint8_t* stage, int
     consume_live<kGroups, kSwiglu, kLive - 1>(live, stage, warp, g, t, acc);
   }
 }
-
 
 // kSwiglu (W13 with the SwiGLU epilogue): out gets h = act(bf16(gate), bf16(up)) as the unfused
 // kernel computes it (core/activation.h). kSplit: split z stores its fp32 sums (scaled back by
@@ -550,7 +545,8 @@ void launch_epilogue(const Params& p, bool split, cudaStream_t st, bool programm
   }
 }
 
-// 8 groups a pass run on wgmma unless EPMOE_NVFP4_WGMMA=0 (nvfp4_wgmma); fewer on mma.sync.
+// Passes of 8 groups run on wgmma where EPMOE_NVFP4_WGMMA=1 (nvfp4_wgmma; off by default), every
+// other launch on mma.sync.
 template <int kGroups>
 void launch_groups(const Params& p, bool split, cudaStream_t st, bool programmatic = false) {
   if (kGroups == kNvfp4MaxRowGroups && nvfp4_wgmma()) {
