@@ -23,9 +23,7 @@
 //
 // EPMOE_NVFP4_WGMMA=1 (off by default, measured slower): passes of 8 groups issue the same MMAs as
 // wgmma.m64n(8 live)k16 with the decoded fragments as the register A operand and the activation
-// rows, rearranged in shared memory to the lanes' k order, as B (consume_pass_wgmma). Its CTA is
-// two warpgroups, the producer's giving its registers to the consumers' (setmaxnreg), so that a
-// chunk's wgmma groups can run on into the next chunk.
+// rows, rearranged in shared memory to the lanes' k order, as B (consume_chunk_wgmma).
 //
 // Numbers: the decoded pair is e2m1 * 2^-126, the scale operand e4m3 * 2^118 (bf16, exact), so
 // the MMA sees the weight e2m1 * e4m3 * 2^-8 (normal bf16; every product exact in fp32) and the
@@ -34,7 +32,6 @@
 #include <cuda.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
-#include <cutlass/arch/reg_reconfig.h>
 
 #include <atomic>
 #include <cstdint>
@@ -93,10 +90,10 @@ __device__ __forceinline__ bf16_t* out_row(const Nvfp4GroupedGemmArgs& a, int64_
 }
 
 // The experts of this launch (rows in (rows_above, rows_upto]), ascending, into ids; returns their
-// count. Every thread of the CTA (kWarps warps) calls it (two CTA barriers); each warp ballots 32
-// experts at a time, one load round of the offsets.
-template <int kWarps>
+// count. Every thread of the CTA calls it (two CTA barriers); each warp ballots 32 experts at a
+// time, one load round of the offsets.
 __device__ __forceinline__ int select_experts(const Params& p, uint16_t* ids, int* chunk_n) {
+  constexpr int kWarps = kConsumerWarps + 1;
   constexpr int kRounds = (kExpertChunks + kWarps - 1) / kWarps;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int E = p.a.E;
@@ -167,14 +164,11 @@ __device__ __forceinline__ Work work_item(const Params& p, const uint16_t* ids, 
   return w;
 }
 
-// 8-row groups of the pass at m0 (at most kGroups). On wgmma an even count past one
-// (wgmma_live_groups); the extra group holds the next rows or TMA's zeros past M, and its outputs,
-// past the expert's rows, are not stored.
-template <int kGroups, bool kWgmma>
+// 8-row groups of the pass at m0 (at most kGroups).
+template <int kGroups>
 __device__ __forceinline__ int live_groups(const Work& w, int m0) {
   const int g8 = (w.row_end - m0 + 7) / 8;
-  const int live = g8 < kGroups ? g8 : kGroups;
-  return kWgmma ? wgmma_live_groups(live) : live;
+  return g8 < kGroups ? g8 : kGroups;
 }
 
 // Grid dependency control (PTX griddepcontrol); both are no-ops unless the launch is programmatic
@@ -187,8 +181,8 @@ __device__ __forceinline__ void wait_prerequisites() {
 }
 
 // The passes of the CTA's items in order, pass(w, m0, live) for each (live: the pass's groups
-// holding rows, at least one; live_groups); producer and consumers walk the same sequence.
-template <int kGroups, bool kWgmma, class Pass>
+// holding rows, at least one); producer and consumers walk the same sequence.
+template <int kGroups, class Pass>
 __device__ __forceinline__ void for_each_pass(const Params& p, const uint16_t* ids, int listed,
                                               Pass&& pass) {
   const int items = p.slabs * listed * p.splits;
@@ -198,7 +192,7 @@ __device__ __forceinline__ void for_each_pass(const Params& p, const uint16_t* i
     next = work_item(p, ids, listed, i + static_cast<int>(gridDim.x));
     if (w.row_end <= w.row_begin) continue;
     for (int m0 = w.row_begin; m0 < w.row_end; m0 += 8 * kGroups) {
-      pass(w, m0, live_groups<kGroups, kWgmma>(w, m0));
+      pass(w, m0, live_groups<kGroups>(w, m0));
     }
   }
 }
@@ -228,7 +222,7 @@ __device__ __forceinline__ void load_weights(const Params& p, uint8_t* smem, uin
 
 // The producer (one lane): for every pass and chunk of the CTA's items, a free stage filled by TMA
 // boxes (codes, scales, the live groups' activation halves).
-template <int kGroups, bool kSwiglu, bool kWgmma>
+template <int kGroups, bool kSwiglu>
 __device__ __forceinline__ void produce(const Params& p, uint8_t* smem, uint64_t* full,
                                         uint64_t* empty, const uint16_t* ids, int listed) {
   using R = Ring<kGroups>;
@@ -236,7 +230,7 @@ __device__ __forceinline__ void produce(const Params& p, uint8_t* smem, uint64_t
   pipe::prefetch_tensor_map(&p.act);
   pipe::prefetch_tensor_map(&p.scales);
   RingPos<R::kStages> pos;
-  for_each_pass<kGroups, kWgmma>(p, ids, listed, [&](const Work& w, int m0, int live) {
+  for_each_pass<kGroups>(p, ids, listed, [&](const Work& w, int m0, int live) {
     for (int c = 0; c < w.chunks; ++c, pos.next()) {
       pipe::wait(&empty[pos.stage], pos.phase ^ 1u);  // the first lap passes at once
       load_weights<kGroups, kSwiglu>(p, smem, full, w, live, c, pos.stage);
@@ -304,7 +298,7 @@ __device__ __forceinline__ void consume_live(int live, const uint8_t* stage, int
 // reduce kernel applies the global and the epilogue. A persistent grid: each CTA takes items
 // blockIdx.x, + gridDim.x, ...; its ring runs on across items, so the producer fills the next
 // item's first stages while the consumers finish the last. kWgmma: the MMAs on wgmma
-// (consume_pass_wgmma), the same epilogues.
+// (consume_chunk_wgmma), the same epilogues.
 template <int kGroups, bool kSwiglu, bool kSplit, bool kWgmma>
 __device__ __forceinline__ void gemm_cta(const Params& p) {
   using R = Ring<kGroups>;
@@ -328,23 +322,20 @@ __device__ __forceinline__ void gemm_cta(const Params& p) {
     }
     pipe::barrier_init_fence();
   }
-  // Its barriers also publish the inits.
-  const int listed = select_experts<kCtaWarps<kWgmma>>(p, ids, chunk_n);
+  const int listed = select_experts(p, ids, chunk_n);  // its barriers also publish the inits
   // A dependent launch (the wide one) may start once every CTA is here: it takes the SM slots
   // these CTAs leave and reads nothing they write.
   allow_dependents();
-  if (warp >= kConsumerWarps) {
-    if constexpr (kWgmma) cutlass::arch::warpgroup_reg_dealloc<kWgmmaProducerRegs>();
-    if (warp == kConsumerWarps && lane == 0) produce<kGroups, kSwiglu, kWgmma>(p, smem, full, empty, ids, listed);
+  if (warp == kConsumerWarps) {
+    if (lane == 0) produce<kGroups, kSwiglu>(p, smem, full, empty, ids, listed);
     return;
   }
-  if constexpr (kWgmma) cutlass::arch::warpgroup_reg_alloc<kWgmmaConsumerRegs>();
 
   // Consumers: lane (g, t).
   const int64_t F = a.N / 2;
   const int g = lane / 4, t = lane % 4;
   RingPos<R::kStages> pos;
-  for_each_pass<kGroups, kWgmma>(p, ids, listed, [&](const Work& w, int m0, int groups) {
+  for_each_pass<kGroups>(p, ids, listed, [&](const Work& w, int m0, int groups) {
     const int live = kGroups == 1 ? 1 : groups;  // a constant for one group
     const float global = w.global;
     if (a.combine_R != nullptr) prefetch_sources(a, m0, w.row_end, 8 * kGroups, lane);
@@ -411,8 +402,7 @@ __device__ __forceinline__ void gemm_cta(const Params& p) {
 // takes the SM slots they leave; the wide launch, which reads nothing the narrow one writes, waits
 // for it only here, so that its completion implies the narrow grid's for the launches after it.
 template <int kGroups, bool kSwiglu, bool kSplit, bool kWgmma>
-__global__ void __launch_bounds__(kCtaWarps<kWgmma> * 32)
-    __maxnreg__(kWgmma ? kWgmmaLaunchRegs : Ring<kGroups>::kMaxRegs)
+__global__ void __launch_bounds__(kGemmThreads) __maxnreg__(Ring<kGroups>::kMaxRegs)
     nvfp4_gemm_kernel(const __grid_constant__ Params p) {
   gemm_cta<kGroups, kSwiglu, kSplit, kWgmma>(p);
   wait_prerequisites();
@@ -499,7 +489,7 @@ void check_args(const Nvfp4GroupedGemmArgs& a) {
 }
 
 // CTAs of `kernel` resident per SM at its shared memory, cached per device (asked every launch).
-template <auto kKernel, int kThreads>
+template <auto kKernel>
 int resident_ctas(int smem_bytes) {
   static std::atomic<int> cached[64] = {};
   int device = 0;
@@ -507,7 +497,7 @@ int resident_ctas(int smem_bytes) {
   std::atomic<int>& slot = cached[device % 64];
   int n = slot.load(std::memory_order_relaxed);
   if (n == 0) {
-    EPMOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, kThreads, smem_bytes));
+    EPMOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, kGemmThreads, smem_bytes));
     n = n > 0 ? n : 1;
     slot.store(n, std::memory_order_relaxed);
   }
@@ -520,9 +510,8 @@ template <int kGroups, bool kSwiglu, bool kSplit, bool kWgmma>
 void launch(const Params& p, cudaStream_t st, bool programmatic) {
   constexpr auto kernel = nvfp4_gemm_kernel<kGroups, kSwiglu, kSplit, kWgmma>;
   constexpr int smem = Ring<kGroups>::kSmemBytes;
-  constexpr int threads = kCtaWarps<kWgmma> * 32;
   set_shared_memory_limit<kernel>(smem, /*max_carveout=*/true);
-  const int64_t slots = static_cast<int64_t>(sm_count()) * resident_ctas<kernel, threads>(smem);
+  const int64_t slots = static_cast<int64_t>(sm_count()) * resident_ctas<kernel>(smem);
   const int64_t items = static_cast<int64_t>(p.slabs) * p.a.E * p.splits;
   const unsigned grid = static_cast<unsigned>(items < slots ? items : slots);
   if (programmatic) {
@@ -531,7 +520,7 @@ void launch(const Params& p, cudaStream_t st, bool programmatic) {
     attribute.val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(grid);
-    config.blockDim = dim3(threads);
+    config.blockDim = dim3(kGemmThreads);
     config.dynamicSmemBytes = smem;
     config.stream = st;
     config.attrs = &attribute;
@@ -539,7 +528,7 @@ void launch(const Params& p, cudaStream_t st, bool programmatic) {
     EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
     return;
   }
-  kernel<<<grid, threads, smem, st>>>(p);
+  kernel<<<grid, kGemmThreads, smem, st>>>(p);
   EPMOE_CUDA_LAUNCH_CHECK();
 }
 

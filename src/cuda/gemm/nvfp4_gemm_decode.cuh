@@ -16,11 +16,7 @@
 namespace epmoe::cuda::nvfp4 {
 
 constexpr int kConsumerWarps = 4;
-// The CTA: the four consumer warps, then the producer. On mma.sync the producer is one warp; on
-// wgmma a whole warpgroup, so that setmaxnreg can hand its registers to the consumers (only a
-// warpgroup can give them up: nvfp4_gemm_wgmma.cuh).
-template <bool kWgmma>
-constexpr int kCtaWarps = kWgmma ? 2 * kConsumerWarps : kConsumerWarps + 1;
+constexpr int kGemmThreads = (kConsumerWarps + 1) * 32;  // the last warp produces
 constexpr int kTiles = 2;                                // m16 tiles per consumer warp
 constexpr int kSlab = kConsumerWarps * kTiles * 16;      // weight rows per CTA
 static_assert(kSlab == kNvfp4Slab, "nvfp4_gemm.h's slab is the consumer warps' rows");
@@ -51,7 +47,7 @@ struct Ring {
   // 5-warp CTA needs ceil(5 * CTAs / 4) warps' registers in one: 3 CTAs (4 warps) at <= 128
   // registers, 2 (3 warps) at <= 168. The stages leave room for the same counts.
   static constexpr int kCtasPerSm = kGroups <= 4 ? 3 : 2;
-  static constexpr int kMaxRegs = kGroups <= 4 ? 128 : 168;  // mma.sync's 5-warp CTA
+  static constexpr int kMaxRegs = kGroups <= 4 ? 128 : 168;
   static constexpr int kBarrierBytes = 2 * kStages * 8;
   static constexpr int kSmemBytes = kStages * kStageBytes + kBarrierBytes + kExpertListBytes + 1024;
   static_assert(kStageBytes % 1024 == 0, "128-byte swizzle atoms need 1024-byte aligned stages");

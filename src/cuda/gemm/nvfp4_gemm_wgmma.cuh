@@ -15,20 +15,7 @@
 
 namespace epmoe::cuda::nvfp4 {
 
-// Registers of the wgmma CTA (2 CTAs an SM, 8 warps each: 128 a thread at launch). The producer
-// warpgroup, of which one lane issues TMA, gives its registers to the consumer warpgroup, whose
-// wgmma groups stay in flight from one chunk into the next with their A registers live.
-constexpr int kWgmmaLaunchRegs = 128;
-constexpr int kWgmmaProducerRegs = 24;
-constexpr int kWgmmaConsumerRegs = 232;
-static_assert(kWgmmaProducerRegs + kWgmmaConsumerRegs <= 2 * kWgmmaLaunchRegs,
-              "setmaxnreg moves registers between the CTA's two warpgroups");
-static_assert(Ring<kNvfp4MaxRowGroups>::kCtasPerSm * 2 * 128 * kWgmmaLaunchRegs <= 64 * 1024,
-              "the CTAs' registers per SM");
-// wgmma groups left pending by each wait: word q's wgmmas run while word q + 1 decodes.
-constexpr int kWgmmaPending = 1;
-
-// A barrier of the four consumer warps (named barrier 1; the producer warps are not in it).
+// A barrier of the four consumer warps (named barrier 1; the producer warp is not in it).
 __device__ __forceinline__ void consumer_barrier() {
   asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory");
 }
@@ -121,70 +108,60 @@ __device__ __forceinline__ uint64_t step_offset(int j) {
   return static_cast<uint64_t>(((j / 4) * (Ring<kGroups>::kActBytes / 2) + (j % 4) * 32) >> 4);
 }
 
-// A pass's chunks on wgmma, kLive groups. A chunk's last wgmma groups are still running when the
-// next chunk starts (its rearrangement and first decodes overlap them); its stage is released once
-// the next chunk's waits show them done, and the pass's last stage after the final wait.
+template <int kGroups, int kLive, bool kSwiglu>
+__device__ __forceinline__ void consume_chunk_wgmma(uint8_t* stage, int warp, int g, int t,
+                                                    float (&acc)[kTiles][kGroups][4]) {
+  uint8_t* act = stage + kCodeBytes;
+  rearrange_activations<kGroups, kLive>(act, static_cast<int>(threadIdx.x));
+  ChunkWeights cw;
+  load_chunk_weights<kGroups, kSwiglu, true>(stage, warp, g, t, cw);
+  const uint64_t desc = activation_descriptor(act);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    uint32_t a0[kTiles][4], a1[kTiles][4];
+    decode_steps(cw, q, a0, a1);
+    cute::warpgroup_arrive();  // the A registers (and, first, the zeroed accumulators) written
+#pragma unroll
+    for (int tile = 0; tile < kTiles; ++tile) {
+      wgmma_rs<kLive>(acc[tile], a0[tile], desc + step_offset<kGroups>(2 * q),
+                      std::make_index_sequence<4 * kLive>{});
+      wgmma_rs<kLive>(acc[tile], a1[tile], desc + step_offset<kGroups>(2 * q + 1),
+                      std::make_index_sequence<4 * kLive>{});
+    }
+    cute::warpgroup_commit_batch();
+    cute::warpgroup_wait<1>();  // word q - 1's wgmmas done: its A registers are free
+  }
+}
+
+// A pass's chunks on wgmma, kLive groups. Each chunk waits for its last wgmmas before releasing
+// its stage: keeping them in flight into the next chunk (the stage released one chunk later) made
+// ptxas serialize every wgmma for want of registers (C7511) at 168 a thread.
 template <int kGroups, int kLive, bool kSwiglu>
 __device__ __forceinline__ void consume_pass_wgmma(int chunks, RingPos<Ring<kGroups>::kStages>& pos,
                                                    uint8_t* smem, uint64_t* full, uint64_t* empty,
                                                    int warp, int g, int t, int lane,
                                                    float (&acc)[kTiles][kGroups][4]) {
-  static_assert(kWgmmaPending >= 0 && kWgmmaPending < 4, "a chunk's groups retire within the next one's four");
-  int held = -1;  // the previous chunk's stage, until its wgmmas are done
   for (int c = 0; c < chunks; ++c, pos.next()) {
     pipe::wait(&full[pos.stage], pos.phase);
-    uint8_t* stage = smem + pos.stage * Ring<kGroups>::kStageBytes;
-    uint8_t* act = stage + kCodeBytes;
-    rearrange_activations<kGroups, kLive>(act, static_cast<int>(threadIdx.x));
-    ChunkWeights cw;
-    load_chunk_weights<kGroups, kSwiglu, true>(stage, warp, g, t, cw);
-    const uint64_t desc = activation_descriptor(act);
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      uint32_t a0[kTiles][4], a1[kTiles][4];
-      decode_steps(cw, q, a0, a1);
-      cute::warpgroup_arrive();  // the A registers (and, first, the zeroed accumulators) written
-#pragma unroll
-      for (int tile = 0; tile < kTiles; ++tile) {
-        wgmma_rs<kLive>(acc[tile], a0[tile], desc + step_offset<kGroups>(2 * q),
-                        std::make_index_sequence<4 * kLive>{});
-        wgmma_rs<kLive>(acc[tile], a1[tile], desc + step_offset<kGroups>(2 * q + 1),
-                        std::make_index_sequence<4 * kLive>{});
-      }
-      cute::warpgroup_commit_batch();
-      cute::warpgroup_wait<kWgmmaPending>();  // the groups before the last kWgmmaPending are done
-    }
-    // Only this chunk's groups can be pending now. (Releasing the previous stage inside the word
-    // loop, as soon as its groups are done, made ptxas serialize every wgmma: C7512.)
-    if (held >= 0 && lane == 0) pipe::arrive(&empty[held]);
-    held = pos.stage;
+    consume_chunk_wgmma<kGroups, kLive, kSwiglu>(smem + pos.stage * Ring<kGroups>::kStageBytes,
+                                                 warp, g, t, acc);
+    cute::warpgroup_wait<0>();
+    if (lane == 0) pipe::arrive(&empty[pos.stage]);
   }
-  cute::warpgroup_wait<0>();
-  if (held >= 0 && lane == 0) pipe::arrive(&empty[held]);
 }
 
-// The groups a wgmma pass runs: one, or an even count. With a pass loop for each of 1 .. 8,
-// ptxas serialized every wgmma of the kernel (C7512, at 128 registers as at 232); with 1, 2, 4, 6
-// and 8 it does not. The odd counts' extra group costs MMAs only, not the weight stream.
-__device__ __forceinline__ int wgmma_live_groups(int live) { return live <= 1 ? live : (live + 1) & ~1; }
-
-// consume_pass_wgmma for the run-time live group count (wgmma_live_groups: 1 or even, <= kGroups;
-// CTA-uniform).
+// consume_pass_wgmma for the run-time live group count (1 .. kGroups; CTA-uniform).
 template <int kGroups, bool kSwiglu, int kLive = kGroups>
 __device__ __forceinline__ void consume_pass_wgmma_live(int live, int chunks,
                                                         RingPos<Ring<kGroups>::kStages>& pos,
                                                         uint8_t* smem, uint64_t* full,
                                                         uint64_t* empty, int warp, int g, int t,
                                                         int lane, float (&acc)[kTiles][kGroups][4]) {
-  static_assert(kLive == 1 || kLive % 2 == 0, "the pass counts of wgmma_live_groups");
   if (kLive == 1 || live == kLive) {
     consume_pass_wgmma<kGroups, kLive, kSwiglu>(chunks, pos, smem, full, empty, warp, g, t, lane, acc);
-  } else if constexpr (kLive > 2) {
-    consume_pass_wgmma_live<kGroups, kSwiglu, kLive - 2>(live, chunks, pos, smem, full, empty, warp,
+  } else if constexpr (kLive > 1) {
+    consume_pass_wgmma_live<kGroups, kSwiglu, kLive - 1>(live, chunks, pos, smem, full, empty, warp,
                                                          g, t, lane, acc);
-  } else if constexpr (kLive == 2) {
-    consume_pass_wgmma_live<kGroups, kSwiglu, 1>(live, chunks, pos, smem, full, empty, warp, g, t,
-                                                 lane, acc);
   }
 }
 
