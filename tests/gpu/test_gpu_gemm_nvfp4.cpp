@@ -360,6 +360,16 @@ TEST(GpuGemmNvfp4, RowGroupsBitwiseEqual) {
                          describe(s) + what + " splits " + std::to_string(splits) + " groups " +
                              std::to_string(1 << i));
         }
+        // Every group count with one activation box a group, and with boxes of up to four: the
+        // same bytes in shared memory.
+        for (const char* boxes : {"0", "1"}) {
+          const ScopedEnv env("EPMOE_NVFP4_ACT_BOXES", boxes);
+          for (int i = 1; i < 4; ++i) {
+            expect_bitwise(one_group, p.run_gpu(nullptr, act, splits, hints[i]), cols,
+                           describe(s) + what + " splits " + std::to_string(splits) + " groups " +
+                               std::to_string(1 << i) + " EPMOE_NVFP4_ACT_BOXES=" + boxes);
+          }
+        }
         // 8 groups on wgmma: the same bits (the tensor cores' k16 steps sum as mma.sync's do).
         const ScopedEnv wgmma("EPMOE_NVFP4_WGMMA", "1");
         expect_bitwise(one_group, p.run_gpu(nullptr, act, splits, hints[3]), cols,
@@ -404,6 +414,13 @@ TEST(GpuGemmNvfp4, WidePassBitwiseEqualNarrowPasses) {
             const ScopedEnv plain("EPMOE_NVFP4_WIDE_PDL", "0");
             expect_bitwise(narrow, p.run_gpu(nullptr, act, splits, hint, 1), cols,
                            where + " wide above 1 row, ordinary launches");
+          }
+          // Both launches with activation boxes of up to four groups (the wide one has one a
+          // group by default).
+          {
+            const ScopedEnv boxes("EPMOE_NVFP4_ACT_BOXES", "1");
+            expect_bitwise(narrow, p.run_gpu(nullptr, act, splits, hint, 1), cols,
+                           where + " wide above 1 row, EPMOE_NVFP4_ACT_BOXES=1");
           }
           const ScopedEnv wgmma("EPMOE_NVFP4_WGMMA", "1");
           expect_bitwise(narrow, p.run_gpu(nullptr, act, splits, hint, 1), cols,
@@ -627,11 +644,22 @@ TEST(GpuGemmNvfp4, RowGroupAndForkSwitchesAreChecked) {
     const ScopedEnv env("EPMOE_NVFP4_WGMMA", "1");
     EXPECT_TRUE(cuda::nvfp4_wgmma());
   }
+  {
+    const ScopedEnv env("EPMOE_NVFP4_ACT_BOXES", nullptr);
+    EXPECT_TRUE(cuda::nvfp4_act_boxes(false));  // boxes of up to 32 rows in the narrow launch
+    EXPECT_FALSE(cuda::nvfp4_act_boxes(true));  // and one a group in the wide one
+  }
+  for (const char* v : {"0", "1"}) {
+    const ScopedEnv env("EPMOE_NVFP4_ACT_BOXES", v);
+    EXPECT_EQ(cuda::nvfp4_act_boxes(false), v[0] == '1');
+    EXPECT_EQ(cuda::nvfp4_act_boxes(true), v[0] == '1');
+  }
   const std::pair<const char*, const char*> bad[] = {{"EPMOE_NVFP4_ROW_GROUPS", "3"},
                                                       {"EPMOE_NVFP4_ROW_GROUPS", "16"},
                                                       {"EPMOE_NVFP4_WIDE_FORK", "yes"},
                                                       {"EPMOE_NVFP4_WIDE_PDL", "on"},
-                                                      {"EPMOE_NVFP4_WGMMA", "2"}};
+                                                      {"EPMOE_NVFP4_WGMMA", "2"},
+                                                      {"EPMOE_NVFP4_ACT_BOXES", "4"}};
   for (const auto& [name, value] : bad) {
     const ScopedEnv env(name, value);
     try {
@@ -642,6 +670,8 @@ TEST(GpuGemmNvfp4, RowGroupAndForkSwitchesAreChecked) {
         cuda::nvfp4_wide_pdl();
       } else if (n == "EPMOE_NVFP4_WGMMA") {
         cuda::nvfp4_wgmma();
+      } else if (n == "EPMOE_NVFP4_ACT_BOXES") {
+        cuda::nvfp4_act_boxes(false);
       } else {
         cuda::nvfp4_requested_row_groups();
       }

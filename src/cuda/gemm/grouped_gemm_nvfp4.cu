@@ -59,6 +59,8 @@ using namespace nvfp4;  // the ring, decode and wgmma consumer (nvfp4_gemm_decod
 struct Params {
   CUtensorMap codes;  // [E * N rows, K / 2 bytes] u8; box 64 bytes x 128 rows (SwiGLU: 64 rows)
   CUtensorMap act;    // [M rows, K] bf16; box 64 x 8 rows, 128-byte swizzle
+  CUtensorMap act16;  // the same with boxes of 16 and 32 rows (act_boxes)
+  CUtensorMap act32;
   CUtensorMap scales; // [E * ceil(K / 128) rows, N] of 8-byte scale groups; box 128 (SwiGLU: 64) x 1
   Nvfp4GroupedGemmArgs a;
   int64_t C = 0;                   // scale chunks per weight row, ceil(K / 128)
@@ -69,6 +71,7 @@ struct Params {
   int32_t splits = 1;
   int32_t rows_above = 0;          // the launch takes the experts with rows in (rows_above,
   int32_t rows_upto = 0;           // rows_upto]
+  int32_t act_boxes = 1;           // activation boxes of up to 32 rows (nvfp4_act_boxes), else 8
   float* partials_SMN = nullptr;   // split-K: [splits, M, N] fp32 (the caller's scratch)
 };
 
@@ -228,6 +231,10 @@ __device__ __forceinline__ void produce(const Params& p, uint8_t* smem, uint64_t
   using R = Ring<kGroups>;
   pipe::prefetch_tensor_map(&p.codes);
   pipe::prefetch_tensor_map(&p.act);
+  if (p.act_boxes != 0) {
+    pipe::prefetch_tensor_map(&p.act16);
+    pipe::prefetch_tensor_map(&p.act32);
+  }
   pipe::prefetch_tensor_map(&p.scales);
   RingPos<R::kStages> pos;
   for_each_pass<kGroups>(p, ids, listed, [&](const Work& w, int m0, int live) {
@@ -237,11 +244,16 @@ __device__ __forceinline__ void produce(const Params& p, uint8_t* smem, uint64_t
       uint8_t* act = smem + pos.stage * R::kStageBytes + kCodeBytes;
       uint64_t* bar = &full[pos.stage];
       const int32_t kx = (w.c_begin + c) * kChunk;
-      for (int grp = 0; grp < live; ++grp) {
+      // Groups [grp, grp + n) of each half in one box of 8 n rows: n = 4, 2, 1 while they fit
+      // (act_boxes), else 1.
+      for (int grp = 0; grp < live;) {
+        const int rest = live - grp;
+        const int n = p.act_boxes == 0 ? 1 : (rest >= 4 ? 4 : (rest >= 2 ? 2 : 1));
+        const CUtensorMap* map = n == 4 ? &p.act32 : (n == 2 ? &p.act16 : &p.act);
         const int32_t y = m0 + 8 * grp;
-        pipe::load_2d(act + grp * R::kGroupBytes, &p.act, bar, kx, y);
-        pipe::load_2d(act + R::kActBytes / 2 + grp * R::kGroupBytes, &p.act, bar, kx + kActHalf,
-                      y);
+        pipe::load_2d(act + grp * R::kGroupBytes, map, bar, kx, y);
+        pipe::load_2d(act + R::kActBytes / 2 + grp * R::kGroupBytes, map, bar, kx + kActHalf, y);
+        grp += n;
       }
     }
   });
@@ -615,6 +627,10 @@ void nvfp4_grouped_gemm(const Nvfp4GroupedGemmArgs& args, void* stream) {
   act.box_outer = 8;
   act.swizzle_128b = true;
   p.act = make_tensor_map(act, "a_MK");
+  act.box_outer = 16;
+  p.act16 = make_tensor_map(act, "a_MK");
+  act.box_outer = 32;
+  p.act32 = make_tensor_map(act, "a_MK");
   TensorMap2d scales;  // a chunk's 8 scales of a row as one 8-byte element
   scales.base = args.b_scales;
   scales.type = CU_TENSOR_MAP_DATA_TYPE_UINT64;
@@ -636,6 +652,8 @@ void nvfp4_grouped_gemm(const Nvfp4GroupedGemmArgs& args, void* stream) {
   Params narrow = p;
   narrow.rows_above = 0;
   narrow.rows_upto = narrow_upto;
+  narrow.act_boxes = nvfp4_act_boxes(false) ? 1 : 0;
+  p.act_boxes = nvfp4_act_boxes(true) ? 1 : 0;
   p.rows_above = narrow_upto;
   p.rows_upto = static_cast<int32_t>(args.M);
   if (forked) {

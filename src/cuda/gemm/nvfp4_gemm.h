@@ -142,6 +142,15 @@ bool nvfp4_wide_pdl();
 // x1.14, qwen3 skew x1.03), with 2 CTAs of 168 registers a thread an SM.
 bool nvfp4_wgmma();
 
+// Whether the producer of a launch (wide: the 8-group launch of the experts with many rows) loads
+// a stage's activation rows in boxes of up to 4 row groups (32 rows; a pass's live groups in at
+// most three boxes a half: 32, 16 and 8 rows) instead of one box per group: EPMOE_NVFP4_ACT_BOXES
+// unset: the narrow launch only; 1 every launch, 0 none (Error(invalid_argument) naming it
+// otherwise). The same bytes in the same shared-memory places either way (the 128-byte swizzle
+// follows the address), so the same bits; fewer TMA issues from the one producer lane (2 + 2 x
+// live a chunk with one box a group, 18 at 8 groups).
+bool nvfp4_act_boxes(bool wide);
+
 // Requirements (checked; Error(invalid_argument) naming the field): 1 <= E <= kNvfp4MaxExperts, K > 0 and
 // K % 32 == 0 (16-byte code rows for TMA), N > 0 and even (16-byte rows of 8-byte scale groups),
 // E * N and M < 2^31, ld_out >= N (or the combine fields), a_MK, b_codes_ENP and b_scales

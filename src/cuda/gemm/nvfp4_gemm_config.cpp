@@ -85,6 +85,7 @@ Nvfp4RowGroups nvfp4_row_groups(int64_t rows_per_group) {
 bool nvfp4_wide_fork() { return env_switch("EPMOE_NVFP4_WIDE_FORK", false); }
 bool nvfp4_wide_pdl() { return env_switch("EPMOE_NVFP4_WIDE_PDL", true); }
 bool nvfp4_wgmma() { return env_switch("EPMOE_NVFP4_WGMMA", false); }
+bool nvfp4_act_boxes(bool wide) { return env_switch("EPMOE_NVFP4_ACT_BOXES", !wide); }
 
 int nvfp4_requested_row_groups() {
   const char* env = std::getenv("EPMOE_NVFP4_ROW_GROUPS");
