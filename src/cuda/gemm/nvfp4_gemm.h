@@ -148,7 +148,9 @@ bool nvfp4_wgmma();
 // unset: the narrow launch only; 1 every launch, 0 none (Error(invalid_argument) naming it
 // otherwise). The same bytes in the same shared-memory places either way (the 128-byte swizzle
 // follows the address), so the same bits; fewer TMA issues from the one producer lane (2 + 2 x
-// live a chunk with one box a group, 18 at 8 groups).
+// live a chunk with one box a group, 18 at 8 groups). Measured at 86a494e (bench/RESULTS.md):
+// mixtral decode graph x0.95-0.97 balanced, x0.86 skew, the other shapes even; in the wide launch
+// too, qwen3 and deepseek-v3 skew x1.06-1.09 slower.
 bool nvfp4_act_boxes(bool wide);
 
 // Requirements (checked; Error(invalid_argument) naming the field): 1 <= E <= kNvfp4MaxExperts, K > 0 and
