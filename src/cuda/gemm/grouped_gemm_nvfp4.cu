@@ -5,8 +5,9 @@
 // Work item (slab of 128 weight rows, expert e, K split z) of a persistent grid: one producer
 // warp keeps a ring of stages full by TMA, each stage one 128-element chunk of K: the slab's code
 // bytes (128 rows x 64 B), its block scales (128 rows x 8 B: the prepared scales keep a chunk's
-// rows together), and the pass's live 8-row groups of activation rows (256 B a row, two 128-byte
-// swizzled boxes a group). Four consumer warps own 32 weight rows each (two m16 tiles). A pass
+// rows together), and the pass's live 8-row groups of activation rows (256 B a row in two
+// 128-byte swizzled halves; the narrow launch loads a half's groups in boxes of up to four,
+// nvfp4_act_boxes). Four consumer warps own 32 weight rows each (two m16 tiles). A pass
 // covers up to 8 * kGroups rows of the expert; experts with more rows take more passes over the
 // weights. Each CTA first lists the experts of its launch from the offsets (rows in a range:
 // nvfp4_grouped_gemm sends experts with many rows to a second, 8-group launch), so experts

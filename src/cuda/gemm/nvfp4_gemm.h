@@ -147,10 +147,10 @@ bool nvfp4_wgmma();
 // most three boxes a half: 32, 16 and 8 rows) instead of one box per group: EPMOE_NVFP4_ACT_BOXES
 // unset: the narrow launch only; 1 every launch, 0 none (Error(invalid_argument) naming it
 // otherwise). The same bytes in the same shared-memory places either way (the 128-byte swizzle
-// follows the address), so the same bits; fewer TMA issues from the one producer lane (2 + 2 x
-// live a chunk with one box a group, 18 at 8 groups). Measured at 86a494e (bench/RESULTS.md):
-// mixtral decode graph x0.95-0.97 balanced, x0.86 skew, the other shapes even; in the wide launch
-// too, qwen3 and deepseek-v3 skew x1.06-1.09 slower.
+// follows the address), so the same bits; fewer TMA issues from the one producer lane (with one
+// box a group, 2 + 2 x live a chunk, SwiGLU 4 + 2 x live: 18 / 20 at 8 groups). Measured at
+// 86a494e (bench/RESULTS.md): mixtral decode graph x0.95-0.97 balanced, x0.86 skew, the other
+// shapes even; in the wide launch too, qwen3 and deepseek-v3 skew x1.06-1.09 slower.
 bool nvfp4_act_boxes(bool wide);
 
 // Requirements (checked; Error(invalid_argument) naming the field): 1 <= E <= kNvfp4MaxExperts, K > 0 and
