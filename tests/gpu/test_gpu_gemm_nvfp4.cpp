@@ -328,7 +328,7 @@ TEST(GpuGemmNvfp4, SwigluEpilogueMatchesThePlainOutputsSwiglu) {
   }
 }
 
-// Every row-group count (1, 2, 4, 6, 8 groups a pass, chosen by the rows-per-expert hint) gives the
+// Every row-group count (1, 2, 4, 8 groups a pass, chosen by the rows-per-expert hint) gives the
 // bits of one group: the same MMAs in the same order for every row, only the passes over the
 // weights differ. Plain, SwiGLU and clamped SwiGLU, one split and three (exact codes, random
 // activations). Beyond shapes(): 70 and 33 rows (several passes of every count, the last one
@@ -342,11 +342,9 @@ TEST(GpuGemmNvfp4, RowGroupsBitwiseEqual) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const ActivationParams clamped = activation_params(Activation::swiglu_clamped());
   const ActivationParams plain_swiglu{};
-  // Hints giving 1, 2, 4, 6 and 8 groups (nvfp4_row_groups); 6 and fewer run 3 CTAs an SM.
-  constexpr int kCounts = 5;
-  const int64_t hints[kCounts] = {1, 8, 16, 28, 40};
-  const int groups[kCounts] = {1, 2, 4, 6, 8};
-  for (int i = 0; i < kCounts; ++i) ASSERT_EQ(cuda::nvfp4_row_groups(hints[i]).groups, groups[i]);
+  // Hints giving 1, 2, 4 and 8 groups (nvfp4_row_groups).
+  const int64_t hints[] = {1, 8, 16, 40};
+  for (int i = 0; i < 4; ++i) ASSERT_EQ(cuda::nvfp4_row_groups(hints[i]).groups, 1 << i);
   for (const ActivationParams* act : {static_cast<const ActivationParams*>(nullptr), &plain_swiglu,
                                       &clamped}) {
     const char* what = act == nullptr ? " plain" : (act->clamped ? " clamped" : " swiglu");
@@ -357,24 +355,24 @@ TEST(GpuGemmNvfp4, RowGroupsBitwiseEqual) {
       const int64_t cols = act == nullptr ? p.N : p.N / 2;
       for (int splits : {1, 3}) {
         const std::vector<bf16_t> one_group = p.run_gpu(nullptr, act, splits, hints[0]);
-        for (int i = 1; i < kCounts; ++i) {
+        for (int i = 1; i < 4; ++i) {
           expect_bitwise(one_group, p.run_gpu(nullptr, act, splits, hints[i]), cols,
                          describe(s) + what + " splits " + std::to_string(splits) + " groups " +
-                             std::to_string(groups[i]));
+                             std::to_string(1 << i));
         }
         // Every group count with one activation box a group, and with boxes of up to four: the
         // same bytes in shared memory.
         for (const char* boxes : {"0", "1"}) {
           const ScopedEnv env("EPMOE_NVFP4_ACT_BOXES", boxes);
-          for (int i = 1; i < kCounts; ++i) {
+          for (int i = 1; i < 4; ++i) {
             expect_bitwise(one_group, p.run_gpu(nullptr, act, splits, hints[i]), cols,
                            describe(s) + what + " splits " + std::to_string(splits) + " groups " +
-                               std::to_string(groups[i]) + " EPMOE_NVFP4_ACT_BOXES=" + boxes);
+                               std::to_string(1 << i) + " EPMOE_NVFP4_ACT_BOXES=" + boxes);
           }
         }
         // 8 groups on wgmma: the same bits (the tensor cores' k16 steps sum as mma.sync's do).
         const ScopedEnv wgmma("EPMOE_NVFP4_WGMMA", "1");
-        expect_bitwise(one_group, p.run_gpu(nullptr, act, splits, hints[kCounts - 1]), cols,
+        expect_bitwise(one_group, p.run_gpu(nullptr, act, splits, hints[3]), cols,
                        describe(s) + what + " splits " + std::to_string(splits) + " groups 8 wgmma");
       }
     }
@@ -400,7 +398,7 @@ TEST(GpuGemmNvfp4, WidePassBitwiseEqualNarrowPasses) {
       for (bf16_t& v : p.a) v = float_to_bf16(normal(rng));
       const int64_t cols = act == nullptr ? p.N : p.N / 2;
       for (int splits : {1, 3}) {
-        for (int64_t hint : {1, 8, 16, 28}) {  // 1, 2, 4, 6 groups: wide above 16, 32, 64, 96 rows
+        for (int64_t hint : {1, 8, 16}) {  // 1, 2, 4 groups: wide above 16, 32, 64 rows
           const std::string where = describe(s) + what + " splits " + std::to_string(splits) +
                                     " hint " + std::to_string(hint);
           const std::vector<bf16_t> narrow =
@@ -439,16 +437,13 @@ TEST(GpuGemmNvfp4, RowGroupsHoldTheExpectedRowsAndTwoSigma) {
   EXPECT_EQ(cuda::nvfp4_row_groups(4).groups, 1);   // deepseek-v3, gpt-oss decode: 4 + 4 = 8
   EXPECT_EQ(cuda::nvfp4_row_groups(5).groups, 2);   // 5 + 4.5 > 8
   EXPECT_EQ(cuda::nvfp4_row_groups(8).groups, 2);   // qwen3 decode: 8 + 5.7 <= 16
-  EXPECT_EQ(cuda::nvfp4_row_groups(20).groups, 4);  // 20 + 8.9 <= 32
-  EXPECT_EQ(cuda::nvfp4_row_groups(32).groups, 6);  // mixtral decode: 32 + 11.3 <= 48
-  EXPECT_EQ(cuda::nvfp4_row_groups(40).groups, 8);  // 40 + 12.6 > 48
+  EXPECT_EQ(cuda::nvfp4_row_groups(32).groups, 8);  // mixtral decode: 32 + 11.3 > 32
   EXPECT_EQ(cuda::nvfp4_row_groups(1000).groups, cuda::kNvfp4MaxRowGroups);
   // More than two passes' rows: the 8-group launch; none beside 8 groups.
   EXPECT_EQ(cuda::nvfp4_row_groups(4).wide_above, 16);
   EXPECT_EQ(cuda::nvfp4_row_groups(8).wide_above, 32);
   EXPECT_EQ(cuda::nvfp4_row_groups(16).wide_above, 64);
-  EXPECT_EQ(cuda::nvfp4_row_groups(32).wide_above, 96);
-  EXPECT_EQ(cuda::nvfp4_row_groups(40).wide_above, cuda::kNvfp4NoWidePass);
+  EXPECT_EQ(cuda::nvfp4_row_groups(32).wide_above, cuda::kNvfp4NoWidePass);
   EXPECT_NE(cuda::nvfp4_row_groups(4).reason.find("more than 16 rows"), std::string::npos)
       << cuda::nvfp4_row_groups(4).reason;
   EXPECT_NE(cuda::nvfp4_row_groups(8).reason.find("2 x 8 rows"), std::string::npos)
@@ -621,7 +616,7 @@ TEST(GpuGemmNvfp4, RowGroupAndForkSwitchesAreChecked) {
     const ScopedEnv env("EPMOE_NVFP4_ROW_GROUPS", nullptr);
     EXPECT_EQ(cuda::nvfp4_requested_row_groups(), 0);
   }
-  for (const char* v : {"1", "2", "4", "6", "8"}) {
+  for (const char* v : {"1", "2", "4", "8"}) {
     const ScopedEnv env("EPMOE_NVFP4_ROW_GROUPS", v);
     EXPECT_EQ(cuda::nvfp4_requested_row_groups(), std::atoi(v));
   }

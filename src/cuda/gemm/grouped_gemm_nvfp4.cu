@@ -665,7 +665,6 @@ void nvfp4_grouped_gemm(const Nvfp4GroupedGemmArgs& args, void* stream) {
     case 1: launch_groups<1>(narrow, split, st); break;
     case 2: launch_groups<2>(narrow, split, st); break;
     case 4: launch_groups<4>(narrow, split, st); break;
-    case 6: launch_groups<6>(narrow, split, st); break;
     default: launch_groups<kNvfp4MaxRowGroups>(narrow, split, st); break;
   }
   if (forked) {

@@ -93,18 +93,15 @@ int64_t nvfp4_requested_splits();
 // The splits nvfp4_grouped_gemm launches with these arguments (the rules above; host only).
 int nvfp4_launch_splits(const Nvfp4GroupedGemmArgs& args);
 
-// Activation rows a pass over the weights covers: 8 x groups, groups the smallest of 1, 2, 4, 6,
-// 8 holding the expected rows per expert plus two standard deviations of a balanced (Poisson)
+// Activation rows a pass over the weights covers: 8 x groups, groups the smallest of 1, 2, 4, 8
+// holding the expected rows per expert plus two standard deviations of a balanced (Poisson)
 // count, sqrt(rows): an expert with more rows takes another pass over its weights, and groups
 // past an expert's rows run no MMAs. Decode T = 128: 4 rows (deepseek-v3, gpt-oss) -> 1 group,
-// 8 (qwen3) -> 2, 32 (mixtral) -> 6. Up to 6 groups run 3 CTAs an SM, 8 groups 2 (their
-// accumulators need more than 128 registers a lane). From the host's expectation only
-// (graph-capturable).
+// 8 (qwen3) -> 2, 32 (mixtral) -> 8. From the host's expectation only (graph-capturable).
 // Experts with more than two such passes' rows (wide_above = 16 x groups; skewed routing) go to a
 // second launch of 8 groups a pass, which decodes their weights once per 64 rows instead of once
 // per 8 x groups; the device sorts the experts between the two launches by their offsets.
 constexpr int kNvfp4MaxRowGroups = 8;
-constexpr int kNvfp4RowGroupCounts[] = {1, 2, 4, 6, kNvfp4MaxRowGroups};  // ascending
 constexpr int64_t kNvfp4NoWidePass = INT64_MAX;
 struct Nvfp4RowGroups {
   int groups = 1;
@@ -116,7 +113,7 @@ struct Nvfp4RowGroups {
 constexpr int kNvfp4MaxExperts = 1024;
 Nvfp4RowGroups nvfp4_row_groups(int64_t rows_per_group);
 
-// EPMOE_NVFP4_ROW_GROUPS=<1|2|4|6|8> in place of nvfp4_row_groups' count (measurements; the wide
+// EPMOE_NVFP4_ROW_GROUPS=<1|2|4|8> in place of nvfp4_row_groups' count (measurements; the wide
 // launch as the rule puts it); 0 when unset (Error(invalid_argument) naming it otherwise).
 int nvfp4_requested_row_groups();
 

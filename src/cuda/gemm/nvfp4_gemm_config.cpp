@@ -69,13 +69,8 @@ Nvfp4RowGroups nvfp4_row_groups(int64_t rows_per_group) {
   Nvfp4RowGroups c;
   const double lambda = rows_per_group > 0 ? static_cast<double>(rows_per_group) : 0.0;
   const double want = lambda + 2.0 * std::sqrt(lambda);
-  c.groups = kNvfp4MaxRowGroups;
-  for (const int groups : kNvfp4RowGroupCounts) {
-    if (8.0 * groups >= want) {
-      c.groups = groups;
-      break;
-    }
-  }
+  c.groups = 1;
+  while (c.groups < kNvfp4MaxRowGroups && 8.0 * c.groups < want) c.groups *= 2;
   c.wide_above = wide_above(c.groups);
   c.reason = std::to_string(rows_per_group) + " rows per expert expected, + 2 sigma = " +
              std::to_string(static_cast<int64_t>(want + 0.5)) + ": " + std::to_string(c.groups) +
@@ -96,9 +91,8 @@ int nvfp4_requested_row_groups() {
   const char* env = std::getenv("EPMOE_NVFP4_ROW_GROUPS");
   if (env == nullptr) return 0;
   const int n = std::atoi(env);
-  bool listed = false;
-  for (const int groups : kNvfp4RowGroupCounts) listed = listed || n == groups;
-  EPMOE_CHECK_ARG(listed, "EPMOE_NVFP4_ROW_GROUPS", "1, 2, 4, 6 or 8", env);
+  EPMOE_CHECK_ARG(n == 1 || n == 2 || n == 4 || n == 8, "EPMOE_NVFP4_ROW_GROUPS", "1, 2, 4 or 8",
+                  env);
   return n;
 }
 

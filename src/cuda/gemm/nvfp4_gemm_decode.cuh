@@ -42,14 +42,12 @@ struct Ring {
   static constexpr int kScaleOffset = kCodeBytes + kActBytes;
   static constexpr int kScaleBytes = kSlab * (kChunk / 16);      // 8 E4M3 scales a row
   static constexpr int kStageBytes = kScaleOffset + kScaleBytes;
-  // 6 groups (48 rows: mixtral decode's 32 + 2 sigma) keep 3 CTAs an SM with 3 stages of 21 KiB.
-  static constexpr int kStages = kGroups == 1 ? 6 : (kGroups == 2 ? 5 : (kGroups == 6 ? 3 : 4));
+  static constexpr int kStages = kGroups == 1 ? 6 : (kGroups == 2 ? 5 : 4);
   // CTAs per SM: registers are allocated per sub-partition (16 Ki each) to whole warps, so a
   // 5-warp CTA needs ceil(5 * CTAs / 4) warps' registers in one: 3 CTAs (4 warps) at <= 128
-  // registers, 2 (3 warps) at <= 168. The stages leave room for the same counts. 8 groups' 64
-  // accumulators a lane do not fit 128 registers beside the weights.
-  static constexpr int kCtasPerSm = kGroups <= 6 ? 3 : 2;
-  static constexpr int kMaxRegs = kCtasPerSm == 3 ? 128 : 168;
+  // registers, 2 (3 warps) at <= 168. The stages leave room for the same counts.
+  static constexpr int kCtasPerSm = kGroups <= 4 ? 3 : 2;
+  static constexpr int kMaxRegs = kGroups <= 4 ? 128 : 168;
   static constexpr int kBarrierBytes = 2 * kStages * 8;
   static constexpr int kSmemBytes = kStages * kStageBytes + kBarrierBytes + kExpertListBytes + 1024;
   static_assert(kStageBytes % 1024 == 0, "128-byte swizzle atoms need 1024-byte aligned stages");
