@@ -6,8 +6,9 @@
 // warp keeps a ring of stages full by TMA, each stage one 128-element chunk of K: the slab's code
 // bytes (128 rows x 64 B), its block scales (128 rows x 8 B: the prepared scales keep a chunk's
 // rows together), and the pass's live 8-row groups of activation rows (256 B a row in two
-// 128-byte swizzled halves; the narrow launch loads a half's groups in boxes of up to four,
-// nvfp4_act_boxes). Four consumer warps own 32 weight rows each (two m16 tiles). A pass
+// 128-byte swizzled halves, the second 256 bytes off the swizzle atom where the stage has room so
+// the lanes' loads take no bank conflicts, Ring::kHalfShiftRows; the narrow launch loads a half's
+// groups in boxes of up to four, nvfp4_act_boxes). Four consumer warps own 32 weight rows each (two m16 tiles). A pass
 // covers up to 8 * kGroups rows of the expert; experts with more rows take more passes over the
 // weights. Each CTA first lists the experts of its launch from the offsets (rows in a range:
 // nvfp4_grouped_gemm sends experts with many rows to a second, 8-group launch), so experts
@@ -56,6 +57,12 @@ namespace epmoe::cuda {
 namespace {
 
 using namespace nvfp4;  // the ring, decode and wgmma consumer (nvfp4_gemm_decode.cuh, _wgmma.cuh)
+
+// The decode launches (2 groups: qwen3; 8: mixtral and every wide launch) have room for the
+// conflict-free halves; 1 and 4 groups' stages do not.
+static_assert(Ring<2>::kHalfShiftRows == 2 && Ring<kNvfp4MaxRowGroups>::kHalfShiftRows == 2 &&
+                  Ring<kNvfp4MaxRowGroups, true>::kHalfShiftRows == 0,
+              "the shifted activation halves of nvfp4_gemm_decode.cuh's Ring");
 
 struct Params {
   CUtensorMap codes;  // [E * N rows, K / 2 bytes] u8; box 64 bytes x 128 rows (SwiGLU: 64 rows)
@@ -202,10 +209,10 @@ __device__ __forceinline__ void for_each_pass(const Params& p, const uint16_t* i
 }
 
 // Expects stage `stage`'s bytes and loads its codes and scales (the weights of chunk c of w).
-template <int kGroups, bool kSwiglu>
+template <int kGroups, bool kSwiglu, bool kWgmma>
 __device__ __forceinline__ void load_weights(const Params& p, uint8_t* smem, uint64_t* full,
                                              const Work& w, int live, int c, int stage) {
-  using R = Ring<kGroups>;
+  using R = Ring<kGroups, kWgmma>;
   const Nvfp4GroupedGemmArgs& a = p.a;
   uint8_t* dst = smem + stage * R::kStageBytes;
   uint64_t* bar = &full[stage];
@@ -226,10 +233,10 @@ __device__ __forceinline__ void load_weights(const Params& p, uint8_t* smem, uin
 
 // The producer (one lane): for every pass and chunk of the CTA's items, a free stage filled by TMA
 // boxes (codes, scales, the live groups' activation halves).
-template <int kGroups, bool kSwiglu>
+template <int kGroups, bool kSwiglu, bool kWgmma>
 __device__ __forceinline__ void produce(const Params& p, uint8_t* smem, uint64_t* full,
                                         uint64_t* empty, const uint16_t* ids, int listed) {
-  using R = Ring<kGroups>;
+  using R = Ring<kGroups, kWgmma>;
   pipe::prefetch_tensor_map(&p.codes);
   pipe::prefetch_tensor_map(&p.act);
   if (p.act_boxes != 0) {
@@ -241,7 +248,7 @@ __device__ __forceinline__ void produce(const Params& p, uint8_t* smem, uint64_t
   for_each_pass<kGroups>(p, ids, listed, [&](const Work& w, int m0, int live) {
     for (int c = 0; c < w.chunks; ++c, pos.next()) {
       pipe::wait(&empty[pos.stage], pos.phase ^ 1u);  // the first lap passes at once
-      load_weights<kGroups, kSwiglu>(p, smem, full, w, live, c, pos.stage);
+      load_weights<kGroups, kSwiglu, kWgmma>(p, smem, full, w, live, c, pos.stage);
       uint8_t* act = smem + pos.stage * R::kStageBytes + kCodeBytes;
       uint64_t* bar = &full[pos.stage];
       const int32_t kx = (w.c_begin + c) * kChunk;
@@ -253,7 +260,7 @@ __device__ __forceinline__ void produce(const Params& p, uint8_t* smem, uint64_t
         const CUtensorMap* map = n == 4 ? &p.act32 : (n == 2 ? &p.act16 : &p.act);
         const int32_t y = m0 + 8 * grp;
         pipe::load_2d(act + grp * R::kGroupBytes, map, bar, kx, y);
-        pipe::load_2d(act + R::kActBytes / 2 + grp * R::kGroupBytes, map, bar, kx + kActHalf, y);
+        pipe::load_2d(act + R::kHalf1Offset + grp * R::kGroupBytes, map, bar, kx + kActHalf, y);
         grp += n;
       }
     }
@@ -267,13 +274,16 @@ template <int kGroups, int kLive, bool kSwiglu>
 __device__ __forceinline__ void consume_chunk(const uint8_t* stage, int warp, int g, int t,
                                               float (&acc)[kTiles][kGroups][4]) {
   using R = Ring<kGroups>;
-  const uint8_t* act = stage + kCodeBytes;
+  // The lane's rows: row g of its half (t / 2) in every group, at swizzle phase `phase`.
+  const int half = t >> 1;
+  const uint8_t* act = stage + kCodeBytes + half * R::kHalf1Offset + g * 128;
+  const int phase = (g + half * R::kHalfShiftRows) & 7;
   ChunkWeights cw;
   load_chunk_weights<kGroups, kSwiglu, false>(stage, warp, g, t, cw);
 #pragma unroll
   for (int q = 0; q < 4; ++q) {  // code word q: steps 2q, 2q + 1 (block 2t + q / 2)
     // The lane's 16 bytes of activation unit u of its row in each group (128-byte swizzle: unit u
-    // of a row r of a half at u ^ (r % 8); r % 8 = g).
+    // at u ^ phase).
     const int u = 4 * (t & 1) + q;
     uint32_t a0[kTiles][4], a1[kTiles][4];  // the tiles' A operands of steps 2q, 2q + 1
     decode_steps(cw, q, a0, a1);
@@ -282,7 +292,7 @@ __device__ __forceinline__ void consume_chunk(const uint8_t* stage, int warp, in
     uint4 b[kLive];
 #pragma unroll
     for (int grp = 0; grp < kLive; ++grp) {
-      b[grp] = lds128(act + (t >> 1) * (R::kActBytes / 2) + (grp * 8 + g) * 128 + ((u ^ g) << 4));
+      b[grp] = lds128(act + grp * R::kGroupBytes + ((u ^ phase) << 4));
 #pragma unroll
       for (int tile = 0; tile < kTiles; ++tile) mma_bf16(acc[tile][grp], a0[tile], b[grp].x, b[grp].y);
     }
@@ -314,7 +324,7 @@ __device__ __forceinline__ void consume_live(int live, const uint8_t* stage, int
 // (consume_chunk_wgmma), the same epilogues.
 template <int kGroups, bool kSwiglu, bool kSplit, bool kWgmma>
 __device__ __forceinline__ void gemm_cta(const Params& p) {
-  using R = Ring<kGroups>;
+  using R = Ring<kGroups, kWgmma>;
   const Nvfp4GroupedGemmArgs& a = p.a;
   if ((a.skip != nullptr && *a.skip != 0) || (a.replay_skip != nullptr && *a.replay_skip != 0)) {
     return;
@@ -340,7 +350,7 @@ __device__ __forceinline__ void gemm_cta(const Params& p) {
   // these CTAs leave and reads nothing they write.
   allow_dependents();
   if (warp == kConsumerWarps) {
-    if (lane == 0) produce<kGroups, kSwiglu>(p, smem, full, empty, ids, listed);
+    if (lane == 0) produce<kGroups, kSwiglu, kWgmma>(p, smem, full, empty, ids, listed);
     return;
   }
 
@@ -522,7 +532,7 @@ int resident_ctas(int smem_bytes) {
 template <int kGroups, bool kSwiglu, bool kSplit, bool kWgmma>
 void launch(const Params& p, cudaStream_t st, bool programmatic) {
   constexpr auto kernel = nvfp4_gemm_kernel<kGroups, kSwiglu, kSplit, kWgmma>;
-  constexpr int smem = Ring<kGroups>::kSmemBytes;
+  constexpr int smem = Ring<kGroups, kWgmma>::kSmemBytes;
   set_shared_memory_limit<kernel>(smem, /*max_carveout=*/true);
   const int64_t slots = static_cast<int64_t>(sm_count()) * resident_ctas<kernel>(smem);
   const int64_t items = static_cast<int64_t>(p.slabs) * p.a.E * p.splits;

@@ -35,13 +35,19 @@ static_assert(kWeightLog2 - kNvfp4DecodeScaleLog2 == 118 && -kWeightLog2 == 8, "
 constexpr int kExpertChunks = kNvfp4MaxExperts / 32;
 constexpr int kExpertListBytes = kExpertChunks * 4 + kNvfp4MaxExperts * 2;
 
-template <int kGroups>
+// A stage: the codes, the activation rows' two halves, the scales. The 128-byte swizzle follows
+// the shared-memory address (unit u of a row at u ^ (address / 128 % 8)). Lane (g, t) loads unit
+// 4 (t % 2) + q of row g in half t / 2, so with both halves on 1024-byte boundaries lanes t and
+// t + 2 hit the same banks: each activation load took two wavefronts a quarter-warp. Where the
+// stage has room (kHalfShiftRows), half 1 starts 2 rows (256 bytes) past a boundary: its row g
+// sits at phase (g + 2) % 8, and a quarter-warp's eight 16-byte loads cover the eight bank
+// groups. The same bytes reach the same lanes (the same bits). The wgmma consumer's descriptors
+// and rearrangement assume 1024-byte aligned halves: kWgmma keeps them.
+template <int kGroups, bool kWgmma = false>
 struct Ring {
   static constexpr int kGroupBytes = 8 * kActHalf * 2;           // one 8-row group's half: 1 KiB
   static constexpr int kActBytes = 2 * kGroups * kGroupBytes;    // both halves of kGroups groups
-  static constexpr int kScaleOffset = kCodeBytes + kActBytes;
   static constexpr int kScaleBytes = kSlab * (kChunk / 16);      // 8 E4M3 scales a row
-  static constexpr int kStageBytes = kScaleOffset + kScaleBytes;
   static constexpr int kStages = kGroups == 1 ? 6 : (kGroups == 2 ? 5 : 4);
   // CTAs per SM: registers are allocated per sub-partition (16 Ki each) to whole warps, so a
   // 5-warp CTA needs ceil(5 * CTAs / 4) warps' registers in one: 3 CTAs (4 warps) at <= 128
@@ -49,7 +55,18 @@ struct Ring {
   static constexpr int kCtasPerSm = kGroups <= 4 ? 3 : 2;
   static constexpr int kMaxRegs = kGroups <= 4 ? 128 : 168;
   static constexpr int kBarrierBytes = 2 * kStages * 8;
-  static constexpr int kSmemBytes = kStages * kStageBytes + kBarrierBytes + kExpertListBytes + 1024;
+  static constexpr int smem_bytes(int stage_bytes) {
+    return kStages * stage_bytes + kBarrierBytes + kExpertListBytes + 1024;
+  }
+  static constexpr int round_up_1k(int bytes) { return (bytes + 1023) / 1024 * 1024; }
+  static constexpr bool kShiftFits =
+      kCtasPerSm * (smem_bytes(round_up_1k(kCodeBytes + kActBytes + 256 + kScaleBytes)) + 1024) <=
+      228 * 1024;
+  static constexpr int kHalfShiftRows = !kWgmma && kShiftFits ? 2 : 0;  // 2 and 8 groups
+  static constexpr int kHalf1Offset = kActBytes / 2 + kHalfShiftRows * 128;  // from half 0
+  static constexpr int kScaleOffset = kCodeBytes + kHalf1Offset + kActBytes / 2;
+  static constexpr int kStageBytes = round_up_1k(kScaleOffset + kScaleBytes);
+  static constexpr int kSmemBytes = smem_bytes(kStageBytes);
   static_assert(kStageBytes % 1024 == 0, "128-byte swizzle atoms need 1024-byte aligned stages");
   static_assert(kCtasPerSm * (kSmemBytes + 1024) <= 228 * 1024, "the CTAs' shared memory per SM");
 };
@@ -135,7 +152,7 @@ struct ChunkWeights {
 template <int kGroups, bool kSwiglu, bool kWgmma>
 __device__ __forceinline__ void load_chunk_weights(const uint8_t* stage, int warp, int g, int t,
                                                    ChunkWeights& cw) {
-  using R = Ring<kGroups>;
+  using R = Ring<kGroups, kWgmma>;
 #pragma unroll
   for (int tile = 0; tile < kTiles; ++tile) {
 #pragma unroll
