@@ -370,6 +370,16 @@ TEST(GpuGemmNvfp4, RowGroupsBitwiseEqual) {
                                std::to_string(1 << i) + " EPMOE_NVFP4_ACT_BOXES=" + boxes);
           }
         }
+        // Without the L2 prefetch of the weights, and with 3 chunks ahead (past the 12-chunk
+        // case's stages): prefetches move no bytes into shared memory.
+        for (const char* ahead : {"0", "3"}) {
+          const ScopedEnv env("EPMOE_NVFP4_L2_AHEAD", ahead);
+          for (int i = 1; i < 4; ++i) {
+            expect_bitwise(one_group, p.run_gpu(nullptr, act, splits, hints[i]), cols,
+                           describe(s) + what + " splits " + std::to_string(splits) + " groups " +
+                               std::to_string(1 << i) + " EPMOE_NVFP4_L2_AHEAD=" + ahead);
+          }
+        }
         // 8 groups on wgmma: the same bits (the tensor cores' k16 steps sum as mma.sync's do).
         const ScopedEnv wgmma("EPMOE_NVFP4_WGMMA", "1");
         expect_bitwise(one_group, p.run_gpu(nullptr, act, splits, hints[3]), cols,
@@ -654,7 +664,18 @@ TEST(GpuGemmNvfp4, RowGroupAndForkSwitchesAreChecked) {
     EXPECT_EQ(cuda::nvfp4_act_boxes(false), v[0] == '1');
     EXPECT_EQ(cuda::nvfp4_act_boxes(true), v[0] == '1');
   }
+  {
+    const ScopedEnv env("EPMOE_NVFP4_L2_AHEAD", nullptr);
+    EXPECT_EQ(cuda::nvfp4_l2_ahead(), cuda::kNvfp4L2AheadChunks);
+  }
+  for (const char* v : {"0", "5", "64"}) {
+    const ScopedEnv env("EPMOE_NVFP4_L2_AHEAD", v);
+    EXPECT_EQ(cuda::nvfp4_l2_ahead(), std::atoi(v));
+  }
   const std::pair<const char*, const char*> bad[] = {{"EPMOE_NVFP4_ROW_GROUPS", "3"},
+                                                      {"EPMOE_NVFP4_L2_AHEAD", "-1"},
+                                                      {"EPMOE_NVFP4_L2_AHEAD", "65"},
+                                                      {"EPMOE_NVFP4_L2_AHEAD", "8x"},
                                                       {"EPMOE_NVFP4_ROW_GROUPS", "16"},
                                                       {"EPMOE_NVFP4_WIDE_FORK", "yes"},
                                                       {"EPMOE_NVFP4_WIDE_PDL", "on"},
@@ -672,6 +693,8 @@ TEST(GpuGemmNvfp4, RowGroupAndForkSwitchesAreChecked) {
         cuda::nvfp4_wgmma();
       } else if (n == "EPMOE_NVFP4_ACT_BOXES") {
         cuda::nvfp4_act_boxes(false);
+      } else if (n == "EPMOE_NVFP4_L2_AHEAD") {
+        cuda::nvfp4_l2_ahead();
       } else {
         cuda::nvfp4_requested_row_groups();
       }
