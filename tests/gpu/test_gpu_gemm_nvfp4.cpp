@@ -360,24 +360,19 @@ TEST(GpuGemmNvfp4, RowGroupsBitwiseEqual) {
                          describe(s) + what + " splits " + std::to_string(splits) + " groups " +
                              std::to_string(1 << i));
         }
-        // Every group count with one activation box a group, and with boxes of up to four: the
-        // same bytes in shared memory.
-        for (const char* boxes : {"0", "1"}) {
-          const ScopedEnv env("EPMOE_NVFP4_ACT_BOXES", boxes);
+        // Every group count with one activation box a group and with boxes of up to four (the
+        // same bytes in shared memory), without the weights' L2 prefetch and with 3 chunks ahead
+        // (past the 12-chunk case's stages; a prefetch fills no shared memory).
+        const std::pair<const char*, const char*> settings[] = {{"EPMOE_NVFP4_ACT_BOXES", "0"},
+                                                                {"EPMOE_NVFP4_ACT_BOXES", "1"},
+                                                                {"EPMOE_NVFP4_L2_AHEAD", "0"},
+                                                                {"EPMOE_NVFP4_L2_AHEAD", "3"}};
+        for (const auto& [name, value] : settings) {
+          const ScopedEnv env(name, value);
           for (int i = 1; i < 4; ++i) {
             expect_bitwise(one_group, p.run_gpu(nullptr, act, splits, hints[i]), cols,
                            describe(s) + what + " splits " + std::to_string(splits) + " groups " +
-                               std::to_string(1 << i) + " EPMOE_NVFP4_ACT_BOXES=" + boxes);
-          }
-        }
-        // Without the L2 prefetch of the weights, and with 3 chunks ahead (past the 12-chunk
-        // case's stages): prefetches move no bytes into shared memory.
-        for (const char* ahead : {"0", "3"}) {
-          const ScopedEnv env("EPMOE_NVFP4_L2_AHEAD", ahead);
-          for (int i = 1; i < 4; ++i) {
-            expect_bitwise(one_group, p.run_gpu(nullptr, act, splits, hints[i]), cols,
-                           describe(s) + what + " splits " + std::to_string(splits) + " groups " +
-                               std::to_string(1 << i) + " EPMOE_NVFP4_L2_AHEAD=" + ahead);
+                               std::to_string(1 << i) + " " + name + "=" + value);
           }
         }
         // 8 groups on wgmma: the same bits (the tensor cores' k16 steps sum as mma.sync's do).
