@@ -360,19 +360,14 @@ TEST(GpuGemmNvfp4, RowGroupsBitwiseEqual) {
                          describe(s) + what + " splits " + std::to_string(splits) + " groups " +
                              std::to_string(1 << i));
         }
-        // Every group count with one activation box a group and with boxes of up to four (the
-        // same bytes in shared memory), without the weights' L2 prefetch and with 3 chunks ahead
-        // (past the 12-chunk case's stages; a prefetch fills no shared memory).
-        const std::pair<const char*, const char*> settings[] = {{"EPMOE_NVFP4_ACT_BOXES", "0"},
-                                                                {"EPMOE_NVFP4_ACT_BOXES", "1"},
-                                                                {"EPMOE_NVFP4_L2_AHEAD", "0"},
-                                                                {"EPMOE_NVFP4_L2_AHEAD", "3"}};
-        for (const auto& [name, value] : settings) {
-          const ScopedEnv env(name, value);
+        // Every group count with one activation box a group, and with boxes of up to four: the
+        // same bytes in shared memory.
+        for (const char* boxes : {"0", "1"}) {
+          const ScopedEnv env("EPMOE_NVFP4_ACT_BOXES", boxes);
           for (int i = 1; i < 4; ++i) {
             expect_bitwise(one_group, p.run_gpu(nullptr, act, splits, hints[i]), cols,
                            describe(s) + what + " splits " + std::to_string(splits) + " groups " +
-                               std::to_string(1 << i) + " " + name + "=" + value);
+                               std::to_string(1 << i) + " EPMOE_NVFP4_ACT_BOXES=" + boxes);
           }
         }
         // 8 groups on wgmma: the same bits (the tensor cores' k16 steps sum as mma.sync's do).
@@ -659,18 +654,7 @@ TEST(GpuGemmNvfp4, RowGroupAndForkSwitchesAreChecked) {
     EXPECT_EQ(cuda::nvfp4_act_boxes(false), v[0] == '1');
     EXPECT_EQ(cuda::nvfp4_act_boxes(true), v[0] == '1');
   }
-  {
-    const ScopedEnv env("EPMOE_NVFP4_L2_AHEAD", nullptr);
-    EXPECT_EQ(cuda::nvfp4_l2_ahead(), cuda::kNvfp4L2AheadChunks);
-  }
-  for (const char* v : {"0", "5", "64"}) {
-    const ScopedEnv env("EPMOE_NVFP4_L2_AHEAD", v);
-    EXPECT_EQ(cuda::nvfp4_l2_ahead(), std::atoi(v));
-  }
   const std::pair<const char*, const char*> bad[] = {{"EPMOE_NVFP4_ROW_GROUPS", "3"},
-                                                      {"EPMOE_NVFP4_L2_AHEAD", "-1"},
-                                                      {"EPMOE_NVFP4_L2_AHEAD", "65"},
-                                                      {"EPMOE_NVFP4_L2_AHEAD", "8x"},
                                                       {"EPMOE_NVFP4_ROW_GROUPS", "16"},
                                                       {"EPMOE_NVFP4_WIDE_FORK", "yes"},
                                                       {"EPMOE_NVFP4_WIDE_PDL", "on"},
@@ -688,8 +672,6 @@ TEST(GpuGemmNvfp4, RowGroupAndForkSwitchesAreChecked) {
         cuda::nvfp4_wgmma();
       } else if (n == "EPMOE_NVFP4_ACT_BOXES") {
         cuda::nvfp4_act_boxes(false);
-      } else if (n == "EPMOE_NVFP4_L2_AHEAD") {
-        cuda::nvfp4_l2_ahead();
       } else {
         cuda::nvfp4_requested_row_groups();
       }

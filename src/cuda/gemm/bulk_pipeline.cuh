@@ -59,13 +59,4 @@ __device__ __forceinline__ void load_2d(void* dst, const CUtensorMap* map, uint6
       : "memory");
 }
 
-// Box (x, y) of a 2-D tensor map into L2 only (no shared memory, no barrier): bytes in flight
-// toward HBM beyond what the stages hold.
-__device__ __forceinline__ void prefetch_2d(const CUtensorMap* map, int32_t x, int32_t y) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(x), "r"(y)
-               : "memory");
-}
-
 }  // namespace epmoe::cuda::pipe

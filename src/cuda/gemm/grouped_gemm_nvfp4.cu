@@ -80,7 +80,6 @@ struct Params {
   int32_t rows_above = 0;          // the launch takes the experts with rows in (rows_above,
   int32_t rows_upto = 0;           // rows_upto]
   int32_t act_boxes = 1;           // activation boxes of up to 32 rows (nvfp4_act_boxes), else 8
-  int32_t l2_ahead = 0;            // chunks of weights prefetched into L2 ahead (nvfp4_l2_ahead)
   float* partials_SMN = nullptr;   // split-K: [splits, M, N] fp32 (the caller's scratch)
 };
 
@@ -232,26 +231,8 @@ __device__ __forceinline__ void load_weights(const Params& p, uint8_t* smem, uin
   }
 }
 
-// Chunk c's codes and scales of w into L2 (load_weights' boxes, no shared memory).
-template <bool kSwiglu>
-__device__ __forceinline__ void prefetch_weights(const Params& p, const Work& w, int c) {
-  const int cc = w.c_begin + c;
-  const int32_t code_y = static_cast<int32_t>(w.e * p.a.N + (kSwiglu ? w.f0 : w.n0));
-  const int32_t scale_y = static_cast<int32_t>(w.e * p.C + cc);
-  pipe::prefetch_2d(&p.codes, cc * kChunk / 2, code_y);
-  pipe::prefetch_2d(&p.scales, kSwiglu ? w.f0 : w.n0, scale_y);
-  if constexpr (kSwiglu) {
-    const int32_t F = static_cast<int32_t>(p.a.N / 2);
-    pipe::prefetch_2d(&p.codes, cc * kChunk / 2, code_y + F);
-    pipe::prefetch_2d(&p.scales, F + w.f0, scale_y);
-  }
-}
-
 // The producer (one lane): for every pass and chunk of the CTA's items, a free stage filled by TMA
-// boxes (codes, scales, the live groups' activation halves). With l2_ahead = A > 0 it also
-// prefetches the weights A chunks past the one it loads into L2 (chunks 1 .. A as a pass starts):
-// the stages alone hold too few bytes in flight where the activation rows take most of a stage
-// (8 groups: 2 CTAs x 4 stages of 9 KiB of weights an SM).
+// boxes (codes, scales, the live groups' activation halves).
 template <int kGroups, bool kSwiglu, bool kWgmma>
 __device__ __forceinline__ void produce(const Params& p, uint8_t* smem, uint64_t* full,
                                         uint64_t* empty, const uint16_t* ids, int listed) {
@@ -268,12 +249,6 @@ __device__ __forceinline__ void produce(const Params& p, uint8_t* smem, uint64_t
     for (int c = 0; c < w.chunks; ++c, pos.next()) {
       pipe::wait(&empty[pos.stage], pos.phase ^ 1u);  // the first lap passes at once
       load_weights<kGroups, kSwiglu, kWgmma>(p, smem, full, w, live, c, pos.stage);
-      if (p.l2_ahead > 0) {
-        const int last = c + p.l2_ahead < w.chunks - 1 ? c + p.l2_ahead : w.chunks - 1;
-        for (int ahead = c == 0 ? 1 : c + p.l2_ahead; ahead <= last; ++ahead) {
-          prefetch_weights<kSwiglu>(p, w, ahead);
-        }
-      }
       uint8_t* act = smem + pos.stage * R::kStageBytes + kCodeBytes;
       uint64_t* bar = &full[pos.stage];
       const int32_t kx = (w.c_begin + c) * kChunk;
@@ -688,8 +663,6 @@ void nvfp4_grouped_gemm(const Nvfp4GroupedGemmArgs& args, void* stream) {
   Params narrow = p;
   narrow.rows_above = 0;
   narrow.rows_upto = narrow_upto;
-  p.l2_ahead = nvfp4_l2_ahead();
-  narrow.l2_ahead = p.l2_ahead;
   narrow.act_boxes = nvfp4_act_boxes(false) ? 1 : 0;
   p.act_boxes = nvfp4_act_boxes(true) ? 1 : 0;
   p.rows_above = narrow_upto;

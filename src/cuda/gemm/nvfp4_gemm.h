@@ -153,13 +153,6 @@ bool nvfp4_wgmma();
 // shapes even; in the wide launch too, qwen3 and deepseek-v3 skew x1.06-1.09 slower.
 bool nvfp4_act_boxes(bool wide);
 
-// Chunks of weights the producer prefetches into L2 ahead of the one it loads
-// (EPMOE_NVFP4_L2_AHEAD=<0..64>, 0 none; unset kNvfp4L2AheadChunks; Error(invalid_argument) naming
-// it otherwise): with 8 row groups a stage is mostly activation rows, so the ring holds 72 KiB of
-// weights in flight an SM against 162 KiB with 1 group.
-constexpr int kNvfp4L2AheadChunks = 8;
-int nvfp4_l2_ahead();
-
 // Requirements (checked; Error(invalid_argument) naming the field): 1 <= E <= kNvfp4MaxExperts, K > 0 and
 // K % 32 == 0 (16-byte code rows for TMA), N > 0 and even (16-byte rows of 8-byte scale groups),
 // E * N and M < 2^31, ld_out >= N (or the combine fields), a_MK, b_codes_ENP and b_scales

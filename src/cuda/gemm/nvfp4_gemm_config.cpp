@@ -87,16 +87,6 @@ bool nvfp4_wide_pdl() { return env_switch("EPMOE_NVFP4_WIDE_PDL", true); }
 bool nvfp4_wgmma() { return env_switch("EPMOE_NVFP4_WGMMA", false); }
 bool nvfp4_act_boxes(bool wide) { return env_switch("EPMOE_NVFP4_ACT_BOXES", !wide); }
 
-int nvfp4_l2_ahead() {
-  const char* env = std::getenv("EPMOE_NVFP4_L2_AHEAD");
-  if (env == nullptr) return kNvfp4L2AheadChunks;
-  char* end = nullptr;
-  const long n = std::strtol(env, &end, 10);
-  EPMOE_CHECK_ARG(end != env && *end == '\0' && n >= 0 && n <= 64, "EPMOE_NVFP4_L2_AHEAD",
-                  "a chunk count 0 .. 64", env);
-  return static_cast<int>(n);
-}
-
 int nvfp4_requested_row_groups() {
   const char* env = std::getenv("EPMOE_NVFP4_ROW_GROUPS");
   if (env == nullptr) return 0;
