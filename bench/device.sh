@@ -272,6 +272,11 @@ if [[ $mode == profile ]]; then
           > "$OUT/ncu_dense.txt" 2>&1 || status=1
       grep -E "gemm|Kernel|__" "$OUT/ncu_dense.txt" | head -30
     fi
+    if grep -q "No kernels were profiled" "$OUT/ncu.txt"; then
+      echo "ncu profiled no launch of /$EPMOE_NCU_KERNEL/: EPMOE_NCU_SKIP=${EPMOE_NCU_SKIP:-4} may skip" \
+           "them all (a step of mixtral's NVFP4 decode has 2 GEMM launches: SKIP=2 COUNT=2)"
+      status=1
+    fi
     grep -E "grouped_gemm|nvfp4_gemm|Duration|DRAM Throughput|Compute \(SM\) Throughput|No Eligible|Registers Per|Warp Cycles Per Issued|Stall|Issue Slots|Achieved Occupancy|Spilling|L2 Cache Throughput|L1/TEX Hit|__" "$OUT/ncu.txt" | head -100
   fi
 fi
