@@ -2,16 +2,15 @@
 // weights are the 16-row A operand of mma.m16n8k16, decoded from E2M1 x E4M3 into bf16 in
 // registers; 8-row groups of activation rows are the B operand. The weight stream sets the time.
 //
-// Work item (slab of 128 weight rows, expert e, K split z) of a persistent grid. Two lanes of the
-// producer warp keep two rings full by TMA, one 128-element chunk of K a stage (Rings): the
-// weights (the slab's code bytes, 128 rows x 64 B, and its block scales, 128 rows x 8 B: the
-// prepared scales keep a chunk's rows together), and the pass's live 8-row groups of activation
-// rows (256 B a row in two 128-byte swizzled halves, the second 256 bytes off the swizzle atom so
-// the lanes' loads take no bank conflicts; the narrow launch loads a half's groups in boxes of up
-// to four, nvfp4_act_boxes). The weights have more stages than the rows, which come from L2.
-// Four consumer warps own 32 weight rows each (two m16 tiles). A pass covers up to 8 * kGroups
-// rows of the expert; experts with more rows take more passes over the weights. Each CTA first
-// lists the experts of its launch from the offsets (rows in a range:
+// Work item (slab of 128 weight rows, expert e, K split z) of a persistent grid: one producer
+// warp keeps a ring of stages full by TMA, each stage one 128-element chunk of K: the slab's code
+// bytes (128 rows x 64 B), its block scales (128 rows x 8 B: the prepared scales keep a chunk's
+// rows together), and the pass's live 8-row groups of activation rows (256 B a row in two
+// 128-byte swizzled halves, the second 256 bytes off the swizzle atom where the stage has room so
+// the lanes' loads take no bank conflicts, Ring::kHalfShiftRows; the narrow launch loads a half's
+// groups in boxes of up to four, nvfp4_act_boxes). Four consumer warps own 32 weight rows each (two m16 tiles). A pass
+// covers up to 8 * kGroups rows of the expert; experts with more rows take more passes over the
+// weights. Each CTA first lists the experts of its launch from the offsets (rows in a range:
 // nvfp4_grouped_gemm sends experts with many rows to a second, 8-group launch), so experts
 // without rows make no items.
 //
@@ -26,8 +25,7 @@
 //
 // EPMOE_NVFP4_WGMMA=1 (off by default, measured slower): passes of 8 groups issue the same MMAs as
 // wgmma.m64n(8 live)k16 with the decoded fragments as the register A operand and the activation
-// rows, rearranged in shared memory to the lanes' k order, as B (consume_chunk_wgmma); that path
-// keeps one ring (Ring) filled by one producer lane.
+// rows, rearranged in shared memory to the lanes' k order, as B (consume_chunk_wgmma).
 //
 // Numbers: the decoded pair is e2m1 * 2^-126, the scale operand e4m3 * 2^118 (bf16, exact), so
 // the MMA sees the weight e2m1 * e4m3 * 2^-8 (normal bf16; every product exact in fp32) and the
@@ -59,6 +57,12 @@ namespace epmoe::cuda {
 namespace {
 
 using namespace nvfp4;  // the ring, decode and wgmma consumer (nvfp4_gemm_decode.cuh, _wgmma.cuh)
+
+// The decode launches (2 groups: qwen3; 8: mixtral and every wide launch) have room for the
+// conflict-free halves; 1 and 4 groups' stages do not.
+static_assert(Ring<2>::kHalfShiftRows == 2 && Ring<kNvfp4MaxRowGroups>::kHalfShiftRows == 2 &&
+                  Ring<kNvfp4MaxRowGroups, true>::kHalfShiftRows == 0,
+              "the shifted activation halves of nvfp4_gemm_decode.cuh's Ring");
 
 struct Params {
   CUtensorMap codes;  // [E * N rows, K / 2 bytes] u8; box 64 bytes x 128 rows (SwiGLU: 64 rows)
@@ -204,107 +208,61 @@ __device__ __forceinline__ void for_each_pass(const Params& p, const uint16_t* i
   }
 }
 
-// Chunk c of w's codes at `codes` and scales at `scales`, completing on `bar`.
-template <bool kSwiglu>
-__device__ __forceinline__ void load_weights(const Params& p, uint8_t* codes, uint8_t* scales,
-                                             uint64_t* bar, const Work& w, int c) {
+// Expects stage `stage`'s bytes and loads its codes and scales (the weights of chunk c of w).
+template <int kGroups, bool kSwiglu, bool kWgmma>
+__device__ __forceinline__ void load_weights(const Params& p, uint8_t* smem, uint64_t* full,
+                                             const Work& w, int live, int c, int stage) {
+  using R = Ring<kGroups, kWgmma>;
   const Nvfp4GroupedGemmArgs& a = p.a;
+  uint8_t* dst = smem + stage * R::kStageBytes;
+  uint64_t* bar = &full[stage];
+  pipe::arrive_expect_bytes(
+      bar, static_cast<uint32_t>(kCodeBytes + R::kScaleBytes + live * 2 * R::kGroupBytes));
   const int cc = w.c_begin + c;
   const int32_t kx = cc * kChunk;
   const int32_t code_y = static_cast<int32_t>(w.e * a.N + (kSwiglu ? w.f0 : w.n0));  // < 2^31
   const int32_t scale_y = static_cast<int32_t>(w.e * p.C + cc);
-  pipe::load_2d(codes, &p.codes, bar, kx / 2, code_y);
-  pipe::load_2d(scales, &p.scales, bar, kSwiglu ? w.f0 : w.n0, scale_y);
+  pipe::load_2d(dst, &p.codes, bar, kx / 2, code_y);
+  pipe::load_2d(dst + R::kScaleOffset, &p.scales, bar, kSwiglu ? w.f0 : w.n0, scale_y);
   if constexpr (kSwiglu) {
     const int32_t F = static_cast<int32_t>(a.N / 2);
-    pipe::load_2d(codes + kCodeBytes / 2, &p.codes, bar, kx / 2, code_y + F);
-    pipe::load_2d(scales + kScaleBytes / 2, &p.scales, bar, F + w.f0, scale_y);
+    pipe::load_2d(dst + kCodeBytes / 2, &p.codes, bar, kx / 2, code_y + F);
+    pipe::load_2d(dst + R::kScaleOffset + R::kScaleBytes / 2, &p.scales, bar, F + w.f0, scale_y);
   }
 }
 
-// Chunk c's rows of the pass at m0 (its live groups, both halves: half 1 at act + half1_offset),
-// completing on `bar`. Groups [grp, grp + n) of each half go in one box of 8 n rows: n = 4, 2, 1
-// while they fit (act_boxes), else 1.
-__device__ __forceinline__ void load_activations(const Params& p, uint8_t* act, int half1_offset,
-                                                 uint64_t* bar, const Work& w, int m0, int live,
-                                                 int c) {
-  const int32_t kx = (w.c_begin + c) * kChunk;
-  for (int grp = 0; grp < live;) {
-    const int rest = live - grp;
-    const int n = p.act_boxes == 0 ? 1 : (rest >= 4 ? 4 : (rest >= 2 ? 2 : 1));
-    const CUtensorMap* map = n == 4 ? &p.act32 : (n == 2 ? &p.act16 : &p.act);
-    const int32_t y = m0 + 8 * grp;
-    pipe::load_2d(act + grp * kGroupBytes, map, bar, kx, y);
-    pipe::load_2d(act + half1_offset + grp * kGroupBytes, map, bar, kx + kActHalf, y);
-    grp += n;
-  }
-}
-
-__device__ __forceinline__ void prefetch_maps(const Params& p, bool weights, bool activations) {
-  if (weights) {
-    pipe::prefetch_tensor_map(&p.codes);
-    pipe::prefetch_tensor_map(&p.scales);
-  }
-  if (activations) {
-    pipe::prefetch_tensor_map(&p.act);
-    if (p.act_boxes != 0) {
-      pipe::prefetch_tensor_map(&p.act16);
-      pipe::prefetch_tensor_map(&p.act32);
-    }
-  }
-}
-
-// The wgmma consumer's producer (one lane): for every pass and chunk of the CTA's items, a free
-// stage of its one ring filled by TMA boxes (codes, the live groups' activation halves, scales).
-template <int kGroups, bool kSwiglu>
+// The producer (one lane): for every pass and chunk of the CTA's items, a free stage filled by TMA
+// boxes (codes, scales, the live groups' activation halves).
+template <int kGroups, bool kSwiglu, bool kWgmma>
 __device__ __forceinline__ void produce(const Params& p, uint8_t* smem, uint64_t* full,
                                         uint64_t* empty, const uint16_t* ids, int listed) {
-  using R = Ring<kGroups>;
-  prefetch_maps(p, true, true);
+  using R = Ring<kGroups, kWgmma>;
+  pipe::prefetch_tensor_map(&p.codes);
+  pipe::prefetch_tensor_map(&p.act);
+  if (p.act_boxes != 0) {
+    pipe::prefetch_tensor_map(&p.act16);
+    pipe::prefetch_tensor_map(&p.act32);
+  }
+  pipe::prefetch_tensor_map(&p.scales);
   RingPos<R::kStages> pos;
   for_each_pass<kGroups>(p, ids, listed, [&](const Work& w, int m0, int live) {
     for (int c = 0; c < w.chunks; ++c, pos.next()) {
       pipe::wait(&empty[pos.stage], pos.phase ^ 1u);  // the first lap passes at once
-      uint8_t* dst = smem + pos.stage * R::kStageBytes;
+      load_weights<kGroups, kSwiglu, kWgmma>(p, smem, full, w, live, c, pos.stage);
+      uint8_t* act = smem + pos.stage * R::kStageBytes + kCodeBytes;
       uint64_t* bar = &full[pos.stage];
-      pipe::arrive_expect_bytes(bar, static_cast<uint32_t>(kWeightBytes + live * 2 * kGroupBytes));
-      load_weights<kSwiglu>(p, dst, dst + R::kScaleOffset, bar, w, c);
-      load_activations(p, dst + kCodeBytes, R::kActBytes / 2, bar, w, m0, live, c);
-    }
-  });
-}
-
-// The mma.sync consumer's producers, lane 0 of the producer warp for the weight ring and lane 1 for
-// the activation ring (Rings): each walks every pass and chunk of the CTA's items and fills a free
-// stage of its ring, so the weights run as far ahead as their stages allow.
-template <int kGroups, bool kSwiglu>
-__device__ __forceinline__ void produce_weights(const Params& p, uint8_t* smem, uint64_t* full,
-                                                uint64_t* empty, const uint16_t* ids, int listed) {
-  using R = Rings<kGroups>;
-  prefetch_maps(p, true, false);
-  RingPos<R::kWeightStages> pos;
-  for_each_pass<kGroups>(p, ids, listed, [&](const Work& w, int, int) {
-    for (int c = 0; c < w.chunks; ++c, pos.next()) {
-      pipe::wait(&empty[pos.stage], pos.phase ^ 1u);
-      uint8_t* dst = smem + R::kWeightOffset + pos.stage * kWeightBytes;
-      pipe::arrive_expect_bytes(&full[pos.stage], static_cast<uint32_t>(kWeightBytes));
-      load_weights<kSwiglu>(p, dst, dst + kCodeBytes, &full[pos.stage], w, c);
-    }
-  });
-}
-template <int kGroups>
-__device__ __forceinline__ void produce_activations(const Params& p, uint8_t* smem, uint64_t* full,
-                                                    uint64_t* empty, const uint16_t* ids,
-                                                    int listed) {
-  using R = Rings<kGroups>;
-  prefetch_maps(p, false, true);
-  RingPos<R::kActStages> pos;
-  for_each_pass<kGroups>(p, ids, listed, [&](const Work& w, int m0, int live) {
-    for (int c = 0; c < w.chunks; ++c, pos.next()) {
-      pipe::wait(&empty[pos.stage], pos.phase ^ 1u);
-      pipe::arrive_expect_bytes(&full[pos.stage], static_cast<uint32_t>(live * 2 * kGroupBytes));
-      load_activations(p, smem + pos.stage * R::kActStageBytes, R::kHalf1Offset, &full[pos.stage],
-                       w, m0, live, c);
+      const int32_t kx = (w.c_begin + c) * kChunk;
+      // Groups [grp, grp + n) of each half in one box of 8 n rows: n = 4, 2, 1 while they fit
+      // (act_boxes), else 1.
+      for (int grp = 0; grp < live;) {
+        const int rest = live - grp;
+        const int n = p.act_boxes == 0 ? 1 : (rest >= 4 ? 4 : (rest >= 2 ? 2 : 1));
+        const CUtensorMap* map = n == 4 ? &p.act32 : (n == 2 ? &p.act16 : &p.act);
+        const int32_t y = m0 + 8 * grp;
+        pipe::load_2d(act + grp * R::kGroupBytes, map, bar, kx, y);
+        pipe::load_2d(act + R::kHalf1Offset + grp * R::kGroupBytes, map, bar, kx + kActHalf, y);
+        grp += n;
+      }
     }
   });
 }
@@ -313,15 +271,15 @@ __device__ __forceinline__ void produce_activations(const Params& p, uint8_t* sm
 // code word the live groups' activation units and MMAs. kLive (the pass's groups) is a template
 // argument so the MMAs are not under a run-time predicate (mma.sync under one costs a WARPSYNC each).
 template <int kGroups, int kLive, bool kSwiglu>
-__device__ __forceinline__ void consume_chunk(const uint8_t* weights, const uint8_t* acts, int warp,
-                                              int g, int t, float (&acc)[kTiles][kGroups][4]) {
-  using R = Rings<kGroups>;
+__device__ __forceinline__ void consume_chunk(const uint8_t* stage, int warp, int g, int t,
+                                              float (&acc)[kTiles][kGroups][4]) {
+  using R = Ring<kGroups>;
   // The lane's rows: row g of its half (t / 2) in every group, at swizzle phase `phase`.
   const int half = t >> 1;
-  const uint8_t* act = acts + half * R::kHalf1Offset + g * 128;
+  const uint8_t* act = stage + kCodeBytes + half * R::kHalf1Offset + g * 128;
   const int phase = (g + half * R::kHalfShiftRows) & 7;
   ChunkWeights cw;
-  load_chunk_weights<kSwiglu, false>(weights, weights + kCodeBytes, warp, g, t, cw);
+  load_chunk_weights<kGroups, kSwiglu, false>(stage, warp, g, t, cw);
 #pragma unroll
   for (int q = 0; q < 4; ++q) {  // code word q: steps 2q, 2q + 1 (block 2t + q / 2)
     // The lane's 16 bytes of activation unit u of its row in each group (128-byte swizzle: unit u
@@ -334,7 +292,7 @@ __device__ __forceinline__ void consume_chunk(const uint8_t* weights, const uint
     uint4 b[kLive];
 #pragma unroll
     for (int grp = 0; grp < kLive; ++grp) {
-      b[grp] = lds128(act + grp * kGroupBytes + ((u ^ phase) << 4));
+      b[grp] = lds128(act + grp * R::kGroupBytes + ((u ^ phase) << 4));
 #pragma unroll
       for (int tile = 0; tile < kTiles; ++tile) mma_bf16(acc[tile][grp], a0[tile], b[grp].x, b[grp].y);
     }
@@ -348,13 +306,12 @@ __device__ __forceinline__ void consume_chunk(const uint8_t* weights, const uint
 
 // consume_chunk for the run-time live group count (1 .. kGroups; warp-uniform).
 template <int kGroups, bool kSwiglu, int kLive = kGroups>
-__device__ __forceinline__ void consume_live(int live, const uint8_t* weights, const uint8_t* acts,
-                                             int warp, int g, int t,
+__device__ __forceinline__ void consume_live(int live, const uint8_t* stage, int warp, int g, int t,
                                              float (&acc)[kTiles][kGroups][4]) {
   if (kLive == 1 || live == kLive) {
-    consume_chunk<kGroups, kLive, kSwiglu>(weights, acts, warp, g, t, acc);
+    consume_chunk<kGroups, kLive, kSwiglu>(stage, warp, g, t, acc);
   } else if constexpr (kLive > 1) {
-    consume_live<kGroups, kSwiglu, kLive - 1>(live, weights, acts, warp, g, t, acc);
+    consume_live<kGroups, kSwiglu, kLive - 1>(live, stage, warp, g, t, acc);
   }
 }
 
@@ -367,38 +324,24 @@ __device__ __forceinline__ void consume_live(int live, const uint8_t* weights, c
 // (consume_chunk_wgmma), the same epilogues.
 template <int kGroups, bool kSwiglu, bool kSplit, bool kWgmma>
 __device__ __forceinline__ void gemm_cta(const Params& p) {
-  using R = Ring<kGroups>;    // kWgmma
-  using RS = Rings<kGroups>;  // !kWgmma
+  using R = Ring<kGroups, kWgmma>;
   const Nvfp4GroupedGemmArgs& a = p.a;
   if ((a.skip != nullptr && *a.skip != 0) || (a.replay_skip != nullptr && *a.replay_skip != 0)) {
     return;
   }
-  // The rings at the first 1024-byte boundary of the shared window (128-byte swizzle atoms), as an
+  // The ring at the first 1024-byte boundary of the shared window (128-byte swizzle atoms), as an
   // offset from smem_raw so the compiler keeps the shared address space (LDS, 32-bit addresses).
-  // kWgmma: one ring of kStages (full, empty); else the activation stages, the weight stages, and
-  // the barriers (weights full, empty; activations full, empty).
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024u - (pipe::smem_addr(smem_raw) & 1023u)) & 1023u);
-  constexpr int kBarrierOffset = kWgmma ? R::kStages * R::kStageBytes : RS::kBarrierOffset;
-  constexpr int kBarrierBytes = kWgmma ? R::kBarrierBytes : RS::kBarrierBytes;
-  constexpr int kFirstStages = kWgmma ? R::kStages : RS::kWeightStages;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarrierOffset);
-  uint64_t* empty = full + kFirstStages;
-  uint64_t* act_full = empty + kFirstStages;      // !kWgmma
-  uint64_t* act_empty = act_full + RS::kActStages;
-  int* chunk_n = reinterpret_cast<int*>(smem + kBarrierOffset + kBarrierBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + R::kStages * R::kStageBytes);
+  uint64_t* empty = full + R::kStages;
+  int* chunk_n = reinterpret_cast<int*>(smem + R::kStages * R::kStageBytes + R::kBarrierBytes);
   uint16_t* ids = reinterpret_cast<uint16_t*>(chunk_n + kExpertChunks);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kFirstStages; ++s) {
+    for (int s = 0; s < R::kStages; ++s) {
       pipe::barrier_init(&full[s], 1);
       pipe::barrier_init(&empty[s], kConsumerWarps);
-    }
-    if constexpr (!kWgmma) {
-      for (int s = 0; s < RS::kActStages; ++s) {
-        pipe::barrier_init(&act_full[s], 1);
-        pipe::barrier_init(&act_empty[s], kConsumerWarps);
-      }
     }
     pipe::barrier_init_fence();
   }
@@ -407,21 +350,14 @@ __device__ __forceinline__ void gemm_cta(const Params& p) {
   // these CTAs leave and reads nothing they write.
   allow_dependents();
   if (warp == kConsumerWarps) {
-    if constexpr (kWgmma) {
-      if (lane == 0) produce<kGroups, kSwiglu>(p, smem, full, empty, ids, listed);
-    } else if (lane == 0) {
-      produce_weights<kGroups, kSwiglu>(p, smem, full, empty, ids, listed);
-    } else if (lane == 1) {
-      produce_activations<kGroups>(p, smem, act_full, act_empty, ids, listed);
-    }
+    if (lane == 0) produce<kGroups, kSwiglu, kWgmma>(p, smem, full, empty, ids, listed);
     return;
   }
 
   // Consumers: lane (g, t).
   const int64_t F = a.N / 2;
   const int g = lane / 4, t = lane % 4;
-  RingPos<kFirstStages> pos;           // the weights (kWgmma: the ring)
-  RingPos<RS::kActStages> act_pos;     // !kWgmma
+  RingPos<R::kStages> pos;
   for_each_pass<kGroups>(p, ids, listed, [&](const Work& w, int m0, int groups) {
     const int live = kGroups == 1 ? 1 : groups;  // a constant for one group
     const float global = w.global;
@@ -433,16 +369,11 @@ __device__ __forceinline__ void gemm_cta(const Params& p) {
                                                 lane, acc);
       fence_accumulators(acc);  // read after the last wait
     } else {
-      for (int c = 0; c < w.chunks; ++c, pos.next(), act_pos.next()) {
+      for (int c = 0; c < w.chunks; ++c, pos.next()) {
         pipe::wait(&full[pos.stage], pos.phase);
-        pipe::wait(&act_full[act_pos.stage], act_pos.phase);
-        consume_live<kGroups, kSwiglu>(live, smem + RS::kWeightOffset + pos.stage * kWeightBytes,
-                                       smem + act_pos.stage * RS::kActStageBytes, warp, g, t, acc);
+        consume_live<kGroups, kSwiglu>(live, smem + pos.stage * R::kStageBytes, warp, g, t, acc);
         __syncwarp();
-        if (lane == 0) {
-          pipe::arrive(&empty[pos.stage]);
-          pipe::arrive(&act_empty[act_pos.stage]);
-        }
+        if (lane == 0) pipe::arrive(&empty[pos.stage]);
       }
     }
 
@@ -494,7 +425,7 @@ __device__ __forceinline__ void gemm_cta(const Params& p) {
 // takes the SM slots they leave; the wide launch, which reads nothing the narrow one writes, waits
 // for it only here, so that its completion implies the narrow grid's for the launches after it.
 template <int kGroups, bool kSwiglu, bool kSplit, bool kWgmma>
-__global__ void __launch_bounds__(kGemmThreads) __maxnreg__(Occupancy<kGroups>::kMaxRegs)
+__global__ void __launch_bounds__(kGemmThreads) __maxnreg__(Ring<kGroups>::kMaxRegs)
     nvfp4_gemm_kernel(const __grid_constant__ Params p) {
   gemm_cta<kGroups, kSwiglu, kSplit, kWgmma>(p);
   wait_prerequisites();
@@ -601,7 +532,7 @@ int resident_ctas(int smem_bytes) {
 template <int kGroups, bool kSwiglu, bool kSplit, bool kWgmma>
 void launch(const Params& p, cudaStream_t st, bool programmatic) {
   constexpr auto kernel = nvfp4_gemm_kernel<kGroups, kSwiglu, kSplit, kWgmma>;
-  constexpr int smem = kWgmma ? Ring<kGroups>::kSmemBytes : Rings<kGroups>::kSmemBytes;
+  constexpr int smem = Ring<kGroups, kWgmma>::kSmemBytes;
   set_shared_memory_limit<kernel>(smem, /*max_carveout=*/true);
   const int64_t slots = static_cast<int64_t>(sm_count()) * resident_ctas<kernel>(smem);
   const int64_t items = static_cast<int64_t>(p.slabs) * p.a.E * p.splits;

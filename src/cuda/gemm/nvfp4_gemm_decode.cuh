@@ -35,72 +35,40 @@ static_assert(kWeightLog2 - kNvfp4DecodeScaleLog2 == 118 && -kWeightLog2 == 8, "
 constexpr int kExpertChunks = kNvfp4MaxExperts / 32;
 constexpr int kExpertListBytes = kExpertChunks * 4 + kNvfp4MaxExperts * 2;
 
-// CTAs per SM: registers are allocated per sub-partition (16 Ki each) to whole warps, so a 5-warp
-// CTA needs ceil(5 * CTAs / 4) warps' registers in one: 3 CTAs (4 warps) at <= 128 registers, 2
-// (3 warps) at <= 168. The rings leave room for the same counts.
-template <int kGroups>
-struct Occupancy {
+// A stage: the codes, the activation rows' two halves, the scales. The 128-byte swizzle follows
+// the shared-memory address (unit u of a row at u ^ (address / 128 % 8)). Lane (g, t) loads unit
+// 4 (t % 2) + q of row g in half t / 2, so with both halves on 1024-byte boundaries lanes t and
+// t + 2 hit the same banks: each activation load took two wavefronts a quarter-warp. Where the
+// stage has room (kHalfShiftRows), half 1 starts 2 rows (256 bytes) past a boundary: its row g
+// sits at phase (g + 2) % 8, and a quarter-warp's eight 16-byte loads cover the eight bank
+// groups. The same bytes reach the same lanes (the same bits). The wgmma consumer's descriptors
+// and rearrangement assume 1024-byte aligned halves: kWgmma keeps them.
+template <int kGroups, bool kWgmma = false>
+struct Ring {
+  static constexpr int kGroupBytes = 8 * kActHalf * 2;           // one 8-row group's half: 1 KiB
+  static constexpr int kActBytes = 2 * kGroups * kGroupBytes;    // both halves of kGroups groups
+  static constexpr int kScaleBytes = kSlab * (kChunk / 16);      // 8 E4M3 scales a row
+  static constexpr int kStages = kGroups == 1 ? 6 : (kGroups == 2 ? 5 : 4);
+  // CTAs per SM: registers are allocated per sub-partition (16 Ki each) to whole warps, so a
+  // 5-warp CTA needs ceil(5 * CTAs / 4) warps' registers in one: 3 CTAs (4 warps) at <= 128
+  // registers, 2 (3 warps) at <= 168. The stages leave room for the same counts.
   static constexpr int kCtasPerSm = kGroups <= 4 ? 3 : 2;
   static constexpr int kMaxRegs = kGroups <= 4 ? 128 : 168;
-  static constexpr int kSmemPerCta = 228 * 1024 / kCtasPerSm - 1024;  // the driver's 1 KiB a CTA
-};
-constexpr int round_up_1k(int bytes) { return (bytes + 1023) / 1024 * 1024; }
-constexpr int kGroupBytes = 8 * kActHalf * 2;          // one 8-row group's half: 1 KiB
-constexpr int kScaleBytes = kSlab * (kChunk / 16);     // 8 E4M3 scales a row, 1 KiB a slab
-constexpr int kWeightBytes = kCodeBytes + kScaleBytes;  // a chunk's codes, then its scales
-
-// The wgmma consumer's ring: a stage is a chunk's codes, the activation rows' two halves (1024-byte
-// aligned: its descriptors and rearrangement assume it) and the scales.
-template <int kGroups>
-struct Ring {
-  static constexpr int kActBytes = 2 * kGroups * kGroupBytes;    // both halves of kGroups groups
-  static constexpr int kScaleOffset = kCodeBytes + kActBytes;
-  static constexpr int kStageBytes = kScaleOffset + kScaleBytes;
-  static constexpr int kStages = kGroups == 1 ? 6 : (kGroups == 2 ? 5 : 4);
   static constexpr int kBarrierBytes = 2 * kStages * 8;
-  static constexpr int kSmemBytes = kStages * kStageBytes + kBarrierBytes + kExpertListBytes + 1024;
-  static_assert(kStageBytes % 1024 == 0, "128-byte swizzle atoms need 1024-byte aligned stages");
-  static_assert(kSmemBytes <= Occupancy<kGroups>::kSmemPerCta, "the CTAs' shared memory per SM");
-};
-
-// The mma.sync consumer's two rings, each filled by its own producer lane: chunks of weights
-// (codes and scales, from HBM) and chunks of the pass's activation rows (from L2). With one ring a
-// stage held both, and the activation rows (up to 16 KiB a chunk at 8 groups) left room for few
-// stages: the weights in flight an SM were 2 CTAs x 3 x 9 KiB at 8 groups, where one group's
-// 3 CTAs x 5 x 9 KiB ran at 80-85 % of HBM. Apart, the weights take more stages than the rows.
-//
-// An activation stage holds the two halves of the groups' rows. The 128-byte swizzle follows the
-// shared-memory address (unit u of a row at u ^ (address / 128 % 8)), and lane (g, t) loads unit
-// 4 (t % 2) + q of row g in half t / 2: with both halves on 1024-byte boundaries, lanes t and t + 2
-// hit the same banks (two wavefronts a quarter-warp). Half 1 starts 2 rows (256 bytes) past a
-// boundary, so its row g sits at phase (g + 2) % 8 and a quarter-warp's eight 16-byte loads cover
-// the eight bank groups (kHalfShiftRows).
-template <int kGroups>
-struct Rings {
-  static constexpr int kActBytes = 2 * kGroups * kGroupBytes;
-  static constexpr int kHalfShiftRows = 2;
+  static constexpr int smem_bytes(int stage_bytes) {
+    return kStages * stage_bytes + kBarrierBytes + kExpertListBytes + 1024;
+  }
+  static constexpr int round_up_1k(int bytes) { return (bytes + 1023) / 1024 * 1024; }
+  static constexpr bool kShiftFits =
+      kCtasPerSm * (smem_bytes(round_up_1k(kCodeBytes + kActBytes + 256 + kScaleBytes)) + 1024) <=
+      228 * 1024;
+  static constexpr int kHalfShiftRows = !kWgmma && kShiftFits ? 2 : 0;  // 2 and 8 groups
   static constexpr int kHalf1Offset = kActBytes / 2 + kHalfShiftRows * 128;  // from half 0
-  static constexpr int kActStageBytes = round_up_1k(kHalf1Offset + kActBytes / 2);
-  static constexpr int kActStages = 3;
-  static constexpr int kFixedBytes = kExpertListBytes + 1024;  // the list, the ring's alignment
-  // As many weight stages as the rest of the CTA's share holds (at most 8), with their barriers.
-  static constexpr int kWeightStages = [] {
-    int n = 1;
-    while (n < 8 && kActStages * kActStageBytes + (n + 1) * kWeightBytes + 16 * (kActStages + n + 1) +
-                            kFixedBytes <=
-                        Occupancy<kGroups>::kSmemPerCta) {
-      ++n;
-    }
-    return n;
-  }();
-  static constexpr int kWeightOffset = kActStages * kActStageBytes;  // after the activation stages
-  static constexpr int kBarrierOffset = kWeightOffset + kWeightStages * kWeightBytes;
-  static constexpr int kBarrierBytes = 16 * (kActStages + kWeightStages);
-  static constexpr int kSmemBytes = kBarrierOffset + kBarrierBytes + kFixedBytes;
-  static_assert(kWeightBytes % 1024 == 0 && kActStageBytes % 1024 == 0,
-                "128-byte swizzle atoms need 1024-byte aligned activation stages");
-  static_assert(kWeightStages >= 4, "weight stages beside the activation stages");
-  static_assert(kSmemBytes <= Occupancy<kGroups>::kSmemPerCta, "the CTAs' shared memory per SM");
+  static constexpr int kScaleOffset = kCodeBytes + kHalf1Offset + kActBytes / 2;
+  static constexpr int kStageBytes = round_up_1k(kScaleOffset + kScaleBytes);
+  static constexpr int kSmemBytes = smem_bytes(kStageBytes);
+  static_assert(kStageBytes % 1024 == 0, "128-byte swizzle atoms need 1024-byte aligned stages");
+  static_assert(kCtasPerSm * (kSmemBytes + 1024) <= 228 * 1024, "the CTAs' shared memory per SM");
 };
 
 __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t x, uint32_t y) {
@@ -181,17 +149,18 @@ struct ChunkWeights {
   uint4 codes[kTiles][2];
   uint32_t scale[kTiles][2][2];  // [tile][r][block 2t / 2t + 1]
 };
-template <bool kSwiglu, bool kWgmma>
-__device__ __forceinline__ void load_chunk_weights(const uint8_t* codes, const uint8_t* scales,
-                                                   int warp, int g, int t, ChunkWeights& cw) {
+template <int kGroups, bool kSwiglu, bool kWgmma>
+__device__ __forceinline__ void load_chunk_weights(const uint8_t* stage, int warp, int g, int t,
+                                                   ChunkWeights& cw) {
+  using R = Ring<kGroups, kWgmma>;
 #pragma unroll
   for (int tile = 0; tile < kTiles; ++tile) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = code_row<kSwiglu, kWgmma>(warp, tile, r, g);
-      cw.codes[tile][r] = lds128(codes + row * kCodeRowBytes + 16 * t);
+      cw.codes[tile][r] = lds128(stage + row * kCodeRowBytes + 16 * t);
       // Blocks past the row's end are 0 in the prepared scales; their codes are TMA's zeros.
-      const uint32_t two = *reinterpret_cast<const uint16_t*>(scales + row * 8 + 2 * t);
+      const uint32_t two = *reinterpret_cast<const uint16_t*>(stage + R::kScaleOffset + row * 8 + 2 * t);
       scale_operands(two, cw.scale[tile][r][0], cw.scale[tile][r][1]);
     }
   }

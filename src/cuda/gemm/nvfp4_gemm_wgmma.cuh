@@ -37,7 +37,7 @@ __device__ __forceinline__ void consumer_barrier() {
 // are ordered by __syncwarp; the consumer barrier then publishes every row to the warpgroup.
 template <int kGroups, int kLive>
 __device__ __forceinline__ void rearrange_activations(uint8_t* act, int thread) {
-  constexpr int kHalf = Ring<kGroups>::kActBytes / 2;
+  constexpr int kHalf = Ring<kGroups, true>::kActBytes / 2;
   constexpr int kThreads = kConsumerWarps * 32;
   constexpr int kQuads = kLive * 8 * 4;  // (row, quad) of the live groups
   constexpr int kRounds = (kQuads + kThreads - 1) / kThreads;  // rounds of distinct rows
@@ -105,7 +105,7 @@ __device__ __forceinline__ uint64_t activation_descriptor(const uint8_t* act) {
 // The descriptor's start-address step (16-byte units) to k16 step j.
 template <int kGroups>
 __device__ __forceinline__ uint64_t step_offset(int j) {
-  return static_cast<uint64_t>(((j / 4) * (Ring<kGroups>::kActBytes / 2) + (j % 4) * 32) >> 4);
+  return static_cast<uint64_t>(((j / 4) * (Ring<kGroups, true>::kActBytes / 2) + (j % 4) * 32) >> 4);
 }
 
 template <int kGroups, int kLive, bool kSwiglu>
@@ -114,7 +114,7 @@ __device__ __forceinline__ void consume_chunk_wgmma(uint8_t* stage, int warp, in
   uint8_t* act = stage + kCodeBytes;
   rearrange_activations<kGroups, kLive>(act, static_cast<int>(threadIdx.x));
   ChunkWeights cw;
-  load_chunk_weights<kSwiglu, true>(stage, stage + Ring<kGroups>::kScaleOffset, warp, g, t, cw);
+  load_chunk_weights<kGroups, kSwiglu, true>(stage, warp, g, t, cw);
   const uint64_t desc = activation_descriptor(act);
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
@@ -138,13 +138,13 @@ __device__ __forceinline__ void consume_chunk_wgmma(uint8_t* stage, int warp, in
 // ptxas serialize every wgmma for want of registers (C7511) at 168 a thread.
 template <int kGroups, int kLive, bool kSwiglu>
 __device__ __forceinline__ void consume_pass_wgmma(int chunks,
-                                                   RingPos<Ring<kGroups>::kStages>& pos,
+                                                   RingPos<Ring<kGroups, true>::kStages>& pos,
                                                    uint8_t* smem, uint64_t* full, uint64_t* empty,
                                                    int warp, int g, int t, int lane,
                                                    float (&acc)[kTiles][kGroups][4]) {
   for (int c = 0; c < chunks; ++c, pos.next()) {
     pipe::wait(&full[pos.stage], pos.phase);
-    consume_chunk_wgmma<kGroups, kLive, kSwiglu>(smem + pos.stage * Ring<kGroups>::kStageBytes,
+    consume_chunk_wgmma<kGroups, kLive, kSwiglu>(smem + pos.stage * Ring<kGroups, true>::kStageBytes,
                                                  warp, g, t, acc);
     cute::warpgroup_wait<0>();
     if (lane == 0) pipe::arrive(&empty[pos.stage]);
@@ -154,7 +154,7 @@ __device__ __forceinline__ void consume_pass_wgmma(int chunks,
 // consume_pass_wgmma for the run-time live group count (1 .. kGroups; CTA-uniform).
 template <int kGroups, bool kSwiglu, int kLive = kGroups>
 __device__ __forceinline__ void consume_pass_wgmma_live(int live, int chunks,
-                                                        RingPos<Ring<kGroups>::kStages>& pos,
+                                                        RingPos<Ring<kGroups, true>::kStages>& pos,
                                                         uint8_t* smem, uint64_t* full,
                                                         uint64_t* empty, int warp, int g, int t,
                                                         int lane, float (&acc)[kTiles][kGroups][4]) {
