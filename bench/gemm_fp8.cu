@@ -6,7 +6,7 @@
 // without SwiGLU, w2_fprop without scatter) and the schedule the build selects. Inputs are random
 // (hash-filled on the device; finite E4M3 codes, scales in [0.5, 1.5), bf16 in [-1, 1)), never zeros.
 //
-//   bench_gemm_fp8 [--shape NAME|all] [--iters N] [--fp8-tile 128x128|64x256|64x256-spread|all]
+//   bench_gemm_fp8 [--shape NAME|all] [--iters N] [--fp8-tile 128x128|192x128|64x256|64x256-spread|all]
 //                  [--overlap env|0|1|both]
 //
 // --fp8-tile picks the FP8 kernel's tile (cuda::Fp8Tile; default: what EPMOE_FP8_TILE selects);
@@ -71,6 +71,7 @@ const char* tile_name(epmoe::cuda::Fp8Tile t) {
   switch (t) {
     case epmoe::cuda::Fp8Tile::m64_n256: return "64x256";
     case epmoe::cuda::Fp8Tile::m64_n256_spread: return "64x256-spread";
+    case epmoe::cuda::Fp8Tile::m192_n128: return "192x128";
     default: return "128x128";
   }
 }
@@ -225,7 +226,8 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
       iters = std::max(1, std::atoi(argv[++i]));
     } else if (std::strcmp(argv[i], "--fp8-tile") == 0 && i + 1 < argc &&
-               (std::strcmp(argv[i + 1], "128x128") == 0 || std::strcmp(argv[i + 1], "64x256") == 0 ||
+               (std::strcmp(argv[i + 1], "128x128") == 0 || std::strcmp(argv[i + 1], "192x128") == 0 ||
+                std::strcmp(argv[i + 1], "64x256") == 0 ||
                 std::strcmp(argv[i + 1], "64x256-spread") == 0 || std::strcmp(argv[i + 1], "all") == 0)) {
       tile = argv[++i];
     } else if (std::strcmp(argv[i], "--overlap") == 0 && i + 1 < argc) {
@@ -241,21 +243,22 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--shape qwen3-30b-a3b|deepseek-v3|gpt-oss-120b|mixtral-8x7b|all] [--iters N] "
-                   "[--fp8-tile 128x128|64x256|64x256-spread|all] [--overlap env|0|1|both]\n",
+                   "[--fp8-tile 128x128|192x128|64x256|64x256-spread|all] [--overlap env|0|1|both]\n",
                    argv[0]);
       return 2;
     }
   }
   using epmoe::cuda::Fp8Tile;
   std::vector<Fp8Tile> tiles;
-  if (tile == "all") tiles = {Fp8Tile::m128_n128, Fp8Tile::m64_n256, Fp8Tile::m64_n256_spread};
+  if (tile == "all") tiles = {Fp8Tile::m128_n128, Fp8Tile::m192_n128, Fp8Tile::m64_n256, Fp8Tile::m64_n256_spread};
+  else if (tile == "192x128") tiles = {Fp8Tile::m192_n128};
   else if (tile == "64x256") tiles = {Fp8Tile::m64_n256};
   else if (tile == "64x256-spread") tiles = {Fp8Tile::m64_n256_spread};
   else if (tile == "128x128") tiles = {Fp8Tile::m128_n128};
   else tiles = {epmoe::cuda::fp8_tile_from_env()};
   std::vector<Fp8Variant> variants;
   for (const Fp8Tile t : tiles) {
-    // The ping-pong tiles have one main loop; the overlap switch is the 128 x 128 kernel's.
+    // The other tiles have one main loop; the overlap switch is the 128 x 128 kernel's.
     if (t != Fp8Tile::m128_n128) variants.push_back({t, 0});
     else for (const int o : overlaps) variants.push_back({t, o});
   }

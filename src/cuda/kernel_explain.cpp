@@ -72,6 +72,8 @@ std::string fp8_tile_text(cuda::Fp8Tile t) {
       return "128 x 128, cooperative";
     case cuda::Fp8Tile::m64_n256:
       return "64 x 256 ping-pong, halves back to back";
+    case cuda::Fp8Tile::m192_n128:
+      return "192 x 128, cooperative, one block accumulator";
     case cuda::Fp8Tile::m64_n256_spread:
       return "64 x 256 ping-pong, halves on neighbouring CTAs";
     case cuda::Fp8Tile::from_env:

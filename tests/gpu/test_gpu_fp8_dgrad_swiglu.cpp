@@ -261,7 +261,8 @@ TEST(GpuFp8DgradSwiglu, RowsAtDeviceOffsetEqualPlainRowsBitwise) {
   const Fp8GemmDevice d(p);
   constexpr int64_t kOffsetBytes = 8192;
   const Dev<int64_t> offset(std::vector<int64_t>{kOffsetBytes});
-  for (Fp8Tile tile : {Fp8Tile::m128_n128, Fp8Tile::m64_n256, Fp8Tile::m64_n256_spread}) {
+  for (Fp8Tile tile :
+       {Fp8Tile::m128_n128, Fp8Tile::m64_n256, Fp8Tile::m64_n256_spread, Fp8Tile::m192_n128}) {
     cuda::Fp8GroupedGemmArgs a = d.args(p);
     a.tile = tile;
     const std::vector<bf16_t> want = run_rows(p, a);

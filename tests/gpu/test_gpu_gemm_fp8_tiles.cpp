@@ -1,11 +1,11 @@
-// The FP8 grouped GEMM's tiles (cuda/gemm/fp8_gemm.h Fp8Tile: cooperative 128 x 128 and ping-pong
-// 64 x 256 in its two tile orders) compute every output element alike: the same wgmma shape over each 128-deep
+// The FP8 grouped GEMM's tiles (cuda/gemm/fp8_gemm.h Fp8Tile: cooperative 128 x 128 and 192 x 128,
+// ping-pong 64 x 256 in its two tile orders) compute every output element alike: the same wgmma shape over each 128-deep
 // k-block and the same per-block promotion in k order, so their outputs must agree bitwise on any
 // input, here random E4M3 codes (all finite values) and random scales. Shapes: experts of 0, 1, 63,
 // 64, 65, 300 rows (empty, a single row, around the 64-row tile and the 128-row unit), N of 128,
 // 256, 384 (a half tile past N), 2880; partial k-blocks; more tiles than CTAs. Both epilogues
 // (plain rows, rows scattered into combine slots) and the received-rows operand (a_rows_1). The
-// ping-pong tile is also compared with the CPU twin on exact blocks (bitwise, as in
+// other tiles are also compared with the CPU twin on exact blocks (bitwise, as in
 // test_gpu_gemm_fp8.cpp), and the EPMOE_FP8_TILE parsing runs without a GPU.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -33,10 +33,18 @@ namespace {
 
 using cuda::Fp8Tile;
 
-const Fp8Tile kPingPong[2] = {Fp8Tile::m64_n256, Fp8Tile::m64_n256_spread};
-const Fp8Tile kTiles[3] = {Fp8Tile::m128_n128, Fp8Tile::m64_n256, Fp8Tile::m64_n256_spread};
+// The tiles compared with 128 x 128.
+const Fp8Tile kOthers[3] = {Fp8Tile::m64_n256, Fp8Tile::m64_n256_spread, Fp8Tile::m192_n128};
+const Fp8Tile kTiles[4] = {Fp8Tile::m128_n128, Fp8Tile::m64_n256, Fp8Tile::m64_n256_spread, Fp8Tile::m192_n128};
 
-std::string name(Fp8Tile t) { return t == Fp8Tile::m64_n256 ? "64x256" : "64x256-spread"; }
+std::string name(Fp8Tile t) {
+  switch (t) {
+    case Fp8Tile::m64_n256: return "64x256";
+    case Fp8Tile::m64_n256_spread: return "64x256-spread";
+    case Fp8Tile::m192_n128: return "192x128";
+    default: return "128x128";
+  }
+}
 
 std::vector<GroupedShape> shapes() {
   std::vector<GroupedShape> v = {
@@ -76,27 +84,27 @@ std::vector<bf16_t> run_tile(const Fp8GemmProblem& p, const Fp8GemmDevice& d, Fp
   return run_rows(p, x);
 }
 
-TEST(GpuGemmFp8Tiles, PingPongEqualsCooperativeBitwise) {
+TEST(GpuGemmFp8Tiles, TilesEqualCooperativeBitwise) {
   EPMOE_REQUIRE_GPU();
   std::mt19937 rng(31);
   for (const GroupedShape& s : shapes()) {
     const Fp8GemmProblem p = problem(s, /*exact=*/false, rng);
     const Fp8GemmDevice d(p);
     const std::vector<bf16_t> coop = run_tile(p, d, Fp8Tile::m128_n128);
-    for (Fp8Tile t : kPingPong) expect_bitwise(coop, run_tile(p, d, t), p.N, "rows, " + name(t) + ", " + describe(s));
+    for (Fp8Tile t : kOthers) expect_bitwise(coop, run_tile(p, d, t), p.N, "rows, " + name(t) + ", " + describe(s));
     // The comparison is not vacuous.
     EXPECT_LT(untouched(p, coop), static_cast<size_t>(p.offsets.back() * p.N) / 2) << describe(s);
   }
 }
 
-TEST(GpuGemmFp8Tiles, PingPongEqualsCpuTwinOnExactBlocks) {
+TEST(GpuGemmFp8Tiles, TilesEqualCpuTwinOnExactBlocks) {
   EPMOE_REQUIRE_GPU();
   std::mt19937 rng(32);
   for (const GroupedShape& s : shapes()) {
     const Fp8GemmProblem p = problem(s, /*exact=*/true, rng);
     const Fp8GemmDevice d(p);
     const std::vector<bf16_t> cpu = p.reference();
-    for (Fp8Tile t : kPingPong) {
+    for (Fp8Tile t : kOthers) {
       expect_bitwise(cpu, run_tile(p, d, t), p.N, "cpu twin, " + name(t) + ", " + describe(s));
     }
   }
@@ -111,14 +119,13 @@ TEST(GpuGemmFp8Tiles, ScatterEpilogueEqualBitwise) {
     const Fp8GemmDevice d(p);
     const ScatterSlots slots = scatter_slots(p.M, /*top_k=*/2, rng);
     Dev<int32_t> dsrc(slots.recv_src_M);
-    std::vector<bf16_t> got[3];
-    for (int i = 0; i < 3; ++i) {
+    std::vector<bf16_t> got[4];
+    for (int i = 0; i < 4; ++i) {
       cuda::Fp8GroupedGemmArgs x = d.args(p);
       x.tile = kTiles[i];
       got[i] = run_scatter(p, x, slots, dsrc.ptr);
     }
-    expect_bitwise(got[0], got[1], p.N, "scatter, 64x256, " + describe(s));
-    expect_bitwise(got[0], got[2], p.N, "scatter, 64x256-spread, " + describe(s));
+    for (int i = 1; i < 4; ++i) expect_bitwise(got[0], got[i], p.N, "scatter, " + name(kTiles[i]) + ", " + describe(s));
     // Row m of the plain output is slot recv_src[m] of the combine buffer.
     const std::vector<bf16_t> plain = run_tile(p, d, Fp8Tile::m64_n256);
     for (int64_t m = 0; m < p.offsets.back(); ++m) {
@@ -140,26 +147,27 @@ TEST(GpuGemmFp8Tiles, ReceivedRowsOperandEqualBitwise) {
     const Fp8GemmDevice d(p);
     Dev<uint8_t> drows(received_rows(p));
     Dev<int32_t> dcount(std::vector<int32_t>{p.offsets.back()});
-    std::vector<bf16_t> got[3];
-    for (int i = 0; i < 3; ++i) {
+    std::vector<bf16_t> got[4];
+    for (int i = 0; i < 4; ++i) {
       cuda::Fp8GroupedGemmArgs x = with_received_rows(d.args(p), drows.ptr, dcount.ptr);
       x.tile = kTiles[i];
       got[i] = run_rows(p, x);
     }
-    expect_bitwise(got[0], got[1], p.N, "received rows, 64x256, " + describe(s));
-    expect_bitwise(got[0], got[2], p.N, "received rows, 64x256-spread, " + describe(s));
+    for (int i = 1; i < 4; ++i) {
+      expect_bitwise(got[0], got[i], p.N, "received rows, " + name(kTiles[i]) + ", " + describe(s));
+    }
     // The same as the plain operand with its own scales.
     expect_bitwise(run_tile(p, d, Fp8Tile::m64_n256), got[1], p.N, "received vs plain, " + describe(s));
   }
 }
 
-TEST(GpuGemmFp8Tiles, PingPongSkipFlagLeavesOutputUntouched) {
+TEST(GpuGemmFp8Tiles, SkipFlagLeavesOutputUntouched) {
   EPMOE_REQUIRE_GPU();
   std::mt19937 rng(35);
   const Fp8GemmProblem p = problem(shapes()[2], /*exact=*/false, rng);
   const Fp8GemmDevice d(p);
   Dev<int32_t> skip(std::vector<int32_t>{1});
-  for (Fp8Tile t : kPingPong) {
+  for (Fp8Tile t : kOthers) {
     for (bf16_t v : run_tile(p, d, t, skip.ptr)) ASSERT_EQ(v, 0xA5A5) << name(t);
   }
 }
@@ -188,6 +196,8 @@ TEST(GpuGemmFp8Tiles, TileFromEnvironment) {
   EXPECT_EQ(cuda::fp8_tile_from_env(), Fp8Tile::m64_n256_spread);
   setenv("EPMOE_FP8_TILE", "128x128", 1);
   EXPECT_EQ(cuda::fp8_tile_from_env(), Fp8Tile::m128_n128);
+  setenv("EPMOE_FP8_TILE", "192x128", 1);
+  EXPECT_EQ(cuda::fp8_tile_from_env(), Fp8Tile::m192_n128);
   setenv("EPMOE_FP8_TILE", "256x64", 1);
   std::string field;
   try {

@@ -15,13 +15,14 @@
 
 namespace epmoe::cuda {
 
-// The kernel's tile. from_env: EPMOE_FP8_TILE=128x128|64x256|64x256-spread (read on every call;
-// unset: 128x128). m128_n128: two cooperative warpgroups on a 128 x 128 tile, 6 stages of 32 KiB.
-// m64_n256: ping-pong, each warpgroup its own 64 x 256 tile, 5 stages of 40 KiB (more weight
-// bytes in flight); a CTA runs the two 64-row halves of a 128-row block back to back.
-// m64_n256_spread: the same tile, the two halves on neighbouring CTAs at the same time.
-// All compute every output bitwise alike.
-enum class Fp8Tile { from_env, m128_n128, m64_n256, m64_n256_spread };
+// The kernel's tile. from_env: EPMOE_FP8_TILE=128x128|192x128|64x256|64x256-spread (read on every
+// call; unset: 128x128). m128_n128: two cooperative warpgroups on a 128 x 128 tile, 6 stages of 32
+// KiB. m192_n128: three on a 192 x 128 tile, 4 stages of 40 KiB, one block accumulator (1.2x the
+// FLOPs per operand byte from L2; plain and combine-slot rows only). m64_n256: ping-pong, each
+// warpgroup its own 64 x 256 tile, 5 stages of 40 KiB (more weight bytes in flight); a CTA runs
+// the two 64-row halves of a 128-row block back to back. m64_n256_spread: the same tile, the two
+// halves on neighbouring CTAs at the same time. All compute every output bitwise alike.
+enum class Fp8Tile { from_env, m128_n128, m64_n256, m64_n256_spread, m192_n128 };
 
 // The tile from_env stands for now (Error(invalid_argument) naming EPMOE_FP8_TILE if unrecognised).
 Fp8Tile fp8_tile_from_env();

@@ -3,6 +3,8 @@
 // stored into their owners' combine slots (the W2 forward), or the W2 DGRAD's SwiGLU backward
 // (fp8_swiglu_epilogue.cuh); each with one block accumulator or
 // two (kOverlap: MMA of the next k-block during the promotion; Fp8GroupedGemmArgs::overlap).
+// Plain and combine-slot rows also on 192 x 128 tiles (three consumer warpgroups, one block
+// accumulator).
 // The argument checks and the tile choice (Fp8Tile; the 64 x 256 ping-pong tile is launched by
 // grouped_gemm_fp8_pingpong.cu).
 #include <cuda_runtime.h>
@@ -11,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "cuda/check.h"
 #include "cuda/gemm/epilogues.cuh"
@@ -29,6 +32,9 @@ using namespace gemm;
 namespace {
 
 using Traits = Fp8GemmTraits<128, 6>;
+// 192 x 128: three consumer warpgroups, 4 stages of 40 KiB (five do not fit beside the epilogue's
+// staging); 1.2x the FLOPs per operand byte of 128 x 128, one block accumulator.
+using Traits192 = Fp8GemmTraits<128, 4, 192>;
 
 void check_args(const Fp8GroupedGemmArgs& a) {
   EPMOE_CHECK_ARG(a.E >= 1 && a.E <= kMaxGroups, "E", "1 .. " + std::to_string(kMaxGroups), a.E);
@@ -81,32 +87,34 @@ void check_args(const Fp8GroupedGemmArgs& a) {
   }
 }
 
-template <class Epilogue, bool kOverlap>
+template <class T, class Epilogue, bool kOverlap>
 void launch(const Fp8GroupedGemmArgs& args, const typename Epilogue::Params& epi, void* stream) {
   const Operand a{args.a_MK, args.M, args.K, args.K, 1};
   const Operand b{args.b_ENK, args.N, args.K, args.K, 1, args.E, args.N * args.K};
-  auto tma_a = make_tma<Traits, Major::K, Traits::BLOCK_M, 2>(a);
-  auto tma_b = make_tma<Traits, Major::K, Traits::BLOCK_N, 3>(b);
+  auto tma_a = make_tma<T, Major::K, T::BLOCK_M, 2>(a);
+  auto tma_b = make_tma<T, Major::K, T::BLOCK_N, 3>(b);
   const GroupArgs groups = fp8_group_args(args);
   const Fp8ActScales sa = fp8_act_scales(args);
   const Fp8WeightScales sb = fp8_weight_scales(args);
 
-  constexpr auto kernel = &grouped_gemm_fp8_kernel<Traits, Epilogue, kOverlap, decltype(tma_a), decltype(tma_b)>;
-  constexpr int kSmem = static_cast<int>(sizeof(Fp8SharedStorage<Traits, Epilogue::kSmemBytesPerWarpgroup>));
+  constexpr auto kernel = &grouped_gemm_fp8_kernel<T, Epilogue, kOverlap, decltype(tma_a), decltype(tma_b)>;
+  constexpr int kSmem = static_cast<int>(sizeof(Fp8SharedStorage<T, Epilogue::kSmemBytesPerWarpgroup>));
   static_assert(kSmem <= 227 * 1024, "shared memory of one CTA on sm_90 is at most 227 KiB");
   set_shared_memory_limit<kernel>(kSmem);
-  kernel<<<device_sm_count(), Traits::kThreads, kSmem, static_cast<cudaStream_t>(stream)>>>(
+  kernel<<<device_sm_count(), T::kThreads, kSmem, static_cast<cudaStream_t>(stream)>>>(
       tma_a, tma_b, groups, sa, sb, epi, a.rows, a.cols, b.rows, b.cols);
   EPMOE_CUDA_LAUNCH_CHECK();
 }
 
-template <class Epilogue>
-void launch(const Fp8GroupedGemmArgs& args, const typename Epilogue::Params& epi, void* stream) {
-  if (fp8_overlap_selected(args.overlap)) {
-    launch<Epilogue, true>(args, epi, stream);
-  } else {
-    launch<Epilogue, false>(args, epi, stream);
+// Calls fn(type_identity<traits>, bool_constant<two block accumulators>) for the tile: 128 x 128 with
+// one block accumulator or two (Fp8GroupedGemmArgs::overlap), or (kTall) 192 x 128 with one.
+template <bool kTall, class Fn>
+void with_tile(const Fp8GroupedGemmArgs& args, Fp8Tile tile, Fn&& fn) {
+  if constexpr (kTall) {
+    if (tile == Fp8Tile::m192_n128) return fn(std::type_identity<Traits192>{}, std::false_type{});
   }
+  if (fp8_overlap_selected(args.overlap)) return fn(std::type_identity<Traits>{}, std::true_type{});
+  fn(std::type_identity<Traits>{}, std::false_type{});
 }
 
 }  // namespace
@@ -114,9 +122,10 @@ void launch(const Fp8GroupedGemmArgs& args, const typename Epilogue::Params& epi
 Fp8Tile fp8_tile_from_env() {
   const char* env = std::getenv("EPMOE_FP8_TILE");  // per call (~100 ns), for measurements
   if (env == nullptr || std::strcmp(env, "128x128") == 0) return Fp8Tile::m128_n128;
+  if (std::strcmp(env, "192x128") == 0) return Fp8Tile::m192_n128;
   if (std::strcmp(env, "64x256") == 0) return Fp8Tile::m64_n256;
   EPMOE_CHECK_ARG(std::strcmp(env, "64x256-spread") == 0, "EPMOE_FP8_TILE",
-                  "128x128, 64x256 or 64x256-spread", env);
+                  "128x128, 192x128, 64x256 or 64x256-spread", env);
   return Fp8Tile::m64_n256_spread;
 }
 
@@ -142,9 +151,9 @@ bool fp8_overlap_selected(int overlap) {
 void fp8_grouped_gemm(const Fp8GroupedGemmArgs& args, void* stream) {
   check_args(args);
   const Fp8Tile tile = args.tile == Fp8Tile::from_env ? fp8_tile_from_env() : args.tile;
-  EPMOE_CHECK_ARG(tile == Fp8Tile::m128_n128 || tile == Fp8Tile::m64_n256 ||
+  EPMOE_CHECK_ARG(tile == Fp8Tile::m128_n128 || tile == Fp8Tile::m192_n128 || tile == Fp8Tile::m64_n256 ||
                       tile == Fp8Tile::m64_n256_spread,
-                  "tile", "from_env, m128_n128, m64_n256 or m64_n256_spread", static_cast<int>(tile));
+                  "tile", "from_env, m128_n128, m192_n128, m64_n256 or m64_n256_spread", static_cast<int>(tile));
   const Fp8SwigluBackwardOut& sw = args.swiglu_backward;
   if (sw.grad_h13_M2F != nullptr) {
     EPMOE_CHECK_ARG(tile == Fp8Tile::m128_n128, "tile",
@@ -152,21 +161,29 @@ void fp8_grouped_gemm(const Fp8GroupedGemmArgs& args, void* stream) {
                     static_cast<int>(tile));
   }
   if (args.M == 0) return;  // no rows: every group is empty
-  if (tile != Fp8Tile::m128_n128) {
+  if (tile == Fp8Tile::m64_n256 || tile == Fp8Tile::m64_n256_spread) {
     return fp8_grouped_gemm_pingpong(args, tile == Fp8Tile::m64_n256, stream);
   }
   if (sw.grad_h13_M2F != nullptr) {
-    const typename SwigluBackwardFp8Epilogue<Traits>::Params epi{
-        sw.h13, sw.grad_h13_M2F, sw.h_MF, Fp8RowsOut{sw.q_M2F, sw.q_scales_SM, sw.q_ld}, args.N, sw.act,
-        sw.row_scores_M, sw.score_parts_MC, score_chunks(args.N)};
-    launch<SwigluBackwardFp8Epilogue<Traits>>(args, epi, stream);
+    with_tile<false>(args, tile, [&](auto t, auto overlap) {
+      using T = typename decltype(t)::type;
+      const typename SwigluBackwardFp8Epilogue<T>::Params epi{
+          sw.h13, sw.grad_h13_M2F, sw.h_MF, Fp8RowsOut{sw.q_M2F, sw.q_scales_SM, sw.q_ld}, args.N, sw.act,
+          sw.row_scores_M, sw.score_parts_MC, score_chunks(args.N)};
+      launch<T, SwigluBackwardFp8Epilogue<T>, decltype(overlap)::value>(args, epi, stream);
+    });
   } else if (args.combine_R != nullptr) {
-    const typename ScatterEpilogue<Traits>::Params epi{args.combine_R, args.recv_src_M, args.T,
-                                                       args.top_k, args.N};
-    launch<ScatterEpilogue<Traits>>(args, epi, stream);
+    with_tile<true>(args, tile, [&](auto t, auto overlap) {
+      using T = typename decltype(t)::type;
+      const typename ScatterEpilogue<T>::Params epi{args.combine_R, args.recv_src_M, args.T, args.top_k, args.N};
+      launch<T, ScatterEpilogue<T>, decltype(overlap)::value>(args, epi, stream);
+    });
   } else {
-    const typename RowsEpilogue<Traits>::Params epi{fp8_rows_out(args), args.ld_out, args.N};
-    launch<RowsEpilogue<Traits>>(args, epi, stream);
+    with_tile<true>(args, tile, [&](auto t, auto overlap) {
+      using T = typename decltype(t)::type;
+      const typename RowsEpilogue<T>::Params epi{fp8_rows_out(args), args.ld_out, args.N};
+      launch<T, RowsEpilogue<T>, decltype(overlap)::value>(args, epi, stream);
+    });
   }
 }
 

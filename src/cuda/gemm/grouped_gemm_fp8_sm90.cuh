@@ -41,9 +41,9 @@ namespace epmoe::cuda::gemm {
 
 using namespace cute;
 
-template <int BLOCK_N_, int STAGES_>
+template <int BLOCK_N_, int STAGES_, int BLOCK_M_ = 128>
 struct Fp8GemmTraits {
-  static constexpr int BLOCK_M = 128;       // two consumer warpgroups of 64 rows
+  static constexpr int BLOCK_M = BLOCK_M_;  // two or three consumer warpgroups of 64 rows
   static constexpr int BLOCK_N = BLOCK_N_;  // 128: one weight scale block per tile
   static constexpr int BLOCK_K = 128;       // one scale block; 128 bytes of e4m3
   static constexpr int kStages = STAGES_;
@@ -55,6 +55,11 @@ struct Fp8GemmTraits {
   static constexpr int kConsumerWarpgroups = BLOCK_M / 64;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   static_assert(BLOCK_N == 128, "one 128-row weight scale block per tile");
+  static_assert(BLOCK_M == 128 || BLOCK_M == 192, "two or three consumer warpgroups");
+  // Registers (64 K in all): 40 / 232 with two consumer warpgroups; with three, 24 / 160, which
+  // holds one block accumulator and the total (2 x 64 a thread), not a second block.
+  static constexpr int kProducerRegs = kConsumerWarpgroups == 2 ? 40 : 24;
+  static constexpr int kConsumerRegs = kConsumerWarpgroups == 2 ? 232 : 160;
 
   using Element = cutlass::float_e4m3_t;
   using AtomK = GMMA::Layout_K_SW128_Atom<Element>;  // 8 rows x 128 bytes
@@ -94,6 +99,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                             int64_t a_rows, int64_t a_cols, int64_t b_rows, int64_t b_cols) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BM = Traits::BLOCK_M, BN = Traits::BLOCK_N, BK = Traits::BLOCK_K;
+  static_assert(!kOverlap || Traits::kConsumerWarpgroups == 2, "three warpgroups: one block accumulator");
   using Pipeline = typename Traits::Pipeline;
   using PipelineState = typename Pipeline::PipelineState;
 
@@ -117,7 +123,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   if (warpgroup == 0) {
     // ---------------- producer: one thread issues every TMA load ----------------
-    cutlass::arch::warpgroup_reg_dealloc<40>();
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
     if (warp_in_group == 0 && lane_predicate) {
       Tensor mA = tma_a.get_tma_tensor(make_shape(a_rows, a_cols));                         // (M, K)
       Tensor mB = tma_b.get_tma_tensor(make_shape(b_rows, b_cols, group_args.groups));      // (N, K, G)
@@ -133,7 +139,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
   } else {
     // ---------------- consumers: wgmma per k-block, promotion, epilogue ----------------
-    cutlass::arch::warpgroup_reg_alloc<232>();
+    cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
     const int consumer_tid = threadIdx.x - 128;
     const int wg = warpgroup - 1;  // = its 64-row block of the tile
     const int tid = consumer_tid % 128;

@@ -235,16 +235,17 @@ __device__ TileScheduler<Traits> make_scheduler(Smem& smem, const GroupArgs& g) 
   return s;
 }
 
-// Named barriers by hardware id (1-15; 0 is __syncthreads), two per kind (warpgroup 0 and 1).
-// Raw ids through barrier_sync / barrier_arrive: cutlass::arch::NamedBarrier adds 8 to a user id,
-// which leaves 8 user barriers and put fp8_wgrad_scales of warpgroup 1 at id 16, past the last.
+// Named barriers by hardware id (1-15; 0 is __syncthreads), one per kind and consumer warpgroup:
+// two, three for the epilogue's (the FP8 kernels' 192-row tiles). Raw ids through barrier_sync /
+// barrier_arrive: cutlass::arch::NamedBarrier adds 8 to a user id, which leaves 8 user barriers
+// and put fp8_wgrad_scales of warpgroup 1 at id 16, past the last.
 enum class GemmBarrier : uint32_t {
   k_tail_wg0 = 1,
   epilogue_wg0 = 3,
-  mainloop_turn_wg0 = 5,
-  fp8_wgrad_scales_wg0 = 7,  // the FP8 WGRAD's staged column scales
-  wgrad_staged_wg0 = 9,      // the WGRAD store warp's barriers (WgradTmaEpilogue::kStoreWarp)
-  wgrad_free_wg0 = 11,
+  mainloop_turn_wg0 = 6,
+  fp8_wgrad_scales_wg0 = 8,  // the FP8 WGRAD's staged column scales
+  wgrad_staged_wg0 = 10,     // the WGRAD store warp's barriers (WgradTmaEpilogue::kStoreWarp)
+  wgrad_free_wg0 = 12,
 };
 
 // Waits at barrier `b` of warpgroup `w` until `threads` threads have arrived.
