@@ -13,7 +13,8 @@
 // - Config.fp8_wgrad = bf16 (the bf16 WGRADs, x decoded from its E4M3 rows) in the cases tables:
 //   against the CPU backend, variants, edge routings, recompute and graph replay as above (the
 //   other cases run fp8 explicitly: moe_case.h's fp8_block default); by_shape (the default) runs
-//   the plan's choice, bitwise the explicit one.
+//   the plan's choice, bitwise the explicit one;
+// - every FP8 tile (EPMOE_FP8_TILE) == the rules' choice, bitwise.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -168,6 +169,31 @@ TEST(GpuFp8Training, DevicePreparedTransposedEqualsPerCallBitwise) {
     expect_bitwise_equal({train_once(*ctx, call, &w, nullptr)}, {per_call},
                          p.name() + ": refilled in place vs per-call");
     ctx->close();
+  }
+}
+
+// Every FP8 tile (EPMOE_FP8_TILE over the rules of fp8_gemm.h) gives y and every gradient bitwise
+// as the rules' choice: the 192 x 128 tile, which the rule picks from 1536 rows per expert, here on
+// rows of 300 and more per expert, and the ping-pong tiles; fused and unfused.
+TEST(GpuFp8Training, EveryTileEqualsTheRuleBitwise) {
+  EPMOE_REQUIRE_GPU();
+  const std::vector<Problem> cases = {
+      fp8_problem(512, 1024, 768, 8, 2),  // 128 rows per expert
+      fp8_problem(600, 256, 384, 4, 2),   // 300 rows per expert: a 192-row tile and a partial one
+  };
+  uint64_t seed = 1350;
+  for (const Problem& base : cases) {
+    const std::vector<RankInputs> in = make_inputs(base, seed++, base.max_tokens);
+    for (bool fused : {true, false}) {
+      Problem p = base;
+      p.fused = fused;
+      const RankOutputs rule = gpu_train(p, in[0]);
+      for (const char* tile : {"128x128", "192x128", "64x256", "64x256-spread"}) {
+        const ScopedEnv env("EPMOE_FP8_TILE", tile);
+        expect_bitwise_equal({gpu_train(p, in[0])}, {rule},
+                             p.name() + (fused ? " fused" : " unfused") + ": EPMOE_FP8_TILE=" + tile);
+      }
+    }
   }
 }
 

@@ -37,6 +37,17 @@ Fp8Tile fp8_tile_from_env();
 // With `why`, appends the rule and values or the override that chose it.
 Fp8Tile fp8_tile_for_d_rows(int64_t N, int64_t K, std::string* why = nullptr);
 
+// The tile of the FP8 GEMMs whose output rows are F or 2F wide (W13 FPROP, W2 DGRAD), from the rows
+// an expert receives under balanced routing (core/plan_terms.h balanced_rows_per_expert):
+// EPMOE_FP8_TILE when set, else 192 x 128 from 1536 rows per expert (where its last, partial tile
+// pads the rows at most 3.8 % more than 128 x 128's), else 128 x 128. Stage ms 128 x 128 / 192 x 128,
+// every FP8 GEMM on one tile, two alternating pairs (bench/RESULTS.md a32061d): W13 FPROP + SwiGLU
+// kernel mixtral (2048 rows) 4.501 / 4.339, 4.423; W2 DGRAD + SwiGLU backward 3.196 / 3.069, 3.136;
+// slower at 512 rows (qwen3 x1.02-1.04), 256 (gpt-oss x1.06-1.09), 128 (deepseek-v3 x1.05-1.10),
+// and on the D-wide GEMMs of mixtral (x1.07-1.13: 32 n-tiles, the last wave of 1.5x-sized tiles).
+// With `why`, appends the rule and values or the override that chose it.
+Fp8Tile fp8_tile_for_f_rows(int64_t rows_per_expert, std::string* why = nullptr);
+
 // The W2 DGRAD's SwiGLU backward in the epilogue (gemm/fp8_swiglu_epilogue.cuh): the GEMM's
 // output is grad_h [M, F] (N = F, a multiple of 128), which is not stored; instead, bitwise what
 // swiglu_backward_fp8_rows (swiglu.h) writes from the stored grad_h: grad_h13 and h (bf16), grad_h13
