@@ -5,7 +5,6 @@
 
 #include "core/formats/fp8_block.h"
 #include "core/fp8_terms.h"
-#include "core/plan_terms.h"
 #include "cuda/formats/formats.h"
 #include "cuda/dispatch.h"
 #include "cuda/fp8_forward.h"
@@ -222,7 +221,6 @@ void fp8_w2_dgrad(const Step& s, bool swiglu_backward_after) {
   EPMOE_CHECK_ARG(grad_h_MF != nullptr, "Step.grad_h_MF", "the unfused grad_h buffer", "nullptr");
   a.out_MN = grad_h_MF;
   a.ld_out = F;
-  a.tile = fp8_tile_for_f_rows(balanced_rows_per_expert(s.dims));
   fp8_grouped_gemm(a, s.stream);
   if (!swiglu_backward_after) return;
   Step t = s;

@@ -5,7 +5,6 @@
 
 #include "core/formats/fp8_block.h"
 #include "core/fp8_terms.h"
-#include "core/plan_terms.h"
 #include "cuda/formats/formats.h"
 #include "cuda/gemm/fp8_gemm.h"
 #include "cuda/placed_copy.h"
@@ -53,7 +52,6 @@ void fp8_w13_fprop(const Step& s) {
   a.out_MN = reinterpret_cast<bf16_t*>(h13.base);
   a.out_offset = h13.offset;
   a.ld_out = 2 * F;
-  a.tile = fp8_tile_for_f_rows(balanced_rows_per_expert(s.dims));
   fp8_grouped_gemm(a, s.stream);
 }
 

@@ -89,15 +89,13 @@ std::string fp8_d_rows(int64_t N, int64_t K) {
   return "fp8 " + fp8_tile_text(t) + " [" + why + "]";
 }
 
-// The FP8 GEMMs whose output rows are F or 2F wide (W13 FPROP, W2 DGRAD): fp8_tile_for_f_rows.
-std::string fp8_f_rows(const Step& s, const char* what) {
-  std::string why;
-  const cuda::Fp8Tile t = cuda::fp8_tile_for_f_rows(balanced_rows_per_expert(s.dims), &why);
+std::string fp8_128(const char* what) {
+  const cuda::Fp8Tile t = cuda::fp8_tile_from_env();
   std::string out = std::string("fp8 ") + fp8_tile_text(t);
   if (t == cuda::Fp8Tile::m128_n128) {
     out += cuda::fp8_overlap_selected(-1) ? ", two block accumulators" : ", one block accumulator";
   }
-  return out + " [" + why + "]" + what;
+  return out + what;
 }
 
 std::string fp8_wgrad(const Step& s, int64_t N, int64_t L) {
@@ -173,10 +171,10 @@ std::string explain_cuda_kernels(const Config& config, int ep_size) {
     return os.str();
   }
   if (f.precision == Precision::fp8_block) {
-    line("w13_fprop", fp8_f_rows(s, " (stores h13; the SwiGLU and h's E4M3 rows in their own kernel)"));
+    line("w13_fprop", fp8_128(" (stores h13; the SwiGLU and h's E4M3 rows in their own kernel)"));
     line("w2_fprop", fp8_d_rows(D, F) + " (" + w2_rows + ")");
     if (f.inference) return os.str();
-    line("w2_dgrad", fp8_f_rows(s, " (then the SwiGLU backward: EPMOE_SWIGLU_BACKWARD)"));
+    line("w2_dgrad", fp8_128(" (then the SwiGLU backward: EPMOE_SWIGLU_BACKWARD)"));
     line("w13_dgrad", fp8_d_rows(D, 2 * F) + " (" + w13_rows + ")");
     os << "  weight gradients: " << plan.fp8_wgrad_reason << "\n";
     if (plan.fp8_wgrad == Fp8Wgrad::fp8) {

@@ -173,8 +173,8 @@ TEST(GpuFp8Training, DevicePreparedTransposedEqualsPerCallBitwise) {
 }
 
 // Every FP8 tile (EPMOE_FP8_TILE over the rules of fp8_gemm.h) gives y and every gradient bitwise
-// as the rules' choice: the 192 x 128 tile, which the rule picks from 1536 rows per expert, here on
-// rows of 300 and more per expert, and the ping-pong tiles; fused and unfused.
+// as the rules' choice: 128 x 128, 192 x 128 (here on 300 rows per expert: a full tile and a
+// partial one), and the ping-pong tiles; fused and unfused.
 TEST(GpuFp8Training, EveryTileEqualsTheRuleBitwise) {
   EPMOE_REQUIRE_GPU();
   const std::vector<Problem> cases = {

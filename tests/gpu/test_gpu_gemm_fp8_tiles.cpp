@@ -184,22 +184,6 @@ TEST(GpuGemmFp8Tiles, TileForDRowsRule) {
   EXPECT_EQ(cuda::fp8_tile_for_d_rows(2048, 768), Fp8Tile::m128_n128);
 }
 
-// Host only: the tile of the F-wide GEMMs (W13 FPROP, W2 DGRAD) by the rows per expert, and
-// EPMOE_FP8_TILE over it when set.
-TEST(GpuGemmFp8Tiles, TileForFRowsRule) {
-  const ScopedEnv unset("EPMOE_FP8_TILE", nullptr);
-  EXPECT_EQ(cuda::fp8_tile_for_f_rows(128), Fp8Tile::m128_n128);   // deepseek-v3 at EP = 1
-  EXPECT_EQ(cuda::fp8_tile_for_f_rows(512), Fp8Tile::m128_n128);   // qwen3
-  EXPECT_EQ(cuda::fp8_tile_for_f_rows(1535), Fp8Tile::m128_n128);
-  EXPECT_EQ(cuda::fp8_tile_for_f_rows(1536), Fp8Tile::m192_n128);
-  EXPECT_EQ(cuda::fp8_tile_for_f_rows(2048), Fp8Tile::m192_n128);  // mixtral at EP = 1
-  std::string why;
-  cuda::fp8_tile_for_f_rows(2048, &why);
-  EXPECT_EQ(why, "T*K/E = 2048 rows per expert >= 1536");
-  const ScopedEnv forced("EPMOE_FP8_TILE", "128x128");
-  EXPECT_EQ(cuda::fp8_tile_for_f_rows(2048), Fp8Tile::m128_n128);
-}
-
 // Host only: EPMOE_FP8_TILE is parsed before any CUDA call (M = 0 launches nothing).
 TEST(GpuGemmFp8Tiles, TileFromEnvironment) {
   const char* saved = std::getenv("EPMOE_FP8_TILE");

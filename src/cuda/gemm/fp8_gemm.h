@@ -18,7 +18,9 @@ namespace epmoe::cuda {
 // The kernel's tile. from_env: EPMOE_FP8_TILE=128x128|192x128|64x256|64x256-spread (read on every
 // call; unset: 128x128). m128_n128: two cooperative warpgroups on a 128 x 128 tile, 6 stages of 32
 // KiB. m192_n128: three on a 192 x 128 tile, 4 stages of 40 KiB, one block accumulator (1.2x the
-// FLOPs per operand byte from L2; plain and combine-slot rows only). m64_n256: ping-pong, each
+// FLOPs per operand byte from L2; plain and combine-slot rows only): not faster than 128 x 128
+// with two block accumulators on mixtral-8x7b's W13 FPROP and W2 DGRAD, slower elsewhere (bench/
+// RESULTS.md a32061d), so no rule picks it. m64_n256: ping-pong, each
 // warpgroup its own 64 x 256 tile, 5 stages of 40 KiB (more weight bytes in flight); a CTA runs
 // the two 64-row halves of a 128-row block back to back. m64_n256_spread: the same tile, the two
 // halves on neighbouring CTAs at the same time. All compute every output bitwise alike.
@@ -36,17 +38,6 @@ Fp8Tile fp8_tile_from_env();
 // 1.336 / 1.576, mixtral 3.428 / 5.012. The other GEMMs ran faster on 128 x 128 on every shape.
 // With `why`, appends the rule and values or the override that chose it.
 Fp8Tile fp8_tile_for_d_rows(int64_t N, int64_t K, std::string* why = nullptr);
-
-// The tile of the FP8 GEMMs whose output rows are F or 2F wide (W13 FPROP, W2 DGRAD), from the rows
-// an expert receives under balanced routing (core/plan_terms.h balanced_rows_per_expert):
-// EPMOE_FP8_TILE when set, else 192 x 128 from 1536 rows per expert (where its last, partial tile
-// pads the rows at most 3.8 % more than 128 x 128's), else 128 x 128. Stage ms 128 x 128 / 192 x 128,
-// every FP8 GEMM on one tile, two alternating pairs (bench/RESULTS.md a32061d): W13 FPROP + SwiGLU
-// kernel mixtral (2048 rows) 4.501 / 4.339, 4.423; W2 DGRAD + SwiGLU backward 3.196 / 3.069, 3.136;
-// slower at 512 rows (qwen3 x1.02-1.04), 256 (gpt-oss x1.06-1.09), 128 (deepseek-v3 x1.05-1.10),
-// and on the D-wide GEMMs of mixtral (x1.07-1.13: 32 n-tiles, the last wave of 1.5x-sized tiles).
-// With `why`, appends the rule and values or the override that chose it.
-Fp8Tile fp8_tile_for_f_rows(int64_t rows_per_expert, std::string* why = nullptr);
 
 // The W2 DGRAD's SwiGLU backward in the epilogue (gemm/fp8_swiglu_epilogue.cuh): the GEMM's
 // output is grad_h [M, F] (N = F, a multiple of 128), which is not stored; instead, bitwise what

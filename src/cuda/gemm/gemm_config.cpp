@@ -162,13 +162,15 @@ WgradStore select_wgrad_store(GemmKind kind, const Step& s, std::string* why) {
 // 128 x 192 fits a fourth stage beside its TMA-store staging (4 x 40 + 2 x 24 KiB): the timeline
 // (bench/RESULTS.md 004ced0) shows gpt-oss's 4-5 k-block tiles waiting for their last stage,
 // which three stages let the producer load only once the tile's first block retires, and its
-// D = F = 2880 fills 15 tiles of 192 where 256 leaves the twelfth a quarter full. Unmeasured,
-// so off unless asked for.
+// D = F = 2880 fills 15 tiles of 192 where 256 leaves the twelfth a quarter full. Measured
+// (bench/RESULTS.md 8673ba6, two alternating pairs, W2 / W13 WGRAD against 128 x 256): gpt-oss
+// x0.99 / 0.97 and x1.20 / 1.22, deepseek-v3 x1.22-1.24, mixtral x1.00-1.05 slower, qwen3 x0.93-
+// 0.99 (the defaults' own repeat x0.98): off unless asked for.
 WgradTile select_wgrad_tile(GemmKind kind, const Step& s, std::string* why) {
   (void)kind;
   (void)s;
   const char* env = std::getenv("EPMOE_WGRAD_TILE");
-  say(why, env == nullptr ? std::string("rule; 128 x 192 unmeasured")
+  say(why, env == nullptr ? std::string("rule; 128 x 192 measured slower")
                           : std::string("EPMOE_WGRAD_TILE=") + env + " (override)");
   if (env == nullptr || std::strcmp(env, "128x256") == 0) return WgradTile::n256;
   EPMOE_CHECK_ARG(std::strcmp(env, "128x192") == 0, "EPMOE_WGRAD_TILE", "128x256 or 128x192", env);

@@ -138,20 +138,6 @@ Fp8Tile fp8_tile_for_d_rows(int64_t N, int64_t K, std::string* why) {
   return K < N ? Fp8Tile::m64_n256_spread : Fp8Tile::m128_n128;
 }
 
-Fp8Tile fp8_tile_for_f_rows(int64_t rows_per_expert, std::string* why) {
-  if (const char* env = std::getenv("EPMOE_FP8_TILE"); env != nullptr) {
-    if (why != nullptr) *why += std::string("EPMOE_FP8_TILE=") + env + " (override)";
-    return fp8_tile_from_env();
-  }
-  // From 1536 rows the last, partial 192-row tile pads an expert's rows at most 3.8 % more than a
-  // 128-row one does (at 1537-1664 rows); at 1024 it pads them 12.5 % more.
-  const bool tall = rows_per_expert >= 1536;
-  if (why != nullptr) {
-    *why += "T*K/E = " + std::to_string(rows_per_expert) + " rows per expert " + (tall ? ">=" : "<") + " 1536";
-  }
-  return tall ? Fp8Tile::m192_n128 : Fp8Tile::m128_n128;
-}
-
 bool fp8_overlap_selected(int overlap) {
   if (overlap >= 0) return overlap != 0;
   // Read per launch: benches flip it. Unset: two accumulators (faster end to end on all four
