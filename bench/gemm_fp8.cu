@@ -7,13 +7,16 @@
 // (hash-filled on the device; finite E4M3 codes, scales in [0.5, 1.5), bf16 in [-1, 1)), never zeros.
 //
 //   bench_gemm_fp8 [--shape NAME|all] [--iters N] [--fp8-tile 128x128|192x128|64x256|64x256-spread|all]
-//                  [--overlap env|0|1|both]
+//                  [--overlap env|0|1|both] [--trim-rows env|0|1|both] [--rows even|routed]
 //
 // --fp8-tile picks the FP8 kernel's tile (cuda::Fp8Tile; default: what EPMOE_FP8_TILE selects);
 // --overlap its main loop (Fp8GroupedGemmArgs::overlap: env as EPMOE_FP8_OVERLAP says, 0 one block
 // accumulator, 1 two, the next k-block's MMA during the promotion). all / both time every
 // combination one after the other on the same inputs and count the output elements where each
-// differs from the first (bitwise; expected 0).
+// differs from the first (bitwise; expected 0). --trim-rows: the cooperative tiles' row trimming
+// (Fp8GroupedGemmArgs::trim_rows). --rows routed: rows per expert as a balanced routing draws them
+// (each token K distinct experts, uniformly, seeded) instead of T * K / E each: the expert sizes
+// the training step's GEMMs see, whose last m-tiles are partly empty.
 //
 // Prints one line per GEMM and, per run, one JSON object in MEASURE.md's row format
 // (phase "grouped-gemm-w13" / "grouped-gemm-w2", precision "fp8" / "bf16"; FP8 rows name their
@@ -61,7 +64,10 @@ __global__ void fill_bf16(uint16_t* p, int64_t n, uint32_t seed) {
 struct Fp8Variant {
   epmoe::cuda::Fp8Tile tile;
   int overlap;  // Fp8GroupedGemmArgs::overlap
+  int trim_rows;  // Fp8GroupedGemmArgs::trim_rows
 };
+
+bool g_routed_rows = false;  // --rows routed
 
 const char* loop_name(int overlap) {
   return epmoe::cuda::fp8_overlap_selected(overlap) ? "overlap" : "one-accumulator";
@@ -78,23 +84,26 @@ const char* tile_name(epmoe::cuda::Fp8Tile t) {
 
 void report(const ModelShape& s, const char* gemm, const char* precision, int64_t M, int64_t N, int64_t K,
             const Timing& t, double ratio_to_bf16, const char* fp8_tile = nullptr,
-            const char* fp8_loop = nullptr) {
+            const char* fp8_loop = nullptr, int trim_rows = -1) {
   const double tflops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) /
                         (t.median_ms * 1e-3) / 1e12;
   std::printf("%-14s %-4s %-5s M %6lld N %6lld K %6lld  median %8.3f ms (%.3f-%.3f)  %7.1f TFLOP/s", s.name,
               gemm, precision, static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
               t.median_ms, t.min_ms, t.max_ms, tflops);
   if (ratio_to_bf16 > 0) std::printf("  fp8/bf16 %.2fx", ratio_to_bf16);
-  if (fp8_tile != nullptr) std::printf("  tile %s, %s", fp8_tile, fp8_loop);
-  std::printf("\n");
+  const bool trimmed = epmoe::cuda::fp8_trim_rows_selected(trim_rows);
+  if (fp8_tile != nullptr) std::printf("  tile %s, %s%s", fp8_tile, fp8_loop, trimmed ? ", trimmed" : "");
+  std::printf("%s\n", g_routed_rows ? "  (routed rows)" : "");
   std::printf("JSON {\"impl\": \"epmoe\", \"shape\": \"%s\", \"ep\": 1, \"routing\": \"balanced\", "
               "\"precision\": \"%s\", \"phase\": \"grouped-gemm-%s\", \"tokens_per_rank\": %lld, "
               "\"median_ms\": %.5f, \"min_ms\": %.5f, \"max_ms\": %.5f, \"useful_tflops\": %.2f, "
-              "\"GBps\": null, \"busiest_rank_rows\": %lld, \"balanced_rows\": %lld, \"peak_mem_bytes\": null%s%s%s%s%s}\n",
+              "\"GBps\": null, \"busiest_rank_rows\": %lld, \"balanced_rows\": %lld, \"peak_mem_bytes\": null, \"expert_rows\": \"%s\"%s%s%s%s%s%s}\n",
               s.name, precision, gemm, static_cast<long long>(s.T), t.median_ms, t.min_ms, t.max_ms, tflops,
-              static_cast<long long>(M), static_cast<long long>(M), fp8_tile != nullptr ? ", \"fp8_tile\": \"" : "",
-              fp8_tile != nullptr ? fp8_tile : "", fp8_tile != nullptr ? "\", \"fp8_loop\": \"" : "",
-              fp8_loop != nullptr ? fp8_loop : "", fp8_tile != nullptr ? "\"" : "");
+              static_cast<long long>(M), static_cast<long long>(M), g_routed_rows ? "routed" : "even",
+              fp8_tile != nullptr ? ", \"fp8_tile\": \"" : "", fp8_tile != nullptr ? fp8_tile : "",
+              fp8_tile != nullptr ? "\", \"fp8_loop\": \"" : "", fp8_loop != nullptr ? fp8_loop : "",
+              fp8_tile != nullptr ? "\"" : "",
+              fp8_tile != nullptr ? (trimmed ? ", \"fp8_trim_rows\": true" : ", \"fp8_trim_rows\": false") : "");
 }
 
 void run_shape(const ModelShape& s, int iters, const std::vector<Fp8Variant>& variants) {
@@ -103,6 +112,27 @@ void run_shape(const ModelShape& s, int iters, const std::vector<Fp8Variant>& va
   std::vector<int32_t> offsets(static_cast<size_t>(E) + 1);
   for (int e = 0; e <= E; ++e) offsets[static_cast<size_t>(e)] = static_cast<int32_t>(rows * e);
   offsets[static_cast<size_t>(E)] = static_cast<int32_t>(M);  // remainder rows to the last expert
+  if (g_routed_rows) {  // each token K distinct experts (a partial Fisher-Yates shuffle), seeded
+    std::vector<int32_t> count(static_cast<size_t>(E), 0), ids(static_cast<size_t>(E));
+    uint64_t state = 0x9E3779B97F4A7C15ull;
+    for (int64_t t = 0; t < s.T; ++t) {
+      for (int e = 0; e < E; ++e) ids[static_cast<size_t>(e)] = e;
+      for (int k = 0; k < s.K; ++k) {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        const int j = k + static_cast<int>((state >> 33) % static_cast<uint64_t>(E - k));
+        std::swap(ids[static_cast<size_t>(k)], ids[static_cast<size_t>(j)]);
+        ++count[static_cast<size_t>(ids[static_cast<size_t>(k)])];
+      }
+    }
+    int tiles = 0;
+    for (int e = 0; e < E; ++e) {
+      offsets[static_cast<size_t>(e) + 1] = offsets[static_cast<size_t>(e)] + count[static_cast<size_t>(e)];
+      tiles += (count[static_cast<size_t>(e)] + 127) / 128;
+    }
+    std::printf("%-14s routed rows: %lld in all, %d 128-row m-tiles (even split: %lld)\n", s.name,
+                static_cast<long long>(offsets.back()), tiles,
+                static_cast<long long>(E) * ((rows + 127) / 128));
+  }
   int32_t* offsets_E1 = alloc<int32_t>(E + 1);
   int32_t* header = alloc<int32_t>(epmoe::kLayoutHeaderInts);
   BENCH_CHECK(cudaMemcpy(offsets_E1, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice));
@@ -185,10 +215,11 @@ void run_shape(const ModelShape& s, int iters, const std::vector<Fp8Variant>& va
       for (size_t i = 0; i < variants.size(); ++i) {
         args.tile = variants[i].tile;
         args.overlap = variants[i].overlap;
+        args.trim_rows = variants[i].trim_rows;
         args.out_MN = reinterpret_cast<epmoe::bf16_t*>(out[i]);
         const Timing t = time_launches([&] { epmoe::cuda::fp8_grouped_gemm(args, nullptr); }, iters);
         report(s, g.name, "fp8", M, g.N, g.K, t, bf16_ms.median_ms / t.median_ms, tile_name(variants[i].tile),
-               loop_name(variants[i].overlap));
+               loop_name(variants[i].overlap), variants[i].trim_rows);
       }
       for (size_t i = 1; i < variants.size(); ++i) {
         unsigned long long* count = alloc<unsigned long long>(1);
@@ -197,9 +228,12 @@ void run_shape(const ModelShape& s, int iters, const std::vector<Fp8Variant>& va
         BENCH_CHECK(cudaGetLastError());
         unsigned long long differ = 0;
         BENCH_CHECK(cudaMemcpy(&differ, count, sizeof(differ), cudaMemcpyDeviceToHost));
-        std::printf("%-14s %-4s fp8 %s %s vs %s %s: %llu of %lld outputs differ\n", s.name, g.name,
-                    tile_name(variants[0].tile), loop_name(variants[0].overlap), tile_name(variants[i].tile),
-                    loop_name(variants[i].overlap), differ, static_cast<long long>(M * g.N));
+        std::printf("%-14s %-4s fp8 %s %s trim %d vs %s %s trim %d: %llu of %lld outputs differ\n", s.name,
+                    g.name, tile_name(variants[0].tile), loop_name(variants[0].overlap),
+                    epmoe::cuda::fp8_trim_rows_selected(variants[0].trim_rows) ? 1 : 0,
+                    tile_name(variants[i].tile), loop_name(variants[i].overlap),
+                    epmoe::cuda::fp8_trim_rows_selected(variants[i].trim_rows) ? 1 : 0, differ,
+                    static_cast<long long>(M * g.N));
         BENCH_CHECK(cudaFree(count));
       }
       BENCH_CHECK(cudaFree(a));
@@ -213,13 +247,23 @@ void run_shape(const ModelShape& s, int iters, const std::vector<Fp8Variant>& va
   BENCH_CHECK(cudaFree(header));
 }
 
+// A run-time switch's values: env (-1, the environment decides), 0, 1, or both.
+bool switch_values(const std::string& v, std::vector<int>& out) {
+  if (v == "env") out = {-1};
+  else if (v == "0") out = {0};
+  else if (v == "1") out = {1};
+  else if (v == "both") out = {0, 1};
+  else return false;
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string shape = "all";
   int iters = 20;
   std::string tile = "";
-  std::vector<int> overlaps = {-1};
+  std::vector<int> overlaps = {-1}, trims = {-1};
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--shape") == 0 && i + 1 < argc) {
       shape = argv[++i];
@@ -230,20 +274,22 @@ int main(int argc, char** argv) {
                 std::strcmp(argv[i + 1], "64x256") == 0 ||
                 std::strcmp(argv[i + 1], "64x256-spread") == 0 || std::strcmp(argv[i + 1], "all") == 0)) {
       tile = argv[++i];
-    } else if (std::strcmp(argv[i], "--overlap") == 0 && i + 1 < argc) {
-      const std::string v = argv[++i];
-      if (v == "env") overlaps = {-1};
-      else if (v == "0") overlaps = {0};
-      else if (v == "1") overlaps = {1};
-      else if (v == "both") overlaps = {0, 1};
-      else {
-        std::fprintf(stderr, "--overlap: env, 0, 1 or both, not %s\n", v.c_str());
+    } else if ((std::strcmp(argv[i], "--overlap") == 0 || std::strcmp(argv[i], "--trim-rows") == 0) &&
+               i + 1 < argc) {
+      const bool overlap = std::strcmp(argv[i], "--overlap") == 0;
+      std::vector<int> values;
+      if (!switch_values(argv[++i], values)) {
+        std::fprintf(stderr, "%s: env, 0, 1 or both, not %s\n", argv[i - 1], argv[i]);
         return 2;
       }
+      (overlap ? overlaps : trims) = values;
+    } else if (std::strcmp(argv[i], "--rows") == 0 && i + 1 < argc &&
+               (std::strcmp(argv[i + 1], "even") == 0 || std::strcmp(argv[i + 1], "routed") == 0)) {
+      g_routed_rows = std::strcmp(argv[++i], "routed") == 0;
     } else {
       std::fprintf(stderr,
                    "usage: %s [--shape qwen3-30b-a3b|deepseek-v3|gpt-oss-120b|mixtral-8x7b|all] [--iters N] "
-                   "[--fp8-tile 128x128|192x128|64x256|64x256-spread|all] [--overlap env|0|1|both]\n",
+                   "[--fp8-tile 128x128|192x128|64x256|64x256-spread|all] [--overlap env|0|1|both] [--trim-rows env|0|1|both] [--rows even|routed]\n",
                    argv[0]);
       return 2;
     }
@@ -258,9 +304,13 @@ int main(int argc, char** argv) {
   else tiles = {epmoe::cuda::fp8_tile_from_env()};
   std::vector<Fp8Variant> variants;
   for (const Fp8Tile t : tiles) {
-    // The other tiles have one main loop; the overlap switch is the 128 x 128 kernel's.
-    if (t != Fp8Tile::m128_n128) variants.push_back({t, 0});
-    else for (const int o : overlaps) variants.push_back({t, o});
+    // The other tiles have one main loop; the overlap switch is the 128 x 128 kernel's, row trimming
+    // the cooperative tiles'.
+    const bool coop = t == Fp8Tile::m128_n128 || t == Fp8Tile::m192_n128;
+    for (const int r : coop ? trims : std::vector<int>{-1}) {
+      if (t != Fp8Tile::m128_n128) variants.push_back({t, 0, r});
+      else for (const int o : overlaps) variants.push_back({t, o, r});
+    }
   }
   cudaDeviceProp prop;
   BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));

@@ -6,7 +6,7 @@
 // untouched by both. Shapes: F = 128, 256, 768; empty experts, single rows, row tails of a
 // 64-row half and of a 32-row round, a zero row (a zero block amax); with and without row scores,
 // SwiGLU and clamped SwiGLU, h13 at a device-held offset (a layer plan's placement), both main
-// loops (one and two block accumulators), and the skip flag. Also: plain rows stored at a
+// loops (one and two block accumulators), tiles trimmed to their rows or not, and the skip flag. Also: plain rows stored at a
 // device-held offset (Fp8GroupedGemmArgs::out_offset, the W13 FPROP's h13) equal the plain store
 // on every tile; argument checks (run without a GPU).
 #include <cuda_runtime_api.h>
@@ -134,11 +134,12 @@ struct Buffers {
   }
 };
 
-cuda::Fp8GroupedGemmArgs dgrad_args(const Fp8GemmDevice& d, const Buffers& r, int overlap) {
+cuda::Fp8GroupedGemmArgs dgrad_args(const Fp8GemmDevice& d, const Buffers& r, int overlap, int trim_rows = 1) {
   cuda::Fp8GroupedGemmArgs a = d.args(r.p);
   a.skip = r.skip.ptr;
   a.tile = Fp8Tile::m128_n128;
   a.overlap = overlap;
+  a.trim_rows = trim_rows;
   return a;
 }
 
@@ -167,8 +168,8 @@ Outputs run_chain(const Fp8GemmDevice& d, Buffers& r, bool scored, const Activat
 
 // The GEMM with the SwiGLU backward in its epilogue.
 Outputs run_fused(const Fp8GemmDevice& d, Buffers& r, bool scored, bool placed, const ActivationParams& act,
-                  int overlap) {
-  cuda::Fp8GroupedGemmArgs a = dgrad_args(d, r, overlap);
+                  int overlap, int trim_rows = 1) {
+  cuda::Fp8GroupedGemmArgs a = dgrad_args(d, r, overlap, trim_rows);
   cuda::Fp8SwigluBackwardOut& o = a.swiglu_backward;
   o.h13 = placed ? cuda::Placed{reinterpret_cast<char*>(r.h13_placed.ptr), r.placed_offset.ptr}
                  : cuda::plain(r.h13.ptr);
@@ -229,10 +230,13 @@ TEST(GpuFp8DgradSwiglu, EpilogueEqualsGemmThenSwigluKernelBitwise) {
     uint32_t scale_bits = 0;
     std::memcpy(&scale_bits, &want.scales[0], 4);
     ASSERT_NE(scale_bits, 0xA5A5A5A5u) << what;
+    // Tiles trimmed to their rows (the default) and whole (the chain's GEMM trims: both agree).
     for (int overlap : {0, 1}) {
-      Buffers fused(p, h13, scores, false);
-      expect_same(want, run_fused(d, fused, c.scored, c.placed, act, overlap), fused,
-                  what + " overlap " + std::to_string(overlap));
+      for (int trim : {1, 0}) {
+        Buffers fused(p, h13, scores, false);
+        expect_same(want, run_fused(d, fused, c.scored, c.placed, act, overlap, trim), fused,
+                    what + " overlap " + std::to_string(overlap) + " trim_rows " + std::to_string(trim));
+      }
     }
   }
 }

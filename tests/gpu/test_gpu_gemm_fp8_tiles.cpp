@@ -161,6 +161,65 @@ TEST(GpuGemmFp8Tiles, ReceivedRowsOperandEqualBitwise) {
   }
 }
 
+// Tiles trimmed to their 64-row blocks (Fp8GroupedGemmArgs::trim_rows = 1, the default: A loaded
+// and multiplied only where a tile has rows) equal whole tiles bitwise, on both cooperative tiles
+// and both main loops, for plain rows and combine slots. Row counts around 64, 128 and 192 give
+// tiles of one, two and three live blocks.
+TEST(GpuGemmFp8Tiles, TrimmedTilesEqualWholeTilesBitwise) {
+  EPMOE_REQUIRE_GPU();
+  std::mt19937 rng(36);
+  std::vector<GroupedShape> v = shapes();
+  v.push_back({{129, 191, 192, 193, 127, 128, 0, 257, 320, 385}, 4, 384, 640});
+  v.push_back({{1, 65, 130, 250, 64}, 0, 2880, 256});
+  for (const GroupedShape& s : v) {
+    const Fp8GemmProblem p = problem(s, /*exact=*/false, rng);
+    const Fp8GemmDevice d(p);
+    const ScatterSlots slots = scatter_slots(p.M, /*top_k=*/2, rng);
+    Dev<int32_t> dsrc(slots.recv_src_M);
+    for (Fp8Tile t : {Fp8Tile::m128_n128, Fp8Tile::m192_n128}) {
+      for (int overlap : {0, 1}) {
+        if (t == Fp8Tile::m192_n128 && overlap == 1) continue;  // one block accumulator there
+        std::vector<bf16_t> rows[2], scattered[2];
+        for (int trim : {0, 1}) {
+          cuda::Fp8GroupedGemmArgs x = d.args(p);
+          x.tile = t;
+          x.overlap = overlap;
+          x.trim_rows = trim;
+          rows[trim] = run_rows(p, x);
+          scattered[trim] = run_scatter(p, x, slots, dsrc.ptr);
+        }
+        const std::string what = name(t) + " overlap " + std::to_string(overlap) + ", " + describe(s);
+        expect_bitwise(rows[0], rows[1], p.N, "trimmed rows, " + what);
+        expect_bitwise(scattered[0], scattered[1], p.N, "trimmed scatter, " + what);
+        EXPECT_LT(untouched(p, rows[1]), static_cast<size_t>(p.offsets.back() * p.N) / 2) << what;
+      }
+    }
+  }
+}
+
+// Host only: EPMOE_FP8_TRIM_ROWS decides where trim_rows = -1 (unset: trimmed); 0 and 1 decide
+// themselves.
+TEST(GpuGemmFp8Tiles, TrimRowsFromEnvironment) {
+  {
+    const ScopedEnv unset("EPMOE_FP8_TRIM_ROWS", nullptr);
+    EXPECT_TRUE(cuda::fp8_trim_rows_selected(-1));
+    EXPECT_FALSE(cuda::fp8_trim_rows_selected(0));
+  }
+  {
+    const ScopedEnv off("EPMOE_FP8_TRIM_ROWS", "0");
+    EXPECT_FALSE(cuda::fp8_trim_rows_selected(-1));
+    EXPECT_TRUE(cuda::fp8_trim_rows_selected(1));
+  }
+  const ScopedEnv bad("EPMOE_FP8_TRIM_ROWS", "yes");
+  std::string field;
+  try {
+    cuda::fp8_trim_rows_selected(-1);
+  } catch (const Error& e) {
+    field = e.argument();
+  }
+  EXPECT_EQ(field, "EPMOE_FP8_TRIM_ROWS");
+}
+
 TEST(GpuGemmFp8Tiles, SkipFlagLeavesOutputUntouched) {
   EPMOE_REQUIRE_GPU();
   std::mt19937 rng(35);

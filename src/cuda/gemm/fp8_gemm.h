@@ -91,6 +91,10 @@ struct Fp8GroupedGemmArgs {
   // flight during the promotion (bitwise the same results); -1 the environment's
   // EPMOE_FP8_OVERLAP=0|1, read per launch (unset: 1). The 128 x 128 tile's; ping-pong has one loop.
   int overlap = -1;
+  // 128 x 128 and 192 x 128 tiles: 1 a tile loads and multiplies only its 64-row blocks that hold
+  // rows of its group (a warpgroup past them idles), 0 every block (the same results); -1 the
+  // environment's EPMOE_FP8_TRIM_ROWS=0|1, read per launch (unset: 1).
+  int trim_rows = -1;
 };
 
 // Requirements (checked; Error(invalid_argument) naming the field): 1 <= E <= 512, K > 0 and
@@ -101,5 +105,8 @@ void fp8_grouped_gemm(const Fp8GroupedGemmArgs& args, void* stream);
 
 // Whether a launch with Fp8GroupedGemmArgs::overlap = `overlap` runs the two-accumulator loop.
 bool fp8_overlap_selected(int overlap);
+
+// Whether a launch with Fp8GroupedGemmArgs::trim_rows = `trim_rows` trims its tiles to their rows.
+bool fp8_trim_rows_selected(int trim_rows);
 
 }  // namespace epmoe::cuda

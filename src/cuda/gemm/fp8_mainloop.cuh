@@ -1,9 +1,10 @@
 // The pieces the FP8 block-scaled kernels have in common (grouped_gemm_fp8_sm90.cuh, its ping-pong
 // tile grouped_gemm_fp8_pingpong_sm90.cuh, grouped_wgrad_fp8_sm90.cuh): operand scales, the
-// producer's TMA loop, one k-block's wgmmas, the two-accumulator k loop, and the promotion of a
-// block accumulator into the fp32 total. Each is force-inlined and takes its sizes at compile
-// time, so a kernel compiles to the instructions it would have spelled out itself; the kernels
-// keep their own order of waits, releases, scale loads and promotions, which these do not reorder.
+// producer's TMA loops (whole tiles, or A in 64-row boxes), a row-less warpgroup's pass, one
+// k-block's wgmmas, the two-accumulator k loop, and the promotion of a block accumulator into the
+// fp32 total. Each is force-inlined and takes its sizes at compile time, so a kernel compiles to
+// the instructions it would have spelled out itself; the kernels keep their own order of waits,
+// releases, scale loads and promotions, which these do not reorder.
 #pragma once
 
 #include <cute/arch/mma_sm90.hpp>
@@ -101,6 +102,42 @@ __device__ __forceinline__ void fp8_load_k_blocks(Pipeline& pipeline, typename P
     copy(tma_a.with(*barrier), tAgA(_, kt), tAsA(_, stage));
     copy(tma_b.with(*barrier), tBgB(_, kt), tBsB(_, stage));
     ++write_state;
+  }
+}
+
+// Producer with A in 64-row boxes, one per consumer warpgroup: gA (64, BK, boxes, k) and sA
+// (64, BK, boxes, PIPE); k-blocks [0, k_tiles) of B and of A's first a_boxes boxes (>= 1). The
+// pipeline's transaction counts B and one box; a stage's further boxes add theirs before its
+// first copy, so its barrier cannot complete early.
+template <uint32_t kBoxBytes, class Pipeline, class TmaA, class TmaB, class GA, class GB, class SA, class SB>
+__device__ __forceinline__ void fp8_load_k_blocks_boxed(Pipeline& pipeline,
+                                                        typename Pipeline::PipelineState& write_state,
+                                                        const TmaA& tma_a, const TmaB& tma_b, const GA& gA,
+                                                        const GB& gB, SA& sA, SB& sB, int k_tiles, int a_boxes) {
+  using namespace cute;
+  auto [tAgA, tAsA] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
+  auto [tBgB, tBsB] = tma_partition(tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sB), group_modes<0, 2>(gB));
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    pipeline.producer_acquire(write_state);
+    if (a_boxes > 1) pipeline.producer_expect_transaction(write_state, static_cast<uint32_t>(a_boxes - 1) * kBoxBytes);
+    auto* barrier = pipeline.producer_get_barrier(write_state);
+    const int stage = write_state.index();
+    for (int box = 0; box < a_boxes; ++box) copy(tma_a.with(*barrier), tAgA(_, box, kt), tAsA(_, box, stage));
+    copy(tma_b.with(*barrier), tBgB(_, kt), tBsB(_, stage));
+    ++write_state;
+  }
+}
+
+// A consumer warpgroup with no rows in the tile: each of its k_tiles stages waited for (so that it
+// never releases a stage ahead of its fill) and released, no MMA; both read states advance.
+template <class Pipeline>
+__device__ __forceinline__ void fp8_pass_k_blocks(Pipeline& pipeline, typename Pipeline::PipelineState& read_state,
+                                                  typename Pipeline::PipelineState& release_state, int k_tiles) {
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    pipeline.consumer_wait(read_state);
+    pipeline.consumer_release(read_state);
+    ++read_state;
+    ++release_state;
   }
 }
 

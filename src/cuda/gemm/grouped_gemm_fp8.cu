@@ -4,7 +4,7 @@
 // (fp8_swiglu_epilogue.cuh); each with one block accumulator or
 // two (kOverlap: MMA of the next k-block during the promotion; Fp8GroupedGemmArgs::overlap).
 // Plain and combine-slot rows also on 192 x 128 tiles (three consumer warpgroups, one block
-// accumulator).
+// accumulator). A in 64-row boxes, trimmed to a tile's rows (Fp8GroupedGemmArgs::trim_rows).
 // The argument checks and the tile choice (Fp8Tile; the 64 x 256 ping-pong tile is launched by
 // grouped_gemm_fp8_pingpong.cu).
 #include <cuda_runtime.h>
@@ -40,6 +40,7 @@ void check_args(const Fp8GroupedGemmArgs& a) {
   EPMOE_CHECK_ARG(a.E >= 1 && a.E <= kMaxGroups, "E", "1 .. " + std::to_string(kMaxGroups), a.E);
   EPMOE_CHECK_ARG(a.M >= 0, "M", ">= 0", a.M);
   EPMOE_CHECK_ARG(a.overlap >= -1 && a.overlap <= 1, "overlap", "-1, 0 or 1", a.overlap);
+  EPMOE_CHECK_ARG(a.trim_rows >= -1 && a.trim_rows <= 1, "trim_rows", "-1, 0 or 1", a.trim_rows);
   EPMOE_CHECK_ARG(a.K > 0 && a.K % 16 == 0, "K", "> 0 and a multiple of 16", a.K);
   EPMOE_CHECK_ARG(a.N > 0 && a.N % 8 == 0, "N", "> 0 and a multiple of 8", a.N);
   const bool scatter = a.combine_R != nullptr;
@@ -91,7 +92,7 @@ template <class T, class Epilogue, bool kOverlap>
 void launch(const Fp8GroupedGemmArgs& args, const typename Epilogue::Params& epi, void* stream) {
   const Operand a{args.a_MK, args.M, args.K, args.K, 1};
   const Operand b{args.b_ENK, args.N, args.K, args.K, 1, args.E, args.N * args.K};
-  auto tma_a = make_tma<T, Major::K, T::BLOCK_M, 2>(a);
+  auto tma_a = make_tma<T, Major::K, 64, 2>(a);  // 64-row boxes (grouped_gemm_fp8_sm90.cuh)
   auto tma_b = make_tma<T, Major::K, T::BLOCK_N, 3>(b);
   const GroupArgs groups = fp8_group_args(args);
   const Fp8ActScales sa = fp8_act_scales(args);
@@ -102,7 +103,8 @@ void launch(const Fp8GroupedGemmArgs& args, const typename Epilogue::Params& epi
   static_assert(kSmem <= 227 * 1024, "shared memory of one CTA on sm_90 is at most 227 KiB");
   set_shared_memory_limit<kernel>(kSmem);
   kernel<<<device_sm_count(), T::kThreads, kSmem, static_cast<cudaStream_t>(stream)>>>(
-      tma_a, tma_b, groups, sa, sb, epi, a.rows, a.cols, b.rows, b.cols);
+      tma_a, tma_b, groups, sa, sb, epi, a.rows, a.cols, b.rows, b.cols,
+      fp8_trim_rows_selected(args.trim_rows) ? 1 : 0);
   EPMOE_CUDA_LAUNCH_CHECK();
 }
 
@@ -145,6 +147,14 @@ bool fp8_overlap_selected(int overlap) {
   const char* env = std::getenv("EPMOE_FP8_OVERLAP");
   if (env == nullptr) return true;
   EPMOE_CHECK_ARG(std::strcmp(env, "0") == 0 || std::strcmp(env, "1") == 0, "EPMOE_FP8_OVERLAP", "0 or 1", env);
+  return env[0] == '1';
+}
+
+bool fp8_trim_rows_selected(int trim_rows) {
+  if (trim_rows >= 0) return trim_rows != 0;
+  const char* env = std::getenv("EPMOE_FP8_TRIM_ROWS");  // per launch: benches flip it
+  if (env == nullptr) return true;
+  EPMOE_CHECK_ARG(std::strcmp(env, "0") == 0 || std::strcmp(env, "1") == 0, "EPMOE_FP8_TRIM_ROWS", "0 or 1", env);
   return env[0] == '1';
 }
 

@@ -19,6 +19,13 @@
 // tile's 128 fp32 activation scales per stage faulted with an illegal instruction on the H200 for
 // a tile past the last row; plain loads need no descriptor and cost two L2 hits per k-block.)
 //
+// Row boxes: A arrives in 64-row boxes, one per consumer warpgroup. With trim_rows a tile loads
+// only the boxes that hold rows of its group, and a warpgroup whose 64 rows all lie past them
+// passes its stages through without MMAs: an expert's last m-tile is often a few rows (at 128 or
+// 256 rows per expert on average, about half the experts of deepseek-v3 and gpt-oss have one), and
+// such a tile then costs one warpgroup's MMAs and half of A's bytes. The outputs are the same (the
+// epilogue masks those rows either way).
+//
 // kOverlap: two block accumulators. The wgmmas of k-block kt + 1 are issued into the other one
 // before k-block kt is waited for (wgmma.wait_group 1) and promoted, so the tensor cores work
 // during the promotion; 3 x 64 accumulator registers per consumer thread. Same promotions in
@@ -73,7 +80,18 @@ struct Fp8GemmTraits {
   using TiledMma = decltype(make_tiled_mma(MmaAtom{}, Layout<Shape<Int<kWarpgroupsPerTile>, _1, _1>>{}));
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   static constexpr uint32_t kTxBytes = static_cast<uint32_t>(BLOCK_M * BLOCK_K + BLOCK_N * BLOCK_K);
+  // A in 64-row boxes (this file's kernel): a stage's transaction starts at B and one box.
+  static constexpr uint32_t kBoxBytes = static_cast<uint32_t>(64 * BLOCK_K);
+  static constexpr uint32_t kBoxedTxBytes = kBoxBytes + static_cast<uint32_t>(BLOCK_N * BLOCK_K);
 };
+
+// The 64-row boxes of A a tile loads: those holding its rows (trim_rows), else all of them.
+template <class Traits>
+__device__ __forceinline__ int fp8_row_boxes(int rows_valid, bool trim_rows) {
+  if (!trim_rows) return Traits::kConsumerWarpgroups;
+  const int boxes = (rows_valid + 63) / 64;
+  return boxes < 1 ? 1 : (boxes > Traits::kConsumerWarpgroups ? Traits::kConsumerWarpgroups : boxes);
+}
 
 template <class Traits, int kEpilogueBytesPerWarpgroup>
 struct alignas(1024) Fp8SharedStorage {
@@ -96,7 +114,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     grouped_gemm_fp8_kernel(CUTE_GRID_CONSTANT const TmaA tma_a, CUTE_GRID_CONSTANT const TmaB tma_b,
                             const GroupArgs group_args, const Fp8ActScales sa_args,
                             const Fp8WeightScales sb, CUTE_GRID_CONSTANT const typename Epilogue::Params epi_params,
-                            int64_t a_rows, int64_t a_cols, int64_t b_rows, int64_t b_cols) {
+                            int64_t a_rows, int64_t a_cols, int64_t b_rows, int64_t b_cols, int trim_rows) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BM = Traits::BLOCK_M, BN = Traits::BLOCK_N, BK = Traits::BLOCK_K;
   static_assert(!kOverlap || Traits::kConsumerWarpgroups == 2, "three warpgroups: one block accumulator");
@@ -112,7 +130,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int lane_predicate = cute::elect_one_sync();
 
   Pipeline pipeline(smem.pipeline,
-                    fp8_pipeline_params<Pipeline>(warpgroup, warp_in_group, lane_predicate, Traits::kTxBytes,
+                    fp8_pipeline_params<Pipeline>(warpgroup, warp_in_group, lane_predicate, Traits::kBoxedTxBytes,
                                                   128 * Traits::kWarpgroupsPerTile),
                     Shape<_1, _1, _1>{});
   fp8_prefetch_descriptors(tma_a, tma_b);
@@ -120,6 +138,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   Tensor sA = make_tensor(make_smem_ptr(smem.a.data()), typename Traits::SmemLayoutA{});
   Tensor sB = make_tensor(make_smem_ptr(smem.b.data()), typename Traits::SmemLayoutB{});
+  // (64, BK, boxes, PIPE): the stage's 64-row boxes of A (the swizzle atom's rows run along M first,
+  // so a box is 8 KiB of contiguous, whole atoms)
+  Tensor sA_boxes = flat_divide(sA, Shape<_64, Int<BK>>{})(_, _, _, 0, _);
 
   if (warpgroup == 0) {
     // ---------------- producer: one thread issues every TMA load ----------------
@@ -130,11 +151,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       PipelineState write_state = cutlass::make_producer_start_state<Pipeline>();
       for (int tile = blockIdx.x; tile < sched.total; tile += gridDim.x) {
         const TileCoord t = sched.at(tile);
-        Tensor gA = local_tile(domain_offset(make_coord(t.row0, 0), mA), Shape<Int<BM>, Int<BK>>{},
-                               make_coord(0, _));  // (BM, BK, k)
+        Tensor gA = local_tile(domain_offset(make_coord(t.row0, 0), mA), Shape<_64, Int<BK>>{},
+                               make_coord(_, _));  // (64, BK, boxes, k)
         Tensor gB = local_tile(domain_offset(make_coord(static_cast<int64_t>(t.n_tile) * BN, 0, t.group), mB)(_, _, 0),
                                Shape<Int<BN>, Int<BK>>{}, make_coord(0, _));  // (BN, BK, k)
-        fp8_load_k_blocks(pipeline, write_state, tma_a, tma_b, gA, gB, sA, sB, t.k_tiles);
+        fp8_load_k_blocks_boxed<Traits::kBoxBytes>(pipeline, write_state, tma_a, tma_b, gA, gB, sA_boxes, sB,
+                                                   t.k_tiles, fp8_row_boxes<Traits>(t.rows_valid, trim_rows != 0));
       }
     }
   } else {
@@ -181,7 +203,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       auto scales_of = [&](int kb) {
         return Fp8RowScales{__ldg(sb_S + kb), fp8_act_scale(sa, row0, kb), fp8_act_scale(sa, row1, kb)};
       };
-      if constexpr (kOverlap) {
+      if (wg >= fp8_row_boxes<Traits>(t.rows_valid, trim_rows != 0)) {
+        fp8_pass_k_blocks(pipeline, read_state, release_state, t.k_tiles);  // no rows: total stays 0
+      } else if constexpr (kOverlap) {
         fp8_overlapped_k_blocks(t.k_tiles, block0, block1, scales_of, issue, retire);
       } else {
         Fp8RowScales next = scales_of(0);
