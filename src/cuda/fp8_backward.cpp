@@ -5,6 +5,7 @@
 
 #include "core/formats/fp8_block.h"
 #include "core/fp8_terms.h"
+#include "core/plan_terms.h"
 #include "cuda/formats/formats.h"
 #include "cuda/dispatch.h"
 #include "cuda/fp8_forward.h"
@@ -79,6 +80,7 @@ Fp8GroupedGemmArgs dgrad_args(const Step& s, const ScratchRows& a_rows, const ui
   a.M = s.capacity_rows;
   a.N = K;
   a.K = N;
+  a.trim_rows = fp8_trim_rows_rule(balanced_rows_per_expert(s.dims));
   return a;
 }
 

@@ -5,6 +5,7 @@
 
 #include "core/formats/fp8_block.h"
 #include "core/fp8_terms.h"
+#include "core/plan_terms.h"
 #include "cuda/formats/formats.h"
 #include "cuda/gemm/fp8_gemm.h"
 #include "cuda/placed_copy.h"
@@ -25,6 +26,7 @@ Fp8GroupedGemmArgs step_gemm(const Step& s, int64_t N, int64_t K) {
   a.M = s.capacity_rows;
   a.N = N;
   a.K = K;
+  a.trim_rows = fp8_trim_rows_rule(balanced_rows_per_expert(s.dims));
   return a;
 }
 

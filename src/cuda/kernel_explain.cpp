@@ -82,20 +82,28 @@ std::string fp8_tile_text(cuda::Fp8Tile t) {
   return "?";
 }
 
-// The FP8 GEMMs whose output rows are D wide (W2 FPROP, W13 DGRAD): fp8_tile_for_d_rows.
-std::string fp8_d_rows(int64_t N, int64_t K) {
+// The cooperative tiles' row trimming (fp8_trim_rows_rule on T*K/E).
+std::string fp8_trim(const Step& s, cuda::Fp8Tile t) {
+  if (t != cuda::Fp8Tile::m128_n128 && t != cuda::Fp8Tile::m192_n128) return "";
   std::string why;
-  const cuda::Fp8Tile t = cuda::fp8_tile_for_d_rows(N, K, &why);
-  return "fp8 " + fp8_tile_text(t) + " [" + why + "]";
+  const int trim = cuda::fp8_trim_rows_rule(balanced_rows_per_expert(s.dims), &why);
+  return std::string(trim != 0 ? ", tiles trimmed to their rows" : ", whole tiles") + " [" + why + "]";
 }
 
-std::string fp8_128(const char* what) {
+// The FP8 GEMMs whose output rows are D wide (W2 FPROP, W13 DGRAD): fp8_tile_for_d_rows.
+std::string fp8_d_rows(const Step& s, int64_t N, int64_t K) {
+  std::string why;
+  const cuda::Fp8Tile t = cuda::fp8_tile_for_d_rows(N, K, &why);
+  return "fp8 " + fp8_tile_text(t) + " [" + why + "]" + fp8_trim(s, t);
+}
+
+std::string fp8_128(const Step& s, const char* what) {
   const cuda::Fp8Tile t = cuda::fp8_tile_from_env();
   std::string out = std::string("fp8 ") + fp8_tile_text(t);
   if (t == cuda::Fp8Tile::m128_n128) {
     out += cuda::fp8_overlap_selected(-1) ? ", two block accumulators" : ", one block accumulator";
   }
-  return out + what;
+  return out + fp8_trim(s, t) + what;
 }
 
 std::string fp8_wgrad(const Step& s, int64_t N, int64_t L) {
@@ -171,11 +179,11 @@ std::string explain_cuda_kernels(const Config& config, int ep_size) {
     return os.str();
   }
   if (f.precision == Precision::fp8_block) {
-    line("w13_fprop", fp8_128(" (stores h13; the SwiGLU and h's E4M3 rows in their own kernel)"));
-    line("w2_fprop", fp8_d_rows(D, F) + " (" + w2_rows + ")");
+    line("w13_fprop", fp8_128(s, " (stores h13; the SwiGLU and h's E4M3 rows in their own kernel)"));
+    line("w2_fprop", fp8_d_rows(s, D, F) + " (" + w2_rows + ")");
     if (f.inference) return os.str();
-    line("w2_dgrad", fp8_128(" (then the SwiGLU backward: EPMOE_SWIGLU_BACKWARD)"));
-    line("w13_dgrad", fp8_d_rows(D, 2 * F) + " (" + w13_rows + ")");
+    line("w2_dgrad", fp8_128(s, " (then the SwiGLU backward: EPMOE_SWIGLU_BACKWARD)"));
+    line("w13_dgrad", fp8_d_rows(s, D, 2 * F) + " (" + w13_rows + ")");
     os << "  weight gradients: " << plan.fp8_wgrad_reason << "\n";
     if (plan.fp8_wgrad == Fp8Wgrad::fp8) {
       line("w2_wgrad", fp8_wgrad(s, D, F));

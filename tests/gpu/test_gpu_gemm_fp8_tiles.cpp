@@ -198,7 +198,7 @@ TEST(GpuGemmFp8Tiles, TrimmedTilesEqualWholeTilesBitwise) {
 }
 
 // Host only: EPMOE_FP8_TRIM_ROWS decides where trim_rows = -1 (unset: trimmed); 0 and 1 decide
-// themselves.
+// themselves. The layer's rule: trimmed from 256 rows per expert, the variable over it.
 TEST(GpuGemmFp8Tiles, TrimRowsFromEnvironment) {
   {
     const ScopedEnv unset("EPMOE_FP8_TRIM_ROWS", nullptr);
@@ -209,6 +209,15 @@ TEST(GpuGemmFp8Tiles, TrimRowsFromEnvironment) {
     const ScopedEnv off("EPMOE_FP8_TRIM_ROWS", "0");
     EXPECT_FALSE(cuda::fp8_trim_rows_selected(-1));
     EXPECT_TRUE(cuda::fp8_trim_rows_selected(1));
+  }
+  {
+    const ScopedEnv unset("EPMOE_FP8_TRIM_ROWS", nullptr);
+    EXPECT_EQ(cuda::fp8_trim_rows_rule(128), 0);   // deepseek-v3
+    EXPECT_EQ(cuda::fp8_trim_rows_rule(255), 0);
+    EXPECT_EQ(cuda::fp8_trim_rows_rule(256), 1);   // gpt-oss-120b
+    EXPECT_EQ(cuda::fp8_trim_rows_rule(2048), 1);  // mixtral-8x7b
+    const ScopedEnv on("EPMOE_FP8_TRIM_ROWS", "1");
+    EXPECT_EQ(cuda::fp8_trim_rows_rule(128), 1);
   }
   const ScopedEnv bad("EPMOE_FP8_TRIM_ROWS", "yes");
   std::string field;

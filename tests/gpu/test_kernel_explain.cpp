@@ -43,7 +43,7 @@ struct NoOverrides {
       f{"EPMOE_GEMM_SCHEDULE_W2_DGRAD", nullptr}, g{"EPMOE_GEMM_CLUSTER", nullptr},
       h{"EPMOE_GEMM_CLUSTER_WGRAD", nullptr}, i{"EPMOE_FP8_TILE", nullptr}, j{"EPMOE_FP8_OVERLAP", nullptr},
       k{"EPMOE_FP8_WGRAD_TILE", nullptr}, l{"EPMOE_FP8_WGRAD_SCALES", nullptr},
-      m{"EPMOE_FP8_WGRAD_MULTICAST", nullptr};
+      m{"EPMOE_FP8_WGRAD_MULTICAST", nullptr}, n{"EPMOE_FP8_TRIM_ROWS", nullptr};
 };
 
 TEST(KernelExplain, Bf16TrainingNamesEachGemmsKernelAndRule) {
@@ -134,6 +134,18 @@ TEST(KernelExplain, Fp8TrainingTilesAndWeightGradients) {
       << qw;
   EXPECT_NE(qw.find("weight gradients: bf16"), std::string::npos) << qw;
   EXPECT_NE(line_of(qw, "w13_wgrad").find("bf16, cooperative"), std::string::npos) << qw;
+  // Row trimming of the cooperative tiles by T*K/E; the ping-pong tile has none to name.
+  EXPECT_NE(line_of(mx, "w13_fprop").find("tiles trimmed to their rows [T*K/E 2048 >= 256]"), std::string::npos)
+      << mx;
+  EXPECT_EQ(line_of(qw, "w2_fprop").find("trimmed"), std::string::npos) << qw;
+  const std::string ds = explain_cuda_kernels(Config(deepseek(Precision::fp8_block)), 1);
+  EXPECT_NE(line_of(ds, "w2_dgrad").find("whole tiles [T*K/E 128 < 256]"), std::string::npos) << ds;
+  {
+    const ScopedEnv forced("EPMOE_FP8_TRIM_ROWS", "1");
+    EXPECT_NE(line_of(explain_cuda_kernels(Config(deepseek(Precision::fp8_block)), 1), "w13_fprop")
+                  .find("tiles trimmed to their rows [EPMOE_FP8_TRIM_ROWS=1 (override)]"),
+              std::string::npos);
+  }
   const ScopedEnv tile("EPMOE_FP8_WGRAD_TILE", "128x128");
   EXPECT_NE(line_of(explain_cuda_kernels(Config(mixtral(Precision::fp8_block)), 1), "w13_wgrad")
                 .find("128 x 128, scales in the stage"),

@@ -109,4 +109,13 @@ bool fp8_overlap_selected(int overlap);
 // Whether a launch with Fp8GroupedGemmArgs::trim_rows = `trim_rows` trims its tiles to their rows.
 bool fp8_trim_rows_selected(int trim_rows);
 
+// The layer's trim_rows (0 or 1) for experts of `rows_per_expert` rows under balanced routing
+// (T*K/E): EPMOE_FP8_TRIM_ROWS when set, else trimmed from 256 rows. Measured (bench/RESULTS.md
+// "2026-12-03 · 1732616", fp8-train, stages against whole tiles): gpt-oss (~256 rows) W2 FPROP,
+// W2 DGRAD and W13 DGRAD x0.92-0.95; qwen3 (~512) and mixtral (~2048) within the spread (the GEMM
+// alone on routed rows x0.96-0.98); deepseek-v3 (~128) W13 FPROP and W2 DGRAD x1.08-1.10 slower.
+// There the weights' bytes per FLOP are at the HBM ridge and an expert's two m-tiles, run side by
+// side, read each weight block once; a trimmed half tile finishes first (not verified by a counter).
+int fp8_trim_rows_rule(int64_t rows_per_expert, std::string* why = nullptr);
+
 }  // namespace epmoe::cuda

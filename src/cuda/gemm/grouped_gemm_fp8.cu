@@ -36,6 +36,9 @@ using Traits = Fp8GemmTraits<128, 6>;
 // staging); 1.2x the FLOPs per operand byte of 128 x 128, one block accumulator.
 using Traits192 = Fp8GemmTraits<128, 4, 192>;
 
+// fp8_trim_rows_rule's bound (fp8_gemm.h says what was measured).
+constexpr int64_t kFp8TrimRowsMinRows = 256;
+
 void check_args(const Fp8GroupedGemmArgs& a) {
   EPMOE_CHECK_ARG(a.E >= 1 && a.E <= kMaxGroups, "E", "1 .. " + std::to_string(kMaxGroups), a.E);
   EPMOE_CHECK_ARG(a.M >= 0, "M", ">= 0", a.M);
@@ -156,6 +159,19 @@ bool fp8_trim_rows_selected(int trim_rows) {
   if (env == nullptr) return true;
   EPMOE_CHECK_ARG(std::strcmp(env, "0") == 0 || std::strcmp(env, "1") == 0, "EPMOE_FP8_TRIM_ROWS", "0 or 1", env);
   return env[0] == '1';
+}
+
+int fp8_trim_rows_rule(int64_t rows_per_expert, std::string* why) {
+  if (const char* env = std::getenv("EPMOE_FP8_TRIM_ROWS"); env != nullptr) {
+    if (why != nullptr) *why += std::string("EPMOE_FP8_TRIM_ROWS=") + env + " (override)";
+    return fp8_trim_rows_selected(-1) ? 1 : 0;
+  }
+  const bool trim = rows_per_expert >= kFp8TrimRowsMinRows;
+  if (why != nullptr) {
+    *why += "T*K/E " + std::to_string(rows_per_expert) + (trim ? " >= " : " < ") +
+            std::to_string(kFp8TrimRowsMinRows);
+  }
+  return trim ? 1 : 0;
 }
 
 void fp8_grouped_gemm(const Fp8GroupedGemmArgs& args, void* stream) {
