@@ -80,7 +80,7 @@ Fp8GroupedGemmArgs dgrad_args(const Step& s, const ScratchRows& a_rows, const ui
   a.M = s.capacity_rows;
   a.N = K;
   a.K = N;
-  a.trim_rows = fp8_trim_rows_rule(balanced_rows_per_expert(s.dims));
+  a.trim_rows = fp8_trim_rows_rule(balanced_rows_per_expert(s.dims), fp8_tile_from_env());
   return a;
 }
 
@@ -237,7 +237,8 @@ void fp8_w13_dgrad(const Step& s, bool scatter) {
   Fp8GroupedGemmArgs a = dgrad_args(s, g, s.w13_q_EFD, s.w13_scales_EBS,
                                     {s.w13_qt_EDF, s.w13_scales_t_EBS}, 2 * F, D);
   fp8_rows_output(s, scatter, a);
-  a.tile = fp8_tile_for_d_rows(a.N, a.K);
+  a.tile = fp8_tile_for_d_rows(a.N, a.K, balanced_rows_per_expert(s.dims));
+  a.trim_rows = fp8_trim_rows_rule(balanced_rows_per_expert(s.dims), a.tile);
   fp8_grouped_gemm(a, s.stream);
 }
 

@@ -26,7 +26,7 @@ Fp8GroupedGemmArgs step_gemm(const Step& s, int64_t N, int64_t K) {
   a.M = s.capacity_rows;
   a.N = N;
   a.K = K;
-  a.trim_rows = fp8_trim_rows_rule(balanced_rows_per_expert(s.dims));
+  a.trim_rows = fp8_trim_rows_rule(balanced_rows_per_expert(s.dims), fp8_tile_from_env());
   return a;
 }
 
@@ -115,7 +115,8 @@ void fp8_w2_fprop(const Step& s, bool scatter) {
   a.b_ENK = s.w2_q_EDF;
   a.b_scales_EBS = s.w2_scales_EBS;
   fp8_rows_output(s, scatter, a);
-  a.tile = fp8_tile_for_d_rows(a.N, a.K);
+  a.tile = fp8_tile_for_d_rows(a.N, a.K, balanced_rows_per_expert(s.dims));
+  a.trim_rows = fp8_trim_rows_rule(balanced_rows_per_expert(s.dims), a.tile);
   // Per-rank combine: the rows are h3, which the send reads at placed_h3_rows: the call scratch's
   // rows_MD, where the GEMM stores them (the planner's h3 offset is the geometry's scratch_rows;
   // without a plan Step::h3_MD is rows_MD), so no copy follows.

@@ -86,14 +86,14 @@ std::string fp8_tile_text(cuda::Fp8Tile t) {
 std::string fp8_trim(const Step& s, cuda::Fp8Tile t) {
   if (t != cuda::Fp8Tile::m128_n128 && t != cuda::Fp8Tile::m192_n128) return "";
   std::string why;
-  const int trim = cuda::fp8_trim_rows_rule(balanced_rows_per_expert(s.dims), &why);
+  const int trim = cuda::fp8_trim_rows_rule(balanced_rows_per_expert(s.dims), t, &why);
   return std::string(trim != 0 ? ", tiles trimmed to their rows" : ", whole tiles") + " [" + why + "]";
 }
 
 // The FP8 GEMMs whose output rows are D wide (W2 FPROP, W13 DGRAD): fp8_tile_for_d_rows.
 std::string fp8_d_rows(const Step& s, int64_t N, int64_t K) {
   std::string why;
-  const cuda::Fp8Tile t = cuda::fp8_tile_for_d_rows(N, K, &why);
+  const cuda::Fp8Tile t = cuda::fp8_tile_for_d_rows(N, K, balanced_rows_per_expert(s.dims), &why);
   return "fp8 " + fp8_tile_text(t) + " [" + why + "]" + fp8_trim(s, t);
 }
 

@@ -212,12 +212,18 @@ TEST(GpuGemmFp8Tiles, TrimRowsFromEnvironment) {
   }
   {
     const ScopedEnv unset("EPMOE_FP8_TRIM_ROWS", nullptr);
-    EXPECT_EQ(cuda::fp8_trim_rows_rule(128), 0);   // deepseek-v3
-    EXPECT_EQ(cuda::fp8_trim_rows_rule(255), 0);
-    EXPECT_EQ(cuda::fp8_trim_rows_rule(256), 1);   // gpt-oss-120b
-    EXPECT_EQ(cuda::fp8_trim_rows_rule(2048), 1);  // mixtral-8x7b
+    const Fp8Tile t128 = Fp8Tile::m128_n128;
+    EXPECT_EQ(cuda::fp8_trim_rows_rule(128, t128), 0);   // deepseek-v3
+    EXPECT_EQ(cuda::fp8_trim_rows_rule(255, t128), 0);
+    EXPECT_EQ(cuda::fp8_trim_rows_rule(256, t128), 1);   // gpt-oss-120b
+    EXPECT_EQ(cuda::fp8_trim_rows_rule(2048, t128), 1);  // mixtral-8x7b
+    EXPECT_EQ(cuda::fp8_trim_rows_rule(128, Fp8Tile::m192_n128), 1);  // the tall tile: always
     const ScopedEnv on("EPMOE_FP8_TRIM_ROWS", "1");
-    EXPECT_EQ(cuda::fp8_trim_rows_rule(128), 1);
+    EXPECT_EQ(cuda::fp8_trim_rows_rule(128, t128), 1);
+  }
+  {
+    const ScopedEnv off("EPMOE_FP8_TRIM_ROWS", "0");
+    EXPECT_EQ(cuda::fp8_trim_rows_rule(128, Fp8Tile::m192_n128), 0);
   }
   const ScopedEnv bad("EPMOE_FP8_TRIM_ROWS", "yes");
   std::string field;
@@ -240,16 +246,19 @@ TEST(GpuGemmFp8Tiles, SkipFlagLeavesOutputUntouched) {
   }
 }
 
-// Host only: the tile of the D-wide GEMMs (W2 FPROP, W13 DGRAD) by the rule, and EPMOE_FP8_TILE
-// over it when set.
+// Host only: the tile of the D-wide GEMMs (W2 FPROP, W13 DGRAD) by the rule (K against N, then rows
+// per expert), and EPMOE_FP8_TILE over it when set.
 TEST(GpuGemmFp8Tiles, TileForDRowsRule) {
   const ScopedEnv unset("EPMOE_FP8_TILE", nullptr);
-  EXPECT_EQ(cuda::fp8_tile_for_d_rows(2048, 768), Fp8Tile::m64_n256_spread);   // qwen3 W2 FPROP
-  EXPECT_EQ(cuda::fp8_tile_for_d_rows(7168, 4096), Fp8Tile::m64_n256_spread);  // deepseek W13 DGRAD
-  EXPECT_EQ(cuda::fp8_tile_for_d_rows(2880, 2880), Fp8Tile::m128_n128);        // gpt-oss W2 FPROP
-  EXPECT_EQ(cuda::fp8_tile_for_d_rows(4096, 28672), Fp8Tile::m128_n128);       // mixtral W13 DGRAD
+  EXPECT_EQ(cuda::fp8_tile_for_d_rows(2048, 768, 512), Fp8Tile::m64_n256_spread);  // qwen3 W2 FPROP
+  EXPECT_EQ(cuda::fp8_tile_for_d_rows(7168, 4096, 128), Fp8Tile::m192_n128);        // deepseek W13 DGRAD
+  EXPECT_EQ(cuda::fp8_tile_for_d_rows(7168, 2048, 192), Fp8Tile::m192_n128);
+  EXPECT_EQ(cuda::fp8_tile_for_d_rows(7168, 2048, 193), Fp8Tile::m64_n256_spread);
+  EXPECT_EQ(cuda::fp8_tile_for_d_rows(2880, 2880, 256), Fp8Tile::m128_n128);        // gpt-oss W2 FPROP
+  EXPECT_EQ(cuda::fp8_tile_for_d_rows(4096, 28672, 2048), Fp8Tile::m128_n128);      // mixtral W13 DGRAD
+  EXPECT_EQ(cuda::fp8_tile_for_d_rows(2880, 2880, 64), Fp8Tile::m128_n128);         // K >= N: rows aside
   const ScopedEnv forced("EPMOE_FP8_TILE", "128x128");
-  EXPECT_EQ(cuda::fp8_tile_for_d_rows(2048, 768), Fp8Tile::m128_n128);
+  EXPECT_EQ(cuda::fp8_tile_for_d_rows(2048, 768, 128), Fp8Tile::m128_n128);
 }
 
 // Host only: EPMOE_FP8_TILE is parsed before any CUDA call (M = 0 launches nothing).

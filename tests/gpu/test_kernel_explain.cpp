@@ -129,7 +129,7 @@ TEST(KernelExplain, Fp8TrainingTilesAndWeightGradients) {
       << mx;
   EXPECT_NE(mx.find("weight gradients: fp8: 2048 rows per expert"), std::string::npos) << mx;
   const std::string qw = explain_cuda_kernels(Config(qwen3(Precision::fp8_block)), 1);
-  EXPECT_NE(line_of(qw, "w2_fprop").find("64 x 256 ping-pong, halves on neighbouring CTAs [K 768 < N 2048]"),
+  EXPECT_NE(line_of(qw, "w2_fprop").find("64 x 256 ping-pong, halves on neighbouring CTAs [K 768 < N 2048, T*K/E 512 > 192]"),
             std::string::npos)
       << qw;
   EXPECT_NE(qw.find("weight gradients: bf16"), std::string::npos) << qw;
@@ -140,6 +140,11 @@ TEST(KernelExplain, Fp8TrainingTilesAndWeightGradients) {
   EXPECT_EQ(line_of(qw, "w2_fprop").find("trimmed"), std::string::npos) << qw;
   const std::string ds = explain_cuda_kernels(Config(deepseek(Precision::fp8_block)), 1);
   EXPECT_NE(line_of(ds, "w2_dgrad").find("whole tiles [T*K/E 128 < 256]"), std::string::npos) << ds;
+  EXPECT_NE(line_of(ds, "w2_fprop")
+                .find("fp8 192 x 128, cooperative, one block accumulator [K 2048 < N 7168, T*K/E 128 <= 192], "
+                      "tiles trimmed to their rows [192 x 128]"),
+            std::string::npos)
+      << ds;
   {
     const ScopedEnv forced("EPMOE_FP8_TRIM_ROWS", "1");
     EXPECT_NE(line_of(explain_cuda_kernels(Config(deepseek(Precision::fp8_block)), 1), "w13_fprop")

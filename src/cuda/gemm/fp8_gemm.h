@@ -20,7 +20,8 @@ namespace epmoe::cuda {
 // KiB. m192_n128: three on a 192 x 128 tile, 4 stages of 40 KiB, one block accumulator (1.2x the
 // FLOPs per operand byte from L2; plain and combine-slot rows only): not faster than 128 x 128
 // with two block accumulators on mixtral-8x7b's W13 FPROP and W2 DGRAD, slower elsewhere (bench/
-// RESULTS.md a32061d), so no rule picks it. m64_n256: ping-pong, each
+// RESULTS.md a32061d); fp8_tile_for_d_rows picks it, trimmed to its rows, for experts of few rows.
+// m64_n256: ping-pong, each
 // warpgroup its own 64 x 256 tile, 5 stages of 40 KiB (more weight bytes in flight); a CTA runs
 // the two 64-row halves of a 128-row block back to back. m64_n256_spread: the same tile, the two
 // halves on neighbouring CTAs at the same time. All compute every output bitwise alike.
@@ -30,14 +31,17 @@ enum class Fp8Tile { from_env, m128_n128, m64_n256, m64_n256_spread, m192_n128 }
 Fp8Tile fp8_tile_from_env();
 
 // The tile of the FP8 GEMMs whose output rows are D wide (W2 FPROP, W13 DGRAD): EPMOE_FP8_TILE when
-// set, else ping-pong 64 x 256 spread where the contraction is shorter than the output row (K < N:
-// the epilogue weighs most, and ping-pong runs it under the other warpgroup's MMA), else 128 x 128.
-// Stage ms 128 x 128 / spread with every FP8 GEMM on one tile (bench/RESULTS.md e86d331): W2
+// set, else where the contraction is shorter than the output row (K < N: the epilogue weighs most)
+// 192 x 128 up to 192 rows per expert (T*K/E; an expert's rows then mostly fit one m-tile, which
+// reads each weight block once, and trimming idles the warpgroups past them), ping-pong 64 x 256
+// spread above (it runs the epilogue under the other warpgroup's MMA), else 128 x 128. 192 x 128
+// trimmed against spread, deepseek-v3 fp8-train (~128 rows), two alternating pairs (bench/RESULTS.md
+// "2026-12-03 · 1732616"): W2 FPROP x0.94 / 0.96, W13 DGRAD x0.92 / 0.93. Stage ms 128 x 128 / spread with every FP8 GEMM on one tile (bench/RESULTS.md e86d331): W2
 // FPROP qwen3 0.385 / 0.327, deepseek-v3 1.853 / 1.512 (K < N), gpt-oss 0.756 / 0.821, mixtral
 // 1.758 / 2.559; W13 DGRAD qwen3 0.578 / 0.545, deepseek-v3 3.474 / 2.985 (K < N), gpt-oss
 // 1.336 / 1.576, mixtral 3.428 / 5.012. The other GEMMs ran faster on 128 x 128 on every shape.
 // With `why`, appends the rule and values or the override that chose it.
-Fp8Tile fp8_tile_for_d_rows(int64_t N, int64_t K, std::string* why = nullptr);
+Fp8Tile fp8_tile_for_d_rows(int64_t N, int64_t K, int64_t rows_per_expert, std::string* why = nullptr);
 
 // The W2 DGRAD's SwiGLU backward in the epilogue (gemm/fp8_swiglu_epilogue.cuh): the GEMM's
 // output is grad_h [M, F] (N = F, a multiple of 128), which is not stored; instead, bitwise what
@@ -110,12 +114,13 @@ bool fp8_overlap_selected(int overlap);
 bool fp8_trim_rows_selected(int trim_rows);
 
 // The layer's trim_rows (0 or 1) for experts of `rows_per_expert` rows under balanced routing
-// (T*K/E): EPMOE_FP8_TRIM_ROWS when set, else trimmed from 256 rows. Measured (bench/RESULTS.md
+// (T*K/E) on `tile`: EPMOE_FP8_TRIM_ROWS when set, else trimmed on 192 x 128 (chosen for few rows,
+// fp8_tile_for_d_rows) and from 256 rows on 128 x 128. Measured (bench/RESULTS.md
 // "2026-12-03 · 1732616", fp8-train, stages against whole tiles): gpt-oss (~256 rows) W2 FPROP,
 // W2 DGRAD and W13 DGRAD x0.92-0.95; qwen3 (~512) and mixtral (~2048) within the spread (the GEMM
 // alone on routed rows x0.96-0.98); deepseek-v3 (~128) W13 FPROP and W2 DGRAD x1.08-1.10 slower.
 // There the weights' bytes per FLOP are at the HBM ridge and an expert's two m-tiles, run side by
 // side, read each weight block once; a trimmed half tile finishes first (not verified by a counter).
-int fp8_trim_rows_rule(int64_t rows_per_expert, std::string* why = nullptr);
+int fp8_trim_rows_rule(int64_t rows_per_expert, Fp8Tile tile, std::string* why = nullptr);
 
 }  // namespace epmoe::cuda

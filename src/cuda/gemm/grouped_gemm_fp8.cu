@@ -36,8 +36,9 @@ using Traits = Fp8GemmTraits<128, 6>;
 // staging); 1.2x the FLOPs per operand byte of 128 x 128, one block accumulator.
 using Traits192 = Fp8GemmTraits<128, 4, 192>;
 
-// fp8_trim_rows_rule's bound (fp8_gemm.h says what was measured).
+// fp8_trim_rows_rule's and fp8_tile_for_d_rows' bounds (fp8_gemm.h says what was measured).
 constexpr int64_t kFp8TrimRowsMinRows = 256;
+constexpr int64_t kFp8TallTileMaxRows = 192;
 
 void check_args(const Fp8GroupedGemmArgs& a) {
   EPMOE_CHECK_ARG(a.E >= 1 && a.E <= kMaxGroups, "E", "1 .. " + std::to_string(kMaxGroups), a.E);
@@ -134,13 +135,19 @@ Fp8Tile fp8_tile_from_env() {
   return Fp8Tile::m64_n256_spread;
 }
 
-Fp8Tile fp8_tile_for_d_rows(int64_t N, int64_t K, std::string* why) {
+Fp8Tile fp8_tile_for_d_rows(int64_t N, int64_t K, int64_t rows_per_expert, std::string* why) {
   if (const char* env = std::getenv("EPMOE_FP8_TILE"); env != nullptr) {
     if (why != nullptr) *why += std::string("EPMOE_FP8_TILE=") + env + " (override)";
     return fp8_tile_from_env();
   }
   if (why != nullptr) *why += "K " + std::to_string(K) + (K < N ? " < N " : " >= N ") + std::to_string(N);
-  return K < N ? Fp8Tile::m64_n256_spread : Fp8Tile::m128_n128;
+  if (K >= N) return Fp8Tile::m128_n128;
+  const bool tall = rows_per_expert <= kFp8TallTileMaxRows;
+  if (why != nullptr) {
+    *why += ", T*K/E " + std::to_string(rows_per_expert) + (tall ? " <= " : " > ") +
+            std::to_string(kFp8TallTileMaxRows);
+  }
+  return tall ? Fp8Tile::m192_n128 : Fp8Tile::m64_n256_spread;
 }
 
 bool fp8_overlap_selected(int overlap) {
@@ -161,10 +168,14 @@ bool fp8_trim_rows_selected(int trim_rows) {
   return env[0] == '1';
 }
 
-int fp8_trim_rows_rule(int64_t rows_per_expert, std::string* why) {
+int fp8_trim_rows_rule(int64_t rows_per_expert, Fp8Tile tile, std::string* why) {
   if (const char* env = std::getenv("EPMOE_FP8_TRIM_ROWS"); env != nullptr) {
     if (why != nullptr) *why += std::string("EPMOE_FP8_TRIM_ROWS=") + env + " (override)";
     return fp8_trim_rows_selected(-1) ? 1 : 0;
+  }
+  if (tile == Fp8Tile::m192_n128) {
+    if (why != nullptr) *why += "192 x 128";
+    return 1;
   }
   const bool trim = rows_per_expert >= kFp8TrimRowsMinRows;
   if (why != nullptr) {
