@@ -6,9 +6,9 @@
 // untouched by both. Shapes: F = 128, 256, 768; empty experts, single rows, row tails of a
 // 64-row half and of a 32-row round, a zero row (a zero block amax); with and without row scores,
 // SwiGLU and clamped SwiGLU, h13 at a device-held offset (a layer plan's placement), both main
-// loops (one and two block accumulators), tiles trimmed to their rows or not, and the skip flag. Also: plain rows stored at a
-// device-held offset (Fp8GroupedGemmArgs::out_offset, the W13 FPROP's h13) equal the plain store
-// on every tile; argument checks (run without a GPU).
+// loops (one and two block accumulators), tiles trimmed to their rows or not, and the skip flag.
+// Also: plain rows stored at a device-held offset (Fp8GroupedGemmArgs::out_offset, the W13 FPROP's
+// h13) equal the plain store on every tile; argument checks (run without a GPU).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 

@@ -21,10 +21,10 @@ namespace epmoe::cuda {
 // FLOPs per operand byte from L2; plain and combine-slot rows only): not faster than 128 x 128
 // with two block accumulators on mixtral-8x7b's W13 FPROP and W2 DGRAD, slower elsewhere (bench/
 // RESULTS.md a32061d); fp8_tile_for_d_rows picks it, trimmed to its rows, for experts of few rows.
-// m64_n256: ping-pong, each
-// warpgroup its own 64 x 256 tile, 5 stages of 40 KiB (more weight bytes in flight); a CTA runs
-// the two 64-row halves of a 128-row block back to back. m64_n256_spread: the same tile, the two
-// halves on neighbouring CTAs at the same time. All compute every output bitwise alike.
+// m64_n256: ping-pong, each warpgroup its own 64 x 256 tile, 5 stages of 40 KiB (more weight bytes
+// in flight); a CTA runs the two 64-row halves of a 128-row block back to back. m64_n256_spread:
+// the same tile, the two halves on neighbouring CTAs at the same time. All compute every output
+// bitwise alike.
 enum class Fp8Tile { from_env, m128_n128, m64_n256, m64_n256_spread, m192_n128 };
 
 // The tile from_env stands for now (Error(invalid_argument) naming EPMOE_FP8_TILE if unrecognised).
@@ -36,10 +36,11 @@ Fp8Tile fp8_tile_from_env();
 // reads each weight block once, and trimming idles the warpgroups past them), ping-pong 64 x 256
 // spread above (it runs the epilogue under the other warpgroup's MMA), else 128 x 128. 192 x 128
 // trimmed against spread, deepseek-v3 fp8-train (~128 rows), two alternating pairs (bench/RESULTS.md
-// "2026-12-03 · 1732616"): W2 FPROP x0.94 / 0.96, W13 DGRAD x0.92 / 0.93. Stage ms 128 x 128 / spread with every FP8 GEMM on one tile (bench/RESULTS.md e86d331): W2
-// FPROP qwen3 0.385 / 0.327, deepseek-v3 1.853 / 1.512 (K < N), gpt-oss 0.756 / 0.821, mixtral
-// 1.758 / 2.559; W13 DGRAD qwen3 0.578 / 0.545, deepseek-v3 3.474 / 2.985 (K < N), gpt-oss
-// 1.336 / 1.576, mixtral 3.428 / 5.012. The other GEMMs ran faster on 128 x 128 on every shape.
+// "2026-12-03 · 1732616, ..., 466fccd"): W2 FPROP x0.94 / 0.96, W13 DGRAD x0.92 / 0.93. Stage ms
+// 128 x 128 / spread with every FP8 GEMM on one tile (bench/RESULTS.md e86d331): W2 FPROP qwen3
+// 0.385 / 0.327, deepseek-v3 1.853 / 1.512 (K < N), gpt-oss 0.756 / 0.821, mixtral 1.758 / 2.559;
+// W13 DGRAD qwen3 0.578 / 0.545, deepseek-v3 3.474 / 2.985 (K < N), gpt-oss 1.336 / 1.576,
+// mixtral 3.428 / 5.012. The other GEMMs ran faster on 128 x 128 on every shape.
 // With `why`, appends the rule and values or the override that chose it.
 Fp8Tile fp8_tile_for_d_rows(int64_t N, int64_t K, int64_t rows_per_expert, std::string* why = nullptr);
 
