@@ -55,7 +55,8 @@ TEST(KernelExplain, Bf16TrainingNamesEachGemmsKernelAndRule) {
       std::string::npos)
       << ds;
   EXPECT_NE(line_of(ds, "w13_fprop").find("64 x 128 x 2 (gate, up), ping-pong"), std::string::npos) << ds;
-  EXPECT_NE(line_of(ds, "w2_dgrad").find("ping-pong [T*K/E = 128 rows per expert <= 192]"), std::string::npos)
+  EXPECT_NE(line_of(ds, "w2_dgrad").find("ping-pong [W2 DGRAD rule"), std::string::npos) << ds;
+  EXPECT_NE(line_of(ds, "w13_dgrad").find("ping-pong [T*K/E = 128 rows per expert <= 192]"), std::string::npos)
       << ds;
   EXPECT_NE(line_of(ds, "w13_wgrad")
                 .find("TMA stores issued by a producer warp [T*K/E = 128 rows per expert <= 192]"),
@@ -65,6 +66,7 @@ TEST(KernelExplain, Bf16TrainingNamesEachGemmsKernelAndRule) {
   EXPECT_NE(line_of(go, "w13_dgrad").find("128 x 256, cooperative [T*K/E = 256 rows per expert > 192]"),
             std::string::npos)
       << go;
+  EXPECT_NE(line_of(go, "w2_dgrad").find("64 x 256, ping-pong [W2 DGRAD rule"), std::string::npos) << go;
   EXPECT_NE(
       line_of(go, "w2_wgrad").find("TMA stores issued by the consumers [T*K/E = 256 rows per expert > 192]"),
       std::string::npos)

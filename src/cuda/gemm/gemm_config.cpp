@@ -40,13 +40,15 @@ const char* to_string(GemmKind k) {
 //   W13 DGRAD: ping-pong only when experts hold few rows (deepseek-v3, ~128: 5.20 -> 4.40 ms);
 //     with hundreds of rows the cooperative tile wins (mixtral 5.42 vs 7.63 ms);
 //   WGRAD: cooperative (ping-pong was 1.3-1.6x slower on every shape).
-// W2 DGRAD takes W13 DGRAD's rule. It ran ping-pong, chosen with the SwiGLU backward in its
-// epilogue (cooperative / ping-pong ms: mixtral 5.66 / 5.67, qwen3 0.93 / 0.96, deepseek-v3
-// 3.82 / 3.34); it now stores plain grad_h rows (cuda/swiglu.h), the W13 DGRAD's kind of epilogue
-// on the same operand majors (A K-major, B MN-major), and with ping-pong it ran 1.2-1.4x slower
-// than the W2 FPROP of the same FLOPs where experts hold hundreds of rows (EP = 2, 3ae623b,
-// ms: mixtral 3.83 vs 2.79, qwen3 0.394 vs 0.325), as W13 DGRAD did before its rule. Not yet
-// measured with the rule: EPMOE_GEMM_SCHEDULE_W2_DGRAD=pingpong gives the old choice.
+// W2 DGRAD: ping-pong on every shape. It stores plain grad_h rows (the SwiGLU backward runs after
+// it, cuda/swiglu.h), on W13 DGRAD's operand majors (A K-major, B MN-major). At EP = 2 (3ae623b)
+// its ping-pong tile had run 1.2-1.4x slower than the W2 FPROP of the same FLOPs where experts
+// hold hundreds of rows (ms: mixtral 3.83 vs 2.79, qwen3 0.394 vs 0.325), so it took W13 DGRAD's
+// rule (cooperative above 192 rows). Measured again against that rule at EP = 1 (bench/RESULTS.md
+// "2026-12-03 · add9f19", three alternating pairs, W2 DGRAD stage ms, ping-pong against
+// cooperative): qwen3 (~512 rows) 0.534 / 0.524 / 0.506 against 0.587 / 0.552 / 0.552 (x0.91-0.95),
+// mixtral (~2048) 3.91 / 3.90 / 3.95 against 4.33 / 3.98 / 4.07 (x0.90-0.98), gpt-oss (~256)
+// 1.491 / 1.444 / 1.443 against 1.489 / 1.453 / 1.461 (x0.99-1.00). Why it changed is not measured.
 // Overrides, read on every launch (a getenv is ~100 ns), for measurements; the first set wins:
 // EPMOE_GEMM_SCHEDULE_<KIND> (the kind's name in capitals, e.g. EPMOE_GEMM_SCHEDULE_W2_DGRAD),
 // EPMOE_GEMM_SCHEDULE_WGRAD (both WGRADs), EPMOE_GEMM_SCHEDULE (every GEMM).
@@ -109,6 +111,8 @@ Schedule select_schedule(GemmKind kind, const Step& s, std::string* why) {
       say(why, "forward rule: one warpgroup's epilogue under the other's MMA");
       return Schedule::pingpong;
     case GemmKind::w2_dgrad:
+      say(why, "W2 DGRAD rule: ping-pong measured x0.90-1.00 against cooperative");
+      return Schedule::pingpong;
     case GemmKind::w13_dgrad:
       say(why, "T*K/E = " + std::to_string(rows) + " rows per expert " + (rows <= 192 ? "<=" : ">") + " 192");
       return rows <= 192 ? Schedule::pingpong : Schedule::cooperative;
