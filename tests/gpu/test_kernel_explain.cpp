@@ -56,17 +56,25 @@ TEST(KernelExplain, Bf16TrainingNamesEachGemmsKernelAndRule) {
       << ds;
   EXPECT_NE(line_of(ds, "w13_fprop").find("64 x 128 x 2 (gate, up), ping-pong"), std::string::npos) << ds;
   EXPECT_NE(line_of(ds, "w2_dgrad").find("ping-pong [W2 DGRAD rule"), std::string::npos) << ds;
-  EXPECT_NE(line_of(ds, "w13_dgrad").find("ping-pong [T*K/E = 128 rows per expert <= 192]"), std::string::npos)
+  EXPECT_NE(line_of(ds, "w13_dgrad").find("ping-pong [T*K/E = 128 rows per expert <= 192, "
+                                          "K = 2F = 4096 > 2048]"),
+            std::string::npos)
       << ds;
   EXPECT_NE(line_of(ds, "w13_wgrad")
                 .find("TMA stores issued by a producer warp [T*K/E = 128 rows per expert <= 192]"),
             std::string::npos)
       << ds;
   const std::string go = explain_cuda_kernels(Config(gpt_oss()), 1);
-  EXPECT_NE(line_of(go, "w13_dgrad").find("128 x 256, cooperative [T*K/E = 256 rows per expert > 192]"),
+  EXPECT_NE(line_of(go, "w13_dgrad").find("128 x 256, cooperative [T*K/E = 256 rows per expert > 192, "
+                                          "K = 2F = 5760"),
             std::string::npos)
       << go;
   EXPECT_NE(line_of(go, "w2_dgrad").find("64 x 256, ping-pong [W2 DGRAD rule"), std::string::npos) << go;
+  const std::string qw = explain_cuda_kernels(Config(qwen3()), 1);
+  EXPECT_NE(line_of(qw, "w13_dgrad").find("64 x 256, ping-pong [T*K/E = 512 rows per expert > 192, "
+                                          "K = 2F = 1536 <= 2048]"),
+            std::string::npos)
+      << qw;
   EXPECT_NE(
       line_of(go, "w2_wgrad").find("TMA stores issued by the consumers [T*K/E = 256 rows per expert > 192]"),
       std::string::npos)

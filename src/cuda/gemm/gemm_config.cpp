@@ -48,7 +48,17 @@ const char* to_string(GemmKind k) {
 // "2026-12-03 · add9f19", three alternating pairs, W2 DGRAD stage ms, ping-pong against
 // cooperative): qwen3 (~512 rows) 0.534 / 0.524 / 0.506 against 0.587 / 0.552 / 0.552 (x0.91-0.95),
 // mixtral (~2048) 3.91 / 3.90 / 3.95 against 4.33 / 3.98 / 4.07 (x0.90-0.98), gpt-oss (~256)
-// 1.491 / 1.444 / 1.443 against 1.489 / 1.453 / 1.461 (x0.99-1.00). Why it changed is not measured.
+// 1.491 / 1.444 / 1.443 against 1.489 / 1.453 / 1.461 (x0.99-1.00). At d911e2f (ping-pong the
+// default, "2026-12-03 · d911e2f"), more pairs: qwen3 x0.87-0.99 (five), mixtral x0.87-0.97 (two),
+// gpt-oss x0.99-1.07 (five; cooperative ~3 % faster there, ~0.04 ms, left on the one rule). Why it changed
+// since 7db1bac is not measured.
+// W13 DGRAD also runs ping-pong where its k-loop is short (K = 2F <= 2048, 32 k-blocks: the
+// epilogue is a large part of a tile). Measured at d911e2f (bench/RESULTS.md "2026-12-03 ·
+// d911e2f", EPMOE_GEMM_SCHEDULE_W13_DGRAD=pingpong against the rows rule, five alternating pairs,
+// W13 DGRAD ms): qwen3 (2F = 1536, ~512 rows) 0.686 / 0.652 / 0.661 / 0.675 / 0.712 against 0.704 /
+// 0.793 / 0.816 / 0.807 / 0.779 (x0.82-0.97); gpt-oss (2F = 5760, ~256 rows) x1.05-1.16 and
+// mixtral (2F = 28672) x1.01-1.05 slower (two pairs): they stay cooperative.
+constexpr int64_t kW13DgradPingPongMaxK = 2048;
 // Overrides, read on every launch (a getenv is ~100 ns), for measurements; the first set wins:
 // EPMOE_GEMM_SCHEDULE_<KIND> (the kind's name in capitals, e.g. EPMOE_GEMM_SCHEDULE_W2_DGRAD),
 // EPMOE_GEMM_SCHEDULE_WGRAD (both WGRADs), EPMOE_GEMM_SCHEDULE (every GEMM).
@@ -111,11 +121,16 @@ Schedule select_schedule(GemmKind kind, const Step& s, std::string* why) {
       say(why, "forward rule: one warpgroup's epilogue under the other's MMA");
       return Schedule::pingpong;
     case GemmKind::w2_dgrad:
-      say(why, "W2 DGRAD rule: ping-pong measured x0.90-1.00 against cooperative");
+      say(why, "W2 DGRAD rule: ping-pong measured x0.87-0.99 against cooperative (gpt-oss x0.99-1.07)");
       return Schedule::pingpong;
-    case GemmKind::w13_dgrad:
-      say(why, "T*K/E = " + std::to_string(rows) + " rows per expert " + (rows <= 192 ? "<=" : ">") + " 192");
-      return rows <= 192 ? Schedule::pingpong : Schedule::cooperative;
+    case GemmKind::w13_dgrad: {
+      const int64_t k = 2 * s.dims.F;  // its reduction length
+      const bool pp = rows <= 192 || k <= kW13DgradPingPongMaxK;
+      say(why, "T*K/E = " + std::to_string(rows) + " rows per expert " + (rows <= 192 ? "<=" : ">") +
+                   " 192, K = 2F = " + std::to_string(k) + (k <= kW13DgradPingPongMaxK ? " <= " : " > ") +
+                   std::to_string(kW13DgradPingPongMaxK));
+      return pp ? Schedule::pingpong : Schedule::cooperative;
+    }
     case GemmKind::w2_wgrad:
     case GemmKind::w13_wgrad:
       say(why, "WGRAD rule: ping-pong measured 1.3-1.6x slower");
