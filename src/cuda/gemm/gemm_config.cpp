@@ -10,6 +10,7 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cuda/check.h"
@@ -50,8 +51,8 @@ const char* to_string(GemmKind k) {
 // mixtral (~2048) 3.91 / 3.90 / 3.95 against 4.33 / 3.98 / 4.07 (x0.90-0.98), gpt-oss (~256)
 // 1.491 / 1.444 / 1.443 against 1.489 / 1.453 / 1.461 (x0.99-1.00). At d911e2f (ping-pong the
 // default, "2026-12-03 · d911e2f"), more pairs: qwen3 x0.87-0.99 (five), mixtral x0.87-0.97 (two),
-// gpt-oss x0.99-1.07 (five; cooperative ~3 % faster there, ~0.04 ms, left on the one rule). Why it changed
-// since 7db1bac is not measured.
+// gpt-oss x0.99-1.07 (five; over all eight pairs cooperative ~1.5 % faster there, ~0.02 ms, left
+// on the one rule). Why it changed since 7db1bac is not measured.
 // W13 DGRAD also runs ping-pong where its k-loop is short (K = 2F <= 2048, 32 k-blocks: the
 // epilogue is a large part of a tile). Measured at d911e2f (bench/RESULTS.md "2026-12-03 ·
 // d911e2f", EPMOE_GEMM_SCHEDULE_W13_DGRAD=pingpong against the rows rule, five alternating pairs,
@@ -65,9 +66,16 @@ constexpr int64_t kW13DgradPingPongMaxK = 2048;
 namespace {
 bool is_wgrad(GemmKind kind) { return kind == GemmKind::w2_wgrad || kind == GemmKind::w13_wgrad; }
 
-// Appends to a selector's `why` when asked for.
-void say(std::string* why, const std::string& text) {
-  if (why != nullptr) *why += text;
+// Appends to a selector's `why` when asked for: `text` is a C string or a callable that builds the
+// string, called only then (the launchers call the selectors on every launch, without `why`).
+template <class Text>
+void say(std::string* why, const Text& text) {
+  if (why == nullptr) return;
+  if constexpr (std::is_invocable_v<const Text&>) {
+    *why += text();
+  } else {
+    *why += text;
+  }
 }
 
 // The rules key on the rows an expert receives under balanced routing, T * K / E (as the FP8 WGRAD
@@ -105,7 +113,7 @@ Schedule select_schedule(GemmKind kind, const Step& s, std::string* why) {
     }
   }
   if (env != nullptr) {
-    say(why, std::string(name) + "=" + env + " (override)");
+    say(why, [&] { return std::string(name) + "=" + env + " (override)"; });
     if (std::strcmp(env, "cooperative") == 0) return Schedule::cooperative;
     EPMOE_CHECK_ARG(std::strcmp(env, "pingpong") == 0, name, "cooperative or pingpong", env);
 #if !defined(EPMOE_GEMM_ALL_CONFIGS)
@@ -126,9 +134,11 @@ Schedule select_schedule(GemmKind kind, const Step& s, std::string* why) {
     case GemmKind::w13_dgrad: {
       const int64_t k = 2 * s.dims.F;  // its reduction length
       const bool pp = rows <= 192 || k <= kW13DgradPingPongMaxK;
-      say(why, "T*K/E = " + std::to_string(rows) + " rows per expert " + (rows <= 192 ? "<=" : ">") +
-                   " 192, K = 2F = " + std::to_string(k) + (k <= kW13DgradPingPongMaxK ? " <= " : " > ") +
-                   std::to_string(kW13DgradPingPongMaxK));
+      say(why, [&] {
+        return "T*K/E = " + std::to_string(rows) + " rows per expert " + (rows <= 192 ? "<=" : ">") +
+               " 192, K = 2F = " + std::to_string(k) + (k <= kW13DgradPingPongMaxK ? " <= " : " > ") +
+               std::to_string(kW13DgradPingPongMaxK);
+      });
       return pp ? Schedule::pingpong : Schedule::cooperative;
     }
     case GemmKind::w2_wgrad:
@@ -165,7 +175,7 @@ WgradStore select_wgrad_store(GemmKind kind, const Step& s, std::string* why) {
   (void)kind;
   const char* env = std::getenv("EPMOE_WGRAD_STORE");
   if (env != nullptr) {
-    say(why, std::string("EPMOE_WGRAD_STORE=") + env + " (override)");
+    say(why, [&] { return std::string("EPMOE_WGRAD_STORE=") + env + " (override)"; });
     if (std::strcmp(env, "tma") == 0) return WgradStore::tma;
     if (std::strcmp(env, "tma_warp") == 0) return WgradStore::tma_warp;
     EPMOE_CHECK_ARG(std::strcmp(env, "direct") == 0, "EPMOE_WGRAD_STORE", "tma, tma_warp or direct", env);
@@ -173,8 +183,10 @@ WgradStore select_wgrad_store(GemmKind kind, const Step& s, std::string* why) {
   }
   const int64_t rows = rows_per_expert(s);
   const bool warp = rows <= kWgradStoreWarpMaxRows;
-  say(why, "T*K/E = " + std::to_string(rows) + " rows per expert " + (warp ? "<= " : "> ") +
-               std::to_string(kWgradStoreWarpMaxRows));
+  say(why, [&] {
+    return "T*K/E = " + std::to_string(rows) + " rows per expert " + (warp ? "<= " : "> ") +
+           std::to_string(kWgradStoreWarpMaxRows);
+  });
   return warp ? WgradStore::tma_warp : WgradStore::tma;
 }
 
@@ -189,8 +201,10 @@ WgradTile select_wgrad_tile(GemmKind kind, const Step& s, std::string* why) {
   (void)kind;
   (void)s;
   const char* env = std::getenv("EPMOE_WGRAD_TILE");
-  say(why, env == nullptr ? std::string("rule; 128 x 192 measured slower")
-                          : std::string("EPMOE_WGRAD_TILE=") + env + " (override)");
+  say(why, [&] {
+    return env == nullptr ? std::string("rule; 128 x 192 measured slower")
+                          : std::string("EPMOE_WGRAD_TILE=") + env + " (override)";
+  });
   if (env == nullptr || std::strcmp(env, "128x256") == 0) return WgradTile::n256;
   EPMOE_CHECK_ARG(std::strcmp(env, "128x192") == 0, "EPMOE_WGRAD_TILE", "128x256 or 128x192", env);
 #if !defined(EPMOE_GEMM_ALL_CONFIGS)
@@ -203,8 +217,9 @@ namespace {
 // A 0 / 1 switch read per launch (~100 ns): its value, or `fallback` when unset.
 bool switch_from_env(const char* name, bool fallback, std::string* why) {
   const char* env = std::getenv(name);
-  say(why, env == nullptr ? std::string("rule")
-                          : std::string(name) + "=" + env + " (override)");
+  say(why, [&] {
+    return env == nullptr ? std::string("rule") : std::string(name) + "=" + env + " (override)";
+  });
   if (env == nullptr) return fallback;
   EPMOE_CHECK_ARG(std::strcmp(env, "0") == 0 || std::strcmp(env, "1") == 0, name, "0 or 1", env);
   return env[0] == '1';
@@ -234,7 +249,7 @@ int select_cluster(GemmKind kind, const Step& s, std::string* why) {
        {is_wgrad(kind) ? "EPMOE_GEMM_CLUSTER_WGRAD" : nullptr, "EPMOE_GEMM_CLUSTER"}) {
     const char* env = name == nullptr ? nullptr : std::getenv(name);
     if (env == nullptr) continue;
-    say(why, std::string(name) + "=" + env + " (override)");
+    say(why, [&] { return std::string(name) + "=" + env + " (override)"; });
     if (std::strcmp(env, "1") == 0) return 1;
     EPMOE_CHECK_ARG(std::strcmp(env, "2") == 0, name, "1 or 2", env);
 #if !defined(EPMOE_GEMM_ALL_CONFIGS)
