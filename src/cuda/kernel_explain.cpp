@@ -1,7 +1,8 @@
 // explain_cuda_kernels: the kernel each grouped GEMM of a configuration runs on the CUDA backend,
 // from the launchers' own selectors (gemm/gemm_config.h, the FP8 launchers' rules), so the text
 // cannot drift from what runs. The tiles named per schedule are the launchers' instantiations:
-// gemm/expert_gemm_common.h RowsTraits (ping-pong 64 rows and 5 stages, cooperative 128 and 4),
+// gemm/expert_gemm_common.h RowsTraits (ping-pong 64 rows and 5 stages, cooperative 128 and 4; a
+// stage more at 192 columns),
 // W13's two B operands of 128 columns, the TMA-store WGRAD's 128 x 256 (or 128 x 192) on 3 stages,
 // the FP8 kernels' fp8_gemm.h Fp8Tile and fp8_wgrad.h Fp8WgradKernel.
 #include <cstdlib>
@@ -35,8 +36,14 @@ std::string bf16_rows_gemm(GemmKind kind, const Step& s, bool swiglu_pair = fals
   const bool pp = sched == Schedule::pingpong;
   std::string tile = swiglu_pair ? (pp ? "64 x 128 x 2 (gate, up)" : "128 x 128 x 2 (gate, up)")
                                  : (pp ? "64 x 256" : "128 x 256");
+  std::string why_width;
+  if (kind != GemmKind::w13_fprop) {  // the GEMMs with one B operand choose their tile's width
+    const bool n192 = g::select_rows_tile_n(kind, s, &why_width) == cuda::RowsTileN::n192;
+    tile = std::string(pp ? "64" : "128") + (n192 ? " x 192" : " x 256");
+    why_width = ", tile width [" + why_width + "]";
+  }
   return "bf16 " + tile + ", " + cuda::to_string(sched) + " [" + why_schedule + "], " +
-         (cluster == 2 ? "CTA pairs" : "single CTAs") + " [" + why_cluster + "]";
+         (cluster == 2 ? "CTA pairs" : "single CTAs") + " [" + why_cluster + "]" + why_width;
 }
 
 std::string bf16_wgrad(GemmKind kind, const Step& s) {

@@ -314,6 +314,53 @@ TEST(GpuContext, WgradTilesEqualBitwise) {
   }
 }
 
+// W2 FPROP, W2 DGRAD and W13 DGRAD on 192-column rows tiles (EPMOE_GEMM_ROWS_TILE_N=192, built
+// with EPMOE_GEMM_CONFIGS=ALL) give the bits of the 256-column tiles: every output element sums the
+// same k-steps in the same order. Under both schedules, fused (the scatter epilogues; the SwiGLU
+// backward as the kernel and in the W2 DGRAD epilogue) and unfused (the plain rows epilogue): D = F
+// = 576 (3 tiles of 192, 2.25 of 256), D = 960 and F = 384 with experts spanning several m-tiles,
+// and 520 = 2 x 192 + 136 (a partial last tile of either width), clamped SwiGLU.
+TEST(GpuContext, RowsTileWidthsEqualBitwise) {
+  EPMOE_REQUIRE_GPU();
+  std::vector<TokensCase> cases;
+  cases.push_back({problem(333, 576, 576, 16, 4), 333});
+  cases.push_back({problem(1024, 960, 384, 4, 2), 1024});
+  Problem clamped = problem(300, 256, 520, 8, 2);
+  clamped.act = Activation::swiglu_clamped();
+  cases.push_back({clamped, 300});
+  uint64_t seed = 191;
+  for (const TokensCase& c : cases) {
+    const auto in = make_inputs(c.p, seed++, c.tokens);
+    Problem unfused = c.p;
+    unfused.fused = false;
+    for (const char* schedule : {"cooperative", "pingpong"}) {
+      const ScopedEnv w2f("EPMOE_GEMM_SCHEDULE_W2_FPROP", schedule),
+          w2d("EPMOE_GEMM_SCHEDULE_W2_DGRAD", schedule), w13d("EPMOE_GEMM_SCHEDULE_W13_DGRAD", schedule);
+      for (const char* swiglu_backward : {"kernel", "epilogue"}) {
+        const ScopedEnv sb("EPMOE_SWIGLU_BACKWARD", swiglu_backward);
+        std::vector<RankOutputs> wide, narrow, wide_unfused, narrow_unfused;
+        {
+          const ScopedEnv width("EPMOE_GEMM_ROWS_TILE_N", "256");
+          wide = run_gpu_layer(c.p, in[0]);
+          wide_unfused = run_gpu_layer(unfused, in[0]);
+        }
+        try {
+          const ScopedEnv width("EPMOE_GEMM_ROWS_TILE_N", "192");
+          narrow = run_gpu_layer(c.p, in[0]);
+          narrow_unfused = run_gpu_layer(unfused, in[0]);
+        } catch (const Error& e) {
+          GTEST_SKIP() << "192-column rows tiles and ping-pong not in this build (EPMOE_GEMM_CONFIGS=CI): "
+                       << e.what();
+        }
+        const std::string what = c.p.name() + " " + schedule + ", SwiGLU backward " + swiglu_backward;
+        expect_bitwise_equal(narrow, wide, what + ": rows tiles 192 vs 256 columns");
+        expect_bitwise_equal(narrow_unfused, wide_unfused, what + ", unfused: rows tiles 192 vs 256");
+        expect_bitwise_equal(narrow_unfused, narrow, what + ": 192 columns, unfused vs fused");
+      }
+    }
+  }
+}
+
 TEST(GpuContext, RepeatRunsAreBitwiseEqual) {
   EPMOE_REQUIRE_GPU();
   const Problem p = problem(300, 512, 256, 16, 4);

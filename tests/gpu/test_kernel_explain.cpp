@@ -43,7 +43,8 @@ struct NoOverrides {
       f{"EPMOE_GEMM_SCHEDULE_W2_DGRAD", nullptr}, g{"EPMOE_GEMM_CLUSTER", nullptr},
       h{"EPMOE_GEMM_CLUSTER_WGRAD", nullptr}, i{"EPMOE_FP8_TILE", nullptr}, j{"EPMOE_FP8_OVERLAP", nullptr},
       k{"EPMOE_FP8_WGRAD_TILE", nullptr}, l{"EPMOE_FP8_WGRAD_SCALES", nullptr},
-      m{"EPMOE_FP8_WGRAD_MULTICAST", nullptr}, n{"EPMOE_FP8_TRIM_ROWS", nullptr};
+      m{"EPMOE_FP8_WGRAD_MULTICAST", nullptr}, n{"EPMOE_FP8_TRIM_ROWS", nullptr},
+      o{"EPMOE_GEMM_ROWS_TILE_N", nullptr};
 };
 
 TEST(KernelExplain, Bf16TrainingNamesEachGemmsKernelAndRule) {
@@ -115,6 +116,25 @@ TEST(KernelExplain, FollowsTheEnvironmentsOverrides) {
         std::string::npos)
         << ds;
     EXPECT_NE(line_of(ds, "w13_dgrad").find("ping-pong [T*K/E = 128 rows"), std::string::npos) << ds;
+  }
+  {
+    const ScopedEnv width("EPMOE_GEMM_ROWS_TILE_N", "192");
+    std::string go, refused;
+    try {
+      go = explain_cuda_kernels(Config(gpt_oss()), 1);
+    } catch (const Error& e) {
+      refused = e.argument();  // a build with EPMOE_GEMM_CONFIGS=CI has the 256-column tile only
+    }
+    if (refused.empty()) {
+      EXPECT_NE(line_of(go, "w2_fprop").find("bf16 64 x 192, ping-pong"), std::string::npos) << go;
+      EXPECT_NE(line_of(go, "w13_dgrad").find("bf16 128 x 192, cooperative"), std::string::npos) << go;
+      EXPECT_NE(line_of(go, "w2_dgrad").find("tile width [EPMOE_GEMM_ROWS_TILE_N=192 (override)]"),
+                std::string::npos)
+          << go;
+      EXPECT_NE(line_of(go, "w13_fprop").find("64 x 128 x 2 (gate, up)"), std::string::npos) << go;
+    } else {
+      EXPECT_EQ(refused, "EPMOE_GEMM_ROWS_TILE_N");
+    }
   }
   const ScopedEnv bad("EPMOE_WGRAD_STORE", "nowhere");
   std::string field;

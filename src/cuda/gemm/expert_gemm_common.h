@@ -18,11 +18,13 @@ namespace epmoe::cuda::gemm {
 // Throws naming the limit when the launch would not fit the kernel family.
 void check_groups(const Step& s);
 
-// A kernel configuration chosen at run time, as a type: the consumer schedule and the cluster.
-template <bool kPingPong, int kCluster>
+// A kernel configuration chosen at run time, as a type: the consumer schedule, the cluster and
+// the rows tile's width (the GEMMs with one B operand: dispatch_rows_schedule).
+template <bool kPingPong, int kCluster, int kBlockN = 256>
 struct Sched {
   static constexpr bool pingpong = kPingPong;
   static constexpr int cluster = kCluster;
+  static constexpr int block_n = kBlockN;
 };
 
 // Groups = local experts; sizes from the layout on the device; the step's skip flag (and, in
@@ -64,10 +66,15 @@ inline GatheredRows x_gathered_rows(const Step& s) {
 }
 
 // Rows-grouping tile configs: cooperative 128-row tiles (4 stages) or ping-pong 64-row tiles
-// (5 stages: a stage holds one 64-row tile's k-block).
+// (5 stages: a stage holds one 64-row tile's k-block); 192 columns of one B operand take a stage
+// more in about the same shared memory (6 and 5).
+constexpr int rows_stages(bool pingpong, int b_cols) {
+  return (pingpong ? 5 : 4) + (b_cols == 192 ? 1 : 0);
+}
 template <class S, int kBlockN, Major kMajorB, int kNumB>
-using RowsTraits = GemmTraits<S::pingpong ? 64 : 128, kBlockN, S::pingpong ? 5 : 4, Grouping::rows,
-                              Major::K, kMajorB, kNumB, S::pingpong, S::cluster>;
+using RowsTraits =
+    GemmTraits<S::pingpong ? 64 : 128, kBlockN, rows_stages(S::pingpong, kBlockN * kNumB),
+               Grouping::rows, Major::K, kMajorB, kNumB, S::pingpong, S::cluster>;
 
 // Calls fn(Sched<ping-pong, cluster>{}) with what select_schedule() and select_cluster() pick.
 // Builds with EPMOE_GEMM_CONFIGS=CI instantiate the cooperative, unclustered kernel only.
@@ -81,6 +88,23 @@ void dispatch_schedule([[maybe_unused]] GemmKind kind, [[maybe_unused]] const St
   if (pair) return fn(Sched<false, 2>{});
 #endif
   fn(Sched<false, 1>{});
+}
+
+// dispatch_schedule for W2 FPROP, W2 DGRAD and W13 DGRAD, with the tile width select_rows_tile_n()
+// picks: 192 columns on single CTAs only (ALL builds; its selector refuses 192 in CI builds).
+template <class Fn>
+void dispatch_rows_schedule(GemmKind kind, const Step& s, Fn&& fn) {
+#if defined(EPMOE_GEMM_ALL_CONFIGS)
+  if (select_rows_tile_n(kind, s) == RowsTileN::n192) {
+    EPMOE_CHECK_ARG(select_cluster(kind, s) == 1, "EPMOE_GEMM_CLUSTER",
+                    "1 with 192-column rows tiles (EPMOE_GEMM_ROWS_TILE_N)", 2);
+    if (select_schedule(kind, s) == Schedule::pingpong) return fn(Sched<true, 1, 192>{});
+    return fn(Sched<false, 1, 192>{});
+  }
+#else
+  (void)select_rows_tile_n(kind, s);  // refuses a 192 override in this build
+#endif
+  dispatch_schedule(kind, s, fn);
 }
 
 

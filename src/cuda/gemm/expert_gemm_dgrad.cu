@@ -15,7 +15,7 @@ void w2_dgrad_with(const Step& s, bool swiglu_backward) {
   const int64_t D = s.dims.D, F = s.dims.F, M = s.capacity_rows;
   const Operand a{s.grad_h3_MD, M, D, D, 1};
   const Operand b{s.w2_EDF, F, D, 1, F, s.dims.E, D * F};
-  using T = RowsTraits<S, 256, Major::MN, 1>;
+  using T = RowsTraits<S, S::block_n, Major::MN, 1>;
   if (swiglu_backward) {
     const typename SwigluBackwardEpilogue<T>::Params epi{
         placed_h13(s), s.grad_h13_M2F, s.h_MF,         F,
@@ -36,7 +36,7 @@ void w13_dgrad_with(const Step& s, bool scatter) {
   const int64_t D = s.dims.D, F = s.dims.F, M = s.capacity_rows;
   const Operand a{s.grad_h13_M2F, M, 2 * F, 2 * F, 1};
   const Operand b{s.w13_EFD, D, 2 * F, 1, D, s.dims.E, 2 * F * D};
-  using T = RowsTraits<S, 256, Major::MN, 1>;
+  using T = RowsTraits<S, S::block_n, Major::MN, 1>;
   if (scatter) {
     const typename ScatterEpilogue<T>::Params epi{s.combine_R, s.layout.recv_src_M, s.dims.T,
                                                   s.dims.K, D};
@@ -50,11 +50,11 @@ void w13_dgrad_with(const Step& s, bool scatter) {
 }
 
 void w2_dgrad(const Step& s, bool swiglu_backward) {
-  dispatch_schedule(GemmKind::w2_dgrad, s, [&](auto sched) { w2_dgrad_with<decltype(sched)>(s, swiglu_backward); });
+  dispatch_rows_schedule(GemmKind::w2_dgrad, s, [&](auto sched) { w2_dgrad_with<decltype(sched)>(s, swiglu_backward); });
 }
 
 void w13_dgrad(const Step& s, bool scatter) {
-  dispatch_schedule(GemmKind::w13_dgrad, s, [&](auto sched) { w13_dgrad_with<decltype(sched)>(s, scatter); });
+  dispatch_rows_schedule(GemmKind::w13_dgrad, s, [&](auto sched) { w13_dgrad_with<decltype(sched)>(s, scatter); });
 }
 
 }  // namespace epmoe::cuda

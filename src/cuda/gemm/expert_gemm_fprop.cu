@@ -47,7 +47,7 @@ void w2_fprop_with(const Step& s, bool scatter) {
   const int64_t D = s.dims.D, F = s.dims.F, M = s.capacity_rows;
   const Operand a{s.h_MF, M, F, F, 1};
   const Operand b{s.w2_EDF, D, F, F, 1, s.dims.E, D * F};
-  using T = RowsTraits<S, 256, Major::K, 1>;
+  using T = RowsTraits<S, S::block_n, Major::K, 1>;
   if (scatter) {
     const typename ScatterEpilogue<T>::Params epi{s.combine_R, s.layout.recv_src_M, s.dims.T,
                                                   s.dims.K, D};
@@ -68,7 +68,7 @@ void w13_fprop(const Step& s, bool swiglu) {
 }
 
 void w2_fprop(const Step& s, bool scatter) {
-  dispatch_schedule(GemmKind::w2_fprop, s, [&](auto sched) { w2_fprop_with<decltype(sched)>(s, scatter); });
+  dispatch_rows_schedule(GemmKind::w2_fprop, s, [&](auto sched) { w2_fprop_with<decltype(sched)>(s, scatter); });
 }
 
 }  // namespace epmoe::cuda

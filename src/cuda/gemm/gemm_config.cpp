@@ -213,6 +213,29 @@ WgradTile select_wgrad_tile(GemmKind kind, const Step& s, std::string* why) {
   return WgradTile::n192;
 }
 
+// The output width N of a rows-grouping GEMM with one B operand.
+int64_t rows_gemm_n(GemmKind kind, const Step& s) {
+  return kind == GemmKind::w2_dgrad ? s.dims.F : s.dims.D;  // W2 DGRAD: grad_h; else D-wide rows
+}
+
+RowsTileN select_rows_tile_n(GemmKind kind, const Step& s, std::string* why) {
+  EPMOE_CHECK_ARG(kind == GemmKind::w2_fprop || kind == GemmKind::w2_dgrad || kind == GemmKind::w13_dgrad,
+                  "select_rows_tile_n kind", "w2_fprop, w2_dgrad or w13_dgrad", to_string(kind));
+  const char* env = std::getenv("EPMOE_GEMM_ROWS_TILE_N");
+  if (env != nullptr) {
+    say(why, [&] { return std::string("EPMOE_GEMM_ROWS_TILE_N=") + env + " (override)"; });
+    if (std::strcmp(env, "256") == 0) return RowsTileN::n256;
+    EPMOE_CHECK_ARG(std::strcmp(env, "192") == 0, "EPMOE_GEMM_ROWS_TILE_N", "256 or 192", env);
+#if !defined(EPMOE_GEMM_ALL_CONFIGS)
+    EPMOE_CHECK_ARG(false, "EPMOE_GEMM_ROWS_TILE_N", "256 in a build with EPMOE_GEMM_CONFIGS=CI", env);
+#endif
+    return RowsTileN::n192;
+  }
+  const int64_t n = rows_gemm_n(kind, s);
+  say(why, [&] { return "N = " + std::to_string(n) + ": 256 (192 not measured yet)"; });
+  return RowsTileN::n256;
+}
+
 namespace {
 // A 0 / 1 switch read per launch (~100 ns): its value, or `fallback` when unset.
 bool switch_from_env(const char* name, bool fallback, std::string* why) {

@@ -41,6 +41,12 @@ constexpr int64_t kWgradStoreWarpMaxRows = 192;
 // on 4 (the same shared memory; 1.11x the operand bytes per FLOP, a stage more to run ahead with).
 enum class WgradTile : int { n256, n192 };
 
+// The width of the rows-grouping tile of the GEMMs with one B operand (W2 FPROP, W2 DGRAD, W13
+// DGRAD; gemm::select_rows_tile_n): 256 columns, or 192 (6 ping-pong / 5 cooperative stages in
+// about the same shared memory; 1.07x the operand bytes per FLOP of 256), which tiles N = 2880
+// exactly where 256 leaves the twelfth tile a quarter full.
+enum class RowsTileN : int { n256, n192 };
+
 // The six expert GEMMs (their schedule is chosen per kind).
 enum class GemmKind : int { w13_fprop, w2_fprop, w2_dgrad, w13_dgrad, w2_wgrad, w13_wgrad };
 
@@ -69,6 +75,10 @@ WgradStore select_wgrad_store(GemmKind kind, const Step& s, std::string* why = n
 // The output tile of the TMA-store WGRAD (cooperative, unclustered): EPMOE_WGRAD_TILE=128x256|
 // 128x192 forces one (128x192 is built with EPMOE_GEMM_CONFIGS=ALL only), else 128 x 256.
 WgradTile select_wgrad_tile(GemmKind kind, const Step& s, std::string* why = nullptr);
+
+// The rows tile's width of W2 FPROP, W2 DGRAD and W13 DGRAD (single CTAs; 192 is built with
+// EPMOE_GEMM_CONFIGS=ALL only): EPMOE_GEMM_ROWS_TILE_N=256|192 forces one, else the rule.
+RowsTileN select_rows_tile_n(GemmKind kind, const Step& s, std::string* why = nullptr);
 
 // Whether the bf16 WGRAD (cooperative, unclustered; overwritten output) runs its full k-blocks with
 // one wgmma batch in flight and the partial one after them: EPMOE_WGRAD_PEEL=1|0 forces it, else on.
