@@ -319,15 +319,16 @@ TEST(GpuContext, WgradTilesEqualBitwise) {
 // same k-steps in the same order. Under both schedules, fused (the scatter epilogues; the SwiGLU
 // backward as the kernel and in the W2 DGRAD epilogue) and unfused (the plain rows epilogue): D = F
 // = 576 (3 tiles of 192, 2.25 of 256), D = 960 and F = 384 with experts spanning several m-tiles,
-// and 520 = 2 x 192 + 136 (a partial last tile of either width), clamped SwiGLU.
+// and D = 512, F = 256 (partial last 192-column tiles), clamped SwiGLU.
 TEST(GpuContext, RowsTileWidthsEqualBitwise) {
   EPMOE_REQUIRE_GPU();
   std::vector<TokensCase> cases;
   cases.push_back({problem(333, 576, 576, 16, 4), 333});
   cases.push_back({problem(1024, 960, 384, 4, 2), 1024});
-  Problem clamped = problem(300, 256, 520, 8, 2);
+  Problem clamped = problem(300, 512, 256, 8, 2);
   clamped.act = Activation::swiglu_clamped();
   cases.push_back({clamped, 300});
+  cases.push_back({problem(200, 256, 200, 8, 2), 200});  // F = 200: partial tiles of either width
   uint64_t seed = 191;
   for (const TokensCase& c : cases) {
     const auto in = make_inputs(c.p, seed++, c.tokens);

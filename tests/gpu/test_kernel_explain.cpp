@@ -70,7 +70,14 @@ TEST(KernelExplain, Bf16TrainingNamesEachGemmsKernelAndRule) {
                                           "K = 2F = 5760"),
             std::string::npos)
       << go;
-  EXPECT_NE(line_of(go, "w2_dgrad").find("64 x 256, ping-pong [W2 DGRAD rule"), std::string::npos) << go;
+  EXPECT_NE(line_of(go, "w2_dgrad").find("64 x 192, ping-pong [W2 DGRAD rule"), std::string::npos) << go;
+  EXPECT_NE(line_of(go, "w2_fprop").find("64 x 192, ping-pong"), std::string::npos) << go;
+  EXPECT_NE(line_of(go, "w2_fprop").find("tile width [N = 2880 fills 192-column tiles exactly and "
+                                         "256-column ones not, ping-pong: 192]"),
+            std::string::npos)
+      << go;
+  EXPECT_NE(line_of(go, "w13_dgrad").find("cooperative: 256 (192 measured slower)"), std::string::npos) << go;
+  EXPECT_NE(line_of(ds, "w2_fprop").find("64 x 256"), std::string::npos) << ds;  // 7168 = 28 x 256
   const std::string qw = explain_cuda_kernels(Config(qwen3()), 1);
   EXPECT_NE(line_of(qw, "w13_dgrad").find("64 x 256, ping-pong [T*K/E = 512 rows per expert > 192, "
                                           "K = 2F = 1536 <= 2048]"),

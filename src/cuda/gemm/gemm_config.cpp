@@ -213,6 +213,11 @@ WgradTile select_wgrad_tile(GemmKind kind, const Step& s, std::string* why) {
   return WgradTile::n192;
 }
 
+// 192-column rows tiles where they fill N exactly and 256-column ones do not, on ping-pong tiles.
+// Measured on gpt-oss (D = F = 2880: 15 tiles of 192, 11.25 of 256) at 513de24, four alternating
+// pairs (bench/RESULTS.md "2026-12-03 · 513de24"), stage ms against 256: W2 FPROP (ping-pong)
+// x0.83-0.92, W2 DGRAD (ping-pong) x0.87-0.92, fwd+bwd x0.97; W13 DGRAD (cooperative 128 x 192)
+// x1.03-1.07 slower, so cooperative tiles keep 256.
 // The output width N of a rows-grouping GEMM with one B operand.
 int64_t rows_gemm_n(GemmKind kind, const Step& s) {
   return kind == GemmKind::w2_dgrad ? s.dims.F : s.dims.D;  // W2 DGRAD: grad_h; else D-wide rows
@@ -232,8 +237,15 @@ RowsTileN select_rows_tile_n(GemmKind kind, const Step& s, std::string* why) {
     return RowsTileN::n192;
   }
   const int64_t n = rows_gemm_n(kind, s);
-  say(why, [&] { return "N = " + std::to_string(n) + ": 256 (192 not measured yet)"; });
-  return RowsTileN::n256;
+  const bool fits = n % 192 == 0 && n % 256 != 0;
+  const bool pingpong = select_schedule(kind, s) == Schedule::pingpong;
+  say(why, [&] {
+    const std::string tiles = "N = " + std::to_string(n) + (fits ? " fills" : " does not fill") +
+                              " 192-column tiles exactly and 256-column ones not";
+    if (!fits) return tiles + ": 256";
+    return tiles + (pingpong ? ", ping-pong: 192" : ", cooperative: 256 (192 measured slower)");
+  });
+  return fits && pingpong ? RowsTileN::n192 : RowsTileN::n256;
 }
 
 namespace {

@@ -77,7 +77,8 @@ WgradStore select_wgrad_store(GemmKind kind, const Step& s, std::string* why = n
 WgradTile select_wgrad_tile(GemmKind kind, const Step& s, std::string* why = nullptr);
 
 // The rows tile's width of W2 FPROP, W2 DGRAD and W13 DGRAD (single CTAs; 192 is built with
-// EPMOE_GEMM_CONFIGS=ALL only): EPMOE_GEMM_ROWS_TILE_N=256|192 forces one, else the rule.
+// EPMOE_GEMM_CONFIGS=ALL only): EPMOE_GEMM_ROWS_TILE_N=256|192 forces one, else 192 on ping-pong
+// tiles where N is a multiple of 192 and not of 256 (gpt-oss's 2880), 256 otherwise.
 RowsTileN select_rows_tile_n(GemmKind kind, const Step& s, std::string* why = nullptr);
 
 // Whether the bf16 WGRAD (cooperative, unclustered; overwritten output) runs its full k-blocks with
