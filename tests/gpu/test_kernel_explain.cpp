@@ -66,18 +66,23 @@ TEST(KernelExplain, Bf16TrainingNamesEachGemmsKernelAndRule) {
             std::string::npos)
       << ds;
   const std::string go = explain_cuda_kernels(Config(gpt_oss()), 1);
-  EXPECT_NE(line_of(go, "w13_dgrad").find("128 x 256, cooperative [T*K/E = 256 rows per expert > 192, "
-                                          "K = 2F = 5760"),
+  EXPECT_NE(line_of(go, "w13_dgrad").find("64 x 192, ping-pong [T*K/E = 256 rows per expert > 192, "
+                                          "K = 2F = 5760 > 2048, D = 2880 = 15 x 192, not a multiple of 256]"),
             std::string::npos)
       << go;
+  const std::string mx = explain_cuda_kernels(Config(mixtral()), 1);
+  EXPECT_NE(line_of(mx, "w13_dgrad").find("128 x 256, cooperative [T*K/E = 2048 rows per expert > 192, "
+                                          "K = 2F = 28672 > 2048]"),
+            std::string::npos)
+      << mx;
   EXPECT_NE(line_of(go, "w2_dgrad").find("64 x 192, ping-pong [W2 DGRAD rule"), std::string::npos) << go;
   EXPECT_NE(line_of(go, "w2_fprop").find("64 x 192, ping-pong"), std::string::npos) << go;
-  EXPECT_NE(line_of(go, "w2_fprop").find("tile width [N = 2880 fills 192-column tiles exactly and "
-                                         "256-column ones not, ping-pong: 192]"),
+  EXPECT_NE(line_of(go, "w2_fprop").find("tile width [N = 2880 = 15 x 192, not a multiple of 256, ping-pong: 192]"),
             std::string::npos)
       << go;
-  EXPECT_NE(line_of(go, "w13_dgrad").find("cooperative: 256 (192 measured slower)"), std::string::npos) << go;
-  EXPECT_NE(line_of(ds, "w2_fprop").find("64 x 256"), std::string::npos) << ds;  // 7168 = 28 x 256
+  EXPECT_NE(line_of(go, "w13_dgrad").find("ping-pong: 192"), std::string::npos) << go;
+  EXPECT_NE(line_of(ds, "w2_fprop").find("64 x 256"), std::string::npos) << ds;
+  EXPECT_NE(line_of(ds, "w2_fprop").find("tile width [N = 7168, a multiple of 256: 256]"), std::string::npos) << ds;
   const std::string qw = explain_cuda_kernels(Config(qwen3()), 1);
   EXPECT_NE(line_of(qw, "w13_dgrad").find("64 x 256, ping-pong [T*K/E = 512 rows per expert > 192, "
                                           "K = 2F = 1536 <= 2048]"),
@@ -126,15 +131,16 @@ TEST(KernelExplain, FollowsTheEnvironmentsOverrides) {
   }
   {
     const ScopedEnv width("EPMOE_GEMM_ROWS_TILE_N", "192");
-    std::string go, refused;
+    std::string go, mx, refused;
     try {
       go = explain_cuda_kernels(Config(gpt_oss()), 1);
+      mx = explain_cuda_kernels(Config(mixtral()), 1);
     } catch (const Error& e) {
       refused = e.argument();  // a build with EPMOE_GEMM_CONFIGS=CI has the 256-column tile only
     }
     if (refused.empty()) {
       EXPECT_NE(line_of(go, "w2_fprop").find("bf16 64 x 192, ping-pong"), std::string::npos) << go;
-      EXPECT_NE(line_of(go, "w13_dgrad").find("bf16 128 x 192, cooperative"), std::string::npos) << go;
+      EXPECT_NE(line_of(mx, "w13_dgrad").find("bf16 128 x 192, cooperative"), std::string::npos) << mx;
       EXPECT_NE(line_of(go, "w2_dgrad").find("tile width [EPMOE_GEMM_ROWS_TILE_N=192 (override)]"),
                 std::string::npos)
           << go;

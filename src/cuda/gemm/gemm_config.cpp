@@ -60,6 +60,20 @@ const char* to_string(GemmKind k) {
 // 0.793 / 0.816 / 0.807 / 0.779 (x0.82-0.97); gpt-oss (2F = 5760, ~256 rows) x1.05-1.16 and
 // mixtral (2F = 28672) x1.01-1.05 slower (two pairs): they stay cooperative.
 constexpr int64_t kW13DgradPingPongMaxK = 2048;
+// And where its N = D fills 192-column tiles exactly and 256-column ones not (gpt-oss's 2880), on
+// 64 x 192 ping-pong tiles (select_rows_tile_n): measured at a671919 (bench/RESULTS.md "2026-12-03 ·
+// 513de24, a671919"), EPMOE_GEMM_SCHEDULE_W13_DGRAD=pingpong against the 128 x 256 cooperative
+// tile, two alternating pairs: 2.134 / 2.134 against 2.312 / 2.330 ms (x0.92), where 64 x 256
+// ping-pong had measured x1.05-1.16 slower.
+namespace {
+bool fills_192_not_256(int64_t n) { return n % 192 == 0 && n % 256 != 0; }
+// What fills_192_not_256 read, for the explanations: "2880 = 15 x 192, not a multiple of 256".
+std::string width_text(int64_t n) {
+  const std::string v = std::to_string(n);
+  if (fills_192_not_256(n)) return v + " = " + std::to_string(n / 192) + " x 192, not a multiple of 256";
+  return v + (n % 256 == 0 ? ", a multiple of 256" : ", not a multiple of 192");
+}
+}  // namespace
 // Overrides, read on every launch (a getenv is ~100 ns), for measurements; the first set wins:
 // EPMOE_GEMM_SCHEDULE_<KIND> (the kind's name in capitals, e.g. EPMOE_GEMM_SCHEDULE_W2_DGRAD),
 // EPMOE_GEMM_SCHEDULE_WGRAD (both WGRADs), EPMOE_GEMM_SCHEDULE (every GEMM).
@@ -133,11 +147,12 @@ Schedule select_schedule(GemmKind kind, const Step& s, std::string* why) {
       return Schedule::pingpong;
     case GemmKind::w13_dgrad: {
       const int64_t k = 2 * s.dims.F;  // its reduction length
-      const bool pp = rows <= 192 || k <= kW13DgradPingPongMaxK;
+      const bool narrow = fills_192_not_256(s.dims.D);
+      const bool pp = rows <= 192 || k <= kW13DgradPingPongMaxK || narrow;
       say(why, [&] {
         return "T*K/E = " + std::to_string(rows) + " rows per expert " + (rows <= 192 ? "<=" : ">") +
                " 192, K = 2F = " + std::to_string(k) + (k <= kW13DgradPingPongMaxK ? " <= " : " > ") +
-               std::to_string(kW13DgradPingPongMaxK);
+               std::to_string(kW13DgradPingPongMaxK) + (narrow ? ", D = " + width_text(s.dims.D) : "");
       });
       return pp ? Schedule::pingpong : Schedule::cooperative;
     }
@@ -237,11 +252,10 @@ RowsTileN select_rows_tile_n(GemmKind kind, const Step& s, std::string* why) {
     return RowsTileN::n192;
   }
   const int64_t n = rows_gemm_n(kind, s);
-  const bool fits = n % 192 == 0 && n % 256 != 0;
+  const bool fits = fills_192_not_256(n);
   const bool pingpong = select_schedule(kind, s) == Schedule::pingpong;
   say(why, [&] {
-    const std::string tiles = "N = " + std::to_string(n) + (fits ? " fills" : " does not fill") +
-                              " 192-column tiles exactly and 256-column ones not";
+    const std::string tiles = "N = " + width_text(n);
     if (!fits) return tiles + ": 256";
     return tiles + (pingpong ? ", ping-pong: 192" : ", cooperative: 256 (192 measured slower)");
   });
