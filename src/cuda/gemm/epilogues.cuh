@@ -58,6 +58,17 @@ struct Stage {
     }
   }
 
+  // put_bf16 for a chunk c known at run time: a copy per chunk, the one of c taken. The chunk loops
+  // of the SwiGLU epilogues stay rolled around it, so their math after the staging exists once in
+  // the kernel: unrolled per chunk it made the kernel 6-16 thousand instructions, which the
+  // instruction cache does not hold beside the other warpgroup's main loop.
+  template <int kChunks, class Value>
+  __device__ __forceinline__ void put_bf16_at(int c, Value value) const {
+    cute::for_each(cute::make_int_sequence<kChunks>{}, [&](auto chunk) {
+      if (c == decltype(chunk)::value) put_bf16<decltype(chunk)::value>(value);
+    });
+  }
+
   // Phase 1, fp32: columns [32 C, 32 C + 32).
   template <int C, class Acc>
   __device__ void put_f32(const Acc& acc) const {
@@ -237,19 +248,20 @@ struct SwigluEpilogue {
 
   template <class Acc0, class Acc1>
   __device__ void store(const TileCoord& t, const Acc0& gate, const Acc1& up) const {
+    constexpr int kChunks = Traits::BLOCK_N / 64;
     const int64_t f0 = static_cast<int64_t>(t.n_tile) * Traits::BLOCK_N;
-    for_each_chunk<Traits::BLOCK_N / 64, 64>(f0, p.F, [&](auto c) {
-      constexpr int C = decltype(c)::value;
+#pragma unroll 1
+    for (int c = 0; c < kChunks && f0 + 64 * c < p.F; ++c) {
       uint4 gate_seg[4];
-      stage.template put_bf16<C>([&](int i, int, int) { return gate(i); });
+      stage.template put_bf16_at<kChunks>(c, [&](int i, int, int) { return gate(i); });
       stage.sync();
-      rows_out(t, f0 + 64 * C, 0, gate_seg);
+      rows_out(t, f0 + 64 * c, 0, gate_seg);
       stage.sync();
-      stage.template put_bf16<C>([&](int i, int, int) { return up(i); });
+      stage.template put_bf16_at<kChunks>(c, [&](int i, int, int) { return up(i); });
       stage.sync();
-      rows_out(t, f0 + 64 * C, 1, gate_seg);
+      rows_out(t, f0 + 64 * c, 1, gate_seg);
       stage.sync();
-    });
+    }
   }
 };
 
@@ -366,15 +378,16 @@ struct SwigluBackwardEpilogue {
 
   template <class Acc0, class Acc1>
   __device__ void store(const TileCoord& t, const Acc0& grad_h, const Acc1&) const {
+    constexpr int kChunks = Traits::BLOCK_N / 64;
     const int64_t f0 = static_cast<int64_t>(t.n_tile) * Traits::BLOCK_N;
-    for_each_chunk<Traits::BLOCK_N / 64, 64>(f0, p.F, [&](auto c) {
-      constexpr int C = decltype(c)::value;
-      const Inputs in = load_inputs(t, f0 + 64 * C);  // in flight while the chunk is staged
-      stage.template put_bf16<C>([&](int i, int, int) { return grad_h(i); });
+#pragma unroll 1
+    for (int c = 0; c < kChunks && f0 + 64 * c < p.F; ++c) {
+      const Inputs in = load_inputs(t, f0 + 64 * c);  // in flight while the chunk is staged
+      stage.template put_bf16_at<kChunks>(c, [&](int i, int, int) { return grad_h(i); });
       stage.sync();
-      rows_out(t, f0 + 64 * C, in);
+      rows_out(t, f0 + 64 * c, in);
       stage.sync();
-    });
+    }
   }
 };
 
