@@ -34,14 +34,14 @@ std::string bf16_rows_gemm(GemmKind kind, const Step& s, bool swiglu_pair = fals
   const Schedule sched = g::select_schedule(kind, s, &why_schedule);
   const int cluster = g::select_cluster(kind, s, &why_cluster);
   const bool pp = sched == Schedule::pingpong;
-  std::string tile = swiglu_pair ? (pp ? "64 x 128 x 2 (gate, up)" : "128 x 128 x 2 (gate, up)")
-                                 : (pp ? "64 x 256" : "128 x 256");
+  std::string tile = swiglu_pair ? "x 128 x 2 (gate, up)" : "x 256";
   std::string why_width;
   if (kind != GemmKind::w13_fprop) {  // the GEMMs with one B operand choose their tile's width
-    const bool n192 = g::select_rows_tile_n(kind, s, &why_width) == cuda::RowsTileN::n192;
-    tile = std::string(pp ? "64" : "128") + (n192 ? " x 192" : " x 256");
+    const bool n192 = g::select_rows_tile_n(kind, s, sched, &why_width) == cuda::RowsTileN::n192;
+    tile = n192 ? "x 192" : "x 256";
     why_width = ", tile width [" + why_width + "]";
   }
+  tile = std::string(pp ? "64 " : "128 ") + tile;
   return "bf16 " + tile + ", " + cuda::to_string(sched) + " [" + why_schedule + "], " +
          (cluster == 2 ? "CTA pairs" : "single CTAs") + " [" + why_cluster + "]" + why_width;
 }

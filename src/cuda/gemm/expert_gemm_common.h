@@ -76,35 +76,48 @@ using RowsTraits =
     GemmTraits<S::pingpong ? 64 : 128, kBlockN, rows_stages(S::pingpong, kBlockN * kNumB),
                Grouping::rows, Major::K, kMajorB, kNumB, S::pingpong, S::cluster>;
 
+#if defined(EPMOE_GEMM_ALL_CONFIGS)
+// Calls fn(Sched<pingpong, pair ? 2 : 1>{}) (ALL builds: every schedule and cluster instantiated).
+template <class Fn>
+void dispatch_sched(bool pingpong, bool pair, Fn&& fn) {
+  if (pingpong && pair) return fn(Sched<true, 2>{});
+  if (pingpong) return fn(Sched<true, 1>{});
+  if (pair) return fn(Sched<false, 2>{});
+  fn(Sched<false, 1>{});
+}
+#endif
+
 // Calls fn(Sched<ping-pong, cluster>{}) with what select_schedule() and select_cluster() pick.
 // Builds with EPMOE_GEMM_CONFIGS=CI instantiate the cooperative, unclustered kernel only.
 template <class Fn>
 void dispatch_schedule([[maybe_unused]] GemmKind kind, [[maybe_unused]] const Step& s, Fn&& fn) {
 #if defined(EPMOE_GEMM_ALL_CONFIGS)
-  const bool pingpong = select_schedule(kind, s) == Schedule::pingpong;
-  const bool pair = select_cluster(kind, s) == 2;
-  if (pingpong && pair) return fn(Sched<true, 2>{});
-  if (pingpong) return fn(Sched<true, 1>{});
-  if (pair) return fn(Sched<false, 2>{});
-#endif
+  dispatch_sched(select_schedule(kind, s) == Schedule::pingpong, select_cluster(kind, s) == 2, fn);
+#else
   fn(Sched<false, 1>{});
+#endif
 }
 
 // dispatch_schedule for W2 FPROP, W2 DGRAD and W13 DGRAD, with the tile width select_rows_tile_n()
-// picks: 192 columns on single CTAs only (ALL builds; its selector refuses 192 in CI builds).
+// picks for the schedule (each selector read once a launch): 192 columns on single CTAs only (ALL
+// builds; the selector refuses 192 in CI builds).
 template <class Fn>
 void dispatch_rows_schedule(GemmKind kind, const Step& s, Fn&& fn) {
+  const Schedule schedule = select_schedule(kind, s);
+  const RowsTileN width = select_rows_tile_n(kind, s, schedule);
 #if defined(EPMOE_GEMM_ALL_CONFIGS)
-  if (select_rows_tile_n(kind, s) == RowsTileN::n192) {
-    EPMOE_CHECK_ARG(select_cluster(kind, s) == 1, "EPMOE_GEMM_CLUSTER",
-                    "1 with 192-column rows tiles (EPMOE_GEMM_ROWS_TILE_N)", 2);
-    if (select_schedule(kind, s) == Schedule::pingpong) return fn(Sched<true, 1, 192>{});
+  const bool pingpong = schedule == Schedule::pingpong;
+  const bool pair = select_cluster(kind, s) == 2;
+  if (width == RowsTileN::n192) {
+    EPMOE_CHECK_ARG(!pair, "EPMOE_GEMM_CLUSTER", "1 with 192-column rows tiles (EPMOE_GEMM_ROWS_TILE_N)", 2);
+    if (pingpong) return fn(Sched<true, 1, 192>{});
     return fn(Sched<false, 1, 192>{});
   }
+  dispatch_sched(pingpong, pair, fn);
 #else
-  (void)select_rows_tile_n(kind, s);  // refuses a 192 override in this build
+  (void)width;
+  fn(Sched<false, 1>{});
 #endif
-  dispatch_schedule(kind, s, fn);
 }
 
 

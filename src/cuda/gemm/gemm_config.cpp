@@ -228,17 +228,23 @@ WgradTile select_wgrad_tile(GemmKind kind, const Step& s, std::string* why) {
   return WgradTile::n192;
 }
 
+namespace {
+// The output width N of a rows-grouping GEMM with one B operand.
+int64_t rows_gemm_n(GemmKind kind, const Step& s) {
+  return kind == GemmKind::w2_dgrad ? s.dims.F : s.dims.D;  // W2 DGRAD: grad_h; else D-wide rows
+}
+}  // namespace
+
+RowsTileN select_rows_tile_n(GemmKind kind, const Step& s, std::string* why) {
+  return select_rows_tile_n(kind, s, select_schedule(kind, s), why);
+}
+
 // 192-column rows tiles where they fill N exactly and 256-column ones do not, on ping-pong tiles.
 // Measured on gpt-oss (D = F = 2880: 15 tiles of 192, 11.25 of 256) at 513de24, four alternating
 // pairs (bench/RESULTS.md "2026-12-03 · 513de24"), stage ms against 256: W2 FPROP (ping-pong)
 // x0.83-0.92, W2 DGRAD (ping-pong) x0.87-0.92, fwd+bwd x0.97; W13 DGRAD (cooperative 128 x 192)
 // x1.03-1.07 slower, so cooperative tiles keep 256.
-// The output width N of a rows-grouping GEMM with one B operand.
-int64_t rows_gemm_n(GemmKind kind, const Step& s) {
-  return kind == GemmKind::w2_dgrad ? s.dims.F : s.dims.D;  // W2 DGRAD: grad_h; else D-wide rows
-}
-
-RowsTileN select_rows_tile_n(GemmKind kind, const Step& s, std::string* why) {
+RowsTileN select_rows_tile_n(GemmKind kind, const Step& s, Schedule schedule, std::string* why) {
   EPMOE_CHECK_ARG(kind == GemmKind::w2_fprop || kind == GemmKind::w2_dgrad || kind == GemmKind::w13_dgrad,
                   "select_rows_tile_n kind", "w2_fprop, w2_dgrad or w13_dgrad", to_string(kind));
   const char* env = std::getenv("EPMOE_GEMM_ROWS_TILE_N");
@@ -253,7 +259,7 @@ RowsTileN select_rows_tile_n(GemmKind kind, const Step& s, std::string* why) {
   }
   const int64_t n = rows_gemm_n(kind, s);
   const bool fits = fills_192_not_256(n);
-  const bool pingpong = select_schedule(kind, s) == Schedule::pingpong;
+  const bool pingpong = schedule == Schedule::pingpong;
   say(why, [&] {
     const std::string tiles = "N = " + width_text(n);
     if (!fits) return tiles + ": 256";

@@ -80,6 +80,8 @@ WgradTile select_wgrad_tile(GemmKind kind, const Step& s, std::string* why = nul
 // EPMOE_GEMM_CONFIGS=ALL only): EPMOE_GEMM_ROWS_TILE_N=256|192 forces one, else 192 on ping-pong
 // tiles where N is a multiple of 192 and not of 256 (gpt-oss's 2880), 256 otherwise.
 RowsTileN select_rows_tile_n(GemmKind kind, const Step& s, std::string* why = nullptr);
+// The same for the schedule select_schedule() already gave (the launcher reads it once a launch).
+RowsTileN select_rows_tile_n(GemmKind kind, const Step& s, Schedule schedule, std::string* why = nullptr);
 
 // Whether the bf16 WGRAD (cooperative, unclustered; overwritten output) runs its full k-blocks with
 // one wgmma batch in flight and the partial one after them: EPMOE_WGRAD_PEEL=1|0 forces it, else on.
