@@ -19,6 +19,7 @@
 #include "core/numeric.h"
 #include "core/plan_terms.h"
 #include "cuda/gemm/grouped_gemm_sm90.cuh"
+#include "cuda/kernel_common.cuh"
 #include "cuda/placed.h"
 #include "cuda/swiglu_backward_run8.cuh"  // chunk_dot_sum
 
@@ -97,8 +98,7 @@ struct Stage {
       const int r = pass * 16 + tid / 8;
       char* dst = row_dst(r, pass);
       if (dst != nullptr) {
-        *reinterpret_cast<uint4*>(dst + seg * 16) =
-            *reinterpret_cast<const uint4*>(smem + r * kPitch + seg * 16);
+        store_vec(dst + seg * 16, *reinterpret_cast<const uint4*>(smem + r * kPitch + seg * 16));
       }
     }
   }
@@ -230,10 +230,10 @@ struct SwigluEpilogue {
       const uint4 v = *reinterpret_cast<const uint4*>(stage.smem + r * Stage<Traits>::kPitch + seg * 16);
       if (part == 0) {
         gate_seg[pass] = v;
-        *reinterpret_cast<uint4*>(h13 + row * 2 * p.F + f) = v;
+        store_vec(h13 + row * 2 * p.F + f, v);
         continue;
       }
-      *reinterpret_cast<uint4*>(h13 + row * 2 * p.F + p.F + f) = v;
+      store_vec(h13 + row * 2 * p.F + p.F + f, v);
       const bf16_t* g8 = reinterpret_cast<const bf16_t*>(&gate_seg[pass]);
       const bf16_t* u8 = reinterpret_cast<const bf16_t*>(&v);
       uint4 h;
@@ -242,7 +242,7 @@ struct SwigluEpilogue {
       for (int j = 0; j < 8; ++j) {
         h8[j] = float_to_bf16(swiglu_forward(bf16_to_float(g8[j]), bf16_to_float(u8[j]), p.act));
       }
-      *reinterpret_cast<uint4*>(p.h + row * p.F + f) = h;
+      store_vec(p.h + row * p.F + f, h);
     }
   }
 
@@ -362,9 +362,9 @@ struct SwigluBackwardEpilogue {
           dot = __fadd_rn(dot, __fmul_rn(dh, bf16_to_float(act16)));
           h8[j] = scored ? float_to_bf16(__fmul_rn(score, act)) : act16;
         }
-        *reinterpret_cast<uint4*>(p.grad_h13 + row * 2 * p.F + f) = dg;
-        *reinterpret_cast<uint4*>(p.grad_h13 + row * 2 * p.F + p.F + f) = du;
-        *reinterpret_cast<uint4*>(p.h + row * p.F + f) = h;
+        store_vec(p.grad_h13 + row * 2 * p.F + f, dg);
+        store_vec(p.grad_h13 + row * 2 * p.F + p.F + f, du);
+        store_vec(p.h + row * p.F + f, h);
       }
       if (scored) {
         const unsigned row_lanes = 0xffu << ((stage.tid % 32) & ~7);  // the row's 8 lanes
