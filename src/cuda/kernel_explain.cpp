@@ -42,8 +42,12 @@ std::string bf16_rows_gemm(GemmKind kind, const Step& s, bool swiglu_pair = fals
     why_width = ", tile width [" + why_width + "]";
   }
   tile = std::string(pp ? "64 " : "128 ") + tile;
+  std::string why_band;
+  const int band_rows = g::select_band_rows(s, &why_band);
+  const std::string band = band_rows == 0 ? "none" : "of " + std::to_string(band_rows) + " rows";
   return "bf16 " + tile + ", " + cuda::to_string(sched) + " [" + why_schedule + "], " +
-         (cluster == 2 ? "CTA pairs" : "single CTAs") + " [" + why_cluster + "]" + why_width;
+         (cluster == 2 ? "CTA pairs" : "single CTAs") + " [" + why_cluster + "]" + why_width +
+         ", m-tile bands " + band + " [" + why_band + "]";
 }
 
 std::string bf16_wgrad(GemmKind kind, const Step& s) {

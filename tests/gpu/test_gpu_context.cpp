@@ -362,6 +362,42 @@ TEST(GpuContext, RowsTileWidthsEqualBitwise) {
   }
 }
 
+// m-tile bands (EPMOE_GEMM_BAND_ROWS) reorder the rows GEMMs' tiles only: 128 rows make every
+// m-tile (cooperative) or pair of them (ping-pong) a band, 192 leaves a short last band of
+// ping-pong tiles (512 rows: 8 m-tiles of 64 in bands of 3, 3, 2), 320 bands of 2 / 5 m-tiles.
+TEST(GpuContext, BandsEqualBitwise) {
+  EPMOE_REQUIRE_GPU();
+  std::vector<TokensCase> cases;
+  cases.push_back({problem(1024, 960, 384, 4, 2), 1024});  // ~512 rows per expert
+  Problem clamped = problem(700, 512, 256, 2, 2);           // every token on both experts: 700 rows
+  clamped.act = Activation::swiglu_clamped();
+  cases.push_back({clamped, 700});
+  uint64_t seed = 211;
+  for (const TokensCase& c : cases) {
+    const auto in = make_inputs(c.p, seed++, c.tokens);
+    Problem unfused = c.p;
+    unfused.fused = false;
+    for (const char* schedule : {"cooperative", "pingpong"}) {
+      const ScopedEnv w2f("EPMOE_GEMM_SCHEDULE_W2_FPROP", schedule),
+          w2d("EPMOE_GEMM_SCHEDULE_W2_DGRAD", schedule), w13d("EPMOE_GEMM_SCHEDULE_W13_DGRAD", schedule);
+      std::vector<RankOutputs> whole, whole_unfused;
+      try {
+        const ScopedEnv none("EPMOE_GEMM_BAND_ROWS", "0");
+        whole = run_gpu_layer(c.p, in[0]);
+        whole_unfused = run_gpu_layer(unfused, in[0]);
+      } catch (const Error& e) {
+        GTEST_SKIP() << "ping-pong not in this build (EPMOE_GEMM_CONFIGS=CI): " << e.what();
+      }
+      for (const char* rows : {"128", "192", "320"}) {
+        const ScopedEnv band("EPMOE_GEMM_BAND_ROWS", rows);
+        const std::string what = c.p.name() + " " + schedule + ", bands of " + rows + " rows";
+        expect_bitwise_equal(run_gpu_layer(c.p, in[0]), whole, what + " vs none");
+        expect_bitwise_equal(run_gpu_layer(unfused, in[0]), whole_unfused, what + ", unfused vs none");
+      }
+    }
+  }
+}
+
 TEST(GpuContext, RepeatRunsAreBitwiseEqual) {
   EPMOE_REQUIRE_GPU();
   const Problem p = problem(300, 512, 256, 16, 4);

@@ -44,7 +44,7 @@ struct NoOverrides {
       h{"EPMOE_GEMM_CLUSTER_WGRAD", nullptr}, i{"EPMOE_FP8_TILE", nullptr}, j{"EPMOE_FP8_OVERLAP", nullptr},
       k{"EPMOE_FP8_WGRAD_TILE", nullptr}, l{"EPMOE_FP8_WGRAD_SCALES", nullptr},
       m{"EPMOE_FP8_WGRAD_MULTICAST", nullptr}, n{"EPMOE_FP8_TRIM_ROWS", nullptr},
-      o{"EPMOE_GEMM_ROWS_TILE_N", nullptr};
+      o{"EPMOE_GEMM_ROWS_TILE_N", nullptr}, p{"EPMOE_GEMM_BAND_ROWS", nullptr};
 };
 
 TEST(KernelExplain, Bf16TrainingNamesEachGemmsKernelAndRule) {
@@ -128,6 +128,17 @@ TEST(KernelExplain, FollowsTheEnvironmentsOverrides) {
         std::string::npos)
         << ds;
     EXPECT_NE(line_of(ds, "w13_dgrad").find("ping-pong [T*K/E = 128 rows"), std::string::npos) << ds;
+  }
+  {
+    const ScopedEnv band("EPMOE_GEMM_BAND_ROWS", "1024");
+    const std::string mx = explain_cuda_kernels(Config(mixtral()), 1);
+    for (const char* kind : {"w13_fprop", "w2_fprop", "w2_dgrad", "w13_dgrad"}) {
+      EXPECT_NE(line_of(mx, kind).find("m-tile bands of 1024 rows [EPMOE_GEMM_BAND_ROWS=1024 (override)]"),
+                std::string::npos)
+          << mx;
+    }
+    const ScopedEnv bad("EPMOE_GEMM_BAND_ROWS", "many");
+    EXPECT_THROW(explain_cuda_kernels(Config(mixtral()), 1), Error);
   }
   {
     const ScopedEnv width("EPMOE_GEMM_ROWS_TILE_N", "192");

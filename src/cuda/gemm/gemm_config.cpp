@@ -316,6 +316,21 @@ int select_cluster(GemmKind kind, const Step& s, std::string* why) {
   return 1;
 }
 
+int select_band_rows(const Step& s, std::string* why) {
+  (void)s;
+  const char* env = std::getenv("EPMOE_GEMM_BAND_ROWS");
+  if (env != nullptr) {
+    say(why, [&] { return std::string("EPMOE_GEMM_BAND_ROWS=") + env + " (override)"; });
+    char* end = nullptr;
+    const long rows = std::strtol(env, &end, 10);
+    EPMOE_CHECK_ARG(end != env && *end == '\0' && rows >= 0 && rows <= (1 << 24), "EPMOE_GEMM_BAND_ROWS",
+                    "a row count in [0, 2^24]", env);
+    return static_cast<int>(rows);
+  }
+  say(why, "rule: none");
+  return 0;
+}
+
 int device_sm_count() {
   static std::mutex mu;
   static std::vector<int> counts;

@@ -122,6 +122,7 @@ struct GroupArgs {
   RowShift a_shift;               // rows grouping: A's rows (W13 forward reads x_gathered)
   RowShift b_shift;               // reduction grouping: B's rows, the k axis (W13 WGRAD)
   int groups = 0;
+  int band_rows = 0;              // rows grouping: m-tile bands of about this many rows (0: none)
   int64_t n = 0;                  // output columns (per B operand)
   int64_t m_out = 0;              // reduction: output rows
   int64_t k = 0;                  // rows: reduction length
@@ -141,6 +142,11 @@ struct TileCoord {
 
 // Tiles are numbered per cluster: with kClusterM == 2, tile i of the schedule is a pair of m-tiles
 // (2 m + rank) of one (group, n-tile), and `rank` (the CTA's rank in its cluster) picks one.
+// Rows grouping: a group's m-tiles run m fastest, so the m-tiles that share a weight slice run side
+// by side and read it once from HBM. A group of more than `band` m-tiles (skewed routing: one
+// expert with most rows) runs as bands of `band` m-tiles, each band over every n-tile, so that a
+// band's rows stay in L2 while the weights stream past them; without bands a wave spans few
+// n-tiles of every m-tile and re-reads the group's rows from HBM every wave.
 template <class Traits>
 struct TileScheduler {
   static constexpr int BM = Traits::BLOCK_M, BN = Traits::BLOCK_N, BK = Traits::BLOCK_K;
@@ -149,6 +155,7 @@ struct TileScheduler {
   const int* prefix;   // shared memory
   int groups, n_tiles, m_tiles_out, total;
   int k_tiles_rows;
+  int band;            // rows grouping: m-tiles (of clusters) per band; 0: the whole group
   int rank;            // this CTA's rank in its cluster
 
   __device__ TileCoord at(int tile) const {
@@ -161,13 +168,18 @@ struct TileScheduler {
       }
       // Skip empty groups that share the same prefix.
       while (lo + 1 < groups && prefix[lo + 1] <= tile) ++lo;
-      // m fastest: the m-tiles that share one weight slice run side by side and read it once
-      // from HBM (expert groups are often just over a tile: a second, sparse m-tile).
+      // m fastest within a band (expert groups are often just over a tile: a second, sparse
+      // m-tile, which shares its band).
       const int local = tile - prefix[lo];
       const int m_tiles = ((offsets[lo + 1] - offsets[lo] + BM - 1) / BM + CM - 1) / CM;
+      const int bm = band > 0 ? min(band, m_tiles) : m_tiles;
+      const int per_band = bm * n_tiles;
+      const int b = local / per_band;
+      const int in_band = local - b * per_band;
+      const int width = min(bm, m_tiles - b * bm);
       t.group = lo;
-      t.m_tile = (local % m_tiles) * CM + rank;
-      t.n_tile = local / m_tiles;
+      t.m_tile = (b * bm + in_band % width) * CM + rank;
+      t.n_tile = in_band / width;
       t.row0 = offsets[lo] + t.m_tile * BM;
       t.rows_valid = min(BM, offsets[lo + 1] - t.row0);  // <= 0: a pair's tile past the group
       t.k_tiles = k_tiles_rows;
@@ -227,6 +239,7 @@ __device__ TileScheduler<Traits> make_scheduler(Smem& smem, const GroupArgs& g) 
   s.n_tiles = n_tiles;
   s.m_tiles_out = static_cast<int>((g.m_out + BM - 1) / BM);
   s.k_tiles_rows = static_cast<int>((g.k + BK - 1) / BK);
+  s.band = g.band_rows <= 0 ? 0 : max(1, g.band_rows / (BM * Traits::kClusterM));
   s.rank = Traits::kClusterM == 1 ? 0 : static_cast<int>(cute::block_rank_in_cluster());
   constexpr int CM = Traits::kClusterM;
   s.total = Traits::kGrouping == Grouping::rows
