@@ -363,8 +363,8 @@ TEST(GpuContext, RowsTileWidthsEqualBitwise) {
 }
 
 // m-tile bands (EPMOE_GEMM_BAND_ROWS) reorder the rows GEMMs' tiles only: 128 rows make every
-// m-tile (cooperative) or pair of them (ping-pong) a band, 192 leaves a short last band of
-// ping-pong tiles (512 rows: 8 m-tiles of 64 in bands of 3, 3, 2), 320 bands of 2 / 5 m-tiles.
+// m-tile (cooperative) or pair of them (ping-pong) a band; 192 and 320 leave short last bands
+// (512 rows in ping-pong tiles: 8 m-tiles of 64 in bands of 3, 3, 2; 700 rows: 11 in 4, 4, 3).
 TEST(GpuContext, BandsEqualBitwise) {
   EPMOE_REQUIRE_GPU();
   std::vector<TokensCase> cases;

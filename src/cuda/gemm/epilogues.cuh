@@ -98,7 +98,10 @@ struct Stage {
       const int r = pass * 16 + tid / 8;
       char* dst = row_dst(r, pass);
       if (dst != nullptr) {
-        store_vec(dst + seg * 16, *reinterpret_cast<const uint4*>(smem + r * kPitch + seg * 16));
+        // A plain copy (LDS.128 then STG.E.128, batched across the passes): store_vec's asm would
+        // order each pass's store before the next pass's shared-memory load.
+        *reinterpret_cast<uint4*>(dst + seg * 16) =
+            *reinterpret_cast<const uint4*>(smem + r * kPitch + seg * 16);
       }
     }
   }

@@ -316,8 +316,15 @@ int select_cluster(GemmKind kind, const Step& s, std::string* why) {
   return 1;
 }
 
+// Bands of max(4096, 2 T*K/E) rows: balanced routing never splits a group (its largest groups stay
+// well under twice T*K/E), skewed routing splits the experts that hold several times their share.
+// Measured on mixtral under skew (experts 0 and 1 at ~8 000 of T = 8 192 rows, K = 4 096 to 28 672)
+// at d3d4b2b, bench/RESULTS.md "2026-12-04": bands of 1 024 rows, three alternating pairs, W13
+// FPROP x0.79-0.89, W2 FPROP x0.79-0.91, W2 DGRAD x0.83-0.92, W13 DGRAD x0.80-0.93, fwd+bwd
+// x0.94-0.95 (under a power cap: fewer HBM re-reads also leave the untouched WGRADs more clock);
+// 4 096 in one run about the same; but 1 024 splits mixtral's balanced 2 048-row groups, x1.02-1.04
+// slower, and gave qwen3 / deepseek-v3 / gpt-oss under skew nothing (x0.95-1.06).
 int select_band_rows(const Step& s, std::string* why) {
-  (void)s;
   const char* env = std::getenv("EPMOE_GEMM_BAND_ROWS");
   if (env != nullptr) {
     say(why, [&] { return std::string("EPMOE_GEMM_BAND_ROWS=") + env + " (override)"; });
@@ -327,8 +334,12 @@ int select_band_rows(const Step& s, std::string* why) {
                     "a row count in [0, 2^24]", env);
     return static_cast<int>(rows);
   }
-  say(why, "rule: none");
-  return 0;
+  const int64_t balanced = rows_per_expert(s);
+  const int64_t rows = std::max<int64_t>(kBandMinRows, 2 * balanced);
+  say(why, [&] {
+    return "rule: max(" + std::to_string(kBandMinRows) + ", 2 T*K/E = " + std::to_string(2 * balanced) + ")";
+  });
+  return static_cast<int>(std::min<int64_t>(rows, 1 << 24));
 }
 
 int device_sm_count() {

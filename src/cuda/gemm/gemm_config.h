@@ -88,8 +88,9 @@ RowsTileN select_rows_tile_n(GemmKind kind, const Step& s, Schedule schedule, st
 bool select_wgrad_peel(GemmKind kind, const Step& s, std::string* why = nullptr);
 
 // The rows GEMMs' m-tile bands (grouped_gemm_sm90.cuh's TileScheduler): a group of more rows than
-// this runs as bands of about this many rows, each over every n-tile. EPMOE_GEMM_BAND_ROWS=<rows>
-// forces it (0: no bands), else 0.
+// this runs as bands of at most this many rows, each over every n-tile. EPMOE_GEMM_BAND_ROWS=<rows>
+// forces it (0: no bands), else max(kBandMinRows, 2 T*K/E).
+inline constexpr int kBandMinRows = 4096;
 int select_band_rows(const Step& s, std::string* why = nullptr);
 
 }  // namespace gemm

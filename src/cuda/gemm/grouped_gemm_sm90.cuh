@@ -144,9 +144,9 @@ struct TileCoord {
 // (2 m + rank) of one (group, n-tile), and `rank` (the CTA's rank in its cluster) picks one.
 // Rows grouping: a group's m-tiles run m fastest, so the m-tiles that share a weight slice run side
 // by side and read it once from HBM. A group of more than `band` m-tiles (skewed routing: one
-// expert with most rows) runs as bands of `band` m-tiles, each band over every n-tile, so that a
-// band's rows stay in L2 while the weights stream past them; without bands a wave spans few
-// n-tiles of every m-tile and re-reads the group's rows from HBM every wave.
+// expert with most rows) runs as ceil(m-tiles / band) bands of (nearly) equal width, each band
+// over every n-tile, so that a band's rows stay in L2 while the weights stream past them; without
+// bands a wave spans few n-tiles of every m-tile and re-reads the group's rows from HBM each wave.
 template <class Traits>
 struct TileScheduler {
   static constexpr int BM = Traits::BLOCK_M, BN = Traits::BLOCK_N, BK = Traits::BLOCK_K;
@@ -172,7 +172,8 @@ struct TileScheduler {
       // m-tile, which shares its band).
       const int local = tile - prefix[lo];
       const int m_tiles = ((offsets[lo + 1] - offsets[lo] + BM - 1) / BM + CM - 1) / CM;
-      const int bm = band > 0 ? min(band, m_tiles) : m_tiles;
+      const int bands = band > 0 ? (m_tiles + band - 1) / band : 1;
+      const int bm = (m_tiles + bands - 1) / bands;  // bands of equal width, the last <= 1 short
       const int per_band = bm * n_tiles;
       const int b = local / per_band;
       const int in_band = local - b * per_band;
