@@ -43,7 +43,9 @@ std::string bf16_rows_gemm(GemmKind kind, const Step& s, bool swiglu_pair = fals
   }
   tile = std::string(pp ? "64 " : "128 ") + tile;
   std::string why_band;
-  const int band_rows = g::select_band_rows(s, &why_band);
+  const int64_t k = kind == GemmKind::w2_fprop ? s.dims.F                                  // h
+                    : kind == GemmKind::w13_dgrad ? 2 * s.dims.F : s.dims.D;              // grad_h13; x, grad_y
+  const int band_rows = g::select_band_rows(s, k, &why_band);
   const std::string band = band_rows == 0 ? "none" : "of " + std::to_string(band_rows) + " rows";
   return "bf16 " + tile + ", " + cuda::to_string(sched) + " [" + why_schedule + "], " +
          (cluster == 2 ? "CTA pairs" : "single CTAs") + " [" + why_cluster + "]" + why_width +

@@ -111,6 +111,25 @@ TEST(KernelExplain, CapacityFactorChangesNoChoice) {
   EXPECT_NE(line_of(wide, "w2_wgrad").find("the consumers [T*K/E = 256 rows"), std::string::npos) << wide;
 }
 
+// Bands of max(4096, 2 T*K/E, the rows of K bf16 in 32 MiB) rows.
+TEST(KernelExplain, BandsKeyOnBalancedRowsAndL2) {
+  const NoOverrides clean;
+  const std::string mx = explain_cuda_kernels(Config(mixtral()), 1);
+  EXPECT_NE(line_of(mx, "w13_fprop").find("m-tile bands of 4096 rows [rule: max(4096, 2 T*K/E = 4096, "
+                                          "32 MiB of K = 4096 bf16 = 4096)]"),
+            std::string::npos)
+      << mx;
+  EXPECT_NE(line_of(mx, "w13_dgrad").find("m-tile bands of 4096 rows [rule: max(4096, 2 T*K/E = 4096, "
+                                          "32 MiB of K = 28672 bf16 = 585)]"),
+            std::string::npos)
+      << mx;
+  const std::string ds = explain_cuda_kernels(Config(deepseek()), 1);
+  EXPECT_NE(line_of(ds, "w2_fprop").find("m-tile bands of 8192 rows [rule: max(4096, 2 T*K/E = 256, "
+                                         "32 MiB of K = 2048 bf16 = 8192)]"),
+            std::string::npos)
+      << ds;
+}
+
 TEST(KernelExplain, FollowsTheEnvironmentsOverrides) {
   const NoOverrides clean;
   {

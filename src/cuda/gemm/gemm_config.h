@@ -87,11 +87,13 @@ RowsTileN select_rows_tile_n(GemmKind kind, const Step& s, Schedule schedule, st
 // one wgmma batch in flight and the partial one after them: EPMOE_WGRAD_PEEL=1|0 forces it, else on.
 bool select_wgrad_peel(GemmKind kind, const Step& s, std::string* why = nullptr);
 
-// The rows GEMMs' m-tile bands (grouped_gemm_sm90.cuh's TileScheduler): a group of more rows than
-// this runs as bands of at most this many rows, each over every n-tile. EPMOE_GEMM_BAND_ROWS=<rows>
-// forces it (0: no bands), else max(kBandMinRows, 2 T*K/E).
+// The rows GEMMs' m-tile bands (grouped_gemm_sm90.cuh's TileScheduler) for a GEMM of reduction
+// length k: a group of more rows than this runs as bands of at most this many rows, each over every
+// n-tile. EPMOE_GEMM_BAND_ROWS=<rows> forces it (0: no bands), else max(kBandMinRows, 2 T*K/E,
+// the rows of k bf16 that fill kBandL2Bytes).
 inline constexpr int kBandMinRows = 4096;
-int select_band_rows(const Step& s, std::string* why = nullptr);
+inline constexpr int64_t kBandL2Bytes = int64_t{32} << 20;
+int select_band_rows(const Step& s, int64_t k, std::string* why = nullptr);
 
 }  // namespace gemm
 }  // namespace epmoe::cuda
