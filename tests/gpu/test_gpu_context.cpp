@@ -314,6 +314,23 @@ TEST(GpuContext, WgradTilesEqualBitwise) {
   }
 }
 
+// Runs fn(case, inputs, the case unfused, schedule) for each case (inputs of seeds seed, seed + 1,
+// ...) under each rows-GEMM schedule, forced on W2 FPROP, W2 DGRAD and W13 DGRAD for fn's scope.
+template <class Fn>
+void for_each_rows_schedule(const std::vector<TokensCase>& cases, uint64_t seed, Fn fn) {
+  for (const TokensCase& c : cases) {
+    const auto in = make_inputs(c.p, seed++, c.tokens);
+    Problem unfused = c.p;
+    unfused.fused = false;
+    for (const char* schedule : {"cooperative", "pingpong"}) {
+      const ScopedEnv w2f("EPMOE_GEMM_SCHEDULE_W2_FPROP", schedule),
+          w2d("EPMOE_GEMM_SCHEDULE_W2_DGRAD", schedule), w13d("EPMOE_GEMM_SCHEDULE_W13_DGRAD", schedule);
+      fn(c, in[0], unfused, schedule);
+      if (::testing::Test::IsSkipped()) return;  // fn's GTEST_SKIP returns from fn only
+    }
+  }
+}
+
 // W2 FPROP, W2 DGRAD and W13 DGRAD on 192-column rows tiles (EPMOE_GEMM_ROWS_TILE_N=192, built
 // with EPMOE_GEMM_CONFIGS=ALL) give the bits of the 256-column tiles: every output element sums the
 // same k-steps in the same order. Under both schedules, fused (the scatter epilogues; the SwiGLU
@@ -329,37 +346,30 @@ TEST(GpuContext, RowsTileWidthsEqualBitwise) {
   clamped.act = Activation::swiglu_clamped();
   cases.push_back({clamped, 300});
   cases.push_back({problem(200, 256, 200, 8, 2), 200});  // F = 200: partial tiles of either width
-  uint64_t seed = 191;
-  for (const TokensCase& c : cases) {
-    const auto in = make_inputs(c.p, seed++, c.tokens);
-    Problem unfused = c.p;
-    unfused.fused = false;
-    for (const char* schedule : {"cooperative", "pingpong"}) {
-      const ScopedEnv w2f("EPMOE_GEMM_SCHEDULE_W2_FPROP", schedule),
-          w2d("EPMOE_GEMM_SCHEDULE_W2_DGRAD", schedule), w13d("EPMOE_GEMM_SCHEDULE_W13_DGRAD", schedule);
-      for (const char* swiglu_backward : {"kernel", "epilogue"}) {
-        const ScopedEnv sb("EPMOE_SWIGLU_BACKWARD", swiglu_backward);
-        std::vector<RankOutputs> wide, narrow, wide_unfused, narrow_unfused;
-        {
-          const ScopedEnv width("EPMOE_GEMM_ROWS_TILE_N", "256");
-          wide = run_gpu_layer(c.p, in[0]);
-          wide_unfused = run_gpu_layer(unfused, in[0]);
-        }
-        try {
-          const ScopedEnv width("EPMOE_GEMM_ROWS_TILE_N", "192");
-          narrow = run_gpu_layer(c.p, in[0]);
-          narrow_unfused = run_gpu_layer(unfused, in[0]);
-        } catch (const Error& e) {
-          GTEST_SKIP() << "192-column rows tiles and ping-pong not in this build (EPMOE_GEMM_CONFIGS=CI): "
-                       << e.what();
-        }
-        const std::string what = c.p.name() + " " + schedule + ", SwiGLU backward " + swiglu_backward;
-        expect_bitwise_equal(narrow, wide, what + ": rows tiles 192 vs 256 columns");
-        expect_bitwise_equal(narrow_unfused, wide_unfused, what + ", unfused: rows tiles 192 vs 256");
-        expect_bitwise_equal(narrow_unfused, narrow, what + ": 192 columns, unfused vs fused");
+  for_each_rows_schedule(cases, 191, [](const TokensCase& c, const RankInputs& in, const Problem& unfused,
+                                         const char* schedule) {
+    for (const char* swiglu_backward : {"kernel", "epilogue"}) {
+      const ScopedEnv sb("EPMOE_SWIGLU_BACKWARD", swiglu_backward);
+      std::vector<RankOutputs> wide, narrow, wide_unfused, narrow_unfused;
+      {
+        const ScopedEnv width("EPMOE_GEMM_ROWS_TILE_N", "256");
+        wide = run_gpu_layer(c.p, in);
+        wide_unfused = run_gpu_layer(unfused, in);
       }
+      try {
+        const ScopedEnv width("EPMOE_GEMM_ROWS_TILE_N", "192");
+        narrow = run_gpu_layer(c.p, in);
+        narrow_unfused = run_gpu_layer(unfused, in);
+      } catch (const Error& e) {
+        GTEST_SKIP() << "192-column rows tiles and ping-pong not in this build (EPMOE_GEMM_CONFIGS=CI): "
+                     << e.what();
+      }
+      const std::string what = c.p.name() + " " + schedule + ", SwiGLU backward " + swiglu_backward;
+      expect_bitwise_equal(narrow, wide, what + ": rows tiles 192 vs 256 columns");
+      expect_bitwise_equal(narrow_unfused, wide_unfused, what + ", unfused: rows tiles 192 vs 256");
+      expect_bitwise_equal(narrow_unfused, narrow, what + ": 192 columns, unfused vs fused");
     }
-  }
+  });
 }
 
 // m-tile bands (EPMOE_GEMM_BAND_ROWS) reorder the rows GEMMs' tiles only: 128 rows make every
@@ -372,30 +382,23 @@ TEST(GpuContext, BandsEqualBitwise) {
   Problem clamped = problem(700, 512, 256, 2, 2);           // every token on both experts: 700 rows
   clamped.act = Activation::swiglu_clamped();
   cases.push_back({clamped, 700});
-  uint64_t seed = 211;
-  for (const TokensCase& c : cases) {
-    const auto in = make_inputs(c.p, seed++, c.tokens);
-    Problem unfused = c.p;
-    unfused.fused = false;
-    for (const char* schedule : {"cooperative", "pingpong"}) {
-      const ScopedEnv w2f("EPMOE_GEMM_SCHEDULE_W2_FPROP", schedule),
-          w2d("EPMOE_GEMM_SCHEDULE_W2_DGRAD", schedule), w13d("EPMOE_GEMM_SCHEDULE_W13_DGRAD", schedule);
-      std::vector<RankOutputs> whole, whole_unfused;
-      try {
-        const ScopedEnv none("EPMOE_GEMM_BAND_ROWS", "0");
-        whole = run_gpu_layer(c.p, in[0]);
-        whole_unfused = run_gpu_layer(unfused, in[0]);
-      } catch (const Error& e) {
-        GTEST_SKIP() << "ping-pong not in this build (EPMOE_GEMM_CONFIGS=CI): " << e.what();
-      }
-      for (const char* rows : {"128", "192", "320"}) {
-        const ScopedEnv band("EPMOE_GEMM_BAND_ROWS", rows);
-        const std::string what = c.p.name() + " " + schedule + ", bands of " + rows + " rows";
-        expect_bitwise_equal(run_gpu_layer(c.p, in[0]), whole, what + " vs none");
-        expect_bitwise_equal(run_gpu_layer(unfused, in[0]), whole_unfused, what + ", unfused vs none");
-      }
+  for_each_rows_schedule(cases, 211, [](const TokensCase& c, const RankInputs& in, const Problem& unfused,
+                                         const char* schedule) {
+    std::vector<RankOutputs> whole, whole_unfused;
+    try {
+      const ScopedEnv none("EPMOE_GEMM_BAND_ROWS", "0");
+      whole = run_gpu_layer(c.p, in);
+      whole_unfused = run_gpu_layer(unfused, in);
+    } catch (const Error& e) {
+      GTEST_SKIP() << "ping-pong not in this build (EPMOE_GEMM_CONFIGS=CI): " << e.what();
     }
-  }
+    for (const char* rows : {"128", "192", "320"}) {
+      const ScopedEnv band("EPMOE_GEMM_BAND_ROWS", rows);
+      const std::string what = c.p.name() + " " + schedule + ", bands of " + rows + " rows";
+      expect_bitwise_equal(run_gpu_layer(c.p, in), whole, what + " vs none");
+      expect_bitwise_equal(run_gpu_layer(unfused, in), whole_unfused, what + ", unfused vs none");
+    }
+  });
 }
 
 TEST(GpuContext, RepeatRunsAreBitwiseEqual) {
