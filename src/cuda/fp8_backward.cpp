@@ -11,6 +11,7 @@
 #include "cuda/fp8_forward.h"
 #include "cuda/gemm/expert_gemm.h"
 #include "cuda/gemm/fp8_gemm.h"
+#include "cuda/gemm/gemm_config.h"
 #include "cuda/gemm/fp8_wgrad.h"
 #include "cuda/placed.h"
 #include "cuda/swiglu.h"
@@ -81,6 +82,7 @@ Fp8GroupedGemmArgs dgrad_args(const Step& s, const ScratchRows& a_rows, const ui
   a.N = K;
   a.K = N;
   a.trim_rows = fp8_trim_rows_rule(balanced_rows_per_expert(s.dims), fp8_tile_from_env());
+  a.band_rows = gemm::select_fp8_band_rows(s);
   return a;
 }
 

@@ -8,6 +8,7 @@
 #include "core/plan_terms.h"
 #include "cuda/formats/formats.h"
 #include "cuda/gemm/fp8_gemm.h"
+#include "cuda/gemm/gemm_config.h"
 #include "cuda/placed_copy.h"
 #include "cuda/swiglu.h"
 #include "epmoe/error.h"
@@ -27,6 +28,7 @@ Fp8GroupedGemmArgs step_gemm(const Step& s, int64_t N, int64_t K) {
   a.N = N;
   a.K = K;
   a.trim_rows = fp8_trim_rows_rule(balanced_rows_per_expert(s.dims), fp8_tile_from_env());
+  a.band_rows = gemm::select_fp8_band_rows(s);
   return a;
 }
 

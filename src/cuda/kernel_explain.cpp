@@ -103,11 +103,18 @@ std::string fp8_trim(const Step& s, cuda::Fp8Tile t) {
   return std::string(trim != 0 ? ", tiles trimmed to their rows" : ", whole tiles") + " [" + why + "]";
 }
 
+std::string fp8_bands(const Step& s) {
+  std::string why;
+  const int rows = cuda::gemm::select_fp8_band_rows(s, &why);
+  return ", m-tile bands " + (rows == 0 ? std::string("none") : "of " + std::to_string(rows) + " rows") + " [" +
+         why + "]";
+}
+
 // The FP8 GEMMs whose output rows are D wide (W2 FPROP, W13 DGRAD): fp8_tile_for_d_rows.
 std::string fp8_d_rows(const Step& s, int64_t N, int64_t K) {
   std::string why;
   const cuda::Fp8Tile t = cuda::fp8_tile_for_d_rows(N, K, balanced_rows_per_expert(s.dims), &why);
-  return "fp8 " + fp8_tile_text(t) + " [" + why + "]" + fp8_trim(s, t);
+  return "fp8 " + fp8_tile_text(t) + " [" + why + "]" + fp8_trim(s, t) + fp8_bands(s);
 }
 
 std::string fp8_128(const Step& s, const char* what) {
@@ -116,7 +123,7 @@ std::string fp8_128(const Step& s, const char* what) {
   if (t == cuda::Fp8Tile::m128_n128) {
     out += cuda::fp8_overlap_selected(-1) ? ", two block accumulators" : ", one block accumulator";
   }
-  return out + fp8_trim(s, t) + what;
+  return out + fp8_trim(s, t) + fp8_bands(s) + what;
 }
 
 std::string fp8_wgrad(const Step& s, int64_t N, int64_t L) {

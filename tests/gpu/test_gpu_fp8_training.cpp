@@ -197,6 +197,23 @@ TEST(GpuFp8Training, EveryTileEqualsTheRuleBitwise) {
   }
 }
 
+// m-tile bands (EPMOE_FP8_BAND_ROWS) reorder the FP8 rows GEMMs' tiles only, on every tile: 600
+// rows per expert are 5 m-tiles of 128 (bands of 1, or 2 + 2 + 1 at 320 rows) or 10 of 64 (5 + 5).
+TEST(GpuFp8Training, BandsEqualBitwise) {
+  EPMOE_REQUIRE_GPU();
+  const Problem p = fp8_problem(1200, 256, 384, 4, 2);  // 600 rows per expert
+  const std::vector<RankInputs> in = make_inputs(p, 1370, p.max_tokens);
+  for (const char* tile : {"128x128", "192x128", "64x256", "64x256-spread"}) {
+    const ScopedEnv env("EPMOE_FP8_TILE", tile);
+    const RankOutputs whole = gpu_train(p, in[0]);
+    for (const char* rows : {"128", "320"}) {
+      const ScopedEnv band("EPMOE_FP8_BAND_ROWS", rows);
+      expect_bitwise_equal({gpu_train(p, in[0])}, {whole},
+                           p.name() + " EPMOE_FP8_TILE=" + tile + ": bands of " + rows + " rows vs none");
+    }
+  }
+}
+
 // grad_h3 and grad_h13 quantized by the kernels that write them (EPMOE_FP8_ROW_QUANT unset) give
 // y and every gradient bitwise as the separate quantization kernel does, fused and unfused.
 TEST(GpuFp8Training, RowQuantizationInProducersEqualsSeparateBitwise) {

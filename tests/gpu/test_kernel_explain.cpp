@@ -44,7 +44,8 @@ struct NoOverrides {
       h{"EPMOE_GEMM_CLUSTER_WGRAD", nullptr}, i{"EPMOE_FP8_TILE", nullptr}, j{"EPMOE_FP8_OVERLAP", nullptr},
       k{"EPMOE_FP8_WGRAD_TILE", nullptr}, l{"EPMOE_FP8_WGRAD_SCALES", nullptr},
       m{"EPMOE_FP8_WGRAD_MULTICAST", nullptr}, n{"EPMOE_FP8_TRIM_ROWS", nullptr},
-      o{"EPMOE_GEMM_ROWS_TILE_N", nullptr}, p{"EPMOE_GEMM_BAND_ROWS", nullptr};
+      o{"EPMOE_GEMM_ROWS_TILE_N", nullptr}, p{"EPMOE_GEMM_BAND_ROWS", nullptr},
+      q{"EPMOE_FP8_BAND_ROWS", nullptr};
 };
 
 TEST(KernelExplain, Bf16TrainingNamesEachGemmsKernelAndRule) {
@@ -158,6 +159,17 @@ TEST(KernelExplain, FollowsTheEnvironmentsOverrides) {
     }
     const ScopedEnv bad("EPMOE_GEMM_BAND_ROWS", "many");
     EXPECT_THROW(explain_cuda_kernels(Config(mixtral()), 1), Error);
+  }
+  {
+    const std::string plain = explain_cuda_kernels(Config(mixtral(Precision::fp8_block)), 1);
+    EXPECT_NE(line_of(plain, "w13_fprop").find("m-tile bands none [rule: none"), std::string::npos) << plain;
+    const ScopedEnv band("EPMOE_FP8_BAND_ROWS", "2048");
+    const std::string mx = explain_cuda_kernels(Config(mixtral(Precision::fp8_block)), 1);
+    for (const char* kind : {"w13_fprop", "w2_fprop", "w2_dgrad", "w13_dgrad"}) {
+      EXPECT_NE(line_of(mx, kind).find("m-tile bands of 2048 rows [EPMOE_FP8_BAND_ROWS=2048 (override)]"),
+                std::string::npos)
+          << mx;
+    }
   }
   {
     const ScopedEnv width("EPMOE_GEMM_ROWS_TILE_N", "192");

@@ -72,6 +72,7 @@ struct Fp8GroupedGemmArgs {
   const int32_t* offsets_E1 = nullptr;    // device [E + 1], non-decreasing, offsets_E1[E] <= M
   const int32_t* skip = nullptr;          // nullable device flag: non-zero = every group is empty
   const int32_t* replay_skip = nullptr;   // the same (backward's replay: LayerPlan::replay_skip)
+  int band_rows = 0;                      // m-tile bands (gemm::select_fp8_band_rows); 0: none
   // Nullable device count: A is a received-rows operand (core/fp8_terms.h fp8_rows_bytes) of
   // clamp(*a_rows_1, 0, M) rows whose scales follow its codes (fp8_rows_scales_offset, ld
   // fp8_rows_ld), both known only on the device; a_scales_SM and ld_a_scales are then unused.

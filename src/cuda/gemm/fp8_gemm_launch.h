@@ -16,6 +16,7 @@ inline GroupArgs fp8_group_args(const Fp8GroupedGemmArgs& args) {
   groups.skip = args.skip;
   groups.replay_skip = args.replay_skip;
   groups.groups = args.E;
+  groups.band_rows = args.band_rows;
   groups.n = args.N;
   groups.k = args.K;
   return groups;

@@ -327,16 +327,24 @@ int select_cluster(GemmKind kind, const Step& s, std::string* why) {
 // x0.94-0.95 (under a power cap: fewer HBM re-reads also leave the untouched WGRADs more clock);
 // 4 096 in one run about the same; but 1 024 splits mixtral's balanced 2 048-row groups, x1.02-1.04
 // slower, and gave qwen3 / deepseek-v3 / gpt-oss under skew nothing (x0.95-1.06).
+namespace {
+// A band-rows override: true and `rows` where `name` is set (a count in [0, 2^24]).
+bool band_rows_from_env(const char* name, int& rows, std::string* why) {
+  const char* env = std::getenv(name);
+  if (env == nullptr) return false;
+  say(why, [&] { return std::string(name) + "=" + env + " (override)"; });
+  char* end = nullptr;
+  const long v = std::strtol(env, &end, 10);
+  EPMOE_CHECK_ARG(end != env && *end == '\0' && v >= 0 && v <= (1 << 24), name, "a row count in [0, 2^24]",
+                  env);
+  rows = static_cast<int>(v);
+  return true;
+}
+}  // namespace
+
 int select_band_rows(const Step& s, int64_t k, std::string* why) {
-  const char* env = std::getenv("EPMOE_GEMM_BAND_ROWS");
-  if (env != nullptr) {
-    say(why, [&] { return std::string("EPMOE_GEMM_BAND_ROWS=") + env + " (override)"; });
-    char* end = nullptr;
-    const long rows = std::strtol(env, &end, 10);
-    EPMOE_CHECK_ARG(end != env && *end == '\0' && rows >= 0 && rows <= (1 << 24), "EPMOE_GEMM_BAND_ROWS",
-                    "a row count in [0, 2^24]", env);
-    return static_cast<int>(rows);
-  }
+  int forced = 0;
+  if (band_rows_from_env("EPMOE_GEMM_BAND_ROWS", forced, why)) return forced;
   const int64_t balanced = rows_per_expert(s);
   const int64_t in_l2 = k > 0 ? kBandL2Bytes / (2 * k) : 0;
   const int64_t rows = std::max<int64_t>({kBandMinRows, 2 * balanced, in_l2});
@@ -345,6 +353,14 @@ int select_band_rows(const Step& s, int64_t k, std::string* why) {
            ", 32 MiB of K = " + std::to_string(k) + " bf16 = " + std::to_string(in_l2) + ")";
   });
   return static_cast<int>(std::min<int64_t>(rows, 1 << 24));
+}
+
+int select_fp8_band_rows(const Step& s, std::string* why) {
+  (void)s;
+  int forced = 0;
+  if (band_rows_from_env("EPMOE_FP8_BAND_ROWS", forced, why)) return forced;
+  say(why, "rule: none (bands not yet measured on FP8)");
+  return 0;
 }
 
 int device_sm_count() {

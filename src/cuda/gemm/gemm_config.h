@@ -94,6 +94,9 @@ bool select_wgrad_peel(GemmKind kind, const Step& s, std::string* why = nullptr)
 inline constexpr int kBandMinRows = 4096;
 inline constexpr int64_t kBandL2Bytes = int64_t{32} << 20;
 int select_band_rows(const Step& s, int64_t k, std::string* why = nullptr);
+// The same for the FP8 rows GEMMs: EPMOE_FP8_BAND_ROWS=<rows> forces it, else none (not yet
+// measured on FP8).
+int select_fp8_band_rows(const Step& s, std::string* why = nullptr);
 
 }  // namespace gemm
 }  // namespace epmoe::cuda
