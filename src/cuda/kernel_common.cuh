@@ -123,7 +123,7 @@ __device__ __forceinline__ uint4 load_vec_cg(const bf16_t* p) {
 // One 16-byte store, always: a uint4 assembled from bf16 lanes reaches NVVM as scalars, which it
 // stores as four 4-byte STG.E (four L2 sector writes for one). A plain (weak) st.global.v4, not
 // __stwb, whose .wb lowers to a strong store.
-__device__ __forceinline__ void store_vec(void* p, uint4 v) {
+__device__ __forceinline__ void store_vec(bf16_t* p, uint4 v) {
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
                "r"(v.w)
                : "memory");

@@ -27,6 +27,12 @@ using cuda::Schedule;
 using cuda::WgradStore;
 using cuda::WgradTile;
 
+// ", m-tile bands of <rows> rows [why]" (or "none").
+std::string bands_text(int rows, const std::string& why) {
+  return ", m-tile bands " + (rows == 0 ? std::string("none") : "of " + std::to_string(rows) + " rows") + " [" +
+         why + "]";
+}
+
 // swiglu_pair: W13 with the SwiGLU in its epilogue (two B operands of 128 columns, gate and up).
 std::string bf16_rows_gemm(GemmKind kind, const Step& s, bool swiglu_pair = false) {
   namespace g = cuda::gemm;
@@ -42,14 +48,15 @@ std::string bf16_rows_gemm(GemmKind kind, const Step& s, bool swiglu_pair = fals
     why_width = ", tile width [" + why_width + "]";
   }
   tile = std::string(pp ? "64 " : "128 ") + tile;
+  // The reduction length the launcher passes: h (W2 FPROP), grad_h13 (W13 DGRAD), else x / grad_y.
+  const int64_t k = kind == GemmKind::w2_fprop    ? s.dims.F
+                    : kind == GemmKind::w13_dgrad ? 2 * s.dims.F
+                                                  : s.dims.D;
   std::string why_band;
-  const int64_t k = kind == GemmKind::w2_fprop ? s.dims.F                                  // h
-                    : kind == GemmKind::w13_dgrad ? 2 * s.dims.F : s.dims.D;              // grad_h13; x, grad_y
   const int band_rows = g::select_band_rows(s, k, &why_band);
-  const std::string band = band_rows == 0 ? "none" : "of " + std::to_string(band_rows) + " rows";
   return "bf16 " + tile + ", " + cuda::to_string(sched) + " [" + why_schedule + "], " +
          (cluster == 2 ? "CTA pairs" : "single CTAs") + " [" + why_cluster + "]" + why_width +
-         ", m-tile bands " + band + " [" + why_band + "]";
+         bands_text(band_rows, why_band);
 }
 
 std::string bf16_wgrad(GemmKind kind, const Step& s) {
@@ -106,8 +113,7 @@ std::string fp8_trim(const Step& s, cuda::Fp8Tile t) {
 std::string fp8_bands(const Step& s) {
   std::string why;
   const int rows = cuda::gemm::select_fp8_band_rows(s, &why);
-  return ", m-tile bands " + (rows == 0 ? std::string("none") : "of " + std::to_string(rows) + " rows") + " [" +
-         why + "]";
+  return bands_text(rows, why);
 }
 
 // The FP8 GEMMs whose output rows are D wide (W2 FPROP, W13 DGRAD): fp8_tile_for_d_rows.

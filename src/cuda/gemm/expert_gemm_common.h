@@ -35,7 +35,7 @@ inline GroupArgs step_groups(const Step& s, int64_t n, int64_t k, int64_t m_out 
   g.skip = s.layout.header + kLayoutSkip;
   g.replay_skip = replay_skip_flag(s);
   g.groups = s.dims.E;
-  g.band_rows = select_band_rows(s, k);
+  g.band_rows = m_out == 0 ? select_band_rows(s, k) : 0;  // bands order the rows grouping only
   g.n = n;
   g.k = k;
   g.m_out = m_out;

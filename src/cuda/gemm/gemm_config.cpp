@@ -316,17 +316,6 @@ int select_cluster(GemmKind kind, const Step& s, std::string* why) {
   return 1;
 }
 
-// Bands of max(4096, 2 T*K/E, 32 MiB / 2k) rows: balanced routing never splits a group (its largest
-// groups stay well under twice T*K/E), skewed routing splits the experts that hold several times
-// their share, and only where their rows outgrow L2 (a band re-reads the weights: qwen3's skewed
-// groups of ~5 800 x 2 048 bf16, 24 MB, ran x0.95-1.00 without bands against bands of 4 096 rows,
-// two pairs at 125ae90).
-// Measured on mixtral under skew (experts 0 and 1 at ~8 000 of T = 8 192 rows, K = 4 096 to 28 672)
-// at d3d4b2b, bench/RESULTS.md "2026-12-04": bands of 1 024 rows, three alternating pairs, W13
-// FPROP x0.79-0.89, W2 FPROP x0.79-0.91, W2 DGRAD x0.83-0.92, W13 DGRAD x0.80-0.93, fwd+bwd
-// x0.94-0.95 (under a power cap: fewer HBM re-reads also leave the untouched WGRADs more clock);
-// 4 096 in one run about the same; but 1 024 splits mixtral's balanced 2 048-row groups, x1.02-1.04
-// slower, and gave qwen3 / deepseek-v3 / gpt-oss under skew nothing (x0.95-1.06).
 namespace {
 // A band-rows override: true and `rows` where `name` is set (a count in [0, 2^24]).
 bool band_rows_from_env(const char* name, int& rows, std::string* why) {
@@ -342,6 +331,19 @@ bool band_rows_from_env(const char* name, int& rows, std::string* why) {
 }
 }  // namespace
 
+// Bands of max(4096, 2 T*K/E, 32 MiB / 2k) rows: balanced routing never splits a group (its largest
+// groups stay well under twice T*K/E), skewed routing splits the experts that hold several times
+// their share, and only where their rows outgrow L2 (a band re-reads the weights: qwen3's skewed
+// groups of ~5 800 x 2 048 bf16, 24 MB, ran x0.95-1.00 without bands against bands of 4 096 rows,
+// two pairs at 125ae90).
+// Measured on mixtral under skew (experts 0 and 1 at ~8 000 of T = 8 192 rows, K = 4 096 to 28 672)
+// at d3d4b2b, bench/RESULTS.md "2026-12-04": bands of 1 024 rows, three alternating pairs, W13
+// FPROP x0.79-0.89, W2 FPROP x0.79-0.91, W2 DGRAD x0.83-0.92, W13 DGRAD x0.80-0.93, fwd+bwd
+// x0.94-0.95 (under a power cap: fewer HBM re-reads also leave the untouched WGRADs more clock);
+// 4 096 in one run about the same; but 1 024 splits mixtral's balanced 2 048-row groups, x1.02-1.04
+// slower, and gave qwen3 / deepseek-v3 / gpt-oss under skew nothing (x0.95-1.06). The rule of
+// 4 096 rows against none at 125ae90, two pairs under skew: mixtral without bands W13 FPROP
+// x1.05-1.07, W2 FPROP x1.02-1.04, W2 DGRAD x1.03-1.10, fwd+bwd x1.03-1.04.
 int select_band_rows(const Step& s, int64_t k, std::string* why) {
   int forced = 0;
   if (band_rows_from_env("EPMOE_GEMM_BAND_ROWS", forced, why)) return forced;
